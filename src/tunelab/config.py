@@ -1,0 +1,255 @@
+"""The training configuration: typed dataclasses, loaded from YAML plus dotted overrides, validated once.
+
+This module is the single source of truth for every setting. Components never see a `TrainConfig`;
+the command entry points read it and pass typed arguments down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+import yaml
+
+from .errors import TunelabError
+
+METHODS = ("lora", "dora", "qlora", "full")
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+FORMATS = ("alpaca", "chat", "completion", "text")
+TEMPLATES = ("alpaca", "compact")
+SCHEDULERS = ("cosine", "linear", "constant")
+TARGET_PRESETS = ("attn", "mlp", "all-linear")
+BASE_QUANTS = ("none", "int8", "nf4")
+EMBEDDED = "embedded"
+
+
+@dataclass
+class DataConfig:
+    path: str | None = None
+    format: str = "alpaca"
+    # Prompt template of the alpaca format; `compact` drops Alpaca's 30-token preamble.
+    template: str = "alpaca"
+    train_on_inputs: bool = False
+    max_examples: int | None = None
+    shuffle: bool = True
+
+
+@dataclass
+class LoraConfig:
+    r: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    # A list of module names, or one of TARGET_PRESETS.
+    targets: Union[str, list[str]] = "all-linear"
+
+
+@dataclass
+class TrainConfig:
+    model: str = EMBEDDED
+    method: str = "lora"
+    data: DataConfig = field(default_factory=DataConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    # Quantization of the frozen base: qlora implies nf4; goat-style recipes use int8 under plain LoRA.
+    base_quant: str = "none"
+    seq_len: int = 512
+    micro_batch: int = 8
+    grad_accum: int = 1
+    epochs: float = 1.0
+    max_steps: int | None = None
+    lr: float = 2e-4
+    lr_scheduler: str = "cosine"
+    warmup_ratio: float = 0.03
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    precision: str = "auto"
+    packing: bool = True
+    grad_ckpt: bool = False
+    compile: bool = False
+    save_steps: int = 0
+    save_total_limit: int = 2
+    log_steps: int = 10
+    output_dir: str = "runs/default"
+    resume: Union[bool, str] = False
+    seed: int = 42
+    device: str = "auto"
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:
+    """Read a YAML file (or the defaults when `path` is None), apply `key=value` overrides, validate."""
+    raw: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        path = Path(path)
+        source = str(path)
+        if not path.is_file():
+            raise TunelabError(f"{path}: config file not found")
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise TunelabError(f"{path}: not valid YAML: {e}".replace("\n", " ")) from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise TunelabError(f"{path}: the top level must be a mapping of keys to values")
+        raw = loaded
+    for item in overrides:
+        apply_override(raw, item)
+    cfg = from_dict(TrainConfig, raw, source=source, prefix="")
+    validate(cfg, source)
+    return cfg
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Set `a.b.c=value` in a nested dict; the value is parsed as YAML so `1e-4`, `true`, `[q_proj]` work."""
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise TunelabError(f"override {item!r}: expected key=value, e.g. lora.r=16")
+    parts = key.strip().split(".")
+    node = raw
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise TunelabError(f"override {item!r}: {part!r} is not a section")
+        node = child
+    try:
+        node[parts[-1]] = yaml.safe_load(value) if value != "" else None
+    except yaml.YAMLError:
+        node[parts[-1]] = value
+
+
+def from_dict(cls: type, raw: dict[str, Any], source: str, prefix: str) -> Any:
+    """Build dataclass `cls` from `raw`, failing on unknown keys (with a suggestion) and wrong types."""
+    if not isinstance(raw, dict):
+        raise TunelabError(f"{source}: {prefix.rstrip('.') or 'config'} must be a mapping")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in raw.items():
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean {prefix}{close[0]!r}?" if close else f"; known keys: {', '.join(names)}"
+            raise TunelabError(f"{source}: unknown key {prefix}{key!r}{hint}")
+        kwargs[key] = _coerce(hints[key], value, source, f"{prefix}{key}")
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value if value is not None else {}, source, f"{key}.")
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(option, value, source, key)
+            except TunelabError:
+                continue
+        raise _type_error(source, key, tp, value)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list):
+            raise _type_error(source, key, tp, value)
+        return [_coerce(item_tp, v, source, key) for v in value]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise _type_error(source, key, tp, value)
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise _type_error(source, key, tp, value)
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:  # YAML 1.1 reads `1e-4` as a string
+                return float(value)
+            except ValueError:
+                pass
+        raise _type_error(source, key, tp, value)
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise _type_error(source, key, tp, value)
+    raise TypeError(f"config type {tp} of {key} is not handled")  # a bug in this module, not user input
+
+
+def _type_error(source: str, key: str, tp: Any, value: Any) -> TunelabError:
+    name = getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+    return TunelabError(f"{source}: {key} must be {name}, got {value!r}")
+
+
+def _choice(source: str, key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        close = difflib.get_close_matches(value, choices, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise TunelabError(f"{source}: {key} must be one of {', '.join(choices)}; got {value!r}{hint}")
+
+
+def validate(cfg: TrainConfig, source: str = "config") -> None:
+    """Every check that needs no model or data: impossible values and combinations fail here."""
+    _choice(source, "method", cfg.method, METHODS)
+    _choice(source, "precision", cfg.precision, PRECISIONS)
+    _choice(source, "data.format", cfg.data.format, FORMATS)
+    _choice(source, "data.template", cfg.data.template, TEMPLATES)
+    _choice(source, "lr_scheduler", cfg.lr_scheduler, SCHEDULERS)
+    _choice(source, "base_quant", cfg.base_quant, BASE_QUANTS)
+    if isinstance(cfg.lora.targets, str):
+        _choice(source, "lora.targets", cfg.lora.targets, TARGET_PRESETS)
+    elif not cfg.lora.targets:
+        raise TunelabError(f"{source}: lora.targets is empty; name modules (e.g. [q_proj, v_proj]) or a preset")
+    positive = {
+        "seq_len": cfg.seq_len, "micro_batch": cfg.micro_batch, "grad_accum": cfg.grad_accum,
+        "lora.r": cfg.lora.r, "save_total_limit": cfg.save_total_limit, "log_steps": cfg.log_steps,
+    }
+    for key, value in positive.items():
+        if value < 1:
+            raise TunelabError(f"{source}: {key} must be at least 1, got {value}")
+    if cfg.seq_len < 8:
+        raise TunelabError(f"{source}: seq_len must be at least 8, got {cfg.seq_len}")
+    if cfg.epochs <= 0:
+        raise TunelabError(f"{source}: epochs must be positive, got {cfg.epochs}")
+    if cfg.max_steps is not None and cfg.max_steps < 1:
+        raise TunelabError(f"{source}: max_steps must be at least 1 (or null for a full run), got {cfg.max_steps}")
+    if cfg.lr <= 0:
+        raise TunelabError(f"{source}: lr must be positive, got {cfg.lr}")
+    if not 0 <= cfg.lora.dropout < 1:
+        raise TunelabError(f"{source}: lora.dropout must be in [0, 1), got {cfg.lora.dropout}")
+    if not 0 <= cfg.warmup_ratio < 1:
+        raise TunelabError(f"{source}: warmup_ratio must be in [0, 1), got {cfg.warmup_ratio}")
+    if cfg.save_steps < 0:
+        raise TunelabError(f"{source}: save_steps must be 0 (only the final save) or positive")
+    if cfg.data.max_examples is not None and cfg.data.max_examples < 1:
+        raise TunelabError(f"{source}: data.max_examples must be at least 1")
+    if cfg.method == "qlora" and cfg.base_quant == "int8":
+        raise TunelabError(f"{source}: method qlora quantizes the base to nf4; drop base_quant: int8 or use method lora")
+    if cfg.method == "full" and cfg.base_quant != "none":
+        raise TunelabError(f"{source}: full fine-tuning trains every weight; a quantized base (base_quant) cannot be trained")
+    if cfg.data.format != "alpaca" and cfg.data.template != "alpaca":
+        raise TunelabError(f"{source}: data.template applies to the alpaca format only; drop it for {cfg.data.format!r}")
+
+
+def effective_base_quant(cfg: TrainConfig) -> str:
+    """qlora means an nf4 base whatever base_quant says; other methods use base_quant as given."""
+    return "nf4" if cfg.method == "qlora" else cfg.base_quant
+
+
+def to_dict(cfg: TrainConfig) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def dump_yaml(cfg: TrainConfig) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

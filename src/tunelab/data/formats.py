@@ -1,0 +1,119 @@
+"""Rendering a dataset row into text segments, each marked trainable or not.
+
+A row becomes a list of `Segment(text, trainable)`. The prompt parts are not trainable (masked from the
+loss unless `train_on_inputs`), the response parts are. Generation (`tunelab eval`) uses `prompt_text`,
+the exact prompt training saw, so train and eval can never drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import TunelabError
+
+# Alpaca's original template (Taori et al. 2023, stanford_alpaca/train.py), and a compact one that drops
+# the ~30-token preamble: on short rows such as arithmetic the preamble is most of the compute.
+TEMPLATES = {
+    "alpaca": {
+        "with_input": (
+            "Below is an instruction that describes a task, paired with an input that provides further context. "
+            "Write a response that appropriately completes the request.\n\n"
+            "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+        ),
+        "no_input": (
+            "Below is an instruction that describes a task. "
+            "Write a response that appropriately completes the request.\n\n"
+            "### Instruction:\n{instruction}\n\n### Response:\n"
+        ),
+    },
+    "compact": {
+        "with_input": "### Instruction:\n{instruction}\n{input}\n### Response:\n",
+        "no_input": "### Instruction:\n{instruction}\n### Response:\n",
+    },
+}
+
+REQUIRED_FIELDS = {
+    "alpaca": ("instruction", "output"),
+    "chat": ("messages",),
+    "completion": ("prompt", "completion"),
+    "text": ("text",),
+}
+
+
+@dataclass(frozen=True)
+class Segment:
+    text: str
+    trainable: bool
+
+
+def check_fields(fmt: str, row: dict[str, Any], where: str) -> None:
+    missing = [f for f in REQUIRED_FIELDS[fmt] if f not in row or row[f] is None]
+    if missing:
+        raise TunelabError(
+            f"{where}: missing field {', '.join(repr(m) for m in missing)} for format {fmt!r} "
+            f"(it needs {', '.join(REQUIRED_FIELDS[fmt])}; set data.format to match the file)"
+        )
+
+
+def prompt_text(fmt: str, template: str, row: dict[str, Any], tokenizer=None) -> str:
+    """The text a model is given to generate this row's response (everything before it in training)."""
+    if fmt == "alpaca":
+        return _alpaca_prompt(template, row)
+    if fmt == "completion":
+        return str(row["prompt"])
+    if fmt == "chat":
+        messages = [m for m in row["messages"] if m.get("role") != "assistant"]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return ""
+
+
+def _alpaca_prompt(template: str, row: dict[str, Any]) -> str:
+    extra = row.get("input")
+    if extra:
+        return TEMPLATES[template]["with_input"].format(instruction=row["instruction"], input=extra)
+    return TEMPLATES[template]["no_input"].format(instruction=row["instruction"])
+
+
+def render(fmt: str, template: str, row: dict[str, Any], eos: str, tokenizer=None) -> list[Segment]:
+    """Segments of one row. The response ends with `eos` so a tuned model learns to stop."""
+    if fmt == "alpaca":
+        return [Segment(_alpaca_prompt(template, row), False), Segment(f"{row['output']}{eos}", True)]
+    if fmt == "completion":
+        return [Segment(str(row["prompt"]), False), Segment(f"{row['completion']}{eos}", True)]
+    if fmt == "text":
+        return [Segment(f"{row['text']}{eos}", True)]
+    return _render_chat(row["messages"], tokenizer.apply_chat_template)
+
+
+def _render_chat(messages: list[dict[str, str]], apply: Callable) -> list[Segment]:
+    """Split the chat-template rendering at message boundaries by rendering growing prefixes.
+
+    Each assistant turn's content (and the template's end-of-turn marker) is trainable; the role header
+    that precedes it (the generation prompt) and every other turn are not.
+    """
+    if not isinstance(messages, list) or not messages:
+        raise TunelabError("chat row: 'messages' must be a non-empty list of {role, content}")
+    segments: list[Segment] = []
+    done = ""
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or "role" not in message or "content" not in message:
+            raise TunelabError(f"chat row: message {i} needs 'role' and 'content'")
+        if message["role"] == "assistant":
+            header = apply(messages[:i], tokenize=False, add_generation_prompt=True)
+            _extend(segments, done, header, False)
+            done = header
+        full = apply(messages[: i + 1], tokenize=False)
+        _extend(segments, done, full, message["role"] == "assistant")
+        done = full
+    return segments
+
+
+def _extend(segments: list[Segment], done: str, now: str, trainable: bool) -> None:
+    if not now.startswith(done):
+        raise TunelabError(
+            "chat row: the model's chat template does not render message prefixes consistently, "
+            "so prompt masking cannot be located; use format 'completion' instead"
+        )
+    if len(now) > len(done):
+        segments.append(Segment(now[len(done):], trainable))

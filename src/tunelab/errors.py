@@ -1,0 +1,10 @@
+"""The one exception type a user sees.
+
+Anything raised as `TunelabError` is a problem with the user's input or environment: the CLI prints
+its message on one line and exits non-zero, without a traceback. Everything else is a bug in tunelab
+and keeps its traceback.
+"""
+
+
+class TunelabError(Exception):
+    """A user-facing error whose message names the file, line or key and what to do."""

