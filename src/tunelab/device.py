@@ -1,0 +1,84 @@
+"""Device and precision, decided once at a command's start and passed down."""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .errors import TunelabError
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """`name` is what the user sees; `compute` is the autocast/frozen-weight dtype; fp16 needs loss scaling."""
+
+    name: str
+
+    @property
+    def compute(self) -> torch.dtype:
+        return DTYPES[self.name]
+
+    @property
+    def needs_loss_scaling(self) -> bool:
+        return self.name == "fp16"
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise TunelabError(f"device {name!r}: no CUDA device is visible; use device: cpu or auto")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise TunelabError(f"device {name!r}: not a torch device name (auto, cpu, cuda, cuda:1)") from None
+
+
+def cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_has_fast_bf16() -> bool:
+    """AMX or AVX512-BF16 run bf16 matmuls natively (oneDNN); without them bf16 on CPU is emulated and slow."""
+    return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
+
+
+def pick_precision(name: str, device: torch.device) -> Precision:
+    """`auto`: bf16 on Ampere+ GPUs and bf16-capable CPUs, fp16 (with loss scaling) on older GPUs, else fp32."""
+    if name == "auto":
+        if device.type == "cuda":
+            return Precision("bf16" if torch.cuda.is_bf16_supported() else "fp16")
+        return Precision("bf16" if cpu_has_fast_bf16() else "fp32")
+    if name == "fp16" and device.type != "cuda":
+        raise TunelabError("precision fp16 needs a CUDA GPU (CPUs have no fast fp16 matmul); use bf16 or auto")
+    if name == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise TunelabError("precision bf16: this GPU has no bf16 support (pre-Ampere); use fp16 or auto")
+    return Precision(name)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return f"{line.split(':', 1)[1].strip()} ({torch.get_num_threads()} threads)"
+    return platform.processor() or "cpu"
+
+
+def device_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
