@@ -1,0 +1,127 @@
+"""Micro-batches: padding-free packing (default) or length-grouped padding (fallback).
+
+Packing concatenates examples into rows of exactly `seq_len` tokens. `position_ids` restart at 0 for each
+example; transformers (>= 4.56 masking_utils.find_packed_sequence_indices) turns restarts into a
+block-diagonal causal mask for SDPA and into varlen calls for flash-attention, so attention never crosses an
+example boundary. Rows have a fixed shape, which keeps allocator reuse and torch.compile happy.
+
+The unpacked fallback pads each micro-batch on the right to its longest row (rounded up to a multiple of
+8), after grouping examples of similar length; right padding needs no attention mask under a causal mask.
+
+A batch carries `loss_index` (flat positions with a target) computed here on the host, so the loss can
+gather exactly those positions without a device->host sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .pipeline import IGNORE, TokenizedData
+
+# How many micro-batches of examples are sorted together when grouping by length: large enough to find
+# similar lengths, small enough that batches stay random across the epoch.
+GROUP_CHUNK = 64
+
+
+@dataclass
+class Batch:
+    input_ids: np.ndarray  # (B, T) int64
+    position_ids: np.ndarray | None  # (B, T) int64 when packed
+    loss_index: np.ndarray  # (K,) int64 flat indices into B*T
+    loss_targets: np.ndarray  # (K,) int64
+    tokens_padded: int
+    tokens_nonpad: int
+
+    @property
+    def tokens_loss(self) -> int:
+        return len(self.loss_index)
+
+
+def epoch_rows(lengths: np.ndarray, seq_len: int, packing: bool, rng: np.random.Generator) -> list[list[int]]:
+    """The example indices of each row, in training order, for one epoch."""
+    order = rng.permutation(len(lengths))
+    if not packing:
+        return [[int(i)] for i in order]
+    rows: list[list[int]] = []
+    current: list[int] = []
+    used = 0
+    # Next-fit: an example that does not fit closes the row. Examples are never split, so no example is
+    # trained without its prompt.
+    for i in order:
+        n = int(lengths[i])
+        if used + n > seq_len and current:
+            rows.append(current)
+            current, used = [], 0
+        current.append(int(i))
+        used += n
+    if current:
+        rows.append(current)
+    return rows
+
+
+def epoch_micro_batches(
+    lengths: np.ndarray, seq_len: int, micro_batch: int, packing: bool, rng: np.random.Generator
+) -> list[list[list[int]]]:
+    """Micro-batches (lists of rows) for one epoch. Unpacked rows are grouped by length to cut padding."""
+    rows = epoch_rows(lengths, seq_len, packing, rng)
+    if not packing:
+        chunk = micro_batch * GROUP_CHUNK
+        grouped: list[list[int]] = []
+        for start in range(0, len(rows), chunk):
+            part = rows[start : start + chunk]
+            grouped.extend(sorted(part, key=lambda r: int(lengths[r[0]])))
+        rows = grouped
+    batches = [rows[i : i + micro_batch] for i in range(0, len(rows), micro_batch)]
+    if not packing:
+        rng.shuffle(batches)
+    return batches
+
+
+def collate(data: TokenizedData, rows: list[list[int]], seq_len: int, pad_id: int, packing: bool) -> Batch:
+    """Build one micro-batch's arrays on the host."""
+    offsets = data.offsets
+    row_lengths = [sum(int(offsets[i + 1] - offsets[i]) for i in row) for row in rows]
+    width = batch_width(row_lengths, seq_len, packing)
+    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    targets = np.full((len(rows), width), IGNORE, dtype=np.int64)
+    positions = np.zeros((len(rows), width), dtype=np.int64) if packing else None
+    for r, row in enumerate(rows):
+        at = 0
+        for i in row:
+            start, end = int(offsets[i]), int(offsets[i + 1])
+            n = end - start
+            ids[r, at : at + n] = data.ids[start:end]
+            targets[r, at : at + n] = data.targets[start:end]
+            if positions is not None:
+                positions[r, at : at + n] = np.arange(n)
+            at += n
+        if positions is not None and at < width:
+            # The tail is its own "sequence" (positions restart), so no real token can attend to it.
+            positions[r, at:] = np.arange(width - at)
+    flat = targets.reshape(-1)
+    loss_index = np.flatnonzero(flat != IGNORE)
+    return Batch(ids, positions, loss_index, flat[loss_index], ids.size, int(sum(row_lengths)))
+
+
+def batch_width(row_lengths: list[int], seq_len: int, packing: bool) -> int:
+    """Packed rows are always seq_len; padded ones the longest row rounded up to 8 (tensor-core friendly)."""
+    if packing:
+        return seq_len
+    return min(seq_len, -(-max(row_lengths) // 8) * 8)
+
+
+def fed_tokens(lengths: np.ndarray, micro_batches: list[list[list[int]]], seq_len: int, packing: bool) -> int:
+    """Tokens fed to the model, padding included, for these micro-batches (counted without collating)."""
+    total = 0
+    for batch in micro_batches:
+        row_lengths = [int(lengths[row].sum()) for row in batch]
+        total += batch_width(row_lengths, seq_len, packing) * len(batch)
+    return total
+
+
+def packing_efficiency(lengths: np.ndarray, seq_len: int, micro_batch: int, packing: bool, seed: int) -> float:
+    """Real tokens over fed tokens for one epoch's batching (1.0 = no padding)."""
+    batches = epoch_micro_batches(lengths, seq_len, micro_batch, packing, np.random.default_rng([seed, 0]))
+    return float(lengths.sum()) / fed_tokens(lengths, batches, seq_len, packing)

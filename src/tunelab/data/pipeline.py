@@ -1,0 +1,200 @@
+"""Rows on disk -> tokenized examples with loss targets, plus the statistics of what the data became.
+
+Files are read through `datasets` (memory-mapped Arrow, cached). Tokenization is cached too, keyed by the
+file's identity, the tokenizer, the format/template, masking and seq_len, so a second run (or `plan` after
+`train`) re-tokenizes nothing.
+
+Each example stores `input_ids` and `targets`, where targets are already shifted: `targets[t]` is the token
+the model must predict at position t (`input_ids[t+1]` when that token is trainable), else -100. Shifting
+per example, before packing, is what keeps a packed row from asking the last token of one sequence to
+predict the first token of the next.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import TunelabError
+from .formats import check_fields, render
+
+IGNORE = -100
+READERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+# Bump when tokenization output changes, so old caches are not reused.
+CACHE_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    path: str
+    format: str
+    template: str
+    train_on_inputs: bool
+    seq_len: int
+    max_examples: int | None = None
+
+
+@dataclass
+class DatasetStats:
+    rows: int  # rows read from the file (after max_examples)
+    examples: int  # kept for training
+    truncated: int  # longer than seq_len, cut to it
+    dropped: int  # no loss token left after truncation
+    tokens_nonpad: int  # kept examples' tokens
+    tokens_loss: int  # kept examples' tokens with a loss target
+    max_len: int
+    mean_len: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TokenizedData:
+    """Examples as one flat token array plus offsets: O(1) slicing without Python lists per example."""
+
+    ids: np.ndarray  # int32, all examples concatenated
+    targets: np.ndarray  # int32, same layout
+    offsets: np.ndarray  # int64, len = examples + 1
+    stats: DatasetStats
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+
+def prepare(spec: DataSpec, tokenizer) -> TokenizedData:
+    """Read, render, tokenize (cached), truncate and mask one dataset file."""
+    path = Path(spec.path)
+    rows = read_rows(path, spec.format, spec.max_examples)
+    eos = tokenizer.eos_token or ""
+    bos = [tokenizer.bos_token_id] if getattr(tokenizer, "add_bos_token", False) and tokenizer.bos_token_id is not None else []
+
+    def tokenize(batch, indices):
+        out_ids, out_targets, out_truncated = [], [], []
+        keys = list(batch.keys())
+        for n, index in enumerate(indices):
+            row = {k: batch[k][n] for k in keys}
+            where = f"{path}: row {index + 1}"
+            check_fields(spec.format, row, where)
+            segments = render(spec.format, spec.template, row, eos, tokenizer)
+            texts = [s.text for s in segments]
+            pieces = tokenizer(texts, add_special_tokens=False)["input_ids"]
+            ids, trainable = list(bos), [spec.train_on_inputs] * len(bos)
+            for seg, piece in zip(segments, pieces):
+                ids.extend(piece)
+                trainable.extend([seg.trainable or spec.train_on_inputs] * len(piece))
+            out_truncated.append(len(ids) > spec.seq_len)
+            ids, trainable = ids[: spec.seq_len], trainable[: spec.seq_len]
+            targets = [ids[t + 1] if trainable[t + 1] else IGNORE for t in range(len(ids) - 1)] + [IGNORE]
+            out_ids.append(ids)
+            out_targets.append(targets)
+        return {"input_ids": out_ids, "targets": out_targets, "truncated": out_truncated}
+
+    fingerprint = _fingerprint(path, spec, tokenizer)
+    try:
+        tokenized = rows.map(
+            tokenize, batched=True, batch_size=1000, with_indices=True, remove_columns=rows.column_names,
+            new_fingerprint=fingerprint, desc="tokenizing",
+        )
+    except TunelabError:
+        raise
+    except Exception as e:  # datasets wraps errors raised inside map; surface ours unwrapped
+        cause = e.__cause__ or e.__context__
+        if isinstance(cause, TunelabError):
+            raise cause from None
+        raise
+    return _to_arrays(tokenized, path)
+
+
+def read_rows(path: Path, fmt: str, max_examples: int | None):
+    """Load a data file as a `datasets.Dataset`, failing with the file and line for malformed input."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    if not path.is_file():
+        raise TunelabError(f"{path}: data file not found (set data.path)")
+    reader = READERS.get(path.suffix.lower())
+    if reader is None:
+        raise TunelabError(f"{path}: unknown file type {path.suffix!r}; use .jsonl, .json, .csv or .parquet")
+    if path.suffix.lower() == ".jsonl":
+        _check_jsonl(path, fmt)
+    try:
+        ds = datasets.load_dataset(reader, data_files=str(path), split="train")
+    except Exception as e:
+        raise TunelabError(f"{path}: cannot be read as {reader}: {str(e).splitlines()[0]}") from None
+    if len(ds) == 0:
+        raise TunelabError(f"{path}: the dataset is empty")
+    if max_examples is not None and max_examples < len(ds):
+        ds = ds.select(range(max_examples))
+    return ds
+
+
+def _check_jsonl(path: Path, fmt: str) -> None:
+    """One pass over the lines so that a bad line is reported by its number, which `datasets` cannot do."""
+    seen = 0
+    with path.open("rb") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise TunelabError(f"{path}:{number}: not valid JSON ({e.args[0] if e.args else e}); fix or remove the line") from None
+            if not isinstance(row, dict):
+                raise TunelabError(f"{path}:{number}: each line must be a JSON object")
+            check_fields(fmt, row, f"{path}:{number}")
+            seen += 1
+    if seen == 0:
+        raise TunelabError(f"{path}: the dataset is empty")
+
+
+def _fingerprint(path: Path, spec: DataSpec, tokenizer) -> str:
+    stat = path.stat()
+    key = json.dumps(
+        [CACHE_VERSION, str(path.resolve()), stat.st_size, stat.st_mtime_ns, asdict(spec),
+         tokenizer.name_or_path, type(tokenizer).__name__, len(tokenizer), tokenizer.eos_token,
+         getattr(tokenizer, "chat_template", None)],
+        sort_keys=True, default=str,
+    )
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def _to_arrays(tokenized, path: Path) -> TokenizedData:
+    table = tokenized.data.table if hasattr(tokenized.data, "table") else tokenized.data
+    ids_col = table.column("input_ids").combine_chunks()
+    tgt_col = table.column("targets").combine_chunks()
+    offsets = ids_col.offsets.to_numpy().astype(np.int64)
+    ids = ids_col.values.to_numpy().astype(np.int32)
+    targets = tgt_col.values.to_numpy().astype(np.int32)
+    truncated = np.asarray(table.column("truncated").to_numpy(zero_copy_only=False), dtype=bool)
+    offsets = offsets - offsets[0]
+    lengths = np.diff(offsets)
+    counted = np.concatenate([[0], np.cumsum(targets != IGNORE)])
+    loss_per = counted[offsets[1:]] - counted[offsets[:-1]]
+    keep = loss_per > 0
+    rows = len(lengths)
+    if not keep.any():
+        raise TunelabError(
+            f"{path}: no example has a token to learn from after masking and truncation; "
+            "raise seq_len, or set data.train_on_inputs: true"
+        )
+    if not keep.all():
+        starts, ends = offsets[:-1][keep], offsets[1:][keep]
+        index = np.concatenate([np.arange(s, e) for s, e in zip(starts, ends)])
+        ids, targets = ids[index], targets[index]
+        lengths = lengths[keep]
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+    stats = DatasetStats(
+        rows=rows, examples=int(keep.sum()), truncated=int(truncated[keep].sum()), dropped=int((~keep).sum()),
+        tokens_nonpad=int(lengths.sum()), tokens_loss=int(loss_per[keep].sum()),
+        max_len=int(lengths.max()), mean_len=float(lengths.mean()),
+    )
+    return TokenizedData(ids, targets, offsets, stats)

@@ -1,0 +1,89 @@
+"""LoRA / DoRA / QLoRA adapters through peft, or full fine-tuning with every weight trainable."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import TunelabError
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    method: str  # lora | dora | qlora | full
+    r: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    targets: str | tuple[str, ...] = "all-linear"
+
+
+def linear_names(model: torch.nn.Module) -> dict[str, set[str]]:
+    """Leaf names of the linear layers inside the decoder blocks, grouped as attention or MLP.
+
+    Derived from the model rather than a table so presets work for any architecture whose blocks name
+    their sub-modules `*attn*` and `*mlp*` (Llama, Mistral, Qwen2, Gemma, ...). bitsandbytes layers
+    subclass nn.Linear, so quantized bases are found too.
+    """
+    groups: dict[str, set[str]] = {"attn": set(), "mlp": set()}
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear) or "lm_head" in name:
+            continue
+        parts = name.split(".")
+        leaf = parts[-1]
+        parent = parts[-2] if len(parts) > 1 else ""
+        if "attn" in parent or "attention" in parent:
+            groups["attn"].add(leaf)
+        elif "mlp" in parent or "feed_forward" in parent:
+            groups["mlp"].add(leaf)
+    return groups
+
+
+def resolve_targets(model: torch.nn.Module, targets: str | tuple[str, ...]) -> list[str]:
+    groups = linear_names(model)
+    known = groups["attn"] | groups["mlp"]
+    if targets == "attn":
+        chosen = groups["attn"]
+    elif targets == "mlp":
+        chosen = groups["mlp"]
+    elif targets == "all-linear":
+        chosen = known
+    else:
+        chosen = set(targets)
+        unknown = chosen - known
+        if unknown:
+            raise TunelabError(
+                f"lora.targets: {', '.join(sorted(unknown))} not found in the model; "
+                f"its linear layers are {', '.join(sorted(known))} (or use attn, mlp, all-linear)"
+            )
+    if not chosen:
+        raise TunelabError(f"lora.targets {targets!r}: no matching linear layers in this model")
+    return sorted(chosen)
+
+
+def apply_adapter(model: torch.nn.Module, spec: AdapterSpec) -> torch.nn.Module:
+    """Wrap `model` for training. Trainable weights are fp32 whatever the base dtype (peft casts adapters)."""
+    if spec.method == "full":
+        model.float()  # trainable weights and their optimizer states stay fp32; compute runs under autocast
+        for p in model.parameters():
+            p.requires_grad_(True)
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
+        target_modules=resolve_targets(model, spec.targets),
+        use_dora=spec.method == "dora", bias="none", task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config, autocast_adapter_dtype=True)
+
+
+def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
+    """(trainable, total). 4-bit bitsandbytes weights pack two values per stored element."""
+    trainable = total = 0
+    for p in model.parameters():
+        n = p.numel() * (2 if p.__class__.__name__ == "Params4bit" else 1)
+        total += n
+        if p.requires_grad:
+            trainable += n
+    return trainable, total

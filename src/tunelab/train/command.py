@@ -1,0 +1,209 @@
+"""`tunelab train`: config -> data -> model -> loop -> outputs, read top to bottom.
+
+Everything that can fail on user input (config, model reference, data file, output dir) is checked before
+the first byte is written to the output dir, so a failed start leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .. import config as cfgmod
+from ..config import TrainConfig
+from ..data.packing import packing_efficiency
+from ..data.pipeline import DataSpec, TokenizedData, prepare
+from ..device import Precision, device_memory_bytes, device_name, pick_device, pick_precision
+from ..errors import TunelabError
+from ..memwatch import MemoryWatch
+from ..model import load as mload
+from ..model.adapters import AdapterSpec, apply_adapter, count_parameters
+from . import checkpoint, loop
+from .batches import BatchSpec, Schedule
+from .checkpoint import TrainState
+from .loss import CausalLMLoss
+from .progress import ProgressView
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="YAML config (see configs/)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. lora.r=32 lr=1e-4")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = cfgmod.load_config(args.config, args.overrides)
+    summary = train(cfg, show_progress=not args.quiet)
+    print(json.dumps({k: summary[k] for k in ("output_dir", "steps", "loss_last", "tokens_nonpad_per_s",
+                                               "peak_memory_bytes", "elapsed_s")}))
+    return 0
+
+
+@dataclass
+class Prepared:
+    """What a run needs before the model loads; `plan` and `bench` reuse it."""
+
+    device: torch.device
+    precision: Precision
+    source: mload.ModelSource
+    model_config: object
+    tokenizer: object
+    data: TokenizedData
+    schedule: Schedule
+
+
+def prepare_run(cfg: TrainConfig, rank: int = 0, world: int = 1) -> Prepared:
+    device = pick_device(cfg.device)
+    precision = pick_precision(cfg.precision, device)
+    source = mload.resolve(cfg.model)
+    model_config = mload.load_config(source)
+    limit = mload.max_positions(model_config)
+    if limit is not None and cfg.seq_len > limit:
+        raise TunelabError(f"seq_len {cfg.seq_len} is over the model's limit of {limit} positions; lower seq_len")
+    if cfg.data.path is None:
+        raise TunelabError("data.path is not set; point it at a .jsonl/.json/.csv/.parquet file")
+    tokenizer = mload.load_tokenizer(source)
+    data = prepare(DataSpec(cfg.data.path, cfg.data.format, cfg.data.template, cfg.data.train_on_inputs,
+                            cfg.seq_len, cfg.data.max_examples), tokenizer)
+    batch = BatchSpec(cfg.seq_len, cfg.micro_batch, cfg.grad_accum, cfg.packing, cfg.seed, tokenizer.pad_token_id)
+    schedule = Schedule(data, batch, cfg.epochs, cfg.max_steps, rank, world)
+    return Prepared(device, precision, source, model_config, tokenizer, data, schedule)
+
+
+def check_output_dir(path: Path) -> None:
+    """Fail before training if the output dir cannot be written (nearest existing ancestor must be writable)."""
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise TunelabError(f"output_dir {path}: {probe} is not a writable directory; choose another output_dir")
+
+
+def build_model(cfg: TrainConfig, prep: Prepared) -> torch.nn.Module:
+    # Frozen base weights live in the compute dtype (no per-forward cast of fp32 weights under autocast);
+    # full fine-tuning keeps fp32 master weights, which apply_adapter ensures.
+    model = mload.load_model(prep.source, prep.precision.compute, cfgmod.effective_base_quant(cfg), prep.device)
+    if cfg.grad_ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    spec = AdapterSpec(cfg.method, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout,
+                       cfg.lora.targets if isinstance(cfg.lora.targets, str) else tuple(cfg.lora.targets))
+    return apply_adapter(model, spec)
+
+
+def train(cfg: TrainConfig, show_progress: bool = True, stop_at: int | None = None,
+          warmup_window: int = 2) -> dict:
+    """Run one training job and return its summary (also written to output_dir/summary.json)."""
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+
+    t0 = time.perf_counter()
+    out = Path(cfg.output_dir)
+    check_output_dir(out)
+    resume_from = checkpoint.find(out / "checkpoints", cfg.resume)
+    memwatch = MemoryWatch(pick_device(cfg.device))
+    memwatch.start()  # before the model loads: CPU peak memory is relative to this RSS
+
+    prep = prepare_run(cfg)
+    stats = prep.data.stats
+    efficiency = packing_efficiency(prep.data.lengths, cfg.seq_len, cfg.micro_batch, cfg.packing, cfg.seed)
+    if show_progress:
+        print(f"data: {stats.rows} rows -> {stats.examples} examples ({stats.truncated} truncated, {stats.dropped} dropped), "
+              f"{stats.tokens_nonpad:,} tokens, {stats.tokens_loss:,} with loss, "
+              f"{'packed' if cfg.packing else 'padded'} efficiency {efficiency:.1%}, {prep.schedule.total_steps} steps",
+              flush=True)
+
+    set_seed(cfg.seed)
+    mixed = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[prep.precision.name]
+    accelerator = Accelerator(mixed_precision=mixed, cpu=prep.device.type == "cpu")
+    model = build_model(cfg, prep)
+    trainable, total = count_parameters(model)
+    wrapped = CausalLMLoss(model)
+    optim_spec = loop.OptimSpec(cfg.lr, cfg.weight_decay, cfg.lr_scheduler, cfg.warmup_ratio, cfg.max_grad_norm)
+    optimizer = loop.build_optimizer(wrapped, optim_spec, prep.device)
+    scheduler = loop.build_scheduler(optimizer, optim_spec, prep.schedule.total_steps)
+    wrapped, optimizer = accelerator.prepare(wrapped, optimizer)
+
+    state = TrainState()
+    out.mkdir(parents=True, exist_ok=True)
+    if resume_from is not None:
+        state = checkpoint.load(resume_from, model, optimizer, scheduler)
+        _truncate_metrics(out / "metrics.jsonl", state.step)
+        if show_progress:
+            print(f"resumed from {resume_from} at step {state.step}", flush=True)
+    else:
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+    (out / "config.yaml").write_text(cfgmod.dump_yaml(cfg))
+
+    progress = ProgressView(prep.schedule.total_steps, state.step, enabled=show_progress)
+    result = loop.run(accelerator, wrapped, optimizer, scheduler, prep.schedule, optim_spec,
+                      loop.LoopSpec(cfg.log_steps, cfg.save_steps, cfg.save_total_limit, warmup_window, stop_at),
+                      out, memwatch, state, progress)
+
+    finished = state.step >= prep.schedule.total_steps
+    if finished:
+        save_final(model, prep.tokenizer, out, cfg.method)
+    summary = {
+        "output_dir": str(out), "model": cfg.model, "method": cfg.method, "device": device_name(prep.device),
+        "device_memory_bytes": device_memory_bytes(prep.device), "precision": prep.precision.name,
+        "params_trainable": trainable, "params_total": total,
+        "seq_len": cfg.seq_len, "micro_batch": cfg.micro_batch, "grad_accum": cfg.grad_accum,
+        "packing": cfg.packing, "grad_ckpt": cfg.grad_ckpt, "data": {**stats.as_dict(), "packing_efficiency": efficiency},
+        "steps": state.step, "total_steps": prep.schedule.total_steps, "finished": finished,
+        "loss_first": result.losses[0][1] if result.losses else None,
+        "loss_last": result.losses[-1][1] if result.losses else None,
+        "tokens_padded": state.tokens_padded, "tokens_nonpad": state.tokens_nonpad, "tokens_loss": state.tokens_loss,
+        **result.rates(),
+        "peak_memory_bytes": result.peak_memory_bytes, "peak_memory_reserved_bytes": result.peak_reserved_bytes,
+        "peak_memory_absolute_bytes": result.peak_absolute_bytes,
+        "train_s": state.elapsed_s, "elapsed_s": time.perf_counter() - t0,
+        "versions": _versions(),
+    }
+    _write_atomic(out / "summary.json", json.dumps(summary, indent=2))
+    return summary
+
+
+def save_final(model, tokenizer, out: Path, method: str) -> Path:
+    """`adapter/` (PEFT format) for adapter methods, `model/` (HF format) for full fine-tuning; atomic."""
+    name = "model" if method == "full" else "adapter"
+    final = out / name
+    tmp = Path(tempfile.mkdtemp(dir=out, prefix=f".tmp-{name}-"))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """After a resume, drop log lines past the checkpoint: they are about to be produced again."""
+    if not path.exists():
+        return
+    keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+    _write_atomic(path, "".join(line + "\n" for line in keep))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".tmp-{path.name}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _versions() -> dict:
+    import accelerate
+    import peft
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,
+            "accelerate": accelerate.__version__}

@@ -1,0 +1,217 @@
+"""The training loop: gradient accumulation, clipping, AdamW, schedule, logging, checkpoints.
+
+Built on Accelerate (`backward`, `no_sync`, `clip_grad_norm_`, loss scaling for fp16) so DDP/FSDP come
+without a rewrite. The only host syncs are at log steps (the loss `.item()`), at checkpoint saves, and at
+the edges of the steady-state timing window.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..memwatch import MemoryWatch
+from . import checkpoint
+from .batches import Schedule
+from .checkpoint import TrainState
+from .progress import LogLine, ProgressView
+
+
+@dataclass(frozen=True)
+class OptimSpec:
+    lr: float
+    weight_decay: float = 0.0
+    scheduler: str = "cosine"
+    warmup_ratio: float = 0.03
+    max_grad_norm: float = 1.0
+
+
+@dataclass(frozen=True)
+class LoopSpec:
+    log_steps: int = 10
+    save_steps: int = 0
+    save_total_limit: int = 2
+    # Steps excluded from the steady-state window (first-step allocation, lazy init, compile).
+    warmup_window: int = 2
+    # Stop before the schedule's end (bench windows, tests of resume) without changing the schedule.
+    stop_at: int | None = None
+
+
+@dataclass
+class LoopResult:
+    state: TrainState
+    steps_run: int
+    losses: list[tuple[int, float]] = field(default_factory=list)
+    steady_s: float = 0.0
+    steady_steps: int = 0
+    steady_tokens_padded: int = 0
+    steady_tokens_nonpad: int = 0
+    steady_tokens_loss: int = 0
+    window_step_times: list[float] = field(default_factory=list)
+    peak_memory_bytes: int = 0
+    peak_reserved_bytes: int | None = None
+    peak_absolute_bytes: int = 0
+
+    def rates(self) -> dict:
+        s = self.steady_s or float("nan")
+        return {
+            "tokens_padded_per_s": self.steady_tokens_padded / s,
+            "tokens_nonpad_per_s": self.steady_tokens_nonpad / s,
+            "tokens_loss_per_s": self.steady_tokens_loss / s,
+            "step_time_s": statistics.median(self.window_step_times) if self.window_step_times else float("nan"),
+            "steady_window_steps": self.steady_steps,
+        }
+
+
+class _Window:
+    """Token counts since `start`, for one log window's rates; `steady` once past the warm-up steps."""
+
+    def __init__(self, start: float, steady: bool = False):
+        self.start, self.steady = start, steady
+        self.steps = self.padded = self.nonpad = self.loss = 0
+
+    def add(self, padded: int, nonpad: int, loss: int) -> None:
+        self.steps += 1
+        self.padded += padded
+        self.nonpad += nonpad
+        self.loss += loss
+
+    def tokens(self) -> dict[str, int]:
+        return {"tokens_padded": self.padded, "tokens_nonpad": self.nonpad, "tokens_loss": self.loss}
+
+
+def build_optimizer(model: torch.nn.Module, spec: OptimSpec, device: torch.device) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    # Fused AdamW does one kernel per step for all params (CUDA, and CPU since torch 2.4); foreach is the fallback.
+    try:
+        return torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay, fused=True)
+    except (RuntimeError, TypeError):
+        return torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay, foreach=True)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, spec: OptimSpec, total_steps: int):
+    from transformers import get_scheduler
+
+    name = "constant_with_warmup" if spec.scheduler == "constant" else spec.scheduler
+    return get_scheduler(name, optimizer, num_warmup_steps=int(spec.warmup_ratio * total_steps),
+                         num_training_steps=total_steps)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run(
+    accelerator, model, optimizer, scheduler, schedule: Schedule, optim: OptimSpec, spec: LoopSpec,
+    out_dir: Path | None, memwatch: MemoryWatch, state: TrainState, progress: ProgressView,
+) -> LoopResult:
+    """Train from `state.step` to the schedule's end (or `spec.stop_at`). `model` returns a summed loss."""
+    device = accelerator.device
+    stop = min(schedule.total_steps, spec.stop_at or schedule.total_steps)
+    warm_until = min(state.step + spec.warmup_window, stop)
+    result = LoopResult(state=state, steps_run=0)
+    metrics_file = (out_dir / "metrics.jsonl").open("a") if out_dir is not None else None
+    loss_acc = torch.zeros((), device=device)
+    loss_tokens = 0
+    rate = _Window(time.perf_counter())
+    steady_start = None
+    run_start = time.perf_counter() - state.elapsed_s
+    model.train()
+    try:
+        for step, batches in schedule.iterate(state.step, stop):
+            step_loss_tokens = sum(b.tokens_loss for b in batches)
+            normaliser = float(max(step_loss_tokens, 1))
+            for i, batch in enumerate(batches):
+                last = i == len(batches) - 1
+                with nullcontext() if last else accelerator.no_sync(model):
+                    loss_sum = model(
+                        torch.from_numpy(batch.input_ids).to(device, non_blocking=True),
+                        None if batch.position_ids is None else torch.from_numpy(batch.position_ids).to(device, non_blocking=True),
+                        torch.from_numpy(batch.loss_index).to(device, non_blocking=True),
+                        torch.from_numpy(batch.loss_targets).to(device, non_blocking=True),
+                    )
+                    # Normalise by the step's loss tokens, not per micro-batch: packed micro-batches hold
+                    # different numbers of targets, and a per-micro-batch mean would weight them unequally.
+                    accelerator.backward(loss_sum / normaliser)
+                loss_acc += loss_sum.detach()
+            if optim.max_grad_norm > 0:
+                accelerator.clip_grad_norm_(model.parameters(), optim.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+
+            state.step = step + 1
+            result.steps_run += 1
+            padded = sum(b.tokens_padded for b in batches)
+            nonpad = sum(b.tokens_nonpad for b in batches)
+            state.tokens_padded += padded
+            state.tokens_nonpad += nonpad
+            state.tokens_loss += step_loss_tokens
+            loss_tokens += step_loss_tokens
+            rate.add(padded, nonpad, step_loss_tokens)
+            if steady_start is not None:
+                result.steady_steps += 1
+                result.steady_tokens_padded += padded
+                result.steady_tokens_nonpad += nonpad
+                result.steady_tokens_loss += step_loss_tokens
+
+            if state.step == warm_until and steady_start is None:
+                _sync(device)
+                steady_start = time.perf_counter()
+                rate = _Window(steady_start, steady=True)
+            if state.step % spec.log_steps == 0 or state.step == stop:
+                loss = loss_acc.item() / max(loss_tokens, 1)  # the one sync per log window
+                now = time.perf_counter()
+                state.elapsed_s = now - run_start
+                dt = now - rate.start
+                if rate.steady and rate.steps:
+                    result.window_step_times.append(dt / rate.steps)
+                mem = memwatch.read()
+                lr = scheduler.get_last_lr()[0]
+                per_s = {k: (v / dt if dt > 0 and rate.steps else 0.0) for k, v in rate.tokens().items()}
+                record = {
+                    "step": state.step, "loss": loss, "lr": lr,
+                    "tokens_padded": state.tokens_padded, "tokens_nonpad": state.tokens_nonpad,
+                    "tokens_loss": state.tokens_loss, "elapsed_s": state.elapsed_s,
+                    **{f"{k}_per_s": v for k, v in per_s.items()},
+                    "peak_memory_bytes": mem.peak_bytes,
+                }
+                result.losses.append((state.step, loss))
+                if metrics_file is not None:
+                    metrics_file.write(json.dumps(record) + "\n")
+                    metrics_file.flush()
+                padded_rate = per_s["tokens_padded"]
+                eta = schedule.padded_tokens(range(state.step, stop)) / padded_rate if padded_rate else 0.0
+                progress.update(LogLine(state.step, schedule.total_steps, loss, lr, per_s["tokens_nonpad"],
+                                        mem.peak_bytes, eta))
+                loss_acc.zero_()
+                loss_tokens = 0
+                rate = _Window(time.perf_counter(), steady=steady_start is not None)
+            else:
+                progress.advance(state.step)
+            if spec.save_steps and state.step % spec.save_steps == 0 and state.step < schedule.total_steps and out_dir:
+                state.elapsed_s = time.perf_counter() - run_start
+                # Checkpoint time stays inside the timing windows: it is part of what the run costs.
+                checkpoint.save(out_dir / "checkpoints", accelerator.unwrap_model(model).model, optimizer,
+                                scheduler, state, spec.save_total_limit)
+    finally:
+        if metrics_file is not None:
+            metrics_file.close()
+        progress.close()
+    _sync(device)
+    end = time.perf_counter()
+    state.elapsed_s = end - run_start
+    if steady_start is not None:
+        result.steady_s = end - steady_start
+    mem = memwatch.read()
+    result.peak_memory_bytes = mem.peak_bytes
+    result.peak_reserved_bytes = mem.peak_reserved_bytes
+    result.peak_absolute_bytes = mem.peak_absolute_bytes
+    return result
