@@ -1,0 +1,169 @@
+"""Model architecture without weights: from the registry (catalog/models.yaml), a config.json directory,
+a .gguf file's metadata, or a hub id in the local Hugging Face cache.
+
+Only the shapes matter to `plan`: the decoder blocks' linear layers (q/k/v/o attention projections and a
+gated gate/up/down MLP, the Llama/Mistral/Qwen2/Gemma/SmolLM shape), the embedding and the LM head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import TunelabError
+from . import catalog
+
+EMBEDDED = "embedded"
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    max_positions: int
+    tied: bool
+    source: str
+
+    def linears(self) -> dict[str, tuple[int, int]]:
+        """(d_in, d_out) of each linear layer in one decoder block, by the module names peft targets."""
+        h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
+        return {
+            "q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h),
+        }
+
+    @property
+    def block_linear_params(self) -> int:
+        return self.layers * sum(a * b for a, b in self.linears().values())
+
+    @property
+    def matmul_params(self) -> int:
+        """N of FORMULAS.md: every weight that takes part in a matmul, the LM head included (the embedding
+        lookup is a gather, not a matmul)."""
+        return self.block_linear_params + self.vocab * self.hidden
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def norm_params(self) -> int:
+        return (2 * self.layers + 1) * self.hidden  # two RMSNorms per block and the final one
+
+    @property
+    def total_params(self) -> int:
+        head = 0 if self.tied else self.vocab * self.hidden
+        return self.block_linear_params + self.embedding_params + head + self.norm_params
+
+
+ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+PRESETS = {"attn": ATTN, "mlp": MLP, "all-linear": ATTN + MLP}
+
+
+def adapter_targets(arch: Arch, targets: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """Module names an adapter sits on; the presets mean what `tunelab.model.adapters` makes them mean."""
+    if isinstance(targets, str):
+        return PRESETS[targets]
+    known = arch.linears()
+    bad = [t for t in targets if t not in known]
+    if bad:
+        raise TunelabError(f"lora.targets: {', '.join(bad)} not in this model; its linear layers are {', '.join(known)}")
+    return tuple(targets)
+
+
+def registry_names() -> list[str]:
+    data = catalog.read("models.yaml")
+    return sorted(data["models"]) + sorted(data["aliases"])
+
+
+def from_registry(ref: str) -> Arch | None:
+    data = catalog.read("models.yaml")
+    key = data["aliases"].get(ref, ref)
+    row = data["models"].get(key)
+    if row is None:
+        return None
+    return Arch(
+        name=ref, hidden=row["hidden"], layers=row["layers"], heads=row["heads"], kv_heads=row["kv_heads"],
+        head_dim=row.get("head_dim", row["hidden"] // row["heads"]), intermediate=row["intermediate"],
+        vocab=row["vocab"], max_positions=row["max_positions"], tied=row["tied"], source=f"registry: {row['source']}",
+    )
+
+
+def from_hf_config(name: str, cfg, source: str) -> Arch:
+    """From a transformers PretrainedConfig (read from config.json or GGUF metadata)."""
+    need = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+    missing = [k for k in need if getattr(cfg, k, None) is None]
+    if missing:
+        raise TunelabError(f"model {name}: its config lacks {', '.join(missing)}; plan supports Llama-shaped decoders (Llama, Mistral, Qwen2, Gemma, SmolLM)")
+    heads = cfg.num_attention_heads
+    return Arch(
+        name=name, hidden=cfg.hidden_size, layers=cfg.num_hidden_layers, heads=heads,
+        kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+        intermediate=cfg.intermediate_size, vocab=cfg.vocab_size,
+        max_positions=getattr(cfg, "max_position_embeddings", None) or 0,
+        tied=bool(getattr(cfg, "tie_word_embeddings", False)), source=source,
+    )
+
+
+def resolve_arch(ref: str) -> Arch:
+    """Registry first (no I/O), then local files, then the local hub cache; otherwise list what is known."""
+    arch = from_registry(ref)
+    if arch is not None:
+        return arch
+    from ..model import load
+
+    if ref == EMBEDDED:
+        # Its metadata, without the one-off conversion to an HF directory that `train` does.
+        return from_gguf(ref, load.embedded_gguf())
+    path = Path(ref).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        return from_gguf(ref, path)
+    if not path.exists() and ref.count("/") != 1:
+        raise catalog.unknown("model", ref, registry_names() + [EMBEDDED, "<dir with config.json>", "<file.gguf>"])
+    try:
+        source = load.resolve(ref)
+    except TunelabError as e:
+        if path.exists():
+            raise
+        raise TunelabError(f"{e}; or use a model plan knows: {', '.join(registry_names())}") from None
+    return from_hf_config(ref, load.load_config(source), f"{source.path}/config.json")
+
+
+def from_gguf(name: str, path: Path) -> Arch:
+    """From GGUF metadata (llama.cpp key names); the file is memory-mapped, tensors are never read."""
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(path)
+    except Exception as e:
+        raise TunelabError(f"model {name}: {path} is not a readable GGUF file: {e}") from None
+    fields = reader.fields
+
+    def value(key: str, default=None):
+        field = fields.get(key)
+        return field.contents() if field is not None else default
+
+    arch = value("general.architecture")
+    if value(f"{arch}.block_count") is None or value(f"{arch}.feed_forward_length") is None:
+        raise TunelabError(f"model {name}: GGUF architecture {arch!r} is not a Llama-shaped decoder plan can describe")
+    hidden, heads = value(f"{arch}.embedding_length"), value(f"{arch}.attention.head_count")
+    tokens = fields.get("tokenizer.ggml.tokens")
+    vocab = value(f"{arch}.vocab_size") or (len(tokens.data) if tokens is not None else None)
+    return Arch(
+        name=name, hidden=hidden, layers=value(f"{arch}.block_count"), heads=heads,
+        kv_heads=value(f"{arch}.attention.head_count_kv", heads),
+        head_dim=value(f"{arch}.attention.key_length", hidden // heads),
+        intermediate=value(f"{arch}.feed_forward_length"), vocab=vocab,
+        max_positions=value(f"{arch}.context_length", 0),
+        # llama.cpp stores no separate `output.weight` when the LM head shares the embedding.
+        tied=not any(t.name == "output.weight" for t in reader.tensors),
+        source=f"{path} (GGUF metadata)",
+    )

@@ -1,0 +1,100 @@
+"""Per-device calibration records: what `tunelab bench --calibrate` measured, read back by `plan --gpu local`.
+
+Stored as JSON at `<tunelab cache>/calibration/<device_key>.json`. A record replaces the assumed defaults
+of `plan` for that device: its matmul peak, its achieved efficiency per method (fraction of that peak,
+counting hardware FLOPs), and its memory constants. Any field left None keeps the default.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import torch
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class CalibrationRecord:
+    device_key: str  # see device_key(): file name and lookup key
+    device_name: str
+    peak_flops: float | None = None  # achieved bf16 (or fp32) matmul FLOP/s of this device
+    peak_dtype: str = "bf16"
+    efficiency: dict[str, float] = field(default_factory=dict)  # method (lora|dora|qlora|full|lora-int8) -> fraction of peak
+    runtime_overhead_bytes: int | None = None  # fixed memory beyond the model's terms (CUDA context, allocator)
+    activation_scale: float | None = None  # measured / predicted activation bytes
+    created: str = ""
+    source: str = ""  # what produced it, e.g. "tunelab bench --calibrate (3 runs)"
+    schema: int = SCHEMA_VERSION
+
+
+def device_key(name: str) -> str:
+    """A file-name-safe key from a device name, e.g. 'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3'."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def calibration_dir() -> Path:
+    from ..model.load import cache_dir
+
+    return cache_dir() / "calibration"
+
+
+def save_calibration(record: CalibrationRecord) -> Path:
+    """Write atomically (temp file + rename): a crash never leaves a half record that `plan` would trust."""
+    if not record.created:
+        record.created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    folder = calibration_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"{record.device_key}.json"
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(asdict(record), f, indent=2)
+    os.replace(tmp, target)
+    return target
+
+
+def load_calibration(key: str) -> CalibrationRecord | None:
+    """The record for `key`, or None when there is none or it is from another schema version."""
+    path = calibration_dir() / f"{key}.json"
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if raw.get("schema") != SCHEMA_VERSION:
+        return None
+    known = {f.name for f in fields(CalibrationRecord)}
+    return CalibrationRecord(**{k: v for k, v in raw.items() if k in known})
+
+
+def measure_matmul_peak(dtype: torch.dtype, device: torch.device, n: int = 1024, seconds: float = 1.0) -> float:
+    """Achieved FLOP/s of an n x n x n matmul in `dtype`, repeated for about `seconds` after one warm-up.
+
+    An n³ matmul costs 2·n³ FLOPs. n = 1024 keeps the probe around a second on a laptop CPU; on a GPU
+    use n >= 4096 to reach the tensor-core plateau.
+    """
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    torch.matmul(a, b)
+    sync()
+    start = time.perf_counter()
+    runs = 0
+    while True:
+        torch.matmul(a, b)
+        runs += 1
+        sync()
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return 2.0 * n**3 * runs / elapsed

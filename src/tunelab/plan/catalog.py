@@ -1,0 +1,89 @@
+"""The catalog files (GPUs, prices, model architectures): YAML data shipped with the package.
+
+Code never hard-codes a GPU's peak; it reads these rows and carries their `source` into the output.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+import yaml
+
+from ..errors import TunelabError
+
+
+@cache
+def read(name: str) -> dict:
+    return yaml.safe_load(resources.files("tunelab.plan").joinpath("catalog", name).read_text())
+
+
+@dataclass(frozen=True)
+class Gpu:
+    id: str
+    name: str
+    memory_bytes: int
+    bandwidth_gbs: float
+    peak_flops: float  # dense 16-bit tensor FLOP/s (GeForce: FP32 accumulate)
+    bf16: bool
+    device_class: str
+    source: str
+    note: str = ""
+    # Where the peak came from when it is not a catalog row (the `local` probe).
+    peak_source: str = "catalog"
+
+
+@dataclass(frozen=True)
+class Price:
+    provider: str
+    gpu: str
+    price_per_hour: float  # for the whole instance
+    gpus_per_instance: int
+    date: str
+    source: str
+
+    @property
+    def per_gpu_hour(self) -> float:
+        return self.price_per_hour / self.gpus_per_instance
+
+
+def unknown(kind: str, name: str, known: list[str]) -> TunelabError:
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return TunelabError(f"unknown {kind} {name!r}{hint}; known: {', '.join(known)}")
+
+
+def gpu_ids() -> list[str]:
+    return list(read("gpus.yaml")["gpus"])
+
+
+def gpu(gpu_id: str) -> Gpu:
+    rows = read("gpus.yaml")["gpus"]
+    if gpu_id not in rows:
+        raise unknown("GPU", gpu_id, gpu_ids() + ["local"])
+    row = rows[gpu_id]
+    return Gpu(
+        id=gpu_id, name=row["name"], memory_bytes=int(row["memory_gib"] * 2**30), bandwidth_gbs=float(row["bandwidth_gbs"]),
+        peak_flops=float(row["bf16_tflops"]) * 1e12, bf16=bool(row["bf16"]), device_class=row["class"],
+        source=row["source"], note=row.get("note", ""),
+    )
+
+
+def class_efficiency(device_class: str) -> float:
+    data = read("gpus.yaml")
+    row = data["classes"].get(device_class) or data["local-classes"][device_class]
+    return float(row["efficiency"])
+
+
+def scaling_efficiency(strategy: str) -> float:
+    return float(read("gpus.yaml")["scaling"][strategy])
+
+
+def method_factor(key: str) -> float:
+    return float(read("gpus.yaml")["methods"][key])
+
+
+def prices(gpu_id: str) -> list[Price]:
+    return [Price(**{**row, "date": str(row["date"])}) for row in read("prices.yaml")["prices"] if row["gpu"] == gpu_id]

@@ -1,0 +1,134 @@
+"""One prediction: a model, a workload and settings on one device -> steps, tokens, FLOPs, memory, time.
+
+Pure composition of the formula modules; `command.py` builds the typed inputs and renders the result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from . import memory, timing, workload
+from .arch import Arch
+from .calibration import CalibrationRecord
+from .catalog import Gpu
+from .flops import FlopsPerToken, flops_per_token
+
+# Runtime overhead on a CUDA device when no calibration exists: CUDA context + allocator caching, the
+# middle of FORMULAS.md's 0.5-1.5 GiB range. An assumption; calibration replaces it.
+CUDA_RUNTIME_OVERHEAD = 1 << 30
+LOGIT_CHUNK = 2048  # tunelab.train.loss.LOGIT_CHUNK: rows of logits alive at once
+
+
+@dataclass(frozen=True)
+class Settings:
+    method: str
+    base_quant: str
+    compute_bytes: int
+    seq_len: int
+    micro_batch: int
+    grad_accum: int
+    epochs: float
+    max_steps: int | None
+    packing: bool
+    grad_ckpt: bool
+    targets: tuple[str, ...]
+    r: int
+    lora_dropout: float
+    save_steps: int
+    save_total_limit: int
+    seed: int = 42
+
+
+@dataclass(frozen=True)
+class Device:
+    gpu: Gpu
+    runtime_overhead: int
+    calibration: CalibrationRecord | None = None
+
+
+@dataclass(frozen=True)
+class Estimate:
+    settings: Settings
+    device: Device
+    gpus: int
+    sharding: str
+    work: workload.Workload
+    checkpoints: workload.Checkpoints
+    flops: FlopsPerToken
+    efficiency: timing.Efficiency
+    memory: memory.MemoryBreakdown
+    max_micro_batch: int
+    speed: timing.Throughput
+    overheads: timing.Overheads
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total <= self.device.gpu.memory_bytes
+
+    @property
+    def time_s(self) -> float:
+        return self.speed.train_s + self.overheads.total
+
+
+def memory_setup(s: Settings, w: workload.Workload, d: Device, sharding: str, gpus: int) -> memory.MemorySetup:
+    return memory.MemorySetup(
+        method=s.method, base_quant=s.base_quant, compute_bytes=s.compute_bytes, micro_batch=s.micro_batch,
+        row_len=w.epoch.widest_row, loss_rows=max(1, round(w.loss_tokens_per_micro_batch)), loss_chunk=LOGIT_CHUNK,
+        grad_ckpt=s.grad_ckpt, targets=s.targets, r=s.r, lora_dropout=s.lora_dropout,
+        runtime_overhead=d.runtime_overhead, sharding=sharding, world=gpus,
+    )
+
+
+def estimate(arch: Arch, lengths: workload.Lengths, s: Settings, d: Device, gpus: int = 1,
+             sharding: str = "single", scaling: float = 1.0) -> Estimate:
+    batching = workload.Batching(s.seq_len, s.micro_batch, s.grad_accum, s.packing, gpus, s.seed)
+    w = workload.build(lengths, batching, s.epochs, s.max_steps)
+    ckpt = workload.checkpoints(w.optimizer_steps, s.save_steps, s.save_total_limit)
+    f = flops_per_token(arch, s.method, s.targets, s.r, w.epoch.widest_row, s.grad_ckpt)
+    setup = memory_setup(s, w, d, sharding, gpus)
+    mem = memory.breakdown(arch, setup)
+    loss_per_row = w.loss_tokens_per_micro_batch / s.micro_batch
+    biggest = memory.max_micro_batch(arch, setup, d.gpu.memory_bytes, loss_per_row)
+    eff = timing.efficiency(d.gpu.device_class, s.method, s.base_quant, d.calibration)
+    speed = timing.throughput(w.tokens_padded, f.hardware, d.gpu.peak_flops, eff.value, gpus, scaling)
+    trainable = memory.trainable_params(arch, setup)
+    periodic, final = timing.checkpoint_bytes(trainable, arch.total_params, s.method)
+    on_disk = arch.total_params * 2  # 16-bit safetensors, quantized at load time for int8/nf4
+    over = timing.overheads(on_disk, ckpt.written, periodic, final)
+    return Estimate(s, d, gpus, sharding, w, ckpt, f, eff, mem, biggest, speed, over)
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    change: str
+    time_s: float
+    saved_s: float
+    peak_memory_bytes: int
+    fits: bool
+
+
+def suggestions(arch: Arch, lengths: workload.Lengths, base: Estimate) -> list[Suggestion]:
+    """Single-knob changes, each re-estimated with the same formulas, sorted by time saved. The micro-batch
+    is not among them: the time model has no micro-batch term (its effect on efficiency is not modeled)."""
+    s = base.settings
+    variants: list[tuple[str, Settings]] = []
+    if not s.packing:
+        variants.append(("packing on", replace(s, packing=True)))
+    if s.grad_ckpt:
+        variants.append(("gradient checkpointing off", replace(s, grad_ckpt=False)))
+    longest = int(lengths.lengths.max()) if lengths.lengths is not None else int(lengths.mean_tokens)
+    shorter = max(8, -(-longest // 8) * 8)
+    if shorter < s.seq_len:
+        variants.append((f"seq_len {s.seq_len} -> {shorter} (longest example: {longest} tokens, nothing truncated)",
+                         replace(s, seq_len=shorter)))
+    if not base.fits and s.method in ("lora", "dora") and s.base_quant == "none":
+        variants.append(("QLoRA (nf4 base) for memory", replace(s, method="qlora", base_quant="nf4")))
+    if not base.fits and not s.grad_ckpt:
+        variants.append(("gradient checkpointing on, for memory", replace(s, grad_ckpt=True)))
+    out = []
+    for label, v in variants:
+        e = estimate(arch, lengths, v, base.device, base.gpus, base.sharding)
+        # A speed change that saves under 1% is noise in this model; memory changes are always shown.
+        if "for memory" in label or base.time_s - e.time_s > 0.01 * base.time_s:
+            out.append(Suggestion(label, e.time_s, base.time_s - e.time_s, e.memory.total, e.fits))
+    return sorted(out, key=lambda x: -x.saved_s)

@@ -1,0 +1,68 @@
+"""FLOPs per token of a training step, method-aware. Derivations (see FORMULAS.md):
+
+- A matmul of a token through a (d_in x d_out) weight costs 2·d_in·d_out FLOPs (multiply + add).
+  Summed over every weight that takes part in a matmul (N, the LM head included) the forward costs 2N.
+- Backward of a linear layer is two matmuls of the same size: the input gradient (2·d_in·d_out) and the
+  weight gradient (2·d_in·d_out). Full fine-tuning needs both: 6N per token in all (Kaplan et al. 2020,
+  arXiv 2001.08361, Sec. 2.1). A frozen weight (LoRA/QLoRA/DoRA base) needs only the input gradient:
+  4N. Evidence for 4N: LoRA (arXiv 2106.09685, Sec. 4.2 / Table 13) measured 43.1 vs 32.5 tokens/s per
+  V100 for GPT-3 LoRA vs full fine-tuning with recomputation, a ratio of 1.33 = (6N+2N)/(4N+2N).
+- Attention scores QKᵀ and the weighted sum AV: each 2·T·(H·Q) per token and layer in the forward,
+  so 4·L·H·Q·T forward and 12·L·H·Q·T forward + backward. PaLM (arXiv 2204.02311, Appendix B) counts it
+  so, without halving for the causal mask; we do the same. These matmuls have no weights, so frozen or
+  not they cost the same: the 12·L·H·Q·T term is method-independent.
+- A LoRA adapter on a (d_in x d_out) weight is two trainable matmuls, A (d_in x r) and B (r x d_out):
+  6·r·(d_in + d_out) per token (forward 2, backward 4, like any trained weight).
+- Gradient checkpointing recomputes the forward of every block during the backward: 2N_blocks +
+  4·L·H·Q·T + the adapters' forward. It is hardware work, not model work: MFU excludes it, HFU counts it
+  (METRICS.md; Korthikanti et al. 2022, arXiv 2205.05198, Sec. 6 define the same split).
+- QLoRA's dequantization and DoRA's weight-norm are memory-bound, not matmul FLOPs: they are modeled as
+  efficiency factors (timing.py), not here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .arch import Arch
+
+
+@dataclass(frozen=True)
+class FlopsPerToken:
+    dense: float  # weight matmuls (frozen and trained base weights, LM head)
+    attention: float  # QKᵀ and AV
+    adapters: float  # LoRA A and B
+    recompute: float  # gradient checkpointing's second forward (hfu only)
+
+    @property
+    def model(self) -> float:
+        """model_flops_per_token (METRICS.md): what the method costs, recomputation excluded."""
+        return self.dense + self.attention + self.adapters
+
+    @property
+    def hardware(self) -> float:
+        return self.model + self.recompute
+
+
+def attention_forward(arch: Arch, attn_len: int) -> float:
+    return 4.0 * arch.layers * arch.heads * arch.head_dim * attn_len
+
+
+def adapter_params(arch: Arch, targets: tuple[str, ...], r: int) -> int:
+    """Trainable LoRA parameters: r·(d_in + d_out) per adapted matrix per layer."""
+    shapes = arch.linears()
+    return arch.layers * sum(r * (shapes[t][0] + shapes[t][1]) for t in targets)
+
+
+def flops_per_token(arch: Arch, method: str, targets: tuple[str, ...], r: int, attn_len: int, grad_ckpt: bool) -> FlopsPerToken:
+    """`attn_len`: the attention context length T (the fed row width: seq_len when packed)."""
+    n = arch.matmul_params
+    attn_fwd = attention_forward(arch, attn_len)
+    if method == "full":
+        dense, adapters, adapter_fwd = 6.0 * n, 0.0, 0.0
+    else:
+        a = adapter_params(arch, targets, r)
+        dense, adapters, adapter_fwd = 4.0 * n, 6.0 * a, 2.0 * a
+    # The LM head sits outside the checkpointed blocks, so its forward is not recomputed.
+    recompute = 2.0 * arch.block_linear_params + attn_fwd + adapter_fwd if grad_ckpt else 0.0
+    return FlopsPerToken(dense=dense, attention=3.0 * attn_fwd, adapters=adapters, recompute=recompute)

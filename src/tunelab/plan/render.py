@@ -1,0 +1,195 @@
+"""Output: a terminal table, one JSON line per GPU, or a performance.md. Formatting only: every number
+comes from an `Estimate` (formulas with tests)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from . import timing
+from .arch import Arch
+from .catalog import Price
+from .estimate import Estimate, Suggestion
+from .memory import MemoryBreakdown
+
+GIB = 2**30
+
+
+@dataclass
+class Result:
+    arch: Arch
+    single: Estimate
+    multi: list[Estimate]
+    suggestions: list[Suggestion]
+    prices: list[Price]
+    scenarios: list[tuple[int, Estimate]] | None = None
+
+    def cost_usd(self, e: Estimate) -> dict[str, float]:
+        hours = e.time_s / 3600
+        return {p.provider: round(timing.cost(hours, p.per_gpu_hour, e.gpus), 2) for p in self.prices}
+
+
+def duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def assumptions(e: Estimate) -> list[str]:
+    w = e.work
+    out = [
+        e.efficiency.label,
+        f"peak {e.device.gpu.peak_flops / 1e12:.1f} TFLOP/s dense 16-bit ({e.device.gpu.source})"
+        + (f"; note: {e.device.gpu.note}" if e.device.gpu.note else ""),
+        f"workload: {w.lengths.source}",
+        ("padded tokens: packed rows of seq_len (next-fit packing, as train does)" if w.batching.packing else
+         "padded tokens: length-grouped dynamic padding to the longest row of each micro-batch, rounded to 8 (as train does)"),
+        f"attention FLOPs use T = {w.epoch.widest_row} (the widest fed row), not halved for the causal mask (PaLM convention)",
+        f"model load at {timing.DISK_READ_BPS / 1e9:g} GB/s, checkpoint writes at {timing.DISK_WRITE_BPS / 1e9:g} GB/s (assumed NVMe)",
+        f"runtime memory overhead {gib(e.device.runtime_overhead)} ({'calibrated' if e.device.calibration and e.device.calibration.runtime_overhead_bytes is not None else 'assumption'})",
+        "no evaluation passes configured: evaluation time 0",
+    ]
+    return out
+
+
+def record(r: Result, e: Estimate) -> dict:
+    w, s = e.work, e.settings
+    return {
+        "gpu": e.device.gpu.id, "gpu_name": e.device.gpu.name, "gpus": e.gpus, "sharding": e.sharding,
+        "model": r.arch.name, "method": s.method, "base_quant": s.base_quant,
+        "tokens_per_s": e.speed.tokens_per_s,
+        "tokens_nonpad_per_s": e.speed.tokens_per_s * w.tokens_nonpad / w.tokens_padded,
+        "time_s": e.time_s, "train_s": e.speed.train_s,
+        "overheads_s": {"model_load": e.overheads.model_load_s, "checkpoints": e.overheads.checkpoint_s, "evaluation": e.overheads.eval_s},
+        "peak_memory_bytes": e.memory.total, "memory_breakdown": e.memory.as_dict(),
+        "memory_capacity_bytes": e.device.gpu.memory_bytes, "fits": e.fits, "max_micro_batch": e.max_micro_batch,
+        "optimizer_steps": w.optimizer_steps, "steps_per_epoch": w.steps_per_epoch,
+        "checkpoints_written": e.checkpoints.written, "checkpoints_kept": e.checkpoints.kept,
+        "examples": w.lengths.examples,
+        "tokens_total_nonpad": w.tokens_nonpad, "tokens_total_padded": w.tokens_padded, "tokens_total_loss": w.tokens_loss,
+        "tokens_upper_bound": w.tokens_upper_bound,
+        "flops_per_token": e.flops.model, "hardware_flops_per_token": e.flops.hardware,
+        "peak_flops": e.device.gpu.peak_flops, "efficiency": e.efficiency.value,
+        "cost_usd": r.cost_usd(e),
+        "assumptions": assumptions(e),
+    }
+
+
+def json_line(r: Result) -> str:
+    out = record(r, r.single)
+    out["multi_gpu"] = [{k: v for k, v in record(r, m).items() if k != "assumptions"} for m in r.multi]
+    out["suggestions"] = [s.__dict__ for s in r.suggestions]
+    return json.dumps(out)
+
+
+def breakdown_lines(m: MemoryBreakdown) -> list[str]:
+    return [f"    {k.replace('_', ' '):<18} {gib(v):>12}" for k, v in m.as_dict().items()]
+
+
+def table(results: list[Result]) -> str:
+    lines = []
+    for r in results:
+        e, w, f = r.single, r.single.work, r.single.flops
+        g = e.device.gpu
+        lines += [
+            f"== {g.name} ({g.id}) : {r.arch.name}, {e.settings.method}"
+            + (f" ({e.settings.base_quant} base)" if e.settings.base_quant != "none" else ""),
+            f"  model: {r.arch.total_params / 1e9:.3f} B params ({r.arch.source})",
+            f"  FLOPs/token: {f.model / 1e9:.2f} GFLOP model (dense {f.dense / 1e9:.2f} + attention {f.attention / 1e9:.2f}"
+            f" + adapters {f.adapters / 1e9:.3f}); recomputation {f.recompute / 1e9:.2f} -> {f.hardware / 1e9:.2f} hardware",
+            f"  tokens: {w.tokens_nonpad:,} non-padding, {w.tokens_loss:,} with loss, {w.tokens_padded:,} fed (padded, {w.padding_fraction:.1%} padding);"
+            f" naive upper bound examples x seq_len x epochs = {w.tokens_upper_bound:,}",
+            f"  steps: {w.optimizer_steps:,} optimizer steps ({w.steps_per_epoch:,}/epoch); checkpoints {e.checkpoints.written} written, {e.checkpoints.kept} kept, + final save",
+            f"  speed: {e.speed.tokens_per_s:,.0f} tokens/s fed ({e.efficiency.label})",
+            f"  time: train {duration(e.speed.train_s)} + model load {duration(e.overheads.model_load_s)}"
+            f" + checkpoints {duration(e.overheads.checkpoint_s)} + evaluation {duration(e.overheads.eval_s)} = {duration(e.time_s)}",
+            f"  memory: peak {gib(e.memory.total)} of {gib(g.memory_bytes)} -> {'fits' if e.fits else 'DOES NOT FIT'};"
+            f" largest micro-batch that fits: {e.max_micro_batch}",
+            *breakdown_lines(e.memory),
+        ]
+        for provider, usd in r.cost_usd(e).items():
+            lines.append(f"  cost: ${usd:,.2f} at {provider}")
+        for m in r.multi:
+            lines.append(f"  x{m.gpus} {m.sharding}: {gib(m.memory.total)}/GPU ({'fits' if m.fits else 'does not fit'}),"
+                         f" {duration(m.time_s)}, {m.work.optimizer_steps:,} steps (scaling efficiency assumed)")
+        for s in r.suggestions:
+            lines.append(f"  try: {s.change}: {duration(s.time_s)} ({'saves' if s.saved_s >= 0 else 'costs'} {duration(abs(s.saved_s))}),"
+                         f" peak {gib(s.peak_memory_bytes)}{'' if s.fits else ' (does not fit)'}")
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+def markdown(results: list[Result], title: str) -> str:
+    first = results[0]
+    e0 = first.single
+    s = e0.settings
+    out = [
+        f"# Performance plan: {title}", "",
+        f"Generated by `tunelab plan`. Model {first.arch.name} ({first.arch.total_params / 1e9:.3f} B params), method {s.method}"
+        + (f" on a {s.base_quant} base" if s.base_quant != "none" else "")
+        + f", seq_len {s.seq_len}, micro-batch {s.micro_batch} x grad-accum {s.grad_accum}, {s.epochs:g} epochs,"
+        f" packing {'on' if s.packing else 'off'}, gradient checkpointing {'on' if s.grad_ckpt else 'off'}.", "",
+        "## Workload", "",
+        f"- {e0.work.lengths.source}",
+        f"- tokens: {e0.work.tokens_nonpad:,} non-padding, {e0.work.tokens_loss:,} with loss, {e0.work.tokens_padded:,} fed;"
+        f" the naive `examples x seq_len x epochs` = {e0.work.tokens_upper_bound:,} is only an upper bound",
+        f"- {e0.work.optimizer_steps:,} optimizer steps; checkpoints: {e0.checkpoints.written} written, {e0.checkpoints.kept} kept",
+        f"- FLOPs per token: {e0.flops.model / 1e9:.2f} GFLOP (model), {e0.flops.hardware / 1e9:.2f} GFLOP with recomputation", "",
+        "## GPU comparison", "",
+        "| GPU | dense TFLOP/s | efficiency | tokens/s | train | total | peak memory | fits | max micro-batch | cheapest cost |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        e = r.single
+        costs = r.cost_usd(e)
+        cheapest = min(costs.items(), key=lambda kv: kv[1]) if costs else None
+        out.append(
+            f"| {e.device.gpu.name} | {e.device.gpu.peak_flops / 1e12:.1f} | {e.efficiency.value:.2f} | {e.speed.tokens_per_s:,.0f}"
+            f" | {duration(e.speed.train_s)} | {duration(e.time_s)} | {gib(e.memory.total)} | {'yes' if e.fits else 'no'}"
+            f" | {e.max_micro_batch} | {f'${cheapest[1]:,.2f} ({cheapest[0]})' if cheapest else 'no price'} |")
+    if any(r.scenarios for r in results):
+        sizes = [n for n, _ in results[0].scenarios]
+        out += ["", "## Runtime scenarios", "",
+                "Same settings and mean example length, different dataset sizes (total time including overheads).", "",
+                "| GPU | " + " | ".join(f"{n:,} examples" for n in sizes) + " |",
+                "|---|" + "---|" * len(sizes)]
+        for r in results:
+            out.append(f"| {r.single.device.gpu.name} | " + " | ".join(
+                f"{duration(e.time_s)} ({e.work.tokens_padded / 1e6:.2f}M tokens fed)" for _, e in r.scenarios) + " |")
+    f = e0.flops
+    out += ["", "## Scaling factors", "",
+            "- time = tokens fed x FLOPs per token / (peak x efficiency): linear in examples and epochs;",
+            f"- per token, {(f.dense + f.adapters) / 1e9:.2f} GFLOP do not depend on seq_len and {f.attention / 1e9:.3f} GFLOP grow linearly"
+            f" with it (attention), so halving seq_len without truncating saves only the padding and the attention share"
+            f" ({f.attention / f.model:.1%} of the model FLOPs here);",
+            f"- gradient checkpointing adds {f.recompute / f.model:.0%} hardware FLOPs when on; packing removes padding"
+            f" ({e0.work.padding_fraction:.1%} of fed tokens here)."]
+    if results[0].multi:
+        out += ["", f"## Multi-GPU (x{results[0].multi[0].gpus})", "",
+                "| GPU | strategy | memory per GPU | fits | total time |", "|---|---|---|---|---|"]
+        for r in results:
+            for m in r.multi:
+                out.append(f"| {m.device.gpu.name} | {m.sharding} | {gib(m.memory.total)} | {'yes' if m.fits else 'no'} | {duration(m.time_s)} |")
+    out += ["", "## Recommendations", ""]
+    for r in results:
+        for sug in r.suggestions:
+            out.append(f"- {r.single.device.gpu.name}: {sug.change}: {duration(sug.time_s)}"
+                       f" ({'saves' if sug.saved_s >= 0 else 'costs'} {duration(abs(sug.saved_s))}), peak {gib(sug.peak_memory_bytes)}"
+                       + ("" if sug.fits else ", does not fit"))
+        if not r.single.fits:
+            out.append(f"- {r.single.device.gpu.name}: does not fit at micro-batch {s.micro_batch}; largest that fits: {r.single.max_micro_batch}")
+    out += ["", "## Assumptions", ""]
+    seen = []
+    for r in results:
+        for a in assumptions(r.single):
+            if a not in seen:
+                seen.append(a)
+    out += [f"- {a}" for a in seen]
+    out += ["- memory breakdown (first GPU): " + ", ".join(f"{k} {gib(v)}" for k, v in e0.memory.as_dict().items())]
+    return "\n".join(out)

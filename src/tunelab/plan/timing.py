@@ -1,0 +1,85 @@
+"""Throughput, time and cost.
+
+time_train = tokens_padded x hardware_flops_per_token / (peak x efficiency x GPUs x scaling)
+(FORMULAS.md): every fed position costs compute, padding included; recomputation counts because the
+hardware does it. Efficiency (achieved fraction of the dense peak) comes from a calibration record of
+the device when there is one, else from an assumed default per device class, and says which.
+Fixed overheads are separate lines: model load, checkpoint writes, evaluation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import catalog
+from .calibration import CalibrationRecord
+
+# Assumptions (stated in every output that uses them): sustained sequential read of safetensors from a
+# local NVMe SSD and write of checkpoints to it, in bytes/s.
+DISK_READ_BPS = 1.5e9
+DISK_WRITE_BPS = 1.0e9
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    value: float
+    label: str
+
+
+def method_key(method: str, base_quant: str) -> str:
+    return "lora-int8" if method in ("lora", "dora") and base_quant == "int8" else method
+
+
+def efficiency(device_class: str, method: str, base_quant: str, calibration: CalibrationRecord | None) -> Efficiency:
+    key = method_key(method, base_quant)
+    if calibration is not None and key in calibration.efficiency:
+        value = calibration.efficiency[key]
+        return Efficiency(value, f"efficiency {value:.2f} (calibrated for {key} on {calibration.device_name}, {calibration.created})")
+    base, factor = catalog.class_efficiency(device_class), catalog.method_factor(key)
+    value = base * factor
+    detail = f" x {factor:g} for {key}" if factor != 1 else ""
+    return Efficiency(value, f"efficiency {value:.2f} (default {base:.2f} for class {device_class}{detail}, uncalibrated assumption)")
+
+
+@dataclass(frozen=True)
+class Throughput:
+    tokens_per_s: float  # padded tokens fed per second, all GPUs together
+    train_s: float
+
+
+def throughput(tokens_padded: int, hardware_flops_per_token: float, peak_flops: float, eff: float,
+               gpus: int = 1, scaling: float = 1.0) -> Throughput:
+    rate = peak_flops * eff * gpus * (scaling if gpus > 1 else 1.0) / hardware_flops_per_token
+    return Throughput(rate, tokens_padded / rate)
+
+
+@dataclass(frozen=True)
+class Overheads:
+    model_load_s: float
+    checkpoint_s: float
+    eval_s: float
+
+    @property
+    def total(self) -> float:
+        return self.model_load_s + self.checkpoint_s + self.eval_s
+
+
+def checkpoint_bytes(trainable_params: int, total_params: int, method: str) -> tuple[int, int]:
+    """(periodic, final) checkpoint sizes: a resumable checkpoint holds the fp32 trainable weights and
+    AdamW's two fp32 states (12 B/param); the final save holds the adapter (fp32) or the full model (fp32)."""
+    periodic = trainable_params * 12
+    final = (total_params if method == "full" else trainable_params) * 4
+    return periodic, final
+
+
+def overheads(weights_on_disk: int, periodic_checkpoints: int, periodic_bytes: int, final_bytes: int,
+              eval_s: float = 0.0) -> Overheads:
+    return Overheads(
+        model_load_s=weights_on_disk / DISK_READ_BPS,
+        checkpoint_s=(periodic_checkpoints * periodic_bytes + final_bytes) / DISK_WRITE_BPS,
+        eval_s=eval_s,
+    )
+
+
+def cost(hours: float, per_gpu_hour: float, gpus: int) -> float:
+    return hours * per_gpu_hour * gpus

@@ -1,0 +1,149 @@
+"""What a run feeds the model: examples, tokens (padded, non-padding, loss), micro-batches, optimizer steps
+and checkpoints. Counting is done the way `tunelab train` batches (tunelab.data.packing, train.batches):
+steps never straddle epochs, an epoch is ceil(micro_batches / (grad_accum x data-parallel ranks)) steps.
+
+Two sources of token lengths:
+- a real dataset (`data.path`): the lengths after the template and truncation, batched by the same
+  functions `train` uses, so padded tokens are exact for the first epoch's order;
+- assumed lengths (`--examples N --mean-tokens M`): every example is M tokens long, which makes the
+  counts closed-form; said as such in the output.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+# Rounding of a padded micro-batch's width (tunelab.data.packing.batch_width pads to a multiple of 8).
+PAD_MULTIPLE = 8
+
+
+@dataclass(frozen=True)
+class Batching:
+    seq_len: int
+    micro_batch: int
+    grad_accum: int
+    packing: bool
+    data_parallel: int = 1
+    seed: int = 42
+
+    @property
+    def micro_batches_per_step(self) -> int:
+        return self.grad_accum * self.data_parallel
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """Token lengths of the training examples. `lengths` is None for assumed (all-equal) lengths."""
+
+    examples: int
+    mean_tokens: float
+    mean_loss_tokens: float
+    source: str
+    lengths: np.ndarray | None = None
+    truncated: int = 0
+    dropped: int = 0
+
+
+@dataclass(frozen=True)
+class EpochCounts:
+    micro_batches: int
+    rows: int  # sequences fed: packed rows, or examples when unpacked
+    tokens_padded: int
+    tokens_nonpad: int
+    tokens_loss: int
+    widest_row: int  # the longest micro-batch width: what sizes activation memory
+
+
+@dataclass(frozen=True)
+class Workload:
+    batching: Batching
+    lengths: Lengths
+    epoch: EpochCounts
+    epochs_run: float  # epochs actually covered (max_steps can cut a run short)
+    steps_per_epoch: int
+    optimizer_steps: int
+    tokens_upper_bound: int  # examples x seq_len x epochs: the naive padded figure of the seed documents
+
+    def total(self, per_epoch: int) -> int:
+        return round(per_epoch * self.epochs_run)
+
+    @property
+    def tokens_padded(self) -> int:
+        return self.total(self.epoch.tokens_padded)
+
+    @property
+    def tokens_nonpad(self) -> int:
+        return self.total(self.epoch.tokens_nonpad)
+
+    @property
+    def tokens_loss(self) -> int:
+        return self.total(self.epoch.tokens_loss)
+
+    @property
+    def padding_fraction(self) -> float:
+        return 1 - self.epoch.tokens_nonpad / self.epoch.tokens_padded
+
+    @property
+    def loss_tokens_per_micro_batch(self) -> float:
+        return self.epoch.tokens_loss / self.epoch.micro_batches
+
+
+def assumed_lengths(examples: int, mean_tokens: float, loss_fraction: float) -> Lengths:
+    return Lengths(examples, mean_tokens, mean_tokens * loss_fraction,
+                   source=f"assumed: {examples} examples x {mean_tokens:g} tokens each (no dataset given)")
+
+
+def epoch_counts(lengths: Lengths, b: Batching) -> EpochCounts:
+    if lengths.lengths is not None:
+        return _counted(lengths, b)
+    # All examples have the same length L (clipped to seq_len as truncation would).
+    n, L = lengths.examples, min(lengths.mean_tokens, b.seq_len)
+    if b.packing:
+        per_row = max(1, int(b.seq_len // L))  # next-fit packing of equal lengths fills rows exactly this far
+        rows = math.ceil(n / per_row)
+        width = b.seq_len
+    else:
+        rows = n
+        width = min(b.seq_len, math.ceil(L / PAD_MULTIPLE) * PAD_MULTIPLE)
+    loss = min(lengths.mean_loss_tokens, L)
+    return EpochCounts(math.ceil(rows / b.micro_batch), rows, rows * width, round(n * L), round(n * loss), width)
+
+
+def _counted(lengths: Lengths, b: Batching) -> EpochCounts:
+    """The first epoch batched exactly as `train` batches it (same functions, same seed)."""
+    from ..data.packing import batch_width, epoch_micro_batches
+
+    arr = np.minimum(lengths.lengths, b.seq_len)
+    batches = epoch_micro_batches(arr, b.seq_len, b.micro_batch, b.packing, np.random.default_rng([b.seed, 0]))
+    padded = widest = rows = 0
+    for batch in batches:
+        width = batch_width([int(arr[row].sum()) for row in batch], b.seq_len, b.packing)
+        padded += width * len(batch)
+        widest = max(widest, width)
+        rows += len(batch)
+    loss = round(lengths.examples * lengths.mean_loss_tokens)
+    return EpochCounts(len(batches), rows, padded, int(arr.sum()), loss, widest)
+
+
+def build(lengths: Lengths, b: Batching, epochs: float, max_steps: int | None = None) -> Workload:
+    epoch = epoch_counts(lengths, b)
+    steps_per_epoch = max(1, math.ceil(epoch.micro_batches / b.micro_batches_per_step))
+    steps = max_steps if max_steps is not None else max(1, math.ceil(steps_per_epoch * epochs))
+    epochs_run = epochs if max_steps is None else steps / steps_per_epoch
+    upper = round(lengths.examples * b.seq_len * epochs_run)
+    return Workload(b, lengths, epoch, epochs_run, steps_per_epoch, steps, upper)
+
+
+@dataclass(frozen=True)
+class Checkpoints:
+    written: int  # resumable checkpoints during the run (train saves at step % save_steps == 0, before the end)
+    kept: int  # on disk at the end (save_total_limit rotates older ones away)
+    final: int = 1  # the final adapter/model save
+
+
+def checkpoints(optimizer_steps: int, save_steps: int, save_total_limit: int) -> Checkpoints:
+    written = (optimizer_steps - 1) // save_steps if save_steps > 0 else 0
+    return Checkpoints(written, min(written, save_total_limit))
