@@ -1,0 +1,202 @@
+"""`tunelab plan`: the arithmetic pinned against hand counts, and the CLI end to end."""
+
+import json
+import math
+
+import pytest
+
+from tunelab.cli import main
+from tunelab.config import load_config
+from tunelab.errors import TunelabError
+from tunelab.plan import arch as archmod
+from tunelab.plan import calibration, catalog, memory, timing, workload
+from tunelab.plan.flops import flops_per_token
+
+LLAMA2 = "meta-llama/Llama-2-7b-hf"
+
+
+def plan_json(capsys, *argv) -> list[dict]:
+    assert main(["plan", *argv, "--json"]) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_goat_steps_and_checkpoints():
+    cfg = load_config("configs/goat-7b.yaml")
+    b = workload.Batching(cfg.seq_len, cfg.micro_batch, cfg.grad_accum, cfg.packing)
+    w = workload.build(workload.assumed_lengths(304_000, 40, 0.3), b, cfg.epochs)
+    assert w.optimizer_steps == 2375  # 304,000 / 128
+    ck = workload.checkpoints(w.optimizer_steps, cfg.save_steps, cfg.save_total_limit)
+    # saves at steps 50..2350 (train saves before the last step, then a final save): 47 + final
+    assert (ck.written, ck.kept, ck.final) == (47, 10, 1)
+
+
+def test_seed_padded_upper_bound_and_real_padding():
+    b = workload.Batching(seq_len=512, micro_batch=2, grad_accum=4, packing=False)
+    w = workload.build(workload.assumed_lengths(10_000, 200, 0.5), b, epochs=3)
+    assert w.tokens_upper_bound == 15_360_000  # 10k x 512 x 3, the seed's figure
+    assert w.tokens_nonpad == 10_000 * 200 * 3
+    assert w.tokens_padded == 10_000 * 200 * 3  # 200 is a multiple of 8: equal lengths pad nothing
+    assert w.optimizer_steps == 3 * math.ceil(10_000 / 8)
+    packed = workload.build(workload.assumed_lengths(10_000, 200, 0.5), workload.Batching(512, 2, 4, True), 3)
+    # two 200-token examples per 512 row: 5,000 rows x 512 x 3 epochs
+    assert packed.tokens_padded == 5_000 * 512 * 3
+
+
+def test_flops_llama2_7b_hand_count():
+    a = archmod.resolve_arch(LLAMA2)
+    per_layer = 4 * 4096 * 4096 + 3 * 4096 * 11008
+    n = 32 * per_layer + 32000 * 4096
+    assert a.matmul_params == n == 6_607_077_376
+    assert a.total_params == 6_738_415_616  # + the input embedding (untied)
+    attn = 12 * 32 * 32 * 128 * 512
+    full = flops_per_token(a, "full", (), 0, 512, grad_ckpt=False)
+    assert full.model == 6 * n + attn
+    lora = flops_per_token(a, "lora", ("q_proj", "v_proj"), 8, 512, grad_ckpt=True)
+    adapters = 32 * 8 * (4096 + 4096) * 2
+    assert lora.model == 4 * n + attn + 6 * adapters
+    assert lora.recompute == 2 * 32 * per_layer + attn / 3 + 2 * adapters
+    assert lora.hardware == lora.model + lora.recompute
+
+
+def small_arch() -> archmod.Arch:
+    return archmod.Arch("toy", hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=128,
+                        vocab=100, max_positions=64, tied=False, source="test")
+
+
+def setup(**kw) -> memory.MemorySetup:
+    base = dict(method="lora", base_quant="none", compute_bytes=2, micro_batch=2, row_len=10, loss_rows=5,
+                loss_chunk=2048, grad_ckpt=False, targets=("q_proj", "v_proj"), r=8)
+    return memory.MemorySetup(**{**base, **kw})
+
+
+def test_memory_hand_count_lora():
+    a = small_arch()
+    m = memory.breakdown(a, setup())
+    total = a.total_params
+    assert total == 2 * (4 * 64 * 64 - 2 * 64 * 32 + 3 * 64 * 128) + 2 * 100 * 64 + 5 * 64
+    adapters = 2 * 8 * ((64 + 64) + (64 + 32))
+    assert m.weights == total * 2
+    assert (m.adapters, m.gradients, m.optimizer_states) == (adapters * 4, adapters * 4, adapters * 8)
+    # per token and layer: norms 2x4x64 + attention 2x(64+2x32)+2x64 + MLP 3x2x128 + adapter inputs 2x(64+64) + A outputs 2x2x8
+    per = 512 + 384 + 768 + 256 + 32
+    assert m.activations == 2 * per * 20 + 4 * 64 * 20
+    assert m.logits_loss == 5 * 100 * (12 + 2) + 5 * 64 * 2
+
+
+def test_memory_hand_count_llama2_qlora_and_full():
+    a = archmod.resolve_arch(LLAMA2)
+    q = memory.breakdown(a, setup(method="qlora", base_quant="nf4"))
+    blocks = 6_476_005_376
+    assert q.weights == round(blocks * (0.5 + 1 / 64 + 4 / 16384) + (a.total_params - blocks) * 2)
+    f = memory.breakdown(a, setup(method="full", targets=()))
+    assert f.weights == a.total_params * (4 + 2)  # fp32 master + autocast bf16 copies
+    assert (f.gradients, f.optimizer_states) == (a.total_params * 4, a.total_params * 8)
+    z3 = memory.breakdown(a, setup(method="full", targets=(), sharding="zero3", world=4))
+    assert z3.optimizer_states == a.total_params * 2 and z3.gradients == a.total_params
+
+
+def test_max_micro_batch_is_largest_that_fits():
+    a = archmod.resolve_arch(LLAMA2)
+    s = setup(row_len=512, loss_rows=256)
+    cap = 24 * 2**30
+    b = memory.max_micro_batch(a, s, cap, loss_per_row=128)
+    from dataclasses import replace
+
+    assert memory.breakdown(a, replace(s, micro_batch=b, loss_rows=128 * b)).total <= cap
+    assert memory.breakdown(a, replace(s, micro_batch=b + 1, loss_rows=128 * (b + 1))).total > cap
+
+
+def test_throughput_units_are_seconds():
+    t = timing.throughput(tokens_padded=1_000_000, hardware_flops_per_token=1e10, peak_flops=1e15, eff=0.5)
+    assert t.tokens_per_s == pytest.approx(50_000)
+    assert t.train_s == pytest.approx(20.0)
+
+
+def test_catalog_rows_have_sources_and_dense_peaks():
+    for gid in catalog.gpu_ids():
+        g = catalog.gpu(gid)
+        assert g.source and g.peak_flops > 0 and catalog.class_efficiency(g.device_class) > 0
+    assert catalog.gpu("h100-sxm").peak_flops == 989e12  # dense, not the 1979 sparse figure
+    aws = [p for p in catalog.prices("h100-sxm") if p.provider == "aws-p5.48xlarge"][0]
+    assert aws.per_gpu_hour == pytest.approx(98.32 / 8)
+
+
+def test_registry_covers_issue_models():
+    for name in ["meta-llama/Llama-2-13b-hf", "meta-llama/Llama-2-70b-hf", "meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B",
+                 "meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.2-3B", "mistralai/Mistral-7B-v0.1", "Qwen/Qwen2.5-0.5B",
+                 "Qwen/Qwen2.5-7B", "TinyLlama/TinyLlama-1.1B-Chat-v1.0", "google/gemma-2-2b", "HuggingFaceTB/SmolLM2-135M",
+                 "HuggingFaceTB/SmolLM2-360M", "HuggingFaceTB/SmolLM2-1.7B"]:
+        assert archmod.resolve_arch(name).total_params > 0
+    assert round(archmod.resolve_arch("meta-llama/Llama-3.1-8B").total_params / 1e6) == 8030
+
+
+def test_calibration_roundtrip_and_use(tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNELAB_CACHE", str(tmp_path))
+    key = calibration.device_key("NVIDIA H100 80GB HBM3")
+    assert key == "nvidia-h100-80gb-hbm3" and calibration.load_calibration(key) is None
+    rec = calibration.CalibrationRecord(key, "NVIDIA H100 80GB HBM3", peak_flops=8e14, efficiency={"lora": 0.52})
+    calibration.save_calibration(rec)
+    back = calibration.load_calibration(key)
+    assert back.efficiency == {"lora": 0.52} and back.created
+    e = timing.efficiency("datacenter-hopper", "lora", "none", back)
+    assert e.value == 0.52 and "calibrated" in e.label
+    d = timing.efficiency("datacenter-hopper", "qlora", "nf4", None)
+    assert "uncalibrated assumption" in d.label and "datacenter-hopper" in d.label
+
+
+def test_matmul_probe_is_short_and_positive():
+    import torch
+
+    assert calibration.measure_matmul_peak(torch.float32, torch.device("cpu"), n=128, seconds=0.05) > 0
+
+
+def test_cli_json_fields(capsys):
+    (rec,) = plan_json(capsys, "--config", "configs/goat-7b.yaml", "--examples", "304000", "--mean-tokens", "40", "--gpu", "a100-80gb")
+    for key in ["tokens_per_s", "time_s", "peak_memory_bytes", "memory_breakdown", "fits", "max_micro_batch", "optimizer_steps",
+                "checkpoints_written", "tokens_total_nonpad", "tokens_total_padded", "flops_per_token", "cost_usd"]:
+        assert key in rec
+    assert rec["optimizer_steps"] == 2375 and rec["checkpoints_written"] == 47
+    assert rec["time_s"] == pytest.approx(rec["train_s"] + sum(rec["overheads_s"].values()))
+    assert any("uncalibrated" in a for a in rec["assumptions"])
+
+
+def test_cli_several_gpus_multi_gpu_and_price_override(capsys):
+    recs = plan_json(capsys, "--model", LLAMA2, "--method", "full", "--examples", "1000", "--gpu", "h100-sxm,rtx-4090",
+                     "--gpus", "4", "--price-per-hour", "2.0")
+    assert [r["gpu"] for r in recs] == ["h100-sxm", "rtx-4090"]
+    multi = {m["sharding"]: m for m in recs[0]["multi_gpu"]}
+    assert multi["zero3"]["peak_memory_bytes"] < multi["zero2"]["peak_memory_bytes"] < multi["ddp"]["peak_memory_bytes"]
+    assert not recs[1]["fits"]  # full fine-tuning of 7B on 24 GB
+    assert recs[0]["cost_usd"] == {"user": pytest.approx(recs[0]["time_s"] / 3600 * 2.0, abs=0.01)}
+
+
+def test_cli_markdown(capsys):
+    assert main(["plan", "--config", "configs/llama2-7b-lora.yaml", "--examples", "10000", "--mean-tokens", "512",
+                 "--gpu", "rtx-5090,rtx-pro-6000,h100-sxm,a100-80gb", "--format", "md"]) == 0
+    md = capsys.readouterr().out
+    for section in ["## GPU comparison", "## Runtime scenarios", "## Scaling factors", "## Recommendations", "## Assumptions"]:
+        assert section in md
+    assert "15,360,000" in md and "uncalibrated assumption" in md
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--gpu", "h100"], "known: rtx-2080-ti"),
+    (["--model", "nobody/nothing-7b"], "Llama-2-7b-hf"),
+    (["--micro-batch", "0"], "micro_batch must be at least 1"),
+    (["--model", "TinyLlama/TinyLlama-1.1B-Chat-v1.0", "--seq-len", "4096"], "maximum of 2048"),
+    (["--examples", "0"], "--examples must be at least 1"),
+])
+def test_cli_errors_are_one_line(capsys, argv, message):
+    base = {"--model": LLAMA2, "--examples": "10"}
+    args = list(argv)
+    for flag, value in base.items():
+        if flag not in args:
+            args += [flag, value]
+    assert main(["plan", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
+def test_cli_needs_a_workload(capsys):
+    assert main(["plan", "--model", LLAMA2]) == 2
+    assert "--examples" in capsys.readouterr().err
