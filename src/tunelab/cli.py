@@ -35,7 +35,13 @@ def main(argv: list[str] | None = None) -> int:
             module = _import(module_name, name)
             module.add_arguments(p)
             p.set_defaults(handler=module.run)
-    args = parser.parse_args(argv)
+    # Overrides (key=value) may come before or after flags: `train --config c.yaml lr=1e-4 --quiet seed=3`.
+    args, extra = parser.parse_known_args(argv)
+    _quiet_libraries()
+    if extra:
+        if not hasattr(args, "overrides") or any(a.startswith("-") or "=" not in a for a in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
     try:
         return int(args.handler(args) or 0)
     except TunelabError as e:
@@ -44,6 +50,23 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"tunelab {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _quiet_libraries() -> None:
+    """tunelab prints its own progress; library progress bars and deprecation chatter would bury it."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"(torch|transformers|peft|accelerate)\.")
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
 
 
 def _import(module_name: str, name: str):

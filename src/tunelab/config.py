@@ -45,7 +45,7 @@ class LoraConfig:
     alpha: float = 32.0
     dropout: float = 0.0
     # A list of module names, or one of TARGET_PRESETS.
-    targets: Union[str, list[str]] = "all-linear"
+    targets: Union[list[str], str] = "all-linear"
 
 
 @dataclass
@@ -131,9 +131,9 @@ def from_dict(cls: type, raw: dict[str, Any], source: str, prefix: str) -> Any:
     kwargs = {}
     for key, value in raw.items():
         if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"; did you mean {prefix}{close[0]!r}?" if close else f"; known keys: {', '.join(names)}"
-            raise TunelabError(f"{source}: unknown key {prefix}{key!r}{hint}")
+            close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.4)
+            hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(names)}"
+            raise TunelabError(f"{source}: unknown key '{prefix}{key}'{hint}")
         kwargs[key] = _coerce(hints[key], value, source, f"{prefix}{key}")
     return cls(**kwargs)
 
@@ -156,7 +156,7 @@ def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
         raise _type_error(source, key, tp, value)
     if origin is list:
         (item_tp,) = typing.get_args(tp)
-        if isinstance(value, str):
+        if isinstance(value, str) and "," in value:  # `lora.targets=q_proj,v_proj` on the command line
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list):
             raise _type_error(source, key, tp, value)

@@ -79,12 +79,21 @@ def prepare_run(cfg: TrainConfig, rank: int = 0, world: int = 1) -> Prepared:
 
 
 def check_output_dir(path: Path) -> None:
-    """Fail before training if the output dir cannot be written (nearest existing ancestor must be writable)."""
-    probe = path
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        raise TunelabError(f"output_dir {path}: {probe} is not a writable directory; choose another output_dir")
+    """Fail before training if the output dir cannot be written: create it and a probe file, then undo that.
+
+    A real write is the only reliable test (root passes every permission check; /proc refuses anyway).
+    """
+    created = [p for p in (path, *path.parents) if not p.exists()]
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".tmp-probe-"):
+            pass
+    except OSError as e:
+        raise TunelabError(f"output_dir {path}: cannot write there ({e.strerror}); choose another output_dir") from None
+    finally:
+        for p in created:  # deepest first
+            if p.exists():
+                p.rmdir()
 
 
 def build_model(cfg: TrainConfig, prep: Prepared) -> torch.nn.Module:
@@ -102,6 +111,7 @@ def train(cfg: TrainConfig, show_progress: bool = True, stop_at: int | None = No
           warmup_window: int = 2) -> dict:
     """Run one training job and return its summary (also written to output_dir/summary.json)."""
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
     from accelerate.utils import set_seed
 
     t0 = time.perf_counter()
@@ -122,6 +132,9 @@ def train(cfg: TrainConfig, show_progress: bool = True, stop_at: int | None = No
 
     set_seed(cfg.seed)
     mixed = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[prep.precision.name]
+    # Accelerate keeps its settings in a process-wide singleton; bench sweeps and tests run several jobs with
+    # different precisions in one process. Resetting it keeps the distributed (partial) state.
+    AcceleratorState._reset_state()
     accelerator = Accelerator(mixed_precision=mixed, cpu=prep.device.type == "cpu")
     model = build_model(cfg, prep)
     trainable, total = count_parameters(model)

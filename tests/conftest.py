@@ -1,0 +1,87 @@
+"""Shared fixtures: a tiny tokenizer and tiny random-init Llama models built in code (no downloads).
+
+Tiers: unit tests (default) use these; `@pytest.mark.integration` tests use the embedded SmolLM2-135M;
+`@pytest.mark.gpu` tests need CUDA and are skipped without it.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+import pytest
+import torch
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def make_tokenizer():
+    """Character-level fast tokenizer: every digit is its own token, as in SmolLM2/Llama-3 tokenizers."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+    chars = list(string.printable)
+    vocab = {tok: i for i, tok in enumerate(specials + chars)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                   additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    fast.chat_template = CHATML
+    return fast
+
+
+def make_tiny_llama(vocab_size: int, seed: int = 0, **overrides):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=256, vocab_size=vocab_size,
+               tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    cfg.update(overrides)
+    return LlamaForCausalLM(LlamaConfig(**cfg))
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return make_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
+    """A saved tiny random Llama + tokenizer: a 'local HF model dir' for `model:`."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    make_tiny_llama(len(tokenizer)).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def addition_rows() -> list[dict]:
+    import random
+
+    r = random.Random(0)
+    rows = []
+    for _ in range(64):
+        a, b = r.randint(0, 999), r.randint(0, 999)
+        rows.append({"instruction": f"{a} + {b}", "output": f"{a} + {b} = {a + b}", "answer": str(a + b)})
+    return rows

@@ -1,0 +1,79 @@
+from pathlib import Path
+
+import pytest
+
+from tunelab.config import TrainConfig, load_config
+from tunelab.errors import TunelabError
+
+CONFIGS = sorted(Path(__file__).resolve().parents[2].joinpath("configs").glob("*.yaml"))
+
+
+def test_defaults_load():
+    cfg = load_config(None)
+    assert isinstance(cfg, TrainConfig) and cfg.model == "embedded" and cfg.packing is True
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_every_shipped_config_loads(path):
+    cfg = load_config(path)
+    assert cfg.method in ("lora", "dora", "qlora", "full")
+
+
+def test_shipped_configs_include_the_seed_recipes():
+    names = {p.name for p in CONFIGS}
+    assert {"quickstart.yaml", "llama2-7b-lora.yaml", "goat-7b.yaml", "tinyllama-lora.yaml"} <= names
+
+
+def test_every_required_dotted_override(tmp_path):
+    overrides = [
+        "model=/some/dir", "data.path=rows.jsonl", "data.format=chat", "method=dora", "lora.r=32",
+        "lora.alpha=64", "lora.dropout=0.05", "lora.targets=[q_proj,v_proj]", "seq_len=1024", "micro_batch=4",
+        "grad_accum=2", "epochs=2", "max_steps=100", "lr=1e-4", "precision=bf16", "packing=false",
+        "grad_ckpt=true", "save_steps=50", "save_total_limit=3", "output_dir=out", "seed=7",
+    ]
+    cfg = load_config(None, overrides)
+    assert (cfg.model, cfg.data.path, cfg.data.format, cfg.method) == ("/some/dir", "rows.jsonl", "chat", "dora")
+    assert (cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets) == (32, 64.0, 0.05, ["q_proj", "v_proj"])
+    assert (cfg.seq_len, cfg.micro_batch, cfg.grad_accum, cfg.epochs, cfg.max_steps) == (1024, 4, 2, 2.0, 100)
+    assert (cfg.lr, cfg.precision, cfg.packing, cfg.grad_ckpt) == (1e-4, "bf16", False, True)
+    assert (cfg.save_steps, cfg.save_total_limit, cfg.output_dir, cfg.seed) == (50, 3, "out", 7)
+
+
+def test_comma_list_override_for_targets():
+    assert load_config(None, ["lora.targets=q_proj,v_proj"]).lora.targets == ["q_proj", "v_proj"]
+    assert load_config(None, ["lora.targets=attn"]).lora.targets == "attn"
+
+
+def test_yaml_file_plus_override(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("lr: 3.0e-4\nlora:\n  r: 8\n")
+    cfg = load_config(f, ["lora.r=4"])
+    assert cfg.lr == 3e-4 and cfg.lora.r == 4
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["lora.rank=8"], "did you mean 'lora.r'"),
+    (["learning_rate=1e-4"], "unknown key 'learning_rate'"),
+    (["micro_batch=two"], "micro_batch must be int"),
+    (["packing=maybe"], "packing must be bool"),
+    (["method=qlroa"], "did you mean 'qlora'"),
+    (["micro_batch=0"], "micro_batch must be at least 1"),
+    (["method=qlora", "base_quant=int8"], "qlora"),
+    (["method=full", "base_quant=nf4"], "full fine-tuning"),
+    (["lora.targets=everything"], "lora.targets must be one of"),
+    (["data.format=chat", "data.template=compact"], "data.template"),
+    (["lr=0"], "lr must be positive"),
+    (["justakey"], "expected key=value"),
+])
+def test_bad_values_fail_with_the_key(overrides, message):
+    with pytest.raises(TunelabError, match=message):
+        load_config(None, overrides)
+
+
+def test_bad_yaml_names_the_file(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("lr: [1,\n")
+    with pytest.raises(TunelabError, match="bad.yaml: not valid YAML"):
+        load_config(f)
+    with pytest.raises(TunelabError, match="config file not found"):
+        load_config(tmp_path / "missing.yaml")

@@ -1,0 +1,156 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import make_tiny_llama, write_jsonl
+from tunelab.data.formats import prompt_text
+from tunelab.data.packing import collate, epoch_micro_batches, epoch_rows
+from tunelab.data.pipeline import IGNORE, DataSpec, prepare
+from tunelab.errors import TunelabError
+from tunelab.train.loss import CausalLMLoss
+
+
+def spec(path, fmt="alpaca", seq_len=64, template="compact", train_on_inputs=False):
+    return DataSpec(str(path), fmt, template, train_on_inputs, seq_len)
+
+
+def decode_targets(tokenizer, data, i):
+    start, end = data.offsets[i], data.offsets[i + 1]
+    t = data.targets[start:end]
+    return tokenizer.decode([x for x in t if x != IGNORE])
+
+
+def test_alpaca_masks_the_prompt(tmp_path, tokenizer):
+    path = write_jsonl(tmp_path / "a.jsonl", [{"instruction": "2 + 3", "output": "2 + 3 = 5"}])
+    data = prepare(spec(path), tokenizer)
+    assert decode_targets(tokenizer, data, 0) == "2 + 3 = 5</s>"
+    ids = tokenizer.decode(data.ids[: data.offsets[1]])
+    assert ids == prompt_text("alpaca", "compact", {"instruction": "2 + 3"}) + "2 + 3 = 5</s>"
+    assert data.stats.tokens_loss == len("2 + 3 = 5") + 1
+
+
+def test_train_on_inputs_trains_the_prompt_too(tmp_path, tokenizer):
+    path = write_jsonl(tmp_path / "a.jsonl", [{"instruction": "2 + 3", "output": "5"}])
+    data = prepare(spec(path, train_on_inputs=True), tokenizer)
+    assert data.stats.tokens_loss == data.stats.tokens_nonpad - 1  # every token but the first is predicted
+
+
+def test_chat_trains_only_assistant_turns(tmp_path, tokenizer):
+    row = {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"},
+                        {"role": "assistant", "content": "yo"}, {"role": "user", "content": "q"},
+                        {"role": "assistant", "content": "a"}]}
+    path = write_jsonl(tmp_path / "c.jsonl", [row])
+    data = prepare(spec(path, "chat", template="alpaca"), tokenizer)
+    # Each assistant turn's content and its end-of-turn marker (the template's stop token, so no EOS is
+    # appended); never a user/system turn or a role header.
+    assert decode_targets(tokenizer, data, 0) == "yo<|im_end|>\na<|im_end|>\n"
+
+
+def test_completion_and_text(tmp_path, tokenizer):
+    path = write_jsonl(tmp_path / "c.jsonl", [{"prompt": "Q:", "completion": "A"}])
+    assert decode_targets(tokenizer, prepare(spec(path, "completion", template="alpaca"), tokenizer), 0) == "A</s>"
+    path = write_jsonl(tmp_path / "t.jsonl", [{"text": "abc"}])
+    assert decode_targets(tokenizer, prepare(spec(path, "text", template="alpaca"), tokenizer), 0) == "bc</s>"
+
+
+def test_truncation_and_dropping_are_counted(tmp_path, tokenizer):
+    rows = [{"instruction": "x" * 80, "output": "y"}, {"instruction": "1", "output": "z" * 80},
+            {"instruction": "1", "output": "2"}]
+    data = prepare(spec(write_jsonl(tmp_path / "d.jsonl", rows), seq_len=40), tokenizer)
+    s = data.stats
+    assert (s.rows, s.examples, s.truncated, s.dropped) == (3, 2, 1, 1)
+    assert s.max_len == 40 and len(data) == 2
+
+
+def test_csv_and_parquet(tmp_path, tokenizer):
+    import datasets
+
+    rows = [{"instruction": "1 + 1", "output": "2"}] * 3
+    datasets.Dataset.from_list(rows).to_csv(tmp_path / "r.csv")
+    datasets.Dataset.from_list(rows).to_parquet(tmp_path / "r.parquet")
+    assert prepare(spec(tmp_path / "r.csv"), tokenizer).stats.examples == 3
+    assert prepare(spec(tmp_path / "r.parquet"), tokenizer).stats.examples == 3
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"instruction": "a", "output": "b"}\n{"instruction": "a", "output"\n', r"bad.jsonl:2: not valid JSON"),
+    ('{"instruction": "a", "output": "b"}\n{"instruction": "a"}\n', r"bad.jsonl:2: missing field 'output'"),
+    ("\n\n", "the dataset is empty"),
+    ('[1, 2]\n', r"bad.jsonl:1: each line must be a JSON object"),
+])
+def test_bad_jsonl_names_file_and_line(tmp_path, tokenizer, content, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    with pytest.raises(TunelabError, match=message):
+        prepare(spec(path), tokenizer)
+
+
+def test_unknown_extension_and_missing_file(tmp_path, tokenizer):
+    (tmp_path / "x.txt").write_text("hi")
+    with pytest.raises(TunelabError, match="unknown file type"):
+        prepare(spec(tmp_path / "x.txt"), tokenizer)
+    with pytest.raises(TunelabError, match="data file not found"):
+        prepare(spec(tmp_path / "nope.jsonl"), tokenizer)
+
+
+def test_tokenization_is_cached(tmp_path, tokenizer, addition_rows):
+    path = write_jsonl(tmp_path / "a.jsonl", addition_rows)
+    first = prepare(spec(path), tokenizer)
+    second = prepare(spec(path), tokenizer)
+    assert np.array_equal(first.ids, second.ids)
+    cache_files = list((tmp_path).glob("**/cache-*.arrow"))
+    # datasets keeps the map output beside its own cache; the fingerprint is stable, so no second file
+    assert len({p.name for p in cache_files}) <= 1
+
+
+def test_packing_uses_each_example_once_and_fits(tokenizer, tmp_path, addition_rows):
+    data = prepare(spec(write_jsonl(tmp_path / "a.jsonl", addition_rows)), tokenizer)
+    rows = epoch_rows(data.lengths, 64, True, np.random.default_rng(0))
+    flat = sorted(i for r in rows for i in r)
+    assert flat == list(range(len(data)))
+    assert all(data.lengths[r].sum() <= 64 for r in rows)
+    batch = collate(data, rows[:2], 64, 0, packing=True)
+    assert batch.input_ids.shape == (2, 64)
+    first_len = int(data.lengths[rows[0][0]])
+    assert list(batch.position_ids[0, : first_len + 2]) == list(range(first_len)) + [0, 1]
+    assert batch.tokens_nonpad == int(data.lengths[rows[0]].sum() + data.lengths[rows[1]].sum())
+
+
+def test_unpacked_batches_are_length_grouped(tokenizer, tmp_path, addition_rows):
+    data = prepare(spec(write_jsonl(tmp_path / "a.jsonl", addition_rows)), tokenizer)
+    batches = epoch_micro_batches(data.lengths, 64, 8, False, np.random.default_rng(0))
+    spread = np.mean([np.ptp([data.lengths[r[0]] for r in b]) for b in batches])
+    random_spread = np.mean([np.ptp(data.lengths[i : i + 8]) for i in range(0, len(data), 8)])
+    assert spread < random_spread
+
+
+def test_packed_loss_equals_one_by_one(tokenizer, tmp_path):
+    """Block-diagonal attention + restarted positions: a packed row is exactly its sequences run alone."""
+    rows = [{"instruction": f"{a} + {b}", "output": f"{a + b}"} for a, b in [(1, 22), (333, 4), (55, 66)]]
+    data = prepare(spec(write_jsonl(tmp_path / "p.jsonl", rows), seq_len=128, train_on_inputs=True), tokenizer)
+    # Large init so that attention depends strongly on context (the control below must be able to fail).
+    model = CausalLMLoss(make_tiny_llama(len(tokenizer), initializer_range=0.5).eval())
+    packed = collate(data, [[0, 1, 2]], 128, tokenizer.pad_token_id, packing=True)
+
+    def loss_of(batch, select=slice(None)):
+        positions = None if batch.position_ids is None else torch.from_numpy(batch.position_ids)
+        return model(torch.from_numpy(batch.input_ids), positions, torch.from_numpy(batch.loss_index[select]),
+                     torch.from_numpy(batch.loss_targets[select])).item()
+
+    with torch.no_grad():
+        packed_total = loss_of(packed)
+        singles = [loss_of(collate(data, [[i]], 128, tokenizer.pad_token_id, packing=False)) for i in range(3)]
+        # Per sequence inside the packed row: that sequence's targets only.
+        offsets = np.concatenate([[0], np.cumsum(data.lengths)])
+        per_seq = [loss_of(packed, (packed.loss_index >= offsets[i]) & (packed.loss_index < offsets[i + 1]))
+                   for i in range(3)]
+    assert per_seq == pytest.approx(singles, rel=1e-5)
+    assert packed_total == pytest.approx(sum(singles), rel=1e-5)
+
+    # Control: without restarted positions the packed row attends across sequences and the loss changes.
+    with torch.no_grad():
+        leaky = model(torch.from_numpy(packed.input_ids), None, torch.from_numpy(packed.loss_index),
+                      torch.from_numpy(packed.loss_targets)).item()
+    assert leaky != pytest.approx(sum(singles), rel=1e-3)
