@@ -1,0 +1,102 @@
+"""`tunelab data SUBCOMMAND`: dataset tools. Each subcommand registers its parser and handler in SUBCOMMANDS."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+
+from ..errors import TunelabError
+from . import arithmetic as ar
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
+    for name, (help_text, add, handler) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        add(p)
+        p.set_defaults(data_handler=handler)
+
+
+def run(args: argparse.Namespace) -> int:
+    return args.data_handler(args)
+
+
+def _add_arithmetic(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="training rows, written as jsonl")
+    p.add_argument("--preset", choices=["goat"], help="goat: Goat's 304,000-row addition set (digit pairs up to 15x15)")
+    p.add_argument("--ops", help=f"operations, comma-separated from {','.join(ar.OPS)} (default add)")
+    p.add_argument("--digits", help="digit-count range of both operands, e.g. 1-8 (default 1-8)")
+    p.add_argument("--digits-a", help="digit-count range of the first operand (overrides --digits)")
+    p.add_argument("--digits-b", help="digit-count range of the second operand; n x 1 multiplication is --digits-b 1")
+    p.add_argument("--n", type=int, help="number of training rows (default 10000)")
+    p.add_argument("--templates", default=",".join(ar.TEMPLATES),
+                   help=f"instruction wordings drawn per row, from {','.join(ar.TEMPLATES)} (default all)")
+    p.add_argument("--cot", action="store_true", help="Goat's chain-of-thought output for multi-digit multiplication")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--contaminate", type=float, metavar="RATE", help="corrupt this fraction of training answers")
+    p.add_argument("--contamination-type", default="random", choices=ar.CONTAMINATION_TYPES)
+    p.add_argument("--test-out", help="also write a held-out set sharing no problem with the training rows")
+    p.add_argument("--test-n", type=int, default=1000, help="rows in the held-out set (default 1000)")
+
+
+def _arithmetic(args: argparse.Namespace) -> int:
+    templates = ar.parse_choices(args.templates, tuple(ar.TEMPLATES), "--templates")
+    if args.preset == "goat":
+        given = [f for f in ("ops", "digits", "digits_a", "digits_b", "n") if getattr(args, f) is not None]
+        if given:
+            raise TunelabError(f"--preset goat fixes the operations, digits and size; drop --{given[0].replace('_', '-')}")
+        cells = [ar.Cell("add", i, j) for i, j in ar.goat_pairs()]
+        rows = ar.sample_each(cells, ar.GOAT_SAMPLES_PER_PAIR, templates, args.seed, args.cot, swap=True)
+    else:
+        ops = ar.parse_choices(args.ops or "add", ar.OPS, "--ops")
+        both = ar.parse_digit_range(args.digits or "1-8")
+        digits_a = ar.parse_digit_range(args.digits_a, "--digits-a") if args.digits_a else both
+        digits_b = ar.parse_digit_range(args.digits_b, "--digits-b") if args.digits_b else both
+        n = 10000 if args.n is None else args.n
+        if n < 1:
+            raise TunelabError(f"--n {n}: need at least one row")
+        cells = ar.grid(ops, digits_a, digits_b)
+        rows = ar.sample(cells, n, templates, args.seed, args.cot)
+    test_rows = None
+    if args.test_out:
+        if args.test_n < 1:
+            raise TunelabError(f"--test-n {args.test_n}: need at least one row")
+        # Drawn before contamination, from the true problems, and left clean: eval compares against the truth.
+        test_rows = ar.held_out(cells, args.test_n, templates, args.seed, rows, args.cot, swap=args.preset == "goat")
+    note = ""
+    if args.contaminate is not None:
+        k = ar.contaminate(rows, args.contaminate, args.contamination_type, args.seed)
+        note = f", {k} contaminated ({args.contamination_type})"
+    write_atomic(Path(args.out), _jsonl(rows))
+    print(f"wrote {len(rows)} rows to {args.out}{note}")
+    if test_rows is not None:
+        write_atomic(Path(args.test_out), _jsonl(test_rows))
+        print(f"wrote {len(test_rows)} held-out rows to {args.test_out}")
+    return 0
+
+
+def write_atomic(path: Path, lines: Iterable[str]) -> None:
+    """Write via a temp file and rename: a reader (or a crash) never sees a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.writelines(lines)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _jsonl(rows: Sequence[dict]) -> Iterator[str]:
+    return (json.dumps(row) + "\n" for row in rows)
+
+
+# name -> (help, add_arguments, handler)
+SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
+    "arithmetic": ("generate Goat-style arithmetic rows (add, sub, mul, div), optionally contaminated", _add_arithmetic, _arithmetic),
+}
