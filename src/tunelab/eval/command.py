@@ -1,0 +1,156 @@
+"""`tunelab eval`: exact-match accuracy of a base model, or a base plus a trained adapter, on a jsonl file.
+
+With `--adapter RUN/adapter` the base model, data format and template come from the run's `RUN/config.yaml`
+(what training used), so the prompt is the one the adapter learned; `--model/--format/--template` override.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..config import FORMATS, TEMPLATES, load_config
+from ..data.command import write_atomic
+from ..data.formats import check_fields
+from ..errors import TunelabError
+from .exact_match import EvalResult, parse_answer
+from .generate import DEFAULT_BATCH_SIZE
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", required=True, help="jsonl rows with an `answer` (e.g. from `tunelab data arithmetic`)")
+    parser.add_argument("--adapter", help="a trained adapter directory (RUN/adapter); without it the base model is scored")
+    parser.add_argument("--model", help="base model: embedded, an HF directory, a .gguf file or a cached hub id")
+    parser.add_argument("--format", choices=FORMATS, help="row format (default: the run's, else alpaca)")
+    parser.add_argument("--template", choices=TEMPLATES, help="alpaca prompt template (default: the run's, else alpaca)")
+    parser.add_argument("--limit", type=int, help="score only the first N rows")
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
+    parser.add_argument("--max-new-tokens", type=int, help="default: per batch, its longest expected response plus slack")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
+    parser.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
+    parser.add_argument("--out", help="also write the JSON summary to this file")
+    parser.add_argument("--predictions", help="write every row's response and verdict to this jsonl file")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What to load and how to prompt, after merging the run's config with the command line."""
+
+    model: str
+    format: str
+    template: str
+
+
+def resolve_setup(adapter: str | None, model: str | None, fmt: str | None, template: str | None) -> Setup:
+    if adapter is None:
+        return Setup(model or "embedded", fmt or "alpaca", template or "alpaca")
+    folder = Path(adapter)
+    if not (folder / "adapter_config.json").is_file():
+        raise TunelabError(f"{folder}: not an adapter directory (no adapter_config.json); pass RUN/adapter of a training run")
+    config_path = folder.parent / "config.yaml"
+    if not config_path.is_file():
+        if model is None:
+            raise TunelabError(f"{config_path}: not found, so the base model is unknown; pass --model (and --format/--template)")
+        return Setup(model, fmt or "alpaca", template or "alpaca")
+
+    cfg = load_config(config_path)
+    return Setup(model or cfg.model, fmt or cfg.data.format, template or cfg.data.template)
+
+
+def read_rows(path: Path, fmt: str, limit: int | None) -> list[dict]:
+    """jsonl rows that can be prompted in `fmt` and carry a checkable `answer`; errors name the line."""
+    if not path.is_file():
+        raise TunelabError(f"{path}: data file not found")
+    rows = []
+    with path.open("rb") as f:
+        for number, line in enumerate(f, 1):
+            if limit is not None and len(rows) >= limit:
+                break
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                row = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise TunelabError(f"{where}: not valid JSON ({e.args[0] if e.args else e}); fix or remove the line") from None
+            if not isinstance(row, dict):
+                raise TunelabError(f"{where}: each line must be a JSON object")
+            check_fields(fmt, row, where)
+            if "answer" not in row:
+                raise TunelabError(f"{where}: no 'answer' field; eval compares the response's last integer against it")
+            if parse_answer(row["answer"]) is None:
+                raise TunelabError(f"{where}: answer {row['answer']!r} is not an integer or 'QUOTIENT R REMAINDER'")
+            rows.append(row)
+    if not rows:
+        raise TunelabError(f"{path}: no rows to evaluate")
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    for name in ("limit", "batch_size", "max_new_tokens"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise TunelabError(f"--{name.replace('_', '-')} {value}: must be at least 1")
+    setup = resolve_setup(args.adapter, args.model, args.format, args.template)
+    rows = read_rows(Path(args.data), setup.format, args.limit)
+
+    from ..device import pick_device, pick_precision
+    from ..model.load import load_model, load_tokenizer, resolve
+    from .generate import evaluate
+
+    device = pick_device(args.device)
+    precision = pick_precision(args.precision, device)
+    started = time.perf_counter()
+    source = resolve(setup.model)
+    tokenizer = load_tokenizer(source)
+    # Weights in the compute dtype (bf16 on AMX CPUs): generation runs in the weights' dtype.
+    model = load_model(source, precision.compute, "none", device)
+    if args.adapter:
+        from peft import PeftModel
+
+        # Not merged: merging rounds base + delta to bf16 and would score a slightly different model than training ran.
+        model = PeftModel.from_pretrained(model, args.adapter)
+    load_seconds = time.perf_counter() - started
+    result = evaluate(model, tokenizer, rows, setup.format, setup.template, args.batch_size, args.max_new_tokens)
+
+    summary = {
+        **result.summary(), "load_seconds": round(load_seconds, 3), "data": args.data, "model": setup.model,
+        "adapter": args.adapter, "format": setup.format, "template": setup.template, "precision": precision.name,
+        "batch_size": args.batch_size,
+    }
+    if args.out:
+        write_atomic(Path(args.out), [json.dumps(summary) + "\n"])
+    if args.predictions:
+        write_atomic(Path(args.predictions), (json.dumps(asdict(p)) + "\n" for p in result.predictions))
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        _print_table(result, summary)
+    return 0
+
+
+def _print_table(result: EvalResult, summary: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    title = f"{summary['model']}" + (f" + {summary['adapter']}" if summary["adapter"] else "") + f" on {summary['data']}"
+    table = Table(title=title, title_justify="left")
+    for column in ("group", "n", "correct", "accuracy"):
+        table.add_column(column, justify="left" if column == "group" else "right")
+    table.add_row("all", str(result.n), str(result.correct), f"{result.accuracy:.1%}", style="bold")
+    for label, buckets in (("op", result.by_op), ("digits", result.by_digits)):
+        if buckets:
+            table.add_section()
+        for key, bucket in buckets.items():
+            table.add_row(f"{label} {key}", str(bucket.n), str(bucket.correct), f"{bucket.accuracy:.1%}")
+    console = Console(file=sys.stdout)
+    console.print(table)
+    console.print(
+        f"{result.n} rows in {result.seconds:.1f} s ({summary['rows_per_s']} rows/s, batch {summary['batch_size']}, "
+        f"{summary['precision']}); model load {summary['load_seconds']:.1f} s"
+    )

@@ -1,0 +1,203 @@
+import json
+
+import pytest
+import torch
+
+from conftest import make_tiny_llama, make_tokenizer, write_jsonl
+from tunelab.cli import main
+from tunelab.data.formats import prompt_text
+from tunelab.data.pipeline import IGNORE, DataSpec, prepare
+from tunelab.eval.command import Setup, read_rows, resolve_setup
+from tunelab.eval.exact_match import extract, parse_answer, score
+from tunelab.eval.generate import BUDGET_SLACK, evaluate, generate, prompt_ids
+from tunelab.errors import TunelabError
+
+
+@pytest.mark.parametrize(
+    "answer, parsed",
+    [("4898", (4898,)), ("-73", (-73,)), (4898, (4898,)), ("62 R 47", (62, 47)), ("0 R 3", (0, 3)), ("04898", (4898,))],
+)
+def test_parse_answer(answer, parsed):
+    assert parse_answer(answer) == parsed
+
+
+@pytest.mark.parametrize("answer", ["", "forty", "4.5", "62 R", "1 R 2 R 3", None])
+def test_parse_answer_rejects(answer):
+    assert parse_answer(answer) is None
+
+
+@pytest.mark.parametrize(
+    "response, expected",
+    [
+        ("4821 + 77 = 4898", (4898,)),  # the restated operands come first; the result is last
+        ("4821 - 9000 = -4179", (-4179,)),
+        ("The answer is 4,898.", (4898,)),
+        ("12-5", (5,)),  # a '-' right after a digit is an operator, not a sign
+        ("x-3 and then 7", (7,)),
+        ("no digits here", None),
+        ("", None),
+        ("397 * 4429 = 4429 * (300 + 90 + 7) = 1727310 + 31003 = 1758313", (1758313,)),
+    ],
+)
+def test_extract_last_integer(response, expected):
+    assert extract(response, 1) == expected
+
+
+@pytest.mark.parametrize(
+    "response, expected",
+    [
+        ("4821 / 77 = 62 R 47", (62, 47)),
+        ("4821 / 77 = 62R47", (62, 47)),
+        ("4821 / 77 = 62", None),  # no remainder written: not a division answer
+        ("1 R 2, no: 3 R 4", (3, 4)),
+    ],
+)
+def test_extract_quotient_remainder(response, expected):
+    assert extract(response, 2) == expected
+
+
+def test_score_overall_and_breakdowns():
+    rows = [
+        {"answer": "4898", "op": "add", "digits_a": 4, "digits_b": 2},
+        {"answer": "4898", "op": "add", "digits_a": 4, "digits_b": 2},
+        {"answer": "-5", "op": "sub", "digits_a": 1, "digits_b": 2},
+        {"answer": "62 R 47", "op": "div", "digits_a": 4, "digits_b": 2},
+        {"answer": "62 R 47", "op": "div", "digits_a": 4, "digits_b": 2},
+        {"answer": "7"},  # a foreign row: counted overall only
+    ]
+    responses = ["4821 + 77 = 4898", "4821 + 77 = 4899", "5 - 10 = -5", "= 62 R 47", "= 62 R 46", "7"]
+    result = score(rows, responses, seconds=2.0)
+    assert (result.n, result.correct) == (6, 4)
+    assert result.accuracy == pytest.approx(4 / 6)
+    assert {op: (b.n, b.correct) for op, b in result.by_op.items()} == {"add": (2, 1), "div": (2, 1), "sub": (1, 1)}
+    assert {d: (b.n, b.correct) for d, b in result.by_digits.items()} == {2: (1, 1), 4: (4, 2)}
+    assert [p.correct for p in result.predictions] == [True, False, True, True, False, True]
+    assert result.predictions[4].predicted == "62 R 46"
+    summary = result.summary()
+    assert summary["accuracy"] == pytest.approx(4 / 6) and summary["rows_per_s"] == 3.0
+    assert summary["by_digits"]["4"] == {"n": 4, "correct": 2, "accuracy": 0.5}
+    json.dumps(summary)  # one JSON line for --json
+
+
+def test_read_rows_limit_and_blank_lines(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({"instruction": f"{i} + 1", "output": f"{i} + 1 = {i + 1}", "answer": str(i + 1)}) + "\n\n"
+                            for i in range(5)))
+    assert [r["answer"] for r in read_rows(path, "alpaca", None)] == ["1", "2", "3", "4", "5"]
+    assert len(read_rows(path, "alpaca", 2)) == 2
+
+
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (['{"instruction": "1 + 1", "output": "1 + 1 = 2", "answer": "2"}', "{not json"], "rows.jsonl:2: not valid JSON"),
+        (['{"instruction": "1 + 1", "output": "1 + 1 = 2"}'], "rows.jsonl:1: no 'answer' field"),
+        (['{"instruction": "1 + 1", "output": "1 + 1 = 2", "answer": "two"}'], "rows.jsonl:1: answer 'two'"),
+        (['{"output": "1 + 1 = 2", "answer": "2"}'], "rows.jsonl:1: missing field 'instruction'"),
+        (["[1, 2]"], "rows.jsonl:1: each line must be a JSON object"),
+        ([""], "no rows to evaluate"),
+    ],
+)
+def test_read_rows_errors_name_file_and_line(tmp_path, lines, message):
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TunelabError, match=message):
+        read_rows(path, "alpaca", None)
+
+
+def test_eval_cli_bad_data_is_one_line_before_loading_a_model(tmp_path, capsys):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"instruction": "1 + 1", "output": "1 + 1 = 2"}\n')
+    assert main(["eval", "--data", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "rows.jsonl:1: no 'answer' field" in err and err.count("\n") == 1
+    assert main(["eval", "--data", str(tmp_path / "missing.jsonl")]) == 2
+    assert main(["eval", "--data", str(path), "--batch-size", "0"]) == 2
+
+
+def test_setup_from_the_run_config_with_overrides(tmp_path):
+    from tunelab.config import TrainConfig, dump_yaml
+
+    run = tmp_path / "run"
+    (run / "adapter").mkdir(parents=True)
+    (run / "adapter" / "adapter_config.json").write_text("{}")
+    cfg = TrainConfig(model="some/model")
+    cfg.data.format, cfg.data.template = "alpaca", "compact"
+    (run / "config.yaml").write_text(dump_yaml(cfg))
+    adapter = str(run / "adapter")
+    assert resolve_setup(adapter, None, None, None) == Setup("some/model", "alpaca", "compact")
+    assert resolve_setup(adapter, "embedded", None, "alpaca") == Setup("embedded", "alpaca", "alpaca")
+    assert resolve_setup(None, None, None, None) == Setup("embedded", "alpaca", "alpaca")
+    (run / "config.yaml").unlink()
+    with pytest.raises(TunelabError, match="pass --model"):
+        resolve_setup(adapter, None, None, None)
+    with pytest.raises(TunelabError, match="not an adapter directory"):
+        resolve_setup(str(run), None, None, None)
+
+
+# --- generation and evaluate() on tiny models (conftest) ---
+
+
+@pytest.mark.parametrize("template", ["alpaca", "compact"])
+@pytest.mark.parametrize("bos", [False, True])
+def test_eval_prompt_tokens_are_exactly_the_training_prompt(tmp_path, addition_rows, template, bos):
+    tok = make_tokenizer()
+    tok.add_bos_token = bos
+    path = write_jsonl(tmp_path / "rows.jsonl", addition_rows[:8])
+    data = prepare(DataSpec(str(path), "alpaca", template, False, 512), tok)
+    prompts = prompt_ids(tok, [prompt_text("alpaca", template, row) for row in addition_rows[:8]])
+    for i, prompt in enumerate(prompts):
+        ids, targets = data.ids[data.offsets[i]: data.offsets[i + 1]], data.targets[data.offsets[i]: data.offsets[i + 1]]
+        first_learned = next(t for t, target in enumerate(targets) if target != IGNORE)
+        assert prompt == ids[: first_learned + 1].tolist()  # everything before the first response token
+        assert (prompt[0] == tok.bos_token_id) == bos
+
+
+def test_batched_left_padded_generation_equals_one_prompt_at_a_time(tokenizer):
+    model = make_tiny_llama(len(tokenizer), seed=1, initializer_range=0.5).eval()
+    texts = [f"{'9' * k} + {k}" for k in range(1, 12)]
+    prompts = prompt_ids(tokenizer, texts)
+    budgets = [6] * len(prompts)
+    alone = [generate(model, tokenizer, [p], [6], batch_size=1)[0] for p in prompts]
+    assert generate(model, tokenizer, prompts, budgets, batch_size=4) == alone
+    assert len(set(alone)) > 1  # the check means something only if outputs differ
+
+
+class AnsweringModel(torch.nn.Module):
+    """Stands in for a model: answers each left-padded prompt's 'a + b' (wrong when a is odd), recording calls."""
+
+    def __init__(self, tokenizer):
+        super().__init__()
+        self.tok = tokenizer
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.calls = []
+
+    def generate(self, input_ids, attention_mask, max_new_tokens, **kwargs):
+        assert kwargs["do_sample"] is False and kwargs["use_cache"] is True
+        self.calls.append((input_ids.shape[0], max_new_tokens, self.training))
+        rows = []
+        for ids, mask in zip(input_ids, attention_mask):
+            assert mask.tolist() == sorted(mask.tolist())  # padding on the left only
+            instruction = self.tok.decode(ids[mask.bool()]).split("### Instruction:\n")[1].split("\n")[0]
+            a, b = (int(x) for x in instruction.split(" + "))
+            answer = self.tok(f"{a} + {b} = {a + b + a % 2}", add_special_tokens=False)["input_ids"]
+            rows.append(ids.tolist() + answer + [self.tok.eos_token_id])
+        width = max(map(len, rows))
+        return torch.tensor([r + [self.tok.pad_token_id] * (width - len(r)) for r in rows])
+
+
+def test_evaluate_keeps_row_order_and_budgets_each_batch(tokenizer, addition_rows):
+    rows = [dict(r, op="add", digits_a=len(r["instruction"].split(" + ")[0]), digits_b=1) for r in addition_rows]
+    model = AnsweringModel(tokenizer).train()
+    result = evaluate(model, tokenizer, rows, "alpaca", "compact", batch_size=10)
+    expected = [int(r["instruction"].split(" + ")[0]) % 2 == 0 for r in rows]
+    assert [p.correct for p in result.predictions] == expected  # predictions line up with their rows
+    assert result.correct == sum(expected) and result.n == len(rows) == 64
+    assert [c[0] for c in model.calls] == [10] * 6 + [4]
+    longest = max(len(tokenizer(r["output"] + tokenizer.eos_token)["input_ids"]) for r in rows)
+    assert max(c[1] for c in model.calls) == longest + BUDGET_SLACK
+    assert min(c[1] for c in model.calls) < longest + BUDGET_SLACK  # short batches stop earlier
+    assert all(not training for _, _, training in model.calls) and model.training  # eval mode, then restored
+    assert sum(b.n for b in result.by_digits.values()) == 64 and set(result.by_op) == {"add"}
+    fixed = evaluate(model, tokenizer, rows[:5], "alpaca", "compact", batch_size=10, max_new_tokens=3)
+    assert model.calls[-1][1] == 3 and fixed.n == 5
