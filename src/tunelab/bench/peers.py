@@ -1,0 +1,408 @@
+"""Peer recipes: the Hugging Face trainers users come from, run on the same model, data and machine as tunelab.
+
+Three peers, each configured the way its users write it, not weakened:
+
+- `hf-trainer-seed`: the recipe of the seed repos (shared/seeds 000, 003): `transformers.Trainer` + PEFT LoRA
+  r 8, alpha 32, dropout 0.05 on q_proj/v_proj, Alpaca prompt with the prompt masked, every example padded
+  to 512 tokens, micro-batch 2 x grad-accum 4, fp16 AMP on a GPU (fp32 on CPU, which has no fp16 AMP),
+  the Trainer's default AdamW.
+- `hf-trainer-tuned`: what a careful Trainer user writes: dynamic padding (DataCollatorForSeq2Seq, batches
+  grouped by length), bf16 where the device has it, micro-batch 16, tunelab's own LoRA settings, fused
+  AdamW, no gradient checkpointing.
+- `trl-sft`: TRL's `SFTTrainer` with its own packing (best-fit decreasing, which turns padding-free on),
+  completion-only loss, tunelab's LoRA, micro-batch and seq_len. Only when `trl` is installed.
+
+Every peer is measured with METRICS.md's definitions, the ones tunelab's loop uses: a forward pre-hook on
+the model counts what each micro-batch feeds (padded, non-padding and loss tokens), and a `TrainerCallback`
+times the steady-state window (optimizer steps after `warmup`) with a device synchronize at its edges. Peak
+memory comes from a `MemoryWatch` started before the model loads.
+
+`compare(records)` turns tunelab's and the peers' records into ratios (tunelab over peer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import shutil
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..data.formats import render
+from ..data.pipeline import IGNORE, read_rows
+from ..device import Precision, device_memory_bytes, device_name, pick_device, pick_precision
+from ..errors import TunelabError
+from ..memwatch import MemoryWatch
+from ..model import load as mload
+from ..model.adapters import resolve_targets
+
+PEERS = ("hf-trainer-seed", "hf-trainer-tuned", "trl-sft")
+# Formats whose rendering is one prompt followed by one trained response (or all trained, for `text`):
+# the single prompt/completion split that Trainer recipes and TRL's prompt-completion datasets express.
+PEER_FORMATS = ("alpaca", "completion", "text")
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    r: int
+    alpha: float
+    dropout: float
+    targets: str | tuple[str, ...]
+
+
+# The seed repos' LoRA (alpaca-lora defaults), fixed whatever tunelab's config says.
+SEED_LORA = LoraSettings(r=8, alpha=32.0, dropout=0.05, targets=("q_proj", "v_proj"))
+SEED_SEQ_LEN = 512
+SEED_MICRO_BATCH = 2
+SEED_GRAD_ACCUM = 4
+TUNED_MICRO_BATCH = 16
+
+
+@dataclass(frozen=True)
+class PeerSetup:
+    """What differs between peers; everything else (model, data, steps, lr, seed) is shared."""
+
+    kind: str
+    precision: Precision
+    lora: LoraSettings
+    seq_len: int
+    micro_batch: int
+    grad_accum: int
+    padding: str  # max_length | longest | padding-free
+    packing: bool
+    precision_note: str = ""
+
+
+def setup_for(name: str, device: torch.device, lora: LoraSettings, seq_len: int, micro_batch: int,
+              grad_accum: int) -> PeerSetup:
+    """The recipe of peer `name` on `device`. `lora`/`seq_len`/batch are tunelab's, used where a peer copies them."""
+    best = pick_precision("auto", device)  # bf16 on Ampere+ GPUs and AMX/AVX512-BF16 CPUs
+    if name == "hf-trainer-seed":
+        if device.type == "cuda":
+            return PeerSetup(name, Precision("fp16"), SEED_LORA, SEED_SEQ_LEN, SEED_MICRO_BATCH, SEED_GRAD_ACCUM,
+                             "max_length", False)
+        return PeerSetup(name, Precision("fp32"), SEED_LORA, SEED_SEQ_LEN, SEED_MICRO_BATCH, SEED_GRAD_ACCUM,
+                         "max_length", False, "the seed recipe asks for fp16; CPUs have no fp16 AMP, so fp32")
+    if name == "hf-trainer-tuned":
+        return PeerSetup(name, best, lora, seq_len, TUNED_MICRO_BATCH, 1, "longest", False)
+    if name == "trl-sft":
+        if importlib.util.find_spec("trl") is None:
+            raise TunelabError("peer trl-sft needs TRL, which is not installed; `pip install trl` or drop the peer")
+        return PeerSetup(name, best, lora, seq_len, micro_batch, grad_accum, "padding-free", True)
+    raise TunelabError(f"unknown peer {name!r}; choose from {', '.join(PEERS)}")
+
+
+def batch_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                 labels: torch.Tensor | None) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """(tokens_padded, tokens_nonpad, tokens_loss) of one micro-batch as the model receives it.
+
+    The two counts that read tensor values stay tensors on the batch's device, so counting adds no host sync
+    on a GPU. Without an attention mask (TRL padding-free: sequences concatenated into one row) every position
+    is a real token. Loss tokens are the labels the causal-LM loss uses after its shift: `labels[..., 1:]`.
+    """
+    padded = input_ids.numel()
+    nonpad = attention_mask.sum() if attention_mask is not None else torch.tensor(padded, device=input_ids.device)
+    loss = ((labels[..., 1:] != IGNORE).sum() if labels is not None
+            else torch.tensor(0, device=input_ids.device))
+    return padded, nonpad, loss
+
+
+class TokenMeter:
+    """Forward pre-hook: adds every micro-batch's token counts to running totals (device tensors for two)."""
+
+    def __init__(self) -> None:
+        self.padded = 0
+        self.nonpad: torch.Tensor | int = 0
+        self.loss: torch.Tensor | int = 0
+
+    def hook(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        if input_ids is None or not module.training:
+            return
+        padded, nonpad, loss = batch_tokens(input_ids, kwargs.get("attention_mask"), kwargs.get("labels"))
+        self.padded += padded
+        self.nonpad = self.nonpad + nonpad
+        self.loss = self.loss + loss
+
+    def totals(self) -> tuple[int, int, int]:
+        """Current totals as ints: call only where a sync is acceptable (the window edges)."""
+        return self.padded, int(self.nonpad), int(self.loss)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _window_callback(meter: TokenMeter, device: torch.device, warmup: int):
+    """A TrainerCallback timing the steady-state window; built here so `transformers` loads only when used."""
+    from transformers import TrainerCallback
+
+    class SteadyWindow(TrainerCallback):
+        """Optimizer steps after `warmup`, timed with a sync at both edges; per-step times for the median."""
+
+        def __init__(self) -> None:
+            self.start: float | None = None
+            self.end: float | None = None
+            self.last = 0.0
+            self.step_times: list[float] = []
+            self.at_start = (0, 0, 0)
+            self.at_end = (0, 0, 0)
+            self.steps = 0
+
+        def on_step_end(self, args, state, control, **kwargs):
+            last_step = state.global_step >= state.max_steps
+            if state.global_step == warmup or last_step:
+                _sync(device)
+            now = time.perf_counter()
+            if state.global_step == warmup:
+                self.start, self.at_start = now, meter.totals()
+            elif self.start is not None:
+                # HF Trainer reads each micro-batch's loss on the host (its nan/inf filter), so host time at
+                # step end is device time too; no extra sync is added that would slow the peer.
+                self.step_times.append(now - self.last)
+                self.steps += 1
+            if last_step and self.start is not None:
+                self.end, self.at_end = now, meter.totals()
+            self.last = now
+
+        def rates(self) -> dict[str, float]:
+            if self.start is None or self.end is None or self.end <= self.start:
+                raise TunelabError(f"peer run ended before its steady-state window (after {warmup} warm-up steps); "
+                                   f"give more steps than warm-up steps")
+            seconds = self.end - self.start
+            padded, nonpad, loss = (b - a for a, b in zip(self.at_start, self.at_end))
+            return {"tokens_padded_per_s": padded / seconds, "tokens_nonpad_per_s": nonpad / seconds,
+                    "tokens_loss_per_s": loss / seconds, "step_time_s": statistics.median(self.step_times),
+                    "steady_window_steps": self.steps, "steady_window_s": seconds,
+                    "steady_tokens_padded": padded, "steady_tokens_nonpad": nonpad, "steady_tokens_loss": loss}
+
+    return SteadyWindow()
+
+
+def prompt_and_response(fmt: str, template: str, row: dict[str, Any], eos: str) -> tuple[str, str]:
+    """A row as (prompt, response) text through tunelab's own renderer, so peers see the exact same prompt."""
+    if fmt not in PEER_FORMATS:
+        raise TunelabError(f"peers support data formats {', '.join(PEER_FORMATS)}, not {fmt!r}")
+    segments = render(fmt, template, row, eos)
+    prompt = "".join(s.text for s in segments if not s.trainable)
+    response = "".join(s.text for s in segments if s.trainable)
+    return prompt, response
+
+
+def tokenize_masked(tokenizer, prompt: str, response: str, seq_len: int, pad_to_max: bool) -> dict[str, list[int]]:
+    """The Trainer recipes' tokenization: prompt + response, labels copied from the ids with the prompt masked.
+
+    Seed recipes pad every example to `seq_len` here (padding labels masked too); tuned recipes leave padding
+    to the collator.
+    """
+    full = tokenizer(prompt + response, truncation=True, max_length=seq_len,
+                     padding="max_length" if pad_to_max else False)
+    prompt_len = len(tokenizer(prompt, truncation=True, max_length=seq_len)["input_ids"])
+    labels = [tok if (i >= prompt_len and mask) else IGNORE
+              for i, (tok, mask) in enumerate(zip(full["input_ids"], full["attention_mask"]))]
+    return {"input_ids": full["input_ids"], "attention_mask": full["attention_mask"], "labels": labels}
+
+
+def _training_args(cls, setup: PeerSetup, device: torch.device, out: str, steps: int, lr: float, seed: int, **extra):
+    """`cls` (TrainingArguments or TRL's SFTConfig) with the settings every peer shares, plus `extra`."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = dict(
+        output_dir=out, max_steps=steps, per_device_train_batch_size=setup.micro_batch,
+        gradient_accumulation_steps=setup.grad_accum, learning_rate=lr, seed=seed,
+        fp16=setup.precision.name == "fp16", bf16=setup.precision.name == "bf16",
+        # Logging every 10 steps, as the seed recipes do: each log reads the loss on the host.
+        use_cpu=device.type == "cpu", logging_steps=10, save_strategy="no", report_to="none", disable_tqdm=True,
+    )
+    kwargs.update(extra)
+    # transformers 5 replaced `group_by_length=True` with `train_sampling_strategy="group_by_length"`.
+    if kwargs.pop("group_by_length", False):
+        if "train_sampling_strategy" in fields:
+            kwargs["train_sampling_strategy"] = "group_by_length"
+        else:
+            kwargs["group_by_length"] = True
+    return cls(**kwargs)
+
+
+def _lora_config(model: torch.nn.Module, lora: LoraSettings):
+    from peft import LoraConfig
+
+    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                      target_modules=resolve_targets(model, lora.targets), bias="none", task_type="CAUSAL_LM")
+
+
+def _build_trainer(setup: PeerSetup, model, tokenizer, rows, data_format: str, template: str,
+                   device: torch.device, out: str, steps: int, lr: float, seed: int):
+    eos = tokenizer.eos_token or ""
+    if setup.kind == "trl-sft":
+        from trl import SFTConfig, SFTTrainer
+
+        def to_pair(row: dict[str, Any]) -> dict[str, str]:
+            prompt, response = prompt_and_response(data_format, template, row, eos)
+            return {"prompt": prompt, "completion": response}
+
+        dataset = rows.map(to_pair, remove_columns=rows.column_names)
+        args = _training_args(SFTConfig, setup, device, out, steps, lr, seed, max_length=setup.seq_len, packing=True,
+                              padding_free=True, completion_only_loss=True, optim="adamw_torch_fused",
+                              dataloader_pin_memory=device.type == "cuda")
+        return SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                          peft_config=_lora_config(model, setup.lora))
+
+    from peft import get_peft_model
+    from transformers import DataCollatorForSeq2Seq, Trainer, TrainingArguments, default_data_collator
+
+    seed_recipe = setup.kind == "hf-trainer-seed"
+
+    def encode(row: dict[str, Any]) -> dict[str, list[int]]:
+        prompt, response = prompt_and_response(data_format, template, row, eos)
+        return tokenize_masked(tokenizer, prompt, response, setup.seq_len, pad_to_max=seed_recipe)
+
+    dataset = rows.map(encode, remove_columns=rows.column_names)
+    model = get_peft_model(model, _lora_config(model, setup.lora))
+    if seed_recipe:
+        args = _training_args(TrainingArguments, setup, device, out, steps, lr, seed)
+        collator = default_data_collator  # already padded to max_length
+    else:
+        # Workers and pinned memory help a GPU overlap loading with compute; on a CPU host the workers would
+        # take cores from the matmuls, and collating a padded batch is microseconds.
+        on_gpu = device.type == "cuda"
+        args = _training_args(TrainingArguments, setup, device, out, steps, lr, seed, group_by_length=True, optim="adamw_torch_fused",
+                              dataloader_num_workers=2 if on_gpu else 0,
+                              dataloader_pin_memory=on_gpu, dataloader_persistent_workers=on_gpu)
+        collator = DataCollatorForSeq2Seq(tokenizer, padding="longest", label_pad_token_id=IGNORE,
+                                          pad_to_multiple_of=8 if on_gpu else None)
+    return Trainer(model=model, args=args, train_dataset=dataset, data_collator=collator)
+
+
+def run_peer(name: str, model_ref: str, data_path: str, steps: int, warmup: int = 2, *,
+             lora: LoraSettings | None = None, seq_len: int = 512, micro_batch: int = 8, grad_accum: int = 1,
+             data_format: str = "alpaca", template: str = "alpaca", max_examples: int | None = None,
+             lr: float = 2e-4, seed: int = 42, device: str = "auto") -> dict:
+    """Train peer `name` for `steps` optimizer steps and return its benchmark record.
+
+    `lora`, `seq_len`, `micro_batch`, `grad_accum` are tunelab's run settings: the tuned Trainer copies the LoRA
+    and seq_len, TRL copies all four, the seed recipe keeps its own. The record has the metric keys of
+    tunelab's train summary (`tokens_*_per_s`, `step_time_s`, `peak_memory_bytes`, ...) plus `kind` = `name`.
+    """
+    if steps <= warmup:
+        raise TunelabError(f"peer {name}: {steps} steps leave no steady-state window after {warmup} warm-up steps")
+    dev = pick_device(device)
+    setup = setup_for(name, dev, lora or LoraSettings(16, 32.0, 0.0, "all-linear"), seq_len, micro_batch, grad_accum)
+    from transformers import set_seed
+    from transformers.trainer_callback import PrinterCallback
+
+    memwatch = MemoryWatch(dev)
+    memwatch.start()  # before the model loads, as tunelab's train does
+    source = mload.resolve(model_ref)
+    tokenizer = mload.load_tokenizer(source)
+    rows = read_rows(Path(data_path), data_format, max_examples)
+    set_seed(seed)
+    model = mload.load_model(source, setup.precision.compute, "none", dev)
+    out = tempfile.mkdtemp(prefix=f"tunelab-peer-{name}-")
+    try:
+        trainer = _build_trainer(setup, model, tokenizer, rows, data_format, template, dev, out, steps, lr, seed)
+        trainer.remove_callback(PrinterCallback)  # tunelab bench prints its own lines
+        meter = TokenMeter()
+        window = _window_callback(meter, dev, warmup)
+        trainer.add_callback(window)
+        handle = trainer.model.register_forward_pre_hook(meter.hook, with_kwargs=True)
+        try:
+            trainer.train()
+        finally:
+            handle.remove()
+        memory = memwatch.read()
+        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+        trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    return {
+        "kind": name, "model": model_ref, "method": "lora", "data_path": str(data_path),
+        "device": device_name(dev), "device_memory_bytes": device_memory_bytes(dev),
+        "precision": setup.precision.name, "precision_note": setup.precision_note,
+        "micro_batch": setup.micro_batch, "grad_accum": setup.grad_accum, "seq_len": setup.seq_len,
+        "packing": setup.packing, "padding": setup.padding, "grad_ckpt": False, "optim": trainer.args.optim,
+        "lora": dataclasses.asdict(setup.lora), "params_trainable": trainable,
+        "steps": trainer.state.global_step, "warmup_steps": warmup,
+        **window.rates(),
+        "peak_memory_bytes": memory.peak_bytes, "peak_memory_reserved_bytes": memory.peak_reserved_bytes,
+        "peak_memory_absolute_bytes": memory.peak_absolute_bytes,
+        "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+        "versions": versions(), "timestamp": time.time(),
+    }
+
+
+def versions() -> dict[str, str]:
+    """Versions of the stack a peer ran on (trl only where installed)."""
+    import accelerate
+    import peft
+    import transformers
+
+    out = {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,
+           "accelerate": accelerate.__version__}
+    if importlib.util.find_spec("trl") is not None:
+        import trl
+
+        out["trl"] = trl.__version__
+    return out
+
+
+# Record keys that are columns of bench's `runs` table under the same name (store.COLUMNS).
+STORE_KEYS = ("kind", "device", "device_memory_bytes", "model", "method", "precision", "micro_batch", "grad_accum",
+              "seq_len", "packing", "grad_ckpt", "tokens_padded_per_s", "tokens_nonpad_per_s", "tokens_loss_per_s",
+              "step_time_s", "peak_memory_bytes", "peak_memory_reserved_bytes", "peak_memory_absolute_bytes")
+
+
+def store_record(record: dict, label: str | None = None) -> dict:
+    """A `run_peer` record as a row for `bench.store.insert`: shared columns by name, versions in the
+    `*_version` columns, window steps in `steps`, and the recipe details with no column of their own
+    (padding, optimizer, LoRA, precision note, TRL version, losses) in the `config` JSON column."""
+    row = {k: record[k] for k in STORE_KEYS}
+    row.update({f"{lib}_version": record["versions"].get(lib) for lib in ("torch", "transformers", "peft", "accelerate")})
+    row.update(label=label or f"peer {record['kind']}", warmup_steps=record["warmup_steps"],
+               steps=record["steady_window_steps"])
+    row["config"] = {k: record[k] for k in ("padding", "optim", "lora", "precision_note", "data_path", "loss_first",
+                                            "loss_last") if k in record}
+    row["config"].update(total_steps=record["steps"], trl_version=record["versions"].get("trl"))
+    return row
+
+
+def _mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else float("nan")
+
+
+def compare(records: list[dict]) -> list[dict]:
+    """Per peer kind: tunelab's throughput and memory over the peer's, from interleaved runs.
+
+    `records` holds tunelab's runs (`kind` == "tunelab", or no kind: a train summary) and the peers' runs.
+    Each side's figure is the mean over its runs, so interleaving (tunelab, A, B, tunelab, ...) spreads the
+    drift of a shared machine over both. Ratios are tunelab / peer: a throughput ratio above 1 means tunelab
+    is faster, a memory ratio below 1 means tunelab needs less. `tokens_nonpad_ratio` is the headline (real
+    tokens per second, which padding cannot inflate); the padded and loss-token ratios are kept because peers
+    are often quoted by one of those. Returns one dict per peer kind, in order of first appearance.
+    """
+    ours = [r for r in records if r.get("kind", "tunelab") == "tunelab"]
+    if not ours:
+        raise TunelabError("compare: no tunelab run among the records; run tunelab alongside its peers")
+    kinds = list(dict.fromkeys(r["kind"] for r in records if r.get("kind", "tunelab") != "tunelab"))
+    metrics = ("tokens_nonpad_per_s", "tokens_padded_per_s", "tokens_loss_per_s", "peak_memory_bytes")
+    base = {m: _mean([r[m] for r in ours]) for m in metrics}
+    rows = []
+    for kind in kinds:
+        theirs = [r for r in records if r.get("kind") == kind]
+        peer = {m: _mean([r[m] for r in theirs]) for m in metrics}
+        row: dict[str, Any] = {"kind": kind, "runs": len(theirs), "tunelab_runs": len(ours),
+                               "tunelab_tokens_nonpad_per_s_runs": [r["tokens_nonpad_per_s"] for r in ours]}
+        for m in metrics:
+            row[f"tunelab_{m}"] = base[m]
+            row[m] = peer[m]
+        for m, key in (("tokens_nonpad_per_s", "tokens_nonpad_ratio"), ("tokens_padded_per_s", "tokens_padded_ratio"),
+                       ("tokens_loss_per_s", "tokens_loss_ratio"), ("peak_memory_bytes", "peak_memory_ratio")):
+            row[key] = base[m] / peer[m] if peer[m] else float("nan")
+        rows.append(row)
+    return rows
