@@ -1,0 +1,465 @@
+"""`tunelab report RUN_OR_DB... --out DIR`: stored runs -> DIR/performance.md with PNG plots.
+
+Inputs are run directories (`summary.json`, `metrics.jsonl`, optionally `config.yaml`, `eval.json` and a
+plan prediction in `plan.json`) and SQLite result databases (table `runs`, one row per record, `kind` =
+'tunelab' or a peer name). Every number in the report is read from those inputs; a figure or table whose
+inputs are missing is left out, never filled in. Files are written under temporary names and renamed into
+place, performance.md last, so a reader never sees a report that points at a missing or half-written plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sqlite3
+import statistics
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import TunelabError
+from . import plots
+from .peers import compare
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+GIB = 1024**3
+# Config keys a sweep varies; records that agree on all but one of them form a sweep over that one.
+SWEEP_KEYS = ("model", "method", "precision", "seq_len", "micro_batch", "grad_accum", "packing", "grad_ckpt",
+              "lora_r", "base_quant")
+# A DB column holding a whole record as JSON is merged into the row (whatever the store names it).
+RECORD_COLUMNS = ("record", "json", "payload", "summary")
+BOOL_COLUMNS = ("packing", "grad_ckpt")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Plan's figures for a run: from a plan record (`plan.json` or `predicted`) or bench's predicted_* columns."""
+
+    step_time_s: float
+    tokens_nonpad_per_s: float | None
+    peak_memory_bytes: float | None
+    memory_breakdown: dict[str, float] | None
+
+    @staticmethod
+    def of(record: dict[str, Any]) -> Prediction | None:
+        plan = record.get("predicted")
+        if isinstance(plan, dict) and plan.get("train_s") and plan.get("optimizer_steps"):
+            return Prediction(plan["train_s"] / plan["optimizer_steps"], plan.get("tokens_nonpad_per_s"),
+                              plan.get("peak_memory_bytes"), plan.get("memory_breakdown"))
+        if record.get("predicted_step_time_s"):
+            return Prediction(record["predicted_step_time_s"], record.get("predicted_tokens_nonpad_per_s"),
+                              record.get("predicted_peak_memory_bytes"), None)
+        return None
+
+
+@dataclass
+class Run:
+    """One record (a train/bench summary or a peer's) with what came with it."""
+
+    label: str
+    source: str  # the input path it came from (a run dir or a database)
+    record: dict[str, Any]
+    metrics: list[dict] = field(default_factory=list)  # metrics.jsonl rows, run dirs only
+    config: dict[str, Any] | None = None  # config.yaml, run dirs only
+    evaluation: dict[str, Any] | None = None  # eval.json
+
+    @property
+    def kind(self) -> str:
+        return str(self.record.get("kind") or "tunelab")
+
+    @property
+    def versions(self) -> dict[str, str]:
+        """A train summary's `versions` dict, or the database's `<lib>_version` columns."""
+        found = dict(self.record.get("versions") or {})
+        found.update({k[: -len("_version")]: v for k, v in self.record.items() if k.endswith("_version") and v})
+        return found
+
+    def prediction(self) -> Prediction | None:
+        return Prediction.of(self.record)
+
+    def setting(self, key: str) -> Any:
+        if key == "lora_r":
+            lora = self.record.get("lora") or (self.config or {}).get("lora") or {}
+            return self.record.get("lora_r", lora.get("r") if isinstance(lora, dict) else None)
+        return self.record.get(key, (self.config or {}).get(key))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("inputs", nargs="+", metavar="RUN_OR_DB", help="run directories and/or bench SQLite databases")
+    p.add_argument("--out", required=True, help="directory for performance.md and its plots")
+    p.add_argument("--title", default="Performance report", help="heading of performance.md")
+
+
+def run(args: argparse.Namespace) -> int:
+    runs = load_inputs([Path(p) for p in args.inputs])
+    written = write_report(runs, Path(args.out), args.title)
+    print(f"wrote {', '.join(str(p) for p in written)}")
+    return 0
+
+
+# ---------------------------------------------------------------- inputs
+
+def load_inputs(paths: list[Path]) -> list[Run]:
+    runs: list[Run] = []
+    for path in paths:
+        if path.is_dir():
+            runs.append(load_run_dir(path))
+        elif path.is_file() and _is_sqlite(path):
+            runs.extend(load_db(path))
+        elif path.exists():
+            raise TunelabError(f"{path}: neither a run directory nor a SQLite database")
+        else:
+            raise TunelabError(f"{path}: not found")
+    if not runs:
+        raise TunelabError("no runs in the inputs; give run directories or a database that has rows")
+    _unique_labels(runs)
+    return runs
+
+
+def _is_sqlite(path: Path) -> bool:
+    with path.open("rb") as f:
+        return f.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise TunelabError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
+def load_run_dir(path: Path) -> Run:
+    summary = path / "summary.json"
+    if not summary.is_file():
+        raise TunelabError(f"{path}: no summary.json; is this a `tunelab train` output directory?")
+    record = _read_json(summary)
+    metrics = []
+    if (path / "metrics.jsonl").is_file():
+        for number, line in enumerate((path / "metrics.jsonl").read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    metrics.append(json.loads(line))
+                except json.JSONDecodeError:
+                    raise TunelabError(f"{path / 'metrics.jsonl'}:{number}: not valid JSON") from None
+    config = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").is_file() else None
+    evaluation = _read_json(path / "eval.json") if (path / "eval.json").is_file() else None
+    if "predicted" not in record and (path / "plan.json").is_file():
+        record["predicted"] = _read_json(path / "plan.json")
+    return Run(path.name, str(path), record, metrics, config, evaluation)
+
+
+def load_db(path: Path) -> list[Run]:
+    """Rows of the `runs` table as records; JSON text columns are decoded, a whole-record column merged."""
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            con.row_factory = sqlite3.Row
+            rows = con.execute("SELECT * FROM runs").fetchall()
+        finally:
+            con.close()
+    except sqlite3.Error as e:
+        raise TunelabError(f"{path}: cannot read table `runs` ({e})") from None
+    runs = []
+    for index, row in enumerate(rows, 1):
+        record: dict[str, Any] = {}
+        for key in row.keys():
+            value = _decode(row[key])
+            if key in RECORD_COLUMNS and isinstance(value, dict):
+                record = {**value, **record}
+            else:
+                record[key] = value
+        for key in BOOL_COLUMNS:  # SQLite stores booleans as 0/1
+            if isinstance(record.get(key), int):
+                record[key] = bool(record[key])
+        ident = record.get("id", index)
+        label = f"{record.get('kind') or 'tunelab'} #{ident}" + (f" {record['label']}" if record.get("label") else "")
+        config = record.get("config") if isinstance(record.get("config"), dict) else None
+        runs.append(Run(label, str(path), record, config=config,
+                        evaluation=record.get("eval") if isinstance(record.get("eval"), dict) else None))
+    return runs
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, str) and value[:1] in "{[":
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def _unique_labels(runs: list[Run]) -> None:
+    seen: dict[str, int] = {}
+    for r in runs:
+        seen[r.label] = seen.get(r.label, 0) + 1
+        if seen[r.label] > 1:
+            r.label = f"{r.label} ({seen[r.label]})"
+
+
+# ---------------------------------------------------------------- formatting
+
+def _num(value: Any, digits: int = 0) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, float)):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def _gib(value: Any) -> str:
+    return "n/a" if value is None else f"{value / GIB:.2f} GiB"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(r) + " |" for r in rows), ""]
+
+
+def _has_rates(r: Run) -> bool:
+    return all(isinstance(r.record.get(f"{k}_per_s"), (int, float)) for k, _ in plots.TOKEN_KINDS)
+
+
+# ---------------------------------------------------------------- sections
+
+def _environment(runs: list[Run]) -> list[str]:
+    lines = ["## Environment", ""]
+    devices = dict.fromkeys((r.record.get("device"), r.record.get("device_memory_bytes")) for r in runs)
+    for name, memory in devices:
+        lines.append(f"- device: {name or 'not recorded'}" + (f", {_gib(memory)} memory" if memory else ""))
+    stacks = dict.fromkeys(json.dumps(r.versions, sort_keys=True) for r in runs)
+    for stack in stacks:
+        versions = json.loads(stack)
+        lines.append("- versions: " + (", ".join(f"{k} {v}" for k, v in versions.items()) or "not recorded"))
+    lines.append("")
+    return lines
+
+
+def _runs_table(runs: list[Run]) -> list[str]:
+    header = ["run", "kind", "precision", "seq_len", "micro x accum", "packing", "steps",
+              "non-pad tok/s", "padded tok/s", "loss tok/s", "step time (s)", "peak memory", "mfu", "loss first -> last"]
+    rows = []
+    for r in runs:
+        rec = r.record
+        mfu = rec.get("mfu")
+        rows.append([
+            r.label, r.kind, _num(rec.get("precision")), _num(rec.get("seq_len")),
+            f"{_num(rec.get('micro_batch'))} x {_num(rec.get('grad_accum'))}", _num(rec.get("packing")),
+            _num(rec.get("steps")), _num(rec.get("tokens_nonpad_per_s")), _num(rec.get("tokens_padded_per_s")),
+            _num(rec.get("tokens_loss_per_s")), _num(rec.get("step_time_s"), 3), _gib(rec.get("peak_memory_bytes")),
+            "n/a" if mfu is None else f"{mfu:.1%}",
+            f"{_num(rec.get('loss_first'), 3)} -> {_num(rec.get('loss_last'), 3)}",
+        ])
+    return ["## Runs", "",
+            "Throughput over the steady-state window (optimizer steps after the warm-up steps, METRICS.md): "
+            "padded counts every position fed, non-padding only real tokens, loss only tokens with a target.", "",
+            *_table(header, rows)]
+
+
+def _configs(runs: list[Run]) -> list[str]:
+    lines = ["## Configuration of each run", ""]
+    keys = ("model", "method", "precision", "seq_len", "micro_batch", "grad_accum", "packing", "padding",
+            "grad_ckpt", "optim", "lora", "base_quant", "lr", "epochs", "max_steps", "seed", "data_path")
+    for r in runs:
+        settings = {k: r.setting(k) for k in keys if r.setting(k) is not None}
+        lines.append(f"- **{r.label}** ({r.kind}, from {r.source}): " + ", ".join(f"{k}={_flat(v)}" for k, v in settings.items()))
+        data_config = (r.config or {}).get("data")
+        if isinstance(data_config, dict):
+            lines.append(f"  - data config: {_flat(data_config)}")
+        if isinstance(r.record.get("data"), dict):
+            lines.append(f"  - data as trained: {_flat(r.record['data'])}")
+        if r.record.get("precision_note"):
+            lines.append(f"  - note: {r.record['precision_note']}")
+        if r.evaluation:
+            lines.append(f"  - eval: {_flat(r.evaluation)}")
+    lines.append("")
+    return lines
+
+
+def _flat(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_flat(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_flat(v) for v in value) + "]"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def peer_sessions(runs: list[Run]) -> list[list[Run]]:
+    """Per database, the runs of its peer comparison: every peer row, and the tunelab rows interleaved with them.
+
+    `tunelab bench --peer` stores tunelab, peer A, peer B, tunelab, ... in order, in a database that may also
+    hold sweeps of other configs. The comparison's tunelab runs are those from the one just before the first
+    peer row to the one just after the last (rows in stored order); tunelab rows outside that span are not
+    part of it. Run directories hold no peer runs, so they never enter a comparison.
+    """
+    sessions = []
+    for source in dict.fromkeys(r.source for r in runs):
+        rows = [r for r in runs if r.source == source and _has_rates(r)]
+        peer_at = [i for i, r in enumerate(rows) if r.kind != "tunelab"]
+        if not peer_at:
+            continue
+        lo, hi = peer_at[0], peer_at[-1]
+        if lo > 0 and rows[lo - 1].kind == "tunelab":
+            lo -= 1
+        if hi + 1 < len(rows) and rows[hi + 1].kind == "tunelab":
+            hi += 1
+        span = rows[lo: hi + 1]
+        if any(r.kind == "tunelab" for r in span):
+            sessions.append(span)
+    return sessions
+
+
+def _peer_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str, Path]]:
+    lines: list[str] = []
+    files: dict[str, Path] = {}
+    for n, session in enumerate(peer_sessions(runs), 1):
+        kinds = ["tunelab", *dict.fromkeys(r.kind for r in session if r.kind != "tunelab")]
+        by_kind = {k: [r for r in session if r.kind == k] for k in kinds}
+        name = f"peers_{n}.png"
+        plots.peers(kinds, [{key: [r.record[f"{key}_per_s"] for r in by_kind[k]] for key, _ in plots.TOKEN_KINDS}
+                            for k in kinds],
+                    [[r.record.get("peak_memory_bytes") or 0 for r in by_kind[k]] for k in kinds], out / name)
+        files[name] = out / name
+        ratios = compare([{**r.record, "kind": r.kind} for r in session])
+        rows = [[c["kind"], f"{c['runs']} / {c['tunelab_runs']}", _num(c["tokens_nonpad_per_s"]),
+                 _num(c["tunelab_tokens_nonpad_per_s"]), f"{c['tokens_nonpad_ratio']:.2f}x",
+                 f"{c['tokens_padded_ratio']:.2f}x", f"{c['tokens_loss_ratio']:.2f}x", f"{c['peak_memory_ratio']:.2f}x"]
+                for c in ratios]
+        notes = [f"- {r.label}: {r.record['precision_note']}" for r in session if r.record.get("precision_note")]
+        lines += [f"## tunelab vs peers ({session[0].source}: {', '.join(r.label for r in session)})", "",
+                  "Same model, data file, machine and step counts; means over the interleaved runs. Ratios are "
+                  "tunelab / peer: above 1 tunelab is faster; for memory, below 1 tunelab needs less.", "",
+                  *_table(["peer", "runs (peer / tunelab)", "peer non-pad tok/s", "tunelab non-pad tok/s",
+                           "non-pad ratio", "padded ratio", "loss-token ratio", "peak memory ratio"], rows),
+                  *notes, *([""] if notes else []),
+                  f"![Throughput and memory by trainer]({name})", ""]
+    return lines, files
+
+
+def find_sweeps(runs: list[Run]) -> list[tuple[str, list[Run]]]:
+    """Groups of tunelab runs that differ in exactly one of SWEEP_KEYS, with 2+ values of it."""
+    ours = [r for r in runs if r.kind == "tunelab" and _has_rates(r)]
+    sweeps = []
+    for key in SWEEP_KEYS:
+        groups: dict[str, list[Run]] = {}
+        for r in ours:
+            rest = json.dumps([r.setting(k) for k in SWEEP_KEYS if k != key], default=str)
+            groups.setdefault(rest, []).append(r)
+        for members in groups.values():
+            values = {json.dumps(r.setting(key), default=str) for r in members}
+            if len(values) >= 2 and None not in (r.setting(key) for r in members):
+                sweeps.append((key, sorted(members, key=lambda r: _sort_key(r.setting(key)))))
+    return sweeps
+
+
+def _sort_key(value: Any) -> tuple:
+    return (0, float(value), "") if isinstance(value, (int, float)) else (1, 0.0, str(value))
+
+
+def _sweep_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str, Path]]:
+    lines: list[str] = []
+    files: dict[str, Path] = {}
+    for n, (key, members) in enumerate(find_sweeps(runs), 1):
+        # Repeated runs of one value are averaged: interleaved repeats are how noise is measured.
+        values: dict[str, list[Run]] = {}
+        for r in members:
+            values.setdefault(_flat(r.setting(key)), []).append(r)
+        names = list(values)
+        rate = [statistics.fmean(r.record["tokens_nonpad_per_s"] for r in values[v]) for v in names]
+        peak = [statistics.fmean(r.record.get("peak_memory_bytes") or 0 for r in values[v]) for v in names]
+        name = f"sweep_{n}_{key}.png"
+        plots.sweep(key, names, rate, peak, out / name)
+        files[name] = out / name
+        fixed = {k: members[0].setting(k) for k in SWEEP_KEYS if k != key and members[0].setting(k) is not None}
+        lines += [f"## Sweep over {key}", "", "Held fixed: " + ", ".join(f"{k}={_flat(v)}" for k, v in fixed.items()), "",
+                  *_table([key, "runs", "non-pad tok/s (mean)", "peak memory (mean)"],
+                          [[v, str(len(values[v])), _num(t), _gib(p)] for v, t, p in zip(names, rate, peak)]),
+                  f"![Throughput and memory vs {key}]({name})", ""]
+    return lines, files
+
+
+def _prediction_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str, Path]]:
+    usable = [(r, p) for r in runs if (p := r.prediction()) is not None and r.record.get("step_time_s")]
+    if not usable:
+        return [], {}
+    rows = [[r.label, _num(p.step_time_s, 3), _num(r.record["step_time_s"], 3), _num(p.tokens_nonpad_per_s),
+             _num(r.record.get("tokens_nonpad_per_s")), _gib(p.peak_memory_bytes), _gib(r.record.get("peak_memory_bytes")),
+             f"{r.record['step_time_s'] / p.step_time_s:.2f}"] for r, p in usable]
+    cuda = all(r.record.get("peak_memory_reserved_bytes") is not None for r, _ in usable)
+    memory_label = "measured: max allocated (CUDA)" if cuda else "measured: peak RSS above pre-load baseline"
+    plots.predicted_vs_measured([r.label for r, _ in usable], [(p.step_time_s, r.record["step_time_s"]) for r, p in usable],
+                                [(p.memory_breakdown or {"total (no breakdown stored)": p.peak_memory_bytes or 0},
+                                  r.record.get("peak_memory_bytes") or 0) for r, p in usable],
+                                memory_label, out / "predicted_vs_measured.png")
+    lines = ["## Predicted (plan) vs measured", "",
+             f"Predicted step time is plan's (train time over optimizer steps); measured is the median step of the "
+             f"steady-state window. Memory: {memory_label}.", "",
+             *_table(["run", "predicted s/step", "measured s/step", "predicted non-pad tok/s", "measured non-pad tok/s",
+                      "predicted peak", "measured peak", "measured / predicted time"], rows),
+             "![Predicted vs measured](predicted_vs_measured.png)", ""]
+    return lines, {"predicted_vs_measured.png": out / "predicted_vs_measured.png"}
+
+
+def _curve_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str, Path]]:
+    lines: list[str] = []
+    files: dict[str, Path] = {}
+    losses = {r.label: [(m["step"], m["loss"]) for m in r.metrics if m.get("loss") is not None] for r in runs}
+    losses = {k: v for k, v in losses.items() if v}
+    if losses:
+        plots.loss_curves(losses, out / "loss.png")
+        files["loss.png"] = out / "loss.png"
+        lines += ["## Loss", "", "From each run's metrics.jsonl (one point per log step).", "", "![Training loss](loss.png)", ""]
+    # A log window that holds no step (train's log at the warm-up edge) is written with rate 0: not a measurement.
+    rates = {r.label: [m for m in r.metrics if m.get("tokens_nonpad_per_s") and m.get("tokens_padded_per_s")]
+             for r in runs}
+    rates = {k: v for k, v in rates.items() if v}
+    if rates:
+        plots.throughput_curves(rates, out / "throughput.png")
+        files["throughput.png"] = out / "throughput.png"
+        lines += ["## Throughput over the run", "", "Tokens/s of each log window from metrics.jsonl.", "",
+                  "![Tokens per second over the run](throughput.png)", ""]
+    return lines, files
+
+
+# ---------------------------------------------------------------- output
+
+def render(runs: list[Run], out: Path, title: str) -> tuple[str, dict[str, Path]]:
+    """The markdown text and the plots it references, drawn into `out` (a scratch directory)."""
+    lines = [f"# {title}", "", "Inputs: " + ", ".join(dict.fromkeys(r.source for r in runs)), ""]
+    lines += _environment(runs) + _runs_table(runs)
+    files: dict[str, Path] = {}
+    for section in (_peer_section, _sweep_section, _prediction_section, _curve_section):
+        more, drawn = section(runs, out)
+        lines += more
+        files.update(drawn)
+    lines += _configs(runs)
+    return "\n".join(lines), files
+
+
+def write_report(runs: list[Run], out: Path, title: str = "Performance report") -> list[Path]:
+    """Draw into a scratch directory beside `out`, then rename each file into `out`, performance.md last."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(dir=out, prefix=".tmp-report-"))
+    except OSError as e:
+        raise TunelabError(f"--out {out}: cannot write there ({e.strerror})") from None
+    try:
+        text, files = render(runs, scratch, title)
+        (scratch / "performance.md").write_text(text)
+        written = []
+        for name in [*files, "performance.md"]:
+            os.replace(scratch / name, out / name)
+            written.append(out / name)
+        return written
+    finally:
+        for leftover in scratch.iterdir():
+            leftover.unlink()
+        scratch.rmdir()
