@@ -1,0 +1,357 @@
+"""`tunelab bench`: measure the real training path on this device, beside plan's prediction; store every
+record; fit the device's calibration (`--calibrate`); export the database (`--export`).
+
+The one entry point that reads the config: everything below it takes typed arguments. Each measured point
+runs `tunelab.train.command.train` (the loop `tunelab train` runs, no copy) for warm-up + N optimizer steps
+in a fresh process, so its peak memory is what a fresh `tunelab train` would see (see `measure_point`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from .. import config as cfgmod
+from ..errors import TunelabError
+from . import calibrate, measure, store
+
+DEFAULT_STEPS = 5
+CALIBRATE_STEPS = 3  # short windows: calibration must stay within ~60-90 s on a 2-core CPU
+DEFAULT_OUTPUT = "runs/bench"
+KIND = "tunelab"
+# Bench forces these: a checkpoint write inside the window is not throughput, resume would skip the
+# window, and a log line per step gives step_time_s a median over steps rather than over log windows.
+FORCED = ("resume=false", "save_steps=0", "log_steps=1")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides, e.g. micro_batch=8")
+    p.add_argument("--config", help="training config YAML (the same file `tunelab train` reads)")
+    p.add_argument("--steps", type=int, help=f"measured optimizer steps after warm-up (default {DEFAULT_STEPS}; "
+                                             f"{CALIBRATE_STEPS} per method with --calibrate)")
+    p.add_argument("--warmup", type=int, default=2, help="steps excluded from the steady-state window (default 2)")
+    p.add_argument("--sweep", action="append", metavar="KEY=V1,V2",
+                   help="measure a grid: repeat for more keys (micro_batch, seq_len, packing, grad_ckpt, method, precision, ...)")
+    p.add_argument("--json", action="store_true", help="one JSON line per measured point")
+    p.add_argument("--db", help=f"results database (default <output_dir>/bench.sqlite, output_dir defaults to {DEFAULT_OUTPUT})")
+    p.add_argument("--catalog-gpu", help="GPU catalog id whose dense peak applies, when the device name matches no row")
+    p.add_argument("--calibrate", action="store_true",
+                   help="fit this device's efficiency per method and memory overhead for `plan --gpu local`")
+    p.add_argument("--methods", help="with --calibrate: methods to measure, comma-separated (default: the config's and full, or lora)")
+    p.add_argument("--export", choices=("csv", "json"), help="print (or --out) the stored runs instead of measuring")
+    p.add_argument("--out", help="with --export: write to this file (atomically) instead of stdout")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.export:
+        return export(args)
+    if args.out:
+        raise TunelabError("--out goes with --export")
+    steps = args.steps if args.steps is not None else (CALIBRATE_STEPS if args.calibrate else DEFAULT_STEPS)
+    if steps < 1 or args.warmup < 0:
+        raise TunelabError(f"--steps must be at least 1 and --warmup at least 0, got {steps} and {args.warmup}")
+    base_dir = Path(output_dir(args.overrides))
+    db = Path(args.db) if args.db else base_dir / "bench.sqlite"
+    if args.calibrate:
+        if args.sweep:
+            raise TunelabError("--calibrate measures the config's own settings; drop --sweep")
+        return run_calibration(args, steps, base_dir)
+    points = sweep_points(args.sweep or [])
+    configs = [point_config(args, extra, base_dir / (slug(label) or "run")) for label, extra in points]
+    peaks: dict[str, measure.Peak] = {}
+    records = []
+    for i, ((label, _), cfg) in enumerate(zip(points, configs), 1):
+        if len(points) > 1 and not args.json:
+            print(f"[{i}/{len(points)}] {label}", file=sys.stderr, flush=True)
+        prediction = predict(cfg)
+        check_length(prediction, args.warmup + steps)
+        summary = measure_point(cfg, args.warmup + steps, args.warmup)
+        if summary["precision"] not in peaks:
+            peaks[summary["precision"]] = device_peak(cfg.device, summary, args.catalog_gpu)
+        rec = build_record(label, summary, peaks[summary["precision"]], prediction, args.warmup, cfg)
+        store.insert(db, rec)
+        records.append(rec)
+        if args.json:
+            print(json.dumps(json_view(rec)), flush=True)
+    if not args.json:
+        if len(records) == 1:
+            show_single(records[0], db)
+        else:
+            show_sweep(records, db)
+    return 0
+
+
+# ---- configs -------------------------------------------------------------------------------------------
+
+def output_dir(overrides: list[str]) -> str:
+    """Bench writes under runs/bench unless output_dir= is given: a config's own output_dir holds a real
+    run, whose metrics and summary a bench must not overwrite."""
+    given = [o.partition("=")[2] for o in overrides if o.partition("=")[0].strip() == "output_dir"]
+    return given[-1] if given else DEFAULT_OUTPUT
+
+
+def sweep_points(specs: list[str]) -> list[tuple[str, list[str]]]:
+    """--sweep micro_batch=4,8 --sweep packing=true,false -> [(label, overrides)] over the full grid."""
+    axes = []
+    for spec in specs:
+        key, sep, values = spec.partition("=")
+        items = [v.strip() for v in values.split(",") if v.strip()]
+        if not sep or not key.strip() or not items:
+            raise TunelabError(f"--sweep {spec!r}: expected KEY=V1,V2,... e.g. micro_batch=4,8,16")
+        axes.append([f"{key.strip()}={v}" for v in items])
+    return [(" ".join(combo), list(combo)) for combo in itertools.product(*axes)] if axes else [("", [])]
+
+
+def slug(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", label.replace(" ", "__"))
+
+
+def point_config(args: argparse.Namespace, extra: list[str], out: Path) -> cfgmod.TrainConfig:
+    # Config errors (bad sweep values included) surface here, before any point has run.
+    return cfgmod.load_config(args.config, [*args.overrides, *extra, *FORCED, f"output_dir={out}"])
+
+
+# ---- plan's prediction -----------------------------------------------------------------------------------
+
+def predict(cfg: cfgmod.TrainConfig):
+    """plan's estimate for this config on the local device: the same functions as `plan --gpu local`."""
+    from ..plan import arch as archmod
+    from ..plan import command as plancmd
+    from ..plan.estimate import estimate
+
+    arch = archmod.resolve_arch(cfg.model)
+    return estimate(arch, plancmd.dataset_lengths(cfg, None), plancmd.settings_from_config(cfg, arch),
+                    plancmd.local_device(cfg.precision))
+
+
+def check_length(prediction, stop_at: int) -> None:
+    available = prediction.work.optimizer_steps
+    if available < stop_at:
+        raise TunelabError(f"the dataset gives {available} optimizer steps, fewer than warm-up + steps = {stop_at}; "
+                           "use more data, more epochs, or fewer --steps")
+
+
+def predicted_figures(e) -> dict:
+    """plan's figures for the quantities bench measures (render.record's conventions for nonpad/loss)."""
+    w = e.work
+    rate = e.speed.tokens_per_s
+    return {
+        "tokens_padded_per_s": rate,
+        "tokens_nonpad_per_s": rate * w.tokens_nonpad / w.tokens_padded,
+        "tokens_loss_per_s": rate * w.tokens_loss / w.tokens_padded,
+        "step_time_s": w.tokens_padded / w.optimizer_steps / rate,
+        "peak_memory_bytes": e.memory.total,
+        "efficiency": e.efficiency.value,
+        "source": e.efficiency.label,
+    }
+
+
+# ---- measurement -----------------------------------------------------------------------------------------
+
+def measure_point(cfg: cfgmod.TrainConfig, stop_at: int, warmup: int) -> dict:
+    """`train()` for `stop_at` optimizer steps in a fresh spawned process; its summary.
+
+    Fresh, because CPU peak memory is peak RSS minus RSS before the model loads: in a process that already
+    trained (or ran a probe), allocator and oneDNN arenas are resident, and every later point would read
+    low. Spawned, not forked: forking a process whose OpenMP threads exist can deadlock.
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_train_in_child, cfg, stop_at, warmup).result()
+
+
+def _train_in_child(cfg: cfgmod.TrainConfig, stop_at: int, warmup: int) -> dict:
+    from ..cli import _quiet_libraries
+    from ..train.command import train
+
+    _quiet_libraries()
+    return train(cfg, show_progress=False, stop_at=stop_at, warmup_window=warmup)
+
+
+def device_peak(device_ref: str, summary: dict, catalog_gpu: str | None) -> measure.Peak:
+    """Measured in this (parent) process after the point ran, so the probe never competes with training."""
+    from ..device import pick_device
+
+    return measure.device_peak(pick_device(device_ref), summary["device"], summary["device_memory_bytes"],
+                               summary["precision"], gpu_id=catalog_gpu)
+
+
+def build_record(label: str, summary: dict, peak: measure.Peak, prediction, warmup: int, cfg) -> dict:
+    flops = prediction.flops
+    nonpad = summary["tokens_nonpad_per_s"]
+    pred = predicted_figures(prediction)
+    versions = summary["versions"]
+    return {
+        "kind": KIND, "label": label, "device": summary["device"], "device_memory_bytes": summary["device_memory_bytes"],
+        "torch_version": versions["torch"], "transformers_version": versions["transformers"],
+        "peft_version": versions["peft"], "accelerate_version": versions["accelerate"],
+        "model": summary["model"], "method": summary["method"], "precision": summary["precision"],
+        "micro_batch": summary["micro_batch"], "grad_accum": summary["grad_accum"], "seq_len": summary["seq_len"],
+        "packing": summary["packing"], "grad_ckpt": summary["grad_ckpt"],
+        "warmup_steps": warmup, "steps": summary["steady_window_steps"], "data": summary["data"],
+        "tokens_padded_per_s": summary["tokens_padded_per_s"], "tokens_nonpad_per_s": nonpad,
+        "tokens_loss_per_s": summary["tokens_loss_per_s"], "step_time_s": summary["step_time_s"],
+        "model_flops_per_token": flops.model, "hardware_flops_per_token": flops.hardware,
+        "device_peak_flops": peak.flops, "peak_source": peak.source,
+        "mfu": measure.mfu(nonpad, flops, peak.flops), "hfu": measure.hfu(nonpad, flops, peak.flops),
+        "peak_memory_bytes": summary["peak_memory_bytes"],
+        "peak_memory_reserved_bytes": summary["peak_memory_reserved_bytes"],
+        "peak_memory_absolute_bytes": summary["peak_memory_absolute_bytes"],
+        **{f"predicted_{k}": v for k, v in pred.items()},
+        "peak_probes": peak.probes, "config": asdict(cfg),
+    }
+
+
+def json_view(rec: dict) -> dict:
+    """--json: measured keys at the top level, plan's figures under `predicted`."""
+    out = {k: v for k, v in rec.items() if not k.startswith("predicted_") and k != "config"}
+    out["predicted"] = {k.removeprefix("predicted_"): v for k, v in rec.items() if k.startswith("predicted_")}
+    return out
+
+
+# ---- calibration -----------------------------------------------------------------------------------------
+
+def calibration_methods(config_method: str, given: str | None) -> list[str]:
+    """The config's method first (its run also gives the memory overhead), then full (or lora) so plan has a
+    measured efficiency for both the frozen-base and the all-weights FLOP counts."""
+    if given:
+        methods = [m.strip() for m in given.split(",") if m.strip()]
+        bad = [m for m in methods if m not in cfgmod.METHODS]
+        if bad or not methods:
+            raise TunelabError(f"--methods {given!r}: choose from {', '.join(cfgmod.METHODS)}")
+        return methods
+    return [config_method, "lora" if config_method == "full" else "full"]
+
+
+def run_calibration(args: argparse.Namespace, steps: int, base_dir: Path) -> int:
+    from ..plan.calibration import device_key, load_calibration, save_calibration
+    from ..plan.timing import method_key
+
+    db = Path(args.db) if args.db else base_dir / "bench.sqlite"
+    first = point_config(args, [], base_dir / "calibrate")
+    configs = [point_config(args, [f"method={m}"], base_dir / f"calibrate-{m}")
+               for m in calibration_methods(first.method, args.methods)]
+    peak, points, records = None, [], []
+    for cfg in configs:
+        prediction = predict(cfg)
+        check_length(prediction, args.warmup + steps)
+        if not args.json:
+            print(f"calibrating {cfg.method}: {args.warmup} + {steps} steps", file=sys.stderr, flush=True)
+        summary = measure_point(cfg, args.warmup + steps, args.warmup)
+        peak = peak or device_peak(cfg.device, summary, args.catalog_gpu)
+        s = prediction.settings
+        points.append(calibrate.Point(method_key(s.method, s.base_quant), summary["tokens_padded_per_s"],
+                                      prediction.flops, summary["peak_memory_bytes"],
+                                      prediction.memory.total - prediction.memory.runtime_overhead))
+        rec = build_record(f"calibrate method={cfg.method}", summary, peak, prediction, args.warmup, cfg)
+        store.insert(db, rec)
+        records.append(rec)
+    key = device_key(records[0]["device"])
+    record = calibrate.fit(key, records[0]["device"], peak, points, load_calibration(key))
+    path = save_calibration(record)
+    if args.json:
+        print(json.dumps({"calibration": asdict(record), "path": str(path), "runs": [json_view(r) for r in records]}))
+    else:
+        show_calibration(record, points, path, db)
+    return 0
+
+
+# ---- output --------------------------------------------------------------------------------------------
+
+def export(args: argparse.Namespace) -> int:
+    db = Path(args.db) if args.db else Path(output_dir(args.overrides)) / "bench.sqlite"
+    if not db.is_file():
+        raise TunelabError(f"{db}: no results database there; run `tunelab bench` first or pass --db")
+    text = store.export(store.query(db), args.export)
+    if args.out is None:
+        sys.stdout.write(text)
+        return 0
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".tmp-{out.name}-")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, out)
+    return 0
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(highlight=False)
+
+
+def show_single(rec: dict, db: Path) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"{rec['model']} {rec['method']} {rec['precision']} on {rec['device']}")
+    for col in ("metric", "measured", "predicted", "measured / predicted"):
+        t.add_column(col, justify="left" if col == "metric" else "right")
+    for key, label, fmt in (("tokens_padded_per_s", "tokens/s fed (padded)", "{:,.0f}"),
+                            ("tokens_nonpad_per_s", "tokens/s non-padding", "{:,.0f}"),
+                            ("tokens_loss_per_s", "tokens/s with loss", "{:,.0f}"),
+                            ("step_time_s", "step time (median, s)", "{:.3f}"),
+                            ("peak_memory_bytes", "peak memory", None)):
+        measured, predicted = rec[key], rec[f"predicted_{key}"]
+        show = gib if fmt is None else fmt.format
+        t.add_row(label, show(measured), show(predicted), f"{measured / predicted:.2f}")
+    t.add_row("mfu", f"{rec['mfu']:.1%}", "", "")
+    t.add_row("hfu", f"{rec['hfu']:.1%}", "", "")
+    c = _console()
+    c.print(t)
+    probes = ", ".join(f"{k} {v / 1e12:.2f}" for k, v in rec["peak_probes"].items())
+    c.print(f"device peak {rec['device_peak_flops'] / 1e12:.2f} TFLOP/s ({rec['peak_source']}); probes TFLOP/s: {probes}")
+    c.print(f"FLOPs/token (plan): {rec['model_flops_per_token'] / 1e9:.3f} G model, {rec['hardware_flops_per_token'] / 1e9:.3f} G hardware; "
+            f"window: {rec['steps']} steps after {rec['warmup_steps']} warm-up")
+    if rec["peak_memory_reserved_bytes"] is None:
+        c.print(f"peak memory: peak RSS minus RSS before model load (absolute peak RSS {gib(rec['peak_memory_absolute_bytes'])})")
+    else:
+        c.print(f"peak memory: max allocated (max reserved {gib(rec['peak_memory_reserved_bytes'])})")
+    c.print(f"prediction: plan --gpu local, {rec['predicted_source']}")
+    c.print(f"stored in {db}")
+
+
+def show_sweep(records: list[dict], db: Path) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"sweep on {records[0]['device']}")
+    for col in ("point", "tok/s fed", "tok/s non-pad", "step s", "mfu", "peak mem", "pred tok/s fed", "pred mem"):
+        t.add_column(col, justify="left" if col == "point" else "right")
+    for r in records:
+        t.add_row(r["label"], f"{r['tokens_padded_per_s']:,.0f}", f"{r['tokens_nonpad_per_s']:,.0f}",
+                  f"{r['step_time_s']:.3f}", f"{r['mfu']:.1%}", gib(r["peak_memory_bytes"]),
+                  f"{r['predicted_tokens_padded_per_s']:,.0f}", gib(r["predicted_peak_memory_bytes"]))
+    c = _console()
+    c.print(t)
+    c.print(f"device peak per precision: " + "; ".join(sorted({f"{r['precision']}: {r['device_peak_flops'] / 1e12:.2f} TFLOP/s "
+                                                             f"({r['peak_source']})" for r in records})))
+    c.print(f"stored in {db}")
+
+
+def show_calibration(record, points: list[calibrate.Point], path: Path, db: Path) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"calibration of {record.device_name}")
+    for col in ("method", "tok/s fed", "efficiency", "peak mem", "model w/o overhead", "gap"):
+        t.add_column(col, justify="left" if col == "method" else "right")
+    for p in points:
+        t.add_row(p.method_key, f"{p.tokens_padded_per_s:,.0f}", f"{record.efficiency[p.method_key]:.3f}",
+                  gib(p.peak_memory_bytes), gib(p.memory_without_overhead), gib(p.peak_memory_bytes - p.memory_without_overhead))
+    c = _console()
+    c.print(t)
+    c.print(f"peak {record.peak_flops / 1e12:.2f} TFLOP/s {record.peak_dtype}; runtime overhead "
+            f"{gib(record.runtime_overhead_bytes)} (from the {points[0].method_key} run)")
+    c.print(f"saved {path}: `tunelab plan --gpu local` now uses it; runs stored in {db}")

@@ -1,0 +1,106 @@
+"""Device peak and utilization (METRICS.md): what bench divides by, and how it got it.
+
+- CPU: no datasheet figure means anything for a shared, frequency-scaling CPU, so the peak is measured at
+  run time by a large matmul probe, in bf16 and in fp32; the dtype of the run's compute precision applies.
+- GPU: the catalog's dense 16-bit peak (plan's gpus.yaml) of the row matched to the device name; a bf16/fp16
+  probe runs too, to show the achievable fraction of that datasheet figure (GPUS.md: about 80%).
+- FLOPs per token come from plan (`FlopsPerToken`): mfu counts the model FLOPs, hfu adds recomputation.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ..plan import catalog
+from ..plan.calibration import measure_matmul_peak
+from ..plan.flops import FlopsPerToken
+
+# Probe sizes: a CPU reaches its matmul plateau (oneDNN/AMX) by 2048^3; a GPU needs >= 8192^3 (GPUS.md's
+# H100/H200 figures were taken at 8192^3).
+CPU_PROBE_N = 2048
+GPU_PROBE_N = 8192
+# Name tokens that mark a variant NVIDIA's driver spells out in the device name ("NVIDIA H100 PCIe",
+# "NVIDIA H100 NVL"); a device name without them is the SXM/default part.
+VARIANT_TOKENS = {"pcie", "nvl", "pro"}
+
+
+@dataclass(frozen=True)
+class Peak:
+    flops: float  # device_peak_flops: what mfu/hfu divide by
+    dtype: str  # the dtype whose figure applies to the run (its compute precision)
+    source: str  # how it was obtained, printed and stored with every record
+    probes: dict[str, float]  # measured matmul FLOP/s per dtype at run time
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _tokens(name: str) -> set[str]:
+    return set(re.findall(r"[a-z0-9]+", name.lower()))
+
+
+def catalog_match(name: str, memory_bytes: int) -> catalog.Gpu | None:
+    """The catalog row for a CUDA device name as torch reports it, or None when no row fits.
+
+    A row fits when every name token with a digit (model number, memory size) appears in the device name and
+    both name the same variant tokens (PCIe, NVL, PRO); among fitting rows the closest memory size wins
+    ('NVIDIA A100-SXM4-80GB' -> a100-80gb, 'NVIDIA H100 80GB HBM3' -> h100-sxm).
+    """
+    have = _tokens(name)
+    fits = []
+    for gpu_id in catalog.gpu_ids():
+        row = catalog.gpu(gpu_id)
+        want = _tokens(row.name)
+        numbered = {t for t in want if any(c.isdigit() for c in t)}
+        if numbered and numbered <= have and want & VARIANT_TOKENS == have & VARIANT_TOKENS:
+            fits.append(row)
+    if not fits:
+        return None
+    return min(fits, key=lambda g: abs(g.memory_bytes - memory_bytes))
+
+
+def probe_dtypes(device: torch.device, compute: str) -> tuple[str, ...]:
+    """CPU: bf16 and fp32 (both printed; the run's applies). GPU: the run's 16-bit dtype only."""
+    if device.type == "cpu":
+        return ("bf16", "fp32")
+    return (compute if compute != "fp32" else "bf16",)
+
+
+def device_peak(device: torch.device, name: str, memory_bytes: int, compute: str, seconds: float = 1.0,
+                gpu_id: str | None = None) -> Peak:
+    """device_peak_flops for a run whose compute precision is `compute` (bf16 | fp16 | fp32).
+
+    `gpu_id` names the catalog row when the device name does not match one (an unlisted board).
+    """
+    from ..device import DTYPES
+
+    n = GPU_PROBE_N if device.type == "cuda" else CPU_PROBE_N
+    probes = {d: measure_matmul_peak(DTYPES[d], device, n=n, seconds=seconds) for d in probe_dtypes(device, compute)}
+    if device.type == "cpu":
+        return Peak(probes[compute], compute, f"measured now: {n}^3 {compute} matmul probe on {name}", probes)
+    row = catalog.gpu(gpu_id) if gpu_id else catalog_match(name, memory_bytes)
+    dtype, probed = next(iter(probes.items()))
+    if row is None:
+        return Peak(probed, dtype, f"measured now: {n}^3 {dtype} matmul probe (no catalog row matches {name!r}; "
+                                   "pass --catalog-gpu ID for its datasheet figure)", probes)
+    return Peak(row.peak_flops, dtype, f"catalog {row.id}: {row.source}; the probe reached {probed / row.peak_flops:.0%} of it",
+                probes)
+
+
+def mfu(tokens_nonpad_per_s: float, flops: FlopsPerToken, peak_flops: float) -> float:
+    """METRICS.md: tokens_nonpad_per_s x model_flops_per_token / device_peak_flops (no recomputation)."""
+    return tokens_nonpad_per_s * flops.model / peak_flops
+
+
+def hfu(tokens_nonpad_per_s: float, flops: FlopsPerToken, peak_flops: float) -> float:
+    """Like mfu, counting gradient checkpointing's recomputed forward (METRICS.md)."""
+    return tokens_nonpad_per_s * flops.hardware / peak_flops
+
+
+def achieved_efficiency(tokens_padded_per_s: float, flops: FlopsPerToken, peak_flops: float) -> float:
+    """The efficiency plan's time model uses: every fed position (padding included) costs hardware FLOPs
+    (plan/timing.py), so this is the fraction of the peak that makes plan's predicted rate the measured one."""
+    return tokens_padded_per_s * flops.hardware / peak_flops
