@@ -1,0 +1,146 @@
+"""Peer recipes: token counting on known batches, the recipes' tokenization, a measured tiny run, compare()."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+from conftest import write_jsonl
+from tunelab.bench import peers
+from tunelab.data.formats import prompt_text
+from tunelab.errors import TunelabError
+
+
+def test_batch_tokens_counts_padding_mask_and_shifted_labels():
+    input_ids = torch.tensor([[5, 6, 7, 8, 0, 0], [5, 6, 7, 8, 9, 10]])
+    attention_mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
+    # The first label of a row is never a target after the causal shift, even when it is not -100.
+    labels = torch.tensor([[7, -100, 7, 8, -100, -100], [-100, -100, -100, 8, 9, 10]])
+    padded, nonpad, loss = peers.batch_tokens(input_ids, attention_mask, labels)
+    assert (padded, int(nonpad), int(loss)) == (12, 10, 5)
+
+
+def test_batch_tokens_padding_free_row_is_all_real_tokens():
+    input_ids = torch.arange(9).unsqueeze(0)  # TRL padding-free: sequences concatenated, no attention mask
+    labels = torch.tensor([[-100, -100, 2, 3, -100, -100, 6, 7, 8]])
+    padded, nonpad, loss = peers.batch_tokens(input_ids, None, labels)
+    assert (padded, int(nonpad), int(loss)) == (9, 9, 5)
+
+
+def test_token_meter_sums_training_forwards_only():
+    meter = peers.TokenMeter()
+    model = torch.nn.Linear(2, 2)
+    handle = model.register_forward_pre_hook(meter.hook, with_kwargs=True)
+    batch = dict(input_ids=torch.ones(2, 4, dtype=torch.long), attention_mask=torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]]),
+                 labels=torch.tensor([[-100, 1, -100, -100], [-100, 1, 1, -100]]))
+
+    def forward(input_ids, attention_mask, labels):
+        return None
+
+    model.forward = forward
+    model.train()
+    model(**batch)
+    model(**batch)
+    model.eval()
+    model(**batch)  # evaluation forwards are not training throughput
+    handle.remove()
+    assert meter.totals() == (16, 10, 6)
+
+
+def test_prompt_is_tunelabs_own_rendering():
+    row = {"instruction": "12 + 30", "output": "42"}
+    prompt, response = peers.prompt_and_response("alpaca", "alpaca", row, "</s>")
+    assert prompt == prompt_text("alpaca", "alpaca", row)
+    assert response == "42</s>"
+    with pytest.raises(TunelabError, match="peers support"):
+        peers.prompt_and_response("chat", "alpaca", {"messages": []}, "</s>")
+
+
+def test_seed_tokenization_pads_to_max_length_and_masks_prompt_and_padding(tokenizer):
+    prompt, response = peers.prompt_and_response("alpaca", "compact", {"instruction": "1 + 2", "output": "3"},
+                                                 tokenizer.eos_token)
+    enc = peers.tokenize_masked(tokenizer, prompt, response, 64, pad_to_max=True)
+    n_prompt = len(tokenizer(prompt)["input_ids"])
+    n_full = len(tokenizer(prompt + response)["input_ids"])
+    assert len(enc["input_ids"]) == len(enc["labels"]) == 64
+    assert sum(enc["attention_mask"]) == n_full
+    trained = [i for i, label in enumerate(enc["labels"]) if label != -100]
+    assert trained == list(range(n_prompt, n_full))  # the response tokens ("3" and eos), nothing else
+    assert [enc["input_ids"][i] for i in trained] == tokenizer(response, add_special_tokens=False)["input_ids"]
+    dynamic = peers.tokenize_masked(tokenizer, prompt, response, 64, pad_to_max=False)
+    assert len(dynamic["input_ids"]) == n_full
+
+
+def test_setups_follow_the_recipes():
+    cpu = torch.device("cpu")
+    lora = peers.LoraSettings(16, 32.0, 0.0, "all-linear")
+    seed = peers.setup_for("hf-trainer-seed", cpu, lora, 256, 8, 1)
+    assert (seed.seq_len, seed.micro_batch, seed.grad_accum, seed.lora) == (512, 2, 4, peers.SEED_LORA)
+    assert seed.precision.name == "fp32" and "fp16" in seed.precision_note  # CPU: no fp16 AMP, and it says so
+    tuned = peers.setup_for("hf-trainer-tuned", cpu, lora, 256, 8, 1)
+    assert (tuned.seq_len, tuned.micro_batch, tuned.lora, tuned.padding) == (256, 16, lora, "longest")
+    with pytest.raises(TunelabError, match="unknown peer"):
+        peers.setup_for("axolotl", cpu, lora, 256, 8, 1)
+
+
+def test_trl_peer_without_trl_is_a_clear_error(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "trl" else real(name, *a))
+    with pytest.raises(TunelabError, match="needs TRL"):
+        peers.setup_for("trl-sft", torch.device("cpu"), peers.LoraSettings(8, 16.0, 0.0, "attn"), 256, 8, 1)
+
+
+def test_tuned_peer_measures_exactly_the_tokens_it_trains_on(tmp_path, tiny_model_dir, tokenizer, addition_rows):
+    """16 examples and micro-batch 16: every step is the whole dataset in one batch, so the window's token
+    counts are known in advance from the tokenizer alone."""
+    rows = addition_rows[:16]
+    data = write_jsonl(tmp_path / "add.jsonl", rows)
+    rec = peers.run_peer("hf-trainer-tuned", str(tiny_model_dir), str(data), steps=4, warmup=2,
+                         lora=peers.LoraSettings(4, 8.0, 0.0, "attn"), seq_len=128, template="compact", device="cpu")
+    full, prompt = [], []
+    for row in rows:
+        p, r = peers.prompt_and_response("alpaca", "compact", row, tokenizer.eos_token)
+        full.append(len(tokenizer(p + r)["input_ids"]))
+        prompt.append(len(tokenizer(p)["input_ids"]))
+    window = rec["steady_window_steps"]
+    assert window == 2 and rec["steps"] == 4
+    assert rec["steady_tokens_nonpad"] == window * sum(full)
+    assert rec["steady_tokens_padded"] == window * 16 * max(full)
+    assert rec["steady_tokens_loss"] == window * sum(f - p for f, p in zip(full, prompt))
+    assert rec["tokens_nonpad_per_s"] == pytest.approx(rec["steady_tokens_nonpad"] / rec["steady_window_s"])
+    assert rec["kind"] == "hf-trainer-tuned" and rec["micro_batch"] == 16 and rec["peak_memory_bytes"] > 0
+    assert rec["versions"]["transformers"] and rec["device"]
+    row = peers.store_record(rec)
+    assert row["steps"] == 2 and row["transformers_version"] == rec["versions"]["transformers"]
+    assert row["config"]["padding"] == "longest"
+
+
+def test_peer_needs_a_window():
+    with pytest.raises(TunelabError, match="no steady-state window"):
+        peers.run_peer("hf-trainer-seed", "embedded", "x.jsonl", steps=2, warmup=2)
+
+
+def _rec(kind, nonpad, padded, loss, mem):
+    return {"kind": kind, "tokens_nonpad_per_s": nonpad, "tokens_padded_per_s": padded, "tokens_loss_per_s": loss,
+            "peak_memory_bytes": mem}
+
+
+def test_compare_uses_the_mean_of_interleaved_tunelab_runs():
+    records = [_rec("tunelab", 1000, 1100, 100, 200), _rec("hf-trainer-seed", 250, 1000, 20, 400),
+               _rec("tunelab", 1200, 1300, 120, 220), _rec("hf-trainer-tuned", 550, 600, 50, 300),
+               _rec("hf-trainer-seed", 300, 1000, 30, 400)]
+    seed, tuned = peers.compare(records)
+    assert seed["kind"] == "hf-trainer-seed" and tuned["kind"] == "hf-trainer-tuned"
+    assert seed["tunelab_tokens_nonpad_per_s"] == 1100 and seed["tokens_nonpad_per_s"] == 275
+    assert seed["tokens_nonpad_ratio"] == pytest.approx(4.0)
+    assert seed["tokens_padded_ratio"] == pytest.approx(1.2)
+    assert seed["tokens_loss_ratio"] == pytest.approx(110 / 25)
+    assert seed["peak_memory_ratio"] == pytest.approx(210 / 400)
+    assert tuned["tokens_nonpad_ratio"] == pytest.approx(2.0) and (tuned["runs"], tuned["tunelab_runs"]) == (1, 2)
+    assert seed["tunelab_tokens_nonpad_per_s_runs"] == [1000, 1200]
+    with pytest.raises(TunelabError, match="no tunelab run"):
+        peers.compare([_rec("hf-trainer-seed", 1, 1, 1, 1)])
+    assert math.isnan(peers.compare([_rec("tunelab", 1, 1, 1, 1), _rec("x", 0, 1, 1, 1)])[0]["tokens_nonpad_ratio"])
