@@ -154,3 +154,32 @@ def test_packed_loss_equals_one_by_one(tokenizer, tmp_path):
         leaky = model(torch.from_numpy(packed.input_ids), None, torch.from_numpy(packed.loss_index),
                       torch.from_numpy(packed.loss_targets)).item()
     assert leaky != pytest.approx(sum(singles), rel=1e-3)
+
+
+def test_packed_slot_attention_matches_one_by_one(tokenizer, tmp_path):
+    """tunelab's per-sequence-slot SDPA (model/attention.py) gives the same losses and gradients as
+    running each sequence alone."""
+    from tunelab.model import attention
+
+    rows = [{"instruction": f"{a} + {b}", "output": f"{a + b}"} for a, b in [(1, 22), (333, 4), (55, 66), (7, 8)]]
+    data = prepare(spec(write_jsonl(tmp_path / "p.jsonl", rows), seq_len=128, train_on_inputs=True), tokenizer)
+    model = make_tiny_llama(len(tokenizer), initializer_range=0.5)
+    model.set_attn_implementation(attention.register())
+    wrapped = CausalLMLoss(model)
+    assert wrapped.packed_attention
+    packed = collate(data, [[0, 1], [2, 3]], 128, tokenizer.pad_token_id, packing=True)
+    assert packed.layout is not None and packed.layout.gather.shape[0] == 4
+
+    def run(batch):
+        model.zero_grad()
+        positions = None if batch.position_ids is None else torch.from_numpy(batch.position_ids)
+        loss = wrapped(torch.from_numpy(batch.input_ids), positions, torch.from_numpy(batch.loss_index),
+                       torch.from_numpy(batch.loss_targets), batch.layout)
+        loss.backward()
+        return loss.item(), model.model.layers[0].self_attn.q_proj.weight.grad.clone()
+
+    packed_loss, packed_grad = run(packed)
+    singles = [run(collate(data, [[i]], 128, tokenizer.pad_token_id, packing=False)) for i in range(4)]
+    assert packed_loss == pytest.approx(sum(l for l, _ in singles), rel=1e-5)
+    # fp32 sums in a different order: gradients of magnitude ~30 agree to ~1e-4 absolute
+    assert torch.allclose(packed_grad, sum(g for _, g in singles), rtol=1e-4, atol=1e-3)

@@ -26,6 +26,37 @@ GROUP_CHUNK = 64
 
 
 @dataclass
+class SeqLayout:
+    """Where each packed sequence's tokens sit: `gather[s, j]` is the flat (B*T) index of token j of
+    sequence s (padding slots repeat the sequence's first token); `valid` marks real slots."""
+
+    gather: np.ndarray  # (S, L) int64
+    valid: np.ndarray  # (S, L) bool
+
+    def cost(self) -> int:
+        s, length = self.gather.shape
+        return s * length * length
+
+
+def layout_from_lengths(row_seq_lengths: list[list[int]], width: int) -> SeqLayout:
+    """Build the layout of a packed batch from each row's sequence lengths (the row tail is left out:
+    its positions have no target, so their attention output is never used)."""
+    starts, lengths = [], []
+    for r, seqs in enumerate(row_seq_lengths):
+        at = r * width
+        for n in seqs:
+            starts.append(at)
+            lengths.append(n)
+            at += n
+    longest = max(lengths)
+    offsets = np.arange(longest)
+    lengths_arr = np.asarray(lengths)[:, None]
+    valid = offsets[None, :] < lengths_arr
+    gather = np.asarray(starts)[:, None] + np.where(valid, offsets[None, :], 0)
+    return SeqLayout(gather.astype(np.int64), valid)
+
+
+@dataclass
 class Batch:
     input_ids: np.ndarray  # (B, T) int64
     position_ids: np.ndarray | None  # (B, T) int64 when packed
@@ -33,6 +64,7 @@ class Batch:
     loss_targets: np.ndarray  # (K,) int64
     tokens_padded: int
     tokens_nonpad: int
+    layout: SeqLayout | None = None  # packed rows: per-sequence attention slots, when cheaper than a T x T mask
 
     @property
     def tokens_loss(self) -> int:
@@ -87,8 +119,10 @@ def collate(data: TokenizedData, rows: list[list[int]], seq_len: int, pad_id: in
     ids = np.full((len(rows), width), pad_id, dtype=np.int64)
     targets = np.full((len(rows), width), IGNORE, dtype=np.int64)
     positions = np.zeros((len(rows), width), dtype=np.int64) if packing else None
+    row_seq_lengths: list[list[int]] = []
     for r, row in enumerate(rows):
         at = 0
+        row_seq_lengths.append([int(offsets[i + 1] - offsets[i]) for i in row])
         for i in row:
             start, end = int(offsets[i]), int(offsets[i + 1])
             n = end - start
@@ -102,7 +136,12 @@ def collate(data: TokenizedData, rows: list[list[int]], seq_len: int, pad_id: in
             positions[r, at:] = np.arange(width - at)
     flat = targets.reshape(-1)
     loss_index = np.flatnonzero(flat != IGNORE)
-    return Batch(ids, positions, loss_index, flat[loss_index], ids.size, int(sum(row_lengths)))
+    layout = None
+    if packing:
+        layout = layout_from_lengths(row_seq_lengths, width)
+        if layout.cost() > len(rows) * width * width:
+            layout = None
+    return Batch(ids, positions, loss_index, flat[loss_index], ids.size, int(sum(row_lengths)), layout)
 
 
 def batch_width(row_lengths: list[int], seq_len: int, packing: bool) -> int:

@@ -24,6 +24,7 @@ from ..data.pipeline import DataSpec, TokenizedData, prepare
 from ..device import Precision, device_memory_bytes, device_name, pick_device, pick_precision
 from ..errors import TunelabError
 from ..memwatch import MemoryWatch
+from ..model import attention
 from ..model import load as mload
 from ..model.adapters import AdapterSpec, apply_adapter, count_parameters
 from . import checkpoint, loop
@@ -96,10 +97,21 @@ def check_output_dir(path: Path) -> None:
                 p.rmdir()
 
 
+def training_attention(device: torch.device) -> str:
+    """flash-attn's varlen kernels on CUDA when installed; else SDPA over per-sequence slots (model/attention.py)."""
+    if device.type == "cuda":
+        import importlib.util
+
+        if importlib.util.find_spec("flash_attn") is not None:
+            return "flash_attention_2"
+    return attention.register()
+
+
 def build_model(cfg: TrainConfig, prep: Prepared) -> torch.nn.Module:
     # Frozen base weights live in the compute dtype (no per-forward cast of fp32 weights under autocast);
     # full fine-tuning keeps fp32 master weights, which apply_adapter ensures.
-    model = mload.load_model(prep.source, prep.precision.compute, cfgmod.effective_base_quant(cfg), prep.device)
+    model = mload.load_model(prep.source, prep.precision.compute, cfgmod.effective_base_quant(cfg), prep.device,
+                             attn=training_attention(prep.device))
     if cfg.grad_ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     spec = AdapterSpec(cfg.method, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout,

@@ -136,6 +136,7 @@ def run(
                         None if batch.position_ids is None else torch.from_numpy(batch.position_ids).to(device, non_blocking=True),
                         torch.from_numpy(batch.loss_index).to(device, non_blocking=True),
                         torch.from_numpy(batch.loss_targets).to(device, non_blocking=True),
+                        batch.layout,
                     )
                     # Normalise by the step's loss tokens, not per micro-batch: packed micro-batches hold
                     # different numbers of targets, and a per-micro-batch mean would weight them unequally.

@@ -13,6 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from ..data.packing import SeqLayout
+from ..model import attention
+
 LOGIT_CHUNK = 2048
 
 
@@ -47,9 +50,11 @@ class CausalLMLoss(torch.nn.Module):
         super().__init__()
         self.model = model
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
+        self.packed_attention = getattr(model.config, "_attn_implementation", None) == attention.NAME
 
-    def forward(self, input_ids, position_ids, loss_index, loss_targets) -> torch.Tensor:
+    def forward(self, input_ids, position_ids, loss_index, loss_targets, layout: SeqLayout | None = None) -> torch.Tensor:
         decoder = self.model.get_decoder()
-        out = decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+        extra = attention.layout_tensors(layout, input_ids.device) if layout is not None and self.packed_attention else {}
+        out = decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra)
         head = self.model.get_output_embeddings()
         return token_loss_sum(out.last_hidden_state, head.weight, loss_index, loss_targets, self.softcap)

@@ -1,0 +1,80 @@
+"""Attention for padding-free packed rows without a block-diagonal mask.
+
+transformers turns restarted `position_ids` into a (T x T) block-diagonal mask for SDPA. That costs the
+full T² attention per row although each token only sees its own sequence, and a masked SDPA takes the
+slow kernel path. For short examples packed into long rows (arithmetic: ~45 tokens in 256-wide rows)
+most of that work is wasted.
+
+Here each packed sequence is gathered into its own slot of a (S, L) layout (L = longest sequence in the
+batch), SDPA runs with `is_causal=True` and no mask (its fast path), and the output is scattered back.
+Slots are right-padded: under a causal mask no real token can see the padding after it, so the padding
+needs no mask either. The gather/scatter indices come from the host (`SeqLayout`, built in collate), so
+there is no device->host sync. This is flash-attention's varlen idea, expressed with SDPA so it runs on
+CPU and on any GPU; when flash-attn is installed on CUDA, transformers' own varlen path is used instead.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..data.packing import SeqLayout
+
+NAME = "tunelab_packed"
+
+
+def packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """Attention-interface function: (B, H, T, D) in, (B, T, H, D) out, like transformers' sdpa_attention_forward."""
+    gather, scatter_dst, scatter_src = kwargs.get("seq_gather"), kwargs.get("seq_scatter_dst"), kwargs.get("seq_scatter_src")
+    if gather is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        positions = kwargs.get("position_ids")
+        if attention_mask is None and positions is not None and query.shape[2] > 1:
+            # Packed rows without a layout (the layout would cost more than the dense mask): block-diagonal
+            # causal mask from restarted positions, as transformers would build it.
+            seq = (positions == 0).cumsum(-1)
+            t = positions.shape[-1]
+            causal = torch.ones(t, t, dtype=torch.bool, device=query.device).tril()
+            attention_mask = (seq[:, None, :, None] == seq[:, None, None, :]) & causal
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling)
+    b, h, t, d = query.shape
+    s, length = gather.shape
+
+    def to_slots(x):  # (B, Hx, T, D) -> (S, Hx, L, D)
+        tokens = x.transpose(1, 2).reshape(b * t, x.shape[1], d)
+        return tokens.index_select(0, gather.reshape(-1)).view(s, length, x.shape[1], d).transpose(1, 2)
+
+    out = F.scaled_dot_product_attention(
+        to_slots(query), to_slots(key), to_slots(value), is_causal=True, scale=scaling,
+        dropout_p=dropout if module.training else 0.0, enable_gqa=key.shape[1] != h,
+    )
+    out = out.transpose(1, 2).reshape(s * length, h, d).index_select(0, scatter_src)
+    result = query.new_zeros(b * t, h, d).index_copy(0, scatter_dst, out)
+    return result.view(b, t, h, d), None
+
+
+def _no_mask(*args, **kwargs):
+    """The packed path needs no mask; building transformers' 4D mask would cost O(T²) memory for nothing."""
+    return None
+
+
+def register() -> str:
+    """Make `attn_implementation=NAME` available to transformers models; returns NAME."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(NAME, packed_attention)
+    AttentionMaskInterface.register(NAME, _no_mask)
+    return NAME
+
+
+def layout_tensors(layout: SeqLayout, device: torch.device) -> dict[str, torch.Tensor]:
+    """The kwargs `packed_attention` reads, moved to the device."""
+    flat_valid = layout.valid.reshape(-1)
+    return {
+        "seq_gather": torch.from_numpy(layout.gather).to(device, non_blocking=True),
+        "seq_scatter_dst": torch.from_numpy(layout.gather.reshape(-1)[flat_valid]).to(device, non_blocking=True),
+        "seq_scatter_src": torch.from_numpy(np.flatnonzero(flat_valid)).to(device, non_blocking=True),
+    }
