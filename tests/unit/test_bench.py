@@ -1,0 +1,146 @@
+"""`tunelab bench`: results DB, sweep grid, peak matching, MFU/HFU, calibration fit, and the CLI end to end on
+a tiny random Llama (each measured point runs train() in a spawned process)."""
+
+import csv
+import io
+import json
+
+import pytest
+
+from conftest import write_jsonl
+from tunelab.bench import calibrate, command, measure, store
+from tunelab.cli import main
+from tunelab.errors import TunelabError
+from tunelab.plan.calibration import load_calibration
+from tunelab.plan.flops import FlopsPerToken
+
+
+def test_store_roundtrip_filters_and_export(tmp_path):
+    db = tmp_path / "r" / "bench.sqlite"
+    a = store.insert(db, {"kind": "tunelab", "method": "lora", "packing": True, "data": {"examples": 3},
+                          "tokens_nonpad_per_s": 10.5})
+    b = store.insert(db, {"kind": "hf-trainer", "method": "lora", "packing": False})
+    assert b == a + 1
+    rows = store.query(db, kind="tunelab")
+    assert len(rows) == 1 and rows[0]["data"] == {"examples": 3} and rows[0]["packing"] is True
+    assert rows[0]["timestamp"].endswith("Z") and rows[0]["tokens_nonpad_per_s"] == 10.5
+    assert [r["kind"] for r in store.query(db, method="lora")] == ["tunelab", "hf-trainer"]
+    assert store.query(tmp_path / "missing.sqlite") == []
+    parsed = list(csv.DictReader(io.StringIO(store.export(store.query(db), "csv"))))
+    assert list(parsed[0]) == list(store.COLUMNS) and json.loads(parsed[0]["data"]) == {"examples": 3}
+    assert json.loads(store.export(store.query(db), "json"))[1]["kind"] == "hf-trainer"
+
+
+def test_store_refuses_unknown_keys_and_missing_kind(tmp_path):
+    with pytest.raises(ValueError, match="tokens_per_sec"):
+        store.insert(tmp_path / "db.sqlite", {"kind": "tunelab", "tokens_per_sec": 1.0})
+    with pytest.raises(ValueError, match="kind"):
+        store.insert(tmp_path / "db.sqlite", {"method": "lora"})
+    with pytest.raises(ValueError):
+        store.query(tmp_path / "db.sqlite", nope=1)
+
+
+def test_sweep_grid_labels_and_errors():
+    points = command.sweep_points(["micro_batch=4,8", "packing=true,false"])
+    assert [p[0] for p in points] == ["micro_batch=4 packing=true", "micro_batch=4 packing=false",
+                                      "micro_batch=8 packing=true", "micro_batch=8 packing=false"]
+    assert points[1][1] == ["micro_batch=4", "packing=false"]
+    assert command.sweep_points([]) == [("", [])]
+    with pytest.raises(TunelabError, match="KEY=V1"):
+        command.sweep_points(["micro_batch"])
+    assert command.output_dir(["lr=1", "output_dir=/x/y"]) == "/x/y"
+    assert command.output_dir([]) == command.DEFAULT_OUTPUT
+
+
+@pytest.mark.parametrize("name,memory_gib,expected", [
+    ("NVIDIA H100 80GB HBM3", 80, "h100-sxm"),
+    ("NVIDIA H100 PCIe", 80, "h100-pcie"),
+    ("NVIDIA H100 NVL", 94, "h100-nvl"),
+    ("NVIDIA A100-SXM4-80GB", 80, "a100-80gb"),
+    ("NVIDIA A100-SXM4-40GB", 40, "a100-40gb"),
+    ("NVIDIA A100 80GB PCIe", 80, "a100-80gb-pcie"),
+    ("NVIDIA GeForce RTX 4090", 24, "rtx-4090"),
+    ("NVIDIA H200", 141, "h200"),
+    ("Tesla T4", 16, None),
+])
+def test_catalog_match_of_torch_device_names(name, memory_gib, expected):
+    row = measure.catalog_match(name, memory_gib * 2**30)
+    assert (row.id if row else None) == expected
+
+
+def test_mfu_hfu_and_efficiency_follow_metrics_md():
+    f = FlopsPerToken(dense=600.0, attention=100.0, adapters=0.0, recompute=300.0)
+    assert measure.mfu(10.0, f, 1e4) == pytest.approx(10 * 700 / 1e4)
+    assert measure.hfu(10.0, f, 1e4) == pytest.approx(10 * 1000 / 1e4)
+    assert measure.achieved_efficiency(12.0, f, 1e4) == pytest.approx(12 * 1000 / 1e4)
+
+
+def test_fit_keeps_achieved_rates_of_methods_not_remeasured():
+    f = FlopsPerToken(dense=1e9, attention=0.0, adapters=0.0, recompute=0.0)
+    peak = measure.Peak(2e12, "bf16", "probe", {"bf16": 2e12})
+    old = calibrate.fit("k", "cpu", measure.Peak(1e12, "bf16", "old", {}),
+                        [calibrate.Point("full", 100.0, f, 10, 4)])
+    rec = calibrate.fit("k", "cpu", peak, [calibrate.Point("lora", 500.0, f, 900, 600), calibrate.Point("full", 300.0, f, 5, 1)],
+                        old)
+    assert rec.efficiency["lora"] == pytest.approx(500 * 1e9 / 2e12)
+    assert rec.efficiency["full"] == pytest.approx(300 * 1e9 / 2e12)  # re-measured: the new figure wins
+    assert rec.runtime_overhead_bytes == 300  # from the first point (the config's method)
+    kept = calibrate.fit("k", "cpu", peak, [calibrate.Point("lora", 500.0, f, 900, 600)], old)
+    assert kept.efficiency["full"] * peak.flops == pytest.approx(old.efficiency["full"] * 1e12)
+
+
+@pytest.fixture
+def bench_args(tiny_model_dir, addition_rows, tmp_path):
+    data = write_jsonl(tmp_path / "add.jsonl", addition_rows * 4)
+    return [f"model={tiny_model_dir}", f"data.path={data}", "data.template=compact", "seq_len=64",
+            "micro_batch=2", "precision=fp32", f"output_dir={tmp_path / 'bench'}"]
+
+
+def test_bench_sweep_json_stores_every_point_and_exports(bench_args, tmp_path, capsys):
+    assert main(["bench", *bench_args, "--steps", "2", "--warmup", "1", "--sweep", "micro_batch=2,4", "--json"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [x["micro_batch"] for x in lines] == [2, 4]
+    for x in lines:
+        assert x["steps"] == 2 and x["tokens_padded_per_s"] >= x["tokens_nonpad_per_s"] > x["tokens_loss_per_s"] > 0
+        assert x["mfu"] == pytest.approx(x["tokens_nonpad_per_s"] * x["model_flops_per_token"] / x["device_peak_flops"])
+        assert x["hfu"] == pytest.approx(x["mfu"])  # no gradient checkpointing: nothing recomputed
+        assert set(x["peak_probes"]) == {"bf16", "fp32"} and x["device_peak_flops"] == x["peak_probes"]["fp32"]
+        assert x["peak_memory_bytes"] > 0 and x["predicted"]["peak_memory_bytes"] > 0
+        assert x["predicted"]["tokens_padded_per_s"] > 0 and "efficiency" in x["predicted"]["source"]
+    db = tmp_path / "bench" / "bench.sqlite"
+    rows = store.query(db, kind="tunelab")
+    assert [r["label"] for r in rows] == ["micro_batch=2", "micro_batch=4"]
+    assert rows[0]["torch_version"] and rows[0]["data"]["tokens_loss"] > 0 and rows[0]["config"]["save_steps"] == 0
+    out = tmp_path / "exp" / "runs.csv"
+    assert main(["bench", "--export", "csv", "--db", str(db), "--out", str(out)]) == 0
+    assert len(list(csv.DictReader(out.open()))) == 2
+
+
+def test_calibrate_writes_a_record_plan_reads(bench_args, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TUNELAB_CACHE", str(tmp_path / "cache"))
+    assert main(["bench", "--calibrate", *bench_args, "--methods", "lora", "--steps", "2", "--warmup", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    key = out["calibration"]["device_key"]
+    record = load_calibration(key)
+    run = out["runs"][0]
+    assert record.efficiency["lora"] == pytest.approx(
+        run["tokens_padded_per_s"] * run["hardware_flops_per_token"] / record.peak_flops)
+    # No record existed before, so plan's CPU overhead was 0 and its prediction is the model without overhead.
+    assert record.runtime_overhead_bytes == run["peak_memory_bytes"] - run["predicted"]["peak_memory_bytes"]
+    # plan --gpu local now predicts the measured rate: calibrated peak x efficiency / hardware FLOPs.
+    prediction = command.predict(command.point_config(command_args(bench_args), [], tmp_path / "p"))
+    assert prediction.speed.tokens_per_s == pytest.approx(run["tokens_padded_per_s"], rel=1e-6)
+    assert "calibrated" in prediction.efficiency.label
+
+
+def command_args(overrides):
+    import argparse
+
+    return argparse.Namespace(config=None, overrides=overrides)
+
+
+def test_bench_errors_before_measuring(bench_args, capsys):
+    assert main(["bench", *bench_args, "--steps", "100000"]) == 2
+    assert "fewer than warm-up + steps" in capsys.readouterr().err
+    assert main(["bench", *bench_args, "--sweep", "micro_batch=0,2"]) == 2
+    assert main(["bench", "--export", "json", "--db", "/nonexistent/x.sqlite"]) == 2
