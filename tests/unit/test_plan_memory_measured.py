@@ -1,0 +1,61 @@
+"""plan's memory model against peak memory measured on this CPU, for small random-init models.
+
+The CPU process carries a fixed cost the memory model cannot derive (allocator and oneDNN arenas,
+load-time copies): the plan helper measured a near-constant ~330 MB gap across lora/qlora/full. That
+constant is calibrated per device, as `tunelab bench --calibrate` does: measure it from ONE run of a
+different shape, then every method's prediction (model + that overhead) must be within 20% of its
+measured peak. Each run is a fresh spawned process (bench.command.measure_point), as a real `tunelab train`.
+
+Integration-marked: four training processes of a 512-wide model take minutes on a shared 2-core CPU.
+"""
+
+import random
+
+import pytest
+
+from conftest import make_tiny_llama, make_tokenizer, write_jsonl
+from tunelab.bench import command
+from tunelab.config import load_config
+
+pytestmark = pytest.mark.integration
+
+SHAPE = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=4, num_attention_heads=8,
+             num_key_value_heads=8, max_position_embeddings=512)
+VOCAB = 16384
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("memory")
+    tok = make_tokenizer()
+    make_tiny_llama(VOCAB, **SHAPE).save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    r = random.Random(0)
+    rows = []
+    for _ in range(1500):
+        a, b = r.randint(0, 10**6), r.randint(0, 10**6)
+        rows.append({"instruction": f"{a} + {b}", "output": f"{a} + {b} = {a + b}"})
+    return root, write_jsonl(root / "add.jsonl", rows)
+
+
+def measured_and_model(setup, name, *extra):
+    root, data = setup
+    cfg = load_config(None, [f"model={root / 'model'}", f"data.path={data}", "data.template=compact",
+                             "precision=bf16", "log_steps=1", f"output_dir={root / name}", *extra])
+    prediction = command.predict(cfg)
+    summary = command.measure_point(cfg, stop_at=3, warmup=1)
+    return summary["peak_memory_bytes"], prediction.memory.total - prediction.memory.runtime_overhead
+
+
+def test_memory_model_within_20_percent_with_a_calibrated_overhead(setup):
+    # The overhead comes from a run of another shape (shorter rows, smaller batch), not from the runs checked.
+    measured, model = measured_and_model(setup, "calib", "method=lora", "seq_len=128", "micro_batch=4")
+    overhead = measured - model
+    report = {}
+    for method in ("lora", "qlora", "full"):
+        got, predicted = measured_and_model(setup, method, f"method={method}", "seq_len=256", "micro_batch=8")
+        report[method] = (got / 2**20, (predicted + overhead) / 2**20)
+    print({m: f"measured {a:.0f} MiB, predicted {b:.0f} MiB" for m, (a, b) in report.items()},
+          f"overhead {overhead / 2**20:.0f} MiB")
+    for method, (got, predicted) in report.items():
+        assert predicted == pytest.approx(got, rel=0.20), method
