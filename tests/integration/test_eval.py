@@ -1,0 +1,84 @@
+"""`tunelab eval` end to end on the embedded SmolLM2-135M: base model, and a run directory's adapter."""
+
+import json
+
+import pytest
+import torch
+
+from tunelab.cli import main
+from tunelab.config import TrainConfig, dump_yaml
+from tunelab.model.load import load_model, resolve
+
+pytestmark = pytest.mark.integration
+
+N = 8
+
+
+@pytest.fixture(scope="module")
+def rows_file(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("eval-data")
+    test = folder / "test.jsonl"
+    assert main(["data", "arithmetic", "--digits", "1-3", "--n", "200", "--templates", "plain",
+                 "--out", str(folder / "train.jsonl"), "--test-out", str(test), "--test-n", str(N)]) == 0
+    return test
+
+
+def make_run(folder, init_lora_weights):
+    """A training run's layout (RUN/adapter + RUN/config.yaml) with an untrained LoRA adapter."""
+    from peft import LoraConfig, get_peft_model
+
+    base = load_model(resolve("embedded"), torch.float32, "none", torch.device("cpu"))
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=init_lora_weights)
+    get_peft_model(base, lora).save_pretrained(folder / "adapter")
+    cfg = TrainConfig(model="embedded")
+    cfg.data.template = "compact"
+    (folder / "config.yaml").write_text(dump_yaml(cfg))
+    return folder / "adapter"
+
+
+def run_eval(capsys, *args):
+    # One batch of all N rows, as in `base`: the same batches give the same padding and budgets.
+    assert main(["eval", "--json", "--batch-size", str(N), *args]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def responses(path):
+    return [json.loads(line)["response"] for line in path.open()]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory, rows_file):
+    """The base model scored once: its summary, the --out file and the per-row predictions."""
+    folder = tmp_path_factory.mktemp("base")
+    out, predictions = folder / "eval.json", folder / "predictions.jsonl"
+    assert main(["eval", "--json", "--data", str(rows_file), "--template", "compact", "--batch-size", str(N),
+                 "--out", str(out), "--predictions", str(predictions)]) == 0
+    return json.loads(out.read_text()), predictions
+
+
+def test_base_model_summary(base):
+    summary, predictions = base
+    assert summary["n"] == N and 0 <= summary["accuracy"] <= 1
+    assert summary["model"] == "embedded" and summary["adapter"] is None and summary["template"] == "compact"
+    assert set(summary["by_op"]) == {"add"} and summary["by_op"]["add"]["n"] == N
+    assert {int(d) for d in summary["by_digits"]} <= {1, 2, 3}
+    assert sum(b["n"] for b in summary["by_digits"].values()) == N
+    assert summary["seconds"] > 0 and summary["rows_per_s"] > 0
+    rows = [json.loads(line) for line in predictions.open()]
+    assert len(rows) == N and sum(r["correct"] for r in rows) == summary["correct"]
+
+
+def test_adapter_run_uses_its_config_and_is_applied(tmp_path, capsys, rows_file, base):
+    _, base_pred = base
+    same_pred, tuned_pred = tmp_path / "same.jsonl", tmp_path / "tuned.jsonl"
+    # A fresh LoRA (B = 0) changes nothing: scored with the run's template (compact, from its config.yaml)
+    # it must answer exactly as the base does.
+    identity = make_run(tmp_path / "identity", init_lora_weights=True)
+    summary = run_eval(capsys, "--data", str(rows_file), "--adapter", str(identity), "--predictions", str(same_pred))
+    assert summary["template"] == "compact" and summary["model"] == "embedded"
+    assert summary["adapter"] == str(identity)
+    assert responses(same_pred) == responses(base_pred)
+    # A random nonzero adapter must be applied: its answers differ.
+    random_adapter = make_run(tmp_path / "random", init_lora_weights=False)
+    run_eval(capsys, "--data", str(rows_file), "--adapter", str(random_adapter), "--predictions", str(tuned_pred))
+    assert responses(tuned_pred) != responses(base_pred)
