@@ -274,8 +274,8 @@ def _configs(runs: list[Run]) -> list[str]:
             lines.append(f"  - data config: {_flat(data_config)}")
         if isinstance(r.record.get("data"), dict):
             lines.append(f"  - data as trained: {_flat(r.record['data'])}")
-        if r.record.get("precision_note"):
-            lines.append(f"  - note: {r.record['precision_note']}")
+        if r.setting("precision_note"):  # peers: in the record, or in the DB's config column
+            lines.append(f"  - note: {r.setting('precision_note')}")
         if r.evaluation:
             lines.append(f"  - eval: {_flat(r.evaluation)}")
     lines.append("")
@@ -333,7 +333,7 @@ def _peer_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str, Path
                  _num(c["tunelab_tokens_nonpad_per_s"]), f"{c['tokens_nonpad_ratio']:.2f}x",
                  f"{c['tokens_padded_ratio']:.2f}x", f"{c['tokens_loss_ratio']:.2f}x", f"{c['peak_memory_ratio']:.2f}x"]
                 for c in ratios]
-        notes = [f"- {r.label}: {r.record['precision_note']}" for r in session if r.record.get("precision_note")]
+        notes = [f"- {r.label}: {r.setting('precision_note')}" for r in session if r.setting("precision_note")]
         lines += [f"## tunelab vs peers ({session[0].source}: {', '.join(r.label for r in session)})", "",
                   "Same model, data file, machine and step counts; means over the interleaved runs. Ratios are "
                   "tunelab / peer: above 1 tunelab is faster; for memory, below 1 tunelab needs less.", "",

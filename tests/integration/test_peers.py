@@ -1,0 +1,28 @@
+"""Peers on the embedded SmolLM2-135M: each recipe trains, and its record carries real measurements."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from conftest import write_jsonl
+from tunelab.bench import peers
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("name", ["hf-trainer-seed", "hf-trainer-tuned", "trl-sft"])
+def test_peer_on_embedded_model(name, tmp_path, addition_rows):
+    if name == "trl-sft" and importlib.util.find_spec("trl") is None:
+        pytest.skip("trl is not installed")
+    data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
+    rec = peers.run_peer(name, "embedded", str(data), steps=3, warmup=2, seq_len=128, micro_batch=4,
+                         lora=peers.LoraSettings(8, 16.0, 0.0, "attn"), template="compact", device="cpu")
+    assert rec["kind"] == name and rec["steady_window_steps"] == 1
+    assert rec["tokens_padded_per_s"] >= rec["tokens_nonpad_per_s"] > rec["tokens_loss_per_s"] > 0
+    assert rec["peak_memory_bytes"] > 100 * 2**20  # the 135M-parameter model is in there
+    if name == "hf-trainer-seed":
+        assert rec["steady_tokens_padded"] == 2 * 4 * 512  # every example padded to 512
+    if name == "trl-sft":
+        assert rec["steady_tokens_padded"] == rec["steady_tokens_nonpad"]  # padding-free
