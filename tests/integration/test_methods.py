@@ -1,6 +1,7 @@
 """A few real steps of every method on the embedded SmolLM2-135M-Instruct."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -8,6 +9,7 @@ from conftest import write_jsonl
 from tunelab.cli import main
 
 pytestmark = pytest.mark.integration
+QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +25,7 @@ def rows_file(tmp_path_factory):
 @pytest.mark.parametrize("method", ["lora", "dora", "qlora", "full"])
 def test_method_trains_from_the_cli(method, rows_file, tmp_path):
     out = tmp_path / method
-    code = main(["train", "--config", "configs/quickstart.yaml", f"data.path={rows_file}", f"output_dir={out}",
+    code = main(["train", "--config", str(QUICKSTART), f"data.path={rows_file}", f"output_dir={out}",
                  f"method={method}", "max_steps=3", "micro_batch=4", "seq_len=128", "log_steps=1", "lr=1e-3",
                  "--quiet"])
     assert code == 0
