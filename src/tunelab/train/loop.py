@@ -116,6 +116,8 @@ def run(
     device = accelerator.device
     stop = min(schedule.total_steps, spec.stop_at or schedule.total_steps)
     warm_until = min(state.step + spec.warmup_window, stop)
+    # Counted once from the batch plan (no collation): the ETA's numerator is this minus what was fed since.
+    padded_to_feed = schedule.padded_tokens(range(state.step, stop)) + state.tokens_padded
     result = LoopResult(state=state, steps_run=0)
     metrics_file = (out_dir / "metrics.jsonl").open("a") if out_dir is not None else None
     loss_acc = torch.zeros((), device=device)
@@ -163,10 +165,6 @@ def run(
                 result.steady_tokens_nonpad += nonpad
                 result.steady_tokens_loss += step_loss_tokens
 
-            if state.step == warm_until and steady_start is None:
-                _sync(device)
-                steady_start = time.perf_counter()
-                rate = _Window(steady_start, steady=True)
             if state.step % spec.log_steps == 0 or state.step == stop:
                 loss = loss_acc.item() / max(loss_tokens, 1)  # the one sync per log window
                 now = time.perf_counter()
@@ -189,7 +187,7 @@ def run(
                     metrics_file.write(json.dumps(record) + "\n")
                     metrics_file.flush()
                 padded_rate = per_s["tokens_padded"]
-                eta = schedule.padded_tokens(range(state.step, stop)) / padded_rate if padded_rate else 0.0
+                eta = (padded_to_feed - state.tokens_padded) / padded_rate if padded_rate else 0.0
                 progress.update(LogLine(state.step, schedule.total_steps, loss, lr, per_s["tokens_nonpad"],
                                         mem.peak_bytes, eta))
                 loss_acc.zero_()
@@ -197,6 +195,11 @@ def run(
                 rate = _Window(time.perf_counter(), steady=steady_start is not None)
             else:
                 progress.advance(state.step)
+            if state.step == warm_until and steady_start is None:
+                # After the log (whose window it would otherwise empty): the steady window starts here.
+                _sync(device)
+                steady_start = time.perf_counter()
+                rate = _Window(steady_start, steady=True)
             if spec.save_steps and state.step % spec.save_steps == 0 and state.step < schedule.total_steps and out_dir:
                 state.elapsed_s = time.perf_counter() - run_start
                 # Checkpoint time stays inside the timing windows: it is part of what the run costs.
