@@ -22,6 +22,9 @@ import torch.nn.functional as F
 from ..data.packing import SeqLayout
 
 NAME = "tunelab_packed"
+# Longest slot for the explicit-matmul path on CPU; beyond it the L x L scores cost more memory than the
+# flash kernel's extra time.
+MATH_MAX_LEN = 256
 
 
 def packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
@@ -46,13 +49,32 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
         tokens = x.transpose(1, 2).reshape(b * t, x.shape[1], d)
         return tokens.index_select(0, gather.reshape(-1)).view(s, length, x.shape[1], d).transpose(1, 2)
 
-    out = F.scaled_dot_product_attention(
-        to_slots(query), to_slots(key), to_slots(value), is_causal=True, scale=scaling,
-        dropout_p=dropout if module.training else 0.0, enable_gqa=key.shape[1] != h,
-    )
+    dropout = dropout if module.training else 0.0
+    q, k, v = to_slots(query), to_slots(key), to_slots(value)
+    if q.device.type == "cpu" and length <= MATH_MAX_LEN:
+        out = _math_attention(q, k, v, scaling, dropout)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, dropout_p=dropout,
+                                             enable_gqa=k.shape[1] != h)
     out = out.transpose(1, 2).reshape(s * length, h, d).index_select(0, scatter_src)
     result = query.new_zeros(b * t, h, d).index_copy(0, scatter_dst, out)
     return result.view(b, t, h, d), None
+
+
+def _math_attention(q, k, v, scaling, dropout: float):
+    """Causal attention as three plain ops. On CPU, for short slots, this forward+backward measured 75 ms per
+    layer against 201 ms for SDPA's flash kernel (97 slots x 9 heads x 56 tokens, bf16, this machine):
+    the flash backward is tuned for long sequences. Scores are S x H x L x L, hence MATH_MAX_LEN."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    length = q.shape[2]
+    scores = (q @ k.transpose(-1, -2)).float() * (scaling if scaling is not None else q.shape[-1] ** -0.5)
+    future = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1)
+    probs = scores.masked_fill(future, float("-inf")).softmax(-1).to(q.dtype)
+    if dropout:
+        probs = F.dropout(probs, dropout)
+    return probs @ v
 
 
 def _no_mask(*args, **kwargs):
