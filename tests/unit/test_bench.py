@@ -144,3 +144,18 @@ def test_bench_errors_before_measuring(bench_args, capsys):
     assert "fewer than warm-up + steps" in capsys.readouterr().err
     assert main(["bench", *bench_args, "--sweep", "micro_batch=0,2"]) == 2
     assert main(["bench", "--export", "json", "--db", "/nonexistent/x.sqlite"]) == 2
+
+
+def test_bench_peer_interleaves_runs_and_prints_ratios(bench_args, tmp_path, capsys):
+    assert main(["bench", *bench_args, "--steps", "2", "--warmup", "1", "--peer", "hf-trainer-tuned",
+                 "--rounds", "1", "--json"]) == 0
+    (row,) = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert row["kind"] == "hf-trainer-tuned" and row["runs"] == 1 and row["tunelab_runs"] == 1
+    assert row["tokens_nonpad_ratio"] == pytest.approx(row["tunelab_tokens_nonpad_per_s"] / row["tokens_nonpad_per_s"])
+    db = tmp_path / "bench" / "bench.sqlite"
+    assert [r["label"] for r in store.query(db)] == ["tunelab round 1", "peer hf-trainer-tuned round 1"]
+
+
+def test_bench_peer_rejects_unknown_names(bench_args, capsys):
+    assert main(["bench", *bench_args, "--peer", "axolotl"]) == 2
+    assert "known peers are" in capsys.readouterr().err

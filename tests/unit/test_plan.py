@@ -7,7 +7,7 @@ import pytest
 
 from tunelab.cli import main
 from tunelab.config import load_config
-from tunelab.errors import TunelabError
+
 from tunelab.plan import arch as archmod
 from tunelab.plan import calibration, catalog, memory, timing, workload
 from tunelab.plan.flops import flops_per_token

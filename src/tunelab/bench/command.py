@@ -45,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibrate", action="store_true",
                    help="fit this device's efficiency per method and memory overhead for `plan --gpu local`")
     p.add_argument("--methods", help="with --calibrate: methods to measure, comma-separated (default: the config's and full, or lora)")
+    p.add_argument("--peer", metavar="NAME[,NAME]",
+                   help="also run peer recipes side by side, interleaved with tunelab: hf-trainer-seed, hf-trainer-tuned, trl-sft")
+    p.add_argument("--rounds", type=int, default=2, help="with --peer: interleaved rounds (tunelab, peers, tunelab, ...)")
     p.add_argument("--export", choices=("csv", "json"), help="print (or --out) the stored runs instead of measuring")
     p.add_argument("--out", help="with --export: write to this file (atomically) instead of stdout")
 
@@ -63,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
         if args.sweep:
             raise TunelabError("--calibrate measures the config's own settings; drop --sweep")
         return run_calibration(args, steps, base_dir)
+    if args.peer:
+        if args.sweep:
+            raise TunelabError("--peer compares at the config's own settings; drop --sweep")
+        return run_peers(args, steps, base_dir, db)
     points = sweep_points(args.sweep or [])
     configs = [point_config(args, extra, base_dir / (slug(label) or "run")) for label, extra in points]
     peaks: dict[str, measure.Peak] = {}
@@ -86,6 +93,59 @@ def run(args: argparse.Namespace) -> int:
         else:
             show_sweep(records, db)
     return 0
+
+
+def run_peers(args: argparse.Namespace, steps: int, base_dir: Path, db: Path) -> int:
+    """tunelab and each peer in turn, `--rounds` times, each run in a fresh process; then the ratios.
+
+    Interleaving spreads a shared machine's drift over every side instead of favouring whichever ran first.
+    """
+    from . import peers
+
+    names = [n.strip() for n in args.peer.split(",") if n.strip()]
+    unknown = [n for n in names if n not in peers.PEERS]
+    if unknown or not names:
+        raise TunelabError(f"--peer {args.peer!r}: known peers are {', '.join(peers.PEERS)}")
+    if args.rounds < 1:
+        raise TunelabError(f"--rounds must be at least 1, got {args.rounds}")
+    cfg = point_config(args, [], base_dir / "tunelab")
+    prediction = predict(cfg)
+    check_length(prediction, args.warmup + steps)
+    peak = None
+    records = []
+    for round_ in range(1, args.rounds + 1):
+        print(f"[round {round_}/{args.rounds}] tunelab", file=sys.stderr, flush=True)
+        summary = measure_point(cfg, args.warmup + steps, args.warmup)
+        peak = peak or device_peak(cfg.device, summary, args.catalog_gpu)
+        rec = build_record(f"tunelab round {round_}", summary, peak, prediction, args.warmup, cfg)
+        store.insert(db, rec)
+        records.append(rec)
+        for name in names:
+            print(f"[round {round_}/{args.rounds}] {name}", file=sys.stderr, flush=True)
+            peer_rec = _in_fresh_process(_peer_in_child, name, cfg, args.warmup + steps, args.warmup)
+            store.insert(db, peers.store_record(peer_rec, f"peer {name} round {round_}"))
+            records.append(peer_rec)
+    rows = peers.compare(records)
+    if args.json:
+        for row in rows:
+            print(json.dumps(row), flush=True)
+    else:
+        show_comparison(rows, db)
+    return 0
+
+
+def _peer_in_child(name: str, cfg: cfgmod.TrainConfig, steps: int, warmup: int) -> dict:
+    from ..cli import _quiet_libraries
+    from . import peers
+
+    _quiet_libraries()
+    targets = cfg.lora.targets if isinstance(cfg.lora.targets, str) else tuple(cfg.lora.targets)
+    return peers.run_peer(
+        name, cfg.model, cfg.data.path, steps, warmup,
+        lora=peers.LoraSettings(cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, targets),
+        seq_len=cfg.seq_len, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum,
+        data_format=cfg.data.format, template=cfg.data.template, max_examples=cfg.data.max_examples,
+        lr=cfg.lr, seed=cfg.seed, device=cfg.device)
 
 
 # ---- configs -------------------------------------------------------------------------------------------
@@ -162,11 +222,15 @@ def measure_point(cfg: cfgmod.TrainConfig, stop_at: int, warmup: int) -> dict:
     trained (or ran a probe), allocator and oneDNN arenas are resident, and every later point would read
     low. Spawned, not forked: forking a process whose OpenMP threads exist can deadlock.
     """
+    return _in_fresh_process(_train_in_child, cfg, stop_at, warmup)
+
+
+def _in_fresh_process(fn, *args):
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(_train_in_child, cfg, stop_at, warmup).result()
+        return pool.submit(fn, *args).result()
 
 
 def _train_in_child(cfg: cfgmod.TrainConfig, stop_at: int, warmup: int) -> dict:
@@ -324,6 +388,22 @@ def show_single(rec: dict, db: Path) -> None:
     c.print(f"stored in {db}")
 
 
+def show_comparison(rows: list[dict], db: Path) -> None:
+    from rich.table import Table
+
+    t = Table(title="tunelab beside its peers (same model, data, machine; means over interleaved runs)")
+    for col in ("peer", "peer non-pad tok/s", "tunelab non-pad tok/s", "tunelab / peer", "padded ratio",
+                "loss-token ratio", "peer peak mem", "tunelab peak mem"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(r["kind"], f"{r['tokens_nonpad_per_s']:,.1f}", f"{r['tunelab_tokens_nonpad_per_s']:,.1f}",
+                  f"{r['tokens_nonpad_ratio']:.2f}x", f"{r['tokens_padded_ratio']:.2f}x", f"{r['tokens_loss_ratio']:.2f}x",
+                  gib(r["peak_memory_bytes"]), gib(r["tunelab_peak_memory_bytes"]))
+    c = _console()
+    c.print(t)
+    c.print(f"stored in {db}")
+
+
 def show_sweep(records: list[dict], db: Path) -> None:
     from rich.table import Table
 
@@ -336,7 +416,7 @@ def show_sweep(records: list[dict], db: Path) -> None:
                   f"{r['predicted_tokens_padded_per_s']:,.0f}", gib(r["predicted_peak_memory_bytes"]))
     c = _console()
     c.print(t)
-    c.print(f"device peak per precision: " + "; ".join(sorted({f"{r['precision']}: {r['device_peak_flops'] / 1e12:.2f} TFLOP/s "
+    c.print("device peak per precision: " + "; ".join(sorted({f"{r['precision']}: {r['device_peak_flops'] / 1e12:.2f} TFLOP/s "
                                                              f"({r['peak_source']})" for r in records})))
     c.print(f"stored in {db}")
 

@@ -137,9 +137,11 @@ def read_rows(path: Path, fmt: str, max_examples: int | None):
     return ds
 
 
-def _check_jsonl(path: Path, fmt: str) -> None:
-    """One pass over the lines so that a bad line is reported by its number, which `datasets` cannot do."""
-    seen = 0
+def iter_jsonl(path: Path, fmt: str):
+    """(line number, row) for each non-blank line, checked: valid JSON, an object, with `fmt`'s fields.
+
+    Reading the lines ourselves is what lets a bad line be reported by its number; `datasets` cannot.
+    """
     with path.open("rb") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
@@ -151,8 +153,11 @@ def _check_jsonl(path: Path, fmt: str) -> None:
             if not isinstance(row, dict):
                 raise TunelabError(f"{path}:{number}: each line must be a JSON object")
             check_fields(fmt, row, f"{path}:{number}")
-            seen += 1
-    if seen == 0:
+            yield number, row
+
+
+def _check_jsonl(path: Path, fmt: str) -> None:
+    if not any(True for _ in iter_jsonl(path, fmt)):
         raise TunelabError(f"{path}: the dataset is empty")
 
 

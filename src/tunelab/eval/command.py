@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..config import FORMATS, TEMPLATES, load_config
 from ..data.command import write_atomic
-from ..data.formats import check_fields
+from ..data.pipeline import iter_jsonl
 from ..errors import TunelabError
 from .exact_match import EvalResult, parse_answer
 from .generate import DEFAULT_BATCH_SIZE
@@ -67,25 +67,15 @@ def read_rows(path: Path, fmt: str, limit: int | None) -> list[dict]:
     if not path.is_file():
         raise TunelabError(f"{path}: data file not found")
     rows = []
-    with path.open("rb") as f:
-        for number, line in enumerate(f, 1):
-            if limit is not None and len(rows) >= limit:
-                break
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                row = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise TunelabError(f"{where}: not valid JSON ({e.args[0] if e.args else e}); fix or remove the line") from None
-            if not isinstance(row, dict):
-                raise TunelabError(f"{where}: each line must be a JSON object")
-            check_fields(fmt, row, where)
-            if "answer" not in row:
-                raise TunelabError(f"{where}: no 'answer' field; eval compares the response's last integer against it")
-            if parse_answer(row["answer"]) is None:
-                raise TunelabError(f"{where}: answer {row['answer']!r} is not an integer or 'QUOTIENT R REMAINDER'")
-            rows.append(row)
+    for number, row in iter_jsonl(path, fmt):
+        if limit is not None and len(rows) >= limit:
+            break
+        where = f"{path}:{number}"
+        if "answer" not in row:
+            raise TunelabError(f"{where}: no 'answer' field; eval compares the response's last integer against it")
+        if parse_answer(row["answer"]) is None:
+            raise TunelabError(f"{where}: answer {row['answer']!r} is not an integer or 'QUOTIENT R REMAINDER'")
+        rows.append(row)
     if not rows:
         raise TunelabError(f"{path}: no rows to evaluate")
     return rows

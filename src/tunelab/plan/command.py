@@ -119,8 +119,6 @@ def device_for(gpu_id: str, precision: str) -> Device:
 
 def local_device(precision: str) -> Device:
     """The present machine: its peak from a calibration record, else a short matmul probe."""
-    import torch
-
     from ..device import device_memory_bytes, device_name, pick_device, pick_precision
     from .calibration import device_key, load_calibration, measure_matmul_peak
 
