@@ -157,7 +157,7 @@ def iter_jsonl(path: Path, fmt: str):
 
 
 def _check_jsonl(path: Path, fmt: str) -> None:
-    if not any(True for _ in iter_jsonl(path, fmt)):
+    if sum(1 for _ in iter_jsonl(path, fmt)) == 0:  # every line is read, so every bad one is found
         raise TunelabError(f"{path}: the dataset is empty")
 
 
