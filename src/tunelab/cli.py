@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
             p.set_defaults(handler=module.run)
     # Overrides (key=value) may come before or after flags: `train --config c.yaml lr=1e-4 --quiet seed=3`.
     args, extra = parser.parse_known_args(argv)
-    _quiet_libraries()
+    quiet_libraries()
     if extra:
         if not hasattr(args, "overrides") or any(a.startswith("-") or "=" not in a for a in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _quiet_libraries() -> None:
+def quiet_libraries() -> None:
     """tunelab prints its own progress; library progress bars and deprecation chatter would bury it."""
     import logging
     import warnings

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from . import config as cfgmod
 from .data import arithmetic
-from .data.command import write_atomic
+from .io import write_atomic
 from .errors import TunelabError
 
 TEST_TEMPLATES = ("plain",)
@@ -30,9 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--digits", default="1-8", help="operand digit range, both operands")
     p.add_argument("--skip-base", action="store_true", help="skip scoring the base model")
     args, overrides = p.parse_known_args(argv)
-    from .cli import _quiet_libraries
+    from .cli import quiet_libraries
 
-    _quiet_libraries()
+    quiet_libraries()
     try:
         run(args, overrides)
     except TunelabError as e:

@@ -135,10 +135,10 @@ def run_peers(args: argparse.Namespace, steps: int, base_dir: Path, db: Path) ->
 
 
 def _peer_in_child(name: str, cfg: cfgmod.TrainConfig, steps: int, warmup: int) -> dict:
-    from ..cli import _quiet_libraries
+    from ..cli import quiet_libraries
     from . import peers
 
-    _quiet_libraries()
+    quiet_libraries()
     targets = cfg.lora.targets if isinstance(cfg.lora.targets, str) else tuple(cfg.lora.targets)
     return peers.run_peer(
         name, cfg.model, cfg.data.path, steps, warmup,
@@ -234,10 +234,10 @@ def _in_fresh_process(fn, *args):
 
 
 def _train_in_child(cfg: cfgmod.TrainConfig, stop_at: int, warmup: int) -> dict:
-    from ..cli import _quiet_libraries
+    from ..cli import quiet_libraries
     from ..train.command import train
 
-    _quiet_libraries()
+    quiet_libraries()
     return train(cfg, show_progress=False, stop_at=stop_at, warmup_window=warmup)
 
 

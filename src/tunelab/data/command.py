@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ..errors import TunelabError
+from ..io import write_atomic
 from . import arithmetic as ar
 
 
@@ -77,19 +76,6 @@ def _arithmetic(args: argparse.Namespace) -> int:
         write_atomic(Path(args.test_out), _jsonl(test_rows))
         print(f"wrote {len(test_rows)} held-out rows to {args.test_out}")
     return 0
-
-
-def write_atomic(path: Path, lines: Iterable[str]) -> None:
-    """Write via a temp file and rename: a reader (or a crash) never sees a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.writelines(lines)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def _jsonl(rows: Sequence[dict]) -> Iterator[str]:

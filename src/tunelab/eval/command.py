@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..config import FORMATS, TEMPLATES, load_config
-from ..data.command import write_atomic
+from ..io import write_atomic
 from ..data.pipeline import iter_jsonl
 from ..errors import TunelabError
 from .exact_match import EvalResult, parse_answer

@@ -23,6 +23,7 @@ from ..data.packing import packing_efficiency
 from ..data.pipeline import DataSpec, TokenizedData, prepare
 from ..device import Precision, device_memory_bytes, device_name, pick_device, pick_precision
 from ..errors import TunelabError
+from ..io import write_atomic
 from ..memwatch import MemoryWatch
 from ..model import attention
 from ..model import load as mload
@@ -191,7 +192,7 @@ def train(cfg: TrainConfig, show_progress: bool = True, stop_at: int | None = No
         "train_s": state.elapsed_s, "elapsed_s": time.perf_counter() - t0,
         "versions": _versions(),
     }
-    _write_atomic(out / "summary.json", json.dumps(summary, indent=2))
+    write_atomic(out / "summary.json", [json.dumps(summary, indent=2)])
     return summary
 
 
@@ -216,13 +217,7 @@ def _truncate_metrics(path: Path, step: int) -> None:
     if not path.exists():
         return
     keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-    _write_atomic(path, "".join(line + "\n" for line in keep))
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".tmp-{path.name}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_atomic(path, (line + "\n" for line in keep))
 
 
 def _versions() -> dict:
