@@ -69,6 +69,7 @@ class TrainConfig:
     precision: str = "auto"
     packing: bool = True
     grad_ckpt: bool = False
+    # torch.compile each decoder block (train/command.py: compile_blocks): fused element-wise passes.
     compile: bool = False
     save_steps: int = 0
     save_total_limit: int = 2

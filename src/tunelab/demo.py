@@ -29,7 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--test-rows", type=int, default=400)
     p.add_argument("--digits", default="1-8", help="operand digit range, both operands")
     p.add_argument("--skip-base", action="store_true", help="skip scoring the base model")
+    p.add_argument("--curve-every", type=int, default=0, metavar="STEPS",
+                   help="keep a checkpoint every STEPS steps and score each after training: accuracy against "
+                        "training minutes (OUTPUT_DIR/curve.json, curve.png); scoring is outside the demo's budget")
     args, overrides = p.parse_known_args(argv)
+    if args.curve_every:
+        overrides = [*overrides, f"save_steps={args.curve_every}", "save_total_limit=1000"]
     from .cli import quiet_libraries
 
     quiet_libraries()
@@ -88,6 +93,17 @@ def run(args: argparse.Namespace, overrides: list[str]) -> None:
     write_atomic(out / "eval.json", [json.dumps(result, indent=2) + "\n"])
     show(console, base, tuned, summary, prediction)
 
+    # 6. Optionally, the accuracy-against-time curve from the kept checkpoints.
+    if args.curve_every:
+        points = [(0.0, base["accuracy"])] if base is not None else []
+        points += [(s.elapsed_s / 60, acc) for s, acc in score_checkpoints(cfg, test_rows, out / "checkpoints")]
+        points.append((summary["train_s"] / 60, tuned["accuracy"]))
+        write_atomic(out / "curve.json", [json.dumps([{"train_minutes": m, "accuracy": a} for m, a in points]) + "\n"])
+        from .bench.plots import accuracy_curve
+
+        accuracy_curve({f"{cfg.method} r {cfg.lora.r}, {args.train_rows:,} rows": points}, out / "curve.png")
+        console.print("[bold]curve[/]: " + ", ".join(f"{a:.1%} at {m:.1f} min" for m, a in points))
+
 
 def score(cfg: cfgmod.TrainConfig, rows: list[dict], adapter: Path | None) -> dict:
     """Exact match on `rows` with the training prompt; the model is loaded fresh with SDPA attention."""
@@ -105,6 +121,27 @@ def score(cfg: cfgmod.TrainConfig, rows: list[dict], adapter: Path | None) -> di
         model = PeftModel.from_pretrained(model, adapter)
     result = evaluate(model, load_tokenizer(source), rows, cfg.data.format, cfg.data.template)
     return result.summary()
+
+
+def score_checkpoints(cfg: cfgmod.TrainConfig, rows: list[dict], folder: Path) -> list[tuple[object, float]]:
+    """(TrainState, exact match) of every kept checkpoint, each scored like the final adapter."""
+    from .device import pick_device, pick_precision
+    from .eval.generate import evaluate
+    from .model.adapters import apply_adapter
+    from .model.load import load_model, load_tokenizer, resolve
+    from .train.checkpoint import list_checkpoints, load_weights
+    from .train.command import adapter_spec
+
+    device = pick_device(cfg.device)
+    source = resolve(cfg.model)
+    spec = adapter_spec(cfg)
+    results = []
+    for path in list_checkpoints(folder):
+        model = apply_adapter(load_model(source, pick_precision(cfg.precision, device).compute, "none", device), spec)
+        state = load_weights(path, model)
+        result = evaluate(model, load_tokenizer(source), rows, cfg.data.format, cfg.data.template)
+        results.append((state, result.accuracy))
+    return results
 
 
 def show(console, base: dict | None, tuned: dict, summary: dict, prediction) -> None:

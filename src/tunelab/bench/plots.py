@@ -135,3 +135,19 @@ def peers(kinds: list[str], runs: list[dict[str, list[float]]], memory: list[lis
     ax2.set_xticks(range(len(kinds)), kinds, fontsize=8, rotation=15)
     ax2.grid(axis="y", alpha=0.3)
     _save(fig, path)
+
+
+def accuracy_curve(runs: dict[str, list[tuple[float, float]]], path: Path) -> None:
+    """Held-out exact match against training minutes, one line per run: (minutes, accuracy 0..1) points."""
+    fig = Figure(figsize=(7.5, 4.2))
+    ax = fig.add_subplot()
+    for label, points in runs.items():
+        minutes, accuracy = zip(*sorted(points))
+        ax.plot(minutes, [100 * a for a in accuracy], marker="o", markersize=4, label=label)
+    ax.set_title("Exact match on held-out additions against training time")
+    ax.set_xlabel("training minutes (wall clock, from the first step)")
+    ax.set_ylabel("exact match (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)

@@ -70,6 +70,8 @@ def apply_adapter(model: torch.nn.Module, spec: AdapterSpec) -> torch.nn.Module:
         return model
     from peft import LoraConfig, get_peft_model
 
+    from .lora_linear import use_fused_lora
+
     config = LoraConfig(
         r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
         target_modules=resolve_targets(model, spec.targets),
@@ -83,6 +85,8 @@ def apply_adapter(model: torch.nn.Module, spec: AdapterSpec) -> torch.nn.Module:
     for module in peft_model.modules():
         if hasattr(module, "cast_input_dtype_enabled"):
             module.cast_input_dtype_enabled = False
+    # Base and adapter products in one fp32 accumulator, so bf16 does not round small updates away.
+    use_fused_lora(peft_model)
     return peft_model
 
 

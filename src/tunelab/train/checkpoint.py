@@ -71,7 +71,8 @@ def find(folder: Path, resume: bool | str) -> Path | None:
     return path
 
 
-def load(path: Path, model, optimizer, scheduler) -> TrainState:
+def load_weights(path: Path, model) -> TrainState:
+    """The checkpoint's trainable weights into `model` (built as for training); returns its counters."""
     weights = load_file(path / "trainable.safetensors")
     params = dict(model.named_parameters())
     missing = [n for n, p in params.items() if p.requires_grad and n not in weights]
@@ -80,11 +81,16 @@ def load(path: Path, model, optimizer, scheduler) -> TrainState:
     with torch.no_grad():
         for name, tensor in weights.items():
             params[name].copy_(tensor)
+    return TrainState(**json.loads((path / "state.json").read_text()))
+
+
+def load(path: Path, model, optimizer, scheduler) -> TrainState:
+    state = load_weights(path, model)
     extra = torch.load(path / "optim.pt", weights_only=False)
     optimizer.load_state_dict(extra["optimizer"])
     scheduler.load_state_dict(extra["scheduler"])
     _set_rng_state(extra["rng"])
-    return TrainState(**json.loads((path / "state.json").read_text()))
+    return state
 
 
 def _rng_state() -> dict:

@@ -1,0 +1,89 @@
+"""Speed is not bought with correctness: tunelab's bf16 training (packed rows, per-sequence attention slots,
+fused LoRA layers, fused linear cross-entropy, optionally torch.compile) against a plain fp32 loop written
+from stock parts (HF forward with SDPA and an explicit block-diagonal mask, full logits, F.cross_entropy,
+torch AdamW) on the same batches, from the same initial weights, for 20 optimizer steps.
+
+Tolerance: bf16 keeps 8 significant bits, a relative rounding error of up to 2⁻⁹ (0.2%) per stored value.
+The loss is a mean over ~100 target tokens of log-probabilities whose logits carry a few such roundings
+each, and 20 steps of AdamW at lr 1e-2 let the two trajectories drift apart by what those roundings change
+in each update. Measured on this tiny model, worst step of 20: 0.11% apart eager, 1.2% compiled (inductor
+fuses in fp32 and rounds at other points). The bound is 3%: above that noise, and below what a wrong mask,
+a mis-shifted target, a lost LoRA scaling or a mis-normalised accumulation does to the loss.
+"""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import write_jsonl
+from tunelab.config import load_config
+from tunelab.train.command import prepare_run, train
+
+STEPS = 20
+TOLERANCE = 0.03
+
+
+def run_config(model_dir, data, out, *extra):
+    return load_config(None, [f"model={model_dir}", f"data.path={data}", f"output_dir={out}",
+                              "data.template=compact", "seq_len=64", "micro_batch=4", "grad_accum=2",
+                              f"max_steps={STEPS}", "log_steps=1", "lr=1e-2", "lora.r=8", "lora.alpha=16",
+                              "lora.dropout=0", "precision=bf16", "packing=true", *extra])
+
+
+def block_diagonal_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
+    """(B, 1, T, T) bool: token i sees token j iff both are in the same packed sequence and j <= i."""
+    seq = (position_ids == 0).cumsum(-1)
+    t = position_ids.shape[-1]
+    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    return (seq[:, None, :, None] == seq[:, None, None, :]) & causal
+
+
+def reference_losses(cfg) -> list[float]:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, get_scheduler
+    from transformers import set_seed
+
+    prep = prepare_run(cfg)  # the same batches: the schedule is a pure function of data and settings
+    set_seed(cfg.seed)
+    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32, attn_implementation="sdpa")
+    model = get_peft_model(model, LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=0.0,
+                                             target_modules="all-linear", task_type="CAUSAL_LM"))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
+    sched = get_scheduler(cfg.lr_scheduler, opt, num_warmup_steps=int(cfg.warmup_ratio * STEPS),
+                          num_training_steps=STEPS)
+    losses = []
+    for step in range(STEPS):
+        batches = prep.schedule.step_batches(step)
+        total = sum(b.tokens_loss for b in batches)
+        step_loss = 0.0
+        for b in batches:
+            ids, pos = torch.from_numpy(b.input_ids), torch.from_numpy(b.position_ids)
+            logits = model(input_ids=ids, position_ids=pos, attention_mask=block_diagonal_causal_mask(pos)).logits
+            labels = torch.full((ids.numel(),), -100, dtype=torch.long)
+            labels[torch.from_numpy(b.loss_index)] = torch.from_numpy(b.loss_targets)  # targets are pre-shifted
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels, reduction="sum")
+            (loss / total).backward()
+            step_loss += loss.item()
+        torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        losses.append(step_loss / total)
+    return losses
+
+
+@pytest.mark.parametrize("compile_blocks", [False, True], ids=["eager", "compiled"])
+def test_bf16_losses_follow_an_fp32_reference_loop(tiny_model_dir, addition_rows, tmp_path, compile_blocks):
+    data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
+    cfg = run_config(tiny_model_dir, data, tmp_path / "run", f"compile={str(compile_blocks).lower()}")
+    train(cfg, show_progress=False)
+    ours = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    reference = reference_losses(cfg)
+    assert len(ours) == STEPS
+    assert reference[-1] < 0.9 * reference[0]  # the comparison covers a run that learns
+    worst = max(abs(a - b) / b for a, b in zip(ours, reference))
+    print(f"worst relative difference over {STEPS} steps: {worst:.4f}")
+    assert ours == pytest.approx(reference, rel=TOLERANCE)
