@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from . import config as cfgmod
@@ -25,7 +26,7 @@ TEST_TEMPLATES = ("plain",)
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tunelab.demo", description=__doc__.splitlines()[0])
     p.add_argument("config")
-    p.add_argument("--train-rows", type=int, default=4_500)
+    p.add_argument("--train-rows", type=int, default=14_000)
     p.add_argument("--test-rows", type=int, default=400)
     p.add_argument("--digits", default="1-8", help="operand digit range, both operands")
     p.add_argument("--skip-base", action="store_true", help="skip scoring the base model")
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace, overrides: list[str]) -> None:
     from rich.console import Console
 
+    started = time.perf_counter()
     console = Console()
     cfg = cfgmod.load_config(args.config, overrides)
     out = Path(cfg.output_dir)
@@ -92,6 +94,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> None:
                       "peak_memory_bytes": prediction.memory.total}}
     write_atomic(out / "eval.json", [json.dumps(result, indent=2) + "\n"])
     show(console, base, tuned, summary, prediction)
+    console.print(f"[bold]demo[/]: {(time.perf_counter() - started) / 60:.1f} min from data generation to this table")
 
     # 6. Optionally, the accuracy-against-time curve from the kept checkpoints.
     if args.curve_every:
