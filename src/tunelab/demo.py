@@ -34,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="keep a checkpoint every STEPS steps and score each after training: accuracy against "
                         "training minutes (OUTPUT_DIR/curve.json, curve.png); scoring is outside the demo's budget")
     args, overrides = p.parse_known_args(argv)
+    if argv is None:
+        from .allocator import reexec_with_jemalloc
+
+        reexec_with_jemalloc()
     if args.curve_every:
         overrides = [*overrides, f"save_steps={args.curve_every}", "save_total_limit=1000"]
     from .cli import quiet_libraries

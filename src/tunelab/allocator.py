@@ -1,0 +1,45 @@
+"""Run the process on jemalloc when the system has it (Debian/Ubuntu package libjemalloc2).
+
+Why: with glibc malloc a training run's RSS grew with every step (4.5 -> 6.7 GiB over 22 quickstart steps,
+~100 MB a step, no plateau) because each batch brings new activation sizes and the freed heap blocks fit
+nothing that comes later; forcing big blocks back to the OS with mmap held memory flat but doubled the step
+time in page faults. jemalloc's size classes reuse freed memory across sizes. Measured on the quickstart
+(20 steps, plain loop): RSS flat at ~5.7 GiB from step 4 on, and 3.3-3.5 s a step against 3.6-4.5 s
+with glibc. Freed pages are kept (decay off) so they are not faulted in again on every step.
+
+The allocator is chosen when the process starts, so the CLI re-executes itself once with LD_PRELOAD set.
+TUNELAB_ALLOCATOR=system opts out; an LD_PRELOAD already naming jemalloc is left alone.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+CANDIDATES = (
+    "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+    "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
+    "/usr/lib64/libjemalloc.so.2",
+    "/usr/local/lib/libjemalloc.so.2",
+)
+# Keep freed pages (no decay back to the OS): re-faulting them each step is what made mmap'd blocks slow.
+MALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
+
+
+def find_jemalloc() -> str | None:
+    return next((p for p in CANDIDATES if Path(p).is_file()), None)
+
+
+def reexec_with_jemalloc() -> None:
+    """Replace this process with the same command under jemalloc, if available and not already in use."""
+    if os.environ.get("TUNELAB_ALLOCATOR", "jemalloc") != "jemalloc" or "jemalloc" in os.environ.get("LD_PRELOAD", ""):
+        return
+    lib = find_jemalloc()
+    if lib is None:
+        return
+    preload = " ".join(filter(None, [lib, os.environ.get("LD_PRELOAD")]))
+    env = {**os.environ, "LD_PRELOAD": preload, "MALLOC_CONF": os.environ.get("MALLOC_CONF", MALLOC_CONF)}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
