@@ -26,7 +26,7 @@ TEST_TEMPLATES = ("plain",)
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tunelab.demo", description=__doc__.splitlines()[0])
     p.add_argument("config")
-    p.add_argument("--train-rows", type=int, default=14_000)
+    p.add_argument("--train-rows", type=int, default=18_000)
     p.add_argument("--test-rows", type=int, default=400)
     p.add_argument("--digits", default="1-8", help="operand digit range, both operands")
     p.add_argument("--skip-base", action="store_true", help="skip scoring the base model")
