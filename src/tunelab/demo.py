@@ -14,11 +14,15 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import config as cfgmod
 from .data import arithmetic
 from .io import write_atomic
 from .errors import TunelabError
+
+if TYPE_CHECKING:  # torch-importing; the demo re-executes itself before importing torch
+    from .train.checkpoint import TrainState
 
 TEST_TEMPLATES = ("plain",)
 
@@ -34,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="keep a checkpoint every STEPS steps and score each after training: accuracy against "
                         "training minutes (OUTPUT_DIR/curve.json, curve.png); scoring is outside the demo's budget")
     args, overrides = p.parse_known_args(argv)
+    if args.curve_every < 0:
+        p.error(f"--curve-every must be a number of steps (0 = off), got {args.curve_every}")
     if argv is None:
         from .allocator import reexec_with_jemalloc
 
@@ -114,41 +120,41 @@ def run(args: argparse.Namespace, overrides: list[str]) -> None:
 
 def score(cfg: cfgmod.TrainConfig, rows: list[dict], adapter: Path | None) -> dict:
     """Exact match on `rows` with the training prompt; the model is loaded fresh with SDPA attention."""
-    from .device import pick_device, pick_precision
     from .eval.generate import evaluate
-    from .model.load import load_model, load_tokenizer, resolve
 
-    device = pick_device(cfg.device)
-    precision = pick_precision(cfg.precision, device)
-    source = resolve(cfg.model)
-    model = load_model(source, precision.compute, "none", device)
+    model, tokenizer = _base_for_eval(cfg)
     if adapter is not None:
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, adapter)
-    result = evaluate(model, load_tokenizer(source), rows, cfg.data.format, cfg.data.template)
-    return result.summary()
+    return evaluate(model, tokenizer, rows, cfg.data.format, cfg.data.template).summary()
 
 
-def score_checkpoints(cfg: cfgmod.TrainConfig, rows: list[dict], folder: Path) -> list[tuple[object, float]]:
-    """(TrainState, exact match) of every kept checkpoint, each scored like the final adapter."""
-    from .device import pick_device, pick_precision
+def score_checkpoints(cfg: cfgmod.TrainConfig, rows: list[dict], folder: Path) -> list[tuple[TrainState, float]]:
+    """(counters, exact match) of every kept checkpoint, each loaded into one model and scored like the final adapter."""
     from .eval.generate import evaluate
     from .model.adapters import apply_adapter
-    from .model.load import load_model, load_tokenizer, resolve
     from .train.checkpoint import list_checkpoints, load_weights
     from .train.command import adapter_spec
 
-    device = pick_device(cfg.device)
-    source = resolve(cfg.model)
-    spec = adapter_spec(cfg)
+    model, tokenizer = _base_for_eval(cfg)
+    model = apply_adapter(model, adapter_spec(cfg))
     results = []
     for path in list_checkpoints(folder):
-        model = apply_adapter(load_model(source, pick_precision(cfg.precision, device).compute, "none", device), spec)
         state = load_weights(path, model)
-        result = evaluate(model, load_tokenizer(source), rows, cfg.data.format, cfg.data.template)
-        results.append((state, result.accuracy))
+        results.append((state, evaluate(model, tokenizer, rows, cfg.data.format, cfg.data.template).accuracy))
     return results
+
+
+def _base_for_eval(cfg: cfgmod.TrainConfig):
+    """The base model in the compute dtype with transformers' default attention (left-padded generation), and
+    its tokenizer."""
+    from .device import pick_device, pick_precision
+    from .model.load import load_model, load_tokenizer, resolve
+
+    device = pick_device(cfg.device)
+    source = resolve(cfg.model)
+    return load_model(source, pick_precision(cfg.precision, device).compute, "none", device), load_tokenizer(source)
 
 
 def show(console, base: dict | None, tuned: dict, summary: dict, prediction) -> None:

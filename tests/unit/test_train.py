@@ -144,3 +144,18 @@ def test_bad_input_is_one_line_and_writes_nothing(tiny_model_dir, data_file, tmp
     assert code == 2
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
     assert not out.exists()
+
+
+def test_demo_scores_each_kept_checkpoint(tiny_model_dir, data_file, tmp_path):
+    """The demo's accuracy curve: every kept checkpoint is loaded into one model and scored."""
+    from tunelab.demo import score_checkpoints
+    from tunelab.eval.command import read_rows
+
+    out = tmp_path / "run"
+    cfg = config(tiny_model_dir, data_file, out, "max_steps=6", "save_steps=2", "save_total_limit=10")
+    train(cfg, show_progress=False)
+    rows = read_rows(data_file, "alpaca", 8)
+    results = score_checkpoints(cfg, rows, out / "checkpoints")
+    assert [state.step for state, _ in results] == [2, 4]
+    assert [state.elapsed_s > 0 for state, _ in results] == [True, True]
+    assert all(0.0 <= accuracy <= 1.0 for _, accuracy in results)

@@ -136,13 +136,14 @@ def run_peers(args: argparse.Namespace, steps: int, base_dir: Path, db: Path) ->
 
 def _peer_in_child(name: str, cfg: cfgmod.TrainConfig, steps: int, warmup: int) -> dict:
     from ..cli import quiet_libraries
+    from ..train.command import adapter_spec
     from . import peers
 
     quiet_libraries()
-    targets = cfg.lora.targets if isinstance(cfg.lora.targets, str) else tuple(cfg.lora.targets)
+    spec = adapter_spec(cfg)
     return peers.run_peer(
         name, cfg.model, cfg.data.path, steps, warmup,
-        lora=peers.LoraSettings(cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, targets),
+        lora=peers.LoraSettings(spec.r, spec.alpha, spec.dropout, spec.targets),
         seq_len=cfg.seq_len, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum,
         data_format=cfg.data.format, template=cfg.data.template, max_examples=cfg.data.max_examples,
         lr=cfg.lr, seed=cfg.seed, device=cfg.device)

@@ -60,8 +60,9 @@ def layout_from_lengths(row_seq_lengths: list[list[int]], width: int) -> SeqLayo
     # leaves differently-sized free blocks behind, and glibc's heap then grows instead of reusing them
     # (measured: peak RSS rising ~100 MB per step over a whole run). Padding slots are invalid everywhere.
     longest = _round_up(max(lengths), SLOT_QUANTUM)
-    lengths += [0] * (_round_up(len(lengths), SLOT_QUANTUM) - len(lengths))
-    starts += [0] * (len(lengths) - len(starts))
+    padding_slots = _round_up(len(lengths), SLOT_QUANTUM) - len(lengths)
+    lengths += [0] * padding_slots
+    starts += [0] * padding_slots
     offsets = np.arange(longest)
     lengths_arr = np.asarray(lengths)[:, None]
     valid = offsets[None, :] < lengths_arr
