@@ -4,7 +4,7 @@ Why: with glibc malloc a training run's RSS grew with every step (4.5 -> 6.7 GiB
 ~100 MB a step, no plateau) because each batch brings new activation sizes and the freed heap blocks fit
 nothing that comes later; forcing big blocks back to the OS with mmap held memory flat but doubled the step
 time in page faults. jemalloc's size classes reuse freed memory across sizes. Measured on the quickstart
-(20 steps, plain loop): RSS flat at ~5.7 GiB from step 4 on, and 3.3-3.5 s a step against 3.6-4.5 s
+(20 steps, plain loop, slot padding in both): RSS flat at ~5.7 GiB from step 4 on, and 3.3-3.7 s a step against 3.5-5.2 s
 with glibc. Freed pages are kept (decay off) so they are not faulted in again on every step.
 
 The allocator is chosen when the process starts, so the CLI re-executes itself once with LD_PRELOAD set.
