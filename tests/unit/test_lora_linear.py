@@ -102,3 +102,20 @@ def test_other_cases_take_peft_forward():
         assert layer._fused_adapter() is None
         x = torch.randn(2, 64)
         torch.testing.assert_close(fused(x), layer.base_layer(x))
+
+
+def test_saved_adapter_is_scored_through_the_fused_layer(tmp_path):
+    """Eval loads an adapter with load_adapter: it must compute what training's forward computed, small
+    updates included (peft's own forward would drop them in bf16)."""
+    from tunelab.model.adapters import load_adapter
+
+    _, fused = peft_pair(b_scale=5e-5)
+    fused.save_pretrained(tmp_path)
+    torch.manual_seed(0)  # the same base weights as peft_pair's
+    loaded = load_adapter(Block(), tmp_path)
+    for m in (fused, loaded):
+        m.base_model.model.proj.base_layer.to(torch.bfloat16)
+    assert isinstance(loaded.base_model.model.proj, LoraLinear)
+    x = torch.randn(256, 64).to(torch.bfloat16)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), fused(x), rtol=0, atol=0)

@@ -101,10 +101,9 @@ def run(args: argparse.Namespace) -> int:
     # Weights in the compute dtype (bf16 on AMX CPUs): generation runs in the weights' dtype.
     model = load_model(source, precision.compute, "none", device)
     if args.adapter:
-        from peft import PeftModel
+        from ..model.adapters import load_adapter
 
-        # Not merged: merging rounds base + delta to bf16 and would score a slightly different model than training ran.
-        model = PeftModel.from_pretrained(model, args.adapter)
+        model = load_adapter(model, args.adapter)
     load_seconds = time.perf_counter() - started
     result = evaluate(model, tokenizer, rows, setup.format, setup.template, args.batch_size, args.max_new_tokens)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -88,6 +89,22 @@ def apply_adapter(model: torch.nn.Module, spec: AdapterSpec) -> torch.nn.Module:
     # Base and adapter products in one fp32 accumulator, so bf16 does not round small updates away.
     use_fused_lora(peft_model)
     return peft_model
+
+
+def load_adapter(model: torch.nn.Module, path: str | Path) -> torch.nn.Module:
+    """A saved LoRA/DoRA adapter on `model`, computed as training computed it, for evaluation.
+
+    Not merged: merging rounds base + delta to bf16. Not peft's forward either, which adds the delta to
+    the bf16-rounded base output and so drops updates below half an ulp of it (see lora_linear.py): the
+    fused layer scores the model that training's forward saw.
+    """
+    from peft import PeftModel
+
+    from .lora_linear import use_fused_lora
+
+    model = PeftModel.from_pretrained(model, str(path))
+    use_fused_lora(model)
+    return model
 
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
