@@ -56,13 +56,29 @@ def test_rows_are_correct_for_every_op():
 
 
 def test_instruction_templates():
-    row = ar.make_row("add", 4821, 77, "plain", cot=False)
+    row = ar.make_row("add", 4821, 77, "plain", "expression")
     assert row == {"instruction": "4821 + 77", "output": "4821 + 77 = 4898", "answer": "4898",
-                   "op": "add", "digits_a": 4, "digits_b": 2}
-    assert ar.make_row("add", 4821, 77, "question", False)["instruction"] == "What is 4821 plus 77?"
-    assert ar.make_row("add", 4821, 77, "calculate", False)["instruction"] == "Calculate 4821 + 77."
-    assert ar.make_row("div", 4821, 77, "plain", False)["answer"] == "62 R 47"
-    assert ar.make_row("div", 10, 5, "plain", False)["output"] == "10 / 5 = 2 R 0"
+                   "op": "add", "a": 4821, "b": 77, "digits_a": 4, "digits_b": 2}
+    assert ar.make_row("add", 4821, 77, "question", "expression")["instruction"] == "What is 4821 plus 77?"
+    assert ar.make_row("add", 4821, 77, "calculate", "expression")["instruction"] == "Calculate 4821 + 77."
+    assert ar.make_row("div", 4821, 77, "plain", "expression")["answer"] == "62 R 47"
+    assert ar.make_row("div", 10, 5, "plain", "expression")["output"] == "10 / 5 = 2 R 0"
+
+
+def test_answer_only_response_holds_the_result_and_keeps_test_sets_disjoint():
+    assert ar.make_row("add", 4821, 77, "plain", "answer")["output"] == "4898"
+    assert ar.make_row("div", 4821, 77, "plain", "answer")["output"] == "62 R 47"
+    assert ar.make_row("add", 4821, 77, "plain", "aligned")["output"] == "4821 + 0077 = 4898"
+    assert ar.make_row("add", 5, 77, "plain", "aligned")["output"] == "05 + 77 = 82"
+    cells = ar.grid(("add",), (1, 2), (1, 2))
+    train = ar.sample(cells, 3000, ("plain",), 0, "answer")
+    test = ar.held_out(cells, 200, ("plain",), 0, train, "answer")
+    assert all(r["output"] == r["answer"] == str(r["a"] + r["b"]) for r in train + test)
+    seen = {ar.problem_key("add", *ar.operands(r)) for r in train}
+    assert not seen & {ar.problem_key("add", *ar.operands(r)) for r in test}
+    ar.contaminate(train, 0.5, "random", 0)
+    assert all(r["output"] == r["answer"] for r in train)
+    assert sum(r["contaminated"] for r in train) == 1500
 
 
 def test_same_seed_same_rows_other_seed_other_rows():
@@ -72,12 +88,12 @@ def test_same_seed_same_rows_other_seed_other_rows():
 
 
 def test_multiplication_chain_of_thought_ends_with_the_product():
-    assert ar.output_text("mul", 397, 4429, "1758313", cot=True) == (
+    assert ar.output_text("mul", 397, 4429, "1758313", "cot") == (
         "397 * 4429 = 4429 * (300 + 90 + 7) = 4429 * 300 + 4429 * 90 + 4429 * 7 "
         "= 1328700 + 398610 + 31003 = 1727310 + 31003 = 1758313"
     )
-    assert ar.output_text("mul", 4429, 7, "31003", cot=True) == "4429 * 7 = 31003"  # n x 1 stays plain
-    rows = ar.sample(ar.grid(("mul",), (2, 5), (2, 5)), 200, ("plain",), 0, cot=True)
+    assert ar.output_text("mul", 4429, 7, "31003", "cot") == "4429 * 7 = 31003"  # n x 1 stays plain
+    rows = ar.sample(ar.grid(("mul",), (2, 5), (2, 5)), 200, ("plain",), 0, "cot")
     for r in rows:
         a, b = ar.operands(r)
         assert r["output"].endswith(f" = {a * b}")

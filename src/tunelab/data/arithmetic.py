@@ -3,10 +3,16 @@
 Each row is an alpaca-format instruction/output pair plus the fields eval and analysis need:
 
     {"instruction": "What is 4821 plus 77?", "output": "4821 + 77 = 4898", "answer": "4898",
-     "op": "add", "digits_a": 4, "digits_b": 2}
+     "op": "add", "a": 4821, "b": 77, "digits_a": 4, "digits_b": 2}
 
-The instruction wording varies (TEMPLATES); the output always keeps Goat's `a op b = c` form so that the
-model learns one answer format and exact match can read it back.
+The instruction wording varies (TEMPLATES). The response has one of three forms (RESPONSES), the same for
+every row of a set so that the model learns one answer format; exact match reads the final number back:
+- "expression": Goat's `a op b = c` (the default);
+- "cot": Goat's chain of thought for multi-digit multiplication, `a op b = c` otherwise;
+- "aligned": the expression with both operands zero-padded to the same width (`04821 + 00077 = 4898`),
+  so that digits of equal place value sit at the same distance from each other in every row;
+- "answer": `c` alone. On additions it carries about a third as many response tokens as the expression
+  (the restated operands are a copy the model learns at once), so the same minutes train on more rows.
 
 Choices, and why:
 - An operand with d digits is drawn uniformly from [10^(d-1), 10^d - 1]: exactly d digits and never 0, so
@@ -15,8 +21,8 @@ Choices, and why:
 - Division is written as Goat writes it, `a / b = q R r`, always with the remainder (`R 0` too), and the
   `answer` is "q R r": exact match compares quotient and remainder together (see eval/exact_match.py).
 - Subtraction may go negative (Goat does the same); answers carry a leading minus sign.
-- Multiplication is n x m with the digit ranges given; n x 1 is `--digits-b 1`. `cot=True` writes Goat's
-  chain-of-thought decomposition for multi-digit products; its last number is still the product.
+- Multiplication is n x m with the digit ranges given; n x 1 is `--digits-b 1`. The "cot" response writes
+  Goat's chain-of-thought decomposition for multi-digit products; its last number is still the product.
 - Contamination picks exactly round(rate * n) rows, so the realised rate is the asked one, and writes
   the corrupted answer into both `output` and `answer` (what the model is trained on). Every row of a
   contaminated set then carries `contaminated` and `true_answer`, so the study can be analysed per row.
@@ -44,6 +50,7 @@ TEMPLATES = {
     "solve": "Solve {e} = ?",
     "compute": "Compute the value of {a} {w} {b}.",
 }
+RESPONSES = ("expression", "cot", "aligned", "answer")
 CONTAMINATION_TYPES = ("random", "random_same_digit", "swap_digits")
 # Larger numbers would only make rows no model context holds; the bound keeps typos like 1-800 from hanging.
 MAX_DIGITS = 100
@@ -120,9 +127,14 @@ def solve(op: str, a: int, b: int) -> str:
     return f"{q} R {r}"
 
 
-def output_text(op: str, a: int, b: int, answer: str, cot: bool) -> str:
+def output_text(op: str, a: int, b: int, answer: str, response: str) -> str:
+    if response == "answer":
+        return answer
+    if response == "aligned":
+        width = max(len(str(a)), len(str(b)))
+        return f"{a:0{width}d} {SYMBOL[op]} {b:0{width}d} = {answer}"
     expression = f"{a} {SYMBOL[op]} {b}"
-    if cot and op == "mul" and a >= 10 and b >= 10:
+    if response == "cot" and op == "mul" and a >= 10 and b >= 10:
         return f"{expression} = {_mul_chain(a, b, answer)}"
     return f"{expression} = {answer}"
 
@@ -141,14 +153,16 @@ def _mul_chain(a: int, b: int, answer: str) -> str:
     return " = ".join([*steps, answer])
 
 
-def make_row(op: str, a: int, b: int, template: str, cot: bool) -> dict:
+def make_row(op: str, a: int, b: int, template: str, response: str) -> dict:
     answer = solve(op, a, b)
     instruction = TEMPLATES[template].format(e=f"{a} {SYMBOL[op]} {b}", a=a, b=b, w=WORD[op])
     return {
         "instruction": instruction,
-        "output": output_text(op, a, b, answer, cot),
+        "output": output_text(op, a, b, answer, response),
         "answer": answer,
         "op": op,
+        "a": a,
+        "b": b,
         "digits_a": len(str(a)),
         "digits_b": len(str(b)),
     }
@@ -162,33 +176,33 @@ def _operands(rng: random.Random, cell: Cell) -> tuple[int, int]:
 
 
 def sample(
-    cells: Sequence[Cell], n: int, templates: Sequence[str], seed: int, cot: bool = False, swap: bool = False,
+    cells: Sequence[Cell], n: int, templates: Sequence[str], seed: int, response: str = "expression", swap: bool = False,
 ) -> list[dict]:
     """`n` rows, each from a cell drawn uniformly. `swap` puts the operands in random order (Goat's addition)."""
     rng = random.Random(seed)
-    return [_row(rng, rng.choice(cells), templates, cot, swap) for _ in range(n)]
+    return [_row(rng, rng.choice(cells), templates, response, swap) for _ in range(n)]
 
 
 def sample_each(
-    cells: Sequence[Cell], per_cell: int, templates: Sequence[str], seed: int, cot: bool = False, swap: bool = False,
+    cells: Sequence[Cell], per_cell: int, templates: Sequence[str], seed: int, response: str = "expression", swap: bool = False,
 ) -> list[dict]:
     """Exactly `per_cell` rows from every cell in turn (a cell listed twice gets twice as many), shuffled."""
     rng = random.Random(seed)
-    rows = [_row(rng, cell, templates, cot, swap) for cell in cells for _ in range(per_cell)]
+    rows = [_row(rng, cell, templates, response, swap) for cell in cells for _ in range(per_cell)]
     rng.shuffle(rows)
     return rows
 
 
-def _row(rng: random.Random, cell: Cell, templates: Sequence[str], cot: bool, swap: bool) -> dict:
+def _row(rng: random.Random, cell: Cell, templates: Sequence[str], response: str, swap: bool) -> dict:
     a, b = _operands(rng, cell)
     if swap and rng.random() < 0.5:
         a, b = b, a
-    return make_row(cell.op, a, b, rng.choice(templates), cot)
+    return make_row(cell.op, a, b, rng.choice(templates), response)
 
 
 def held_out(
     cells: Sequence[Cell], n: int, templates: Sequence[str], seed: int, train: Sequence[dict],
-    cot: bool = False, swap: bool = False,
+    response: str = "expression", swap: bool = False,
 ) -> list[dict]:
     """`n` distinct problems drawn like `sample`, none of which appears in `train`."""
     used = {problem_key(r["op"], *operands(r)) for r in train}
@@ -196,7 +210,7 @@ def held_out(
     rows = []
     while len(rows) < n:
         for _ in range(MAX_TEST_DRAWS):
-            row = _row(rng, rng.choice(cells), templates, cot, swap)
+            row = _row(rng, rng.choice(cells), templates, response, swap)
             key = problem_key(row["op"], *operands(row))
             if key not in used:
                 break
@@ -211,9 +225,8 @@ def held_out(
 
 
 def operands(row: dict) -> tuple[int, int]:
-    """The two operands of a generated row, read back from its output's `a op b` prefix."""
-    a, _, b = row["output"].split(" = ", 1)[0].split(" ")
-    return int(a), int(b)
+    """The two operands of a generated row."""
+    return row["a"], row["b"]
 
 
 def contaminate(rows: list[dict], rate: float, kind: str, seed: int) -> int:

@@ -34,7 +34,9 @@ def _add_arithmetic(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", type=int, help="number of training rows (default 10000)")
     p.add_argument("--templates", default=",".join(ar.TEMPLATES),
                    help=f"instruction wordings drawn per row, from {','.join(ar.TEMPLATES)} (default all)")
-    p.add_argument("--cot", action="store_true", help="Goat's chain-of-thought output for multi-digit multiplication")
+    p.add_argument("--response", default="expression", choices=ar.RESPONSES,
+                   help="expression: Goat's 'a + b = c' (default); cot: Goat's chain of thought for multi-digit "
+                        "multiplication; answer: the result alone (about a third of the response tokens on additions)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--contaminate", type=float, metavar="RATE", help="corrupt this fraction of training answers")
     p.add_argument("--contamination-type", default="random", choices=ar.CONTAMINATION_TYPES)
@@ -49,7 +51,7 @@ def _arithmetic(args: argparse.Namespace) -> int:
         if given:
             raise TunelabError(f"--preset goat fixes the operations, digits and size; drop --{given[0].replace('_', '-')}")
         cells = [ar.Cell("add", i, j) for i, j in ar.goat_pairs()]
-        rows = ar.sample_each(cells, ar.GOAT_SAMPLES_PER_PAIR, templates, args.seed, args.cot, swap=True)
+        rows = ar.sample_each(cells, ar.GOAT_SAMPLES_PER_PAIR, templates, args.seed, args.response, swap=True)
     else:
         ops = ar.parse_choices(args.ops or "add", ar.OPS, "--ops")
         both = ar.parse_digit_range(args.digits or "1-8")
@@ -59,13 +61,13 @@ def _arithmetic(args: argparse.Namespace) -> int:
         if n < 1:
             raise TunelabError(f"--n {n}: need at least one row")
         cells = ar.grid(ops, digits_a, digits_b)
-        rows = ar.sample(cells, n, templates, args.seed, args.cot)
+        rows = ar.sample(cells, n, templates, args.seed, args.response)
     test_rows = None
     if args.test_out:
         if args.test_n < 1:
             raise TunelabError(f"--test-n {args.test_n}: need at least one row")
         # Drawn before contamination, from the true problems, and left clean: eval compares against the truth.
-        test_rows = ar.held_out(cells, args.test_n, templates, args.seed, rows, args.cot, swap=args.preset == "goat")
+        test_rows = ar.held_out(cells, args.test_n, templates, args.seed, rows, args.response, swap=args.preset == "goat")
     note = ""
     if args.contaminate is not None:
         k = ar.contaminate(rows, args.contaminate, args.contamination_type, args.seed)
