@@ -10,18 +10,19 @@ import dataclasses
 import difflib
 import types
 import typing
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
 import yaml
 
+from .data.formats import TEMPLATES
 from .errors import TunelabError
 
 METHODS = ("lora", "dora", "qlora", "full")
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 FORMATS = ("alpaca", "chat", "completion", "text")
-TEMPLATES = ("alpaca", "compact")
 SCHEDULERS = ("cosine", "linear", "constant")
 TARGET_PRESETS = ("attn", "mlp", "all-linear")
 BASE_QUANTS = ("none", "int8", "nf4")
@@ -193,7 +194,7 @@ def _type_error(source: str, key: str, tp: Any, value: Any) -> TunelabError:
     return TunelabError(f"{source}: {key} must be {name}, got {value!r}")
 
 
-def _choice(source: str, key: str, value: str, choices: tuple[str, ...]) -> None:
+def _choice(source: str, key: str, value: str, choices: Collection[str]) -> None:
     if value not in choices:
         close = difflib.get_close_matches(value, choices, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""

@@ -30,6 +30,11 @@ def test_alpaca_masks_the_prompt(tmp_path, tokenizer):
     assert data.stats.tokens_loss == len("2 + 3 = 5") + 1
 
 
+def test_bare_template_is_the_instruction_and_a_newline():
+    assert prompt_text("alpaca", "bare", {"instruction": "2 + 3"}) == "2 + 3\n"
+    assert prompt_text("alpaca", "bare", {"instruction": "Add", "input": "2 + 3"}) == "Add\n2 + 3\n"
+
+
 def test_train_on_inputs_trains_the_prompt_too(tmp_path, tokenizer):
     path = write_jsonl(tmp_path / "a.jsonl", [{"instruction": "2 + 3", "output": "5"}])
     data = prepare(spec(path, train_on_inputs=True), tokenizer)

@@ -5,7 +5,7 @@ import torch
 
 from conftest import make_tiny_llama, make_tokenizer, write_jsonl
 from tunelab.cli import main
-from tunelab.data.formats import prompt_text
+from tunelab.data.formats import TEMPLATES, prompt_text
 from tunelab.data.pipeline import IGNORE, DataSpec, prepare
 from tunelab.eval.command import Setup, read_rows, resolve_setup
 from tunelab.eval.exact_match import extract, parse_answer, score
@@ -138,7 +138,7 @@ def test_setup_from_the_run_config_with_overrides(tmp_path):
 # --- generation and evaluate() on tiny models (conftest) ---
 
 
-@pytest.mark.parametrize("template", ["alpaca", "compact"])
+@pytest.mark.parametrize("template", list(TEMPLATES))
 @pytest.mark.parametrize("bos", [False, True])
 def test_eval_prompt_tokens_are_exactly_the_training_prompt(tmp_path, addition_rows, template, bos):
     tok = make_tokenizer()

@@ -12,8 +12,9 @@ from typing import Any, Callable
 
 from ..errors import TunelabError
 
-# Alpaca's original template (Taori et al. 2023, stanford_alpaca/train.py), and a compact one that drops
-# the ~30-token preamble: on short rows such as arithmetic the preamble is most of the compute.
+# Alpaca's original template (Taori et al. 2023, stanford_alpaca/train.py); a compact one that drops the
+# ~30-token preamble: on short rows such as arithmetic the preamble is most of the compute; and a bare one,
+# the instruction and a newline, for tasks that need no framing (8 tokens fewer a row than compact).
 TEMPLATES = {
     "alpaca": {
         "with_input": (
@@ -30,6 +31,10 @@ TEMPLATES = {
     "compact": {
         "with_input": "### Instruction:\n{instruction}\n{input}\n### Response:\n",
         "no_input": "### Instruction:\n{instruction}\n### Response:\n",
+    },
+    "bare": {
+        "with_input": "{instruction}\n{input}\n",
+        "no_input": "{instruction}\n",
     },
 }
 
