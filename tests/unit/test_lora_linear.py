@@ -119,3 +119,47 @@ def test_saved_adapter_is_scored_through_the_fused_layer(tmp_path):
     x = torch.randn(256, 64).to(torch.bfloat16)
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), fused(x), rtol=0, atol=0)
+
+
+def nf4_pair(b_scale, seed=0):
+    """(peft's QLoRA layer over an nf4 base, the fused copy), identical weights, bf16 compute."""
+    bnb = pytest.importorskip("bitsandbytes")
+    torch.manual_seed(seed)
+    block = Block()
+    quantized = bnb.nn.Linear4bit(64, 48, bias=True, compute_dtype=torch.bfloat16, quant_type="nf4")
+    quantized.load_state_dict(block.proj.state_dict())
+    quantized.bias.data = quantized.bias.data.to(torch.bfloat16)
+    block.proj = quantized.to("cpu")  # bitsandbytes quantizes on the move to a device
+    plain = get_peft_model(block, LoraConfig(r=8, lora_alpha=16, target_modules=["proj"]))
+    for name, p in plain.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=b_scale)
+    fused = copy.deepcopy(plain)
+    assert use_fused_lora(fused) == 1
+    return plain, fused
+
+
+def test_nf4_base_takes_the_fused_path_and_keeps_small_updates():
+    plain, fused = nf4_pair(b_scale=5e-5)
+    layer = plain.base_model.model.proj
+    assert fused.base_model.model.proj._fused_adapter() == "default"
+    x = torch.randn(4096, 64).to(torch.bfloat16)
+    with torch.no_grad():
+        base_out = layer.base_layer(x).float()
+        a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+        delta = (x.float() @ a.T @ b.T) * layer.scaling["default"]
+    assert seen_fraction(plain, x, base_out, delta) < 0.3
+    assert seen_fraction(fused, x, base_out, delta) == pytest.approx(1.0, abs=0.15)
+
+
+def test_nf4_base_fused_gradients_match_peft():
+    plain, fused = nf4_pair(b_scale=0.5)
+    x = torch.randn(64, 64, dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y0, gx0, g0 = grads(plain, x)
+        y1, gx1, g1 = grads(fused, x)
+    torch.testing.assert_close(y1.float(), y0.float(), rtol=0.02, atol=0.05)
+    torch.testing.assert_close(gx1.float(), gx0.float(), rtol=0.05, atol=0.05 * gx0.abs().max().item())
+    assert g0.keys() == g1.keys() and any("lora_B" in n for n in g0)
+    for name in g0:
+        torch.testing.assert_close(g1[name], g0[name], rtol=0.05, atol=0.05 * g0[name].abs().max().item())

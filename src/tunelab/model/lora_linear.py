@@ -15,9 +15,16 @@ peft's form are two full passes over the output per layer, forward and backward.
 
 Backward: with g = dL/dy and gb = g·(sB) (T x r),
   dL/dx = g·W + gb·A,   dL/dA = gbᵀ·x,   dL/dB = s·gᵀ·(xAᵀ).
+
+QLoRA: an nf4 base (bitsandbytes Linear4bit) has the same problem, since bitsandbytes rounds its own
+product to bf16 before peft adds the update. Its weight is dequantized to the compute dtype for the GEMM,
+as bitsandbytes does itself, and dequantized again in backward instead of being kept: keeping one
+dequantized copy per layer would give back the memory that the nf4 base saves.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from peft.tuners.lora import Linear as PeftLoraLinear
@@ -28,21 +35,23 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 class _LoraLinearFn(torch.autograd.Function):
+    """`weight` is the dense base weight, or None with `dequantize` giving it (a quantized base)."""
+
     @staticmethod
-    def forward(ctx, x, weight, bias, lora_a, lora_b, scaling: float):
+    def forward(ctx, x, weight, bias, lora_a, lora_b, scaling: float, dequantize=None):
         dtype = _compute_dtype(x)
         lead, width = x.shape[:-1], x.shape[-1]
         with torch.autocast(x.device.type, enabled=False):
             x2 = x.reshape(-1, width).to(dtype)
             a = lora_a.to(dtype)
             b = (lora_b * scaling).to(dtype)
-            w = weight.to(dtype)
+            w = (weight if dequantize is None else dequantize()).to(dtype)
             xa = x2 @ a.T
             y = torch.cat([x2, xa], dim=1) @ torch.cat([w, b], dim=1).T
             if bias is not None:
                 y += bias.to(dtype)
-        ctx.save_for_backward(x2, xa, a, b, w)
-        ctx.scaling, ctx.lead = scaling, lead
+        ctx.save_for_backward(x2, xa, a, b, w if dequantize is None else None)
+        ctx.dequantize, ctx.scaling, ctx.lead = dequantize, scaling, lead
         ctx.param_dtypes = (lora_a.dtype, lora_b.dtype)
         ctx.bias_dtype = None if bias is None else bias.dtype
         return y.view(*lead, y.shape[-1])
@@ -55,19 +64,29 @@ class _LoraLinearFn(torch.autograd.Function):
             gb = g @ b
             grad_x = None
             if ctx.needs_input_grad[0]:
+                if w is None:
+                    w = ctx.dequantize().to(x2.dtype)
                 grad_x = (g @ w).addmm_(gb, a).view(*ctx.lead, w.shape[1])
             grad_a = (gb.T @ x2).to(ctx.param_dtypes[0])
             grad_b = (g.T @ xa).to(ctx.param_dtypes[1]).mul_(ctx.scaling)
             grad_bias = g.sum(0).to(ctx.bias_dtype) if ctx.needs_input_grad[2] else None
-        return grad_x, None, grad_bias, grad_a, grad_b, None
+        return grad_x, None, grad_bias, grad_a, grad_b, None, None
 
 
-class LoraLinear(PeftLoraLinear):
-    """peft's LoRA Linear with the fused forward above; same state dict, same saved adapter.
+def _nf4_dequantizer(base: torch.nn.Module):
+    """For a bitsandbytes Linear4bit base, a function giving its weight dequantized; None for other bases."""
+    weight = getattr(base, "weight", None)
+    if type(base).__name__ != "Linear4bit" or getattr(weight, "quant_state", None) is None:
+        return None
+    from bitsandbytes.functional import dequantize_4bit
 
-    The fused path covers the plain case (one active LoRA adapter, unmerged, no dropout, no DoRA, a dense
-    base weight); anything else takes peft's own forward.
-    """
+    return lambda: dequantize_4bit(weight.data, weight.quant_state)
+
+
+class _FusedForward:
+    """The fused forward for peft's LoRA layers; mixed into peft's own classes, so the state dict and the
+    saved adapter are peft's. It covers the plain case (one active LoRA adapter, unmerged, no dropout, no
+    DoRA, a dense or nf4 base weight); anything else (an int8 base, say) takes peft's own forward."""
 
     def _fused_adapter(self) -> str | None:
         if self.disable_adapters or self.merged or len(self.active_adapters) != 1:
@@ -77,7 +96,7 @@ class LoraLinear(PeftLoraLinear):
             return None
         if not isinstance(self.lora_dropout[name], torch.nn.Identity):
             return None
-        if type(self.base_layer) is not torch.nn.Linear:  # quantized bases dequantize in their own forward
+        if type(self.base_layer) is not torch.nn.Linear and _nf4_dequantizer(self.base_layer) is None:
             return None
         return name
 
@@ -86,15 +105,32 @@ class LoraLinear(PeftLoraLinear):
         if name is None:
             return super().forward(x, *args, **kwargs)
         base = self.base_layer
-        return _LoraLinearFn.apply(x, base.weight, base.bias, self.lora_A[name].weight, self.lora_B[name].weight,
-                                   self.scaling[name])
+        dequantize = _nf4_dequantizer(base)
+        return _LoraLinearFn.apply(x, None if dequantize else base.weight, base.bias, self.lora_A[name].weight,
+                                   self.lora_B[name].weight, self.scaling[name], dequantize)
+
+
+class LoraLinear(_FusedForward, PeftLoraLinear):
+    """peft's LoRA Linear with the fused forward."""
+
+
+@functools.cache
+def _fused_nf4_class(peft_class: type) -> type:
+    """peft's LoRA layer over a bitsandbytes Linear4bit base, with the fused forward. Made on first use:
+    peft defines that class only where bitsandbytes is installed."""
+    return type("LoraLinear4bit", (_FusedForward, peft_class), {"__doc__": "peft's nf4 LoRA layer, fused forward."})
 
 
 def use_fused_lora(model: torch.nn.Module) -> int:
-    """Switch peft's LoRA Linear layers in `model` to `LoraLinear`; returns how many were switched."""
+    """Switch peft's LoRA layers over dense and nf4 bases in `model` to the fused forward; returns how many."""
     count = 0
     for module in model.modules():
-        if type(module) is PeftLoraLinear:
+        cls = type(module)
+        if cls is PeftLoraLinear:
             module.__class__ = LoraLinear
-            count += 1
+        elif cls.__module__ == "peft.tuners.lora.bnb" and cls.__name__ == "Linear4bit":
+            module.__class__ = _fused_nf4_class(cls)
+        else:
+            continue
+        count += 1
     return count
