@@ -18,10 +18,13 @@ class Block(torch.nn.Module):
         return self.proj(x)
 
 
-def peft_pair(dropout=0.0, b_scale=0.1, seed=0):
-    """(peft's own layer, the fused copy) with identical, non-zero adapter weights."""
+def peft_pair(dropout=0.0, b_scale=0.1, seed=0, nf4=False):
+    """(peft's own layer, the fused copy) with identical, non-zero adapter weights; `nf4`: over an nf4 base."""
     torch.manual_seed(seed)
-    plain = get_peft_model(Block(), LoraConfig(r=8, lora_alpha=16, lora_dropout=dropout, target_modules=["proj"]))
+    block = Block()
+    if nf4:
+        block.proj = nf4_linear(block.proj)
+    plain = get_peft_model(block, LoraConfig(r=8, lora_alpha=16, lora_dropout=dropout, target_modules=["proj"]))
     for name, p in plain.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=b_scale)
@@ -121,26 +124,18 @@ def test_saved_adapter_is_scored_through_the_fused_layer(tmp_path):
         torch.testing.assert_close(loaded(x), fused(x), rtol=0, atol=0)
 
 
-def nf4_pair(b_scale, seed=0):
-    """(peft's QLoRA layer over an nf4 base, the fused copy), identical weights, bf16 compute."""
+def nf4_linear(dense: torch.nn.Linear) -> torch.nn.Module:
+    """A bitsandbytes nf4 copy of `dense` computing in bf16 (QLoRA's base layer)."""
     bnb = pytest.importorskip("bitsandbytes")
-    torch.manual_seed(seed)
-    block = Block()
-    quantized = bnb.nn.Linear4bit(64, 48, bias=True, compute_dtype=torch.bfloat16, quant_type="nf4")
-    quantized.load_state_dict(block.proj.state_dict())
+    quantized = bnb.nn.Linear4bit(dense.in_features, dense.out_features, bias=True,
+                                  compute_dtype=torch.bfloat16, quant_type="nf4")
+    quantized.load_state_dict(dense.state_dict())
     quantized.bias.data = quantized.bias.data.to(torch.bfloat16)
-    block.proj = quantized.to("cpu")  # bitsandbytes quantizes on the move to a device
-    plain = get_peft_model(block, LoraConfig(r=8, lora_alpha=16, target_modules=["proj"]))
-    for name, p in plain.named_parameters():
-        if "lora_B" in name:
-            torch.nn.init.normal_(p, std=b_scale)
-    fused = copy.deepcopy(plain)
-    assert use_fused_lora(fused) == 1
-    return plain, fused
+    return quantized.to("cpu")  # bitsandbytes quantizes on the move to a device
 
 
 def test_nf4_base_takes_the_fused_path_and_keeps_small_updates():
-    plain, fused = nf4_pair(b_scale=5e-5)
+    plain, fused = peft_pair(b_scale=5e-5, nf4=True)
     layer = plain.base_model.model.proj
     assert fused.base_model.model.proj._fused_adapter() == "default"
     x = torch.randn(4096, 64).to(torch.bfloat16)
@@ -153,7 +148,7 @@ def test_nf4_base_takes_the_fused_path_and_keeps_small_updates():
 
 
 def test_nf4_base_fused_gradients_match_peft():
-    plain, fused = nf4_pair(b_scale=0.5)
+    plain, fused = peft_pair(b_scale=0.5, nf4=True)
     x = torch.randn(64, 64, dtype=torch.bfloat16)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y0, gx0, g0 = grads(plain, x)
