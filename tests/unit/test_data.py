@@ -122,6 +122,21 @@ def test_packing_uses_each_example_once_and_fits(tokenizer, tmp_path, addition_r
     assert batch.tokens_nonpad == int(data.lengths[rows[0]].sum() + data.lengths[rows[1]].sum())
 
 
+def test_packed_micro_batches_all_have_the_same_row_count():
+    """The last micro-batch is filled by splitting rows, so compiled blocks see one batch shape."""
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(20, 60, size=997)
+    rows = epoch_rows(lengths, 256, True, np.random.default_rng(1))
+    assert len(rows) % 16  # without the fill the last micro-batch would be short
+    batches = epoch_micro_batches(lengths, 256, 16, True, np.random.default_rng(1))
+    assert len(batches) == -(-len(rows) // 16)
+    assert all(len(b) == 16 for b in batches)
+    flat = [i for b in batches for r in b for i in r]
+    assert sorted(flat) == list(range(len(lengths)))
+    assert flat == [i for r in rows for i in r]  # same training order
+    assert all(lengths[r].sum() <= 256 for b in batches for r in b)
+
+
 def test_unpacked_batches_are_length_grouped(tokenizer, tmp_path, addition_rows):
     data = prepare(spec(write_jsonl(tmp_path / "a.jsonl", addition_rows)), tokenizer)
     batches = epoch_micro_batches(data.lengths, 64, 8, False, np.random.default_rng(0))
