@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-all lint clean
+.PHONY: install demo test clean
 
 install: $(STAMP)
 

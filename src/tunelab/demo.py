@@ -81,9 +81,9 @@ def run(args: argparse.Namespace, overrides: list[str]) -> None:
                   f"({args.digits} digits) in {train_path.parent}")
 
     # 2. What plan predicts for this run on this machine.
-    from .bench.command import predict
+    from .plan.command import local_prediction
 
-    prediction = predict(cfg)
+    prediction = local_prediction(cfg)
     console.print(f"[bold]plan[/] (local, {prediction.efficiency.label}): "
                   f"{prediction.work.optimizer_steps} steps, {prediction.speed.tokens_per_s:,.0f} tokens/s fed, "
                   f"training {prediction.speed.train_s / 60:.1f} min, peak memory {prediction.memory.total / 2**30:.2f} GiB")

@@ -6,9 +6,9 @@ import random
 import pytest
 
 from conftest import write_jsonl
-from tunelab.bench import command
 from tunelab.cli import main
 from tunelab.config import load_config
+from tunelab.plan.command import local_prediction
 from tunelab.train.command import train
 
 pytestmark = pytest.mark.integration
@@ -40,7 +40,7 @@ def test_calibrated_plan_predicts_training_time(data, tmp_path, monkeypatch):
     # ~2.4 s extra in a fresh CI process) stay a small part of it: with 12 steps they made it 19% slower,
     # and with 30 steps, once the fused LoRA layer made steps ~0.65 s, 12% slower.
     cfg = load_config(None, [*common, "max_steps=60", f"output_dir={tmp_path / 'run'}"])
-    predicted = command.predict(cfg).speed.train_s
+    predicted = local_prediction(cfg).speed.train_s
     summary = train(cfg, show_progress=False)
     print(f"predicted train {predicted:.1f} s, measured {summary['train_s']:.1f} s")
     assert predicted == pytest.approx(summary["train_s"], rel=TOLERANCE)

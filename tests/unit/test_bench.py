@@ -12,6 +12,7 @@ from tunelab.bench import calibrate, command, measure, store
 from tunelab.cli import main
 from tunelab.errors import TunelabError
 from tunelab.plan.calibration import load_calibration
+from tunelab.plan.command import local_prediction
 from tunelab.plan.flops import FlopsPerToken
 
 
@@ -128,7 +129,7 @@ def test_calibrate_writes_a_record_plan_reads(bench_args, tmp_path, monkeypatch,
     # No record existed before, so plan's CPU overhead was 0 and its prediction is the model without overhead.
     assert record.runtime_overhead_bytes == run["peak_memory_bytes"] - run["predicted"]["peak_memory_bytes"]
     # plan --gpu local now predicts the measured rate: calibrated peak x efficiency / hardware FLOPs.
-    prediction = command.predict(command.point_config(command_args(bench_args), [], tmp_path / "p"))
+    prediction = local_prediction(command.point_config(command_args(bench_args), [], tmp_path / "p"))
     assert prediction.speed.tokens_per_s == pytest.approx(run["tokens_padded_per_s"], rel=1e-6)
     assert "calibrated" in prediction.efficiency.label
 

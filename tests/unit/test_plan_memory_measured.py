@@ -16,6 +16,7 @@ import pytest
 from conftest import make_tiny_llama, make_tokenizer, write_jsonl
 from tunelab.bench import command
 from tunelab.config import load_config
+from tunelab.plan.command import local_prediction
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +43,7 @@ def measured_and_model(setup, name, *extra):
     root, data = setup
     cfg = load_config(None, [f"model={root / 'model'}", f"data.path={data}", "data.template=compact",
                              "precision=bf16", "log_steps=1", f"output_dir={root / name}", *extra])
-    prediction = command.predict(cfg)
+    prediction = local_prediction(cfg)
     summary = command.measure_point(cfg, stop_at=3, warmup=1)
     return summary["peak_memory_bytes"], prediction.memory.total - prediction.memory.runtime_overhead
 

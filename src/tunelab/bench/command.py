@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .. import config as cfgmod
 from ..errors import TunelabError
+from ..plan.command import local_prediction
 from . import calibrate, measure, store
 
 DEFAULT_STEPS = 5
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     for i, ((label, _), cfg) in enumerate(zip(points, configs), 1):
         if len(points) > 1 and not args.json:
             print(f"[{i}/{len(points)}] {label}", file=sys.stderr, flush=True)
-        prediction = predict(cfg)
+        prediction = local_prediction(cfg)
         check_length(prediction, args.warmup + steps)
         summary = measure_point(cfg, args.warmup + steps, args.warmup)
         if summary["precision"] not in peaks:
@@ -109,7 +110,7 @@ def run_peers(args: argparse.Namespace, steps: int, base_dir: Path, db: Path) ->
     if args.rounds < 1:
         raise TunelabError(f"--rounds must be at least 1, got {args.rounds}")
     cfg = point_config(args, [], base_dir / "tunelab")
-    prediction = predict(cfg)
+    prediction = local_prediction(cfg)
     check_length(prediction, args.warmup + steps)
     peak = None
     records = []
@@ -179,18 +180,7 @@ def point_config(args: argparse.Namespace, extra: list[str], out: Path) -> cfgmo
     return cfgmod.load_config(args.config, [*args.overrides, *extra, *FORCED, f"output_dir={out}"])
 
 
-# ---- plan's prediction -----------------------------------------------------------------------------------
-
-def predict(cfg: cfgmod.TrainConfig):
-    """plan's estimate for this config on the local device: the same functions as `plan --gpu local`."""
-    from ..plan import arch as archmod
-    from ..plan import command as plancmd
-    from ..plan.estimate import estimate
-
-    arch = archmod.resolve_arch(cfg.model)
-    return estimate(arch, plancmd.dataset_lengths(cfg, None), plancmd.settings_from_config(cfg, arch),
-                    plancmd.local_device(cfg.precision))
-
+# ---- against plan's prediction (plan.command.local_prediction) ---------------------------------------------
 
 def check_length(prediction, stop_at: int) -> None:
     available = prediction.work.optimizer_steps
@@ -307,7 +297,7 @@ def run_calibration(args: argparse.Namespace, steps: int, base_dir: Path) -> int
                for m in calibration_methods(first.method, args.methods)]
     peak, points, records = None, [], []
     for cfg in configs:
-        prediction = predict(cfg)
+        prediction = local_prediction(cfg)
         check_length(prediction, args.warmup + steps)
         if not args.json:
             print(f"calibrating {cfg.method}: {args.warmup} + {steps} steps", file=sys.stderr, flush=True)

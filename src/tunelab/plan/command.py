@@ -141,6 +141,13 @@ def local_device(precision: str) -> Device:
     return Device(gpu, overhead, record)
 
 
+def local_prediction(cfg: cfgmod.TrainConfig):
+    """plan's estimate for a training config on the present device, as `plan --gpu local` computes it: what
+    `bench` and the demo put beside their measurements."""
+    arch = archmod.resolve_arch(cfg.model)
+    return estimate(arch, dataset_lengths(cfg, None), settings_from_config(cfg, arch), local_device(cfg.precision))
+
+
 def run(args: argparse.Namespace) -> int:
     if args.gpus < 1:
         raise TunelabError(f"--gpus must be at least 1, got {args.gpus}")
