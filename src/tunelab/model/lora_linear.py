@@ -73,13 +73,16 @@ class _LoraLinearFn(torch.autograd.Function):
         return grad_x, None, grad_bias, grad_a, grad_b, None, None
 
 
+def _is_nf4(base: torch.nn.Module) -> bool:
+    """A bitsandbytes Linear4bit base that has been quantized (it has a quant state)."""
+    return type(base).__name__ == "Linear4bit" and getattr(base.weight, "quant_state", None) is not None
+
+
 def _nf4_dequantizer(base: torch.nn.Module):
-    """For a bitsandbytes Linear4bit base, a function giving its weight dequantized; None for other bases."""
-    weight = getattr(base, "weight", None)
-    if type(base).__name__ != "Linear4bit" or getattr(weight, "quant_state", None) is None:
-        return None
+    """A function giving an nf4 base's weight dequantized."""
     from bitsandbytes.functional import dequantize_4bit
 
+    weight = base.weight
     return lambda: dequantize_4bit(weight.data, weight.quant_state)
 
 
@@ -96,7 +99,7 @@ class _FusedForward:
             return None
         if not isinstance(self.lora_dropout[name], torch.nn.Identity):
             return None
-        if type(self.base_layer) is not torch.nn.Linear and _nf4_dequantizer(self.base_layer) is None:
+        if type(self.base_layer) is not torch.nn.Linear and not _is_nf4(self.base_layer):
             return None
         return name
 
@@ -105,7 +108,7 @@ class _FusedForward:
         if name is None:
             return super().forward(x, *args, **kwargs)
         base = self.base_layer
-        dequantize = _nf4_dequantizer(base)
+        dequantize = None if type(base) is torch.nn.Linear else _nf4_dequantizer(base)
         return _LoraLinearFn.apply(x, None if dequantize else base.weight, base.bias, self.lora_A[name].weight,
                                    self.lora_B[name].weight, self.scaling[name], dequantize)
 
