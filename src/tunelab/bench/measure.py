@@ -69,7 +69,7 @@ def probe_dtypes(device: torch.device, compute: str) -> tuple[str, ...]:
     return (compute if compute != "fp32" else "bf16",)
 
 
-def device_peak(device: torch.device, name: str, memory_bytes: int, compute: str, seconds: float = 1.0,
+def device_peak(device: torch.device, name: str, memory_bytes: int, compute: str, seconds: float = 2.0,
                 gpu_id: str | None = None) -> Peak:
     """device_peak_flops for a run whose compute precision is `compute` (bf16 | fp16 | fp32).
 
