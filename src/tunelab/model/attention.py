@@ -5,8 +5,9 @@ full T² attention per row although each token only sees its own sequence, and a
 slow kernel path. For short examples packed into long rows (arithmetic: ~45 tokens in 256-wide rows)
 most of that work is wasted.
 
-Here each packed sequence is gathered into its own slot of a (S, L) layout (L = longest sequence in the
-batch), SDPA runs with `is_causal=True` and no mask (its fast path), and the output is gathered back.
+Here each packed sequence is gathered into its own slot of a (S, L) layout (L = longest sequence in its
+group of similar lengths, `data/packing.layout_from_lengths`), SDPA runs with `is_causal=True` and no mask
+(its fast path), and the output is gathered back.
 Slots are right-padded: under a causal mask no real token can see the padding after it, so the padding
 needs no mask either. The indices both ways come from the host (`SeqLayout`, built in collate), so
 there is no device->host sync. This is flash-attention's varlen idea, expressed with SDPA so it runs on
@@ -42,23 +43,26 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
             attention_mask = (seq[:, None, :, None] == seq[:, None, None, :]) & causal
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling)
     b, h, t, d = query.shape
-    slot_tokens, slot_valid, token_slot, token_in_slot = slots
-    s, length = slot_tokens.shape
-
-    def to_slots(x):  # (B, Hx, T, D) -> (S, Hx, L, D)
-        tokens = x.transpose(1, 2).reshape(b * t, x.shape[1], d)
-        gathered = _Regather.apply(tokens, slot_tokens.view(-1), slot_valid.view(-1), token_slot, token_in_slot)
-        return gathered.view(s, length, x.shape[1], d).transpose(1, 2)
-
+    gathers, valids, token_slot, token_in_slot = slots
+    slot_tokens = torch.cat([g.view(-1) for g in gathers])
+    slot_valid = torch.cat([v.view(-1) for v in valids])
     dropout = dropout if module.training else 0.0
-    q, k, v = to_slots(query), to_slots(key), to_slots(value)
-    if q.device.type == "cpu" and length <= MATH_MAX_LEN:
-        out = _math_attention(q, k, v, scaling, dropout)
-    else:
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, dropout_p=dropout,
-                                             enable_gqa=k.shape[1] != h)
-    out = out.transpose(1, 2).reshape(s * length, h, d)
-    result = _Regather.apply(out, token_slot, token_in_slot, slot_tokens.view(-1), slot_valid.view(-1))
+
+    def to_slots(x):  # (B, Hx, T, D) -> one (S_g, Hx, L_g, D) per group
+        tokens = x.transpose(1, 2).reshape(b * t, x.shape[1], d)
+        gathered = _Regather.apply(tokens, slot_tokens, slot_valid, token_slot, token_in_slot)
+        parts = gathered.split([g.numel() for g in gathers])
+        return [p.view(*g.shape, x.shape[1], d).transpose(1, 2) for p, g in zip(parts, gathers)]
+
+    outs = []
+    for q, k, v in zip(to_slots(query), to_slots(key), to_slots(value)):
+        if q.device.type == "cpu" and q.shape[2] <= MATH_MAX_LEN:
+            out = _math_attention(q, k, v, scaling, dropout)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, dropout_p=dropout,
+                                                 enable_gqa=k.shape[1] != h)
+        outs.append(out.transpose(1, 2).reshape(-1, h, d))
+    result = _Regather.apply(torch.cat(outs), token_slot, token_in_slot, slot_tokens, slot_valid)
     return result.view(b, t, h, d), None
 
 
@@ -114,5 +118,8 @@ def register() -> str:
 
 def layout_tensors(layout: SeqLayout, device: torch.device) -> dict[str, tuple[torch.Tensor, ...]]:
     """The kwarg `packed_attention` reads: the layout's maps both ways, moved to the device."""
-    arrays = (layout.gather, layout.valid, layout.slot, layout.in_slot)
-    return {"seq_slots": tuple(torch.from_numpy(a).to(device, non_blocking=True) for a in arrays)}
+    def move(a):
+        return torch.from_numpy(a).to(device, non_blocking=True)
+
+    return {"seq_slots": (tuple(map(move, layout.gathers)), tuple(map(move, layout.valids)), move(layout.slot),
+                          move(layout.in_slot))}
