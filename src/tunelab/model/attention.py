@@ -88,17 +88,22 @@ class _Regather(torch.autograd.Function):
 def _math_attention(q, k, v, scaling, dropout: float):
     """Causal attention as three plain ops. On CPU, for short slots, this forward+backward measured 75 ms per
     layer against 201 ms for SDPA's flash kernel (97 slots x 9 heads x 56 tokens, bf16, this machine):
-    the flash backward is tuned for long sequences. Scores are S x H x L x L, hence MATH_MAX_LEN."""
-    groups = q.shape[1] // k.shape[1]
-    if groups > 1:
-        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
-    length = q.shape[2]
-    scores = (q @ k.transpose(-1, -2)).float() * (scaling if scaling is not None else q.shape[-1] ** -0.5)
-    future = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1)
+    the flash backward is tuned for long sequences. Scores are S x H x L x L, hence MATH_MAX_LEN.
+
+    Grouped-query attention without copying K and V per query head: the G query heads that share a KV
+    head are consecutive (transformers' repeat_kv), so they fold into the rows of one product against it,
+    (S, KV, G·L, D) @ (S, KV, D, L). Measured on the quickstart's batches: 22.2-22.6 ms per layer forward
+    and backward against 23.5 with `repeat_interleave`."""
+    s, heads, length, d = q.shape
+    kv_heads = k.shape[1]
+    groups = heads // kv_heads
+    folded = q.reshape(s, kv_heads, groups * length, d)
+    scores = (folded @ k.transpose(-1, -2)).float() * (scaling if scaling is not None else d ** -0.5)
+    future = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1).repeat(groups, 1)
     probs = scores.masked_fill(future, float("-inf")).softmax(-1).to(q.dtype)
     if dropout:
         probs = F.dropout(probs, dropout)
-    return probs @ v
+    return (probs @ v).view(s, heads, length, d)
 
 
 def _no_mask(*args, **kwargs):
