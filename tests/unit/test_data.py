@@ -175,33 +175,19 @@ def test_packed_loss_equals_one_by_one(tokenizer, tmp_path):
     assert leaky != pytest.approx(sum(singles), rel=1e-3)
 
 
-@pytest.mark.parametrize("quantum, groups", [(16, 1), (1, 2)])
-def test_packed_slot_attention_matches_one_by_one(tokenizer, tmp_path, monkeypatch, quantum, groups):
+def test_packed_slot_attention_matches_one_by_one(tokenizer, tmp_path):
     """tunelab's per-sequence-slot SDPA (model/attention.py) gives the same losses and gradients as
-    running each sequence alone, with the sequences in one group of slots and in two (short, long)."""
-    from tunelab.data import packing
+    running each sequence alone."""
     from tunelab.model import attention
 
-    # Slot sizes rounded to 16 make one group cheapest for four sequences; unrounded, two short and two
-    # long sequences split into two groups.
-    monkeypatch.setattr(packing, "SLOT_QUANTUM", quantum)
-
-    # The slot path, not the block-diagonal-mask fallback (which would also match), must be the one tested.
-    gathers = []
-    regather = attention._Regather.forward
-    monkeypatch.setattr(attention._Regather, "forward",
-                        staticmethod(lambda ctx, *a: gathers.append(1) or regather(ctx, *a)))
-
-    rows = [{"instruction": f"{a} + {b}" + " and then" * pad, "output": f"{a + b}"}
-            for a, b, pad in [(1, 22, 0), (333, 4, 12), (55, 66, 0), (7, 8, 12)]]
-    data = prepare(spec(write_jsonl(tmp_path / "p.jsonl", rows), seq_len=256, train_on_inputs=True), tokenizer)
+    rows = [{"instruction": f"{a} + {b}", "output": f"{a + b}"} for a, b in [(1, 22), (333, 4), (55, 66), (7, 8)]]
+    data = prepare(spec(write_jsonl(tmp_path / "p.jsonl", rows), seq_len=128, train_on_inputs=True), tokenizer)
     model = make_tiny_llama(len(tokenizer), initializer_range=0.5)
     model.set_attn_implementation(attention.register())
     wrapped = CausalLMLoss(model)
     assert wrapped.packed_attention
-    packed = collate(data, [[0, 1], [2, 3]], 256, tokenizer.pad_token_id, packing=True)
-    assert packed.layout is not None and sum(v.any(1).sum() for v in packed.layout.valids) == 4
-    assert len(packed.layout.gathers) == groups
+    packed = collate(data, [[0, 1], [2, 3]], 128, tokenizer.pad_token_id, packing=True)
+    assert packed.layout is not None and packed.layout.valid.any(1).sum() == 4
 
     def run(batch):
         model.zero_grad()
@@ -212,8 +198,7 @@ def test_packed_slot_attention_matches_one_by_one(tokenizer, tmp_path, monkeypat
         return loss.item(), model.model.layers[0].self_attn.q_proj.weight.grad.clone()
 
     packed_loss, packed_grad = run(packed)
-    assert len(gathers) == 4 * model.config.num_hidden_layers  # q, k, v into slots and the output back
-    singles = [run(collate(data, [[i]], 256, tokenizer.pad_token_id, packing=False)) for i in range(4)]
+    singles = [run(collate(data, [[i]], 128, tokenizer.pad_token_id, packing=False)) for i in range(4)]
     assert packed_loss == pytest.approx(sum(l for l, _ in singles), rel=1e-5)
     # fp32 sums in a different order: gradients of magnitude ~30 agree to ~1e-4 absolute
     assert torch.allclose(packed_grad, sum(g for _, g in singles), rtol=1e-4, atol=1e-3)

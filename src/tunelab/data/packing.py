@@ -27,25 +27,16 @@ GROUP_CHUNK = 64
 
 @dataclass
 class SeqLayout:
-    """Where each packed sequence's tokens sit, in groups of attention slots of one length each.
+    """Where each packed sequence's tokens sit: `gather[s, j]` is the flat (B*T) index of token j of
+    sequence s (padding slots repeat the sequence's first token); `valid` marks real slots."""
 
-    `gathers[g][s, j]` is the flat (B*T) index of token j of group g's sequence s (padding slots repeat the
-    sequence's first token); `valids[g]` marks real slots. Slots are numbered across groups in order, and
-    the inverse map `slot[p]` is the slot number of token p; `in_slot[p]` is False for row tails, which
-    have none."""
-
-    gathers: tuple[np.ndarray, ...]  # (S_g, L_g) int64 each
-    valids: tuple[np.ndarray, ...]  # (S_g, L_g) bool each
-    slot: np.ndarray  # (B*T,) int64
-    in_slot: np.ndarray  # (B*T,) bool
+    gather: np.ndarray  # (S, L) int64
+    valid: np.ndarray  # (S, L) bool
 
     def cost(self) -> int:
         """Attention work of the real sequences (padding slots and slot-length rounding left out)."""
-        work = 0
-        for valid in self.valids:
-            per_slot = valid.sum(1)
-            work += int((per_slot > 0).sum()) * int(per_slot.max()) ** 2
-        return work
+        per_slot = self.valid.sum(1)
+        return int((per_slot > 0).sum()) * int(per_slot.max()) ** 2
 
 
 SLOT_QUANTUM = 16
@@ -55,20 +46,9 @@ def _round_up(n: int, quantum: int) -> int:
     return -(-n // quantum) * quantum
 
 
-def _slot_work(count: int, longest: int) -> int:
-    return _round_up(count, SLOT_QUANTUM) * _round_up(longest, SLOT_QUANTUM) ** 2
-
-
 def layout_from_lengths(row_seq_lengths: list[list[int]], width: int) -> SeqLayout:
     """Build the layout of a packed batch from each row's sequence lengths (the row tail is left out:
-    its positions have no target, so their attention output is never used).
-
-    Sequences go into two groups, the shorter ones and the longer ones, split where the slots' attention
-    work (count x length², both rounded up) is least, or stay in one group where that is least: one group
-    pads every sequence to the batch's longest.
-    On the quickstart's batches (88 sequences of 21-57 tokens) one group of 96 x 64 slots costs 393k
-    score elements per head, two groups 279k (0.71).
-    """
+    its positions have no target, so their attention output is never used)."""
     starts, lengths = [], []
     for r, seqs in enumerate(row_seq_lengths):
         at = r * width
@@ -76,37 +56,18 @@ def layout_from_lengths(row_seq_lengths: list[list[int]], width: int) -> SeqLayo
             starts.append(at)
             lengths.append(n)
             at += n
-    order = np.argsort(lengths, kind="stable")
-    ordered = [lengths[i] for i in order]
-    n = len(ordered)
-    # split = n is one group; on a tie the fewer groups win (half the attention calls)
-    split = min(range(n, 0, -1), key=lambda i: _slot_work(i, ordered[i - 1]) + _slot_work(n - i, ordered[-1]))
-    gathers, valids = [], []
-    first = 0
-    for part in (order[:split], order[split:]):
-        if not len(part):
-            continue
-        group_starts = [starts[i] for i in part]
-        group_lengths = [lengths[i] for i in part]
-        # Slot counts and lengths rounded up to a few sizes: every distinct activation size that a batch
-        # brings leaves differently-sized free blocks behind, and glibc's heap then grows instead of reusing
-        # them (measured: peak RSS rising ~100 MB per step over a whole run). Padding slots are invalid.
-        longest = _round_up(max(group_lengths), SLOT_QUANTUM)
-        padding = _round_up(len(group_lengths), SLOT_QUANTUM) - len(group_lengths)
-        group_lengths += [0] * padding
-        group_starts += [0] * padding
-        offsets = np.arange(longest)
-        valid = offsets[None, :] < np.asarray(group_lengths)[:, None]
-        gathers.append((np.asarray(group_starts)[:, None] + np.where(valid, offsets[None, :], 0)).astype(np.int64))
-        valids.append(valid)
-    tokens = len(row_seq_lengths) * width
-    slot = np.zeros(tokens, dtype=np.int64)
-    in_slot = np.zeros(tokens, dtype=bool)
-    for gather, valid in zip(gathers, valids):
-        slot[gather[valid]] = first + np.flatnonzero(valid)
-        in_slot[gather[valid]] = True
-        first += valid.size
-    return SeqLayout(tuple(gathers), tuple(valids), slot, in_slot)
+    # Slot counts and lengths rounded up to a few sizes: every distinct activation size that a batch brings
+    # leaves differently-sized free blocks behind, and glibc's heap then grows instead of reusing them
+    # (measured: peak RSS rising ~100 MB per step over a whole run). Padding slots are invalid everywhere.
+    longest = _round_up(max(lengths), SLOT_QUANTUM)
+    padding_slots = _round_up(len(lengths), SLOT_QUANTUM) - len(lengths)
+    lengths += [0] * padding_slots
+    starts += [0] * padding_slots
+    offsets = np.arange(longest)
+    lengths_arr = np.asarray(lengths)[:, None]
+    valid = offsets[None, :] < lengths_arr
+    gather = np.asarray(starts)[:, None] + np.where(valid, offsets[None, :], 0)
+    return SeqLayout(gather.astype(np.int64), valid)
 
 
 @dataclass

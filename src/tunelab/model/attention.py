@@ -5,17 +5,17 @@ full T² attention per row although each token only sees its own sequence, and a
 slow kernel path. For short examples packed into long rows (arithmetic: ~45 tokens in 256-wide rows)
 most of that work is wasted.
 
-Here each packed sequence is gathered into its own slot of a (S, L) layout (L = longest sequence in its
-group of similar lengths, `data/packing.layout_from_lengths`), SDPA runs with `is_causal=True` and no mask
-(its fast path), and the output is gathered back.
+Here each packed sequence is gathered into its own slot of a (S, L) layout (L = longest sequence in the
+batch), SDPA runs with `is_causal=True` and no mask (its fast path), and the output is scattered back.
 Slots are right-padded: under a causal mask no real token can see the padding after it, so the padding
-needs no mask either. The indices both ways come from the host (`SeqLayout`, built in collate), so
+needs no mask either. The gather/scatter indices come from the host (`SeqLayout`, built in collate), so
 there is no device->host sync. This is flash-attention's varlen idea, expressed with SDPA so it runs on
 CPU and on any GPU; when flash-attn is installed on CUDA, transformers' own varlen path is used instead.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -29,8 +29,8 @@ MATH_MAX_LEN = 256
 
 def packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """Attention-interface function: (B, H, T, D) in, (B, T, H, D) out, like transformers' sdpa_attention_forward."""
-    slots = kwargs.get("seq_slots")
-    if slots is None:
+    gather, scatter_dst, scatter_src = kwargs.get("seq_gather"), kwargs.get("seq_scatter_dst"), kwargs.get("seq_scatter_src")
+    if gather is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         positions = kwargs.get("position_ids")
@@ -43,67 +43,38 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
             attention_mask = (seq[:, None, :, None] == seq[:, None, None, :]) & causal
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling)
     b, h, t, d = query.shape
-    gathers, valids, token_slot, token_in_slot = slots
-    slot_tokens = torch.cat([g.view(-1) for g in gathers])
-    slot_valid = torch.cat([v.view(-1) for v in valids])
-    dropout = dropout if module.training else 0.0
+    s, length = gather.shape
 
-    def to_slots(x):  # (B, Hx, T, D) -> one (S_g, Hx, L_g, D) per group
+    def to_slots(x):  # (B, Hx, T, D) -> (S, Hx, L, D)
         tokens = x.transpose(1, 2).reshape(b * t, x.shape[1], d)
-        gathered = _Regather.apply(tokens, slot_tokens, slot_valid, token_slot, token_in_slot)
-        parts = gathered.split([g.numel() for g in gathers])
-        return [p.view(*g.shape, x.shape[1], d).transpose(1, 2) for p, g in zip(parts, gathers)]
+        return tokens.index_select(0, gather.reshape(-1)).view(s, length, x.shape[1], d).transpose(1, 2)
 
-    outs = []
-    for q, k, v in zip(to_slots(query), to_slots(key), to_slots(value)):
-        if q.device.type == "cpu" and q.shape[2] <= MATH_MAX_LEN:
-            out = _math_attention(q, k, v, scaling, dropout)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, dropout_p=dropout,
-                                                 enable_gqa=k.shape[1] != h)
-        outs.append(out.transpose(1, 2).reshape(-1, h, d))
-    result = _Regather.apply(torch.cat(outs), token_slot, token_in_slot, slot_tokens, slot_valid)
+    dropout = dropout if module.training else 0.0
+    q, k, v = to_slots(query), to_slots(key), to_slots(value)
+    if q.device.type == "cpu" and length <= MATH_MAX_LEN:
+        out = _math_attention(q, k, v, scaling, dropout)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, dropout_p=dropout,
+                                             enable_gqa=k.shape[1] != h)
+    out = out.transpose(1, 2).reshape(s * length, h, d).index_select(0, scatter_src)
+    result = query.new_zeros(b * t, h, d).index_copy(0, scatter_dst, out)
     return result.view(b, t, h, d), None
-
-
-class _Regather(torch.autograd.Function):
-    """`out[i] = x[index[i]]` where `keep[i]`, else 0, for a one-to-one map between the kept rows of both
-    sides (tokens <-> attention slots). Its gradient is then the same gather with the inverse map, not the
-    scatter-add that autograd derives for `index_select`: on CPU inductor compiles a gather into the
-    neighbouring kernels but calls aten for scatter-adds (each with a zero-filled buffer). Measured on the
-    quickstart's batches (96 slots x 64, bf16, compiled): attention forward+backward 27.5 ms per layer
-    against 31-34.5 ms with index_select / index_copy."""
-
-    @staticmethod
-    def forward(ctx, x, index, keep, inverse, inverse_keep):
-        ctx.save_for_backward(inverse, inverse_keep)
-        return torch.where(keep[:, None, None], x[index], 0)
-
-    @staticmethod
-    def backward(ctx, grad):
-        inverse, inverse_keep = ctx.saved_tensors
-        return torch.where(inverse_keep[:, None, None], grad[inverse], 0), None, None, None, None
 
 
 def _math_attention(q, k, v, scaling, dropout: float):
     """Causal attention as three plain ops. On CPU, for short slots, this forward+backward measured 75 ms per
     layer against 201 ms for SDPA's flash kernel (97 slots x 9 heads x 56 tokens, bf16, this machine):
-    the flash backward is tuned for long sequences. Scores are S x H x L x L, hence MATH_MAX_LEN.
-
-    Grouped-query attention without copying K and V per query head: the G query heads that share a KV
-    head are consecutive (transformers' repeat_kv), so they fold into the rows of one product against it,
-    (S, KV, G·L, D) @ (S, KV, D, L). Measured on the quickstart's batches: 22.2-22.6 ms per layer forward
-    and backward against 23.5 with `repeat_interleave`."""
-    s, heads, length, d = q.shape
-    kv_heads = k.shape[1]
-    groups = heads // kv_heads
-    folded = q.reshape(s, kv_heads, groups * length, d)
-    scores = (folded @ k.transpose(-1, -2)).float() * (scaling if scaling is not None else d ** -0.5)
-    future = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1).repeat(groups, 1)
+    the flash backward is tuned for long sequences. Scores are S x H x L x L, hence MATH_MAX_LEN."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    length = q.shape[2]
+    scores = (q @ k.transpose(-1, -2)).float() * (scaling if scaling is not None else q.shape[-1] ** -0.5)
+    future = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1)
     probs = scores.masked_fill(future, float("-inf")).softmax(-1).to(q.dtype)
     if dropout:
         probs = F.dropout(probs, dropout)
-    return (probs @ v).view(s, heads, length, d)
+    return probs @ v
 
 
 def _no_mask(*args, **kwargs):
@@ -121,19 +92,11 @@ def register() -> str:
     return NAME
 
 
-def layout_tensors(layout: SeqLayout, device: torch.device) -> dict[str, tuple[torch.Tensor, ...]]:
-    """The kwarg `packed_attention` reads: the layout's maps both ways, moved to the device.
-
-    The slot counts and lengths are marked dynamic for torch.compile from the first batch on. Otherwise the
-    first batch compiles them as constants and the first batch with another slot shape, some steps into the
-    run, compiles everything again: measured ~6 s at step 12 of the quickstart, in the middle of a bench
-    window."""
-    def move(a, dynamic=False):
-        t = torch.from_numpy(a).to(device, non_blocking=True)
-        if dynamic:
-            torch._dynamo.maybe_mark_dynamic(t, 0)
-            torch._dynamo.maybe_mark_dynamic(t, 1)
-        return t
-
-    return {"seq_slots": (tuple(move(g, True) for g in layout.gathers), tuple(move(v, True) for v in layout.valids),
-                          move(layout.slot), move(layout.in_slot))}
+def layout_tensors(layout: SeqLayout, device: torch.device) -> dict[str, torch.Tensor]:
+    """The kwargs `packed_attention` reads, moved to the device."""
+    flat_valid = layout.valid.reshape(-1)
+    return {
+        "seq_gather": torch.from_numpy(layout.gather).to(device, non_blocking=True),
+        "seq_scatter_dst": torch.from_numpy(layout.gather.reshape(-1)[flat_valid]).to(device, non_blocking=True),
+        "seq_scatter_src": torch.from_numpy(np.flatnonzero(flat_valid)).to(device, non_blocking=True),
+    }
