@@ -28,10 +28,13 @@ GROUP_CHUNK = 64
 @dataclass
 class SeqLayout:
     """Where each packed sequence's tokens sit: `gather[s, j]` is the flat (B*T) index of token j of
-    sequence s (padding slots repeat the sequence's first token); `valid` marks real slots."""
+    sequence s (padding slots repeat the sequence's first token); `valid` marks real slots. The inverse map,
+    `slot[p]`, is the flat (S*L) slot of token p; `in_slot[p]` is False for row tails, which have none."""
 
     gather: np.ndarray  # (S, L) int64
     valid: np.ndarray  # (S, L) bool
+    slot: np.ndarray  # (B*T,) int64
+    in_slot: np.ndarray  # (B*T,) bool
 
     def cost(self) -> int:
         """Attention work of the real sequences (padding slots and slot-length rounding left out)."""
@@ -67,7 +70,12 @@ def layout_from_lengths(row_seq_lengths: list[list[int]], width: int) -> SeqLayo
     lengths_arr = np.asarray(lengths)[:, None]
     valid = offsets[None, :] < lengths_arr
     gather = np.asarray(starts)[:, None] + np.where(valid, offsets[None, :], 0)
-    return SeqLayout(gather.astype(np.int64), valid)
+    tokens = len(row_seq_lengths) * width
+    slot = np.zeros(tokens, dtype=np.int64)
+    in_slot = np.zeros(tokens, dtype=bool)
+    slot[gather[valid]] = np.flatnonzero(valid)
+    in_slot[gather[valid]] = True
+    return SeqLayout(gather.astype(np.int64), valid, slot, in_slot)
 
 
 @dataclass
