@@ -181,10 +181,12 @@ def test_packed_slot_attention_matches_one_by_one(tokenizer, tmp_path, monkeypat
     from tunelab.model import attention
 
     # The slot path, not the block-diagonal-mask fallback (which would also match), must be the one tested.
-    gathers = []
-    regather = attention._Regather.forward
+    gathers, products = [], []
+    regather, slot_attention = attention._Regather.forward, attention._SlotAttention.forward
     monkeypatch.setattr(attention._Regather, "forward",
                         staticmethod(lambda ctx, *a: gathers.append(1) or regather(ctx, *a)))
+    monkeypatch.setattr(attention._SlotAttention, "forward",
+                        staticmethod(lambda ctx, *a: products.append(1) or slot_attention(ctx, *a)))
 
     rows = [{"instruction": f"{a} + {b}", "output": f"{a + b}"} for a, b in [(1, 22), (333, 4), (55, 66), (7, 8)]]
     data = prepare(spec(write_jsonl(tmp_path / "p.jsonl", rows), seq_len=128, train_on_inputs=True), tokenizer)
@@ -205,6 +207,7 @@ def test_packed_slot_attention_matches_one_by_one(tokenizer, tmp_path, monkeypat
 
     packed_loss, packed_grad = run(packed)
     assert len(gathers) == 4 * model.config.num_hidden_layers  # q, k, v into slots and the output back
+    assert len(products) == model.config.num_hidden_layers
     singles = [run(collate(data, [[i]], 128, tokenizer.pad_token_id, packing=False)) for i in range(4)]
     assert packed_loss == pytest.approx(sum(l for l, _ in singles), rel=1e-5)
     # fp32 sums in a different order: gradients of magnitude ~30 agree to ~1e-4 absolute

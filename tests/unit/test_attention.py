@@ -1,0 +1,47 @@
+"""The explicit-product slot attention (model/attention.py) against PyTorch's own causal SDPA."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tunelab.model.attention import _SlotAttention
+
+
+def _inputs(dtype, heads=6, kv_heads=2, slots=3, length=7, dim=8):
+    torch.manual_seed(0)
+    shapes = [(slots, heads, length, dim), (slots, kv_heads, length, dim), (slots, kv_heads, length, dim)]
+    return [torch.randn(s, dtype=dtype, requires_grad=True) for s in shapes], torch.randn(shapes[0], dtype=dtype)
+
+
+def _run(fn, inputs, grad_out):
+    for x in inputs:
+        x.grad = None
+    out = fn(*inputs)
+    out.backward(grad_out)
+    return [out.detach().float()] + [x.grad.float() for x in inputs]
+
+
+def _reference(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3, enable_gqa=True)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 6])
+def test_slot_attention_matches_sdpa_fp32(kv_heads):
+    """Output and the gradients of q, k and v, with the query heads folded onto shared KV heads (the
+    grouping transformers' repeat_kv uses: query head i reads KV head i // groups)."""
+    inputs, grad_out = _inputs(torch.float32, kv_heads=kv_heads)
+    ours = _run(lambda q, k, v: _SlotAttention.apply(q, k, v, 0.3), inputs, grad_out)
+    reference = _run(_reference, inputs, grad_out)
+    for name, a, b in zip(["out", "dq", "dk", "dv"], ours, reference):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), name
+
+
+def test_slot_attention_bf16_error_is_that_of_bf16_sdpa():
+    """In bf16 the products round their inputs and outputs to 8 mantissa bits; the softmax itself runs in
+    fp32. The error against an fp32 reference must stay within what bf16 SDPA itself makes (x2 margin)."""
+    inputs, grad_out = _inputs(torch.bfloat16, length=33, dim=16)
+    exact = _run(_reference, [x.detach().float().requires_grad_() for x in inputs], grad_out.float())
+    ours = _run(lambda q, k, v: _SlotAttention.apply(q, k, v, 0.3), inputs, grad_out)
+    sdpa_bf16 = _run(_reference, inputs, grad_out)
+    for name, a, b, ref in zip(["out", "dq", "dk", "dv"], ours, sdpa_bf16, exact):
+        assert (a - ref).abs().max() <= 2 * (b - ref).abs().max() + 1e-3, name
