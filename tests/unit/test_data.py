@@ -137,6 +137,21 @@ def test_packed_micro_batches_all_have_the_same_row_count():
     assert all(lengths[r].sum() <= 256 for b in batches for r in b)
 
 
+def test_every_packed_batch_of_a_run_has_the_same_slot_shape(tokenizer, tmp_path):
+    """The epoch's last batches hold split rows and fewer sequences; their attention-slot count must still
+    be the run's, or compiled blocks compile again at the end of the run."""
+    from tunelab.train.batches import BatchSpec, Schedule
+
+    rng = np.random.default_rng(0)
+    rows = [{"instruction": f"{a} + {b}", "output": f"{a + b}"} for a, b in rng.integers(0, 10**6, (1100, 2))]
+    data = prepare(spec(write_jsonl(tmp_path / "a.jsonl", rows), seq_len=256), tokenizer)
+    schedule = Schedule(data, BatchSpec(256, 16, 1, True, 0, tokenizer.pad_token_id), epochs=2, max_steps=None)
+    batches = [b for _, bs in schedule.iterate(0, schedule.total_steps) for b in bs]
+    sequences = [int(b.layout.valid.any(1).sum()) for b in batches]
+    assert min(sequences) <= max(sequences) - 16  # the last batches do hold fewer sequences
+    assert {b.layout.gather.shape[0] for b in batches} == {-(-max(sequences) // 16) * 16}
+
+
 def test_unpacked_batches_are_length_grouped(tokenizer, tmp_path, addition_rows):
     data = prepare(spec(write_jsonl(tmp_path / "a.jsonl", addition_rows)), tokenizer)
     batches = epoch_micro_batches(data.lengths, 64, 8, False, np.random.default_rng(0))

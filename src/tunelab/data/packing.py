@@ -49,9 +49,10 @@ def _round_up(n: int, quantum: int) -> int:
     return -(-n // quantum) * quantum
 
 
-def layout_from_lengths(row_seq_lengths: list[list[int]], width: int) -> SeqLayout:
+def layout_from_lengths(row_seq_lengths: list[list[int]], width: int, min_slots: int = 0) -> SeqLayout:
     """Build the layout of a packed batch from each row's sequence lengths (the row tail is left out:
-    its positions have no target, so their attention output is never used)."""
+    its positions have no target, so their attention output is never used). At least `min_slots` slots:
+    a run passes its largest sequence count so that every batch has the same slot count (see Schedule)."""
     starts, lengths = [], []
     for r, seqs in enumerate(row_seq_lengths):
         at = r * width
@@ -63,7 +64,7 @@ def layout_from_lengths(row_seq_lengths: list[list[int]], width: int) -> SeqLayo
     # leaves differently-sized free blocks behind, and glibc's heap then grows instead of reusing them
     # (measured: peak RSS rising ~100 MB per step over a whole run). Padding slots are invalid everywhere.
     longest = _round_up(max(lengths), SLOT_QUANTUM)
-    padding_slots = _round_up(len(lengths), SLOT_QUANTUM) - len(lengths)
+    padding_slots = _round_up(max(len(lengths), min_slots), SLOT_QUANTUM) - len(lengths)
     lengths += [0] * padding_slots
     starts += [0] * padding_slots
     offsets = np.arange(longest)
@@ -154,8 +155,9 @@ def fill_last_batch(rows: list[list[int]], micro_batch: int) -> list[list[int]]:
     return out[::-1]
 
 
-def collate(data: TokenizedData, rows: list[list[int]], seq_len: int, pad_id: int, packing: bool) -> Batch:
-    """Build one micro-batch's arrays on the host."""
+def collate(data: TokenizedData, rows: list[list[int]], seq_len: int, pad_id: int, packing: bool,
+            min_slots: int = 0) -> Batch:
+    """Build one micro-batch's arrays on the host (`min_slots`: see layout_from_lengths)."""
     offsets = data.offsets
     row_lengths = [sum(int(offsets[i + 1] - offsets[i]) for i in row) for row in rows]
     width = batch_width(row_lengths, seq_len, packing)
@@ -181,7 +183,7 @@ def collate(data: TokenizedData, rows: list[list[int]], seq_len: int, pad_id: in
     loss_index = np.flatnonzero(flat != IGNORE)
     layout = None
     if packing:
-        layout = layout_from_lengths(row_seq_lengths, width)
+        layout = layout_from_lengths(row_seq_lengths, width, min_slots)
         if layout.cost() > len(rows) * width * width:
             layout = None
     return Batch(ids, positions, loss_index, flat[loss_index], ids.size, int(sum(row_lengths)), layout)
