@@ -17,7 +17,7 @@ def _run(fn, inputs, grad_out):
     for x in inputs:
         x.grad = None
     out = fn(*inputs)
-    out.backward(grad_out)
+    out.backward(grad_out.to(out.dtype))  # as the next layer hands it back: in the output's dtype
     return [out.detach().float()] + [x.grad.float() for x in inputs]
 
 
@@ -45,3 +45,19 @@ def test_slot_attention_bf16_error_is_that_of_bf16_sdpa():
     sdpa_bf16 = _run(_reference, inputs, grad_out)
     for name, a, b, ref in zip(["out", "dq", "dk", "dv"], ours, sdpa_bf16, exact):
         assert (a - ref).abs().max() <= 2 * (b - ref).abs().max() + 1e-3, name
+
+
+def test_slot_attention_under_autocast_takes_fp32_inputs():
+    """With fp32 weights under bf16 autocast (QLoRA, full fine-tuning), RoPE leaves q and k in fp32 while the
+    products run in bf16; the backward, which autograd runs outside autocast, must cast the same way."""
+    inputs, grad_out = _inputs(torch.float32, length=33, dim=16)
+    exact = _run(_reference, inputs, grad_out)
+
+    def forward_under_autocast(q, k, v):  # the backward runs outside it, as in the training loop
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return _SlotAttention.apply(q, k, v, 0.3)
+
+    ours = _run(forward_under_autocast, inputs, grad_out)
+    assert all(x.grad.dtype == torch.float32 for x in inputs)
+    for name, a, ref in zip(["out", "dq", "dk", "dv"], ours, exact):
+        assert torch.allclose(a, ref, atol=0.05, rtol=0.05), name

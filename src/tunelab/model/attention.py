@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data.packing import SeqLayout
+from .lora_linear import compute_dtype
 
 NAME = "tunelab_packed"
 # Longest slot for the explicit-product path on CPU; beyond it the L x L scores cost more memory than the
@@ -104,11 +105,13 @@ class _SlotAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, scale: float):
         s, h, length, d = q.shape
         groups = h // k.shape[1]
-        q = q.reshape(s, k.shape[1], groups * length, d)
+        dtype = compute_dtype(q)  # under autocast q may be fp32 (RoPE in fp32) while the products are bf16
+        q, k, v = q.reshape(s, k.shape[1], groups * length, d).to(dtype), k.to(dtype), v.to(dtype)
         future = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1).repeat(groups, 1)
-        scores = ((q @ k.transpose(-1, -2)).float() * scale).masked_fill(future, float("-inf"))
-        probs = torch.exp(scores - torch.logsumexp(scores, -1, keepdim=True)).to(q.dtype)
-        out = probs @ v
+        with torch.autocast(q.device.type, enabled=False):
+            scores = ((q @ k.transpose(-1, -2)).float() * scale).masked_fill(future, float("-inf"))
+            probs = torch.exp(scores - torch.logsumexp(scores, -1, keepdim=True)).to(dtype)
+            out = probs @ v
         ctx.save_for_backward(q, k, v, probs, out)
         ctx.scale, ctx.shape = scale, (s, h, length, d)
         return out.view(s, h, length, d)
@@ -116,7 +119,7 @@ class _SlotAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, probs, out = ctx.saved_tensors
-        grad_out = grad_out.reshape(out.shape)
+        grad_out = grad_out.reshape(out.shape).to(out.dtype)
         grad_v = probs.transpose(-1, -2) @ grad_out
         grad_probs = grad_out @ v.transpose(-1, -2)
         # rowsum(dO * O) equals rowsum(P * dP), the softmax Jacobian's correction term, from D-wide rows.

@@ -35,7 +35,9 @@ import torch
 from peft.tuners.lora import Linear as PeftLoraLinear
 
 
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a product of `x` runs in: autocast's when it is on (custom autograd Functions run their
+    backward outside autocast, so they must cast explicitly), else x's own."""
     return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
 
 
@@ -44,7 +46,7 @@ class _LoraLinearFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, lora_a, lora_b, scaling: float, dequantize=None):
-        dtype = _compute_dtype(x)
+        dtype = compute_dtype(x)
         lead, width = x.shape[:-1], x.shape[-1]
         with torch.autocast(x.device.type, enabled=False):
             x2 = x.reshape(-1, width).to(dtype)
