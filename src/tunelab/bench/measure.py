@@ -15,13 +15,9 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..plan import catalog
-from ..plan.calibration import measure_matmul_peak
+from ..plan.calibration import PROBE_SECONDS, measure_matmul_peak, probe_size
 from ..plan.flops import FlopsPerToken
 
-# Probe sizes: a CPU reaches its matmul plateau (oneDNN/AMX) by 2048^3; a GPU needs >= 8192^3 (GPUS.md's
-# H100/H200 figures were taken at 8192^3).
-CPU_PROBE_N = 2048
-GPU_PROBE_N = 8192
 # Name tokens that mark a variant NVIDIA's driver spells out in the device name ("NVIDIA H100 PCIe",
 # "NVIDIA H100 NVL"); a device name without them is the SXM/default part.
 VARIANT_TOKENS = {"pcie", "nvl", "pro"}
@@ -69,7 +65,7 @@ def probe_dtypes(device: torch.device, compute: str) -> tuple[str, ...]:
     return (compute if compute != "fp32" else "bf16",)
 
 
-def device_peak(device: torch.device, name: str, memory_bytes: int, compute: str, seconds: float = 2.0,
+def device_peak(device: torch.device, name: str, memory_bytes: int, compute: str, seconds: float = PROBE_SECONDS,
                 gpu_id: str | None = None) -> Peak:
     """device_peak_flops for a run whose compute precision is `compute` (bf16 | fp16 | fp32).
 
@@ -77,7 +73,7 @@ def device_peak(device: torch.device, name: str, memory_bytes: int, compute: str
     """
     from ..device import DTYPES
 
-    n = GPU_PROBE_N if device.type == "cuda" else CPU_PROBE_N
+    n = probe_size(device)
     probes = {d: measure_matmul_peak(DTYPES[d], device, n=n, seconds=seconds) for d in probe_dtypes(device, compute)}
     if device.type == "cpu":
         return Peak(probes[compute], compute, f"measured now: {n}^3 {compute} matmul probe on {name}", probes)

@@ -71,7 +71,7 @@ def settings_from_config(cfg: cfgmod.TrainConfig, arch: archmod.Arch) -> Setting
         seq_len=cfg.seq_len, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum, epochs=cfg.epochs,
         max_steps=cfg.max_steps, packing=cfg.packing, grad_ckpt=cfg.grad_ckpt,
         targets=archmod.adapter_targets(arch, cfg.lora.targets), r=cfg.lora.r, lora_dropout=cfg.lora.dropout,
-        save_steps=cfg.save_steps, save_total_limit=cfg.save_total_limit, seed=cfg.seed,
+        save_steps=cfg.save_steps, save_total_limit=cfg.save_total_limit, seed=cfg.seed, compile=cfg.compile,
     )
 
 
@@ -120,7 +120,7 @@ def device_for(gpu_id: str, precision: str) -> Device:
 def local_device(precision: str) -> Device:
     """The present machine: its peak from a calibration record, else a short matmul probe."""
     from ..device import device_memory_bytes, device_name, pick_device, pick_precision
-    from .calibration import device_key, load_calibration, measure_matmul_peak
+    from .calibration import device_key, load_calibration, measure_matmul_peak, probe_size
 
     dev = pick_device("auto")
     prec = pick_precision(precision, dev)
@@ -129,7 +129,7 @@ def local_device(precision: str) -> Device:
     if record is not None and record.peak_flops:
         peak, source = record.peak_flops, f"calibration record {record.created}"
     else:
-        n = 4096 if dev.type == "cuda" else 1024
+        n = probe_size(dev)
         peak = measure_matmul_peak(prec.compute, dev, n=n)
         source = f"measured now: {n}^3 {prec.name} matmul probe"
     cls = "probe-gpu" if dev.type == "cuda" else "cpu"

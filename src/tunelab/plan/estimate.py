@@ -37,6 +37,7 @@ class Settings:
     save_steps: int
     save_total_limit: int
     seed: int = 42
+    compile: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ def estimate(arch: Arch, lengths: workload.Lengths, s: Settings, d: Device, gpus
     trainable = memory.trainable_params(arch, setup)
     periodic, final = timing.checkpoint_bytes(trainable, arch.total_params, s.method)
     on_disk = arch.total_params * 2  # 16-bit safetensors, quantized at load time for int8/nf4
-    over = timing.overheads(on_disk, ckpt.written, periodic, final)
+    over = timing.overheads(on_disk, ckpt.written, periodic, final, s.compile)
     return Estimate(s, d, gpus, sharding, w, ckpt, f, eff, mem, biggest, speed, over)
 
 

@@ -66,7 +66,8 @@ def record(r: Result, e: Estimate) -> dict:
         "tokens_per_s": e.speed.tokens_per_s,
         "tokens_nonpad_per_s": e.speed.tokens_per_s * w.tokens_nonpad / w.tokens_padded,
         "time_s": e.time_s, "train_s": e.speed.train_s,
-        "overheads_s": {"model_load": e.overheads.model_load_s, "checkpoints": e.overheads.checkpoint_s, "evaluation": e.overheads.eval_s},
+        "overheads_s": {"model_load": e.overheads.model_load_s, "compile": e.overheads.compile_s,
+                        "checkpoints": e.overheads.checkpoint_s, "evaluation": e.overheads.eval_s},
         "peak_memory_bytes": e.memory.total, "memory_breakdown": e.memory.as_dict(),
         "memory_capacity_bytes": e.device.gpu.memory_bytes, "fits": e.fits, "max_micro_batch": e.max_micro_batch,
         "optimizer_steps": w.optimizer_steps, "steps_per_epoch": w.steps_per_epoch,
@@ -108,7 +109,8 @@ def table(results: list[Result]) -> str:
             f"  steps: {w.optimizer_steps:,} optimizer steps ({w.steps_per_epoch:,}/epoch); checkpoints {e.checkpoints.written} written, {e.checkpoints.kept} kept, + final save",
             f"  speed: {e.speed.tokens_per_s:,.0f} tokens/s fed ({e.efficiency.label})",
             f"  time: train {duration(e.speed.train_s)} + model load {duration(e.overheads.model_load_s)}"
-            f" + checkpoints {duration(e.overheads.checkpoint_s)} + evaluation {duration(e.overheads.eval_s)} = {duration(e.time_s)}",
+            + (f" + compile {duration(e.overheads.compile_s)}" if e.overheads.compile_s else "")
+            + f" + checkpoints {duration(e.overheads.checkpoint_s)} + evaluation {duration(e.overheads.eval_s)} = {duration(e.time_s)}",
             f"  memory: peak {gib(e.memory.total)} of {gib(g.memory_bytes)} -> {'fits' if e.fits else 'DOES NOT FIT'};"
             f" largest micro-batch that fits: {e.max_micro_batch}",
             *breakdown_lines(e.memory),

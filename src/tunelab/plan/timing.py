@@ -4,7 +4,7 @@ time_train = tokens_padded x hardware_flops_per_token / (peak x efficiency x GPU
 (FORMULAS.md): every fed position costs compute, padding included; recomputation counts because the
 hardware does it. Efficiency (achieved fraction of the dense peak) comes from a calibration record of
 the device when there is one, else from an assumed default per device class, and says which.
-Fixed overheads are separate lines: model load, checkpoint writes, evaluation.
+Fixed overheads are separate lines: model load, torch.compile, checkpoint writes, evaluation.
 """
 
 from __future__ import annotations
@@ -18,6 +18,12 @@ from .calibration import CalibrationRecord
 # local NVMe SSD and write of checkpoints to it, in bytes/s.
 DISK_READ_BPS = 1.5e9
 DISK_WRITE_BPS = 1.0e9
+# torch.compile's one-off cost in the first steps (`compile: true`) with a cold inductor cache, as a fresh
+# install meets it. Measured on the quickstart (2-core CPU): the first 10 steps took 70.4 s where 10 steady
+# steps took 29 s (docs/results/quickstart-s4-first-three/metrics.jsonl), ~41 s. All decoder blocks share one
+# compiled graph, so it does not grow with depth; a warm cache costs less. On CUDA it is this same
+# assumption, not a measurement.
+COMPILE_S = 40.0
 
 
 @dataclass(frozen=True)
@@ -56,12 +62,13 @@ def throughput(tokens_padded: int, hardware_flops_per_token: float, peak_flops: 
 @dataclass(frozen=True)
 class Overheads:
     model_load_s: float
+    compile_s: float
     checkpoint_s: float
     eval_s: float
 
     @property
     def total(self) -> float:
-        return self.model_load_s + self.checkpoint_s + self.eval_s
+        return self.model_load_s + self.compile_s + self.checkpoint_s + self.eval_s
 
 
 def checkpoint_bytes(trainable_params: int, total_params: int, method: str) -> tuple[int, int]:
@@ -73,9 +80,10 @@ def checkpoint_bytes(trainable_params: int, total_params: int, method: str) -> t
 
 
 def overheads(weights_on_disk: int, periodic_checkpoints: int, periodic_bytes: int, final_bytes: int,
-              eval_s: float = 0.0) -> Overheads:
+              compiled: bool, eval_s: float = 0.0) -> Overheads:
     return Overheads(
         model_load_s=weights_on_disk / DISK_READ_BPS,
+        compile_s=COMPILE_S if compiled else 0.0,
         checkpoint_s=(periodic_checkpoints * periodic_bytes + final_bytes) / DISK_WRITE_BPS,
         eval_s=eval_s,
     )
