@@ -83,20 +83,21 @@ class _Regather(torch.autograd.Function):
 
 
 class _SlotAttention(torch.autograd.Function):
-    """Causal attention over short slots as explicit products, with the softmax written so that no
-    S x H x L x L tensor is ever fp32 in memory.
+    """Causal attention over short slots as explicit products, with flash-attention's softmax gradient.
 
-    Why: on CPU the element-wise passes over the scores cost more than the products. Writing a fresh fp32
-    buffer of the quickstart's scores (96 slots x 9 heads x 64 x 64) took 3.6 ms against 0.96 ms for the
-    same computation written as bf16, and autograd's softmax keeps its exponentials in fp32. Here the
-    scores are reduced to a log-sum-exp (fp32, one value per row) and the probabilities are written once,
-    in bf16, as the product with V reads them anyway; the backward is the softmax gradient
-    dS = P * (dP - rowsum(dO * O)) (flash-attention's form) in one fused pass.
+    Why: with autograd's softmax, inductor's backward kernel recomputed the masked softmax from the saved
+    scores (max, exp, sum over L) before its gradient reduction over L. Here the forward reduces the scores
+    to a log-sum-exp and writes the probabilities once, in bf16 (the product with V reads them anyway), and
+    the backward is dS = P * (dP - rowsum(dO * O)): its correction term is a reduction over the head dim D
+    of tensors that are already there, and nothing is recomputed.
 
     Grouped-query heads are folded instead of copying K and V per query head: query heads kv*G..kv*G+G-1
     share KV head kv (transformers' repeat_kv), so (S, H, L, D) viewed as (S, KV, G*L, D) multiplies each
-    KV head once. Measured on those shapes (bf16, compiled, forward+backward): 11 ms against 34 ms for the
-    autograd softmax over repeated K and V, with the same error against an fp32 reference.
+    KV head once.
+
+    Measured on the quickstart's slots (96 x 9 heads x 64 tokens, head dim 64, 3 KV heads; bf16, compiled,
+    jemalloc as training runs it), per call: products 6.4 -> 4.8 ms, forward kernel 4.7 -> 2.6 ms, backward
+    kernel 4.4 -> 0.8 ms; forward+backward 20.9 -> 13.0 ms, with the same error against an fp32 reference.
 
     For slots longer than MATH_MAX_LEN the scores' memory grows as L², and SDPA's flash kernel is used; so
     it is with attention dropout, which this product does not apply."""
