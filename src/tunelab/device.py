@@ -28,6 +28,12 @@ class Precision:
         return self.name == "fp16"
 
 
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a product of `x` runs in: autocast's when it is on (custom autograd Functions run their
+    backward outside autocast, so they must cast explicitly), else x's own."""
+    return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+
+
 def pick_device(name: str = "auto") -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

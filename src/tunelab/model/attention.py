@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data.packing import SeqLayout
-from .lora_linear import compute_dtype
+from ..device import compute_dtype
 
 NAME = "tunelab_packed"
 # Longest slot for the explicit-product path on CPU; beyond it the L x L scores cost more memory than the

@@ -34,11 +34,7 @@ import functools
 import torch
 from peft.tuners.lora import Linear as PeftLoraLinear
 
-
-def compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype a product of `x` runs in: autocast's when it is on (custom autograd Functions run their
-    backward outside autocast, so they must cast explicitly), else x's own."""
-    return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+from ..device import compute_dtype
 
 
 class _LoraLinearFn(torch.autograd.Function):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..train.loss import LOGIT_CHUNK
 from . import memory, timing, workload
 from .arch import Arch
 from .calibration import CalibrationRecord
@@ -16,7 +17,6 @@ from .flops import FlopsPerToken, flops_per_token
 # Runtime overhead on a CUDA device when no calibration exists: CUDA context + allocator caching, the
 # middle of FORMULAS.md's 0.5-1.5 GiB range. An assumption; calibration replaces it.
 CUDA_RUNTIME_OVERHEAD = 1 << 30
-LOGIT_CHUNK = 2048  # tunelab.train.loss.LOGIT_CHUNK: rows of logits alive at once
 
 
 @dataclass(frozen=True)
