@@ -6,7 +6,8 @@ slow kernel path. For short examples packed into long rows (arithmetic: ~45 toke
 most of that work is wasted.
 
 Here each packed sequence is gathered into its own slot of a (S, L) layout (L = longest sequence in the
-batch), SDPA runs with `is_causal=True` and no mask (its fast path), and the output is gathered back.
+batch), causal attention runs there with no mask (on CPU for short slots as explicit products,
+`_SlotAttention`; otherwise SDPA with `is_causal=True`, its fast path), and the output is gathered back.
 Slots are right-padded: under a causal mask no real token can see the padding after it, so the padding
 needs no mask either. The indices both ways come from the host (`SeqLayout`, built in collate), so
 there is no device->host sync. This is flash-attention's varlen idea, expressed with SDPA so it runs on
