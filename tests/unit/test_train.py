@@ -159,3 +159,37 @@ def test_demo_scores_each_kept_checkpoint(tiny_model_dir, data_file, tmp_path):
     assert [state.step for state, _ in results] == [2, 4]
     assert [state.elapsed_s > 0 for state, _ in results] == [True, True]
     assert all(0.0 <= accuracy <= 1.0 for _, accuracy in results)
+
+
+def test_compiled_blocks_save_less_for_backward_than_at_full_budget(tokenizer, monkeypatch):
+    """compile_blocks lowers the partitioner's activation memory budget: a compiled block then keeps fewer
+    bytes for backward (it recomputes cheap element-wise results) than at a budget of 1.0."""
+    import torch._functorch.config as aot_config
+    from conftest import make_tiny_llama
+    from tunelab.train import command
+
+    monkeypatch.setattr(aot_config, "activation_memory_budget", aot_config.activation_memory_budget)  # restored after
+    ids = torch.randint(3, len(tokenizer), (4, 64), generator=torch.Generator().manual_seed(0))
+
+    def saved_bytes(budget: float) -> int:
+        monkeypatch.setattr(command, "ACTIVATION_MEMORY_BUDGET", budget)
+        torch._dynamo.reset()
+        model = make_tiny_llama(len(tokenizer))
+        command.compile_blocks(model)
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        saved: dict[int, int] = {}
+
+        def keep(t):
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            model(ids).logits.float().square().mean().backward()
+        return sum(n for ptr, n in saved.items() if ptr not in params)
+
+    shipped = command.ACTIVATION_MEMORY_BUDGET
+    assert shipped < 1.0
+    try:
+        assert saved_bytes(shipped) < saved_bytes(1.0)
+    finally:
+        torch._dynamo.reset()
