@@ -86,17 +86,16 @@ def probe_size(device: torch.device) -> int:
     return GPU_PROBE_N if device.type == "cuda" else CPU_PROBE_N
 
 
-def measure_matmul_peak(dtype: torch.dtype, device: torch.device, n: int | None = None,
-                        seconds: float = PROBE_SECONDS, windows: int = 8) -> float:
-    """Achieved FLOP/s of an n x n x n matmul in `dtype` (n: the device's probe size by default): the fastest
-    of `windows` windows that together last about `seconds`, after one warm-up.
+def measure_matmul_peak(dtype: torch.dtype, device: torch.device, n: int, seconds: float = PROBE_SECONDS,
+                        windows: int = 8) -> float:
+    """Achieved FLOP/s of an n x n x n matmul in `dtype` (callers pass `probe_size(device)`): the fastest of
+    `windows` windows that together last about `seconds`, after one warm-up.
 
     An n³ matmul costs 2·n³ FLOPs. The fastest window, not the mean: on a shared machine a
     mean counts other processes' time as the device's, and a low peak inflates every MFU divided by it. One
     1-second mean on this 2-core host read 1.51, 1.81, 1.97 and 2.18 TFLOP/s (2048³ bf16) across
     four bench runs of one day.
     """
-    n = n or probe_size(device)
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
 

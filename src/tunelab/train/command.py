@@ -139,8 +139,9 @@ def compile_blocks(model: torch.nn.Module) -> None:
 
     All blocks share one graph (parameters are graph inputs), so the compile cost is one block's, not the
     model's. Inductor fuses the element-wise passes between the matmuls (norms, RoPE, SiLU·up, residual
-    adds), which on the quickstart were half of an eager step. The attention-slot shapes change with every
-    batch; the second shape seen makes those dimensions dynamic, after which nothing recompiles.
+    adds), which on the quickstart were half of an eager step. The attention-slot count is the same for every
+    batch of a run (train/batches.Schedule); a second slot length makes that dimension dynamic, after which
+    nothing recompiles.
     The final norm is compiled too: eager, its fp32 pow/mul/div passes over fresh buffers took ~120 ms of a
     3.5 s quickstart step (page faults on every new allocation), compiled one fused pass each way.
 
