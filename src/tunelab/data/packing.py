@@ -36,17 +36,23 @@ class SeqLayout:
     slot: np.ndarray  # (B*T,) int64
     in_slot: np.ndarray  # (B*T,) bool
 
-    def cost(self) -> int:
-        """Attention work of the real sequences (padding slots and slot-length rounding left out)."""
-        per_slot = self.valid.sum(1)
-        return int((per_slot > 0).sum()) * int(per_slot.max()) ** 2
-
 
 SLOT_QUANTUM = 16
 
 
-def _round_up(n: int, quantum: int) -> int:
-    return -(-n // quantum) * quantum
+def slot_length(longest: int) -> int:
+    """Slot length for a batch whose longest sequence is `longest` tokens, rounded up to a few sizes: every
+    distinct activation size that a batch brings leaves differently-sized free blocks behind, and glibc's
+    heap then grows instead of reusing them (measured: peak RSS rising ~100 MB per step over a whole run).
+    The slot count needs no rounding: a run gives every batch its largest count (train/batches.Schedule)."""
+    return -(-longest // SLOT_QUANTUM) * SLOT_QUANTUM
+
+
+def slots_pay(sequences: int, longest: int, rows: int, width: int) -> bool:
+    """Whether per-sequence attention slots cost less than attending over whole rows with a block-diagonal
+    mask: attention work of the real sequences (each as long as the longest; padding slots and slot-length
+    rounding left out) against rows x width²."""
+    return sequences * longest**2 <= rows * width**2
 
 
 def layout_from_lengths(row_seq_lengths: list[list[int]], width: int, min_slots: int = 0) -> SeqLayout:
@@ -60,11 +66,9 @@ def layout_from_lengths(row_seq_lengths: list[list[int]], width: int, min_slots:
             starts.append(at)
             lengths.append(n)
             at += n
-    # Slot counts and lengths rounded up to a few sizes: every distinct activation size that a batch brings
-    # leaves differently-sized free blocks behind, and glibc's heap then grows instead of reusing them
-    # (measured: peak RSS rising ~100 MB per step over a whole run). Padding slots are invalid everywhere.
-    longest = _round_up(max(lengths), SLOT_QUANTUM)
-    padding_slots = _round_up(max(len(lengths), min_slots), SLOT_QUANTUM) - len(lengths)
+    # Padding slots are invalid everywhere.
+    longest = slot_length(max(lengths))
+    padding_slots = max(len(lengths), min_slots) - len(lengths)
     lengths += [0] * padding_slots
     starts += [0] * padding_slots
     offsets = np.arange(longest)
@@ -182,10 +186,9 @@ def collate(data: TokenizedData, rows: list[list[int]], seq_len: int, pad_id: in
     flat = targets.reshape(-1)
     loss_index = np.flatnonzero(flat != IGNORE)
     layout = None
-    if packing:
+    seq_lengths = [n for seqs in row_seq_lengths for n in seqs]
+    if packing and slots_pay(len(seq_lengths), max(seq_lengths), len(rows), width):
         layout = layout_from_lengths(row_seq_lengths, width, min_slots)
-        if layout.cost() > len(rows) * width * width:
-            layout = None
     return Batch(ids, positions, loss_index, flat[loss_index], ids.size, int(sum(row_lengths)), layout)
 
 
