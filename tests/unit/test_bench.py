@@ -11,6 +11,7 @@ from conftest import write_jsonl
 from tunelab.bench import calibrate, command, measure, store
 from tunelab.cli import main
 from tunelab.errors import TunelabError
+from tunelab.plan import catalog
 from tunelab.plan.calibration import load_calibration
 from tunelab.plan.command import local_prediction
 from tunelab.plan.flops import FlopsPerToken
@@ -126,8 +127,10 @@ def test_calibrate_writes_a_record_plan_reads(bench_args, tmp_path, monkeypatch,
     run = out["runs"][0]
     assert record.efficiency["lora"] == pytest.approx(
         run["tokens_padded_per_s"] * run["hardware_flops_per_token"] / record.peak_flops)
-    # No record existed before, so plan's CPU overhead was 0 and its prediction is the model without overhead.
-    assert record.runtime_overhead_bytes == run["peak_memory_bytes"] - run["predicted"]["peak_memory_bytes"]
+    # No record existed before, so plan's prediction carried the catalog's CPU overhead; the record keeps the
+    # measured peak minus the model without it.
+    overhead = run["peak_memory_bytes"] - run["predicted"]["peak_memory_bytes"] + catalog.runtime_overhead("cpu")
+    assert record.runtime_overhead_bytes == overhead
     # plan --gpu local now predicts the measured rate: calibrated peak x efficiency / hardware FLOPs.
     prediction = local_prediction(command.point_config(command_args(bench_args), [], tmp_path / "p"))
     assert prediction.speed.tokens_per_s == pytest.approx(run["tokens_padded_per_s"], rel=1e-6)

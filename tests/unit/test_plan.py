@@ -77,10 +77,24 @@ def test_memory_hand_count_lora():
     adapters = 2 * 8 * ((64 + 64) + (64 + 32))
     assert m.weights == total * 2
     assert (m.adapters, m.gradients, m.optimizer_states) == (adapters * 4, adapters * 4, adapters * 8)
-    # per token and layer: norms 2x4x64 + attention 2x(64+2x32)+2x64 + MLP 3x2x128 + adapter inputs 2x(64+64) + A outputs 2x2x8
-    per = 512 + 384 + 768 + 256 + 32
+    # per token and layer, eager: norms 2x4x64 + MLP 3x2x128 + q/v's shared input 2x64 + A outputs 2x2x8,
+    # + attention over whole rows: q, k, v, output 2x(2x64+2x32) + SDPA's log-sum-exp 4x4
+    per = 512 + 768 + 128 + 32 + 400
     assert m.activations == 2 * per * 20 + 4 * 64 * 20
     assert m.logits_loss == 5 * 100 * (12 + 2) + 5 * 64 * 2
+
+
+def test_memory_hand_count_compiled_blocks_with_attention_slots():
+    a = small_arch()
+    m = memory.breakdown(a, setup(compiled=True, slots=4, slot_len=8, attention_probs=True))
+    # per token and layer: the block's input 2x64 + o_proj's input 2x64 + gate and up 2x2x128 + two 1/rms 2x4
+    # + A outputs 2x2x8; per slot position: q, k, v, output 2x(2x64+2x32) + probabilities 2x4x8
+    rows, slots = 128 + 128 + 512 + 8 + 32, 384 + 64
+    assert m.activations == 2 * (rows * 20 + slots * 4 * 8) + 4 * 64 * 20
+    full = memory.breakdown(a, setup(method="full", targets=(), compiled=True, grad_ckpt=True))
+    # the residual stream is fp32 under full fine-tuning: each layer's input 4x64, one layer recomputed
+    one_layer = (4 * 64 + 128 + 512 + 8) * 20 + 400 * 20
+    assert full.activations == 2 * 4 * 64 * 20 + one_layer + 4 * 64 * 20
 
 
 def test_memory_hand_count_llama2_qlora_and_full():

@@ -81,6 +81,11 @@ def _is_nf4(base: torch.nn.Module) -> bool:
     return type(base).__name__ == "Linear4bit" and getattr(base.weight, "quant_state", None) is not None
 
 
+def has_nf4_base(model: torch.nn.Module) -> bool:
+    """Whether any layer of `model` is a quantized bitsandbytes Linear4bit."""
+    return any(_is_nf4(module) for module in model.modules())
+
+
 def _nf4_dequantizer(base: torch.nn.Module):
     """A function giving an nf4 base's weight dequantized."""
     from bitsandbytes.functional import dequantize_4bit

@@ -77,6 +77,11 @@ def class_efficiency(device_class: str) -> float:
     return float(row["efficiency"])
 
 
+def runtime_overhead(device_type: str) -> int:
+    """Bytes a training process holds beyond the memory model's terms on a `device_type` (cuda | cpu)."""
+    return round(float(read("gpus.yaml")["runtime-overhead-gib"][device_type]) * 2**30)
+
+
 def scaling_efficiency(strategy: str) -> float:
     return float(read("gpus.yaml")["scaling"][strategy])
 

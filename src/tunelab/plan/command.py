@@ -11,7 +11,7 @@ from .. import config as cfgmod
 from ..errors import TunelabError
 from . import arch as archmod
 from . import catalog, render, workload
-from .estimate import CUDA_RUNTIME_OVERHEAD, Device, Settings, estimate, suggestions
+from .estimate import Device, Settings, estimate, suggestions
 
 DEFAULT_GPU = "h100-sxm"
 # Without a dataset: every example is assumed this many tokens long, half of them with a loss target.
@@ -113,7 +113,7 @@ def dataset_lengths(cfg: cfgmod.TrainConfig, tokenizer_ref: str | None) -> workl
 
 def device_for(gpu_id: str, precision: str) -> Device:
     if gpu_id != "local":
-        return Device(catalog.gpu(gpu_id), CUDA_RUNTIME_OVERHEAD)
+        return Device(catalog.gpu(gpu_id), catalog.runtime_overhead("cuda"))
     return local_device(precision)
 
 
@@ -133,7 +133,7 @@ def local_device(precision: str) -> Device:
         peak = measure_matmul_peak(prec.compute, dev, n=n)
         source = f"measured now: {n}^3 {prec.name} matmul probe"
     cls = "probe-gpu" if dev.type == "cuda" else "cpu"
-    overhead = CUDA_RUNTIME_OVERHEAD if dev.type == "cuda" else 0
+    overhead = catalog.runtime_overhead("cuda" if dev.type == "cuda" else "cpu")
     if record is not None and record.runtime_overhead_bytes is not None:
         overhead = record.runtime_overhead_bytes
     gpu = catalog.Gpu("local", name, device_memory_bytes(dev), 0.0, peak, prec.name == "bf16", cls,

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..model.attention import MATH_MAX_LEN
 from ..train.loss import LOGIT_CHUNK
 from . import memory, timing, workload
 from .arch import Arch
 from .calibration import CalibrationRecord
 from .catalog import Gpu
 from .flops import FlopsPerToken, flops_per_token
-
-# Runtime overhead on a CUDA device when no calibration exists: CUDA context + allocator caching, the
-# middle of FORMULAS.md's 0.5-1.5 GiB range. An assumption; calibration replaces it.
-CUDA_RUNTIME_OVERHEAD = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -57,6 +54,7 @@ class Estimate:
     checkpoints: workload.Checkpoints
     flops: FlopsPerToken
     efficiency: timing.Efficiency
+    memory_setup: memory.MemorySetup
     memory: memory.MemoryBreakdown
     max_micro_batch: int
     speed: timing.Throughput
@@ -72,11 +70,14 @@ class Estimate:
 
 
 def memory_setup(s: Settings, w: workload.Workload, d: Device, sharding: str, gpus: int) -> memory.MemorySetup:
+    # tunelab's slot attention keeps its probabilities on CPU (short slots); elsewhere SDPA keeps a log-sum-exp
+    probs = d.gpu.device_class == "cpu" and 0 < w.epoch.slot_len <= MATH_MAX_LEN
     return memory.MemorySetup(
         method=s.method, base_quant=s.base_quant, compute_bytes=s.compute_bytes, micro_batch=s.micro_batch,
         row_len=w.epoch.widest_row, loss_rows=max(1, round(w.loss_tokens_per_micro_batch)), loss_chunk=LOGIT_CHUNK,
         grad_ckpt=s.grad_ckpt, targets=s.targets, r=s.r, lora_dropout=s.lora_dropout,
-        runtime_overhead=d.runtime_overhead, sharding=sharding, world=gpus,
+        runtime_overhead=d.runtime_overhead, sharding=sharding, world=gpus, compiled=s.compile,
+        slots=w.epoch.slots, slot_len=w.epoch.slot_len, attention_probs=probs,
     )
 
 
@@ -96,7 +97,7 @@ def estimate(arch: Arch, lengths: workload.Lengths, s: Settings, d: Device, gpus
     periodic, final = timing.checkpoint_bytes(trainable, arch.total_params, s.method)
     on_disk = arch.total_params * 2  # 16-bit safetensors, quantized at load time for int8/nf4
     over = timing.overheads(on_disk, ckpt.written, periodic, final, s.compile)
-    return Estimate(s, d, gpus, sharding, w, ckpt, f, eff, mem, biggest, speed, over)
+    return Estimate(s, d, gpus, sharding, w, ckpt, f, eff, setup, mem, biggest, speed, over)
 
 
 @dataclass(frozen=True)

@@ -9,16 +9,29 @@ Derivations (FORMULAS.md; per-parameter table of EleutherAI "Transformer Math 10
   weights), so each trainable parameter costs 4 (weight) + 4 (grad) + 8 (AdamW's two fp32 states) B.
   Under 16-bit autocast full fine-tuning also holds a 16-bit copy of every weight from the forward to
   its backward (autocast caches casts of leaf tensors).
-- Activations, per token and decoder layer, for the Llama block (RMSNorm in fp32, SwiGLU, SDPA; no
-  dropout), derived tensor by tensor from what autograd saves (a = compute-dtype bytes):
+- Activations, per token and decoder layer, for the Llama block (RMSNorm in fp32, SwiGLU; no dropout),
+  derived tensor by tensor from what autograd saves (a = compute-dtype bytes). Checked against the
+  saved-tensor sums of the quickstart (SmolLM2-135M, 16 x 256 packed rows, LoRA r 32 on every linear, bf16):
+  eager 3.13 GiB measured against 3.12 modeled; compiled 1.75 against 1.74; compiled full 1.94 against 1.92
+  (docs/performance.md, "plan's memory model").
+  Eager:
     RMSNorm x2: the fp32 input (4h each); with a trained norm weight also the normalized fp32 (4h each)
-    attention: q, k, v after RoPE (a·(H·Q + 2·KV·Q)) and the SDPA output (a·H·Q); SDPA/flash attention
-      keeps no T×T matrix (Korthikanti et al. 2022's 5·a·s/h term is gone)
     MLP: gate output (silu's input), silu output and up output: 3·a·I
-    linear inputs: a trained weight saves its input for the weight gradient. Under autocast each linear
-      casts its own copy (q, k, v do not share); a LoRA adapter saves its own 16-bit copy of the input
-      plus A's output (a·r); a frozen base weight saves nothing (its input gradient needs only W).
+    linear inputs: a trained weight saves its input for the weight gradient. Full fine-tuning under
+      autocast casts each linear's fp32 input on its own (q, k, v do not share). LoRA's frozen base weights
+      are in the compute dtype, so the block's activations already are, and linears reading the same input
+      share it (q/k/v, gate/up). A LoRA adapter also saves A's output (a·r); a frozen base weight alone
+      saves nothing (its input gradient needs only W).
     LoRA dropout > 0 adds a mask (1 B) and the dropped copy (a) per adapted input.
+  Compiled (train/command.compile_blocks, activation memory budget 0.9): the partitioner keeps the block's
+  input (the residual stream: fp32 for full fine-tuning, whose master weights make it fp32), o_proj's
+  input, the gate and up outputs, the two norms' fp32 1/rms and A's outputs, and recomputes the norm
+  outputs, SiLU·up and the second residual in backward.
+  Attention, per attention position (a slot position when packed sequences run in per-sequence slots,
+  data.packing; padding slots and slot-length rounding included): q, k, v and its output (a·(2·H·Q +
+  2·KV·Q)), plus either the probabilities (a·H·L for slots of length L: tunelab's CPU slot path,
+  model/attention.py) or SDPA's fp32 log-sum-exp (4·H; flash/efficient kernels keep no T×T matrix,
+  Korthikanti et al. 2022's 5·a·s/h term is gone).
   Gradient checkpointing keeps each layer's input (the residual stream) and one layer's activations.
 - Logits: tunelab's loss (train/loss.py) runs the LM head only on loss positions, in chunks of at most
   `loss_chunk` rows; at the peak (the loss backward) one chunk holds the fp32 log-softmax output, its
@@ -58,6 +71,10 @@ class MemorySetup:
     runtime_overhead: int = 0
     sharding: str = "single"
     world: int = 1
+    compiled: bool = False  # decoder blocks through torch.compile
+    slots: int = 0  # attention slots per micro-batch (plan.workload.EpochCounts); 0: attention over whole rows
+    slot_len: int = 0
+    attention_probs: bool = False  # attention keeps its probabilities (tunelab's CPU slot path)
 
 
 @dataclass(frozen=True)
@@ -101,42 +118,59 @@ def trainable_params(arch: Arch, s: MemorySetup) -> int:
     return adapter_params(arch, s.targets, s.r) + extra
 
 
-def activation_bytes_per_token_layer(arch: Arch, s: MemorySetup) -> float:
+def stream_bytes(s: MemorySetup) -> int:
+    """Bytes per element of the residual stream: fp32 under full fine-tuning (fp32 master weights make the
+    embedding output fp32), else the compute dtype (frozen weights are stored in it)."""
+    return 4 if s.method == "full" else s.compute_bytes
+
+
+def _adapter_bytes(arch: Arch, s: MemorySetup) -> float:
+    """Per token and layer: each adapter's A output, and with dropout its mask and dropped input copy."""
+    if s.method == "full":
+        return 0.0
+    shapes = arch.linears()
+    adapted = [shapes[t][0] for t in s.targets]
+    out = len(adapted) * s.compute_bytes * s.r
+    if s.lora_dropout > 0:
+        out += sum(adapted) * (1 + s.compute_bytes)
+    return out
+
+
+def row_bytes_per_token_layer(arch: Arch, s: MemorySetup) -> float:
+    """What a decoder layer saves per token outside attention's own tensors (the module docstring)."""
     a, h, i = s.compute_bytes, arch.hidden, arch.intermediate
-    q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
+    if s.compiled:
+        return stream_bytes(s) * h + a * arch.heads * arch.head_dim + 2 * a * i + 2 * 4 + _adapter_bytes(arch, s)
     shapes = arch.linears()
     full = s.method == "full"
-    autocast = a < 4
     norms = 2 * 4 * h * (2 if full else 1)
-    attention = a * (q + 2 * kv) + a * q
     mlp = 3 * a * i
-    if full:
-        if autocast:  # every linear saves its own 16-bit cast of its input
-            inputs = a * sum(d_in for d_in, _ in shapes.values())
-        else:  # fp32: q/k/v share the norm output, gate/up share theirs
-            inputs = a * (h + q + h + i)
-        adapters = 0.0
+    groups = {"attn_in": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "mlp_in": ("gate_proj", "up_proj"), "down": ("down_proj",)}
+    if full and a < 4:  # autocast casts each linear's fp32 input on its own
+        inputs = a * sum(d_in for d_in, _ in shapes.values())
     else:
-        adapted = [shapes[t][0] for t in s.targets]
-        if autocast:
-            inputs = a * sum(adapted)
-        else:
-            groups = {"attn_in": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "mlp_in": ("gate_proj", "up_proj"), "down": ("down_proj",)}
-            inputs = a * sum(shapes[g[0]][0] for g in groups.values() if set(g) & set(s.targets))
-        adapters = len(adapted) * a * s.r
-        if s.lora_dropout > 0:
-            adapters += sum(adapted) * (1 + a)
-    return norms + attention + mlp + inputs + adapters
+        trained = set(shapes) if full else set(s.targets)
+        inputs = a * sum(shapes[g[0]][0] for g in groups.values() if set(g) & trained)
+    return norms + mlp + inputs + _adapter_bytes(arch, s)
+
+
+def attention_bytes_per_position(arch: Arch, s: MemorySetup) -> float:
+    """What attention saves per query position and layer: q, k, v, its output, and the probabilities or
+    SDPA's log-sum-exp (the module docstring)."""
+    a = s.compute_bytes
+    q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
+    kept = a * arch.heads * s.slot_len if s.attention_probs else 4 * arch.heads
+    return a * (2 * q + 2 * kv) + kept
 
 
 def activation_bytes(arch: Arch, s: MemorySetup) -> float:
     tokens = s.micro_batch * s.row_len
-    per_layer = activation_bytes_per_token_layer(arch, s) * tokens
+    positions = s.slots * s.slot_len if s.slots else tokens
+    per_layer = row_bytes_per_token_layer(arch, s) * tokens + attention_bytes_per_position(arch, s) * positions
     residual = 4 * arch.hidden * tokens  # the final norm's fp32 input
     if s.grad_ckpt:
-        # each layer's saved input (residual stream, compute dtype or fp32 for full) + one layer recomputed
-        stream = 4 if s.method == "full" else s.compute_bytes
-        return arch.layers * stream * arch.hidden * tokens + per_layer + residual
+        # each layer's saved input (the residual stream) + one layer recomputed
+        return arch.layers * stream_bytes(s) * arch.hidden * tokens + per_layer + residual
     return arch.layers * per_layer + residual
 
 
@@ -186,7 +220,8 @@ def max_micro_batch(arch: Arch, s: MemorySetup, capacity: int, loss_per_row: flo
     from dataclasses import replace
 
     def fits(b: int) -> bool:
-        trial = replace(s, micro_batch=b, loss_rows=max(1, round(loss_per_row * b)))
+        slots = round(s.slots * b / s.micro_batch)  # slots grow with the rows packed into a micro-batch
+        trial = replace(s, micro_batch=b, loss_rows=max(1, round(loss_per_row * b)), slots=slots)
         return breakdown(arch, trial).total <= capacity
 
     if not fits(1):

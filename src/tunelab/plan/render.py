@@ -10,7 +10,7 @@ from . import timing
 from .arch import Arch
 from .catalog import Price
 from .estimate import Estimate, Suggestion
-from .memory import MemoryBreakdown
+from .memory import MemoryBreakdown, MemorySetup
 
 GIB = 2**30
 
@@ -41,6 +41,13 @@ def gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
+def activations_assumption(m: MemorySetup) -> str:
+    blocks = "compiled decoder blocks (norm outputs and SiLU·up recomputed in backward)" if m.compiled else "eager decoder blocks"
+    kept = "its probabilities" if m.attention_probs else "a log-sum-exp"
+    where = f"{m.slots} slots of {m.slot_len} tokens per micro-batch" if m.slots else "whole rows"
+    return f"activations as saved by {blocks}; attention over {where}, keeping {kept}"
+
+
 def assumptions(e: Estimate) -> list[str]:
     w = e.work
     out = [
@@ -52,7 +59,8 @@ def assumptions(e: Estimate) -> list[str]:
          "padded tokens: length-grouped dynamic padding to the longest row of each micro-batch, rounded to 8 (as train does)"),
         f"attention FLOPs use T = {w.epoch.widest_row} (the widest fed row), not halved for the causal mask (PaLM convention)",
         f"model load at {timing.DISK_READ_BPS / 1e9:g} GB/s, checkpoint writes at {timing.DISK_WRITE_BPS / 1e9:g} GB/s (assumed NVMe)",
-        f"runtime memory overhead {gib(e.device.runtime_overhead)} ({'calibrated' if e.device.calibration and e.device.calibration.runtime_overhead_bytes is not None else 'assumption'})",
+        activations_assumption(e.memory_setup),
+        f"runtime memory overhead {gib(e.device.runtime_overhead)} ({'calibrated' if e.device.calibration and e.device.calibration.runtime_overhead_bytes is not None else 'catalog default for the device type'})",
         "no evaluation passes configured: evaluation time 0",
     ]
     return out

@@ -12,7 +12,7 @@ Two sources of token lengths:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -55,6 +55,10 @@ class EpochCounts:
     tokens_nonpad: int
     tokens_loss: int
     widest_row: int  # the longest micro-batch width: what sizes activation memory
+    # Packed micro-batches whose attention runs in per-sequence slots (data.packing.collate): the run's slot
+    # count and slot length, which size attention's saved tensors. 0 when attention runs over whole rows.
+    slots: int = 0
+    slot_len: int = 0
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,21 @@ def epoch_counts(lengths: Lengths, b: Batching) -> EpochCounts:
         rows = n
         width = min(b.seq_len, math.ceil(L / PAD_MULTIPLE) * PAD_MULTIPLE)
     loss = min(lengths.mean_loss_tokens, L)
-    return EpochCounts(math.ceil(rows / b.micro_batch), rows, rows * width, round(n * L), round(n * loss), width)
+    micro_batches = math.ceil(rows / b.micro_batch)
+    counts = EpochCounts(micro_batches, rows, rows * width, round(n * L), round(n * loss), width)
+    if not b.packing:
+        return counts
+    return _with_slots(counts, min(n, per_row * b.micro_batch), math.ceil(L), b)
+
+
+def _with_slots(counts: EpochCounts, sequences: int, longest: int, b: Batching) -> EpochCounts:
+    """`counts` with the slot shape that collate gives a micro-batch of `sequences` (the run's most) whose
+    longest is `longest` tokens, where slots pay."""
+    from ..data.packing import slot_length, slots_pay
+
+    if not slots_pay(sequences, longest, b.micro_batch, b.seq_len):
+        return counts
+    return replace(counts, slots=sequences, slot_len=slot_length(longest))
 
 
 def _counted(lengths: Lengths, b: Batching) -> EpochCounts:
@@ -118,14 +136,18 @@ def _counted(lengths: Lengths, b: Batching) -> EpochCounts:
 
     arr = np.minimum(lengths.lengths, b.seq_len)
     batches = epoch_micro_batches(arr, b.seq_len, b.micro_batch, b.packing, np.random.default_rng([b.seed, 0]))
-    padded = widest = rows = 0
+    padded = widest = rows = sequences = 0
     for batch in batches:
         width = batch_width([int(arr[row].sum()) for row in batch], b.seq_len, b.packing)
         padded += width * len(batch)
         widest = max(widest, width)
         rows += len(batch)
+        sequences = max(sequences, sum(len(row) for row in batch))
     loss = round(lengths.examples * lengths.mean_loss_tokens)
-    return EpochCounts(len(batches), rows, padded, int(arr.sum()), loss, widest)
+    counts = EpochCounts(len(batches), rows, padded, int(arr.sum()), loss, widest)
+    if not b.packing:
+        return counts
+    return _with_slots(counts, sequences, int(arr.max()), b)
 
 
 def build(lengths: Lengths, b: Batching, epochs: float, max_steps: int | None = None) -> Workload:
