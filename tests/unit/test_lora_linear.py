@@ -6,7 +6,7 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
-from tunelab.model.lora_linear import LoraLinear, use_fused_lora
+from tunelab.model.lora_linear import LoraLinear, pack_for_inference, use_fused_lora
 
 
 class Block(torch.nn.Module):
@@ -122,6 +122,30 @@ def test_saved_adapter_is_scored_through_the_fused_layer(tmp_path):
     x = torch.randn(256, 64).to(torch.bfloat16)
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), fused(x), rtol=0, atol=0)
+
+
+def test_packed_inference_weight_computes_the_fused_result_from_one_copy_of_w():
+    """pack_for_inference: W becomes a view of [W | sB], inference gives exactly the fused result, a changed B
+    is picked up, and with autograd on the layer trains as before."""
+    _, fused = peft_pair()
+    reference = copy.deepcopy(fused)
+    assert pack_for_inference(fused) == 1
+    layer = fused.base_model.model.proj
+    packed, _ = layer._packed
+    assert layer.base_layer.weight.untyped_storage().data_ptr() == packed.untyped_storage().data_ptr()
+    x = torch.randn(7, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), reference(x), rtol=0, atol=0)
+        for m in (fused, reference):
+            m.base_model.model.proj.lora_B["default"].weight.mul_(-3.0)
+        torch.testing.assert_close(fused(x), reference(x), rtol=0, atol=0)
+    y0, gx0, g0 = grads(reference, x)
+    y1, gx1, g1 = grads(fused, x)
+    torch.testing.assert_close(y1, y0, rtol=0, atol=0)
+    torch.testing.assert_close(gx1, gx0, rtol=1e-6, atol=1e-6)
+    assert g0.keys() == g1.keys()
+    for name in g0:
+        torch.testing.assert_close(g1[name], g0[name], rtol=1e-6, atol=1e-6)
 
 
 def nf4_linear(dense: torch.nn.Linear) -> torch.nn.Module:

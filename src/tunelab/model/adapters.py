@@ -100,10 +100,11 @@ def load_adapter(model: torch.nn.Module, path: str | Path) -> torch.nn.Module:
     """
     from peft import PeftModel
 
-    from .lora_linear import use_fused_lora
+    from .lora_linear import pack_for_inference, use_fused_lora
 
     model = PeftModel.from_pretrained(model, str(path))
     use_fused_lora(model)
+    pack_for_inference(model)
     return model
 
 

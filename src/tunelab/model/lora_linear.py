@@ -99,6 +99,26 @@ class _FusedForward:
     saved adapter are peft's. It covers the plain case (one active LoRA adapter, unmerged, no dropout, no
     DoRA, a dense or nf4 base weight); anything else (an int8 base, say) takes peft's own forward."""
 
+    _packed: tuple[torch.Tensor, int] | None = None  # see pack_for_inference
+
+    def _inference_forward(self, x: torch.Tensor, name: str) -> torch.Tensor | None:
+        """Without autograd, over a packed weight: [x | xAᵀ]·[W | sB]ᵀ with no weight concatenated per call.
+        The sB columns are rewritten when B has changed since they were written (B's version counter)."""
+        packed, version = self._packed
+        if torch.is_grad_enabled() or x.dtype != packed.dtype:
+            return None
+        lora_b = self.lora_B[name].weight
+        width = x.shape[-1]
+        if lora_b._version != version:
+            packed[:, width:] = lora_b * self.scaling[name]
+            self._packed = (packed, lora_b._version)
+        x2 = x.reshape(-1, width)
+        xa = x2 @ self.lora_A[name].weight.to(x.dtype).T
+        y = torch.cat([x2, xa], dim=1) @ packed.T
+        if self.base_layer.bias is not None:
+            y += self.base_layer.bias.to(y.dtype)
+        return y.view(*x.shape[:-1], y.shape[-1])
+
     def _fused_adapter(self) -> str | None:
         if self.disable_adapters or self.merged or len(self.active_adapters) != 1:
             return None
@@ -115,6 +135,10 @@ class _FusedForward:
         name = None if args or kwargs else self._fused_adapter()
         if name is None:
             return super().forward(x, *args, **kwargs)
+        if self._packed is not None:
+            y = self._inference_forward(x, name)
+            if y is not None:
+                return y
         base = self.base_layer
         dequantize = None if type(base) is torch.nn.Linear else _nf4_dequantizer(base)
         return _LoraLinearFn.apply(x, None if dequantize else base.weight, base.bias, self.lora_A[name].weight,
@@ -130,6 +154,32 @@ def _fused_nf4_class(peft_class: type) -> type:
     """peft's LoRA layer over a bitsandbytes Linear4bit base, with the fused forward. Made on first use:
     peft defines that class only where bitsandbytes is installed."""
     return type("LoraLinear4bit", (_FusedForward, peft_class), {"__doc__": "peft's nf4 LoRA layer, fused forward."})
+
+
+def pack_for_inference(model: torch.nn.Module) -> int:
+    """Re-home each fused layer's dense base weight W into one (d_out, d_in + r) matrix [W | sB], W becoming a
+    view of its left part; returns how many layers. For evaluation and generation: the fused forward
+    otherwise concatenates [W | sB] on every call, and generation calls every layer once per new token.
+    Measured on the quickstart's held-out set (400 greedy generations, 64 per batch, 2-core CPU, the same
+    adapter): 53.1 s before, 46.6 s packed; the adapter merged into plain bf16 weights took 42.1 s but
+    scored 88.25% against 89.5%, the merge rounding small updates away. Memory stays one copy of W (the old
+    storage is freed as each layer is re-homed). With autograd on (training) the layer takes the ordinary
+    fused path."""
+    count = 0
+    for module in model.modules():
+        if not isinstance(module, _FusedForward):
+            continue
+        name = module._fused_adapter()
+        if name is None or type(module.base_layer) is not torch.nn.Linear:
+            continue
+        base = module.base_layer
+        weight = base.weight.detach()
+        lora_b = module.lora_B[name].weight
+        packed = torch.cat([weight, (lora_b.detach() * module.scaling[name]).to(weight.dtype)], dim=1)
+        base.weight = torch.nn.Parameter(packed[:, : weight.shape[1]], requires_grad=base.weight.requires_grad)
+        module._packed = (packed, lora_b._version)
+        count += 1
+    return count
 
 
 def use_fused_lora(model: torch.nn.Module) -> int:
