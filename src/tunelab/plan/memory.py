@@ -12,8 +12,9 @@ Derivations (FORMULAS.md; per-parameter table of EleutherAI "Transformer Math 10
 - Activations, per token and decoder layer, for the Llama block (RMSNorm in fp32, SwiGLU; no dropout),
   derived tensor by tensor from what autograd saves (a = compute-dtype bytes). Checked against the
   saved-tensor sums of the quickstart (SmolLM2-135M, 16 x 256 packed rows, LoRA r 32 on every linear, bf16):
-  eager 3.13 GiB measured against 3.12 modeled; compiled 1.75 against 1.74; compiled full 1.94 against 1.92
-  (docs/performance.md, "plan's memory model").
+  eager 3.13 GiB saved against 3.11 modeled; compiled 1.752 against 1.753; compiled full 1.94 against 1.83,
+  the difference a 108 MiB fp32 copy of the embedding matrix not modeled (docs/performance.md, "plan's
+  memory model").
   Eager:
     RMSNorm x2: the fp32 input (4h each); with a trained norm weight also the normalized fp32 (4h each)
     MLP: gate output (silu's input), silu output and up output: 3·a·I
@@ -24,9 +25,10 @@ Derivations (FORMULAS.md; per-parameter table of EleutherAI "Transformer Math 10
       saves nothing (its input gradient needs only W).
     LoRA dropout > 0 adds a mask (1 B) and the dropped copy (a) per adapted input.
   Compiled (train/command.compile_blocks, activation memory budget 0.9): the partitioner keeps the block's
-  input (the residual stream: fp32 for full fine-tuning, whose master weights make it fp32), o_proj's
-  input, the gate and up outputs, the two norms' fp32 1/rms and A's outputs, and recomputes the norm
-  outputs, SiLU·up and the second residual in backward.
+  input (the residual stream: fp32 for full fine-tuning, whose master weights make it fp32), one more
+  hidden-sized tensor in the compute dtype (o_proj's input or the residual after attention; the sums do
+  not tell which), the gate and up outputs, the two norms' fp32 1/rms and A's outputs, and recomputes the
+  norm outputs and SiLU·up in backward.
   Attention, per attention position (a slot position when packed sequences run in per-sequence slots,
   data.packing; padding slots and slot-length rounding included): q, k, v and its output (a·(2·H·Q +
   2·KV·Q)), plus either the probabilities (a·H·L for slots of length L: tunelab's CPU slot path,
