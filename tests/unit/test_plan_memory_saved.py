@@ -19,6 +19,7 @@ import torch
 from conftest import make_tiny_llama, write_jsonl
 from tunelab.config import load_config
 from tunelab.plan import memory
+from tunelab.plan.arch import resolve_arch
 from tunelab.plan.command import local_prediction
 from tunelab.train import command
 from tunelab.train.loss import CausalLMLoss
@@ -75,13 +76,7 @@ def test_activation_model_matches_saved_tensors(model_dir, addition_rows, tmp_pa
     setup = prediction.memory_setup
     assert setup.slots > 0 and setup.attention_probs  # the CPU slot path is what is being modeled
     assert setup.compiled == ("compile=true" in extra)
-    modeled = memory.activation_bytes(prediction_arch(cfg), setup)
+    modeled = memory.activation_bytes(resolve_arch(cfg.model), setup)
     measured = saved_bytes(cfg)
     print(f"{extra}: saved {measured / 2**20:.2f} MiB, modeled {modeled / 2**20:.2f} MiB")
     assert modeled == pytest.approx(measured, rel=0.05)
-
-
-def prediction_arch(cfg):
-    from tunelab.plan.arch import resolve_arch
-
-    return resolve_arch(cfg.model)

@@ -28,6 +28,12 @@ NAME = "tunelab_packed"
 MATH_MAX_LEN = 256
 
 
+def slot_products(device_type: str, length: int, dropout: float) -> bool:
+    """Whether slots of `length` run as explicit products (`_SlotAttention`, which keeps its bf16
+    probabilities for backward) rather than SDPA (which keeps a log-sum-exp); plan's memory model asks too."""
+    return device_type == "cpu" and length <= MATH_MAX_LEN and not dropout
+
+
 def packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """Attention-interface function: (B, H, T, D) in, (B, T, H, D) out, like transformers' sdpa_attention_forward."""
     slots = kwargs.get("seq_slots")
@@ -54,7 +60,7 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
 
     dropout = dropout if module.training else 0.0
     q, k, v = to_slots(query), to_slots(key), to_slots(value)
-    if q.device.type == "cpu" and length <= MATH_MAX_LEN and not dropout:
+    if slot_products(q.device.type, length, dropout):
         out = _SlotAttention.apply(q, k, v, scaling if scaling is not None else d**-0.5)
     else:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, dropout_p=dropout,

@@ -37,6 +37,15 @@ from peft.tuners.lora import Linear as PeftLoraLinear
 from ..device import compute_dtype
 
 
+def _fused_product(x2: torch.Tensor, a: torch.Tensor, weight_cat: torch.Tensor, bias: torch.Tensor | None):
+    """(y, xAᵀ) with y = [x | xAᵀ]·[W | sB]ᵀ (+ bias): one GEMM, one rounding; all in x2's dtype."""
+    xa = x2 @ a.T
+    y = torch.cat([x2, xa], dim=1) @ weight_cat.T
+    if bias is not None:
+        y += bias.to(y.dtype)
+    return y, xa
+
+
 class _LoraLinearFn(torch.autograd.Function):
     """`weight` is the dense base weight, or None with `dequantize` giving it (a quantized base)."""
 
@@ -49,10 +58,7 @@ class _LoraLinearFn(torch.autograd.Function):
             a = lora_a.to(dtype)
             b = (lora_b * scaling).to(dtype)
             w = (weight if dequantize is None else dequantize()).to(dtype)
-            xa = x2 @ a.T
-            y = torch.cat([x2, xa], dim=1) @ torch.cat([w, b], dim=1).T
-            if bias is not None:
-                y += bias.to(dtype)
+            y, xa = _fused_product(x2, a, torch.cat([w, b], dim=1), bias)
         ctx.save_for_backward(x2, xa, a, b, w if dequantize is None else None)
         ctx.dequantize, ctx.scaling, ctx.lead = dequantize, scaling, lead
         ctx.param_dtypes = (lora_a.dtype, lora_b.dtype)
@@ -112,11 +118,7 @@ class _FusedForward:
         if lora_b._version != version:
             packed[:, width:] = lora_b * self.scaling[name]
             self._packed = (packed, lora_b._version)
-        x2 = x.reshape(-1, width)
-        xa = x2 @ self.lora_A[name].weight.to(x.dtype).T
-        y = torch.cat([x2, xa], dim=1) @ packed.T
-        if self.base_layer.bias is not None:
-            y += self.base_layer.bias.to(y.dtype)
+        y, _ = _fused_product(x.reshape(-1, width), self.lora_A[name].weight.to(x.dtype), packed, self.base_layer.bias)
         return y.view(*x.shape[:-1], y.shape[-1])
 
     def _fused_adapter(self) -> str | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..model.attention import MATH_MAX_LEN
+from ..model.attention import slot_products
 from ..train.loss import LOGIT_CHUNK
 from . import memory, timing, workload
 from .arch import Arch
@@ -70,8 +70,8 @@ class Estimate:
 
 
 def memory_setup(s: Settings, w: workload.Workload, d: Device, sharding: str, gpus: int) -> memory.MemorySetup:
-    # tunelab's slot attention keeps its probabilities on CPU (short slots); elsewhere SDPA keeps a log-sum-exp
-    probs = d.gpu.device_class == "cpu" and 0 < w.epoch.slot_len <= MATH_MAX_LEN
+    device_type = "cpu" if d.gpu.device_class == "cpu" else "cuda"
+    probs = w.epoch.slots > 0 and slot_products(device_type, w.epoch.slot_len, dropout=0.0)
     return memory.MemorySetup(
         method=s.method, base_quant=s.base_quant, compute_bytes=s.compute_bytes, micro_batch=s.micro_batch,
         row_len=w.epoch.widest_row, loss_rows=max(1, round(w.loss_tokens_per_micro_batch)), loss_chunk=LOGIT_CHUNK,

@@ -113,19 +113,16 @@ def epoch_counts(lengths: Lengths, b: Batching) -> EpochCounts:
         rows = n
         width = min(b.seq_len, math.ceil(L / PAD_MULTIPLE) * PAD_MULTIPLE)
     loss = min(lengths.mean_loss_tokens, L)
-    micro_batches = math.ceil(rows / b.micro_batch)
-    counts = EpochCounts(micro_batches, rows, rows * width, round(n * L), round(n * loss), width)
-    if not b.packing:
-        return counts
-    return _with_slots(counts, min(n, per_row * b.micro_batch), math.ceil(L), b)
+    counts = EpochCounts(math.ceil(rows / b.micro_batch), rows, rows * width, round(n * L), round(n * loss), width)
+    return _with_slots(counts, min(n, per_row * b.micro_batch) if b.packing else 0, math.ceil(L), b)
 
 
 def _with_slots(counts: EpochCounts, sequences: int, longest: int, b: Batching) -> EpochCounts:
-    """`counts` with the slot shape that collate gives a micro-batch of `sequences` (the run's most) whose
-    longest is `longest` tokens, where slots pay."""
+    """`counts` with the slot shape that collate gives a packed micro-batch of `sequences` (the run's most)
+    whose longest is `longest` tokens, where slots pay."""
     from ..data.packing import slot_length, slots_pay
 
-    if not slots_pay(sequences, longest, b.micro_batch, b.seq_len):
+    if not b.packing or not slots_pay(sequences, longest, b.micro_batch, b.seq_len):
         return counts
     return replace(counts, slots=sequences, slot_len=slot_length(longest))
 
@@ -144,10 +141,8 @@ def _counted(lengths: Lengths, b: Batching) -> EpochCounts:
         rows += len(batch)
         sequences = max(sequences, sum(len(row) for row in batch))
     loss = round(lengths.examples * lengths.mean_loss_tokens)
-    counts = EpochCounts(len(batches), rows, padded, int(arr.sum()), loss, widest)
-    if not b.packing:
-        return counts
-    return _with_slots(counts, sequences, int(arr.max()), b)
+    return _with_slots(EpochCounts(len(batches), rows, padded, int(arr.sum()), loss, widest), sequences,
+                       int(arr.max()), b)
 
 
 def build(lengths: Lengths, b: Batching, epochs: float, max_steps: int | None = None) -> Workload:
