@@ -34,6 +34,13 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
 
 
+def hashed_dropout(device_type: str, compiled: bool) -> bool:
+    """Whether LoRA dropout draws its keep mask from an index hash, which backward draws again, rather than
+    from torch.rand, whose mask backward keeps (model/lora_linear.py): compiled on CPU, where inductor's
+    random numbers are slow. plan's memory model asks too."""
+    return device_type == "cpu" and compiled
+
+
 def pick_device(name: str = "auto") -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -95,9 +95,6 @@ def test_update_below_half_an_ulp_survives_bf16():
 
 
 def test_other_cases_take_peft_forward():
-    _, with_dropout = peft_pair(dropout=0.1)
-    layer = with_dropout.base_model.model.proj
-    assert isinstance(layer, LoraLinear) and layer._fused_adapter() is None
     _, fused = peft_pair()
     layer = fused.base_model.model.proj
     assert layer._fused_adapter() == "default"
@@ -105,6 +102,90 @@ def test_other_cases_take_peft_forward():
         assert layer._fused_adapter() is None
         x = torch.randn(2, 64)
         torch.testing.assert_close(fused(x), layer.base_layer(x))
+
+
+def _dropout_reference(layer, x, keep, p):
+    """peft's definition, y = xWᵀ + b + s·((x ⊙ keep / (1 - p))Aᵀ)Bᵀ, in plain autograd."""
+    a = layer.lora_A["default"].weight.detach().clone().requires_grad_(True)
+    b = layer.lora_B["default"].weight.detach().clone().requires_grad_(True)
+    x = x.clone().requires_grad_(True)
+    base = layer.base_layer
+    y = x @ base.weight.T + base.bias + layer.scaling["default"] * ((x * keep / (1 - p)) @ a.T) @ b.T
+    (y * torch.linspace(-1, 1, y.shape[-1])).sum().backward()
+    return y.detach(), x.grad, a.grad, b.grad
+
+
+def test_lora_dropout_takes_the_fused_path_and_matches_its_definition():
+    """The fused layer draws its keep mask with torch.rand over the flattened input, so re-seeding gives the
+    reference the same mask; in eval mode there is no dropout."""
+    p = 0.3
+    _, fused = peft_pair(dropout=p)
+    layer = fused.base_model.model.proj
+    assert layer._fused_adapter() == "default"
+    x = torch.randn(3, 5, 64)
+    torch.manual_seed(7)
+    y, gx, g = grads(fused, x)
+    torch.manual_seed(7)
+    keep = (torch.rand(15, 64) >= p).view(3, 5, 64)
+    assert 0.2 < 1 - keep.float().mean() < 0.4
+    y0, gx0, ga0, gb0 = _dropout_reference(layer, x, keep, p)
+    torch.testing.assert_close(y, y0, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gx, gx0, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(g["base_model.model.proj.lora_A.default.weight"], ga0, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(g["base_model.model.proj.lora_B.default.weight"], gb0, rtol=1e-4, atol=1e-5)
+    fused.eval()
+    torch.testing.assert_close(fused(x).detach(), _dropout_reference(layer, x, torch.ones_like(keep), 0.0)[0])
+
+
+def test_compiled_lora_dropout_backward_uses_the_forwards_mask():
+    """Under torch.compile the mask comes from inductor's RNG, so check consistency instead of values: the
+    forward's adapter activations xa = drop(x)·Aᵀ follow from y (B has full column rank), and dL/dA·Aᵀ
+    must equal gbᵀ·xa with gb = g·sB. A mask drawn again in backward would break the equality."""
+    p = 0.5
+    _, fused = peft_pair(dropout=p, b_scale=0.5)
+    layer = fused.base_model.model.proj
+    compiled = torch.compile(fused)
+    x = torch.randn(40, 64)
+    y = compiled(x)
+    g = torch.linspace(-1, 1, y.shape[-1]).expand_as(y)
+    (y * g).sum().backward()
+    s, a = layer.scaling["default"], layer.lora_A["default"].weight.detach()
+    sb = s * layer.lora_B["default"].weight.detach()
+    base = layer.base_layer
+    xa = (y.detach() - x @ base.weight.T - base.bias) @ torch.linalg.pinv(sb.T)
+    # With p = 0.5 about half the inputs are dropped: xa is not x·Aᵀ.
+    assert (xa - x @ a.T).abs().max() > 0.1
+    torch.testing.assert_close(layer.lora_A["default"].weight.grad @ a.T, (g @ sb).T @ xa, rtol=1e-3, atol=1e-3)
+
+
+def test_hash_bits_are_lowbias32_and_hashed_masks_drop_p_independently():
+    from tunelab.model.lora_linear import _hash_bits, _hashed_keep
+
+    def lowbias32_twice(i, seed):  # Python integers: no overflow to reason about
+        for _ in range(2):
+            i = ((i ^ (i >> 16)) * 0x7FEB352D) & 0xFFFFFFFF
+            i = ((i ^ (i >> 15)) * 0x846CA68B) & 0xFFFFFFFF
+            i = i ^ (i >> 16) ^ seed
+        return i
+
+    seed = 3_000_000_123
+    got = _hash_bits(torch.Size([64, 8]), torch.tensor(seed)).flatten().tolist()
+    assert got == [lowbias32_twice(i, seed) for i in range(512)]
+
+    p, x = 0.05, torch.zeros(4096, 576, dtype=torch.bfloat16)
+
+    def two_masks(t):
+        seeds = torch.randint(0, 2**32, (2,), dtype=torch.int64)
+        return _hashed_keep(t.shape, seeds[0], p), _hashed_keep(t.shape, seeds[1], p)
+
+    first, second = torch.compile(two_masks)(x)
+    n = x.numel()
+    sigma = (p * (1 - p) / n) ** 0.5
+    for keep in (first, second):
+        assert abs((1 - keep.float().mean().item()) - p) < 5 * sigma
+    # Two calls draw two seeds: agreement is that of independent masks, (1-p)^2 + p^2.
+    agree, expected = (first == second).float().mean().item(), (1 - p) ** 2 + p**2
+    assert abs(agree - expected) < 5 * (expected * (1 - expected) / n) ** 0.5
 
 
 def test_saved_adapter_is_scored_through_the_fused_layer(tmp_path):

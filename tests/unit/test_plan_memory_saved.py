@@ -7,7 +7,11 @@ autograd keeps (parameters left out, each storage counted once) is summed and co
 depends on how the forward is written, so a change to the block, the attention or the compile settings that
 changes what is saved fails here. The quickstart's sums (docs/performance.md) agree to within 1%; on this
 tiny model the small per-batch terms (the loss's gathered hidden states, RoPE tables, slot indices) weigh
-more: measured 0.2% eager, 0.4% compiled LoRA and QLoRA, 3.8% compiled full. Compiled QLoRA had kept every
+more: measured 0.2% eager, 0.4% compiled LoRA and QLoRA, 3.8% compiled full, 0.3% with LoRA dropout eager (19%
+over while the model counted both the shared inputs and the adapters' dropped copies). Compiled with LoRA
+dropout, saved 4.52 MiB against 5.30 modeled: the partitioner recomputed the norms' 1/rms and attention's
+probabilities too, which the model does not follow, so that case checks an upper bound within 20%.
+Compiled QLoRA had kept every
 dequantized bf16 weight (6.34 MiB saved here, 20% over) until train/command.compile_blocks turned
 common-subexpression elimination off for nf4 bases. The bound is 5%: one more or one fewer
 intermediate-sized tensor per layer moves the sum by ~20% here, an h-sized one by ~7%.
@@ -64,9 +68,15 @@ def saved_bytes(cfg) -> int:
     return sum(saved.values())
 
 
+DROPOUT_COMPILED = ("method=lora", "compile=true", "lora.dropout=0.1")
+
+
 @pytest.mark.parametrize("extra", [("method=lora", "compile=false"), ("method=lora", "compile=true"),
-                                   ("method=full", "compile=true"), ("method=qlora", "compile=true")],
-                         ids=["lora-eager", "lora-compiled", "full-compiled", "qlora-compiled"])
+                                   ("method=full", "compile=true"), ("method=qlora", "compile=true"),
+                                   ("method=lora", "compile=false", "lora.dropout=0.1"),
+                                   DROPOUT_COMPILED],
+                         ids=["lora-eager", "lora-compiled", "full-compiled", "qlora-compiled", "dropout-eager",
+                              "dropout-compiled"])
 def test_activation_model_matches_saved_tensors(model_dir, addition_rows, tmp_path, extra):
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows * 4)
     cfg = load_config(None, [f"model={model_dir}", f"data.path={data}", f"output_dir={tmp_path / 'run'}",
@@ -79,4 +89,8 @@ def test_activation_model_matches_saved_tensors(model_dir, addition_rows, tmp_pa
     modeled = memory.activation_bytes(resolve_arch(cfg.model), setup)
     measured = saved_bytes(cfg)
     print(f"{extra}: saved {measured / 2**20:.2f} MiB, modeled {modeled / 2**20:.2f} MiB")
-    assert modeled == pytest.approx(measured, rel=0.05)
+    if extra == DROPOUT_COMPILED:
+        # The partitioner recomputes more here than the model follows (plan/memory.py): an upper bound.
+        assert measured <= modeled <= 1.2 * measured
+    else:
+        assert modeled == pytest.approx(measured, rel=0.05)

@@ -59,8 +59,11 @@ def _yaml(tmp_path):
     return path
 
 
-def test_loss_goes_down(tiny_model_dir, data_file, tmp_path):
-    summary = train(config(tiny_model_dir, data_file, tmp_path / "r", "max_steps=16", "lr=3e-2"), show_progress=False)
+@pytest.mark.parametrize("extra", [[], ["lora.dropout=0.1", "compile=true", "precision=bf16"]],
+                         ids=["plain", "dropout-compiled"])
+def test_loss_goes_down(tiny_model_dir, data_file, tmp_path, extra):
+    summary = train(config(tiny_model_dir, data_file, tmp_path / "r", "max_steps=16", "lr=3e-2", *extra),
+                    show_progress=False)
     assert summary["loss_last"] < summary["loss_first"] - 0.3
 
 
@@ -193,3 +196,23 @@ def test_compiled_blocks_save_less_for_backward_than_at_full_budget(tokenizer, m
         assert saved_bytes(shipped) < saved_bytes(1.0)
     finally:
         torch._dynamo.reset()
+
+
+def test_optimizer_is_fused_adamw_and_falls_back_per_device(monkeypatch):
+    from tunelab.train import loop
+
+    model = torch.nn.Linear(4, 4)
+    spec = loop.OptimSpec(lr=1e-3)
+    assert loop.build_optimizer(model, spec, torch.device("cpu")).defaults["fused"] is True
+
+    real = torch.optim.AdamW
+
+    def no_fused(params, fused=None, **kwargs):  # a torch or device without fused AdamW
+        if fused:
+            raise RuntimeError("fused=True is not supported here")
+        return real(params, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "AdamW", no_fused)
+    # foreach is the slowest of the three on CPU (measured: docs/performance.md), the fastest fallback on GPUs.
+    assert loop.build_optimizer(model, spec, torch.device("cpu")).defaults["foreach"] is False
+    assert loop.build_optimizer(model, spec, torch.device("cuda")).defaults["foreach"] is True

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..device import hashed_dropout
 from ..model.attention import slot_products
 from ..train.loss import LOGIT_CHUNK
 from . import memory, timing, workload
@@ -78,6 +79,7 @@ def memory_setup(s: Settings, w: workload.Workload, d: Device, sharding: str, gp
         grad_ckpt=s.grad_ckpt, targets=s.targets, r=s.r, lora_dropout=s.lora_dropout,
         runtime_overhead=d.runtime_overhead, sharding=sharding, world=gpus, compiled=s.compile,
         slots=w.epoch.slots, slot_len=w.epoch.slot_len, attention_probs=probs,
+        dropout_mask_kept=not hashed_dropout(device_type, s.compile),
     )
 
 

@@ -23,12 +23,16 @@ Derivations (FORMULAS.md; per-parameter table of EleutherAI "Transformer Math 10
       are in the compute dtype, so the block's activations already are, and linears reading the same input
       share it (q/k/v, gate/up). A LoRA adapter also saves A's output (a·r); a frozen base weight alone
       saves nothing (its input gradient needs only W).
-    LoRA dropout > 0 adds a mask (1 B) and the dropped copy (a) per adapted input.
+    LoRA dropout > 0: each adapter saves its keep mask (1 B) and the dropped copy of its input (a) instead of
+      the input (model/lora_linear.py), so a shared input is no longer kept for them.
   Compiled (train/command.compile_blocks, activation memory budget 0.9): the partitioner keeps the block's
   input (the residual stream: fp32 for full fine-tuning, whose master weights make it fp32), one more
   hidden-sized tensor in the compute dtype (o_proj's input or the residual after attention; the sums do
   not tell which), the gate and up outputs, the two norms' fp32 1/rms and A's outputs, and recomputes the
-  norm outputs and SiLU·up in backward.
+  norm outputs and SiLU·up in backward. With LoRA dropout it keeps each adapter's keep mask (1 B) and
+  recomputes the dropped copies; on CPU backward draws the mask again from its seed and nothing is added
+  (the partitioner then also recomputed the norms' 1/rms and attention's probabilities on the test model
+  of tests/unit/test_plan_memory_saved.py, 15% below this model; not modeled, so plan stays above).
   Attention, per attention position (a slot position when packed sequences run in per-sequence slots,
   data.packing; padding slots and slot-length rounding included): q, k, v and its output (a·(2·H·Q +
   2·KV·Q)), plus either the probabilities (a·H·L for slots of length L: tunelab's CPU slot path,
@@ -77,6 +81,7 @@ class MemorySetup:
     slots: int = 0  # attention slots per micro-batch (plan.workload.EpochCounts); 0: attention over whole rows
     slot_len: int = 0
     attention_probs: bool = False  # attention keeps its probabilities (tunelab's CPU slot path)
+    dropout_mask_kept: bool = True  # LoRA dropout's mask is kept for backward (not drawn again: device.hashed_dropout)
 
 
 @dataclass(frozen=True)
@@ -127,13 +132,16 @@ def stream_bytes(s: MemorySetup) -> int:
 
 
 def _adapter_bytes(arch: Arch, s: MemorySetup) -> float:
-    """Per token and layer: each adapter's A output, and with dropout its mask and dropped input copy."""
+    """Per token and layer: each adapter's A output, and with dropout its keep mask and (eager blocks) the
+    dropped copy of its input."""
     if s.method == "full":
         return 0.0
     shapes = arch.linears()
     adapted = [shapes[t][0] for t in s.targets]
     out = len(adapted) * s.compute_bytes * s.r
-    if s.lora_dropout > 0:
+    if s.lora_dropout > 0 and s.compiled:
+        out += sum(adapted) * (1 if s.dropout_mask_kept else 0)
+    elif s.lora_dropout > 0:
         out += sum(adapted) * (1 + s.compute_bytes)
     return out
 
@@ -150,6 +158,8 @@ def row_bytes_per_token_layer(arch: Arch, s: MemorySetup) -> float:
     groups = {"attn_in": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "mlp_in": ("gate_proj", "up_proj"), "down": ("down_proj",)}
     if full and a < 4:  # autocast casts each linear's fp32 input on its own
         inputs = a * sum(d_in for d_in, _ in shapes.values())
+    elif s.lora_dropout > 0:  # adapters keep their dropped copies instead (_adapter_bytes); frozen linears nothing
+        inputs = 0
     else:
         trained = set(shapes) if full else set(s.targets)
         inputs = a * sum(shapes[g[0]][0] for g in groups.values() if set(g) & trained)

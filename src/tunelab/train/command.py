@@ -28,7 +28,7 @@ from ..memwatch import MemoryWatch
 from ..model import attention
 from ..model import load as mload
 from ..model.adapters import AdapterSpec, apply_adapter, count_parameters
-from ..model.lora_linear import has_nf4_base
+from ..model.lora_linear import has_lora_dropout, has_nf4_base
 from . import checkpoint, loop
 from .batches import BatchSpec, Schedule
 from .checkpoint import TrainState
@@ -159,7 +159,9 @@ def compile_blocks(model: torch.nn.Module) -> None:
     # Measured on the quickstart's QLoRA, `tunelab bench` alternated with and without the pass: tensors saved
     # in one forward 1.95 -> 1.75 GiB, peak 2.89/2.89 -> 2.69/2.70 GiB, 1,454/1,399 -> 1,381/1,391
     # non-padding tokens/s (LoRA, with no such call: 1,472/1,357 with the pass, 1,439/1,498 without).
-    aot_config.cse = not has_nf4_base(model)
+    # With LoRA dropout on CPU, backward draws the hashed keep mask again from its seed
+    # (model/lora_linear.py); merged with the forward's draw, the mask would be kept instead.
+    aot_config.cse = not (has_nf4_base(model) or has_lora_dropout(model))
     decoder = model.get_decoder()
     for block in decoder.layers:
         block.compile()
