@@ -29,8 +29,9 @@ Derivations (FORMULAS.md; per-parameter table of EleutherAI "Transformer Math 10
   input (the residual stream: fp32 for full fine-tuning, whose master weights make it fp32), one more
   hidden-sized tensor in the compute dtype (o_proj's input or the residual after attention; the sums do
   not tell which), the gate and up outputs, the two norms' fp32 1/rms and A's outputs, and recomputes the
-  norm outputs and SiLU·up in backward. With LoRA dropout it keeps each adapter's keep mask (1 B) and
-  recomputes the dropped copies; on CPU backward draws the mask again from its seed and nothing is added
+  norm outputs and SiLU·up in backward. With LoRA dropout masks from torch.rand it keeps each adapter's
+  keep mask (1 B) and recomputes the dropped copies (measured on CPU; on GPUs, where the masks come from
+  torch.rand, an assumption); on CPU backward draws the mask again from its seed and nothing is added
   (the partitioner then also recomputed the norms' 1/rms and attention's probabilities on the test model
   of tests/unit/test_plan_memory_saved.py, 15% below this model; not modeled, so plan stays above).
   Attention, per attention position (a slot position when packed sequences run in per-sequence slots,
