@@ -107,7 +107,9 @@ def test_bench_sweep_json_stores_every_point_and_exports(bench_args, tmp_path, c
         assert x["mfu"] == pytest.approx(x["tokens_nonpad_per_s"] * x["model_flops_per_token"] / x["device_peak_flops"])
         assert x["hfu"] == pytest.approx(x["mfu"])  # no gradient checkpointing: nothing recomputed
         assert set(x["peak_probes"]) == {"bf16", "fp32"} and x["device_peak_flops"] == x["peak_probes"]["fp32"]
-        assert x["peak_memory_bytes"] > 0 and x["predicted"]["peak_memory_bytes"] > 0
+        # A tiny model can peak within memory this process already holds (tests/unit/test_peers.py).
+        assert x["peak_memory_bytes"] >= 0 and x["peak_memory_absolute_bytes"] > 0
+        assert x["predicted"]["peak_memory_bytes"] > 0
         assert x["predicted"]["tokens_padded_per_s"] > 0 and "efficiency" in x["predicted"]["source"]
     db = tmp_path / "bench" / "bench.sqlite"
     rows = store.query(db, kind="tunelab")
