@@ -49,17 +49,17 @@ def _fused_product(x2: torch.Tensor, dropped: torch.Tensor, a: torch.Tensor, wei
 
 
 def _hash_bits(shape: torch.Size, seed: torch.Tensor) -> torch.Tensor:
-    """32 pseudo-random bits per element from its index and `seed` (int64 holding 32-bit values): the
-    lowbias32 finalizer (C. Wellons, "Hash function prospector", 2018), once before and once after mixing in
-    the seed. Counter-based like Philox, so inductor compiles it into the kernel that uses the bits. Products
-    stay below 2⁶³: multiplying by 0x846CA68B = 2³² - 0x7B935975 is, mod 2³², negating a product by
-    0x7B935975."""
-    bits = torch.arange(shape.numel(), device=seed.device, dtype=torch.int64).view(shape)
-    for _ in range(2):
-        bits = ((bits ^ (bits >> 16)) * 0x7FEB352D) & 0xFFFFFFFF
-        bits = -((bits ^ (bits >> 15)) * 0x7B935975) & 0xFFFFFFFF
-        bits = bits ^ (bits >> 16) ^ seed
-    return bits
+    """32 pseudo-random bits per element: the lowbias32 finalizer (C. Wellons, "Hash function prospector",
+    2018) of (index + seed) mod 2³², with `seed` an int64 holding 32 bits. Counter-based like Philox, so
+    inductor compiles it into the kernel that uses the bits. Two calls read one sequence at two random
+    offsets; their masks are independent unless the offsets lie within a mask's length of each other, and
+    then one is the other shifted, elements of other positions and features. Applying the finalizer twice
+    ran 9-12% slower end to end (docs/performance.md). Products stay below 2⁶³: multiplying by 0x846CA68B =
+    2³² - 0x7B935975 is, mod 2³², negating a product by 0x7B935975."""
+    bits = (torch.arange(shape.numel(), device=seed.device, dtype=torch.int64).view(shape) + seed) & 0xFFFFFFFF
+    bits = ((bits ^ (bits >> 16)) * 0x7FEB352D) & 0xFFFFFFFF
+    bits = -((bits ^ (bits >> 15)) * 0x7B935975) & 0xFFFFFFFF
+    return bits ^ (bits >> 16)
 
 
 def _hashed_keep(shape: torch.Size, seed: torch.Tensor, p: float) -> torch.Tensor:
@@ -80,9 +80,9 @@ class _LoraLinearFn(torch.autograd.Function):
     ~4 ns each, and dropout on every adapted input of the quickstart draws ~600 million a step (467
     non-padding tokens/s at p = 0.05 against 1,476 without dropout); a kernel that also stores a bool mask
     for backward ran 5x slower than one that does not. For a 4,096 x 576 input: the dropped copy from
-    torch.rand 9.3 ms eager and 9.6 compiled, from the hash 1.8 ms compiled (9.9 storing the mask too);
-    the hash dropped 4.99% and 5.02% in two draws at p = 0.05, per-row fractions spread as a binomial's
-    (docs/performance.md). Elsewhere torch.rand, and backward keeps copy and mask."""
+    torch.rand 9.3 ms eager and 9.6 compiled, from the hash 1.4-1.6 ms compiled (9.6 storing the mask
+    too); the hash dropped 4.99% and 5.01% in two draws at p = 0.05, per-row fractions spread as a
+    binomial's (docs/performance.md). Elsewhere torch.rand, and backward keeps copy and mask."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, lora_a, lora_b, scaling: float, dequantize=None, dropout: float = 0.0):
