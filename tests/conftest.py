@@ -70,6 +70,15 @@ def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
     return path
 
 
+def tiny_train_config(model_dir, data_file, out, *extra):
+    """A small training config over `model_dir` and `data_file`; `extra` overrides win (later keys replace)."""
+    from tunelab.config import load_config
+
+    return load_config(None, [f"model={model_dir}", f"data.path={data_file}", f"output_dir={out}",
+                              "data.template=compact", "seq_len=64", "micro_batch=4", "grad_accum=2",
+                              "log_steps=1", "lr=1e-2", "precision=fp32", *extra])
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path

@@ -9,8 +9,7 @@ import importlib.util
 import pytest
 import torch
 
-from conftest import write_jsonl
-from tunelab.config import load_config
+from conftest import tiny_train_config, write_jsonl
 from tunelab.train.command import train, training_attention
 
 pytestmark = pytest.mark.gpu
@@ -22,9 +21,8 @@ def data_file(tmp_path, addition_rows):
 
 
 def cuda_config(model_dir, data_file, out, *extra):
-    return load_config(None, [f"model={model_dir}", f"data.path={data_file}", f"output_dir={out}", "device=cuda",
-                              "data.template=compact", "seq_len=64", "micro_batch=4", "grad_accum=2", "log_steps=2",
-                              "precision=bf16", "packing=true", "max_steps=8", "lr=3e-2", *extra])
+    return tiny_train_config(model_dir, data_file, out, "device=cuda", "log_steps=2", "precision=bf16",
+                             "packing=true", "max_steps=8", "lr=3e-2", *extra)
 
 
 @pytest.mark.parametrize("extra", [["method=lora"], ["method=qlora"], ["method=full", "lr=1e-3"],

@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from conftest import tiny_train_config as config
 from conftest import write_jsonl
 from tunelab.cli import main
 from tunelab.config import load_config
@@ -14,12 +15,6 @@ from tunelab.train.command import train
 @pytest.fixture
 def data_file(tmp_path, addition_rows):
     return write_jsonl(tmp_path / "add.jsonl", addition_rows)
-
-
-def config(tiny_model_dir, data_file, out, *extra):
-    return load_config(None, [f"model={tiny_model_dir}", f"data.path={data_file}", f"output_dir={out}",
-                              "data.template=compact", "seq_len=64", "micro_batch=4", "grad_accum=2",
-                              "log_steps=1", "lr=1e-2", "precision=fp32", *extra])
 
 
 def read_metrics(out):

@@ -68,6 +68,11 @@ def _hashed_keep(shape: torch.Size, seed: torch.Tensor, p: float) -> torch.Tenso
     return _hash_bits(shape, seed) >= round(p * 2**32)
 
 
+def _dropped(x: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
+    """Inverted dropout: the kept elements scaled by 1 / (1 - p), as nn.Dropout does."""
+    return x * keep / (1.0 - p)
+
+
 class _LoraLinearFn(torch.autograd.Function):
     """`weight` is the dense base weight, or None with `dequantize` giving it (a quantized base).
 
@@ -91,18 +96,22 @@ class _LoraLinearFn(torch.autograd.Function):
         with torch.autocast(x.device.type, enabled=False):
             x2 = x.reshape(-1, width).to(dtype)
             keep, seed, dropped = None, None, x2
-            if dropout and hashed_dropout(x2.device.type, torch.compiler.is_compiling()):
-                seed = torch.randint(0, 2**32, (), device=x2.device, dtype=torch.int64)
-                dropped = x2 * _hashed_keep(x2.shape, seed, dropout) / (1.0 - dropout)
-            elif dropout:
-                keep = torch.rand_like(x2, dtype=torch.float32) >= dropout
-                dropped = x2 * keep / (1.0 - dropout)
+            if dropout:
+                if hashed_dropout(x2.device.type, torch.compiler.is_compiling()):
+                    seed = torch.randint(0, 2**32, (), device=x2.device, dtype=torch.int64)
+                    keep = _hashed_keep(x2.shape, seed, dropout)
+                else:
+                    keep = torch.rand_like(x2, dtype=torch.float32) >= dropout
+                dropped = _dropped(x2, keep, dropout)
             a = lora_a.to(dtype)
             b = (lora_b * scaling).to(dtype)
             w = (weight if dequantize is None else dequantize()).to(dtype)
             y, xa = _fused_product(x2, dropped, a, torch.cat([w, b], dim=1), bias)
-        ctx.save_for_backward(x2 if seed is not None else dropped, xa, a, b, w if dequantize is None else None,
-                              seed if seed is not None else keep)
+        base_w = w if dequantize is None else None
+        if seed is not None:  # backward draws the mask again: keep x and the seed, not the copy and the mask
+            ctx.save_for_backward(x2, xa, a, b, base_w, seed)
+        else:
+            ctx.save_for_backward(dropped, xa, a, b, base_w, keep)
         ctx.dequantize, ctx.scaling, ctx.lead, ctx.dropout = dequantize, scaling, lead, dropout
         ctx.hashed = seed is not None
         ctx.param_dtypes = (lora_a.dtype, lora_b.dtype)
@@ -114,7 +123,7 @@ class _LoraLinearFn(torch.autograd.Function):
         saved_in, xa, a, b, w, mask_or_seed = ctx.saved_tensors
         if ctx.hashed:
             keep = _hashed_keep(saved_in.shape, mask_or_seed, ctx.dropout)
-            dropped = saved_in * keep / (1.0 - ctx.dropout)
+            dropped = _dropped(saved_in, keep, ctx.dropout)
         else:
             keep, dropped = mask_or_seed, saved_in
         with torch.autocast(dropped.device.type, enabled=False):
@@ -127,7 +136,7 @@ class _LoraLinearFn(torch.autograd.Function):
                 if keep is None:
                     grad_x = g @ torch.addmm(w, b, a)
                 else:
-                    grad_x = g @ w + (gb @ a) * keep / (1.0 - ctx.dropout)
+                    grad_x = g @ w + _dropped(gb @ a, keep, ctx.dropout)
                 grad_x = grad_x.view(*ctx.lead, w.shape[1])
             grad_a = (gb.T @ dropped).to(ctx.param_dtypes[0])
             grad_b = (g.T @ xa).to(ctx.param_dtypes[1]).mul_(ctx.scaling)

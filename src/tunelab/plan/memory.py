@@ -140,10 +140,10 @@ def _adapter_bytes(arch: Arch, s: MemorySetup) -> float:
     shapes = arch.linears()
     adapted = [shapes[t][0] for t in s.targets]
     out = len(adapted) * s.compute_bytes * s.r
-    if s.lora_dropout > 0 and s.compiled:
-        out += sum(adapted) * (1 if s.dropout_mask_kept else 0)
-    elif s.lora_dropout > 0:
-        out += sum(adapted) * (1 + s.compute_bytes)
+    if s.lora_dropout > 0 and not s.compiled:
+        out += sum(adapted) * (1 + s.compute_bytes)  # mask and dropped copy
+    elif s.lora_dropout > 0 and s.dropout_mask_kept:
+        out += sum(adapted)  # the mask; compiled blocks recompute the copy
     return out
 
 
