@@ -18,7 +18,7 @@ COMMANDS = {
     "plan": ("tunelab.plan.command", "predict time, memory and cost of a fine-tune on any GPU"),
     "bench": ("tunelab.bench.command", "measure throughput, MFU and memory on this device"),
     "eval": ("tunelab.eval.command", "exact-match accuracy of a model (and adapter) on a dataset"),
-    "data": ("tunelab.data.command", "generate datasets (arithmetic) and inspect what a dataset becomes"),
+    "data": ("tunelab.data.command", "generate datasets (arithmetic, synthetic) and inspect what a dataset becomes"),
     "export": ("tunelab.model.export", "merge an adapter into its base and save a plain HF model"),
     "report": ("tunelab.bench.report", "turn stored runs into performance.md with plots"),
 }

@@ -19,6 +19,7 @@ import yaml
 
 from .data.formats import TEMPLATES
 from .errors import TunelabError
+from .plan.arch import RANDOM
 
 METHODS = ("lora", "dora", "qlora", "full")
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -238,6 +239,9 @@ def validate(cfg: TrainConfig, source: str = "config") -> None:
         raise TunelabError(f"{source}: data.max_examples must be at least 1")
     if cfg.method == "qlora" and cfg.base_quant == "int8":
         raise TunelabError(f"{source}: method qlora quantizes the base to nf4; drop base_quant: int8 or use method lora")
+    if cfg.model.startswith(RANDOM) and effective_base_quant(cfg) != "none":
+        raise TunelabError(f"{source}: model {cfg.model} has random weights, built unquantized; "
+                           f"{effective_base_quant(cfg)} needs a real checkpoint, or use method lora with base_quant none")
     if cfg.method == "full" and cfg.base_quant != "none":
         raise TunelabError(f"{source}: full fine-tuning trains every weight; a quantized base (base_quant) cannot be trained")
     if cfg.data.format != "alpaca" and cfg.data.template != "alpaca":

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import TunelabError
+from .ranges import parse_range
 
 OPS = ("add", "sub", "mul", "div")
 SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
@@ -81,15 +82,7 @@ GOAT_SAMPLES_PER_PAIR = 1000
 
 def parse_digit_range(text: str, what: str = "--digits") -> tuple[int, int]:
     """'1-8' -> (1, 8); '5' -> (5, 5)."""
-    lo_text, sep, hi_text = text.partition("-")
-    try:
-        lo = int(lo_text)
-        hi = int(hi_text) if sep else lo
-    except ValueError:
-        raise TunelabError(f"{what} {text!r}: expected a digit count or a range like 1-8") from None
-    if lo < 1 or hi < lo or hi > MAX_DIGITS:
-        raise TunelabError(f"{what} {text!r}: need 1 <= low <= high <= {MAX_DIGITS} digits, e.g. 1-8")
-    return lo, hi
+    return parse_range(text, what, "digit", MAX_DIGITS, "1-8")
 
 
 def parse_choices(text: str, known: Sequence[str], what: str) -> tuple[str, ...]:

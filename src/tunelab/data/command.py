@@ -10,6 +10,7 @@ from pathlib import Path
 from ..errors import TunelabError
 from ..io import write_atomic
 from . import arithmetic as ar
+from . import synthetic as sy
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,6 +81,34 @@ def _arithmetic(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_synthetic(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="alpaca rows (instruction, empty input, output), written as jsonl")
+    p.add_argument("--rows", type=int, required=True, help="number of rows")
+    p.add_argument("--prompt-tokens", required=True, metavar="A-B",
+                   help="token range of each instruction, by the embedded SmolLM2 tokenizer, e.g. 64-512")
+    p.add_argument("--response-tokens", required=True, metavar="C-D", help="token range of each output, e.g. 32-256")
+    p.add_argument("--dist", default="triangular",
+                   help=f"length distribution within each range: {' or '.join(sy.DISTS)} (default triangular)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _synthetic(args: argparse.Namespace) -> int:
+    from ..model import load
+
+    prompt = sy.parse_range(args.prompt_tokens, "--prompt-tokens")
+    response = sy.parse_range(args.response_tokens, "--response-tokens")
+    sy.check(args.rows, args.dist)  # before the tokenizer's seconds of loading
+    rows = sy.generate(args.rows, prompt, response, args.dist, args.seed, load.load_tokenizer(load.resolve(load.EMBEDDED)))
+    try:
+        write_atomic(Path(args.out), _jsonl(rows))
+    except OSError as e:
+        raise TunelabError(f"--out {args.out}: cannot write there ({e.strerror}); choose another path") from None
+    means = [sy.expected_mean(args.dist, *span) for span in (prompt, response)]
+    print(f"wrote {len(rows)} rows to {args.out}: {args.dist} SmolLM2-token lengths in {prompt[0]}-{prompt[1]} "
+          f"(mean {means[0]:.0f}) per instruction and {response[0]}-{response[1]} (mean {means[1]:.0f}) per output")
+    return 0
+
+
 def _jsonl(rows: Sequence[dict]) -> Iterator[str]:
     return (json.dumps(row) + "\n" for row in rows)
 
@@ -87,4 +116,5 @@ def _jsonl(rows: Sequence[dict]) -> Iterator[str]:
 # name -> (help, add_arguments, handler)
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "arithmetic": ("generate Goat-style arithmetic rows (add, sub, mul, div), optionally contaminated", _add_arithmetic, _arithmetic),
+    "synthetic": ("generate alpaca rows of English words at token lengths drawn from a distribution", _add_synthetic, _synthetic),
 }

