@@ -26,7 +26,7 @@ demo: install
 	$(BIN)/python -m tunelab.demo configs/quickstart.yaml
 
 test: install
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q tests --durations=15
 
 clean:
 	rm -rf $(VENV) runs build src/*.egg-info

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,9 +63,33 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+# oneDNN's ISA levels in order (its ONEDNN_MAX_CPU_ISA values): a cap below AVX512_CORE_BF16 leaves bf16
+# matmuls emulated even where the CPU has bf16 units, so the class follows the cap as well as the flags.
+ONEDNN_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
+               "AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16", "AVX10_1_512_AMX", "AVX512_CORE_AMX",
+               "AVX10_1_512_AMX_FP16", "AVX512_CORE_AMX_FP16")
+
+
+def _isa_cap() -> int:
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", os.environ.get("DNNL_MAX_CPU_ISA", "ALL")).upper()
+    return ONEDNN_ISAS.index(cap) if cap in ONEDNN_ISAS else len(ONEDNN_ISAS)
+
+
+def cpu_class() -> str:
+    """Which bf16 matmul units oneDNN may use here: `amx` (Xeon AMX, ~2 TFLOP/s on 2 cores), `avx512-bf16`
+    (AVX512-BF16 dot products, about 2.5x fp32), or `fp32-only` (AVX2-class: bf16 is emulated at ~1 GFLOP/s,
+    so training computes in fp32)."""
+    flags, cap = cpu_flags(), _isa_cap()
+    if "amx_bf16" in flags and cap >= ONEDNN_ISAS.index("AVX10_1_512_AMX"):
+        return "amx"
+    if "avx512_bf16" in flags and cap >= ONEDNN_ISAS.index("AVX512_CORE_BF16"):
+        return "avx512-bf16"
+    return "fp32-only"
+
+
 def cpu_has_fast_bf16() -> bool:
     """AMX or AVX512-BF16 run bf16 matmuls natively (oneDNN); without them bf16 on CPU is emulated and slow."""
-    return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
+    return cpu_class() != "fp32-only"
 
 
 def pick_precision(name: str, device: torch.device) -> Precision:
@@ -92,6 +117,4 @@ def device_name(device: torch.device) -> str:
 def device_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory
-    import os
-
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -159,9 +159,43 @@ def test_calibration_roundtrip_and_use(tmp_path, monkeypatch):
 
 
 def test_matmul_probe_is_short_and_positive():
+    import time
+
     import torch
 
-    assert calibration.measure_matmul_peak(torch.float32, torch.device("cpu"), n=128, seconds=0.05) > 0
+    from tunelab.bench import probe
+
+    start = time.perf_counter()
+    flops, n = probe.measure_matmul_peak(torch.float32, torch.device("cpu"), seconds=0.2, max_n=512)
+    assert flops > 1e8 and probe.MIN_N <= n <= 512
+    assert time.perf_counter() - start < 5  # sized to the budget: a few windows, not minutes
+
+
+def test_matmul_probe_stays_small_where_a_product_is_slow(monkeypatch):
+    """An emulated dtype (bf16 on a CPU without bf16 units) must not grow the probe to minutes: the size stops
+    doubling once the next product would not fit twice into a window."""
+    import torch
+
+    from tunelab.bench import probe
+
+    sizes = []
+
+    def slow(n, dtype, device):
+        sizes.append(n)
+        return n**3 * 0.5e-9, None, None  # 4 GFLOP/s: 256³ takes 8 ms, 512³ 67 ms, 1024³ 0.54 s
+
+    monkeypatch.setattr(probe, "_time_one", slow)
+    monkeypatch.setattr(probe.torch, "matmul", lambda a, b: time_passes(a, b))
+    clock = [0.0]
+
+    def time_passes(a, b):
+        clock[0] += sizes[-1] ** 3 * 0.5e-9
+
+    monkeypatch.setattr(probe.time, "perf_counter", lambda: clock[0])
+    flops, n = probe.measure_matmul_peak(torch.bfloat16, torch.device("cpu"), seconds=2.0)
+    assert sizes == [256, 512] and n == 512  # 1024³ would not fit twice into a 0.25 s window
+    assert flops == pytest.approx(4e9, rel=1e-6)
+    assert clock[0] < 3.0  # the windows took about the budget
 
 
 def test_cli_json_fields(capsys):

@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..plan import catalog
-from ..plan.calibration import PROBE_SECONDS, measure_matmul_peak, probe_size
 from ..plan.flops import FlopsPerToken
+from .probe import matmul_peak
 
 # Name tokens that mark a variant NVIDIA's driver spells out in the device name ("NVIDIA H100 PCIe",
 # "NVIDIA H100 NVL"); a device name without them is the SXM/default part.
@@ -65,20 +65,20 @@ def probe_dtypes(device: torch.device, compute: str) -> tuple[str, ...]:
     return (compute if compute != "fp32" else "bf16",)
 
 
-def device_peak(device: torch.device, name: str, memory_bytes: int, compute: str, seconds: float = PROBE_SECONDS,
-                gpu_id: str | None = None) -> Peak:
+def device_peak(device: torch.device, name: str, memory_bytes: int, compute: str, gpu_id: str | None = None) -> Peak:
     """device_peak_flops for a run whose compute precision is `compute` (bf16 | fp16 | fp32).
 
     `gpu_id` names the catalog row when the device name does not match one (an unlisted board).
     """
     from ..device import DTYPES
 
-    n = probe_size(device)
-    probes = {d: measure_matmul_peak(DTYPES[d], device, n=n, seconds=seconds) for d in probe_dtypes(device, compute)}
+    measured = {d: matmul_peak(DTYPES[d], device) for d in probe_dtypes(device, compute)}
+    probes = {d: flops for d, (flops, _) in measured.items()}
     if device.type == "cpu":
+        n = measured[compute][1]
         return Peak(probes[compute], compute, f"measured now: {n}^3 {compute} matmul probe on {name}", probes)
     row = catalog.gpu(gpu_id) if gpu_id else catalog_match(name, memory_bytes)
-    dtype, probed = next(iter(probes.items()))
+    dtype, (probed, n) = next(iter(measured.items()))
     if row is None:
         return Peak(probed, dtype, f"measured now: {n}^3 {dtype} matmul probe (no catalog row matches {name!r}; "
                                    "pass --catalog-gpu ID for its datasheet figure)", probes)

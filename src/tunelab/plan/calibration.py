@@ -15,8 +15,6 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-import torch
-
 SCHEMA_VERSION = 1
 
 
@@ -72,49 +70,3 @@ def load_calibration(key: str) -> CalibrationRecord | None:
         return None
     known = {f.name for f in fields(CalibrationRecord)}
     return CalibrationRecord(**{k: v for k, v in raw.items() if k in known})
-
-
-# Probe sizes, the same for plan and bench so that an efficiency fitted by one applies to the other. A CPU
-# reaches its matmul plateau (oneDNN/AMX) by 2048³: on this 2-core host 1024³ read 1.26-1.38 TFLOP/s where
-# 2048³ read 2.24-2.38 in the same process. A GPU needs >= 8192³ (GPUS.md's H100/H200 figures were taken there).
-CPU_PROBE_N = 2048
-GPU_PROBE_N = 8192
-PROBE_SECONDS = 2.0
-
-
-def probe_size(device: torch.device) -> int:
-    return GPU_PROBE_N if device.type == "cuda" else CPU_PROBE_N
-
-
-def measure_matmul_peak(dtype: torch.dtype, device: torch.device, n: int, seconds: float = PROBE_SECONDS,
-                        windows: int = 8) -> float:
-    """Achieved FLOP/s of an n x n x n matmul in `dtype` (callers pass `probe_size(device)`): the fastest of
-    `windows` windows that together last about `seconds`, after one warm-up.
-
-    An n³ matmul costs 2·n³ FLOPs. The fastest window, not the mean: on a shared machine a
-    mean counts other processes' time as the device's, and a low peak inflates every MFU divided by it. One
-    1-second mean on this 2-core host read 1.51, 1.81, 1.97 and 2.18 TFLOP/s (2048³ bf16) across
-    four bench runs of one day.
-    """
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    torch.matmul(a, b)
-    sync()
-    best = 0.0
-    for _ in range(windows):
-        start = time.perf_counter()
-        runs = 0
-        while True:
-            torch.matmul(a, b)
-            runs += 1
-            sync()
-            elapsed = time.perf_counter() - start
-            if elapsed >= seconds / windows:
-                best = max(best, 2.0 * n**3 * runs / elapsed)
-                break
-    return best

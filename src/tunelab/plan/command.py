@@ -62,10 +62,20 @@ def config_from_args(args: argparse.Namespace) -> cfgmod.TrainConfig:
     return cfgmod.load_config(args.config, overrides)
 
 
-def settings_from_config(cfg: cfgmod.TrainConfig, arch: archmod.Arch) -> Settings:
+def run_precision(precision: str, device: Device) -> str:
+    """The precision a run picks on `device`: `auto` is bf16 where the device has it (a local CPU without bf16
+    units computes in fp32, device.pick_precision), else fp16."""
+    if precision != "auto":
+        return precision
+    if device.gpu.id == "local" and device.gpu.device_class == "cpu":
+        return "bf16" if device.gpu.bf16 else "fp32"
+    return "bf16" if device.gpu.bf16 else "fp16"
+
+
+def settings_from_config(cfg: cfgmod.TrainConfig, arch: archmod.Arch, device: Device) -> Settings:
     if cfg.seq_len > arch.max_positions > 0:
         raise TunelabError(f"seq_len {cfg.seq_len} is over {arch.name}'s maximum of {arch.max_positions} positions; lower seq_len")
-    compute_bytes = 4 if cfg.precision == "fp32" else 2  # bf16 and fp16 are both 2 bytes
+    compute_bytes = 4 if run_precision(cfg.precision, device) == "fp32" else 2  # bf16 and fp16 are both 2 bytes
     return Settings(
         method=cfg.method, base_quant=cfgmod.effective_base_quant(cfg), compute_bytes=compute_bytes,
         seq_len=cfg.seq_len, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum, epochs=cfg.epochs,
@@ -120,7 +130,8 @@ def device_for(gpu_id: str, precision: str) -> Device:
 def local_device(precision: str) -> Device:
     """The present machine: its peak from a calibration record, else a short matmul probe."""
     from ..device import device_memory_bytes, device_name, pick_device, pick_precision
-    from .calibration import device_key, load_calibration, measure_matmul_peak, probe_size
+    from ..bench.probe import matmul_peak
+    from .calibration import device_key, load_calibration
 
     dev = pick_device("auto")
     prec = pick_precision(precision, dev)
@@ -129,8 +140,7 @@ def local_device(precision: str) -> Device:
     if record is not None and record.peak_flops:
         peak, source = record.peak_flops, f"calibration record {record.created}"
     else:
-        n = probe_size(dev)
-        peak = measure_matmul_peak(prec.compute, dev, n=n)
+        peak, n = matmul_peak(prec.compute, dev)
         source = f"measured now: {n}^3 {prec.name} matmul probe"
     cls = "probe-gpu" if dev.type == "cuda" else "cpu"
     overhead = catalog.runtime_overhead("cuda" if dev.type == "cuda" else "cpu")
@@ -145,7 +155,8 @@ def local_prediction(cfg: cfgmod.TrainConfig):
     """plan's estimate for a training config on the present device, as `plan --gpu local` computes it: what
     `bench` and the demo put beside their measurements."""
     arch = archmod.resolve_arch(cfg.model)
-    return estimate(arch, dataset_lengths(cfg, None), settings_from_config(cfg, arch), local_device(cfg.precision))
+    device = local_device(cfg.precision)
+    return estimate(arch, dataset_lengths(cfg, None), settings_from_config(cfg, arch, device), device)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -158,9 +169,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     arch = archmod.resolve_arch(cfg.model)
     lengths = lengths_from(cfg, args)
-    s = settings_from_config(cfg, arch)
     results = []
     for device in devices:
+        s = settings_from_config(cfg, arch, device)
         single = estimate(arch, lengths, s, device)
         multi = []
         if args.gpus > 1:

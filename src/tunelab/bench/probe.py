@@ -1,0 +1,83 @@
+"""The matmul probe: the achieved matmul FLOP/s of the present device, which MFU and plan's local time divide by.
+
+The probe's size follows the device instead of being fixed: a CPU without bf16 units emulates a bf16 matmul
+at ~1 GFLOP/s, where one 2048³ product takes minutes, while AMX and GPUs only reach their plateau at large
+sizes (benchmarks/README.md, "The matmul probe"). So n doubles from `MIN_N` while one product still fits
+several times into a window, up to the device's plateau size, and each (device, dtype) is probed once per
+process: every later caller reads the same figure.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+# A CPU reaches its matmul plateau (oneDNN, AMX) by 2048³; a GPU needs 8192³ (GPUS.md's H100/H200 figures).
+CPU_MAX_N = 2048
+GPU_MAX_N = 8192
+MIN_N = 256
+PROBE_SECONDS = 2.0
+WINDOWS = 8
+
+_cache: dict[tuple[str, torch.dtype], tuple[float, int]] = {}
+
+
+def max_size(device: torch.device) -> int:
+    return GPU_MAX_N if device.type == "cuda" else CPU_MAX_N
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_one(n: int, dtype: torch.dtype, device: torch.device) -> tuple[float, torch.Tensor, torch.Tensor]:
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    torch.matmul(a, b)  # warm-up: kernel selection and first-touch allocation
+    _sync(device)
+    start = time.perf_counter()
+    torch.matmul(a, b)
+    _sync(device)
+    return time.perf_counter() - start, a, b
+
+
+def measure_matmul_peak(dtype: torch.dtype, device: torch.device, seconds: float = PROBE_SECONDS,
+                        windows: int = WINDOWS, max_n: int | None = None) -> tuple[float, int]:
+    """(achieved FLOP/s, n) of an n x n x n matmul in `dtype`: the fastest of `windows` windows that together
+    last about `seconds`.
+
+    An n³ matmul costs 2·n³ FLOPs. n doubles while the next size's product (8x the work) still takes at most
+    half a window, so a window always holds two or more products and the whole probe stays near `seconds`
+    however slow the dtype is on this device. The fastest window, not the mean: on a shared machine a mean
+    counts other processes' time as the device's, and a low peak inflates every MFU divided by it.
+    """
+    top = max_n or max_size(device)
+    window = seconds / windows
+    n = MIN_N
+    elapsed, a, b = _time_one(n, dtype, device)
+    while n * 2 <= top and 8 * elapsed <= window / 2:
+        n *= 2
+        elapsed, a, b = _time_one(n, dtype, device)
+    best = 0.0
+    for _ in range(windows):
+        start = time.perf_counter()
+        runs = 0
+        while True:
+            torch.matmul(a, b)
+            runs += 1
+            _sync(device)
+            elapsed = time.perf_counter() - start
+            if elapsed >= window:
+                best = max(best, 2.0 * n**3 * runs / elapsed)
+                break
+    return best, n
+
+
+def matmul_peak(dtype: torch.dtype, device: torch.device) -> tuple[float, int]:
+    """`measure_matmul_peak` at the default budget, once per process for each (device, dtype)."""
+    key = (str(device), dtype)
+    if key not in _cache:
+        _cache[key] = measure_matmul_peak(dtype, device)
+    return _cache[key]
