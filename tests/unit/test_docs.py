@@ -1,0 +1,52 @@
+"""docs/guide.md's config reference names every TrainConfig key, and only those."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from pathlib import Path
+
+from tunelab.config import TrainConfig
+
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide.md"
+SECTION = "## Config reference"
+ROW_KEY = re.compile(r"^\|\s*`([^`]+)`\s*\|")
+
+
+def config_keys(cls: type = TrainConfig, prefix: str = "") -> set[str]:
+    """Dotted names of every leaf field: `lora.r`, `data.path`, `seed`."""
+    hints = typing.get_type_hints(cls)
+    keys: set[str] = set()
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            keys |= config_keys(tp, f"{prefix}{f.name}.")
+        else:
+            keys.add(f"{prefix}{f.name}")
+    return keys
+
+
+def documented_keys(text: str) -> list[str]:
+    """First-column keys of the table in the config reference section (up to the next `## ` heading)."""
+    start = text.index(SECTION) + len(SECTION)
+    end = text.find("\n## ", start)
+    section = text[start:] if end == -1 else text[start:end]
+    return [m.group(1) for line in section.splitlines() if (m := ROW_KEY.match(line))]
+
+
+def test_config_keys_walks_nested_dataclasses():
+    keys = config_keys()
+    assert {"lora.r", "lora.targets", "data.path", "data.format", "seed", "model"} <= keys
+    assert "lora" not in keys and "data" not in keys
+
+
+def test_guide_documents_every_config_key_and_no_other():
+    documented = documented_keys(GUIDE.read_text())
+    keys = config_keys()
+    missing = sorted(keys - set(documented))
+    unknown = sorted(set(documented) - keys)
+    repeated = sorted({k for k in documented if documented.count(k) > 1})
+    assert not missing, f"docs/guide.md's config reference lacks: {', '.join(missing)}"
+    assert not unknown, f"docs/guide.md's config reference names keys TrainConfig does not have: {', '.join(unknown)}"
+    assert not repeated, f"docs/guide.md's config reference lists these keys twice: {', '.join(repeated)}"
