@@ -34,6 +34,11 @@ class Gpu:
     # Where the peak came from when it is not a catalog row (the `local` probe).
     peak_source: str = "catalog"
 
+    @property
+    def device_type(self) -> str:
+        """`cpu` for the local CPU's classes (cpu, cpu-fp32), else `cuda`."""
+        return "cpu" if self.device_class.startswith("cpu") else "cuda"
+
 
 @dataclass(frozen=True)
 class Price:

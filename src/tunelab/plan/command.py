@@ -67,7 +67,7 @@ def run_precision(precision: str, device: Device) -> str:
     units computes in fp32, device.pick_precision), else fp16."""
     if precision != "auto":
         return precision
-    if device.gpu.id == "local" and device.gpu.device_class == "cpu":
+    if device.gpu.device_type == "cpu":
         return "bf16" if device.gpu.bf16 else "fp32"
     return "bf16" if device.gpu.bf16 else "fp16"
 
@@ -142,7 +142,7 @@ def local_device(precision: str) -> Device:
     else:
         peak, n = matmul_peak(prec.compute, dev)
         source = f"measured now: {n}^3 {prec.name} matmul probe"
-    cls = "probe-gpu" if dev.type == "cuda" else "cpu"
+    cls = "probe-gpu" if dev.type == "cuda" else ("cpu" if prec.name == "bf16" else "cpu-fp32")
     overhead = catalog.runtime_overhead("cuda" if dev.type == "cuda" else "cpu")
     if record is not None and record.runtime_overhead_bytes is not None:
         overhead = record.runtime_overhead_bytes
