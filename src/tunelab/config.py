@@ -27,6 +27,7 @@ FORMATS = ("alpaca", "chat", "completion", "text")
 SCHEDULERS = ("cosine", "linear", "constant")
 TARGET_PRESETS = ("attn", "mlp", "all-linear")
 BASE_QUANTS = ("none", "int8", "nf4")
+ATTENTIONS = ("auto", "flex", "slots", "sdpa")
 EMBEDDED = "embedded"
 
 
@@ -73,6 +74,9 @@ class TrainConfig:
     grad_ckpt: bool = False
     # torch.compile each decoder block (train/command.py: compile_blocks): fused element-wise passes.
     compile: bool = False
+    # Packed-row attention (model/attention.py): auto is flex on CUDA (flash-attn's varlen kernels where
+    # installed) and per-sequence slots on CPU; sdpa is transformers' own, with a block-diagonal mask.
+    attention: str = "auto"
     save_steps: int = 0
     save_total_limit: int = 2
     log_steps: int = 10
@@ -210,6 +214,7 @@ def validate(cfg: TrainConfig, source: str = "config") -> None:
     _choice(source, "data.template", cfg.data.template, TEMPLATES)
     _choice(source, "lr_scheduler", cfg.lr_scheduler, SCHEDULERS)
     _choice(source, "base_quant", cfg.base_quant, BASE_QUANTS)
+    _choice(source, "attention", cfg.attention, ATTENTIONS)
     if isinstance(cfg.lora.targets, str):
         _choice(source, "lora.targets", cfg.lora.targets, TARGET_PRESETS)
     elif not cfg.lora.targets:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..device import hashed_dropout
-from ..model.attention import slot_products
+from ..model.attention import attention_path, slot_products
 from ..train.loss import LOGIT_CHUNK
 from . import memory, timing, workload
 from .arch import Arch
@@ -36,6 +36,7 @@ class Settings:
     save_total_limit: int
     seed: int = 42
     compile: bool = False
+    attention: str = "auto"  # config.ATTENTIONS
 
 
 @dataclass(frozen=True)
@@ -72,13 +73,17 @@ class Estimate:
 
 def memory_setup(s: Settings, w: workload.Workload, d: Device, sharding: str, gpus: int) -> memory.MemorySetup:
     device_type = "cpu" if d.gpu.device_class == "cpu" else "cuda"
-    probs = w.epoch.slots > 0 and slot_products(device_type, w.epoch.slot_len, dropout=0.0)
+    # flash-attn's varlen kernels keep what flex keeps (q, k, v, output, log-sum-exp), so whether the target
+    # has them installed does not change the memory.
+    path = attention_path(s.attention, device_type)
+    slots = w.epoch.slots if path == "slots" else 0
+    probs = slots > 0 and slot_products(device_type, w.epoch.slot_len, dropout=0.0)
     return memory.MemorySetup(
         method=s.method, base_quant=s.base_quant, compute_bytes=s.compute_bytes, micro_batch=s.micro_batch,
         row_len=w.epoch.widest_row, loss_rows=max(1, round(w.loss_tokens_per_micro_batch)), loss_chunk=LOGIT_CHUNK,
         grad_ckpt=s.grad_ckpt, targets=s.targets, r=s.r, lora_dropout=s.lora_dropout,
         runtime_overhead=d.runtime_overhead, sharding=sharding, world=gpus, compiled=s.compile,
-        slots=w.epoch.slots, slot_len=w.epoch.slot_len, attention_probs=probs,
+        slots=slots, slot_len=w.epoch.slot_len if slots else 0, attention_probs=probs, attention=path,
         dropout_mask_kept=not hashed_dropout(device_type, s.compile),
     )
 

@@ -38,7 +38,10 @@ Derivations (FORMULAS.md; per-parameter table of EleutherAI "Transformer Math 10
   data.packing; padding slots and slot-length rounding included): q, k, v and its output (a·(2·H·Q +
   2·KV·Q)), plus either the probabilities (a·H·L for slots of length L: tunelab's CPU slot path,
   model/attention.py) or SDPA's fp32 log-sum-exp (4·H; flash/efficient kernels keep no T×T matrix,
-  Korthikanti et al. 2022's 5·a·s/h term is gone).
+  Korthikanti et al. 2022's 5·a·s/h term is gone). FlexAttention (attention=flex, auto on CUDA) runs over
+  whole rows and keeps the same q, k, v, output and fp32 log-sum-exp per head and token; its BlockMask
+  (B·T/128 block counts and B·(T/128)² block indices, int32) and the document ids (8·B·T) are one per
+  micro-batch, shared by every layer, and left out.
   Gradient checkpointing keeps each layer's input (the residual stream) and one layer's activations.
 - Logits: tunelab's loss (train/loss.py) runs the LM head only on loss positions, in chunks of at most
   `loss_chunk` rows; at the peak (the loss backward) one chunk holds the fp32 log-softmax output, its
@@ -82,6 +85,7 @@ class MemorySetup:
     slots: int = 0  # attention slots per micro-batch (plan.workload.EpochCounts); 0: attention over whole rows
     slot_len: int = 0
     attention_probs: bool = False  # attention keeps its probabilities (tunelab's CPU slot path)
+    attention: str = "slots"  # model/attention.attention_path: flex | slots | sdpa | flash
     dropout_mask_kept: bool = True  # LoRA dropout's mask is kept for backward (not drawn again: device.hashed_dropout)
 
 

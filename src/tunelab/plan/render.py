@@ -45,6 +45,8 @@ def activations_assumption(m: MemorySetup) -> str:
     blocks = "compiled decoder blocks (norm outputs and SiLU·up recomputed in backward)" if m.compiled else "eager decoder blocks"
     kept = "its probabilities" if m.attention_probs else "a log-sum-exp"
     where = f"{m.slots} slots of {m.slot_len} tokens per micro-batch" if m.slots else "whole rows"
+    if m.attention == "flex":
+        where += " (FlexAttention, document-causal block mask)"
     return f"activations as saved by {blocks}; attention over {where}, keeping {kept}"
 
 

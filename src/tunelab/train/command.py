@@ -99,21 +99,22 @@ def check_output_dir(path: Path) -> None:
                 p.rmdir()
 
 
-def training_attention(device: torch.device) -> str:
-    """flash-attn's varlen kernels on CUDA when installed; else SDPA over per-sequence slots (model/attention.py)."""
-    if device.type == "cuda":
-        import importlib.util
+def training_attention(device: torch.device, choice: str = "auto") -> str:
+    """The `attn_implementation` for the `attention` setting on `device` (model/attention.attention_path)."""
+    import importlib.util
 
-        if importlib.util.find_spec("flash_attn") is not None:
-            return "flash_attention_2"
-    return attention.register()
+    flash = device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None
+    path = attention.attention_path(choice, device.type, flash)
+    if path == "flash":
+        return "flash_attention_2"
+    return "sdpa" if path == "sdpa" else attention.register(path)
 
 
 def build_model(cfg: TrainConfig, prep: Prepared) -> torch.nn.Module:
     # Frozen base weights live in the compute dtype (no per-forward cast of fp32 weights under autocast);
     # full fine-tuning keeps fp32 master weights, which apply_adapter ensures.
     model = mload.load_model(prep.source, prep.precision.compute, cfgmod.effective_base_quant(cfg), prep.device,
-                             attn=training_attention(prep.device))
+                             attn=training_attention(prep.device, cfg.attention))
     if cfg.grad_ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = apply_adapter(model, adapter_spec(cfg))

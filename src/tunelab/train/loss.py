@@ -108,11 +108,18 @@ class CausalLMLoss(torch.nn.Module):
         super().__init__()
         self.model = model
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
-        self.packed_attention = getattr(model.config, "_attn_implementation", None) == attention.NAME
+        implementation = getattr(model.config, "_attn_implementation", None)
+        self.packed_attention = implementation == attention.NAME
+        self.flex_attention = implementation == attention.FLEX_NAME
 
     def forward(self, input_ids, position_ids, loss_index, loss_targets, layout: SeqLayout | None = None) -> torch.Tensor:
         decoder = self.model.get_decoder()
-        extra = attention.layout_tensors(layout, input_ids.device) if layout is not None and self.packed_attention else {}
+        if self.flex_attention and position_ids is not None:
+            extra = attention.flex_tensors(position_ids)
+        elif self.packed_attention and layout is not None:
+            extra = attention.layout_tensors(layout, input_ids.device)
+        else:
+            extra = {}
         out = decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra)
         head = self.model.get_output_embeddings()
         return token_loss_sum(out.last_hidden_state, head.weight, loss_index, loss_targets, self.softcap)
