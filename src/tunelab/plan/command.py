@@ -81,7 +81,7 @@ def settings_from_config(cfg: cfgmod.TrainConfig, arch: archmod.Arch, device: De
         seq_len=cfg.seq_len, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum, epochs=cfg.epochs,
         max_steps=cfg.max_steps, packing=cfg.packing, grad_ckpt=cfg.grad_ckpt,
         targets=archmod.adapter_targets(arch, cfg.lora.targets), r=cfg.lora.r, lora_dropout=cfg.lora.dropout,
-        save_steps=cfg.save_steps, save_total_limit=cfg.save_total_limit, seed=cfg.seed, compile=cfg.compile,
+        save_steps=cfg.save_steps, save_total_limit=cfg.save_total_limit, seed=cfg.seed, compile=cfg.compile, attention=cfg.attention,
     )
 
 

@@ -72,7 +72,7 @@ class Estimate:
 
 
 def memory_setup(s: Settings, w: workload.Workload, d: Device, sharding: str, gpus: int) -> memory.MemorySetup:
-    device_type = "cpu" if d.gpu.device_class == "cpu" else "cuda"
+    device_type = d.gpu.device_type
     # flash-attn's varlen kernels keep what flex keeps (q, k, v, output, log-sum-exp), so whether the target
     # has them installed does not change the memory.
     path = attention_path(s.attention, device_type)
