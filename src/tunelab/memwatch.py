@@ -1,4 +1,4 @@
-"""Peak memory as METRICS.md defines it.
+"""Peak memory as docs/metrics.md defines it.
 
 CUDA: `torch.cuda.max_memory_allocated` / `max_memory_reserved`. CPU: the process's peak RSS (VmHWM).
 Linux lets a process reset its own VmHWM by writing "5" to /proc/self/clear_refs, which gives a peak

@@ -113,7 +113,7 @@ def test_tuned_peer_measures_exactly_the_tokens_it_trains_on(tmp_path, tiny_mode
     assert rec["tokens_nonpad_per_s"] == pytest.approx(rec["steady_tokens_nonpad"] / rec["steady_window_s"])
     assert rec["kind"] == "hf-trainer-tuned" and rec["micro_batch"] == 16
     # The tiny model can peak within memory the test process already holds: 0 above the baseline in a
-    # fresh-clone `make test` (session 7). The process's absolute peak shows the reading was taken.
+    # fresh-clone `make test`. The process's absolute peak shows the reading was taken.
     assert rec["peak_memory_bytes"] >= 0 and rec["peak_memory_absolute_bytes"] > 0
     assert rec["versions"]["transformers"] and rec["device"]
     row = peers.store_record(rec)

@@ -208,6 +208,6 @@ def test_optimizer_is_fused_adamw_and_falls_back_per_device(monkeypatch):
         return real(params, **kwargs)
 
     monkeypatch.setattr(torch.optim, "AdamW", no_fused)
-    # foreach is the slowest of the three on CPU (measured: docs/performance.md), the fastest fallback on GPUs.
+    # foreach is the slowest of the three on CPU (measured: benchmarks/quickstart_xeon-amx-2c_2026-11-22.md), the fastest fallback on GPUs.
     assert loop.build_optimizer(model, spec, torch.device("cpu")).defaults["foreach"] is False
     assert loop.build_optimizer(model, spec, torch.device("cuda")).defaults["foreach"] is True

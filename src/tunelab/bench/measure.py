@@ -1,9 +1,9 @@
-"""Device peak and utilization (METRICS.md): what bench divides by, and how it got it.
+"""Device peak and utilization (docs/metrics.md): what bench divides by, and how it got it.
 
 - CPU: no datasheet figure means anything for a shared, frequency-scaling CPU, so the peak is measured at
   run time by a large matmul probe, in bf16 and in fp32; the dtype of the run's compute precision applies.
 - GPU: the catalog's dense 16-bit peak (plan's gpus.yaml) of the row matched to the device name; a bf16/fp16
-  probe runs too, to show the achievable fraction of that datasheet figure (GPUS.md: about 80%).
+  probe runs too, to show the achievable fraction of that datasheet figure (docs/formulas.md: about 80%).
 - FLOPs per token come from plan (`FlopsPerToken`): mfu counts the model FLOPs, hfu adds recomputation.
 """
 
@@ -87,12 +87,12 @@ def device_peak(device: torch.device, name: str, memory_bytes: int, compute: str
 
 
 def mfu(tokens_nonpad_per_s: float, flops: FlopsPerToken, peak_flops: float) -> float:
-    """METRICS.md: tokens_nonpad_per_s x model_flops_per_token / device_peak_flops (no recomputation)."""
+    """docs/metrics.md: tokens_nonpad_per_s x model_flops_per_token / device_peak_flops (no recomputation)."""
     return tokens_nonpad_per_s * flops.model / peak_flops
 
 
 def hfu(tokens_nonpad_per_s: float, flops: FlopsPerToken, peak_flops: float) -> float:
-    """Like mfu, counting gradient checkpointing's recomputed forward (METRICS.md)."""
+    """Like mfu, counting gradient checkpointing's recomputed forward (docs/metrics.md)."""
     return tokens_nonpad_per_s * flops.hardware / peak_flops
 
 

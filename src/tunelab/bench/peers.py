@@ -12,7 +12,7 @@ Three peers, each configured the way its users write it, not weakened:
 - `trl-sft`: TRL's `SFTTrainer` with its own packing (best-fit decreasing, which turns padding-free on),
   completion-only loss, tunelab's LoRA, micro-batch and seq_len. Only when `trl` is installed.
 
-Every peer is measured with METRICS.md's definitions, the ones tunelab's loop uses: a forward pre-hook on
+Every peer is measured with docs/metrics.md's definitions, the ones tunelab's loop uses: a forward pre-hook on
 the model counts what each micro-batch feeds (padded, non-padding and loss tokens), and a `TrainerCallback`
 times the steady-state window (optimizer steps after `warmup`) with a device synchronize at its edges. Peak
 memory comes from a `MemoryWatch` started before the model loads.

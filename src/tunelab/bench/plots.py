@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 
 GIB = 1024**3
 DPI = 110
-TOKEN_KINDS = (  # (record key prefix, legend label): METRICS.md's three token counts
+TOKEN_KINDS = (  # (record key prefix, legend label): docs/metrics.md's three token counts
     ("tokens_nonpad", "non-padding tokens/s"),
     ("tokens_padded", "padded tokens/s (all positions fed)"),
     ("tokens_loss", "loss tokens/s"),

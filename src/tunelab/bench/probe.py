@@ -13,7 +13,7 @@ import time
 
 import torch
 
-# A CPU reaches its matmul plateau (oneDNN, AMX) by 2048³; a GPU needs 8192³ (GPUS.md's H100/H200 figures).
+# A CPU reaches its matmul plateau (oneDNN, AMX) by 2048³; a GPU needs 8192³ (docs/formulas.md's H100/H200 figures).
 CPU_MAX_N = 2048
 GPU_MAX_N = 8192
 MIN_N = 256

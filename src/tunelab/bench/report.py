@@ -257,7 +257,7 @@ def _runs_table(runs: list[Run]) -> list[str]:
             f"{_num(rec.get('loss_first'), 3)} -> {_num(rec.get('loss_last'), 3)}",
         ])
     return ["## Runs", "",
-            "Throughput over the steady-state window (optimizer steps after the warm-up steps, METRICS.md): "
+            "Throughput over the steady-state window (optimizer steps after the warm-up steps, docs/metrics.md): "
             "padded counts every position fed, non-padding only real tokens, loss only tokens with a target.", "",
             *_table(header, rows)]
 

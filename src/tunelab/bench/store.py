@@ -1,6 +1,6 @@
 """The local results database: one SQLite table `runs`, one row per measured benchmark point.
 
-A row carries what someone else needs to reproduce the figure (METRICS.md): device and its memory, library
+A row carries what someone else needs to reproduce the figure (docs/metrics.md): device and its memory, library
 versions, model, method, precision, batch shape, packing, checkpointing, the dataset's token statistics,
 the measured metrics, plan's predicted ones, `kind` ('tunelab' or a peer's name such as 'hf-trainer', so
 peer runs land in the same table) and a UTC timestamp. Records are flat dicts keyed by column name; `data`

@@ -54,7 +54,7 @@ def _hash_bits(shape: torch.Size, seed: torch.Tensor) -> torch.Tensor:
     inductor compiles it into the kernel that uses the bits. Two calls read one sequence at two random
     offsets; their masks are independent unless the offsets lie within a mask's length of each other, and
     then one is the other shifted, elements of other positions and features. Applying the finalizer twice
-    ran 9-12% slower end to end (docs/performance.md). Products stay below 2⁶³: multiplying by 0x846CA68B =
+    ran 9-12% slower end to end (benchmarks/quickstart_xeon-amx-2c_2026-11-22.md). Products stay below 2⁶³: multiplying by 0x846CA68B =
     2³² - 0x7B935975 is, mod 2³², negating a product by 0x7B935975."""
     bits = (torch.arange(shape.numel(), device=seed.device, dtype=torch.int64).view(shape) + seed) & 0xFFFFFFFF
     bits = ((bits ^ (bits >> 16)) * 0x7FEB352D) & 0xFFFFFFFF
@@ -87,7 +87,7 @@ class _LoraLinearFn(torch.autograd.Function):
     for backward ran 5x slower than one that does not. For a 4,096 x 576 input: the dropped copy from
     torch.rand 9.3 ms eager and 9.6 compiled, from the hash 1.4-1.6 ms compiled (9.6 storing the mask
     too); the hash dropped 4.99% and 5.01% in two draws at p = 0.05, per-row fractions spread as a
-    binomial's (docs/performance.md). Elsewhere torch.rand, and backward keeps copy and mask."""
+    binomial's (benchmarks/quickstart_xeon-amx-2c_2026-11-22.md). Elsewhere torch.rand, and backward keeps copy and mask."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, lora_a, lora_b, scaling: float, dequantize=None, dropout: float = 0.0):

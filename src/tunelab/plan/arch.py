@@ -55,7 +55,7 @@ class Arch:
 
     @property
     def matmul_params(self) -> int:
-        """N of FORMULAS.md: every weight that takes part in a matmul, the LM head included (the embedding
+        """N of docs/formulas.md: every weight that takes part in a matmul, the LM head included (the embedding
         lookup is a gather, not a matmul)."""
         return self.block_linear_params + self.vocab * self.hidden
 

@@ -1,4 +1,4 @@
-"""FLOPs per token of a training step, method-aware. Derivations (see FORMULAS.md):
+"""FLOPs per token of a training step, method-aware. Derivations (see docs/formulas.md):
 
 - A matmul of a token through a (d_in x d_out) weight costs 2·d_in·d_out FLOPs (multiply + add).
   Summed over every weight that takes part in a matmul (N, the LM head included) the forward costs 2N.
@@ -15,7 +15,7 @@
   6·r·(d_in + d_out) per token (forward 2, backward 4, like any trained weight).
 - Gradient checkpointing recomputes the forward of every block during the backward: 2N_blocks +
   4·L·H·Q·T + the adapters' forward. It is hardware work, not model work: MFU excludes it, HFU counts it
-  (METRICS.md; Korthikanti et al. 2022, arXiv 2205.05198, Sec. 6 define the same split).
+  (docs/metrics.md; Korthikanti et al. 2022, arXiv 2205.05198, Sec. 6 define the same split).
 - QLoRA's dequantization and DoRA's weight-norm are memory-bound, not matmul FLOPs: they are modeled as
   efficiency factors (timing.py), not here.
 """
@@ -36,7 +36,7 @@ class FlopsPerToken:
 
     @property
     def model(self) -> float:
-        """model_flops_per_token (METRICS.md): what the method costs, recomputation excluded."""
+        """model_flops_per_token (docs/metrics.md): what the method costs, recomputation excluded."""
         return self.dense + self.attention + self.adapters
 
     @property

@@ -1,6 +1,6 @@
 """Peak memory of one training process, by component, in bytes.
 
-Derivations (FORMULAS.md; per-parameter table of EleutherAI "Transformer Math 101"):
+Derivations (docs/formulas.md; per-parameter table of EleutherAI "Transformer Math 101"):
 - Frozen base weights live in the compute dtype (2 B for bf16/fp16). int8 (LLM.int8(), arXiv 2208.07339)
   is 1 B/param plus one fp32 absmax per output row. NF4 with double quantization (QLoRA, arXiv
   2305.14314, Sec. 3) is 4 bits + an 8-bit absmax per 64 weights + an fp32 absmax per 256 such blocks =
@@ -13,8 +13,8 @@ Derivations (FORMULAS.md; per-parameter table of EleutherAI "Transformer Math 10
   derived tensor by tensor from what autograd saves (a = compute-dtype bytes). Checked against the
   saved-tensor sums of the quickstart (SmolLM2-135M, 16 x 256 packed rows, LoRA r 32 on every linear, bf16):
   eager 3.13 GiB saved against 3.11 modeled; compiled 1.752 against 1.753; compiled full 1.94 against 1.83,
-  the difference a 108 MiB fp32 copy of the embedding matrix not modeled (docs/performance.md, "plan's
-  memory model").
+  the difference a 108 MiB fp32 copy of the embedding matrix not modeled (benchmarks/quickstart_xeon-amx-2c_2026-11-22.md,
+  "plan beside these measurements").
   Eager:
     RMSNorm x2: the fp32 input (4h each); with a trained norm weight also the normalized fp32 (4h each)
     MLP: gate output (silu's input), silu output and up output: 3·a·I

@@ -1,7 +1,7 @@
 """Throughput, time and cost.
 
 time_train = tokens_padded x hardware_flops_per_token / (peak x efficiency x GPUs x scaling)
-(FORMULAS.md): every fed position costs compute, padding included; recomputation counts because the
+(docs/formulas.md): every fed position costs compute, padding included; recomputation counts because the
 hardware does it. Efficiency (achieved fraction of the dense peak) comes from a calibration record of
 the device when there is one, else from an assumed default per device class, and says which.
 Fixed overheads are separate lines: model load, torch.compile, checkpoint writes, evaluation.
@@ -20,7 +20,7 @@ DISK_READ_BPS = 1.5e9
 DISK_WRITE_BPS = 1.0e9
 # torch.compile's one-off cost in the first steps (`compile: true`) with a cold inductor cache, as a fresh
 # install meets it. Measured on the quickstart (2-core CPU): the first 10 steps took 66.5 s where the next 10
-# took 27.2 s (docs/results/quickstart/metrics.jsonl, session 5), ~39 s. All decoder blocks share one
+# took 27.2 s (benchmarks/quickstart_xeon-amx-2c_2026-11-22.md, "plan beside these measurements"), ~39 s. All decoder blocks share one
 # compiled graph, so it does not grow with depth; a warm cache costs less. On CUDA it is this same
 # assumption, not a measurement.
 COMPILE_S = 40.0

@@ -1,6 +1,6 @@
 """What the user sees during a run: a rich bar on a terminal, one plain line per log step otherwise.
 
-The ETA is token-based (METRICS.md `eta_s`): padded tokens still to feed over the padded tokens/s so
+The ETA is token-based (docs/metrics.md `eta_s`): padded tokens still to feed over the padded tokens/s so
 far, so a run whose late batches are longer is not promised an early finish.
 """
 
