@@ -79,6 +79,23 @@ def tiny_train_config(model_dir, data_file, out, *extra):
                               "log_steps=1", "lr=1e-2", "precision=fp32", *extra])
 
 
+def tiny_optimizer_run(steps: int = 2, seed: int = 0):
+    """A Linear model with train/loop's AdamW and schedule after `steps` steps: all that a checkpoint holds."""
+    from tunelab.train import loop
+
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(8, 4)
+    spec = loop.OptimSpec(lr=1e-2)
+    optimizer = loop.build_optimizer(model, spec, torch.device("cpu"))
+    scheduler = loop.build_scheduler(optimizer, spec, total_steps=10)
+    for _ in range(steps):
+        model(torch.randn(3, 8)).square().mean().backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    return model, optimizer, scheduler
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path

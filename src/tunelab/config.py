@@ -54,6 +54,9 @@ class LoraConfig:
 @dataclass
 class TrainConfig:
     model: str = EMBEDDED
+    # Let transformers import Python files shipped with the model (custom architectures). That code runs with
+    # the user's permissions, so only a config that names a model it trusts turns this on.
+    trust_remote_code: bool = False
     method: str = "lora"
     data: DataConfig = field(default_factory=DataConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)

@@ -1,10 +1,12 @@
-"""Writing output files so that a reader, or a crash, never sees a half-written one."""
+"""Writing output files and directories so that a reader, or a crash, never sees a half-written one."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -14,12 +16,39 @@ def write_atomic(path: Path, lines: Iterable[str]) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         # mkstemp creates 0600; an output file gets the mode a plain open() would give it.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
+        os.fchmod(fd, _plain_mode(0o666))
         with os.fdopen(fd, "w") as f:
             f.writelines(lines)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+@contextmanager
+def atomic_dir(path: Path) -> Iterator[Path]:
+    """Yield a temp dir next to `path` to fill; on success it replaces `path`, on any failure it is removed.
+
+    A reader (or a crash) sees the old directory or the complete new one, never a partial one.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".tmp-{path.name}-"))
+    try:
+        os.chmod(tmp, _plain_mode(0o777))  # mkdtemp creates 0700; mkdir would honour the umask
+        yield tmp
+        if path.exists():
+            # A directory cannot be renamed over a non-empty one: move the old aside first, drop it after.
+            old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".tmp-old-{path.name}-"))
+            os.replace(path, old / path.name)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _plain_mode(mode: int) -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return mode & ~umask

@@ -1,11 +1,11 @@
-"""write_atomic: whole file or nothing, with the mode a plain open() would give."""
+"""write_atomic and atomic_dir: whole file or directory or nothing, with the mode a plain open() or mkdir gives."""
 
 import os
 import stat
 
 import pytest
 
-from tunelab.io import write_atomic
+from tunelab.io import atomic_dir, write_atomic
 
 
 def test_mode_follows_the_umask(tmp_path):
@@ -26,3 +26,31 @@ def test_failure_leaves_nothing(tmp_path):
     with pytest.raises(RuntimeError):
         write_atomic(tmp_path / "out.json", lines())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_directory_replaces_the_old_one_whole(tmp_path):
+    target = tmp_path / "adapter"
+    target.mkdir()
+    (target / "old.bin").write_text("old")
+    old = os.umask(0o022)
+    try:
+        with atomic_dir(target) as tmp:
+            (tmp / "new.bin").write_text("new")
+            assert [p.name for p in target.iterdir()] == ["old.bin"]  # unchanged until the block ends
+    finally:
+        os.umask(old)
+    assert [p.name for p in tmp_path.iterdir()] == ["adapter"]
+    assert [p.name for p in target.iterdir()] == ["new.bin"]
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755
+
+
+def test_a_failed_directory_leaves_the_old_one(tmp_path):
+    target = tmp_path / "adapter"
+    target.mkdir()
+    (target / "old.bin").write_text("old")
+    with pytest.raises(OSError):
+        with atomic_dir(target) as tmp:
+            (tmp / "new.bin").write_text("half")
+            raise OSError(28, "No space left on device")
+    assert [p.name for p in tmp_path.iterdir()] == ["adapter"]
+    assert (target / "old.bin").read_text() == "old" and [p.name for p in target.iterdir()] == ["old.bin"]

@@ -97,6 +97,22 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_model_dir, data_file, tmp_
     assert [l for _, l in got] == pytest.approx([l for _, l in expected], rel=1e-6)
 
 
+def test_resume_skips_a_truncated_latest_checkpoint(tiny_model_dir, data_file, tmp_path, capsys):
+    out = tmp_path / "cut"
+    train(config(tiny_model_dir, data_file, out, "max_steps=8", "save_steps=2"), show_progress=False, stop_at=6)
+    previous, latest = sorted((out / "checkpoints").iterdir())
+    weights = latest / "trainable.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # as a crash or a full disk mid-write would leave it
+    capsys.readouterr()
+    summary = train(config(tiny_model_dir, data_file, out, "max_steps=8", "save_steps=2", "resume=true"))
+    printed = capsys.readouterr()
+    assert f"checkpoint {latest} is incomplete or corrupt (trainable.safetensors has 100 bytes" in printed.err
+    assert f"); resuming from {previous}\n" in printed.err
+    assert f"resumed from {previous} at step 4" in printed.out
+    assert previous.name == "step-0000004" and summary["steps"] == 8
+    assert [m["step"] for m in read_metrics(out)] == list(range(1, 9))
+
+
 def test_checkpoints_rotate(tiny_model_dir, data_file, tmp_path):
     out = tmp_path / "rot"
     train(config(tiny_model_dir, data_file, out, "max_steps=7", "save_steps=2", "save_total_limit=2"),

@@ -11,6 +11,7 @@ and the embedded SmolLM2 tokenizer: benchmarks of any catalogued size without it
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import shutil
@@ -38,10 +39,13 @@ class ModelSource:
     path: Path
     gguf_file: str | None = None
     random_key: str | None = None
+    trust_remote_code: bool = False
 
     @property
     def kwargs(self) -> dict:
-        return {"gguf_file": self.gguf_file} if self.gguf_file else {}
+        """For every transformers `from_pretrained` of this model; trust_remote_code is always explicit."""
+        gguf = {"gguf_file": self.gguf_file} if self.gguf_file else {}
+        return {**gguf, "trust_remote_code": self.trust_remote_code}
 
 
 def cache_dir() -> Path:
@@ -62,8 +66,17 @@ def embedded_gguf() -> Path:
     return files[0]
 
 
-def resolve(ref: str) -> ModelSource:
+def resolve(ref: str, trust_remote_code: bool = False) -> ModelSource:
     """Turn the config's `model` string into a local source, or fail saying what would work."""
+    source = _resolve(ref)
+    if not trust_remote_code:
+        return source
+    print(f"model {ref}: trust_remote_code is on: Python files in {source.path} will run with your permissions",
+          file=sys.stderr, flush=True)
+    return dataclasses.replace(source, trust_remote_code=True)
+
+
+def _resolve(ref: str) -> ModelSource:
     if ref == EMBEDDED:
         return ModelSource(ref, _embedded_hf_dir())
     if ref.startswith(archmod.RANDOM):

@@ -1,24 +1,44 @@
-"""Checkpoints that are atomic (temp dir + rename), rotated, and enough to resume exactly.
+"""Checkpoints that are atomic (temp dir + rename), verified, rotated, free of pickle, and enough to resume exactly.
 
 A checkpoint holds the trainable weights, the optimizer and scheduler states, the RNG states and the step
 counter. The batch order is a pure function of (seed, epoch), so the step counter is all the data loader
 needs to continue where it stopped.
+
+Tensors are stored in safetensors and everything else in JSON: loading a checkpoint never unpickles, so a
+checkpoint from elsewhere cannot run code. `manifest.json`, written last, records every file's size and
+sha256; resuming checks it and falls back to the newest checkpoint that matches its manifest.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
-import os
+import random
 import shutil
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
 from ..errors import TunelabError
+from ..io import atomic_dir, write_atomic
 
 PREFIX = "step-"
+WEIGHTS = "trainable.safetensors"
+RESUME_TENSORS = "resume.safetensors"  # optimizer state and torch RNG states
+RESUME_JSON = "resume.json"  # the rest of the optimizer and scheduler states, Python and NumPy RNG states
+STATE = "state.json"
+MANIFEST = "manifest.json"
+REQUIRED = (WEIGHTS, RESUME_TENSORS, RESUME_JSON, STATE)
+
+# Markers of the JSON encoding of nested state: a value that is one of these one-key objects stands for a
+# tensor in RESUME_TENSORS, a tuple, a dict (as key/value pairs: optimizer state is keyed by int) or an array.
+TENSOR, TUPLE, ITEMS, ARRAY = "__tensor__", "__tuple__", "__items__", "__ndarray__"
 
 
 @dataclass
@@ -36,20 +56,77 @@ def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def save(folder: Path, model, optimizer, scheduler, state: TrainState, keep: int) -> Path:
     """Write `folder/step-N` atomically, then delete the oldest beyond `keep`."""
-    folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"{PREFIX}{state.step:07d}"
-    tmp = folder / f".tmp-{PREFIX}{state.step:07d}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_file({k: v.cpu() for k, v in trainable_state(model).items()}, tmp / "trainable.safetensors")
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state()}, tmp / "optim.pt")
-    (tmp / "state.json").write_text(json.dumps(asdict(state)))
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    # A run killed mid-save leaves its temp dir behind; the output_dir lock (train/lock.py) means no other
+    # run is writing one now.
+    for stale in folder.glob(".tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    weights = {k: v.cpu() for k, v in trainable_state(model).items()}
+    tensors: dict[str, torch.Tensor] = {}
+    resume = _encode({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state()},
+                     tensors)
+    try:
+        with atomic_dir(final) as tmp:
+            save_file(weights, tmp / WEIGHTS)
+            save_file(tensors, tmp / RESUME_TENSORS)
+            (tmp / RESUME_JSON).write_text(json.dumps(resume))
+            (tmp / STATE).write_text(json.dumps(asdict(state)))
+            write_manifest(tmp)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EIO):
+            raise
+        needed = sum(t.nbytes for t in (*weights.values(), *tensors.values()))
+        raise TunelabError(f"checkpoint {final}: {e.strerror} while writing it; it needs {needed:,} bytes, "
+                           f"{_free_bytes(folder)} free there; free space or choose another output_dir, then "
+                           f"resume: true (earlier checkpoints are untouched)") from None
     for old in list_checkpoints(folder)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _free_bytes(folder: Path) -> str:
+    try:
+        return f"{shutil.disk_usage(folder).free:,} bytes"
+    except OSError:
+        return "unknown bytes"
+
+
+def write_manifest(folder: Path) -> None:
+    """`manifest.json`: every other file's size and sha256, written last so that its presence means complete."""
+    files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+             for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST}
+    write_atomic(folder / MANIFEST, [json.dumps({"files": files}, indent=1)])
+
+
+def verify(path: Path) -> str | None:
+    """Why the checkpoint at `path` cannot be trusted, or None when every file matches its manifest."""
+    try:
+        files = json.loads((path / MANIFEST).read_text())["files"]
+    except FileNotFoundError:
+        return f"no {MANIFEST}"
+    except (ValueError, KeyError, TypeError):
+        return f"{MANIFEST} is not a tunelab manifest"
+    for name in REQUIRED:
+        if name not in files:
+            return f"{MANIFEST} does not list {name}"
+    for name, entry in files.items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        size = file.stat().st_size
+        if size != entry["bytes"]:
+            return f"{name} has {size:,} bytes, the manifest says {entry['bytes']:,}"
+        if _sha256(file) != entry["sha256"]:
+            return f"{name} does not match its sha256"
+    return None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def list_checkpoints(folder: Path) -> list[Path]:
@@ -59,21 +136,41 @@ def list_checkpoints(folder: Path) -> list[Path]:
 
 
 def find(folder: Path, resume: bool | str) -> Path | None:
-    """`resume: true` takes the newest checkpoint in `folder` (None if there is none); a path takes that one."""
+    """`resume: true` takes the newest valid checkpoint in `folder` (None if there is none); a path takes that one.
+
+    Checkpoints that fail their manifest (a crash or a full disk mid-write, a damaged file) are skipped with
+    one line each on stderr; when every one fails, resuming stops rather than silently starting over.
+    """
     if resume is False:
         return None
     if resume is True:
-        found = list_checkpoints(folder)
-        return found[-1] if found else None
+        skipped = []
+        for path in reversed(list_checkpoints(folder)):
+            reason = verify(path)
+            if reason is None:
+                for bad, why in skipped:
+                    print(f"checkpoint {bad} is incomplete or corrupt ({why}); resuming from {path}",
+                          file=sys.stderr, flush=True)
+                return path
+            skipped.append((path, reason))
+        if skipped:
+            newest, why = skipped[0]
+            raise TunelabError(f"resume: no valid checkpoint in {folder} (newest {newest.name}: {why}); "
+                               f"set resume: false to start over")
+        return None
     path = Path(resume)
-    if not (path / "state.json").is_file():
-        raise TunelabError(f"resume: {path} is not a tunelab checkpoint (no state.json); use true or a step-N folder")
+    if not (path / STATE).is_file():
+        raise TunelabError(f"resume: {path} is not a tunelab checkpoint (no {STATE}); use true or a step-N folder")
+    reason = verify(path)
+    if reason is not None:
+        raise TunelabError(f"resume: checkpoint {path} is incomplete or corrupt ({reason}); "
+                           f"use resume: true for the newest valid one")
     return path
 
 
 def load_weights(path: Path, model) -> TrainState:
     """The checkpoint's trainable weights into `model` (built as for training); returns its counters."""
-    weights = load_file(path / "trainable.safetensors")
+    weights = load_file(path / WEIGHTS)
     params = dict(model.named_parameters())
     missing = [n for n, p in params.items() if p.requires_grad and n not in weights]
     if missing:
@@ -81,20 +178,57 @@ def load_weights(path: Path, model) -> TrainState:
     with torch.no_grad():
         for name, tensor in weights.items():
             params[name].copy_(tensor)
-    return TrainState(**json.loads((path / "state.json").read_text()))
+    return TrainState(**json.loads((path / STATE).read_text()))
 
 
 def load(path: Path, model, optimizer, scheduler) -> TrainState:
     state = load_weights(path, model)
-    extra = torch.load(path / "optim.pt", weights_only=False)
-    optimizer.load_state_dict(extra["optimizer"])
-    scheduler.load_state_dict(extra["scheduler"])
-    _set_rng_state(extra["rng"])
+    resume = _decode(json.loads((path / RESUME_JSON).read_text()), load_file(path / RESUME_TENSORS))
+    optimizer.load_state_dict(resume["optimizer"])
+    scheduler.load_state_dict(resume["scheduler"])
+    _set_rng_state(resume["rng"])
     return state
 
 
+def _encode(value: Any, tensors: dict[str, torch.Tensor], key: str = "") -> Any:
+    """`value` as JSON-safe data; its tensors go into `tensors` under dotted keys that the data refers to."""
+    prefix = f"{key}." if key else ""
+    if isinstance(value, torch.Tensor):
+        tensors[key] = value.detach().cpu().contiguous()
+        return {TENSOR: key}
+    if isinstance(value, np.ndarray):
+        return {ARRAY: [str(value.dtype), value.tolist()]}
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, tuple):
+        return {TUPLE: [_encode(v, tensors, f"{prefix}{i}") for i, v in enumerate(value)]}
+    if isinstance(value, list):
+        return [_encode(v, tensors, f"{prefix}{i}") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        return {ITEMS: [[k, _encode(v, tensors, f"{prefix}{k}")] for k, v in value.items()]}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"checkpoint state {key} is a {type(value).__name__}, which JSON and safetensors cannot hold")
+
+
+def _decode(data: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(data, list):
+        return [_decode(v, tensors) for v in data]
+    if not isinstance(data, dict):
+        return data
+    ((tag, payload),) = data.items()
+    if tag == TENSOR:
+        return tensors[payload]
+    if tag == TUPLE:
+        return tuple(_decode(v, tensors) for v in payload)
+    if tag == ITEMS:
+        return {k: _decode(v, tensors) for k, v in payload}
+    dtype, values = payload
+    return np.array(values, dtype=dtype)
+
+
 def _rng_state() -> dict:
-    state = {"cpu": torch.get_rng_state()}
+    state = {"cpu": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -102,5 +236,7 @@ def _rng_state() -> dict:
 
 def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["cpu"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -23,7 +21,7 @@ from ..data.packing import packing_efficiency
 from ..data.pipeline import DataSpec, TokenizedData, prepare
 from ..device import Precision, device_memory_bytes, device_name, pick_device, pick_precision
 from ..errors import TunelabError
-from ..io import write_atomic
+from ..io import atomic_dir, write_atomic
 from ..memwatch import MemoryWatch
 from ..model import attention
 from ..model import load as mload
@@ -32,6 +30,7 @@ from ..model.lora_linear import has_lora_dropout, has_nf4_base
 from . import checkpoint, loop
 from .batches import BatchSpec, Schedule
 from .checkpoint import TrainState
+from .lock import lock_output_dir
 from .loss import CausalLMLoss
 from .progress import ProgressView
 
@@ -66,7 +65,7 @@ class Prepared:
 def prepare_run(cfg: TrainConfig, rank: int = 0, world: int = 1) -> Prepared:
     device = pick_device(cfg.device)
     precision = pick_precision(cfg.precision, device)
-    source = mload.resolve(cfg.model)
+    source = mload.resolve(cfg.model, cfg.trust_remote_code)
     model_config = mload.load_config(source)
     limit = mload.max_positions(model_config)
     if limit is not None and cfg.seq_len > limit:
@@ -172,14 +171,23 @@ def compile_blocks(model: torch.nn.Module) -> None:
 
 def train(cfg: TrainConfig, show_progress: bool = True, stop_at: int | None = None,
           warmup_window: int = 2) -> dict:
-    """Run one training job and return its summary (also written to output_dir/summary.json)."""
+    """Run one training job and return its summary (also written to output_dir/summary.json).
+
+    The job holds output_dir's lock (train/lock.py) throughout: a second job there fails at once.
+    """
+    t0 = time.perf_counter()
+    out = Path(cfg.output_dir)
+    check_output_dir(out)
+    with lock_output_dir(out):
+        return _train_locked(cfg, out, t0, show_progress, stop_at, warmup_window)
+
+
+def _train_locked(cfg: TrainConfig, out: Path, t0: float, show_progress: bool, stop_at: int | None,
+                  warmup_window: int) -> dict:
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
     from accelerate.utils import set_seed
 
-    t0 = time.perf_counter()
-    out = Path(cfg.output_dir)
-    check_output_dir(out)
     resume_from = checkpoint.find(out / "checkpoints", cfg.resume)
     memwatch = MemoryWatch(pick_device(cfg.device))
     memwatch.start()  # before the model loads: CPU peak memory is relative to this RSS
@@ -248,17 +256,10 @@ def train(cfg: TrainConfig, show_progress: bool = True, stop_at: int | None = No
 
 def save_final(model, tokenizer, out: Path, method: str) -> Path:
     """`adapter/` (PEFT format) for adapter methods, `model/` (HF format) for full fine-tuning; atomic."""
-    name = "model" if method == "full" else "adapter"
-    final = out / name
-    tmp = Path(tempfile.mkdtemp(dir=out, prefix=f".tmp-{name}-"))
-    try:
+    final = out / ("model" if method == "full" else "adapter")
+    with atomic_dir(final) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 

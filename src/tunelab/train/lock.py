@@ -1,0 +1,85 @@
+"""One run per output_dir: an exclusive `flock` on `output_dir/.tunelab.lock`, held for the run's life.
+
+The kernel drops an flock when its process dies, however it dies (kill -9, the OOM killer), so a dead run
+never leaves a stale lock. The PID, host and start time in the file are only for the second run's message.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from ..errors import TunelabError
+
+LOCK = ".tunelab.lock"
+
+
+@contextmanager
+def lock_output_dir(path: Path) -> Iterator[None]:
+    """Hold `path`'s lock (creating `path`) or fail at once naming the run that holds it.
+
+    If `path` did not exist and the run wrote nothing else into it, it is removed again on the way out:
+    a run that fails at startup leaves no output dir behind.
+    """
+    created = [p for p in (path, *path.parents) if not p.exists()]
+    path.mkdir(parents=True, exist_ok=True)
+    fd = _acquire(path / LOCK, path)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.ftruncate(fd, 0)
+        if created and path.is_dir() and [p.name for p in path.iterdir()] == [LOCK]:
+            # Unlinked while still locked: a run that opened the old file re-checks its inode (_acquire).
+            (path / LOCK).unlink()
+            for p in created:  # deepest first
+                try:
+                    p.rmdir()
+                except OSError:
+                    break
+        if fd is not None:
+            os.close(fd)
+
+
+def _acquire(file: Path, folder: Path) -> int | None:
+    while True:
+        fd = os.open(file, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0)
+            os.close(fd)
+            raise TunelabError(f"output_dir {folder} is in use by {_describe(holder)}; "
+                               f"wait for it or choose another output_dir") from None
+        except OSError as e:
+            # Some network filesystems refuse locks; training there is still better than not training.
+            os.close(fd)
+            print(f"output_dir {folder}: cannot lock {LOCK} ({e.strerror}); nothing stops a second run "
+                  f"from writing here", file=sys.stderr, flush=True)
+            return None
+        try:
+            same = os.stat(file).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # locked a file another run unlinked on its way out: lock the one now at that path
+    holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(holder).encode(), 0)
+    return fd
+
+
+def _describe(raw: bytes) -> str:
+    try:
+        holder = json.loads(raw)
+        return f"PID {holder['pid']} on host {holder['host']} (started {holder['started']})"
+    except (ValueError, KeyError, TypeError):
+        return "another run (it has not recorded its PID yet)"
