@@ -30,6 +30,7 @@ KIND = "tunelab"
 # Bench forces these: a checkpoint write inside the window is not throughput, resume would skip the
 # window, and a log line per step gives step_time_s a median over steps rather than over log windows.
 FORCED = ("resume=false", "save_steps=0", "log_steps=1")
+STEP_KEYS = ("step_time_s", "step_time_median_s", "step_time_p90_s", "step_time_max_s")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,14 +51,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also run peer recipes side by side, interleaved with tunelab: hf-trainer-seed, hf-trainer-tuned, trl-sft")
     p.add_argument("--rounds", type=int, default=2, help="with --peer: interleaved rounds (tunelab, peers, tunelab, ...)")
     p.add_argument("--export", choices=("csv", "json"), help="print (or --out) the stored runs instead of measuring")
-    p.add_argument("--out", help="with --export: write to this file (atomically) instead of stdout")
+    p.add_argument("--suite", metavar="NAME|FILE.yaml",
+                   help="run a benchmark suite of bench/suites.yaml (gpu, cpu) or of a suites file; "
+                        "writes <out>/<suite>_<device>_<date>.json and .md")
+    p.add_argument("--out", help="with --export: write to this file (atomically) instead of stdout; "
+                                 "with --suite: the folder for its files (default benchmarks)")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.export:
         return export(args)
+    if args.suite:
+        return run_suite(args)
     if args.out:
-        raise TunelabError("--out goes with --export")
+        raise TunelabError("--out goes with --export or --suite")
     steps = args.steps if args.steps is not None else (CALIBRATE_STEPS if args.calibrate else DEFAULT_STEPS)
     if steps < 1 or args.warmup < 0:
         raise TunelabError(f"--steps must be at least 1 and --warmup at least 0, got {steps} and {args.warmup}")
@@ -94,6 +101,18 @@ def run(args: argparse.Namespace) -> int:
         else:
             show_sweep(records, db)
     return 0
+
+
+def run_suite(args: argparse.Namespace) -> int:
+    from . import suite
+
+    clashing = [flag for flag, given in (("--config", args.config), ("--steps", args.steps is not None),
+                                         ("--sweep", args.sweep), ("--peer", args.peer), ("--calibrate", args.calibrate))
+                if given]
+    if clashing:
+        raise TunelabError(f"--suite defines its own rows, steps and peers; drop {', '.join(clashing)}")
+    base_dir = Path(output_dir(args.overrides))
+    return suite.run(args, base_dir, Path(args.db) if args.db else base_dir / "bench.sqlite")
 
 
 def run_peers(args: argparse.Namespace, steps: int, base_dir: Path, db: Path) -> int:
@@ -254,7 +273,9 @@ def build_record(label: str, summary: dict, peak: measure.Peak, prediction, warm
         "packing": summary["packing"], "grad_ckpt": summary["grad_ckpt"],
         "warmup_steps": warmup, "steps": summary["steady_window_steps"], "data": summary["data"],
         "tokens_padded_per_s": summary["tokens_padded_per_s"], "tokens_nonpad_per_s": nonpad,
-        "tokens_loss_per_s": summary["tokens_loss_per_s"], "step_time_s": summary["step_time_s"],
+        "tokens_loss_per_s": summary["tokens_loss_per_s"], "rate_basis": store.RATE_BASIS,
+        "steady_window_s": summary["steady_window_s"],
+        **{k: summary[k] for k in STEP_KEYS},
         "model_flops_per_token": flops.model, "hardware_flops_per_token": flops.hardware,
         "device_peak_flops": peak.flops, "peak_source": peak.source,
         "mfu": measure.mfu(nonpad, flops, peak.flops), "hfu": measure.hfu(nonpad, flops, peak.flops),
@@ -339,6 +360,11 @@ def export(args: argparse.Namespace) -> int:
     return 0
 
 
+def step_stats(rec: dict) -> str:
+    return (f"step time median {rec['step_time_median_s']:.3f} s, p90 {rec['step_time_p90_s']:.3f} s, "
+            f"max {rec['step_time_max_s']:.3f} s")
+
+
 def gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
@@ -355,9 +381,9 @@ def show_single(rec: dict, db: Path) -> None:
     t = Table(title=f"{rec['model']} {rec['method']} {rec['precision']} on {rec['device']}")
     for col in ("metric", "measured", "predicted", "measured / predicted"):
         t.add_column(col, justify="left" if col == "metric" else "right")
-    for key, label, fmt in (("tokens_padded_per_s", "tokens/s fed (padded)", "{:,.0f}"),
-                            ("tokens_nonpad_per_s", "tokens/s non-padding", "{:,.0f}"),
-                            ("tokens_loss_per_s", "tokens/s with loss", "{:,.0f}"),
+    for key, label, fmt in (("tokens_padded_per_s", "tokens/s fed (padded; window)", "{:,.0f}"),
+                            ("tokens_nonpad_per_s", "tokens/s non-padding (window)", "{:,.0f}"),
+                            ("tokens_loss_per_s", "tokens/s with loss (window)", "{:,.0f}"),
                             ("step_time_s", "step time (median, s)", "{:.3f}"),
                             ("peak_memory_bytes", "peak memory", None)):
         measured, predicted = rec[key], rec[f"predicted_{key}"]
@@ -371,6 +397,8 @@ def show_single(rec: dict, db: Path) -> None:
     c.print(f"device peak {rec['device_peak_flops'] / 1e12:.2f} TFLOP/s ({rec['peak_source']}); probes TFLOP/s: {probes}")
     c.print(f"FLOPs/token (plan): {rec['model_flops_per_token'] / 1e9:.3f} G model, {rec['hardware_flops_per_token'] / 1e9:.3f} G hardware; "
             f"window: {rec['steps']} steps after {rec['warmup_steps']} warm-up")
+    c.print(f"tokens/s are window rates (tokens over the window's {rec['steady_window_s']:.2f} s); "
+            f"{step_stats(rec)}")
     if rec["peak_memory_reserved_bytes"] is None:
         c.print(f"peak memory: peak RSS minus RSS before model load (absolute peak RSS {gib(rec['peak_memory_absolute_bytes'])})")
     else:
@@ -399,7 +427,7 @@ def show_sweep(records: list[dict], db: Path) -> None:
     from rich.table import Table
 
     t = Table(title=f"sweep on {records[0]['device']}")
-    for col in ("point", "tok/s fed", "tok/s non-pad", "step s", "mfu", "peak mem", "pred tok/s fed", "pred mem"):
+    for col in ("point", "tok/s fed (window)", "tok/s non-pad (window)", "step s (median)", "mfu", "peak mem", "pred tok/s fed", "pred mem"):
         t.add_column(col, justify="left" if col == "point" else "right")
     for r in records:
         t.add_row(r["label"], f"{r['tokens_padded_per_s']:,.0f}", f"{r['tokens_nonpad_per_s']:,.0f}",

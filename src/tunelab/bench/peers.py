@@ -41,6 +41,8 @@ from ..errors import TunelabError
 from ..memwatch import MemoryWatch
 from ..model import load as mload
 from ..model.adapters import resolve_targets
+from ..train.loop import step_statistics
+from . import store
 
 PEERS = ("hf-trainer-seed", "hf-trainer-tuned", "trl-sft")
 # Formats whose rendering is one prompt followed by one trained response (or all trained, for `text`):
@@ -179,7 +181,7 @@ def _window_callback(meter: TokenMeter, device: torch.device, warmup: int):
             seconds = self.end - self.start
             padded, nonpad, loss = (b - a for a, b in zip(self.at_start, self.at_end))
             return {"tokens_padded_per_s": padded / seconds, "tokens_nonpad_per_s": nonpad / seconds,
-                    "tokens_loss_per_s": loss / seconds, "step_time_s": statistics.median(self.step_times),
+                    "tokens_loss_per_s": loss / seconds, **step_statistics(self.step_times),
                     "steady_window_steps": self.steps, "steady_window_s": seconds,
                     "steady_tokens_padded": padded, "steady_tokens_nonpad": nonpad, "steady_tokens_loss": loss}
 
@@ -338,24 +340,24 @@ def run_peer(name: str, model_ref: str, data_path: str, steps: int, warmup: int 
 
 
 def versions() -> dict[str, str]:
-    """Versions of the stack a peer ran on (trl only where installed)."""
+    """Versions of the stack a run used (trl and bitsandbytes only where installed)."""
     import accelerate
     import peft
     import transformers
 
     out = {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,
            "accelerate": accelerate.__version__}
-    if importlib.util.find_spec("trl") is not None:
-        import trl
-
-        out["trl"] = trl.__version__
+    for optional in ("trl", "bitsandbytes"):
+        if importlib.util.find_spec(optional) is not None:
+            out[optional] = importlib.import_module(optional).__version__
     return out
 
 
 # Record keys that are columns of bench's `runs` table under the same name (store.COLUMNS).
 STORE_KEYS = ("kind", "device", "device_memory_bytes", "model", "method", "precision", "micro_batch", "grad_accum",
               "seq_len", "packing", "grad_ckpt", "tokens_padded_per_s", "tokens_nonpad_per_s", "tokens_loss_per_s",
-              "step_time_s", "peak_memory_bytes", "peak_memory_reserved_bytes", "peak_memory_absolute_bytes")
+              "step_time_s", "step_time_median_s", "step_time_p90_s", "step_time_max_s", "steady_window_s",
+              "peak_memory_bytes", "peak_memory_reserved_bytes", "peak_memory_absolute_bytes")
 
 
 def store_record(record: dict, label: str | None = None) -> dict:
@@ -365,7 +367,7 @@ def store_record(record: dict, label: str | None = None) -> dict:
     row = {k: record[k] for k in STORE_KEYS}
     row.update({f"{lib}_version": record["versions"].get(lib) for lib in ("torch", "transformers", "peft", "accelerate")})
     row.update(label=label or f"peer {record['kind']}", warmup_steps=record["warmup_steps"],
-               steps=record["steady_window_steps"])
+               steps=record["steady_window_steps"], rate_basis=store.RATE_BASIS)
     row["config"] = {k: record[k] for k in ("padding", "optim", "lora", "precision_note", "data_path", "loss_first",
                                             "loss_last") if k in record}
     row["config"].update(total_steps=record["steps"], trl_version=record["versions"].get("trl"))

@@ -42,7 +42,12 @@ COLUMNS: dict[str, str] = {
     "tokens_padded_per_s": "REAL",
     "tokens_nonpad_per_s": "REAL",
     "tokens_loss_per_s": "REAL",
-    "step_time_s": "REAL",
+    "step_time_s": "REAL",  # the median step, as step_time_median_s
+    "step_time_median_s": "REAL",
+    "step_time_p90_s": "REAL",
+    "step_time_max_s": "REAL",
+    "steady_window_s": "REAL",  # the window's seconds: tokens_*_per_s are its tokens over these
+    "rate_basis": "TEXT",  # what tokens_*_per_s divide by: "window" (the steady-state window's wall time)
     "model_flops_per_token": "REAL",
     "hardware_flops_per_token": "REAL",
     "device_peak_flops": "REAL",
@@ -62,6 +67,9 @@ COLUMNS: dict[str, str] = {
     "predicted_source": "TEXT",  # where plan's efficiency came from (calibrated or default)
     "config": "JSON",  # the full training config of the point, to re-run it
 }
+# What every tokens_*_per_s of a record divides by: the steady-state window's wall time (synchronized at its
+# edges), not the median step; step_time_median_s/p90/max describe the steps themselves.
+RATE_BASIS = "window"
 JSON_COLUMNS = {k for k, v in COLUMNS.items() if v == "JSON"}
 BOOL_COLUMNS = {k for k, v in COLUMNS.items() if v == "BOOLEAN"}
 

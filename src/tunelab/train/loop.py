@@ -59,14 +59,28 @@ class LoopResult:
     peak_absolute_bytes: int = 0
 
     def rates(self) -> dict:
+        """Window rates (tokens over the steady window's seconds) beside per-step time statistics: on an
+        erratic device the two disagree, so both are reported."""
         s = self.steady_s or float("nan")
         return {
             "tokens_padded_per_s": self.steady_tokens_padded / s,
             "tokens_nonpad_per_s": self.steady_tokens_nonpad / s,
             "tokens_loss_per_s": self.steady_tokens_loss / s,
-            "step_time_s": statistics.median(self.window_step_times) if self.window_step_times else float("nan"),
+            **step_statistics(self.window_step_times),
             "steady_window_steps": self.steady_steps,
+            "steady_window_s": self.steady_s,
         }
+
+
+def step_statistics(times: list[float]) -> dict[str, float]:
+    """Median, p90 (interpolated between order statistics) and max of per-step times, in seconds;
+    `step_time_s` is the median, under the name older records use."""
+    if not times:
+        nan = float("nan")
+        return {"step_time_s": nan, "step_time_median_s": nan, "step_time_p90_s": nan, "step_time_max_s": nan}
+    p90 = statistics.quantiles(times, n=10, method="inclusive")[-1] if len(times) > 1 else times[0]
+    median = statistics.median(times)
+    return {"step_time_s": median, "step_time_median_s": median, "step_time_p90_s": p90, "step_time_max_s": max(times)}
 
 
 class _Window:

@@ -1,0 +1,120 @@
+"""`tunelab bench --suite`: the suites file's rows are valid configs, the cpu suite end to end (every row
+measured or skipped with its reason, every peer measured or saying why not), a failing row recorded while the
+rest run, and the step statistics every bench record carries."""
+
+import json
+import math
+
+import pytest
+
+from tunelab.bench import suite as suitemod
+from tunelab.cli import main
+from tunelab.errors import TunelabError
+from tunelab.train.loop import step_statistics
+
+STEP_KEYS = ("step_time_median_s", "step_time_p90_s", "step_time_max_s")
+
+
+def test_step_statistics_median_p90_max():
+    stats = step_statistics([0.5, 0.4, 2.0, 0.6, 0.5, 0.5, 0.45, 0.55, 0.5, 0.5])
+    assert stats["step_time_median_s"] == stats["step_time_s"] == 0.5
+    assert stats["step_time_p90_s"] == pytest.approx(0.6 + 0.1 * (2.0 - 0.6))
+    assert stats["step_time_max_s"] == 2.0
+    assert step_statistics([0.3]) == {"step_time_s": 0.3, "step_time_median_s": 0.3, "step_time_p90_s": 0.3,
+                                      "step_time_max_s": 0.3}
+    assert all(math.isnan(v) for v in step_statistics([]).values())
+
+
+# ids other than the bare names: a "gpu" keyword would mark the test as needing CUDA (conftest).
+@pytest.mark.parametrize("name", list(suitemod.builtin_suites()), ids=lambda n: f"suite-{n}")
+def test_builtin_suite_rows_load_as_valid_configs(name, tiny_model_dir, tmp_path):
+    suite = suitemod.load_suite(name)
+    for row in suite.rows:
+        # A row the suite saves as a checkpoint first (a shape override, a quantized base) runs from a directory.
+        model = str(tiny_model_dir) if suitemod.needs_checkpoint(row) else row.model
+        mb = row.micro_batch_cap if row.micro_batch == suitemod.AUTO else row.micro_batch
+        cfg = suitemod.row_config(suite, row, model, tmp_path / "data.jsonl", tmp_path / row.name, micro_batch=mb)
+        assert (cfg.method, cfg.compile, cfg.grad_ckpt, cfg.micro_batch) == (row.method, row.compile, row.grad_ckpt, mb)
+        assert cfg.packing and cfg.lora.r == 16 and cfg.lora.alpha == 32 and cfg.lora.targets == "all-linear"
+        assert row.steps >= 1 and row.warmup >= 1
+    assert suite.peers_after in {r.name for r in suite.rows}
+
+
+def test_gpu_suite_shape():
+    suite = suitemod.load_suite("gpu")
+    assert suite.config["seq_len"] == 2048
+    kinds = {(r.model, r.method, r.compile, r.grad_ckpt) for r in suite.rows}
+    assert ("random:llama-3.2-1b", "lora", True, False) in kinds and ("random:llama-3.1-8b", "qlora", False, False) in kinds
+    assert not any(r.skip_reason for r in suite.rows)
+
+
+def write_suite(path, rows, **extra):
+    suite = {"data": {"rows": 48, "prompt_tokens": "8-24", "response_tokens": "16-48"},
+             "config": {"seq_len": 64, "precision": "fp32"}, "rows": rows, **extra}
+    path.write_text(json.dumps({"suites": {"mini": suite}}))  # JSON is YAML
+    return path
+
+
+def test_suite_file_errors_are_one_line(tmp_path):
+    with pytest.raises(TunelabError, match="known suites are"):
+        suitemod.load_suite("nope")
+    bad = write_suite(tmp_path / "s.yaml", [{"name": "a", "model": "x", "method": "lora", "steps": 1, "stepz": 2}])
+    with pytest.raises(TunelabError, match="unknown keys stepz") as e:
+        suitemod.load_suite(str(bad))
+    assert "\n" not in str(e.value)
+    assert main(["bench", "--suite", "cpu", "--sweep", "micro_batch=1,2"]) == 2
+
+
+def _records(out_dir):
+    files = list(out_dir.glob("*.json"))
+    assert len(files) == 1
+    doc = json.loads(files[0].read_text())
+    md = files[0].with_suffix(".md").read_text()
+    return doc, {r["label"]: r for r in doc["records"]}, md
+
+
+def _assert_measured(rec):
+    assert rec["tokens_nonpad_per_s"] > 0 and rec["tokens_padded_per_s"] > 0 and rec["tokens_loss_per_s"] > 0
+    assert rec["step_time_median_s"] <= rec["step_time_p90_s"] <= rec["step_time_max_s"]
+    assert rec["rate_basis"] == "window" and rec["steady_window_s"] > 0
+
+
+def test_cpu_suite_end_to_end(tmp_path):
+    out = tmp_path / "bench-out"
+    assert main(["bench", "--suite", "cpu", "--out", str(out), f"output_dir={tmp_path / 'runs'}"]) == 0
+    doc, records, md = _records(out)
+    suite = suitemod.load_suite("cpu")
+    assert doc["suite"] == "cpu" and doc["device"]["name"] and doc["versions"]["torch"] and doc["versions"]["peft"]
+    assert doc["definition"]["rows"] and doc["data"]["rows"] == suite.data["rows"] and "--suite cpu" in doc["command"]
+    for row in suite.rows:
+        rec = records[row.name]
+        if row.skip_reason:
+            assert rec["skipped"] == row.skip_reason
+            continue
+        _assert_measured(rec)
+        assert rec["mfu"] > 0 and rec["predicted_tokens_nonpad_per_s"] > 0 and rec["micro_batch"] >= 1
+    _assert_measured(records["peer hf-trainer-tuned"])
+    assert records["peer hf-trainer-tuned"]["comparison"]["tokens_nonpad_ratio"] > 0
+    assert "not a peer bench knows" in records["peer hf-trainer-liger"]["error"]
+    # The peers run right after the row they are compared with.
+    labels = [r["label"] for r in doc["records"]]
+    assert labels.index("peer hf-trainer-tuned") == labels.index(suite.peers_after) + 1
+    table = [line for line in md.splitlines() if line.startswith("| ")]
+    assert table[0].startswith("| row | non-pad tok/s (window) | MFU | step median / p90 / max")
+    assert {line.split(" | ")[0].removeprefix("| ") for line in table[1:]} == set(labels)
+
+
+def test_a_failing_row_is_recorded_and_the_rest_run(tmp_path):
+    tiny = {"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "head_dim": 16}
+    path = write_suite(tmp_path / "mini.yaml", [
+        {"name": "typo", "model": "random:llama-3.1-8", "method": "lora", "micro_batch": 2, "steps": 1, "warmup": 1},
+        {"name": "ok", "model": "random:smollm2-135m", "shape": tiny, "method": "lora", "micro_batch": 2,
+         "steps": 1, "warmup": 1},
+    ])
+    out = tmp_path / "out"
+    assert main(["bench", "--suite", str(path), "--out", str(out), f"output_dir={tmp_path / 'runs'}"]) == 0
+    _, records, md = _records(out)
+    assert "did you mean random:llama-3.1-8b" in records["typo"]["error"]
+    _assert_measured(records["ok"])
+    assert "failed: TunelabError" in md
