@@ -7,16 +7,31 @@ Tiers: unit tests (default) use these; `@pytest.mark.integration` tests use the 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import string
+import tempfile
 from pathlib import Path
 
 import pytest
-import torch
+
+# A cache of compiled kernels of this run's own: inductor's shared cache outlives a checkout, and a kernel
+# that another build or ISA setting left there aborted a compiled test in one (a fresh cache passed it).
+_OWN_INDUCTOR_CACHE = None if "TORCHINDUCTOR_CACHE_DIR" in os.environ else tempfile.mkdtemp(prefix="tunelab-inductor-")
+if _OWN_INDUCTOR_CACHE:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _OWN_INDUCTOR_CACHE
+
+import torch  # noqa: E402  (after the cache directory is chosen)
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _OWN_INDUCTOR_CACHE:
+        shutil.rmtree(_OWN_INDUCTOR_CACHE, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

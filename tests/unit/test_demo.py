@@ -1,0 +1,32 @@
+"""The demo's time budget: training is fitted to what `--minutes` leaves, and a budget too small is refused."""
+
+import pytest
+
+from tunelab import demo
+
+
+def test_fitted_rows_scale_with_the_time_left_after_compilation():
+    assert demo.fitted_rows(18_000, predicted_s=600, fixed_s=60, budget_s=900) == 18_000
+    # 540 s for 18,000 rows is 0.03 s a row; 300 s left after 60 s of compilation holds 10,000.
+    assert demo.fitted_rows(18_000, predicted_s=600, fixed_s=60, budget_s=360) == 10_000
+    assert demo.fitted_rows(18_000, predicted_s=600, fixed_s=60, budget_s=30) == 0
+
+
+def test_a_budget_too_small_to_learn_is_one_line_naming_minutes(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    (tmp_path / "c.yaml").write_text("")
+    code = demo.main([str(tmp_path / "c.yaml"), "--minutes", "0.01", "--skip-base", "--train-rows", "2000", "--test-rows", "20",
+                      f"model={tiny_model_dir}", f"output_dir={out}", f"data.path={out / 'data' / 'train.jsonl'}",
+                      "data.template=compact", "seq_len=64", "micro_batch=4", "precision=fp32", "compile=false"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and "--minutes 0.01" in err and "raise --minutes" in err
+    assert not (out / "adapter").exists()
+
+
+@pytest.mark.parametrize("minutes", ["0", "-3"])
+def test_minutes_must_be_positive(minutes, capsys):
+    with pytest.raises(SystemExit) as e:
+        demo.main(["/dev/null", "--minutes", minutes])
+    assert e.value.code == 2 and "--minutes must be positive" in capsys.readouterr().err
