@@ -14,6 +14,7 @@ first rows that fit, so a machine that computes in fp32 gets a shorter run, neve
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -34,6 +35,11 @@ DEFAULT_MINUTES = 15.0
 # Below this many rows the recipe learns next to nothing: 1,785 rows gave 8.2% exact match
 # (benchmarks/quickstart_epyc-fp32-2c_2026-11-23.md), so a budget that fits fewer is refused.
 MIN_TRAIN_ROWS = 1_000
+# A cut recipe keeps at least this many optimizer steps by lowering its micro-batch (not below MIN_MICRO_BATCH):
+# on an fp32 CPU, 2,600 rows at micro-batch 4 (118 steps) scored 57.0% where 1,785 rows at 16 (21 steps)
+# scored 8.2% (benchmarks/quickstart_epyc-fp32-2c_2026-11-23.md).
+MIN_STEPS = 100
+MIN_MICRO_BATCH = 4
 # Share of the training time left unplanned, for plan's error on this machine (benchmarks/README.md).
 TIME_MARGIN = 0.10
 # Scoring time reserved for the tuned model when the base model, whose scoring it is timed against, is skipped.
@@ -134,6 +140,12 @@ def run(args: argparse.Namespace, overrides: list[str]) -> None:
                       f"runs the whole recipe)")
         train_rows = train_rows[:rows]
         write_atomic(train_path, (json.dumps(r) + "\n" for r in train_rows))
+        steps = local_prediction(cfg).work.optimizer_steps
+        micro_batch = smaller_micro_batch(cfg.micro_batch, steps)
+        if micro_batch != cfg.micro_batch:
+            console.print(f"[bold yellow]budget[/]: micro-batch {cfg.micro_batch} -> {micro_batch}, so that {rows:,} rows "
+                          f"make ~{steps * cfg.micro_batch // micro_batch} optimizer steps rather than {steps}")
+            cfg = dataclasses.replace(cfg, micro_batch=micro_batch)
         prediction = local_prediction(cfg)
         console.print(f"[bold]plan[/] for {rows:,} rows: {describe(prediction)}")
     predicted_train_s = train_s(prediction)
@@ -175,6 +187,15 @@ def describe(prediction) -> str:
     return (f"{prediction.work.optimizer_steps} steps, {prediction.speed.tokens_per_s:,.0f} tokens/s fed, training "
             f"{train_s(prediction) / 60:.1f} min (compile {prediction.overheads.compile_s:.0f} s of it), peak memory "
             f"{prediction.memory.total / 2**30:.2f} GiB ({prediction.efficiency.label})")
+
+
+def smaller_micro_batch(micro_batch: int, steps: int) -> int:
+    """The micro-batch, halved while the run would make fewer than MIN_STEPS optimizer steps: one epoch's steps
+    grow as the micro-batch shrinks (the same packed rows, fewer per step)."""
+    while micro_batch // 2 >= MIN_MICRO_BATCH and steps < MIN_STEPS:
+        micro_batch //= 2
+        steps *= 2
+    return micro_batch
 
 
 def fitted_rows(rows: int, predicted_s: float, fixed_s: float, budget_s: float) -> int:

@@ -30,3 +30,11 @@ def test_minutes_must_be_positive(minutes, capsys):
     with pytest.raises(SystemExit) as e:
         demo.main(["/dev/null", "--minutes", minutes])
     assert e.value.code == 2 and "--minutes must be positive" in capsys.readouterr().err
+
+
+def test_a_cut_recipe_keeps_enough_optimizer_steps_with_a_smaller_micro_batch():
+    assert demo.smaller_micro_batch(16, steps=205) == 16  # the whole recipe is left alone
+    assert demo.smaller_micro_batch(16, steps=30) == 4  # 30 -> 60 -> 120 steps
+    assert demo.smaller_micro_batch(16, steps=60) == 8
+    assert demo.smaller_micro_batch(16, steps=5) == demo.MIN_MICRO_BATCH  # never below the floor
+    assert demo.smaller_micro_batch(2, steps=5) == 2
