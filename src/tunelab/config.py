@@ -19,7 +19,7 @@ import yaml
 
 from .data.formats import TEMPLATES
 from .errors import TunelabError
-from .plan.arch import RANDOM
+from .plan.arch import EMBEDDED, RANDOM
 
 METHODS = ("lora", "dora", "qlora", "full")
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -28,7 +28,6 @@ SCHEDULERS = ("cosine", "linear", "constant")
 TARGET_PRESETS = ("attn", "mlp", "all-linear")
 BASE_QUANTS = ("none", "int8", "nf4")
 ATTENTIONS = ("auto", "flex", "slots", "sdpa")
-EMBEDDED = "embedded"
 
 
 @dataclass

@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..config import FORMATS, TEMPLATES, load_config
+from ..config import EMBEDDED, FORMATS, TEMPLATES, load_config
 from ..io import write_atomic
 from ..data.pipeline import iter_jsonl
 from ..errors import TunelabError
@@ -48,7 +48,7 @@ class Setup:
 
 def resolve_setup(adapter: str | None, model: str | None, fmt: str | None, template: str | None) -> Setup:
     if adapter is None:
-        return Setup(model or "embedded", fmt or "alpaca", template or "alpaca")
+        return Setup(model or EMBEDDED, fmt or "alpaca", template or "alpaca")
     folder = Path(adapter)
     if not (folder / "adapter_config.json").is_file():
         raise TunelabError(f"{folder}: not an adapter directory (no adapter_config.json); pass RUN/adapter of a training run")

@@ -38,7 +38,7 @@ def device_key(name: str) -> str:
 
 
 def calibration_dir() -> Path:
-    from ..model.load import cache_dir
+    from ..sources import cache_dir
 
     return cache_dir() / "calibration"
 

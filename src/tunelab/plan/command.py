@@ -105,7 +105,7 @@ def lengths_from(cfg: cfgmod.TrainConfig, args: argparse.Namespace) -> workload.
 def dataset_lengths(cfg: cfgmod.TrainConfig, tokenizer_ref: str | None) -> workload.Lengths:
     """Real lengths after the template and truncation, from the same pipeline (and cache) `train` uses."""
     from ..data.pipeline import DataSpec, prepare
-    from ..model import load
+    from .. import sources as load
 
     ref = tokenizer_ref or cfg.model
     try:

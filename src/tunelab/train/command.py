@@ -23,6 +23,7 @@ from ..device import Precision, device_memory_bytes, device_name, pick_device, p
 from ..errors import TunelabError
 from ..io import atomic_dir, write_atomic
 from ..memwatch import MemoryWatch
+from ..runtime import ACTIVATION_MEMORY_BUDGET
 from ..model import attention
 from ..model import load as mload
 from ..model.adapters import AdapterSpec, apply_adapter, count_parameters
@@ -125,14 +126,6 @@ def build_model(cfg: TrainConfig, prep: Prepared) -> torch.nn.Module:
 def adapter_spec(cfg: TrainConfig) -> AdapterSpec:
     targets = cfg.lora.targets if isinstance(cfg.lora.targets, str) else tuple(cfg.lora.targets)
     return AdapterSpec(cfg.method, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, targets)
-
-
-# torch.compile's activation memory budget (AOTAutograd's partitioner; 1.0 keeps whatever is cheapest to
-# keep). Measured on the quickstart, `tunelab bench` runs alternated (8 steps each): 0.9 peaked at 2.82-2.85
-# GiB against 3.64-3.69 at 1.0, at 1,391-1,431 against 1,406-1,425 non-padding tokens/s; the tensors saved
-# in one forward fell from 2.51 to 1.75 GiB (norm outputs and one MLP tensor per layer recomputed). 0.5
-# saved 1.31 GiB and peaked at 2.37 GiB but cost 7% (1,313-1,325 tokens/s).
-ACTIVATION_MEMORY_BUDGET = 0.9
 
 
 def compile_blocks(model: torch.nn.Module) -> None:
