@@ -17,8 +17,8 @@ from ..config import EMBEDDED, FORMATS, TEMPLATES, load_config
 from ..io import write_atomic
 from ..data.pipeline import iter_jsonl
 from ..errors import TunelabError
-from .exact_match import EvalResult, parse_answer
-from .generate import DEFAULT_BATCH_SIZE
+from ..eval.exact_match import EvalResult, parse_answer
+from ..eval.generate import DEFAULT_BATCH_SIZE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..device import pick_device, pick_precision
     from ..model.load import load_model, load_tokenizer, resolve
-    from .generate import evaluate
+    from ..eval.generate import evaluate
 
     device = pick_device(args.device)
     precision = pick_precision(args.precision, device)

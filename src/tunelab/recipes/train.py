@@ -1,4 +1,5 @@
-"""`tunelab train`: config -> data -> model -> loop -> outputs, read top to bottom.
+"""Training one config: config -> data -> model -> loop -> outputs, read top to bottom; `tunelab train`, bench
+and the demo all run it.
 
 Everything that can fail on user input (config, model reference, data file, output dir) is checked before
 the first byte is written to the output dir, so a failed start leaves nothing half-written.
@@ -6,7 +7,6 @@ the first byte is written to the output dir, so a failed start leaves nothing ha
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
@@ -28,26 +28,12 @@ from ..model import attention
 from ..model import load as mload
 from ..model.adapters import AdapterSpec, apply_adapter, count_parameters
 from ..model.lora_linear import has_lora_dropout, has_nf4_base
-from . import checkpoint, loop
-from .batches import BatchSpec, Schedule
-from .checkpoint import TrainState
-from .lock import lock_output_dir
-from .loss import CausalLMLoss
-from .progress import ProgressView
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", required=True, help="YAML config (see configs/)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. lora.r=32 lr=1e-4")
-    p.add_argument("--quiet", action="store_true", help="no progress output")
-
-
-def run(args: argparse.Namespace) -> int:
-    cfg = cfgmod.load_config(args.config, args.overrides)
-    summary = train(cfg, show_progress=not args.quiet)
-    print(json.dumps({k: summary[k] for k in ("output_dir", "steps", "loss_last", "tokens_nonpad_per_s",
-                                               "peak_memory_bytes", "elapsed_s")}))
-    return 0
+from ..train import checkpoint, loop
+from ..train.batches import BatchSpec, Schedule
+from ..train.checkpoint import TrainState
+from ..train.lock import lock_output_dir
+from ..train.loss import CausalLMLoss
+from ..train.progress import ProgressView
 
 
 @dataclass
