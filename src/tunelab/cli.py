@@ -18,7 +18,7 @@ COMMANDS = {
     "plan": ("tunelab.commands.plan", "predict time, memory and cost of a fine-tune on any GPU"),
     "bench": ("tunelab.commands.bench", "measure throughput, MFU and memory on this device"),
     "eval": ("tunelab.commands.eval", "exact-match accuracy of a model (and adapter) on a dataset"),
-    "data": ("tunelab.commands.data", "generate datasets (arithmetic, synthetic) and inspect what a dataset becomes"),
+    "data": ("tunelab.commands.data", "generate datasets (arithmetic, synthetic)"),
     "export": ("tunelab.commands.export", "merge an adapter into its base and save a plain HF model"),
     "report": ("tunelab.commands.report", "turn stored runs into performance.md with plots"),
 }

@@ -17,17 +17,13 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 @dataclass(frozen=True)
 class Precision:
-    """`name` is what the user sees; `compute` is the autocast/frozen-weight dtype; fp16 needs loss scaling."""
+    """`name` is what the user sees; `compute` is the autocast/frozen-weight dtype."""
 
     name: str
 
     @property
     def compute(self) -> torch.dtype:
         return DTYPES[self.name]
-
-    @property
-    def needs_loss_scaling(self) -> bool:
-        return self.name == "fp16"
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:

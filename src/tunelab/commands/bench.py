@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .. import config as cfgmod
 from ..errors import TunelabError
-from ..io import write_atomic
+from ..io import gib, write_atomic
 from ..bench import calibrate, measure, store
 from ..bench.points import (
     FORCED, _in_fresh_process, _peer_in_child, build_record, check_length, device_peak, json_view, measure_point, slug,
@@ -235,10 +235,6 @@ def export(args: argparse.Namespace) -> int:
         return 0
     write_atomic(Path(args.out), [text])
     return 0
-
-
-def gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
 
 
 def _console():

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from .. import config as cfgmod
 from ..data import arithmetic
 from ..errors import TunelabError
-from ..io import write_atomic
+from ..io import gib, write_atomic
 
 if TYPE_CHECKING:  # torch-importing; the demo re-executes itself before importing torch
     from ..train.checkpoint import TrainState
@@ -174,7 +174,7 @@ def train_s(prediction) -> float:
 def describe(prediction) -> str:
     return (f"{prediction.work.optimizer_steps} steps, {prediction.speed.tokens_per_s:,.0f} tokens/s fed, training "
             f"{train_s(prediction) / 60:.1f} min (compile {prediction.overheads.compile_s:.0f} s of it), peak memory "
-            f"{prediction.memory.total / 2**30:.2f} GiB ({prediction.efficiency.label})")
+            f"{gib(prediction.memory.total)} ({prediction.efficiency.label})")
 
 
 def fitted_rows(rows: int, predicted_s: float, fixed_s: float, budget_s: float) -> int:
@@ -246,7 +246,7 @@ def show(console, base: dict | None, tuned: dict, summary: dict, prediction, pre
     figures.add_row("tokens/s fed (padded)", f"{summary['tokens_padded_per_s']:,.0f}", f"{prediction.speed.tokens_per_s:,.0f}")
     figures.add_row("tokens/s non-padding", f"{summary['tokens_nonpad_per_s']:,.0f}", "")
     figures.add_row("tokens/s with loss", f"{summary['tokens_loss_per_s']:,.0f}", "")
-    figures.add_row("peak memory", f"{summary['peak_memory_bytes'] / 2**30:.2f} GiB", f"{prediction.memory.total / 2**30:.2f} GiB")
+    figures.add_row("peak memory", gib(summary['peak_memory_bytes']), gib(prediction.memory.total))
     console.print(figures)
 
 

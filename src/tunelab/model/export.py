@@ -6,15 +6,13 @@ loads without peft. Merging happens in fp32 and is saved in the dtype asked for 
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
 from ..config import load_config
 from ..errors import TunelabError
+from ..io import atomic_dir
 from . import load as mload
 
 
@@ -42,14 +40,7 @@ def merge(adapter: Path, out: Path, model_ref: str | None, dtype: torch.dtype) -
     base = mload.load_model(source, torch.float32, "none", torch.device("cpu"))
     merged = PeftModel.from_pretrained(base, adapter).merge_and_unload()
     merged.config.use_cache = True
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp-{out.name}-"))
-    try:
+    with atomic_dir(out) as tmp:
         merged.to(dtype).save_pretrained(tmp, safe_serialization=True)
         mload.load_tokenizer(source).save_pretrained(tmp)
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -49,7 +49,7 @@ class Prepared:
     schedule: Schedule
 
 
-def prepare_run(cfg: TrainConfig, rank: int = 0, world: int = 1) -> Prepared:
+def prepare_run(cfg: TrainConfig) -> Prepared:
     device = pick_device(cfg.device)
     precision = pick_precision(cfg.precision, device)
     source = mload.resolve(cfg.model, cfg.trust_remote_code)
@@ -63,7 +63,7 @@ def prepare_run(cfg: TrainConfig, rank: int = 0, world: int = 1) -> Prepared:
     data = prepare(DataSpec(cfg.data.path, cfg.data.format, cfg.data.template, cfg.data.train_on_inputs,
                             cfg.seq_len, cfg.data.max_examples), tokenizer)
     batch = BatchSpec(cfg.seq_len, cfg.micro_batch, cfg.grad_accum, cfg.packing, cfg.seed, tokenizer.pad_token_id)
-    schedule = Schedule(data, batch, cfg.epochs, cfg.max_steps, rank, world)
+    schedule = Schedule(data, batch, cfg.epochs, cfg.max_steps)
     return Prepared(device, precision, source, model_config, tokenizer, data, schedule)
 
 

@@ -22,11 +22,11 @@ from typing import Any
 import yaml
 
 from ..errors import TunelabError
+from ..io import gib
 from . import plots
 from ..bench.peers import compare
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
-GIB = 1024**3
 # Config keys a sweep varies; records that agree on all but one of them form a sweep over that one.
 SWEEP_KEYS = ("model", "method", "precision", "seq_len", "micro_batch", "grad_accum", "packing", "grad_ckpt",
               "lora_r", "base_quant")
@@ -200,7 +200,7 @@ def _num(value: Any, digits: int = 0) -> str:
 
 
 def _gib(value: Any) -> str:
-    return "n/a" if value is None else f"{value / GIB:.2f} GiB"
+    return "n/a" if value is None else gib(value)
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
