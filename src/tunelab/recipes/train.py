@@ -206,9 +206,10 @@ def _train_locked(cfg: TrainConfig, out: Path, t0: float, show_progress: bool, s
     (out / "config.yaml").write_text(cfgmod.dump_yaml(cfg))
 
     progress = ProgressView(prep.schedule.total_steps, state.step, enabled=show_progress)
-    result = loop.run(accelerator, wrapped, optimizer, scheduler, prep.schedule, optim_spec,
-                      loop.LoopSpec(cfg.log_steps, cfg.save_steps, cfg.save_total_limit, warmup_window, stop_at),
-                      out, memwatch, state, progress)
+    result = loop.run(loop.LoopContext(
+        accelerator, wrapped, optimizer, scheduler, prep.schedule, optim_spec,
+        loop.LoopSpec(cfg.log_steps, cfg.save_steps, cfg.save_total_limit, warmup_window, stop_at),
+        out, memwatch, state, progress))
 
     finished = state.step >= prep.schedule.total_steps
     if finished:
