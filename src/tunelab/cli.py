@@ -14,13 +14,13 @@ from .errors import TunelabError
 # subcommand -> (module, one-line help). Modules are imported only when their command runs: `tunelab plan`
 # must not pay for importing the training stack.
 COMMANDS = {
-    "train": ("tunelab.train.command", "fine-tune a model from a YAML config"),
-    "plan": ("tunelab.plan.command", "predict time, memory and cost of a fine-tune on any GPU"),
-    "bench": ("tunelab.bench.command", "measure throughput, MFU and memory on this device"),
-    "eval": ("tunelab.eval.command", "exact-match accuracy of a model (and adapter) on a dataset"),
-    "data": ("tunelab.data.command", "generate datasets (arithmetic, synthetic) and inspect what a dataset becomes"),
-    "export": ("tunelab.model.export", "merge an adapter into its base and save a plain HF model"),
-    "report": ("tunelab.bench.report", "turn stored runs into performance.md with plots"),
+    "train": ("tunelab.commands.train", "fine-tune a model from a YAML config"),
+    "plan": ("tunelab.commands.plan", "predict time, memory and cost of a fine-tune on any GPU"),
+    "bench": ("tunelab.commands.bench", "measure throughput, MFU and memory on this device"),
+    "eval": ("tunelab.commands.eval", "exact-match accuracy of a model (and adapter) on a dataset"),
+    "data": ("tunelab.commands.data", "generate datasets (arithmetic, synthetic)"),
+    "export": ("tunelab.commands.export", "merge an adapter into its base and save a plain HF model"),
+    "report": ("tunelab.commands.report", "turn stored runs into performance.md with plots"),
 }
 
 

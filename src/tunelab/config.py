@@ -19,7 +19,7 @@ import yaml
 
 from .data.formats import TEMPLATES
 from .errors import TunelabError
-from .plan.arch import RANDOM
+from .plan.arch import EMBEDDED, RANDOM
 
 METHODS = ("lora", "dora", "qlora", "full")
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -28,7 +28,8 @@ SCHEDULERS = ("cosine", "linear", "constant")
 TARGET_PRESETS = ("attn", "mlp", "all-linear")
 BASE_QUANTS = ("none", "int8", "nf4")
 ATTENTIONS = ("auto", "flex", "slots", "sdpa")
-EMBEDDED = "embedded"
+# Keys that configs once had, with why they went: an old config fails naming the key and what to do.
+REMOVED = {"data.shuffle": "batches are always shuffled, by `seed`"}
 
 
 @dataclass
@@ -39,7 +40,6 @@ class DataConfig:
     template: str = "alpaca"
     train_on_inputs: bool = False
     max_examples: int | None = None
-    shuffle: bool = True
 
 
 @dataclass
@@ -140,6 +140,8 @@ def from_dict(cls: type, raw: dict[str, Any], source: str, prefix: str) -> Any:
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
     for key, value in raw.items():
+        if f"{prefix}{key}" in REMOVED:
+            raise TunelabError(f"{source}: key '{prefix}{key}' was removed ({REMOVED[f'{prefix}{key}']}); delete it")
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.4)
             hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(names)}"

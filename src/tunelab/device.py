@@ -10,13 +10,14 @@ from pathlib import Path
 import torch
 
 from .errors import TunelabError
+from .runtime import hashed_dropout  # noqa: F401  (model/lora_linear.py imports it from here)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 @dataclass(frozen=True)
 class Precision:
-    """`name` is what the user sees; `compute` is the autocast/frozen-weight dtype; fp16 needs loss scaling."""
+    """`name` is what the user sees; `compute` is the autocast/frozen-weight dtype."""
 
     name: str
 
@@ -24,22 +25,11 @@ class Precision:
     def compute(self) -> torch.dtype:
         return DTYPES[self.name]
 
-    @property
-    def needs_loss_scaling(self) -> bool:
-        return self.name == "fp16"
-
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype a product of `x` runs in: autocast's when it is on (custom autograd Functions run their
     backward outside autocast, so they must cast explicitly), else x's own."""
     return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
-
-
-def hashed_dropout(device_type: str, compiled: bool) -> bool:
-    """Whether LoRA dropout draws its keep mask from an index hash, which backward draws again, rather than
-    from torch.rand, whose mask backward keeps (model/lora_linear.py): compiled on CPU, where inductor's
-    random numbers are slow. plan's memory model asks too."""
-    return device_type == "cpu" and compiled
 
 
 def pick_device(name: str = "auto") -> torch.device:

@@ -9,6 +9,13 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+GIB = 2**30
+
+
+def gib(n: float) -> str:
+    """Bytes as tunelab prints them everywhere: GiB with two decimals."""
+    return f"{n / GIB:.2f} GiB"
+
 
 def write_atomic(path: Path, lines: Iterable[str]) -> None:
     """Write via a temp file and rename: a reader (or a crash) never sees a half-written file."""

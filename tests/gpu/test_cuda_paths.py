@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import tiny_train_config, write_jsonl
-from tunelab.train.command import train, training_attention
+from tunelab.recipes.train import train, training_attention
 
 pytestmark = pytest.mark.gpu
 

@@ -8,7 +8,7 @@ import pytest
 from conftest import write_jsonl
 from tunelab.cli import main
 from tunelab.config import load_config
-from tunelab.plan.command import local_prediction
+from tunelab.recipes.predict import local_prediction
 
 pytestmark = pytest.mark.integration
 

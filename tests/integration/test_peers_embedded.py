@@ -9,7 +9,7 @@ import pytest
 
 from conftest import write_jsonl
 from tunelab.bench import peers
-from tunelab.bench.command import _in_fresh_process
+from tunelab.bench.points import _in_fresh_process
 
 pytestmark = pytest.mark.integration
 

@@ -8,12 +8,13 @@ import json
 import pytest
 
 from conftest import write_jsonl
-from tunelab.bench import calibrate, command, measure, store
+from tunelab.bench import calibrate, measure, store
+from tunelab.commands import bench as command
 from tunelab.cli import main
 from tunelab.errors import TunelabError
 from tunelab.plan import catalog
 from tunelab.plan.calibration import load_calibration
-from tunelab.plan.command import local_prediction
+from tunelab.recipes.predict import local_prediction
 from tunelab.plan.flops import FlopsPerToken
 
 

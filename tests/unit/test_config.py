@@ -64,6 +64,7 @@ def test_yaml_file_plus_override(tmp_path):
     (["data.format=chat", "data.template=compact"], "data.template"),
     (["lr=0"], "lr must be positive"),
     (["justakey"], "expected key=value"),
+    (["data.shuffle=false"], r"key 'data.shuffle' was removed \(batches are always shuffled, by `seed`\); delete it"),
 ])
 def test_bad_values_fail_with_the_key(overrides, message):
     with pytest.raises(TunelabError, match=message):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tunelab import demo
+from tunelab.commands import demo
 
 
 def test_fitted_rows_scale_with_the_time_left_after_compilation():

@@ -7,7 +7,7 @@ from conftest import make_tiny_llama, make_tokenizer, write_jsonl
 from tunelab.cli import main
 from tunelab.data.formats import TEMPLATES, prompt_text
 from tunelab.data.pipeline import IGNORE, DataSpec, prepare
-from tunelab.eval.command import Setup, read_rows, resolve_setup
+from tunelab.commands.eval import Setup, read_rows, resolve_setup
 from tunelab.eval.exact_match import extract, parse_answer, score
 from tunelab.eval.generate import BUDGET_SLACK, evaluate, generate, prompt_ids
 from tunelab.errors import TunelabError

@@ -18,7 +18,7 @@ from torch.nn.attention.flex_attention import BlockMask, create_mask
 from conftest import make_tiny_llama
 from tunelab.model import attention
 from tunelab.model.adapters import AdapterSpec, apply_adapter
-from tunelab.train.command import compile_blocks
+from tunelab.recipes.train import compile_blocks
 from tunelab.train.loss import CausalLMLoss
 
 WIDTH = 128

@@ -4,7 +4,7 @@ The CPU process carries a fixed cost the memory model cannot derive (allocator a
 load-time copies): the plan helper measured a near-constant ~330 MB gap across lora/qlora/full. That
 constant is calibrated per device, as `tunelab bench --calibrate` does: measure it from ONE run of a
 different shape, then every method's prediction (model + that overhead) must be within 20% of its
-measured peak. Each run is a fresh spawned process (bench.command.measure_point), as a real `tunelab train`.
+measured peak. Each run is a fresh spawned process (bench.points.measure_point), as a real `tunelab train`.
 
 The runs use compiled blocks, whose saved tensors the model counts exactly (test_plan_memory_saved.py):
 measured 477 / 483 / 852 MiB against 445 / 427 / 890 predicted (lora / qlora / full). With eager blocks the
@@ -21,10 +21,10 @@ import random
 import pytest
 
 from conftest import make_tiny_llama, make_tokenizer, write_jsonl
-from tunelab.bench import command
+from tunelab.bench import points as command
 from tunelab.config import load_config
 from tunelab.device import cpu_has_fast_bf16
-from tunelab.plan.command import local_prediction
+from tunelab.recipes.predict import local_prediction
 
 pytestmark = pytest.mark.integration
 

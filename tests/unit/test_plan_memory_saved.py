@@ -29,9 +29,9 @@ from conftest import make_tiny_llama, write_jsonl
 from tunelab.config import load_config
 from tunelab.plan import memory
 from tunelab.plan.arch import resolve_arch
-from tunelab.plan.command import dataset_lengths, local_device, settings_from_config
+from tunelab.recipes.predict import dataset_lengths, local_device, settings_from_config
 from tunelab.plan.estimate import estimate
-from tunelab.train import command
+from tunelab.recipes import train as command
 from tunelab.train.loss import CausalLMLoss
 
 SHAPE = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=3, num_attention_heads=4,

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from conftest import write_jsonl
 from tunelab.config import load_config
-from tunelab.train.command import prepare_run, train
+from tunelab.recipes.train import prepare_run, train
 
 STEPS = 20
 TOLERANCE = 0.03

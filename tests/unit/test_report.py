@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tunelab.bench import report
+from tunelab.report import sections as report
 from tunelab.cli import main
 from tunelab.errors import TunelabError
 

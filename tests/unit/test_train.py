@@ -9,7 +9,7 @@ from conftest import tiny_train_config as config
 from conftest import write_jsonl
 from tunelab.cli import main
 from tunelab.config import load_config
-from tunelab.train.command import train
+from tunelab.recipes.train import train
 
 
 @pytest.fixture
@@ -162,8 +162,8 @@ def test_bad_input_is_one_line_and_writes_nothing(tiny_model_dir, data_file, tmp
 
 def test_demo_scores_each_kept_checkpoint(tiny_model_dir, data_file, tmp_path):
     """The demo's accuracy curve: every kept checkpoint is loaded into one model and scored."""
-    from tunelab.demo import score_checkpoints
-    from tunelab.eval.command import read_rows
+    from tunelab.commands.demo import score_checkpoints
+    from tunelab.commands.eval import read_rows
 
     out = tmp_path / "run"
     cfg = config(tiny_model_dir, data_file, out, "max_steps=6", "save_steps=2", "save_total_limit=10")
@@ -180,7 +180,7 @@ def test_compiled_blocks_save_less_for_backward_than_at_full_budget(tokenizer, m
     bytes for backward (it recomputes cheap element-wise results) than at a budget of 1.0."""
     import torch._functorch.config as aot_config
     from conftest import make_tiny_llama
-    from tunelab.train import command
+    from tunelab.recipes import train as command
 
     monkeypatch.setattr(aot_config, "activation_memory_budget", aot_config.activation_memory_budget)  # restored after
     ids = torch.randint(3, len(tokenizer), (4, 64), generator=torch.Generator().manual_seed(0))

@@ -5,7 +5,7 @@ import torch
 
 from conftest import tiny_train_config, write_jsonl
 from tunelab.model import load
-from tunelab.train.command import prepare_run
+from tunelab.recipes.train import prepare_run
 
 
 @pytest.fixture

@@ -3,8 +3,8 @@ tunelab and its peers interleaved in one run, written to `<out>/<suite>_<device>
 
 Suites are data: each row is a training config (model, method, compile, grad_ckpt, micro-batch) over one
 shared workload (synthetic alpaca rows generated once per run, seq_len, packing, LoRA settings). Every row runs
-as `bench` runs a point (`command.measure_point`: the real training loop in a fresh process) and gets the same
-record (`command.build_record`: window rates, step-time statistics, MFU, plan's prediction). A row that fails
+as `bench` runs a point (`points.measure_point`: the real training loop in a fresh process) and gets the same
+record (`points.build_record`: window rates, step-time statistics, MFU, plan's prediction). A row that fails
 (out of memory, a missing package) is recorded with its error and the suite goes on; so does a peer.
 """
 
@@ -29,8 +29,8 @@ from ..errors import TunelabError
 from ..io import write_atomic
 from ..plan import arch as archmod
 from ..plan.arch import RANDOM
-from ..plan.command import local_prediction
-from . import command, store
+from ..recipes.predict import local_prediction
+from . import points, store
 
 AUTO = "auto"
 DEFAULT_OUT = "benchmarks"
@@ -156,7 +156,7 @@ def overrides(suite: Suite, row: Row, model: str, data_path: Path | str, micro_b
 def row_config(suite: Suite, row: Row, model: str, data_path: Path | str, out: Path, extra: list[str] = (),
                micro_batch: int = 1) -> cfgmod.TrainConfig:
     return cfgmod.load_config(None, [*overrides(suite, row, model, data_path, micro_batch), *extra,
-                                     *command.FORCED, f"output_dir={out}"])
+                                     *points.FORCED, f"output_dir={out}"])
 
 
 # ---- the workload ----------------------------------------------------------------------------------------
@@ -193,7 +193,7 @@ def materialize(ref: str, shape: dict, folder: Path, device_ref: str) -> Path:
     from ..io import atomic_dir
     from ..model import load
 
-    target = folder / command.slug(f"{ref.removeprefix(RANDOM)}-{json.dumps(shape, sort_keys=True)}")
+    target = folder / points.slug(f"{ref.removeprefix(RANDOM)}-{json.dumps(shape, sort_keys=True)}")
     if (target / "config.json").is_file():
         return target
     source = load.resolve(ref)
@@ -266,7 +266,7 @@ def run_row(args, suite: Suite, row: Row, i: int, data_path: Path, work: Path, d
             checkpoints: dict) -> tuple[dict, cfgmod.TrainConfig | None]:
     """The row's record (its error or skip reason when it did not run) and the config it ran with."""
     head = f"[{i}/{len(suite.rows)}] {row.name}"
-    base = {"kind": command.KIND, "label": row.name, "model": row.model, "method": row.method,
+    base = {"kind": points.KIND, "label": row.name, "model": row.model, "method": row.method,
             "compile": row.compile, "grad_ckpt": row.grad_ckpt}
     if row.skip_reason:
         print(f"{head}: skipped: {row.skip_reason}", file=sys.stderr, flush=True)
@@ -280,7 +280,7 @@ def run_row(args, suite: Suite, row: Row, i: int, data_path: Path, work: Path, d
                 print(f"{head}: saving {row.model} as a local checkpoint", file=sys.stderr, flush=True)
                 checkpoints[key] = materialize(row.model, row.shape, work / "models", _device_ref(suite, args))
             model = str(checkpoints[key])
-        out = work / command.slug(row.name)
+        out = work / points.slug(row.name)
         cfg = row_config(suite, row, model, data_path, out, args.overrides,
                          row.micro_batch_cap if row.micro_batch == AUTO else row.micro_batch)
         prediction = local_prediction(cfg)
@@ -289,15 +289,15 @@ def run_row(args, suite: Suite, row: Row, i: int, data_path: Path, work: Path, d
             if mb != cfg.micro_batch:
                 cfg = row_config(suite, row, model, data_path, out, args.overrides, mb)
                 prediction = local_prediction(cfg)
-        command.check_length(prediction, row.warmup + row.steps)
+        points.check_length(prediction, row.warmup + row.steps)
         print(f"{head}: micro-batch {cfg.micro_batch}, {row.warmup} + {row.steps} steps", file=sys.stderr, flush=True)
-        summary = command.measure_point(cfg, row.warmup + row.steps, row.warmup)
+        summary = points.measure_point(cfg, row.warmup + row.steps, row.warmup)
         if summary["precision"] not in peaks:
-            peaks[summary["precision"]] = command.device_peak(cfg.device, summary, args.catalog_gpu)
-        rec = command.build_record(row.name, summary, peaks[summary["precision"]], prediction, row.warmup, cfg)
+            peaks[summary["precision"]] = points.device_peak(cfg.device, summary, args.catalog_gpu)
+        rec = points.build_record(row.name, summary, peaks[summary["precision"]], prediction, row.warmup, cfg)
         store.insert(db, rec)
         rec = {**rec, "compile": row.compile, "model": row.model, "wall_s": time.time() - started}
-        print(f"{head}: {rec['tokens_nonpad_per_s']:,.0f} non-pad tok/s (window), {command.step_stats(rec)}",
+        print(f"{head}: {rec['tokens_nonpad_per_s']:,.0f} non-pad tok/s (window), {points.step_stats(rec)}",
               file=sys.stderr, flush=True)
         return rec, cfg
     except Exception as e:  # a failed row is a result (OOM, missing package): record it and go on
@@ -324,12 +324,12 @@ def run_peers(suite: Suite, row: Row, ours: dict, cfg: cfgmod.TrainConfig | None
             peers.setup_for(name, pick_device(cfg.device), peers.LoraSettings(cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout,
                             cfg.lora.targets), cfg.seq_len, cfg.micro_batch, cfg.grad_accum)
             print(f"{head}: against {row.name}, {row.warmup} + {row.steps} steps", file=sys.stderr, flush=True)
-            rec = command._in_fresh_process(command._peer_in_child, name, cfg, row.warmup + row.steps, row.warmup)
+            rec = points._in_fresh_process(points._peer_in_child, name, cfg, row.warmup + row.steps, row.warmup)
             store.insert(db, peers.store_record(rec, f"peer {name}"))
             rec = {**rec, "label": f"peer {name}", "rate_basis": store.RATE_BASIS, "against": row.name,
                    "wall_s": time.time() - started}
             rec["comparison"] = peers.compare([ours, rec])[0]
-            print(f"{head}: {rec['tokens_nonpad_per_s']:,.0f} non-pad tok/s (window), {command.step_stats(rec)}",
+            print(f"{head}: {rec['tokens_nonpad_per_s']:,.0f} non-pad tok/s (window), {points.step_stats(rec)}",
                   file=sys.stderr, flush=True)
         except Exception as e:  # a peer that cannot run says why; the suite goes on
             rec = {"kind": name, "label": f"peer {name}", "error": one_line(e), "wall_s": time.time() - started}
@@ -395,7 +395,7 @@ def document(args, suite: Suite, data: dict, results: list[dict], elapsed: float
 
 
 def markdown(doc: dict) -> str:
-    from .report import _gib, _num, _table
+    from ..report.sections import _gib, _num, _table
 
     dev = doc["device"]
     env = ", ".join(f"{k} {v}" for k, v in doc["versions"].items())

@@ -29,30 +29,10 @@ import torch.nn.functional as F
 from ..data.packing import SeqLayout
 from ..device import compute_dtype
 from ..errors import TunelabError
+from ..runtime import MATH_MAX_LEN, attention_path, slot_products  # noqa: F401  (attention_path: callers' name)
 
 NAME = "tunelab_packed"
 FLEX_NAME = "tunelab_flex"
-# Longest slot for the explicit-product path on CPU; beyond it the L x L scores cost more memory than the
-# flash kernel's extra time.
-MATH_MAX_LEN = 256
-
-
-def slot_products(device_type: str, length: int, dropout: float) -> bool:
-    """Whether slots of `length` run as explicit products (`_SlotAttention`, which keeps its bf16
-    probabilities for backward) rather than SDPA (which keeps a log-sum-exp); plan's memory model asks too."""
-    return device_type == "cpu" and length <= MATH_MAX_LEN and not dropout
-
-
-def attention_path(choice: str, device_type: str, flash_attn: bool = False) -> str:
-    """What the `attention` setting (config.ATTENTIONS) runs on a device: flex | slots | sdpa | flash
-    (flash-attn's varlen kernels). `auto` keeps the slot path on CPU, where it is tuned and where
-    FlexAttention has no backward. plan's memory model asks too."""
-    if choice != "auto":
-        return choice
-    if device_type != "cuda":
-        return "slots"
-    return "flash" if flash_attn else "flex"
-
 
 def packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """Attention-interface function: (B, H, T, D) in, (B, T, H, D) out, like transformers' sdpa_attention_forward."""

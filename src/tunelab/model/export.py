@@ -1,4 +1,4 @@
-"""`tunelab export --adapter DIR --merge --out DIR`: fold a LoRA/DoRA adapter into its base weights.
+"""Folding a LoRA/DoRA adapter into its base weights (`tunelab export`, commands/export.py).
 
 The result is a plain HF model directory (safetensors + tokenizer) that `AutoModelForCausalLM.from_pretrained`
 loads without peft. Merging happens in fp32 and is saved in the dtype asked for (default fp32, lossless).
@@ -6,34 +6,14 @@ loads without peft. Merging happens in fp32 and is saved in the dtype asked for 
 
 from __future__ import annotations
 
-import argparse
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
 from ..config import load_config
-from ..device import DTYPES
 from ..errors import TunelabError
+from ..io import atomic_dir
 from . import load as mload
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--adapter", required=True, help="adapter dir written by `tunelab train` (OUTPUT_DIR/adapter)")
-    p.add_argument("--merge", action="store_true", help="merge the adapter into the base weights (required)")
-    p.add_argument("--out", required=True, help="directory to write the merged model to")
-    p.add_argument("--model", help="base model (default: the one in the run's config.yaml)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="dtype of the saved weights")
-
-
-def run(args: argparse.Namespace) -> int:
-    if not args.merge:
-        raise TunelabError("export writes a merged model; pass --merge (the adapter dir itself is already the PEFT export)")
-    out = merge(Path(args.adapter), Path(args.out), args.model, DTYPES[args.dtype])
-    print(f"merged model written to {out}")
-    return 0
 
 
 def base_model_ref(adapter: Path, override: str | None) -> str:
@@ -60,14 +40,7 @@ def merge(adapter: Path, out: Path, model_ref: str | None, dtype: torch.dtype) -
     base = mload.load_model(source, torch.float32, "none", torch.device("cpu"))
     merged = PeftModel.from_pretrained(base, adapter).merge_and_unload()
     merged.config.use_cache = True
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp-{out.name}-"))
-    try:
+    with atomic_dir(out) as tmp:
         merged.to(dtype).save_pretrained(tmp, safe_serialization=True)
         mload.load_tokenizer(source).save_pretrained(tmp)
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -14,7 +14,7 @@ from pathlib import Path
 from ..errors import TunelabError
 from . import catalog
 
-EMBEDDED = "embedded"
+EMBEDDED = "embedded"  # the `model` that names the built-in SmolLM2-135M-Instruct (sources.py)
 # `random:<id>`: a catalog shape with random weights and the embedded SmolLM2 tokenizer (model/load.py builds it).
 RANDOM = "random:"
 # The embedded SmolLM2 tokenizer's size; a random model's embedding must hold every id it produces.
@@ -171,7 +171,7 @@ def resolve_arch(ref: str) -> Arch:
         return arch
     if ref.startswith(RANDOM):
         return random_arch(ref)
-    from ..model import load
+    from .. import sources as load
 
     if ref == EMBEDDED:
         # Its metadata, without the one-off conversion to an HF directory that `train` does.

@@ -8,12 +8,12 @@ counting hardware FLOPs), and its memory constants. Any field left None keeps th
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+
+from ..io import write_atomic
 
 SCHEMA_VERSION = 1
 
@@ -26,7 +26,6 @@ class CalibrationRecord:
     peak_dtype: str = "bf16"
     efficiency: dict[str, float] = field(default_factory=dict)  # method (lora|dora|qlora|full|lora-int8) -> fraction of peak
     runtime_overhead_bytes: int | None = None  # fixed memory beyond the model's terms (CUDA context, allocator)
-    activation_scale: float | None = None  # measured / predicted activation bytes
     created: str = ""
     source: str = ""  # what produced it, e.g. "tunelab bench --calibrate (3 runs)"
     schema: int = SCHEMA_VERSION
@@ -38,22 +37,18 @@ def device_key(name: str) -> str:
 
 
 def calibration_dir() -> Path:
-    from ..model.load import cache_dir
+    from ..sources import cache_dir
 
     return cache_dir() / "calibration"
 
 
 def save_calibration(record: CalibrationRecord) -> Path:
-    """Write atomically (temp file + rename): a crash never leaves a half record that `plan` would trust."""
+    """Write atomically (io.write_atomic): a crash never leaves a half record that `plan` would trust."""
     if not record.created:
         record.created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     folder = calibration_dir()
-    folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"{record.device_key}.json"
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(asdict(record), f, indent=2)
-    os.replace(tmp, target)
+    write_atomic(target, [json.dumps(asdict(record), indent=2)])
     return target
 
 

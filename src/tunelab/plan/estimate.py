@@ -7,9 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..device import hashed_dropout
-from ..model.attention import attention_path, slot_products
-from ..train.loss import LOGIT_CHUNK
+from ..runtime import LOGIT_CHUNK, attention_path, hashed_dropout, slot_products
 from . import memory, timing, workload
 from .arch import Arch
 from .calibration import CalibrationRecord

@@ -62,7 +62,6 @@ from .flops import adapter_params
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
 ADAM_STATE_BYTES = 8  # exp_avg + exp_avg_sq, fp32
 TRAINABLE_BYTES = 4  # fp32 weights (and fp32 grads)
-SHARDINGS = ("single", "ddp", "zero2", "zero3")
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from ..io import GIB, gib  # noqa: F401  (GIB: render's callers)
 from . import timing
 from .arch import Arch
 from .catalog import Price
 from .estimate import Estimate, Suggestion
 from .memory import MemoryBreakdown, MemorySetup
 
-GIB = 2**30
 
 
 @dataclass
@@ -36,9 +36,6 @@ def duration(seconds: float) -> str:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.2f} h"
 
-
-def gib(n: float) -> str:
-    return f"{n / GIB:.2f} GiB"
 
 
 def activations_assumption(m: MemorySetup) -> str:

@@ -125,11 +125,28 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run(
-    accelerator, model, optimizer, scheduler, schedule: Schedule, optim: OptimSpec, spec: LoopSpec,
-    out_dir: Path | None, memwatch: MemoryWatch, state: TrainState, progress: ProgressView,
-) -> LoopResult:
+@dataclass
+class LoopContext:
+    """What one run of the loop works with: built by recipes/train.py, read by `run`."""
+
+    accelerator: object
+    model: torch.nn.Module  # returns the summed token loss (train/loss.CausalLMLoss)
+    optimizer: object
+    scheduler: object
+    schedule: Schedule
+    optim: OptimSpec
+    spec: LoopSpec
+    out_dir: Path | None  # metrics.jsonl and checkpoints go here; None writes nothing
+    memwatch: MemoryWatch
+    state: TrainState  # advanced in place
+    progress: ProgressView
+
+
+def run(ctx: LoopContext) -> LoopResult:
     """Train from `state.step` to the schedule's end (or `spec.stop_at`). `model` returns a summed loss."""
+    accelerator, model, optimizer, scheduler = ctx.accelerator, ctx.model, ctx.optimizer, ctx.scheduler
+    schedule, optim, spec, out_dir = ctx.schedule, ctx.optim, ctx.spec, ctx.out_dir
+    memwatch, state, progress = ctx.memwatch, ctx.state, ctx.progress
     device = accelerator.device
     stop = min(schedule.total_steps, spec.stop_at or schedule.total_steps)
     warm_until = min(state.step + spec.warmup_window, stop)

@@ -14,10 +14,7 @@ import torch
 
 from ..data.packing import SeqLayout
 from ..model import attention
-
-# Tokens per chunk of the fused head+loss: 256 x 49k fp32 logits is 50 MB, small enough to stay hot in cache
-# between the passes over it (max, exp, gradient), large enough for an efficient matmul.
-LOGIT_CHUNK = 256
+from ..runtime import LOGIT_CHUNK
 
 
 _SCRATCH: dict[tuple, torch.Tensor] = {}

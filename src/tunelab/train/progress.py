@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ..io import gib
+
 
 @dataclass
 class LogLine:
@@ -48,7 +50,7 @@ class ProgressView:
     def update(self, line: LogLine) -> None:
         text = (
             f"loss {line.loss:.4f} | lr {line.lr:.2e} | {line.tokens_nonpad_per_s:,.0f} tok/s | "
-            f"mem {line.peak_memory_bytes / 2**30:.2f} GiB | eta {_fmt_eta(line.eta_s)}"
+            f"mem {gib(line.peak_memory_bytes)} | eta {_fmt_eta(line.eta_s)}"
         )
         if self.progress is not None:
             self.progress.update(self.task, completed=line.step, info=text)

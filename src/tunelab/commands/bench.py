@@ -1,9 +1,8 @@
 """`tunelab bench`: measure the real training path on this device, beside plan's prediction; store every
 record; fit the device's calibration (`--calibrate`); export the database (`--export`).
 
-The one entry point that reads the config: everything below it takes typed arguments. Each measured point
-runs `tunelab.train.command.train` (the loop `tunelab train` runs, no copy) for warm-up + N optimizer steps
-in a fresh process, so its peak memory is what a fresh `tunelab train` would see (see `measure_point`).
+Reads the config and flags and prints; each point is measured by bench/points.py (recipes/train.py's `train`
+in a fresh process).
 """
 
 from __future__ import annotations
@@ -11,26 +10,23 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
-import re
 import sys
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
 from .. import config as cfgmod
 from ..errors import TunelabError
-from ..plan.command import local_prediction
-from . import calibrate, measure, store
+from ..io import gib, write_atomic
+from ..bench import calibrate, measure, store
+from ..bench.points import (
+    FORCED, _in_fresh_process, _peer_in_child, build_record, check_length, device_peak, json_view, measure_point, slug,
+    step_stats,
+)
+from ..recipes.predict import local_prediction
 
 DEFAULT_STEPS = 5
 CALIBRATE_STEPS = 3  # short windows: calibration must stay within ~60-90 s on a 2-core CPU
 DEFAULT_OUTPUT = "runs/bench"
-KIND = "tunelab"
-# Bench forces these: a checkpoint write inside the window is not throughput, resume would skip the
-# window, and a log line per step gives step_time_s a median over steps rather than over log windows.
-FORCED = ("resume=false", "save_steps=0", "log_steps=1")
-STEP_KEYS = ("step_time_s", "step_time_median_s", "step_time_p90_s", "step_time_max_s")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -104,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_suite(args: argparse.Namespace) -> int:
-    from . import suite
+    from ..bench import suite
 
     clashing = [flag for flag, given in (("--config", args.config), ("--steps", args.steps is not None),
                                          ("--sweep", args.sweep), ("--peer", args.peer), ("--calibrate", args.calibrate))
@@ -120,7 +116,7 @@ def run_peers(args: argparse.Namespace, steps: int, base_dir: Path, db: Path) ->
 
     Interleaving spreads a shared machine's drift over every side instead of favouring whichever ran first.
     """
-    from . import peers
+    from ..bench import peers
 
     names = [n.strip() for n in args.peer.split(",") if n.strip()]
     unknown = [n for n in names if n not in peers.PEERS]
@@ -154,21 +150,6 @@ def run_peers(args: argparse.Namespace, steps: int, base_dir: Path, db: Path) ->
     return 0
 
 
-def _peer_in_child(name: str, cfg: cfgmod.TrainConfig, steps: int, warmup: int) -> dict:
-    from ..cli import quiet_libraries
-    from ..train.command import adapter_spec
-    from . import peers
-
-    quiet_libraries()
-    spec = adapter_spec(cfg)
-    return peers.run_peer(
-        name, cfg.model, cfg.data.path, steps, warmup,
-        lora=peers.LoraSettings(spec.r, spec.alpha, spec.dropout, spec.targets),
-        seq_len=cfg.seq_len, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum,
-        data_format=cfg.data.format, template=cfg.data.template, max_examples=cfg.data.max_examples,
-        lr=cfg.lr, seed=cfg.seed, device=cfg.device)
-
-
 # ---- configs -------------------------------------------------------------------------------------------
 
 def output_dir(overrides: list[str]) -> str:
@@ -190,108 +171,9 @@ def sweep_points(specs: list[str]) -> list[tuple[str, list[str]]]:
     return [(" ".join(combo), list(combo)) for combo in itertools.product(*axes)] if axes else [("", [])]
 
 
-def slug(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", label.replace(" ", "__"))
-
-
 def point_config(args: argparse.Namespace, extra: list[str], out: Path) -> cfgmod.TrainConfig:
     # Config errors (bad sweep values included) surface here, before any point has run.
     return cfgmod.load_config(args.config, [*args.overrides, *extra, *FORCED, f"output_dir={out}"])
-
-
-# ---- against plan's prediction (plan.command.local_prediction) ---------------------------------------------
-
-def check_length(prediction, stop_at: int) -> None:
-    available = prediction.work.optimizer_steps
-    if available < stop_at:
-        raise TunelabError(f"the dataset gives {available} optimizer steps, fewer than warm-up + steps = {stop_at}; "
-                           "use more data, more epochs, or fewer --steps")
-
-
-def predicted_figures(e) -> dict:
-    """plan's figures for the quantities bench measures (render.record's conventions for nonpad/loss)."""
-    w = e.work
-    rate = e.speed.tokens_per_s
-    return {
-        "tokens_padded_per_s": rate,
-        "tokens_nonpad_per_s": rate * w.tokens_nonpad / w.tokens_padded,
-        "tokens_loss_per_s": rate * w.tokens_loss / w.tokens_padded,
-        "step_time_s": w.tokens_padded / w.optimizer_steps / rate,
-        "peak_memory_bytes": e.memory.total,
-        "efficiency": e.efficiency.value,
-        "source": e.efficiency.label,
-    }
-
-
-# ---- measurement -----------------------------------------------------------------------------------------
-
-def measure_point(cfg: cfgmod.TrainConfig, stop_at: int, warmup: int) -> dict:
-    """`train()` for `stop_at` optimizer steps in a fresh spawned process; its summary.
-
-    Fresh, because CPU peak memory is peak RSS minus RSS before the model loads: in a process that already
-    trained (or ran a probe), allocator and oneDNN arenas are resident, and every later point would read
-    low. Spawned, not forked: forking a process whose OpenMP threads exist can deadlock.
-    """
-    return _in_fresh_process(_train_in_child, cfg, stop_at, warmup)
-
-
-def _in_fresh_process(fn, *args):
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(fn, *args).result()
-
-
-def _train_in_child(cfg: cfgmod.TrainConfig, stop_at: int, warmup: int) -> dict:
-    from ..cli import quiet_libraries
-    from ..train.command import train
-
-    quiet_libraries()
-    return train(cfg, show_progress=False, stop_at=stop_at, warmup_window=warmup)
-
-
-def device_peak(device_ref: str, summary: dict, catalog_gpu: str | None) -> measure.Peak:
-    """Measured in this (parent) process after the point ran, so the probe never competes with training."""
-    from ..device import pick_device
-
-    return measure.device_peak(pick_device(device_ref), summary["device"], summary["device_memory_bytes"],
-                               summary["precision"], gpu_id=catalog_gpu)
-
-
-def build_record(label: str, summary: dict, peak: measure.Peak, prediction, warmup: int, cfg) -> dict:
-    flops = prediction.flops
-    nonpad = summary["tokens_nonpad_per_s"]
-    pred = predicted_figures(prediction)
-    versions = summary["versions"]
-    return {
-        "kind": KIND, "label": label, "device": summary["device"], "device_memory_bytes": summary["device_memory_bytes"],
-        "torch_version": versions["torch"], "transformers_version": versions["transformers"],
-        "peft_version": versions["peft"], "accelerate_version": versions["accelerate"],
-        "model": summary["model"], "method": summary["method"], "precision": summary["precision"],
-        "micro_batch": summary["micro_batch"], "grad_accum": summary["grad_accum"], "seq_len": summary["seq_len"],
-        "packing": summary["packing"], "grad_ckpt": summary["grad_ckpt"],
-        "warmup_steps": warmup, "steps": summary["steady_window_steps"], "data": summary["data"],
-        "tokens_padded_per_s": summary["tokens_padded_per_s"], "tokens_nonpad_per_s": nonpad,
-        "tokens_loss_per_s": summary["tokens_loss_per_s"], "rate_basis": store.RATE_BASIS,
-        "steady_window_s": summary["steady_window_s"],
-        **{k: summary[k] for k in STEP_KEYS},
-        "model_flops_per_token": flops.model, "hardware_flops_per_token": flops.hardware,
-        "device_peak_flops": peak.flops, "peak_source": peak.source,
-        "mfu": measure.mfu(nonpad, flops, peak.flops), "hfu": measure.hfu(nonpad, flops, peak.flops),
-        "peak_memory_bytes": summary["peak_memory_bytes"],
-        "peak_memory_reserved_bytes": summary["peak_memory_reserved_bytes"],
-        "peak_memory_absolute_bytes": summary["peak_memory_absolute_bytes"],
-        **{f"predicted_{k}": v for k, v in pred.items()},
-        "peak_probes": peak.probes, "config": asdict(cfg),
-    }
-
-
-def json_view(rec: dict) -> dict:
-    """--json: measured keys at the top level, plan's figures under `predicted`."""
-    out = {k: v for k, v in rec.items() if not k.startswith("predicted_") and k != "config"}
-    out["predicted"] = {k.removeprefix("predicted_"): v for k, v in rec.items() if k.startswith("predicted_")}
-    return out
 
 
 # ---- calibration -----------------------------------------------------------------------------------------
@@ -351,22 +233,8 @@ def export(args: argparse.Namespace) -> int:
     if args.out is None:
         sys.stdout.write(text)
         return 0
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".tmp-{out.name}-")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, out)
+    write_atomic(Path(args.out), [text])
     return 0
-
-
-def step_stats(rec: dict) -> str:
-    return (f"step time median {rec['step_time_median_s']:.3f} s, p90 {rec['step_time_p90_s']:.3f} s, "
-            f"max {rec['step_time_max_s']:.3f} s")
-
-
-def gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
 
 
 def _console():

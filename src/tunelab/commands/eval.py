@@ -13,12 +13,12 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..config import FORMATS, TEMPLATES, load_config
+from ..config import EMBEDDED, FORMATS, TEMPLATES, load_config
 from ..io import write_atomic
 from ..data.pipeline import iter_jsonl
 from ..errors import TunelabError
-from .exact_match import EvalResult, parse_answer
-from .generate import DEFAULT_BATCH_SIZE
+from ..eval.exact_match import EvalResult, parse_answer
+from ..eval.generate import DEFAULT_BATCH_SIZE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +48,7 @@ class Setup:
 
 def resolve_setup(adapter: str | None, model: str | None, fmt: str | None, template: str | None) -> Setup:
     if adapter is None:
-        return Setup(model or "embedded", fmt or "alpaca", template or "alpaca")
+        return Setup(model or EMBEDDED, fmt or "alpaca", template or "alpaca")
     folder = Path(adapter)
     if not (folder / "adapter_config.json").is_file():
         raise TunelabError(f"{folder}: not an adapter directory (no adapter_config.json); pass RUN/adapter of a training run")
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..device import pick_device, pick_precision
     from ..model.load import load_model, load_tokenizer, resolve
-    from .generate import evaluate
+    from ..eval.generate import evaluate
 
     device = pick_device(args.device)
     precision = pick_precision(args.precision, device)

@@ -1,4 +1,5 @@
-"""`tunelab train`: config -> data -> model -> loop -> outputs, read top to bottom.
+"""Training one config: config -> data -> model -> loop -> outputs, read top to bottom; `tunelab train`, bench
+and the demo all run it.
 
 Everything that can fail on user input (config, model reference, data file, output dir) is checked before
 the first byte is written to the output dir, so a failed start leaves nothing half-written.
@@ -6,7 +7,6 @@ the first byte is written to the output dir, so a failed start leaves nothing ha
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
@@ -23,30 +23,17 @@ from ..device import Precision, device_memory_bytes, device_name, pick_device, p
 from ..errors import TunelabError
 from ..io import atomic_dir, write_atomic
 from ..memwatch import MemoryWatch
+from ..runtime import ACTIVATION_MEMORY_BUDGET
 from ..model import attention
 from ..model import load as mload
 from ..model.adapters import AdapterSpec, apply_adapter, count_parameters
 from ..model.lora_linear import has_lora_dropout, has_nf4_base
-from . import checkpoint, loop
-from .batches import BatchSpec, Schedule
-from .checkpoint import TrainState
-from .lock import lock_output_dir
-from .loss import CausalLMLoss
-from .progress import ProgressView
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", required=True, help="YAML config (see configs/)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. lora.r=32 lr=1e-4")
-    p.add_argument("--quiet", action="store_true", help="no progress output")
-
-
-def run(args: argparse.Namespace) -> int:
-    cfg = cfgmod.load_config(args.config, args.overrides)
-    summary = train(cfg, show_progress=not args.quiet)
-    print(json.dumps({k: summary[k] for k in ("output_dir", "steps", "loss_last", "tokens_nonpad_per_s",
-                                               "peak_memory_bytes", "elapsed_s")}))
-    return 0
+from ..train import checkpoint, loop
+from ..train.batches import BatchSpec, Schedule
+from ..train.checkpoint import TrainState
+from ..train.lock import lock_output_dir
+from ..train.loss import CausalLMLoss
+from ..train.progress import ProgressView
 
 
 @dataclass
@@ -62,7 +49,7 @@ class Prepared:
     schedule: Schedule
 
 
-def prepare_run(cfg: TrainConfig, rank: int = 0, world: int = 1) -> Prepared:
+def prepare_run(cfg: TrainConfig) -> Prepared:
     device = pick_device(cfg.device)
     precision = pick_precision(cfg.precision, device)
     source = mload.resolve(cfg.model, cfg.trust_remote_code)
@@ -76,7 +63,7 @@ def prepare_run(cfg: TrainConfig, rank: int = 0, world: int = 1) -> Prepared:
     data = prepare(DataSpec(cfg.data.path, cfg.data.format, cfg.data.template, cfg.data.train_on_inputs,
                             cfg.seq_len, cfg.data.max_examples), tokenizer)
     batch = BatchSpec(cfg.seq_len, cfg.micro_batch, cfg.grad_accum, cfg.packing, cfg.seed, tokenizer.pad_token_id)
-    schedule = Schedule(data, batch, cfg.epochs, cfg.max_steps, rank, world)
+    schedule = Schedule(data, batch, cfg.epochs, cfg.max_steps)
     return Prepared(device, precision, source, model_config, tokenizer, data, schedule)
 
 
@@ -125,14 +112,6 @@ def build_model(cfg: TrainConfig, prep: Prepared) -> torch.nn.Module:
 def adapter_spec(cfg: TrainConfig) -> AdapterSpec:
     targets = cfg.lora.targets if isinstance(cfg.lora.targets, str) else tuple(cfg.lora.targets)
     return AdapterSpec(cfg.method, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, targets)
-
-
-# torch.compile's activation memory budget (AOTAutograd's partitioner; 1.0 keeps whatever is cheapest to
-# keep). Measured on the quickstart, `tunelab bench` runs alternated (8 steps each): 0.9 peaked at 2.82-2.85
-# GiB against 3.64-3.69 at 1.0, at 1,391-1,431 against 1,406-1,425 non-padding tokens/s; the tensors saved
-# in one forward fell from 2.51 to 1.75 GiB (norm outputs and one MLP tensor per layer recomputed). 0.5
-# saved 1.31 GiB and peaked at 2.37 GiB but cost 7% (1,313-1,325 tokens/s).
-ACTIVATION_MEMORY_BUDGET = 0.9
 
 
 def compile_blocks(model: torch.nn.Module) -> None:
@@ -227,9 +206,10 @@ def _train_locked(cfg: TrainConfig, out: Path, t0: float, show_progress: bool, s
     (out / "config.yaml").write_text(cfgmod.dump_yaml(cfg))
 
     progress = ProgressView(prep.schedule.total_steps, state.step, enabled=show_progress)
-    result = loop.run(accelerator, wrapped, optimizer, scheduler, prep.schedule, optim_spec,
-                      loop.LoopSpec(cfg.log_steps, cfg.save_steps, cfg.save_total_limit, warmup_window, stop_at),
-                      out, memwatch, state, progress)
+    result = loop.run(loop.LoopContext(
+        accelerator, wrapped, optimizer, scheduler, prep.schedule, optim_spec,
+        loop.LoopSpec(cfg.log_steps, cfg.save_steps, cfg.save_total_limit, warmup_window, stop_at),
+        out, memwatch, state, progress))
 
     finished = state.step >= prep.schedule.total_steps
     if finished:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-GIB = 1024**3
+from ..io import GIB
+
 DPI = 110
 TOKEN_KINDS = (  # (record key prefix, legend label): docs/metrics.md's three token counts
     ("tokens_nonpad", "non-padding tokens/s"),

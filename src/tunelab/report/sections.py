@@ -1,4 +1,4 @@
-"""`tunelab report RUN_OR_DB... --out DIR`: stored runs -> DIR/performance.md with PNG plots.
+"""Stored runs -> performance.md with PNG plots (`tunelab report RUN_OR_DB... --out DIR`, commands/report.py).
 
 Inputs are run directories (`summary.json`, `metrics.jsonl`, optionally `config.yaml`, `eval.json` and a
 plan prediction in `plan.json`) and SQLite result databases (table `runs`, one row per record, `kind` =
@@ -9,7 +9,6 @@ place, performance.md last, so a reader never sees a report that points at a mis
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -23,11 +22,11 @@ from typing import Any
 import yaml
 
 from ..errors import TunelabError
+from ..io import gib
 from . import plots
-from .peers import compare
+from ..bench.peers import compare
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
-GIB = 1024**3
 # Config keys a sweep varies; records that agree on all but one of them form a sweep over that one.
 SWEEP_KEYS = ("model", "method", "precision", "seq_len", "micro_batch", "grad_accum", "packing", "grad_ckpt",
               "lora_r", "base_quant")
@@ -87,19 +86,6 @@ class Run:
             lora = self.record.get("lora") or (self.config or {}).get("lora") or {}
             return self.record.get("lora_r", lora.get("r") if isinstance(lora, dict) else None)
         return self.record.get(key, (self.config or {}).get(key))
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("inputs", nargs="+", metavar="RUN_OR_DB", help="run directories and/or bench SQLite databases")
-    p.add_argument("--out", required=True, help="directory for performance.md and its plots")
-    p.add_argument("--title", default="Performance report", help="heading of performance.md")
-
-
-def run(args: argparse.Namespace) -> int:
-    runs = load_inputs([Path(p) for p in args.inputs])
-    written = write_report(runs, Path(args.out), args.title)
-    print(f"wrote {', '.join(str(p) for p in written)}")
-    return 0
 
 
 # ---------------------------------------------------------------- inputs
@@ -214,7 +200,7 @@ def _num(value: Any, digits: int = 0) -> str:
 
 
 def _gib(value: Any) -> str:
-    return "n/a" if value is None else f"{value / GIB:.2f} GiB"
+    return "n/a" if value is None else gib(value)
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:

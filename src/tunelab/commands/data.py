@@ -9,8 +9,8 @@ from pathlib import Path
 
 from ..errors import TunelabError
 from ..io import write_atomic
-from . import arithmetic as ar
-from . import synthetic as sy
+from ..data import arithmetic as ar
+from ..data import synthetic as sy
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

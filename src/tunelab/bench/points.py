@@ -1,0 +1,136 @@
+"""One measured bench point: recipes/train.py's `train` for warm-up + N optimizer steps in a fresh process, and
+its record beside plan's prediction; `tunelab bench` and bench suites both measure through it."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict
+
+from .. import config as cfgmod
+from ..errors import TunelabError
+from . import measure, store
+
+KIND = "tunelab"
+# Bench forces these: a checkpoint write inside the window is not throughput, resume would skip the
+# window, and a log line per step gives step_time_s a median over steps rather than over log windows.
+FORCED = ("resume=false", "save_steps=0", "log_steps=1")
+STEP_KEYS = ("step_time_s", "step_time_median_s", "step_time_p90_s", "step_time_max_s")
+
+
+def _peer_in_child(name: str, cfg: cfgmod.TrainConfig, steps: int, warmup: int) -> dict:
+    from ..cli import quiet_libraries
+    from ..recipes.train import adapter_spec
+    from . import peers
+
+    quiet_libraries()
+    spec = adapter_spec(cfg)
+    return peers.run_peer(
+        name, cfg.model, cfg.data.path, steps, warmup,
+        lora=peers.LoraSettings(spec.r, spec.alpha, spec.dropout, spec.targets),
+        seq_len=cfg.seq_len, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum,
+        data_format=cfg.data.format, template=cfg.data.template, max_examples=cfg.data.max_examples,
+        lr=cfg.lr, seed=cfg.seed, device=cfg.device)
+
+
+def slug(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", label.replace(" ", "__"))
+
+
+# ---- against plan's prediction (recipes/predict.local_prediction) ---------------------------------------------
+
+def check_length(prediction, stop_at: int) -> None:
+    available = prediction.work.optimizer_steps
+    if available < stop_at:
+        raise TunelabError(f"the dataset gives {available} optimizer steps, fewer than warm-up + steps = {stop_at}; "
+                           "use more data, more epochs, or fewer --steps")
+
+
+def predicted_figures(e) -> dict:
+    """plan's figures for the quantities bench measures (render.record's conventions for nonpad/loss)."""
+    w = e.work
+    rate = e.speed.tokens_per_s
+    return {
+        "tokens_padded_per_s": rate,
+        "tokens_nonpad_per_s": rate * w.tokens_nonpad / w.tokens_padded,
+        "tokens_loss_per_s": rate * w.tokens_loss / w.tokens_padded,
+        "step_time_s": w.tokens_padded / w.optimizer_steps / rate,
+        "peak_memory_bytes": e.memory.total,
+        "efficiency": e.efficiency.value,
+        "source": e.efficiency.label,
+    }
+
+
+# ---- measurement -----------------------------------------------------------------------------------------
+
+def measure_point(cfg: cfgmod.TrainConfig, stop_at: int, warmup: int) -> dict:
+    """`train()` for `stop_at` optimizer steps in a fresh spawned process; its summary.
+
+    Fresh, because CPU peak memory is peak RSS minus RSS before the model loads: in a process that already
+    trained (or ran a probe), allocator and oneDNN arenas are resident, and every later point would read
+    low. Spawned, not forked: forking a process whose OpenMP threads exist can deadlock.
+    """
+    return _in_fresh_process(_train_in_child, cfg, stop_at, warmup)
+
+
+def _in_fresh_process(fn, *args):
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def _train_in_child(cfg: cfgmod.TrainConfig, stop_at: int, warmup: int) -> dict:
+    from ..cli import quiet_libraries
+    from ..recipes.train import train
+
+    quiet_libraries()
+    return train(cfg, show_progress=False, stop_at=stop_at, warmup_window=warmup)
+
+
+def device_peak(device_ref: str, summary: dict, catalog_gpu: str | None) -> measure.Peak:
+    """Measured in this (parent) process after the point ran, so the probe never competes with training."""
+    from ..device import pick_device
+
+    return measure.device_peak(pick_device(device_ref), summary["device"], summary["device_memory_bytes"],
+                               summary["precision"], gpu_id=catalog_gpu)
+
+
+def build_record(label: str, summary: dict, peak: measure.Peak, prediction, warmup: int, cfg) -> dict:
+    flops = prediction.flops
+    nonpad = summary["tokens_nonpad_per_s"]
+    pred = predicted_figures(prediction)
+    versions = summary["versions"]
+    return {
+        "kind": KIND, "label": label, "device": summary["device"], "device_memory_bytes": summary["device_memory_bytes"],
+        "torch_version": versions["torch"], "transformers_version": versions["transformers"],
+        "peft_version": versions["peft"], "accelerate_version": versions["accelerate"],
+        "model": summary["model"], "method": summary["method"], "precision": summary["precision"],
+        "micro_batch": summary["micro_batch"], "grad_accum": summary["grad_accum"], "seq_len": summary["seq_len"],
+        "packing": summary["packing"], "grad_ckpt": summary["grad_ckpt"],
+        "warmup_steps": warmup, "steps": summary["steady_window_steps"], "data": summary["data"],
+        "tokens_padded_per_s": summary["tokens_padded_per_s"], "tokens_nonpad_per_s": nonpad,
+        "tokens_loss_per_s": summary["tokens_loss_per_s"], "rate_basis": store.RATE_BASIS,
+        "steady_window_s": summary["steady_window_s"],
+        **{k: summary[k] for k in STEP_KEYS},
+        "model_flops_per_token": flops.model, "hardware_flops_per_token": flops.hardware,
+        "device_peak_flops": peak.flops, "peak_source": peak.source,
+        "mfu": measure.mfu(nonpad, flops, peak.flops), "hfu": measure.hfu(nonpad, flops, peak.flops),
+        "peak_memory_bytes": summary["peak_memory_bytes"],
+        "peak_memory_reserved_bytes": summary["peak_memory_reserved_bytes"],
+        "peak_memory_absolute_bytes": summary["peak_memory_absolute_bytes"],
+        **{f"predicted_{k}": v for k, v in pred.items()},
+        "peak_probes": peak.probes, "config": asdict(cfg),
+    }
+
+
+def json_view(rec: dict) -> dict:
+    """--json: measured keys at the top level, plan's figures under `predicted`."""
+    out = {k: v for k, v in rec.items() if not k.startswith("predicted_") and k != "config"}
+    out["predicted"] = {k.removeprefix("predicted_"): v for k, v in rec.items() if k.startswith("predicted_")}
+    return out
+
+
+def step_stats(rec: dict) -> str:
+    return (f"step time median {rec['step_time_median_s']:.3f} s, p90 {rec['step_time_p90_s']:.3f} s, "
+            f"max {rec['step_time_max_s']:.3f} s")

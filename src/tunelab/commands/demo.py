@@ -1,0 +1,275 @@
+"""The main job (`make demo`): the embedded SmolLM2-135M learns multi-digit addition on this machine.
+
+Top to bottom: generate data -> plan's prediction -> base accuracy -> LoRA training -> tuned accuracy ->
+before/after table by digit count, and the measured run beside the prediction. Leaves
+`OUTPUT_DIR/adapter` and `OUTPUT_DIR/eval.json`.
+
+    python -m tunelab.demo configs/quickstart.yaml [--minutes M] [--train-rows N] [--test-rows N] [key=value ...]
+
+The demo keeps to a time budget (`--minutes`, data generation to the final table): when plan predicts that
+the recipe's training would not fit in what the budget leaves after scoring, it says so and trains on the
+first rows that fit, so a machine that computes in fp32 gets a shorter run, never a silent two-hour one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .. import config as cfgmod
+from ..data import arithmetic
+from ..errors import TunelabError
+from ..io import gib, write_atomic
+
+if TYPE_CHECKING:  # torch-importing; the demo re-executes itself before importing torch
+    from ..train.checkpoint import TrainState
+
+TEST_TEMPLATES = ("plain",)
+DEFAULT_MINUTES = 15.0
+# Below this many rows the recipe learns next to nothing: 1,785 rows gave 8.2% exact match
+# (benchmarks/quickstart_epyc-fp32-2c_2026-11-23.md), so a budget that fits fewer is refused.
+MIN_TRAIN_ROWS = 1_000
+# A cut recipe keeps at least this many optimizer steps by lowering its micro-batch (not below MIN_MICRO_BATCH):
+# on an fp32 CPU, 2,600 rows at micro-batch 4 (118 steps) scored 57.0% where 1,785 rows at 16 (21 steps)
+# scored 8.2% (benchmarks/quickstart_epyc-fp32-2c_2026-11-23.md).
+MIN_STEPS = 100
+MIN_MICRO_BATCH = 4
+# Share of the training time left unplanned, for plan's error on this machine (benchmarks/README.md).
+TIME_MARGIN = 0.10
+# Scoring time reserved for the tuned model when the base model, whose scoring it is timed against, is skipped.
+SCORING_RESERVE_S = 120.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tunelab.demo", description=__doc__.splitlines()[0])
+    p.add_argument("config")
+    p.add_argument("--minutes", type=float, default=DEFAULT_MINUTES,
+                   help=f"time budget from data generation to the final table (default {DEFAULT_MINUTES:g}); training "
+                        "is cut to the rows that fit, as plan predicts it on this machine")
+    p.add_argument("--train-rows", type=int, default=18_000, help="rows the recipe trains on when the budget allows")
+    p.add_argument("--test-rows", type=int, default=400)
+    p.add_argument("--digits", default="1-8", help="operand digit range, both operands")
+    p.add_argument("--response", default="aligned", choices=arithmetic.RESPONSES,
+                   help="response form of the rows (tunelab data arithmetic --response); aligned: 90.2%% exact "
+                        "match against 73.8%% for Goat's expression on the same 18,000 rows "
+                        "(benchmarks/quickstart_xeon-amx-2c_2026-11-22.md)")
+    p.add_argument("--skip-base", action="store_true", help="skip scoring the base model")
+    p.add_argument("--curve-every", type=int, default=0, metavar="STEPS",
+                   help="keep a checkpoint every STEPS steps and score each after training: accuracy against "
+                        "training minutes (OUTPUT_DIR/curve.json, curve.png); scoring is outside the demo's budget")
+    args, overrides = p.parse_known_args(argv)
+    if args.curve_every < 0:
+        p.error(f"--curve-every must be a number of steps (0 = off), got {args.curve_every}")
+    if args.minutes <= 0:
+        p.error(f"--minutes must be positive, got {args.minutes:g}")
+    if argv is None:
+        from ..allocator import reexec_with_jemalloc
+
+        reexec_with_jemalloc()
+    if args.curve_every:
+        overrides = [*overrides, f"save_steps={args.curve_every}", "save_total_limit=1000"]
+    from ..cli import quiet_libraries
+
+    quiet_libraries()
+    try:
+        run(args, overrides)
+    except TunelabError as e:
+        print(f"demo: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def run(args: argparse.Namespace, overrides: list[str]) -> None:
+    from rich.console import Console
+
+    started = time.perf_counter()
+    console = Console()
+    cfg = cfgmod.load_config(args.config, overrides)
+    out = Path(cfg.output_dir)
+    train_path, test_path = Path(cfg.data.path), out / "data" / "test.jsonl"
+
+    # 1. Data: 1-8 digit additions, every digit-count pair equally likely; the test set shares no problem.
+    digits = arithmetic.parse_digit_range(args.digits)
+    cells = arithmetic.grid(["add"], digits, digits)
+    train_rows = arithmetic.sample(cells, args.train_rows, TEST_TEMPLATES, cfg.seed, args.response)
+    test_rows = arithmetic.held_out(cells, args.test_rows, TEST_TEMPLATES, cfg.seed, train_rows, args.response)
+    for path, rows in ((train_path, train_rows), (test_path, test_rows)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, (json.dumps(r) + "\n" for r in rows))
+    console.print(f"[bold]data[/]: {len(train_rows):,} training and {len(test_rows)} held-out additions "
+                  f"({args.digits} digits) in {train_path.parent}")
+
+    # 2. What plan predicts for the recipe on this machine.
+    from ..device import cpu_class, device_name, pick_device, pick_precision
+    from ..recipes.predict import local_prediction
+
+    device = pick_device(cfg.device)
+    precision = pick_precision(cfg.precision, device)
+    machine = f"{device_name(device)}, {cpu_class() if device.type == 'cpu' else 'cuda'} class, computes in {precision.name}"
+    prediction = local_prediction(cfg)
+    console.print(f"[bold]machine[/]: {machine}")
+    console.print(f"[bold]plan[/] for the recipe ({len(train_rows):,} rows): {describe(prediction)}")
+
+    # 3. Base accuracy.
+    base = None if args.skip_base else score(cfg, test_rows, adapter=None)
+    if base is not None:
+        console.print(f"[bold]base model[/]: {base['accuracy']:.1%} exact match ({base['seconds']:.0f} s)")
+
+    # Fit training to what the budget leaves: the tuned model's scoring takes at most the base model's (the
+    # same prompts; a tuned model stops at its EOS, the base model runs to each batch's budget).
+    scoring_s = base["seconds"] if base is not None else SCORING_RESERVE_S
+    left_s = args.minutes * 60 - (time.perf_counter() - started) - scoring_s
+    rows = fitted_rows(len(train_rows), train_s(prediction), prediction.overheads.compile_s, left_s * (1 - TIME_MARGIN))
+    if rows < len(train_rows):
+        if rows < MIN_TRAIN_ROWS:
+            need = MIN_TRAIN_ROWS / len(train_rows) * (train_s(prediction) - prediction.overheads.compile_s)
+            raise TunelabError(
+                f"--minutes {args.minutes:g} leaves {max(left_s, 0) / 60:.1f} min for training here, room for {rows:,} "
+                f"rows; the recipe needs at least {MIN_TRAIN_ROWS:,} rows (~{need / 60:.1f} min of training) to learn "
+                f"anything: raise --minutes")
+        console.print(f"[bold yellow]budget[/]: plan predicts {train_s(prediction) / 60:.1f} min of training for "
+                      f"{len(train_rows):,} rows on this machine, over the {left_s / 60:.1f} min that --minutes "
+                      f"{args.minutes:g} leaves; training on the first {rows:,} rows instead (--minutes "
+                      f"{math.ceil(args.minutes + (train_s(prediction) / (1 - TIME_MARGIN) - left_s) / 60)} "
+                      f"runs the whole recipe)")
+        train_rows = train_rows[:rows]
+        write_atomic(train_path, (json.dumps(r) + "\n" for r in train_rows))
+        steps = local_prediction(cfg).work.optimizer_steps
+        micro_batch = smaller_micro_batch(cfg.micro_batch, steps)
+        if micro_batch != cfg.micro_batch:
+            console.print(f"[bold yellow]budget[/]: micro-batch {cfg.micro_batch} -> {micro_batch}, so that {rows:,} rows "
+                          f"make ~{steps * cfg.micro_batch // micro_batch} optimizer steps rather than {steps}")
+            cfg = dataclasses.replace(cfg, micro_batch=micro_batch)
+        prediction = local_prediction(cfg)
+        console.print(f"[bold]plan[/] for {rows:,} rows: {describe(prediction)}")
+    predicted_train_s = train_s(prediction)
+
+    # 4. Train.
+    from ..recipes.train import train
+
+    summary = train(cfg)
+
+    # 5. Tuned accuracy, stored beside the adapter.
+    tuned = score(cfg, test_rows, adapter=out / "adapter")
+    result = {"base": base, "tuned": tuned, "train": {k: summary[k] for k in (
+        "steps", "loss_first", "loss_last", "train_s", "tokens_nonpad_per_s", "tokens_padded_per_s",
+        "tokens_loss_per_s", "peak_memory_bytes")},
+        "predicted": {"train_s": predicted_train_s, "tokens_padded_per_s": prediction.speed.tokens_per_s,
+                      "peak_memory_bytes": prediction.memory.total}}
+    write_atomic(out / "eval.json", [json.dumps(result, indent=2) + "\n"])
+    show(console, base, tuned, summary, prediction, predicted_train_s)
+    console.print(f"[bold]demo[/]: {(time.perf_counter() - started) / 60:.1f} min from data generation to this table")
+
+    # 6. Optionally, the accuracy-against-time curve from the kept checkpoints.
+    if args.curve_every:
+        points = [(0.0, base["accuracy"])] if base is not None else []
+        points += [(s.elapsed_s / 60, acc) for s, acc in score_checkpoints(cfg, test_rows, out / "checkpoints")]
+        points.append((summary["train_s"] / 60, tuned["accuracy"]))
+        write_atomic(out / "curve.json", [json.dumps([{"train_minutes": m, "accuracy": a} for m, a in points]) + "\n"])
+        from ..report.plots import accuracy_curve
+
+        accuracy_curve({f"{cfg.method} r {cfg.lora.r}, {args.train_rows:,} rows": points}, out / "curve.png")
+        console.print("[bold]curve[/]: " + ", ".join(f"{a:.1%} at {m:.1f} min" for m, a in points))
+
+
+def train_s(prediction) -> float:
+    """plan's training time as the loop measures it: torch.compile's first steps included."""
+    return prediction.speed.train_s + prediction.overheads.compile_s
+
+
+def describe(prediction) -> str:
+    return (f"{prediction.work.optimizer_steps} steps, {prediction.speed.tokens_per_s:,.0f} tokens/s fed, training "
+            f"{train_s(prediction) / 60:.1f} min (compile {prediction.overheads.compile_s:.0f} s of it), peak memory "
+            f"{gib(prediction.memory.total)} ({prediction.efficiency.label})")
+
+
+def smaller_micro_batch(micro_batch: int, steps: int) -> int:
+    """The micro-batch, halved while the run would make fewer than MIN_STEPS optimizer steps: one epoch's steps
+    grow as the micro-batch shrinks (the same packed rows, fewer per step)."""
+    while micro_batch // 2 >= MIN_MICRO_BATCH and steps < MIN_STEPS:
+        micro_batch //= 2
+        steps *= 2
+    return micro_batch
+
+
+def fitted_rows(rows: int, predicted_s: float, fixed_s: float, budget_s: float) -> int:
+    """How many of `rows` train within `budget_s`, when training all of them is predicted to take `predicted_s`
+    of which `fixed_s` (compilation) does not scale with the rows: one epoch's steps are proportional to them."""
+    if predicted_s <= budget_s:
+        return rows
+    per_row = (predicted_s - fixed_s) / rows
+    return max(0, int((budget_s - fixed_s) / per_row))
+
+
+def score(cfg: cfgmod.TrainConfig, rows: list[dict], adapter: Path | None) -> dict:
+    """Exact match on `rows` with the training prompt; the model is loaded fresh with SDPA attention."""
+    from ..eval.generate import evaluate
+
+    model, tokenizer = _base_for_eval(cfg)
+    if adapter is not None:
+        from ..model.adapters import load_adapter
+
+        model = load_adapter(model, adapter)
+    return evaluate(model, tokenizer, rows, cfg.data.format, cfg.data.template).summary()
+
+
+def score_checkpoints(cfg: cfgmod.TrainConfig, rows: list[dict], folder: Path) -> list[tuple[TrainState, float]]:
+    """(counters, exact match) of every kept checkpoint, each loaded into one model and scored like the final adapter."""
+    from ..eval.generate import evaluate
+    from ..model.adapters import apply_adapter
+    from ..train.checkpoint import list_checkpoints, load_weights
+    from ..recipes.train import adapter_spec
+
+    model, tokenizer = _base_for_eval(cfg)
+    model = apply_adapter(model, adapter_spec(cfg))
+    results = []
+    for path in list_checkpoints(folder):
+        state = load_weights(path, model)
+        results.append((state, evaluate(model, tokenizer, rows, cfg.data.format, cfg.data.template).accuracy))
+    return results
+
+
+def _base_for_eval(cfg: cfgmod.TrainConfig):
+    """The base model in the compute dtype with transformers' default attention (left-padded generation), and
+    its tokenizer."""
+    from ..device import pick_device, pick_precision
+    from ..model.load import load_model, load_tokenizer, resolve
+
+    device = pick_device(cfg.device)
+    source = resolve(cfg.model)
+    return load_model(source, pick_precision(cfg.precision, device).compute, "none", device), load_tokenizer(source)
+
+
+def show(console, base: dict | None, tuned: dict, summary: dict, prediction, predicted_train_s: float) -> None:
+    from rich.table import Table
+
+    table = Table(title="exact match on held-out additions, by the longer operand's digit count")
+    table.add_column("digits", justify="right")
+    table.add_column("n", justify="right")
+    table.add_column("base", justify="right")
+    table.add_column("tuned", justify="right")
+    for key, bucket in sorted(tuned["by_digits"].items(), key=lambda kv: int(kv[0])):
+        before = base["by_digits"].get(key, {}).get("accuracy") if base else None
+        table.add_row(str(key), str(bucket["n"]), "-" if before is None else f"{before:.0%}", f"{bucket['accuracy']:.0%}")
+    table.add_row("all", str(tuned["n"]), "-" if base is None else f"{base['accuracy']:.1%}", f"{tuned['accuracy']:.1%}")
+    console.print(table)
+
+    figures = Table(title="this run: measured beside plan's prediction")
+    for col in ("", "measured", "predicted"):
+        figures.add_column(col, justify="right")
+    figures.add_row("training time", f"{summary['train_s'] / 60:.1f} min", f"{predicted_train_s / 60:.1f} min")
+    figures.add_row("tokens/s fed (padded)", f"{summary['tokens_padded_per_s']:,.0f}", f"{prediction.speed.tokens_per_s:,.0f}")
+    figures.add_row("tokens/s non-padding", f"{summary['tokens_nonpad_per_s']:,.0f}", "")
+    figures.add_row("tokens/s with loss", f"{summary['tokens_loss_per_s']:,.0f}", "")
+    figures.add_row("peak memory", gib(summary['peak_memory_bytes']), gib(prediction.memory.total))
+    console.print(figures)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+"""`tunelab train --config C.yaml [key=value ...]`: fine-tune, then print the run's summary as one JSON line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .. import config as cfgmod
+from ..recipes.train import train
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="YAML config (see configs/)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. lora.r=32 lr=1e-4")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = cfgmod.load_config(args.config, args.overrides)
+    summary = train(cfg, show_progress=not args.quiet)
+    print(json.dumps({k: summary[k] for k in ("output_dir", "steps", "loss_last", "tokens_nonpad_per_s",
+                                               "peak_memory_bytes", "elapsed_s")}))
+    return 0

@@ -1,0 +1,1 @@
+"""`tunelab report`'s content: reading stored runs into sections (sections.py) and drawing plots (plots.py)."""

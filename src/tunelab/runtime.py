@@ -1,0 +1,44 @@
+"""Facts of tunelab's own forward that plan models, torch-free: training code and plan's formulas read them from
+here, so a prediction and the run it predicts cannot drift apart (and `tunelab plan` never imports torch).
+"""
+
+from __future__ import annotations
+
+# Tokens per chunk of the fused head+loss (train/loss.py): 256 x 49k fp32 logits is 50 MB, small enough to stay
+# hot in cache between the passes over it (max, exp, gradient), large enough for an efficient matmul.
+LOGIT_CHUNK = 256
+
+# Longest attention slot for the explicit-product path on CPU (model/attention.py); beyond it the L x L scores
+# cost more memory than the flash kernel's extra time.
+MATH_MAX_LEN = 256
+
+# torch.compile's activation memory budget (AOTAutograd's partitioner; 1.0 keeps whatever is cheapest to
+# keep; train/command.compile_blocks sets it). Measured on the quickstart, `tunelab bench` runs alternated
+# (8 steps each): 0.9 peaked at 2.82-2.85 GiB against 3.64-3.69 at 1.0, at 1,391-1,431 against 1,406-1,425 non-padding tokens/s; the tensors saved
+# in one forward fell from 2.51 to 1.75 GiB (norm outputs and one MLP tensor per layer recomputed). 0.5
+# saved 1.31 GiB and peaked at 2.37 GiB but cost 7% (1,313-1,325 tokens/s).
+ACTIVATION_MEMORY_BUDGET = 0.9
+
+
+def slot_products(device_type: str, length: int, dropout: float) -> bool:
+    """Whether slots of `length` run as explicit products (`_SlotAttention`, which keeps its bf16
+    probabilities for backward) rather than SDPA (which keeps a log-sum-exp); plan's memory model asks too."""
+    return device_type == "cpu" and length <= MATH_MAX_LEN and not dropout
+
+
+def attention_path(choice: str, device_type: str, flash_attn: bool = False) -> str:
+    """What the `attention` setting (config.ATTENTIONS) runs on a device: flex | slots | sdpa | flash
+    (flash-attn's varlen kernels). `auto` keeps the slot path on CPU, where it is tuned and where
+    FlexAttention has no backward. plan's memory model asks too."""
+    if choice != "auto":
+        return choice
+    if device_type != "cuda":
+        return "slots"
+    return "flash" if flash_attn else "flex"
+
+
+def hashed_dropout(device_type: str, compiled: bool) -> bool:
+    """Whether LoRA dropout draws its keep mask from an index hash, which backward draws again, rather than
+    from torch.rand, whose mask backward keeps (model/lora_linear.py): compiled on CPU, where inductor's
+    random numbers are slow. plan's memory model asks too."""
+    return device_type == "cpu" and compiled

