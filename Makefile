@@ -26,6 +26,8 @@ demo: install
 	$(BIN)/python -m tunelab.demo configs/quickstart.yaml
 
 test: install
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q tests --durations=15
 
 clean:

@@ -37,18 +37,42 @@ def main() -> int:
     quiet_libraries()
     r = random.Random(0)
     data = work / "add.jsonl"
-    data.write_text("".join(json.dumps({"instruction": f"{a} + {b}", "output": f"{a} + {b} = {a + b}"}) + "\n"
-                            for a, b in ((r.randint(0, 10**8), r.randint(0, 10**8)) for _ in range(400))))
+    data.write_text(
+        "".join(
+            json.dumps({"instruction": f"{a} + {b}", "output": f"{a} + {b} = {a + b}"}) + "\n"
+            for a, b in ((r.randint(0, 10**8), r.randint(0, 10**8)) for _ in range(400))
+        )
+    )
     common = [f"data.path={data}", *SHAPE, *overrides]
-    if cli(["bench", "--calibrate", *common, f"output_dir={work / 'cal'}", "--methods", "lora",
-            "--steps", str(args.calibrate_steps)]) != 0:
+    if (
+        cli(
+            [
+                "bench",
+                "--calibrate",
+                *common,
+                f"output_dir={work / 'cal'}",
+                "--methods",
+                "lora",
+                "--steps",
+                str(args.calibrate_steps),
+            ]
+        )
+        != 0
+    ):
         return 1
     cfg = load_config(None, [*common, f"max_steps={args.steps}", f"output_dir={work / 'run'}"])
     prediction = local_prediction(cfg)
     summary = train(cfg, show_progress=False)
-    result = {"date": time.strftime("%Y-%m-%d"), "device": summary["device"], "overrides": common[1:],
-              "steps": args.steps, "predicted_train_s": prediction.speed.train_s, "measured_train_s": summary["train_s"],
-              "error": prediction.speed.train_s / summary["train_s"] - 1, "efficiency": prediction.efficiency.label}
+    result = {
+        "date": time.strftime("%Y-%m-%d"),
+        "device": summary["device"],
+        "overrides": common[1:],
+        "steps": args.steps,
+        "predicted_train_s": prediction.speed.train_s,
+        "measured_train_s": summary["train_s"],
+        "error": prediction.speed.train_s / summary["train_s"] - 1,
+        "efficiency": prediction.efficiency.label,
+    }
     print(json.dumps(result, indent=2))
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")

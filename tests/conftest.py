@@ -54,8 +54,13 @@ def make_tokenizer():
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                   additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
     fast.chat_template = CHATML
     return fast
 
@@ -64,9 +69,19 @@ def make_tiny_llama(vocab_size: int, seed: int = 0, **overrides):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, max_position_embeddings=256, vocab_size=vocab_size,
-               tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    cfg = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        vocab_size=vocab_size,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     cfg.update(overrides)
     return LlamaForCausalLM(LlamaConfig(**cfg))
 
@@ -89,9 +104,22 @@ def tiny_train_config(model_dir, data_file, out, *extra):
     """A small training config over `model_dir` and `data_file`; `extra` overrides win (later keys replace)."""
     from tunelab.config import load_config
 
-    return load_config(None, [f"model={model_dir}", f"data.path={data_file}", f"output_dir={out}",
-                              "data.template=compact", "seq_len=64", "micro_batch=4", "grad_accum=2",
-                              "log_steps=1", "lr=1e-2", "precision=fp32", *extra])
+    return load_config(
+        None,
+        [
+            f"model={model_dir}",
+            f"data.path={data_file}",
+            f"output_dir={out}",
+            "data.template=compact",
+            "seq_len=64",
+            "micro_batch=4",
+            "grad_accum=2",
+            "log_steps=1",
+            "lr=1e-2",
+            "precision=fp32",
+            *extra,
+        ],
+    )
 
 
 def tiny_optimizer_run(steps: int = 2, seed: int = 0):

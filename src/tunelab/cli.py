@@ -25,7 +25,9 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tunelab", description="Fast LLM fine-tuning that predicts and measures its own time, memory and cost.")
+    parser = argparse.ArgumentParser(
+        prog="tunelab", description="Fast LLM fine-tuning that predicts and measures its own time, memory and cost."
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     if argv is None:  # a real process (not a call from Python): pick the allocator before any work
         from .allocator import reexec_with_jemalloc

@@ -225,8 +225,12 @@ def validate(cfg: TrainConfig, source: str = "config") -> None:
     elif not cfg.lora.targets:
         raise TunelabError(f"{source}: lora.targets is empty; name modules (e.g. [q_proj, v_proj]) or a preset")
     positive = {
-        "seq_len": cfg.seq_len, "micro_batch": cfg.micro_batch, "grad_accum": cfg.grad_accum,
-        "lora.r": cfg.lora.r, "save_total_limit": cfg.save_total_limit, "log_steps": cfg.log_steps,
+        "seq_len": cfg.seq_len,
+        "micro_batch": cfg.micro_batch,
+        "grad_accum": cfg.grad_accum,
+        "lora.r": cfg.lora.r,
+        "save_total_limit": cfg.save_total_limit,
+        "log_steps": cfg.log_steps,
     }
     for key, value in positive.items():
         if value < 1:
@@ -248,14 +252,22 @@ def validate(cfg: TrainConfig, source: str = "config") -> None:
     if cfg.data.max_examples is not None and cfg.data.max_examples < 1:
         raise TunelabError(f"{source}: data.max_examples must be at least 1")
     if cfg.method == "qlora" and cfg.base_quant == "int8":
-        raise TunelabError(f"{source}: method qlora quantizes the base to nf4; drop base_quant: int8 or use method lora")
+        raise TunelabError(
+            f"{source}: method qlora quantizes the base to nf4; drop base_quant: int8 or use method lora"
+        )
     if cfg.model.startswith(RANDOM) and effective_base_quant(cfg) != "none":
-        raise TunelabError(f"{source}: model {cfg.model} has random weights, built unquantized; "
-                           f"{effective_base_quant(cfg)} needs a real checkpoint, or use method lora with base_quant none")
+        raise TunelabError(
+            f"{source}: model {cfg.model} has random weights, built unquantized; "
+            f"{effective_base_quant(cfg)} needs a real checkpoint, or use method lora with base_quant none"
+        )
     if cfg.method == "full" and cfg.base_quant != "none":
-        raise TunelabError(f"{source}: full fine-tuning trains every weight; a quantized base (base_quant) cannot be trained")
+        raise TunelabError(
+            f"{source}: full fine-tuning trains every weight; a quantized base (base_quant) cannot be trained"
+        )
     if cfg.data.format != "alpaca" and cfg.data.template != "alpaca":
-        raise TunelabError(f"{source}: data.template applies to the alpaca format only; drop it for {cfg.data.format!r}")
+        raise TunelabError(
+            f"{source}: data.template applies to the alpaca format only; drop it for {cfg.data.format!r}"
+        )
 
 
 def effective_base_quant(cfg: TrainConfig) -> str:

@@ -1,4 +1,5 @@
 """`python -m tunelab.demo` (`make demo`): the demo lives in commands/demo.py."""
+
 import sys
 from tunelab.commands.demo import main
 

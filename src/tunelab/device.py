@@ -55,9 +55,22 @@ def cpu_flags() -> set[str]:
 
 # oneDNN's ISA levels in order (its ONEDNN_MAX_CPU_ISA values): a cap below AVX512_CORE_BF16 leaves bf16
 # matmuls emulated even where the CPU has bf16 units, so the class follows the cap as well as the flags.
-ONEDNN_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
-               "AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16", "AVX10_1_512_AMX", "AVX512_CORE_AMX",
-               "AVX10_1_512_AMX_FP16", "AVX512_CORE_AMX_FP16")
+ONEDNN_ISAS = (
+    "SSE41",
+    "AVX",
+    "AVX2",
+    "AVX2_VNNI",
+    "AVX2_VNNI_2",
+    "AVX512_CORE",
+    "AVX512_CORE_VNNI",
+    "AVX512_CORE_BF16",
+    "AVX10_1_512",
+    "AVX512_CORE_FP16",
+    "AVX10_1_512_AMX",
+    "AVX512_CORE_AMX",
+    "AVX10_1_512_AMX_FP16",
+    "AVX512_CORE_AMX_FP16",
+)
 
 
 def _isa_cap() -> int:

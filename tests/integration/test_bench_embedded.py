@@ -19,8 +19,10 @@ SHAPE = ["method=lora", "seq_len=128", "micro_batch=2", "precision=auto", "data.
 @pytest.fixture
 def data(tmp_path):
     r = random.Random(0)
-    rows = [{"instruction": f"{a} + {b}", "output": f"{a} + {b} = {a + b}"}
-            for a, b in ((r.randint(0, 10**8), r.randint(0, 10**8)) for _ in range(400))]
+    rows = [
+        {"instruction": f"{a} + {b}", "output": f"{a} + {b} = {a + b}"}
+        for a, b in ((r.randint(0, 10**8), r.randint(0, 10**8)) for _ in range(400))
+    ]
     return write_jsonl(tmp_path / "add.jsonl", rows)
 
 
@@ -31,8 +33,22 @@ def test_calibration_makes_plan_predict_the_measured_rate(data, tmp_path, monkey
     common = [f"data.path={data}", *SHAPE]
     monkeypatch.setenv("TUNELAB_CACHE", str(_cache_with_model(tmp_path)))
     capsys.readouterr()
-    assert main(["bench", "--calibrate", *common, f"output_dir={tmp_path / 'cal'}", "--methods", "lora",
-                 "--steps", "4", "--json"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--calibrate",
+                *common,
+                f"output_dir={tmp_path / 'cal'}",
+                "--methods",
+                "lora",
+                "--steps",
+                "4",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     measured = out["runs"][0]["tokens_padded_per_s"]
     prediction = local_prediction(load_config(None, [*common, "max_steps=60", f"output_dir={tmp_path / 'run'}"]))

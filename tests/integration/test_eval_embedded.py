@@ -18,8 +18,27 @@ N = 8
 def rows_file(tmp_path_factory):
     folder = tmp_path_factory.mktemp("eval-data")
     test = folder / "test.jsonl"
-    assert main(["data", "arithmetic", "--digits", "1-3", "--n", "200", "--templates", "plain",
-                 "--out", str(folder / "train.jsonl"), "--test-out", str(test), "--test-n", str(N)]) == 0
+    assert (
+        main(
+            [
+                "data",
+                "arithmetic",
+                "--digits",
+                "1-3",
+                "--n",
+                "200",
+                "--templates",
+                "plain",
+                "--out",
+                str(folder / "train.jsonl"),
+                "--test-out",
+                str(test),
+                "--test-n",
+                str(N),
+            ]
+        )
+        == 0
+    )
     return test
 
 
@@ -51,8 +70,25 @@ def base(tmp_path_factory, rows_file):
     """The base model scored once: its summary, the --out file and the per-row predictions."""
     folder = tmp_path_factory.mktemp("base")
     out, predictions = folder / "eval.json", folder / "predictions.jsonl"
-    assert main(["eval", "--json", "--data", str(rows_file), "--template", "compact", "--batch-size", str(N),
-                 "--out", str(out), "--predictions", str(predictions)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--json",
+                "--data",
+                str(rows_file),
+                "--template",
+                "compact",
+                "--batch-size",
+                str(N),
+                "--out",
+                str(out),
+                "--predictions",
+                str(predictions),
+            ]
+        )
+        == 0
+    )
     return json.loads(out.read_text()), predictions
 
 
@@ -75,11 +111,29 @@ def test_adapter_run_uses_its_config_and_is_applied(tmp_path, capsys, rows_file,
     # it must answer exactly as the base does. In fp32: the fused LoRA layer's one GEMM over [W | sB] sums
     # in another order than the base's GEMM over W, which in bf16 moves some outputs by an ulp, enough to
     # flip a greedy choice now and then; in fp32 the difference is ~1e-7 relative.
-    run_eval(capsys, "--data", str(rows_file), "--template", "compact", "--precision", "fp32",
-             "--predictions", str(fp32_pred))
+    run_eval(
+        capsys,
+        "--data",
+        str(rows_file),
+        "--template",
+        "compact",
+        "--precision",
+        "fp32",
+        "--predictions",
+        str(fp32_pred),
+    )
     identity = make_run(tmp_path / "identity", init_lora_weights=True)
-    summary = run_eval(capsys, "--data", str(rows_file), "--adapter", str(identity), "--precision", "fp32",
-                       "--predictions", str(same_pred))
+    summary = run_eval(
+        capsys,
+        "--data",
+        str(rows_file),
+        "--adapter",
+        str(identity),
+        "--precision",
+        "fp32",
+        "--predictions",
+        str(same_pred),
+    )
     assert summary["template"] == "compact" and summary["model"] == "embedded"
     assert summary["adapter"] == str(identity)
     assert responses(same_pred) == responses(fp32_pred)

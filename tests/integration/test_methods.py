@@ -17,17 +17,32 @@ def rows_file(tmp_path_factory):
     import random
 
     r = random.Random(0)
-    rows = [{"instruction": f"{a} + {b}", "output": f"{a} + {b} = {a + b}", "answer": str(a + b)}
-            for a, b in ((r.randint(0, 99999), r.randint(0, 99999)) for _ in range(64))]
+    rows = [
+        {"instruction": f"{a} + {b}", "output": f"{a} + {b} = {a + b}", "answer": str(a + b)}
+        for a, b in ((r.randint(0, 99999), r.randint(0, 99999)) for _ in range(64))
+    ]
     return write_jsonl(tmp_path_factory.mktemp("data") / "add.jsonl", rows)
 
 
 @pytest.mark.parametrize("method", ["lora", "dora", "qlora", "full"])
 def test_method_trains_from_the_cli(method, rows_file, tmp_path):
     out = tmp_path / method
-    code = main(["train", "--config", str(QUICKSTART), f"data.path={rows_file}", f"output_dir={out}",
-                 f"method={method}", "max_steps=3", "micro_batch=4", "seq_len=128", "log_steps=1", "lr=1e-3",
-                 "--quiet"])
+    code = main(
+        [
+            "train",
+            "--config",
+            str(QUICKSTART),
+            f"data.path={rows_file}",
+            f"output_dir={out}",
+            f"method={method}",
+            "max_steps=3",
+            "micro_batch=4",
+            "seq_len=128",
+            "log_steps=1",
+            "lr=1e-3",
+            "--quiet",
+        ]
+    )
     assert code == 0
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3]

@@ -21,9 +21,21 @@ def test_peer_on_embedded_model(name, tmp_path, addition_rows):
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
     # In a fresh process, as bench runs peers: peak memory on CPU is RSS growth over the run, and in this
     # long-lived test process pages freed by earlier tests can hold a small run entirely (measured: 0 bytes).
-    rec = _in_fresh_process(functools.partial(
-        peers.run_peer, name, "embedded", str(data), steps=3, warmup=2, seq_len=128, micro_batch=4,
-        lora=peers.LoraSettings(8, 16.0, 0.0, "attn"), template="compact", device="cpu"))
+    rec = _in_fresh_process(
+        functools.partial(
+            peers.run_peer,
+            name,
+            "embedded",
+            str(data),
+            steps=3,
+            warmup=2,
+            seq_len=128,
+            micro_batch=4,
+            lora=peers.LoraSettings(8, 16.0, 0.0, "attn"),
+            template="compact",
+            device="cpu",
+        )
+    )
     assert rec["kind"] == name and rec["steady_window_steps"] == 1
     assert rec["tokens_padded_per_s"] >= rec["tokens_nonpad_per_s"] > rec["tokens_loss_per_s"] > 0
     assert rec["peak_memory_bytes"] > 100 * 2**20  # the 135M-parameter model is in there

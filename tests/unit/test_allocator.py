@@ -21,7 +21,7 @@ def execs(monkeypatch):
 
 def test_reexecutes_the_same_command_with_jemalloc_preloaded(execs):
     allocator.reexec_with_jemalloc()
-    (path, args, env), = execs
+    ((path, args, env),) = execs
     assert path == sys.executable and args == [sys.executable, "-m", "tunelab.demo", "configs/quickstart.yaml"]
     assert env["LD_PRELOAD"] == "/usr/lib/libjemalloc.so.2" and env["MALLOC_CONF"] == allocator.MALLOC_CONF
 

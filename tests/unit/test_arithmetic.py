@@ -11,9 +11,7 @@ from tunelab.errors import TunelabError
 def test_goat_pairs_match_the_seed_formula():
     pairs = ar.goat_pairs()
     # The seed notebook's five blocks, written out independently of the implementation.
-    expected = Counter(
-        (i, j) for start in (1, 3, 6, 9, 12) for i in range(start, 16) for j in range(i, 16)
-    )
+    expected = Counter((i, j) for start in (1, 3, 6, 9, 12) for i in range(start, 16) for j in range(i, 16))
     assert Counter(pairs) == expected
     assert len(pairs) == 120 + 91 + 55 + 28 + 10 == 304
     # Longer pairs sit in more blocks: (1, 15) once, (12, 12) in all five.
@@ -57,8 +55,16 @@ def test_rows_are_correct_for_every_op():
 
 def test_instruction_templates():
     row = ar.make_row("add", 4821, 77, "plain", "expression")
-    assert row == {"instruction": "4821 + 77", "output": "4821 + 77 = 4898", "answer": "4898",
-                   "op": "add", "a": 4821, "b": 77, "digits_a": 4, "digits_b": 2}
+    assert row == {
+        "instruction": "4821 + 77",
+        "output": "4821 + 77 = 4898",
+        "answer": "4898",
+        "op": "add",
+        "a": 4821,
+        "b": 77,
+        "digits_a": 4,
+        "digits_b": 2,
+    }
     assert ar.make_row("add", 4821, 77, "question", "expression")["instruction"] == "What is 4821 plus 77?"
     assert ar.make_row("add", 4821, 77, "calculate", "expression")["instruction"] == "Calculate 4821 + 77."
     assert ar.make_row("div", 4821, 77, "plain", "expression")["answer"] == "62 R 47"
@@ -129,8 +135,11 @@ def test_contamination_corrupts_exactly_the_rate_and_records_the_truth(kind):
 
 def _only_zero_swaps(text: str) -> bool:
     digits = text.lstrip("-")
-    return all(digits[i] == digits[j] or (i == 0 and digits[j] == "0")
-               for i in range(len(digits)) for j in range(i + 1, len(digits)))
+    return all(
+        digits[i] == digits[j] or (i == 0 and digits[j] == "0")
+        for i in range(len(digits))
+        for j in range(i + 1, len(digits))
+    )
 
 
 def test_swap_digits_fallback_still_changes_numbers_with_no_useful_swap():
@@ -152,8 +161,26 @@ def test_contamination_rejects_a_bad_rate():
 def test_held_out_set_shares_no_problem_with_training(tmp_path):
     train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
     # 2-digit add and mul: small enough (8100 ordered pairs) that a careless sampler would collide.
-    args = ["data", "arithmetic", "--ops", "add,mul,sub", "--digits", "1-2", "--n", "3000", "--seed", "3",
-            "--out", str(train), "--test-out", str(test), "--test-n", "500", "--contaminate", "0.1"]
+    args = [
+        "data",
+        "arithmetic",
+        "--ops",
+        "add,mul,sub",
+        "--digits",
+        "1-2",
+        "--n",
+        "3000",
+        "--seed",
+        "3",
+        "--out",
+        str(train),
+        "--test-out",
+        str(test),
+        "--test-n",
+        "500",
+        "--contaminate",
+        "0.1",
+    ]
     assert main(args) == 0
     train_rows = [json.loads(line) for line in train.open()]
     test_rows = [json.loads(line) for line in test.open()]
@@ -173,14 +200,36 @@ def test_held_out_set_shares_no_problem_with_training(tmp_path):
 
 def test_held_out_set_fails_clearly_when_the_ranges_are_exhausted(tmp_path):
     with pytest.raises(TunelabError, match="widen the digit ranges or lower --test-n"):
-        ar.held_out(ar.grid(("add",), (1, 1), (1, 1)), 10, ("plain",), 0,
-                    ar.sample(ar.grid(("add",), (1, 1), (1, 1)), 2000, ("plain",), 0))
+        ar.held_out(
+            ar.grid(("add",), (1, 1), (1, 1)),
+            10,
+            ("plain",),
+            0,
+            ar.sample(ar.grid(("add",), (1, 1), (1, 1)), 2000, ("plain",), 0),
+        )
 
 
 def test_per_operand_digit_ranges(tmp_path):
     out = tmp_path / "mul.jsonl"
-    assert main(["data", "arithmetic", "--ops", "mul", "--digits-a", "3-5", "--digits-b", "1", "--n", "300",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "data",
+                "arithmetic",
+                "--ops",
+                "mul",
+                "--digits-a",
+                "3-5",
+                "--digits-b",
+                "1",
+                "--n",
+                "300",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = [json.loads(line) for line in out.open()]
     assert {r["digits_b"] for r in rows} == {1}
     assert {r["digits_a"] for r in rows} == {3, 4, 5}

@@ -20,8 +20,9 @@ from tunelab.plan.flops import FlopsPerToken
 
 def test_store_roundtrip_filters_and_export(tmp_path):
     db = tmp_path / "r" / "bench.sqlite"
-    a = store.insert(db, {"kind": "tunelab", "method": "lora", "packing": True, "data": {"examples": 3},
-                          "tokens_nonpad_per_s": 10.5})
+    a = store.insert(
+        db, {"kind": "tunelab", "method": "lora", "packing": True, "data": {"examples": 3}, "tokens_nonpad_per_s": 10.5}
+    )
     b = store.insert(db, {"kind": "hf-trainer", "method": "lora", "packing": False})
     assert b == a + 1
     rows = store.query(db, kind="tunelab")
@@ -45,8 +46,12 @@ def test_store_refuses_unknown_keys_and_missing_kind(tmp_path):
 
 def test_sweep_grid_labels_and_errors():
     points = command.sweep_points(["micro_batch=4,8", "packing=true,false"])
-    assert [p[0] for p in points] == ["micro_batch=4 packing=true", "micro_batch=4 packing=false",
-                                      "micro_batch=8 packing=true", "micro_batch=8 packing=false"]
+    assert [p[0] for p in points] == [
+        "micro_batch=4 packing=true",
+        "micro_batch=4 packing=false",
+        "micro_batch=8 packing=true",
+        "micro_batch=8 packing=false",
+    ]
     assert points[1][1] == ["micro_batch=4", "packing=false"]
     assert command.sweep_points([]) == [("", [])]
     with pytest.raises(TunelabError, match="KEY=V1"):
@@ -55,17 +60,20 @@ def test_sweep_grid_labels_and_errors():
     assert command.output_dir([]) == command.DEFAULT_OUTPUT
 
 
-@pytest.mark.parametrize("name,memory_gib,expected", [
-    ("NVIDIA H100 80GB HBM3", 80, "h100-sxm"),
-    ("NVIDIA H100 PCIe", 80, "h100-pcie"),
-    ("NVIDIA H100 NVL", 94, "h100-nvl"),
-    ("NVIDIA A100-SXM4-80GB", 80, "a100-80gb"),
-    ("NVIDIA A100-SXM4-40GB", 40, "a100-40gb"),
-    ("NVIDIA A100 80GB PCIe", 80, "a100-80gb-pcie"),
-    ("NVIDIA GeForce RTX 4090", 24, "rtx-4090"),
-    ("NVIDIA H200", 141, "h200"),
-    ("Tesla T4", 16, None),
-])
+@pytest.mark.parametrize(
+    "name,memory_gib,expected",
+    [
+        ("NVIDIA H100 80GB HBM3", 80, "h100-sxm"),
+        ("NVIDIA H100 PCIe", 80, "h100-pcie"),
+        ("NVIDIA H100 NVL", 94, "h100-nvl"),
+        ("NVIDIA A100-SXM4-80GB", 80, "a100-80gb"),
+        ("NVIDIA A100-SXM4-40GB", 40, "a100-40gb"),
+        ("NVIDIA A100 80GB PCIe", 80, "a100-80gb-pcie"),
+        ("NVIDIA GeForce RTX 4090", 24, "rtx-4090"),
+        ("NVIDIA H200", 141, "h200"),
+        ("Tesla T4", 16, None),
+    ],
+)
 def test_catalog_match_of_torch_device_names(name, memory_gib, expected):
     row = measure.catalog_match(name, memory_gib * 2**30)
     assert (row.id if row else None) == expected
@@ -81,10 +89,10 @@ def test_mfu_hfu_and_efficiency_follow_metrics_md():
 def test_fit_keeps_achieved_rates_of_methods_not_remeasured():
     f = FlopsPerToken(dense=1e9, attention=0.0, adapters=0.0, recompute=0.0)
     peak = measure.Peak(2e12, "bf16", "probe", {"bf16": 2e12})
-    old = calibrate.fit("k", "cpu", measure.Peak(1e12, "bf16", "old", {}),
-                        [calibrate.Point("full", 100.0, f, 10, 4)])
-    rec = calibrate.fit("k", "cpu", peak, [calibrate.Point("lora", 500.0, f, 900, 600), calibrate.Point("full", 300.0, f, 5, 1)],
-                        old)
+    old = calibrate.fit("k", "cpu", measure.Peak(1e12, "bf16", "old", {}), [calibrate.Point("full", 100.0, f, 10, 4)])
+    rec = calibrate.fit(
+        "k", "cpu", peak, [calibrate.Point("lora", 500.0, f, 900, 600), calibrate.Point("full", 300.0, f, 5, 1)], old
+    )
     assert rec.efficiency["lora"] == pytest.approx(500 * 1e9 / 2e12)
     assert rec.efficiency["full"] == pytest.approx(300 * 1e9 / 2e12)  # re-measured: the new figure wins
     assert rec.runtime_overhead_bytes == 300  # from the first point (the config's method)
@@ -95,8 +103,15 @@ def test_fit_keeps_achieved_rates_of_methods_not_remeasured():
 @pytest.fixture
 def bench_args(tiny_model_dir, addition_rows, tmp_path):
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows * 4)
-    return [f"model={tiny_model_dir}", f"data.path={data}", "data.template=compact", "seq_len=64",
-            "micro_batch=2", "precision=fp32", f"output_dir={tmp_path / 'bench'}"]
+    return [
+        f"model={tiny_model_dir}",
+        f"data.path={data}",
+        "data.template=compact",
+        "seq_len=64",
+        "micro_batch=2",
+        "precision=fp32",
+        f"output_dir={tmp_path / 'bench'}",
+    ]
 
 
 def test_bench_sweep_json_stores_every_point_and_exports(bench_args, tmp_path, capsys):
@@ -123,13 +138,16 @@ def test_bench_sweep_json_stores_every_point_and_exports(bench_args, tmp_path, c
 
 def test_calibrate_writes_a_record_plan_reads(bench_args, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TUNELAB_CACHE", str(tmp_path / "cache"))
-    assert main(["bench", "--calibrate", *bench_args, "--methods", "lora", "--steps", "2", "--warmup", "1", "--json"]) == 0
+    assert (
+        main(["bench", "--calibrate", *bench_args, "--methods", "lora", "--steps", "2", "--warmup", "1", "--json"]) == 0
+    )
     out = json.loads(capsys.readouterr().out)
     key = out["calibration"]["device_key"]
     record = load_calibration(key)
     run = out["runs"][0]
     assert record.efficiency["lora"] == pytest.approx(
-        run["tokens_padded_per_s"] * run["hardware_flops_per_token"] / record.peak_flops)
+        run["tokens_padded_per_s"] * run["hardware_flops_per_token"] / record.peak_flops
+    )
     # No record existed before, so plan's prediction carried the catalog's CPU overhead; the record keeps the
     # measured peak minus the model without it.
     overhead = run["peak_memory_bytes"] - run["predicted"]["peak_memory_bytes"] + catalog.runtime_overhead("cpu")
@@ -154,8 +172,24 @@ def test_bench_errors_before_measuring(bench_args, capsys):
 
 
 def test_bench_peer_interleaves_runs_and_prints_ratios(bench_args, tmp_path, capsys):
-    assert main(["bench", *bench_args, "--steps", "2", "--warmup", "1", "--peer", "hf-trainer-tuned",
-                 "--rounds", "1", "--json"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                *bench_args,
+                "--steps",
+                "2",
+                "--warmup",
+                "1",
+                "--peer",
+                "hf-trainer-tuned",
+                "--rounds",
+                "1",
+                "--json",
+            ]
+        )
+        == 0
+    )
     (row,) = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert row["kind"] == "hf-trainer-tuned" and row["runs"] == 1 and row["tunelab_runs"] == 1
     assert row["tokens_nonpad_ratio"] == pytest.approx(row["tunelab_tokens_nonpad_per_s"] / row["tokens_nonpad_per_s"])

@@ -20,8 +20,12 @@ def test_step_statistics_median_p90_max():
     assert stats["step_time_median_s"] == stats["step_time_s"] == 0.5
     assert stats["step_time_p90_s"] == pytest.approx(0.6 + 0.1 * (2.0 - 0.6))
     assert stats["step_time_max_s"] == 2.0
-    assert step_statistics([0.3]) == {"step_time_s": 0.3, "step_time_median_s": 0.3, "step_time_p90_s": 0.3,
-                                      "step_time_max_s": 0.3}
+    assert step_statistics([0.3]) == {
+        "step_time_s": 0.3,
+        "step_time_median_s": 0.3,
+        "step_time_p90_s": 0.3,
+        "step_time_max_s": 0.3,
+    }
     assert all(math.isnan(v) for v in step_statistics([]).values())
 
 
@@ -44,13 +48,22 @@ def test_gpu_suite_shape():
     suite = suitemod.load_suite("gpu")
     assert suite.config["seq_len"] == 2048
     kinds = {(r.model, r.method, r.compile, r.grad_ckpt) for r in suite.rows}
-    assert ("random:llama-3.2-1b", "lora", True, False) in kinds and ("random:llama-3.1-8b", "qlora", False, False) in kinds
+    assert ("random:llama-3.2-1b", "lora", True, False) in kinds and (
+        "random:llama-3.1-8b",
+        "qlora",
+        False,
+        False,
+    ) in kinds
     assert not any(r.skip_reason for r in suite.rows)
 
 
 def write_suite(path, rows, **extra):
-    suite = {"data": {"rows": 48, "prompt_tokens": "8-24", "response_tokens": "16-48"},
-             "config": {"seq_len": 64, "precision": "fp32"}, "rows": rows, **extra}
+    suite = {
+        "data": {"rows": 48, "prompt_tokens": "8-24", "response_tokens": "16-48"},
+        "config": {"seq_len": 64, "precision": "fp32"},
+        "rows": rows,
+        **extra,
+    }
     path.write_text(json.dumps({"suites": {"mini": suite}}))  # JSON is YAML
     return path
 
@@ -105,13 +118,36 @@ def test_cpu_suite_end_to_end(tmp_path):
 
 
 def test_a_failing_row_is_recorded_and_the_rest_run(tmp_path):
-    tiny = {"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,
-            "num_key_value_heads": 1, "head_dim": 16}
-    path = write_suite(tmp_path / "mini.yaml", [
-        {"name": "typo", "model": "random:llama-3.1-8", "method": "lora", "micro_batch": 2, "steps": 1, "warmup": 1},
-        {"name": "ok", "model": "random:smollm2-135m", "shape": tiny, "method": "lora", "micro_batch": 2,
-         "steps": 1, "warmup": 1},
-    ])
+    tiny = {
+        "num_hidden_layers": 1,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+    }
+    path = write_suite(
+        tmp_path / "mini.yaml",
+        [
+            {
+                "name": "typo",
+                "model": "random:llama-3.1-8",
+                "method": "lora",
+                "micro_batch": 2,
+                "steps": 1,
+                "warmup": 1,
+            },
+            {
+                "name": "ok",
+                "model": "random:smollm2-135m",
+                "shape": tiny,
+                "method": "lora",
+                "micro_batch": 2,
+                "steps": 1,
+                "warmup": 1,
+            },
+        ],
+    )
     out = tmp_path / "out"
     assert main(["bench", "--suite", str(path), "--out", str(out), f"output_dir={tmp_path / 'runs'}"]) == 0
     _, records, md = _records(out)

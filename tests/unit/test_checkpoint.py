@@ -46,11 +46,15 @@ def drop_manifest(path):
     (path / checkpoint.MANIFEST).unlink()
 
 
-@pytest.mark.parametrize("damage, reason", [
-    (truncate, "trainable.safetensors has 140 bytes, the manifest says 280"),
-    (flip_a_byte, "resume.safetensors does not match its sha256"),
-    (drop_manifest, "no manifest.json"),
-], ids=["truncated", "flipped-byte", "no-manifest"])
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        (truncate, "trainable.safetensors has 140 bytes, the manifest says 280"),
+        (flip_a_byte, "resume.safetensors does not match its sha256"),
+        (drop_manifest, "no manifest.json"),
+    ],
+    ids=["truncated", "flipped-byte", "no-manifest"],
+)
 def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(two_checkpoints, capsys, damage, reason):
     folder, (previous, latest) = two_checkpoints
     damage(latest)
@@ -63,8 +67,11 @@ def test_no_valid_checkpoint_is_one_line_error(two_checkpoints):
     folder, paths = two_checkpoints
     for path in paths:
         drop_manifest(path)
-    with pytest.raises(TunelabError, match=r"^resume: no valid checkpoint in .*checkpoints \(newest step-0000004: "
-                                           r"no manifest.json\); set resume: false to start over$"):
+    with pytest.raises(
+        TunelabError,
+        match=r"^resume: no valid checkpoint in .*checkpoints \(newest step-0000004: "
+        r"no manifest.json\); set resume: false to start over$",
+    ):
         checkpoint.find(folder, True)
 
 

@@ -26,10 +26,27 @@ def test_shipped_configs_include_the_seed_recipes():
 
 def test_every_required_dotted_override(tmp_path):
     overrides = [
-        "model=/some/dir", "data.path=rows.jsonl", "data.format=chat", "method=dora", "lora.r=32",
-        "lora.alpha=64", "lora.dropout=0.05", "lora.targets=[q_proj,v_proj]", "seq_len=1024", "micro_batch=4",
-        "grad_accum=2", "epochs=2", "max_steps=100", "lr=1e-4", "precision=bf16", "packing=false",
-        "grad_ckpt=true", "save_steps=50", "save_total_limit=3", "output_dir=out", "seed=7",
+        "model=/some/dir",
+        "data.path=rows.jsonl",
+        "data.format=chat",
+        "method=dora",
+        "lora.r=32",
+        "lora.alpha=64",
+        "lora.dropout=0.05",
+        "lora.targets=[q_proj,v_proj]",
+        "seq_len=1024",
+        "micro_batch=4",
+        "grad_accum=2",
+        "epochs=2",
+        "max_steps=100",
+        "lr=1e-4",
+        "precision=bf16",
+        "packing=false",
+        "grad_ckpt=true",
+        "save_steps=50",
+        "save_total_limit=3",
+        "output_dir=out",
+        "seed=7",
     ]
     cfg = load_config(None, overrides)
     assert (cfg.model, cfg.data.path, cfg.data.format, cfg.method) == ("/some/dir", "rows.jsonl", "chat", "dora")
@@ -51,21 +68,27 @@ def test_yaml_file_plus_override(tmp_path):
     assert cfg.lr == 3e-4 and cfg.lora.r == 4
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["lora.rank=8"], "did you mean 'lora.r'"),
-    (["learning_rate=1e-4"], "unknown key 'learning_rate'"),
-    (["micro_batch=two"], "micro_batch must be int"),
-    (["packing=maybe"], "packing must be bool"),
-    (["method=qlroa"], "did you mean 'qlora'"),
-    (["micro_batch=0"], "micro_batch must be at least 1"),
-    (["method=qlora", "base_quant=int8"], "qlora"),
-    (["method=full", "base_quant=nf4"], "full fine-tuning"),
-    (["lora.targets=everything"], "lora.targets must be one of"),
-    (["data.format=chat", "data.template=compact"], "data.template"),
-    (["lr=0"], "lr must be positive"),
-    (["justakey"], "expected key=value"),
-    (["data.shuffle=false"], r"key 'data.shuffle' was removed \(batches are always shuffled, by `seed`\); delete it"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["lora.rank=8"], "did you mean 'lora.r'"),
+        (["learning_rate=1e-4"], "unknown key 'learning_rate'"),
+        (["micro_batch=two"], "micro_batch must be int"),
+        (["packing=maybe"], "packing must be bool"),
+        (["method=qlroa"], "did you mean 'qlora'"),
+        (["micro_batch=0"], "micro_batch must be at least 1"),
+        (["method=qlora", "base_quant=int8"], "qlora"),
+        (["method=full", "base_quant=nf4"], "full fine-tuning"),
+        (["lora.targets=everything"], "lora.targets must be one of"),
+        (["data.format=chat", "data.template=compact"], "data.template"),
+        (["lr=0"], "lr must be positive"),
+        (["justakey"], "expected key=value"),
+        (
+            ["data.shuffle=false"],
+            r"key 'data.shuffle' was removed \(batches are always shuffled, by `seed`\); delete it",
+        ),
+    ],
+)
 def test_bad_values_fail_with_the_key(overrides, message):
     with pytest.raises(TunelabError, match=message):
         load_config(None, overrides)

@@ -1,4 +1,3 @@
-
 import numpy as np
 import pytest
 import torch
@@ -42,9 +41,15 @@ def test_train_on_inputs_trains_the_prompt_too(tmp_path, tokenizer):
 
 
 def test_chat_trains_only_assistant_turns(tmp_path, tokenizer):
-    row = {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"},
-                        {"role": "assistant", "content": "yo"}, {"role": "user", "content": "q"},
-                        {"role": "assistant", "content": "a"}]}
+    row = {
+        "messages": [
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "yo"},
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a"},
+        ]
+    }
     path = write_jsonl(tmp_path / "c.jsonl", [row])
     data = prepare(spec(path, "chat", template="alpaca"), tokenizer)
     # Each assistant turn's content and its end-of-turn marker (the template's stop token, so no EOS is
@@ -60,8 +65,11 @@ def test_completion_and_text(tmp_path, tokenizer):
 
 
 def test_truncation_and_dropping_are_counted(tmp_path, tokenizer):
-    rows = [{"instruction": "x" * 80, "output": "y"}, {"instruction": "1", "output": "z" * 80},
-            {"instruction": "1", "output": "2"}]
+    rows = [
+        {"instruction": "x" * 80, "output": "y"},
+        {"instruction": "1", "output": "z" * 80},
+        {"instruction": "1", "output": "2"},
+    ]
     data = prepare(spec(write_jsonl(tmp_path / "d.jsonl", rows), seq_len=40), tokenizer)
     s = data.stats
     assert (s.rows, s.examples, s.truncated, s.dropped) == (3, 2, 1, 1)
@@ -78,12 +86,15 @@ def test_csv_and_parquet(tmp_path, tokenizer):
     assert prepare(spec(tmp_path / "r.parquet"), tokenizer).stats.examples == 3
 
 
-@pytest.mark.parametrize("content, message", [
-    ('{"instruction": "a", "output": "b"}\n{"instruction": "a", "output"\n', r"bad.jsonl:2: not valid JSON"),
-    ('{"instruction": "a", "output": "b"}\n{"instruction": "a"}\n', r"bad.jsonl:2: missing field 'output'"),
-    ("\n\n", "the dataset is empty"),
-    ('[1, 2]\n', r"bad.jsonl:1: each line must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"instruction": "a", "output": "b"}\n{"instruction": "a", "output"\n', r"bad.jsonl:2: not valid JSON"),
+        ('{"instruction": "a", "output": "b"}\n{"instruction": "a"}\n', r"bad.jsonl:2: missing field 'output'"),
+        ("\n\n", "the dataset is empty"),
+        ("[1, 2]\n", r"bad.jsonl:1: each line must be a JSON object"),
+    ],
+)
 def test_bad_jsonl_names_file_and_line(tmp_path, tokenizer, content, message):
     path = tmp_path / "bad.jsonl"
     path.write_text(content)
@@ -170,23 +181,32 @@ def test_packed_loss_equals_one_by_one(tokenizer, tmp_path):
 
     def loss_of(batch, select=slice(None)):
         positions = None if batch.position_ids is None else torch.from_numpy(batch.position_ids)
-        return model(torch.from_numpy(batch.input_ids), positions, torch.from_numpy(batch.loss_index[select]),
-                     torch.from_numpy(batch.loss_targets[select])).item()
+        return model(
+            torch.from_numpy(batch.input_ids),
+            positions,
+            torch.from_numpy(batch.loss_index[select]),
+            torch.from_numpy(batch.loss_targets[select]),
+        ).item()
 
     with torch.no_grad():
         packed_total = loss_of(packed)
         singles = [loss_of(collate(data, [[i]], 128, tokenizer.pad_token_id, packing=False)) for i in range(3)]
         # Per sequence inside the packed row: that sequence's targets only.
         offsets = np.concatenate([[0], np.cumsum(data.lengths)])
-        per_seq = [loss_of(packed, (packed.loss_index >= offsets[i]) & (packed.loss_index < offsets[i + 1]))
-                   for i in range(3)]
+        per_seq = [
+            loss_of(packed, (packed.loss_index >= offsets[i]) & (packed.loss_index < offsets[i + 1])) for i in range(3)
+        ]
     assert per_seq == pytest.approx(singles, rel=1e-5)
     assert packed_total == pytest.approx(sum(singles), rel=1e-5)
 
     # Control: without restarted positions the packed row attends across sequences and the loss changes.
     with torch.no_grad():
-        leaky = model(torch.from_numpy(packed.input_ids), None, torch.from_numpy(packed.loss_index),
-                      torch.from_numpy(packed.loss_targets)).item()
+        leaky = model(
+            torch.from_numpy(packed.input_ids),
+            None,
+            torch.from_numpy(packed.loss_index),
+            torch.from_numpy(packed.loss_targets),
+        ).item()
     assert leaky != pytest.approx(sum(singles), rel=1e-3)
 
 
@@ -198,10 +218,12 @@ def test_packed_slot_attention_matches_one_by_one(tokenizer, tmp_path, monkeypat
     # The slot path, not the block-diagonal-mask fallback (which would also match), must be the one tested.
     gathers, products = [], []
     regather, slot_attention = attention._Regather.forward, attention._SlotAttention.forward
-    monkeypatch.setattr(attention._Regather, "forward",
-                        staticmethod(lambda ctx, *a: gathers.append(1) or regather(ctx, *a)))
-    monkeypatch.setattr(attention._SlotAttention, "forward",
-                        staticmethod(lambda ctx, *a: products.append(1) or slot_attention(ctx, *a)))
+    monkeypatch.setattr(
+        attention._Regather, "forward", staticmethod(lambda ctx, *a: gathers.append(1) or regather(ctx, *a))
+    )
+    monkeypatch.setattr(
+        attention._SlotAttention, "forward", staticmethod(lambda ctx, *a: products.append(1) or slot_attention(ctx, *a))
+    )
 
     rows = [{"instruction": f"{a} + {b}", "output": f"{a + b}"} for a, b in [(1, 22), (333, 4), (55, 66), (7, 8)]]
     data = prepare(spec(write_jsonl(tmp_path / "p.jsonl", rows), seq_len=128, train_on_inputs=True), tokenizer)
@@ -215,8 +237,13 @@ def test_packed_slot_attention_matches_one_by_one(tokenizer, tmp_path, monkeypat
     def run(batch):
         model.zero_grad()
         positions = None if batch.position_ids is None else torch.from_numpy(batch.position_ids)
-        loss = wrapped(torch.from_numpy(batch.input_ids), positions, torch.from_numpy(batch.loss_index),
-                       torch.from_numpy(batch.loss_targets), batch.layout)
+        loss = wrapped(
+            torch.from_numpy(batch.input_ids),
+            positions,
+            torch.from_numpy(batch.loss_index),
+            torch.from_numpy(batch.loss_targets),
+            batch.layout,
+        )
         loss.backward()
         return loss.item(), model.model.layers[0].self_attn.q_proj.weight.grad.clone()
 

@@ -16,9 +16,26 @@ def test_a_budget_too_small_to_learn_is_one_line_naming_minutes(tiny_model_dir, 
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "run"
     (tmp_path / "c.yaml").write_text("")
-    code = demo.main([str(tmp_path / "c.yaml"), "--minutes", "0.01", "--skip-base", "--train-rows", "2000", "--test-rows", "20",
-                      f"model={tiny_model_dir}", f"output_dir={out}", f"data.path={out / 'data' / 'train.jsonl'}",
-                      "data.template=compact", "seq_len=64", "micro_batch=4", "precision=fp32", "compile=false"])
+    code = demo.main(
+        [
+            str(tmp_path / "c.yaml"),
+            "--minutes",
+            "0.01",
+            "--skip-base",
+            "--train-rows",
+            "2000",
+            "--test-rows",
+            "20",
+            f"model={tiny_model_dir}",
+            f"output_dir={out}",
+            f"data.path={out / 'data' / 'train.jsonl'}",
+            "data.template=compact",
+            "seq_len=64",
+            "micro_batch=4",
+            "precision=fp32",
+            "compile=false",
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert len(err.splitlines()) == 1 and "--minutes 0.01" in err and "raise --minutes" in err

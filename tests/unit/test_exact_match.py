@@ -81,8 +81,12 @@ def test_score_overall_and_breakdowns():
 
 def test_read_rows_limit_and_blank_lines(tmp_path):
     path = tmp_path / "rows.jsonl"
-    path.write_text("".join(json.dumps({"instruction": f"{i} + 1", "output": f"{i} + 1 = {i + 1}", "answer": str(i + 1)}) + "\n\n"
-                            for i in range(5)))
+    path.write_text(
+        "".join(
+            json.dumps({"instruction": f"{i} + 1", "output": f"{i} + 1 = {i + 1}", "answer": str(i + 1)}) + "\n\n"
+            for i in range(5)
+        )
+    )
     assert [r["answer"] for r in read_rows(path, "alpaca", None)] == ["1", "2", "3", "4", "5"]
     assert len(read_rows(path, "alpaca", 2)) == 2
 
@@ -90,7 +94,10 @@ def test_read_rows_limit_and_blank_lines(tmp_path):
 @pytest.mark.parametrize(
     "lines, message",
     [
-        (['{"instruction": "1 + 1", "output": "1 + 1 = 2", "answer": "2"}', "{not json"], "rows.jsonl:2: not valid JSON"),
+        (
+            ['{"instruction": "1 + 1", "output": "1 + 1 = 2", "answer": "2"}', "{not json"],
+            "rows.jsonl:2: not valid JSON",
+        ),
         (['{"instruction": "1 + 1", "output": "1 + 1 = 2"}'], "rows.jsonl:1: no 'answer' field"),
         (['{"instruction": "1 + 1", "output": "1 + 1 = 2", "answer": "two"}'], "rows.jsonl:1: answer 'two'"),
         (['{"output": "1 + 1 = 2", "answer": "2"}'], "rows.jsonl:1: missing field 'instruction'"),
@@ -147,7 +154,10 @@ def test_eval_prompt_tokens_are_exactly_the_training_prompt(tmp_path, addition_r
     data = prepare(DataSpec(str(path), "alpaca", template, False, 512), tok)
     prompts = prompt_ids(tok, [prompt_text("alpaca", template, row) for row in addition_rows[:8]])
     for i, prompt in enumerate(prompts):
-        ids, targets = data.ids[data.offsets[i]: data.offsets[i + 1]], data.targets[data.offsets[i]: data.offsets[i + 1]]
+        ids, targets = (
+            data.ids[data.offsets[i] : data.offsets[i + 1]],
+            data.targets[data.offsets[i] : data.offsets[i + 1]],
+        )
         first_learned = next(t for t, target in enumerate(targets) if target != IGNORE)
         assert prompt == ids[: first_learned + 1].tolist()  # everything before the first response token
         assert (prompt[0] == tok.bos_token_id) == bos

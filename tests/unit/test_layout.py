@@ -38,9 +38,11 @@ def modules_under(folder: str) -> list[Path]:
 
 
 def test_plan_for_a_catalog_gpu_does_not_import_torch():
-    code = ("import sys; from tunelab.cli import main; "
-            "rc = main(['plan', '--gpu', 'h100-sxm', '--model', 'meta-llama/Llama-3.1-8B', '--examples', '1000']); "
-            "print('rc', rc); print('torch loaded', 'torch' in sys.modules)")
+    code = (
+        "import sys; from tunelab.cli import main; "
+        "rc = main(['plan', '--gpu', 'h100-sxm', '--model', 'meta-llama/Llama-3.1-8B', '--examples', '1000']); "
+        "print('rc', rc); print('torch loaded', 'torch' in sys.modules)"
+    )
     env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert "rc 0" in out.stdout, out.stderr
@@ -48,14 +50,22 @@ def test_plan_for_a_catalog_gpu_does_not_import_torch():
 
 
 def test_plan_imports_neither_train_nor_model():
-    offenders = {f"{p.name}: {m}" for p in modules_under("plan") for m in imported_modules(p)
-                 if m.startswith(("tunelab.train", "tunelab.model"))}
+    offenders = {
+        f"{p.name}: {m}"
+        for p in modules_under("plan")
+        for m in imported_modules(p)
+        if m.startswith(("tunelab.train", "tunelab.model"))
+    }
     assert not offenders
 
 
 def test_commands_never_import_each_other():
-    offenders = {f"{p.name}: {m}" for p in modules_under("commands") for m in imported_modules(p)
-                 if m.startswith("tunelab.commands.") and m.split(".")[2] != p.stem}
+    offenders = {
+        f"{p.name}: {m}"
+        for p in modules_under("commands")
+        for m in imported_modules(p)
+        if m.startswith("tunelab.commands.") and m.split(".")[2] != p.stem
+    }
     assert not offenders
 
 

@@ -230,8 +230,9 @@ def test_packed_inference_weight_computes_the_fused_result_from_one_copy_of_w():
 def nf4_linear(dense: torch.nn.Linear) -> torch.nn.Module:
     """A bitsandbytes nf4 copy of `dense` computing in bf16 (QLoRA's base layer)."""
     bnb = pytest.importorskip("bitsandbytes")
-    quantized = bnb.nn.Linear4bit(dense.in_features, dense.out_features, bias=True,
-                                  compute_dtype=torch.bfloat16, quant_type="nf4")
+    quantized = bnb.nn.Linear4bit(
+        dense.in_features, dense.out_features, bias=True, compute_dtype=torch.bfloat16, quant_type="nf4"
+    )
     quantized.load_state_dict(dense.state_dict())
     quantized.bias.data = quantized.bias.data.to(torch.bfloat16)
     return quantized.to("cpu")  # bitsandbytes quantizes on the move to a device

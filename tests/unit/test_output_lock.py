@@ -21,7 +21,9 @@ def test_a_second_holder_fails_naming_the_first(tmp_path):
             with lock_output_dir(out):
                 pass
     message = str(second.value)
-    assert message.startswith(f"output_dir {out} is in use by PID {os.getpid()} on host {socket.gethostname()} (started ")
+    assert message.startswith(
+        f"output_dir {out} is in use by PID {os.getpid()} on host {socket.gethostname()} (started "
+    )
     assert message.endswith("); wait for it or choose another output_dir") and "\n" not in message
     with lock_output_dir(out):  # released on exit
         pass
@@ -39,10 +41,17 @@ def test_a_run_that_created_output_dir_and_wrote_nothing_removes_it(tmp_path):
 def test_train_on_a_dir_locked_by_another_process_fails_at_once_and_kill_9_frees_it(tmp_path, capsys):
     out = tmp_path / "run"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, pathlib; from tunelab.train.lock import lock_output_dir\n"
-                               f"with lock_output_dir(pathlib.Path({str(out)!r})):\n"
-                               "    print('locked', flush=True); sys.stdin.read()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, pathlib; from tunelab.train.lock import lock_output_dir\n"
+            f"with lock_output_dir(pathlib.Path({str(out)!r})):\n"
+            "    print('locked', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline() == "locked\n"
         config = tmp_path / "c.yaml"

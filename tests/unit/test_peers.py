@@ -34,8 +34,11 @@ def test_token_meter_sums_training_forwards_only():
     meter = peers.TokenMeter()
     model = torch.nn.Linear(2, 2)
     handle = model.register_forward_pre_hook(meter.hook, with_kwargs=True)
-    batch = dict(input_ids=torch.ones(2, 4, dtype=torch.long), attention_mask=torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]]),
-                 labels=torch.tensor([[-100, 1, -100, -100], [-100, 1, 1, -100]]))
+    batch = dict(
+        input_ids=torch.ones(2, 4, dtype=torch.long),
+        attention_mask=torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]]),
+        labels=torch.tensor([[-100, 1, -100, -100], [-100, 1, 1, -100]]),
+    )
 
     def forward(input_ids, attention_mask, labels):
         return None
@@ -60,8 +63,9 @@ def test_prompt_is_tunelabs_own_rendering():
 
 
 def test_seed_tokenization_pads_to_max_length_and_masks_prompt_and_padding(tokenizer):
-    prompt, response = peers.prompt_and_response("alpaca", "compact", {"instruction": "1 + 2", "output": "3"},
-                                                 tokenizer.eos_token)
+    prompt, response = peers.prompt_and_response(
+        "alpaca", "compact", {"instruction": "1 + 2", "output": "3"}, tokenizer.eos_token
+    )
     enc = peers.tokenize_masked(tokenizer, prompt, response, 64, pad_to_max=True)
     n_prompt = len(tokenizer(prompt)["input_ids"])
     n_full = len(tokenizer(prompt + response)["input_ids"])
@@ -98,8 +102,17 @@ def test_tuned_peer_measures_exactly_the_tokens_it_trains_on(tmp_path, tiny_mode
     counts are known in advance from the tokenizer alone."""
     rows = addition_rows[:16]
     data = write_jsonl(tmp_path / "add.jsonl", rows)
-    rec = peers.run_peer("hf-trainer-tuned", str(tiny_model_dir), str(data), steps=4, warmup=2,
-                         lora=peers.LoraSettings(4, 8.0, 0.0, "attn"), seq_len=128, template="compact", device="cpu")
+    rec = peers.run_peer(
+        "hf-trainer-tuned",
+        str(tiny_model_dir),
+        str(data),
+        steps=4,
+        warmup=2,
+        lora=peers.LoraSettings(4, 8.0, 0.0, "attn"),
+        seq_len=128,
+        template="compact",
+        device="cpu",
+    )
     full, prompt = [], []
     for row in rows:
         p, r = peers.prompt_and_response("alpaca", "compact", row, tokenizer.eos_token)
@@ -127,14 +140,23 @@ def test_peer_needs_a_window():
 
 
 def _rec(kind, nonpad, padded, loss, mem):
-    return {"kind": kind, "tokens_nonpad_per_s": nonpad, "tokens_padded_per_s": padded, "tokens_loss_per_s": loss,
-            "peak_memory_bytes": mem}
+    return {
+        "kind": kind,
+        "tokens_nonpad_per_s": nonpad,
+        "tokens_padded_per_s": padded,
+        "tokens_loss_per_s": loss,
+        "peak_memory_bytes": mem,
+    }
 
 
 def test_compare_uses_the_mean_of_interleaved_tunelab_runs():
-    records = [_rec("tunelab", 1000, 1100, 100, 200), _rec("hf-trainer-seed", 250, 1000, 20, 400),
-               _rec("tunelab", 1200, 1300, 120, 220), _rec("hf-trainer-tuned", 550, 600, 50, 300),
-               _rec("hf-trainer-seed", 300, 1000, 30, 400)]
+    records = [
+        _rec("tunelab", 1000, 1100, 100, 200),
+        _rec("hf-trainer-seed", 250, 1000, 20, 400),
+        _rec("tunelab", 1200, 1300, 120, 220),
+        _rec("hf-trainer-tuned", 550, 600, 50, 300),
+        _rec("hf-trainer-seed", 300, 1000, 30, 400),
+    ]
     seed, tuned = peers.compare(records)
     assert seed["kind"] == "hf-trainer-seed" and tuned["kind"] == "hf-trainer-tuned"
     assert seed["tunelab_tokens_nonpad_per_s"] == 1100 and seed["tokens_nonpad_per_s"] == 275

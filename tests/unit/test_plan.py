@@ -59,13 +59,34 @@ def test_flops_llama2_7b_hand_count():
 
 
 def small_arch() -> archmod.Arch:
-    return archmod.Arch("toy", hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=128,
-                        vocab=100, max_positions=64, tied=False, source="test")
+    return archmod.Arch(
+        "toy",
+        hidden=64,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        head_dim=16,
+        intermediate=128,
+        vocab=100,
+        max_positions=64,
+        tied=False,
+        source="test",
+    )
 
 
 def setup(**kw) -> memory.MemorySetup:
-    base = dict(method="lora", base_quant="none", compute_bytes=2, micro_batch=2, row_len=10, loss_rows=5,
-                loss_chunk=2048, grad_ckpt=False, targets=("q_proj", "v_proj"), r=8)
+    base = dict(
+        method="lora",
+        base_quant="none",
+        compute_bytes=2,
+        micro_batch=2,
+        row_len=10,
+        loss_rows=5,
+        loss_chunk=2048,
+        grad_ckpt=False,
+        targets=("q_proj", "v_proj"),
+        r=8,
+    )
     return memory.MemorySetup(**{**base, **kw})
 
 
@@ -136,10 +157,22 @@ def test_catalog_rows_have_sources_and_dense_peaks():
 
 
 def test_registry_covers_issue_models():
-    for name in ["meta-llama/Llama-2-13b-hf", "meta-llama/Llama-2-70b-hf", "meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B",
-                 "meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.2-3B", "mistralai/Mistral-7B-v0.1", "Qwen/Qwen2.5-0.5B",
-                 "Qwen/Qwen2.5-7B", "TinyLlama/TinyLlama-1.1B-Chat-v1.0", "google/gemma-2-2b", "HuggingFaceTB/SmolLM2-135M",
-                 "HuggingFaceTB/SmolLM2-360M", "HuggingFaceTB/SmolLM2-1.7B"]:
+    for name in [
+        "meta-llama/Llama-2-13b-hf",
+        "meta-llama/Llama-2-70b-hf",
+        "meta-llama/Llama-3.1-8B",
+        "meta-llama/Llama-3.1-70B",
+        "meta-llama/Llama-3.2-1B",
+        "meta-llama/Llama-3.2-3B",
+        "mistralai/Mistral-7B-v0.1",
+        "Qwen/Qwen2.5-0.5B",
+        "Qwen/Qwen2.5-7B",
+        "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
+        "google/gemma-2-2b",
+        "HuggingFaceTB/SmolLM2-135M",
+        "HuggingFaceTB/SmolLM2-360M",
+        "HuggingFaceTB/SmolLM2-1.7B",
+    ]:
         assert archmod.resolve_arch(name).total_params > 0
     assert round(archmod.resolve_arch("meta-llama/Llama-3.1-8B").total_params / 1e6) == 8030
 
@@ -199,9 +232,23 @@ def test_matmul_probe_stays_small_where_a_product_is_slow(monkeypatch):
 
 
 def test_cli_json_fields(capsys):
-    (rec,) = plan_json(capsys, "--config", "configs/goat-7b.yaml", "--examples", "304000", "--mean-tokens", "40", "--gpu", "a100-80gb")
-    for key in ["tokens_per_s", "time_s", "peak_memory_bytes", "memory_breakdown", "fits", "max_micro_batch", "optimizer_steps",
-                "checkpoints_written", "tokens_total_nonpad", "tokens_total_padded", "flops_per_token", "cost_usd"]:
+    (rec,) = plan_json(
+        capsys, "--config", "configs/goat-7b.yaml", "--examples", "304000", "--mean-tokens", "40", "--gpu", "a100-80gb"
+    )
+    for key in [
+        "tokens_per_s",
+        "time_s",
+        "peak_memory_bytes",
+        "memory_breakdown",
+        "fits",
+        "max_micro_batch",
+        "optimizer_steps",
+        "checkpoints_written",
+        "tokens_total_nonpad",
+        "tokens_total_padded",
+        "flops_per_token",
+        "cost_usd",
+    ]:
         assert key in rec
     assert rec["optimizer_steps"] == 2375 and rec["checkpoints_written"] == 47
     assert rec["time_s"] == pytest.approx(rec["train_s"] + sum(rec["overheads_s"].values()))
@@ -209,8 +256,21 @@ def test_cli_json_fields(capsys):
 
 
 def test_cli_several_gpus_multi_gpu_and_price_override(capsys):
-    recs = plan_json(capsys, "--model", LLAMA2, "--method", "full", "--examples", "1000", "--gpu", "h100-sxm,rtx-4090",
-                     "--gpus", "4", "--price-per-hour", "2.0")
+    recs = plan_json(
+        capsys,
+        "--model",
+        LLAMA2,
+        "--method",
+        "full",
+        "--examples",
+        "1000",
+        "--gpu",
+        "h100-sxm,rtx-4090",
+        "--gpus",
+        "4",
+        "--price-per-hour",
+        "2.0",
+    )
     assert [r["gpu"] for r in recs] == ["h100-sxm", "rtx-4090"]
     multi = {m["sharding"]: m for m in recs[0]["multi_gpu"]}
     assert multi["zero3"]["peak_memory_bytes"] < multi["zero2"]["peak_memory_bytes"] < multi["ddp"]["peak_memory_bytes"]
@@ -219,21 +279,46 @@ def test_cli_several_gpus_multi_gpu_and_price_override(capsys):
 
 
 def test_cli_markdown(capsys):
-    assert main(["plan", "--config", "configs/llama2-7b-lora.yaml", "--examples", "10000", "--mean-tokens", "512",
-                 "--gpu", "rtx-5090,rtx-pro-6000,h100-sxm,a100-80gb", "--format", "md"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--config",
+                "configs/llama2-7b-lora.yaml",
+                "--examples",
+                "10000",
+                "--mean-tokens",
+                "512",
+                "--gpu",
+                "rtx-5090,rtx-pro-6000,h100-sxm,a100-80gb",
+                "--format",
+                "md",
+            ]
+        )
+        == 0
+    )
     md = capsys.readouterr().out
-    for section in ["## GPU comparison", "## Runtime scenarios", "## Scaling factors", "## Recommendations", "## Assumptions"]:
+    for section in [
+        "## GPU comparison",
+        "## Runtime scenarios",
+        "## Scaling factors",
+        "## Recommendations",
+        "## Assumptions",
+    ]:
         assert section in md
     assert "15,360,000" in md and "uncalibrated assumption" in md
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--gpu", "h100"], "known: rtx-2080-ti"),
-    (["--model", "nobody/nothing-7b"], "Llama-2-7b-hf"),
-    (["--micro-batch", "0"], "micro_batch must be at least 1"),
-    (["--model", "TinyLlama/TinyLlama-1.1B-Chat-v1.0", "--seq-len", "4096"], "maximum of 2048"),
-    (["--examples", "0"], "--examples must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--gpu", "h100"], "known: rtx-2080-ti"),
+        (["--model", "nobody/nothing-7b"], "Llama-2-7b-hf"),
+        (["--micro-batch", "0"], "micro_batch must be at least 1"),
+        (["--model", "TinyLlama/TinyLlama-1.1B-Chat-v1.0", "--seq-len", "4096"], "maximum of 2048"),
+        (["--examples", "0"], "--examples must be at least 1"),
+    ],
+)
 def test_cli_errors_are_one_line(capsys, argv, message):
     base = {"--model": LLAMA2, "--examples": "10"}
     args = list(argv)

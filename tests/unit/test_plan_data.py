@@ -18,8 +18,15 @@ def local_model(tmp_path_factory):
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", pad_token="<pad>").save_pretrained(root / "model")
-    LlamaConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256,
-                vocab_size=512, max_position_embeddings=256).save_pretrained(root / "model")
+    LlamaConfig(
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=256,
+        vocab_size=512,
+        max_position_embeddings=256,
+    ).save_pretrained(root / "model")
     with open(root / "data.jsonl", "w") as f:
         for a in range(100):
             f.write(json.dumps({"prompt": f"{a * 37} + {a} = ", "completion": str(a * 38)}) + "\n")
@@ -40,8 +47,18 @@ def test_plan_uses_real_token_lengths(local_model, capsys):
     data = str(local_model / "data.jsonl")
     tok = load.load_tokenizer(load.resolve(model))
     real = prepare(DataSpec(data, "completion", "alpaca", False, 64), tok)
-    argv = ["plan", f"model={model}", f"data.path={data}", "data.format=completion", "seq_len=64", "micro_batch=4",
-            "packing=false", "--gpu", "l4", "--json"]
+    argv = [
+        "plan",
+        f"model={model}",
+        f"data.path={data}",
+        "data.format=completion",
+        "seq_len=64",
+        "micro_batch=4",
+        "packing=false",
+        "--gpu",
+        "l4",
+        "--json",
+    ]
     assert main(argv) == 0
     rec = json.loads(capsys.readouterr().out)
     assert rec["examples"] == real.stats.examples == 100
@@ -53,5 +70,8 @@ def test_plan_uses_real_token_lengths(local_model, capsys):
 
 
 def test_dataset_and_examples_conflict(local_model, capsys):
-    assert main(["plan", f"model={local_model / 'model'}", f"data.path={local_model / 'data.jsonl'}", "--examples", "5"]) == 2
+    assert (
+        main(["plan", f"model={local_model / 'model'}", f"data.path={local_model / 'data.jsonl'}", "--examples", "5"])
+        == 2
+    )
     assert "data.path is set" in capsys.readouterr().err

@@ -28,8 +28,14 @@ from tunelab.recipes.predict import local_prediction
 
 pytestmark = pytest.mark.integration
 
-SHAPE = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=4, num_attention_heads=8,
-             num_key_value_heads=8, max_position_embeddings=512)
+SHAPE = dict(
+    hidden_size=512,
+    intermediate_size=1376,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=8,
+    max_position_embeddings=512,
+)
 VOCAB = 16384
 # The precision `auto` picks here: on a CPU without bf16 units a bf16 run measures the emulation (minutes a step).
 PRECISION = "bf16" if cpu_has_fast_bf16() else "fp32"
@@ -51,8 +57,19 @@ def setup(tmp_path_factory):
 
 def measured_and_model(setup, name, *extra):
     root, data = setup
-    cfg = load_config(None, [f"model={root / 'model'}", f"data.path={data}", "data.template=compact",
-                             f"precision={PRECISION}", "compile=true", "log_steps=1", f"output_dir={root / name}", *extra])
+    cfg = load_config(
+        None,
+        [
+            f"model={root / 'model'}",
+            f"data.path={data}",
+            "data.template=compact",
+            f"precision={PRECISION}",
+            "compile=true",
+            "log_steps=1",
+            f"output_dir={root / name}",
+            *extra,
+        ],
+    )
     prediction = local_prediction(cfg)
     summary = command.measure_point(cfg, stop_at=3, warmup=1)
     return summary["peak_memory_bytes"], prediction.memory.total - prediction.memory.runtime_overhead
@@ -66,8 +83,10 @@ def test_memory_model_within_20_percent_with_a_calibrated_overhead(setup):
     for method in ("lora", "qlora", "full"):
         got, predicted = measured_and_model(setup, method, f"method={method}", "seq_len=256", "micro_batch=8")
         report[method] = (got / 2**20, (predicted + overhead) / 2**20)
-    print({m: f"measured {a:.0f} MiB, predicted {b:.0f} MiB" for m, (a, b) in report.items()},
-          f"overhead {overhead / 2**20:.0f} MiB")
+    print(
+        {m: f"measured {a:.0f} MiB, predicted {b:.0f} MiB" for m, (a, b) in report.items()},
+        f"overhead {overhead / 2**20:.0f} MiB",
+    )
     for method, (got, predicted) in report.items():
         if method == "qlora" and PRECISION == "fp32":
             # plan's QLoRA terms follow a 16-bit compute dtype; in fp32 it measured 713 MiB against 546 (-23%).

@@ -34,8 +34,7 @@ from tunelab.plan.estimate import estimate
 from tunelab.recipes import train as command
 from tunelab.train.loss import CausalLMLoss
 
-SHAPE = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=3, num_attention_heads=4,
-             num_key_value_heads=2)
+SHAPE = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2)
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +67,13 @@ def saved_bytes(cfg) -> int:
 
     b = prep.schedule.step_batches(0)[0]
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t), torch.autocast("cpu", torch.bfloat16):
-        wrapped(torch.from_numpy(b.input_ids), torch.from_numpy(b.position_ids), torch.from_numpy(b.loss_index),
-                torch.from_numpy(b.loss_targets), b.layout)
+        wrapped(
+            torch.from_numpy(b.input_ids),
+            torch.from_numpy(b.position_ids),
+            torch.from_numpy(b.loss_index),
+            torch.from_numpy(b.loss_targets),
+            b.layout,
+        )
     torch._dynamo.reset()
     return sum(saved.values())
 
@@ -85,18 +89,47 @@ def prediction_for(cfg):
 DROPOUT_COMPILED = ("method=lora", "compile=true", "lora.dropout=0.1")
 
 
-@pytest.mark.parametrize("extra", [("method=lora", "compile=false"), ("method=lora", "compile=true"),
-                                   ("method=full", "compile=true"), ("method=qlora", "compile=true"),
-                                   ("method=lora", "compile=false", "lora.dropout=0.1"),
-                                   DROPOUT_COMPILED, ("method=lora", "compile=false", "attention=flex"),
-                                   ("method=lora", "compile=true", "attention=flex")],
-                         ids=["lora-eager", "lora-compiled", "full-compiled", "qlora-compiled", "dropout-eager",
-                              "dropout-compiled", "flex-eager", "flex-compiled"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("method=lora", "compile=false"),
+        ("method=lora", "compile=true"),
+        ("method=full", "compile=true"),
+        ("method=qlora", "compile=true"),
+        ("method=lora", "compile=false", "lora.dropout=0.1"),
+        DROPOUT_COMPILED,
+        ("method=lora", "compile=false", "attention=flex"),
+        ("method=lora", "compile=true", "attention=flex"),
+    ],
+    ids=[
+        "lora-eager",
+        "lora-compiled",
+        "full-compiled",
+        "qlora-compiled",
+        "dropout-eager",
+        "dropout-compiled",
+        "flex-eager",
+        "flex-compiled",
+    ],
+)
 def test_activation_model_matches_saved_tensors(model_dir, addition_rows, tmp_path, extra):
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows * 4)
-    cfg = load_config(None, [f"model={model_dir}", f"data.path={data}", f"output_dir={tmp_path / 'run'}",
-                             "data.template=compact", "seq_len=128", "micro_batch=4", "lora.r=8",
-                             "lora.targets=all-linear", "precision=bf16", "packing=true", *extra])
+    cfg = load_config(
+        None,
+        [
+            f"model={model_dir}",
+            f"data.path={data}",
+            f"output_dir={tmp_path / 'run'}",
+            "data.template=compact",
+            "seq_len=128",
+            "micro_batch=4",
+            "lora.r=8",
+            "lora.targets=all-linear",
+            "precision=bf16",
+            "packing=true",
+            *extra,
+        ],
+    )
     prediction = prediction_for(cfg)
     setup = prediction.memory_setup
     if cfg.attention == "flex":  # whole rows, keeping a log-sum-exp per head and token

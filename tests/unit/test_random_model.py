@@ -17,8 +17,17 @@ from tunelab.errors import TunelabError
 from tunelab.plan import arch as archmod
 from tunelab.plan import catalog
 
-TINY_ROW = {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 128, "vocab": 49152,
-            "max_positions": 256, "tied": True, "source": "test"}
+TINY_ROW = {
+    "hidden": 64,
+    "layers": 2,
+    "heads": 4,
+    "kv_heads": 2,
+    "intermediate": 128,
+    "vocab": 49152,
+    "max_positions": 256,
+    "tied": True,
+    "source": "test",
+}
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +50,14 @@ def test_random_id_names_the_catalog_row(ref):
     assert archmod.resolve_arch(ref) == archmod.resolve_arch("meta-llama/Llama-3.1-8B")
 
 
-@pytest.mark.parametrize("ref, message", [
-    ("random:llama-3.1-8", "did you mean random:llama-3.1-8b"),
-    ("random:gemma-2-2b", "google/gemma-2-2b's family cannot be built"),
-    ("random:llama-2-7b-hf", "smaller than the embedded SmolLM2 tokenizer's"),
-])
+@pytest.mark.parametrize(
+    "ref, message",
+    [
+        ("random:llama-3.1-8", "did you mean random:llama-3.1-8b"),
+        ("random:gemma-2-2b", "google/gemma-2-2b's family cannot be built"),
+        ("random:llama-2-7b-hf", "smaller than the embedded SmolLM2 tokenizer's"),
+    ],
+)
 def test_unbuildable_ids_are_one_line_errors(ref, message):
     with pytest.raises(TunelabError, match=message) as e:
         archmod.resolve_arch(ref)
@@ -81,7 +93,10 @@ def test_built_on_the_target_device_in_the_compute_dtype(load, monkeypatch, caps
     shape = archmod.resolve_arch("random:llama-3.2-1b")
     assert sum(p.numel() for p in model.parameters()) == shape.total_params
     assert model.config.vocab_size == shape.vocab and model.config.num_key_value_heads == shape.kv_heads
-    assert "random weights in the shape of meta-llama/Llama-3.2-1B; tokenizer: the embedded SmolLM2's" in capsys.readouterr().err
+    assert (
+        "random weights in the shape of meta-llama/Llama-3.2-1B; tokenizer: the embedded SmolLM2's"
+        in capsys.readouterr().err
+    )
 
 
 def test_qwen_rows_build_as_qwen2(load):
@@ -105,8 +120,20 @@ def test_trains_end_to_end_on_a_shrunk_catalog_row(monkeypatch, tmp_path, additi
     monkeypatch.setitem(catalog.read("models.yaml")["models"], "meta-llama/Llama-3.2-1B", TINY_ROW)
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
     out = tmp_path / "run"
-    code = main(["train", "--config", str(write_config(tmp_path)), "model=random:llama-3.2-1b", f"data.path={data}",
-                 f"output_dir={out}", "max_steps=2", "micro_batch=4", "seq_len=64", "--quiet"])
+    code = main(
+        [
+            "train",
+            "--config",
+            str(write_config(tmp_path)),
+            "model=random:llama-3.2-1b",
+            f"data.path={data}",
+            f"output_dir={out}",
+            "max_steps=2",
+            "micro_batch=4",
+            "seq_len=64",
+            "--quiet",
+        ]
+    )
     assert code == 0
     assert (out / "adapter" / "adapter_model.safetensors").is_file()
     assert math.isfinite(json.loads((out / "summary.json").read_text())["loss_last"])
@@ -120,8 +147,17 @@ def test_trains_end_to_end_on_a_shrunk_catalog_row(monkeypatch, tmp_path, additi
 def test_train_with_an_unknown_id_is_one_line_and_writes_nothing(tmp_path, addition_rows, capsys):
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
     out = tmp_path / "never"
-    code = main(["train", "--config", str(write_config(tmp_path)), "model=random:lama-3.2-1b", f"data.path={data}",
-                 f"output_dir={out}", "--quiet"])
+    code = main(
+        [
+            "train",
+            "--config",
+            str(write_config(tmp_path)),
+            "model=random:lama-3.2-1b",
+            f"data.path={data}",
+            f"output_dir={out}",
+            "--quiet",
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and "did you mean random:llama-3.2-1b" in err and len(err.splitlines()) == 1
     assert not out.exists()

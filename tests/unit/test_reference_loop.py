@@ -26,10 +26,27 @@ TOLERANCE = 0.03
 
 
 def run_config(model_dir, data, out, *extra):
-    return load_config(None, [f"model={model_dir}", f"data.path={data}", f"output_dir={out}",
-                              "data.template=compact", "seq_len=64", "micro_batch=4", "grad_accum=2",
-                              f"max_steps={STEPS}", "log_steps=1", "lr=1e-2", "lora.r=8", "lora.alpha=16",
-                              "lora.dropout=0", "precision=bf16", "packing=true", *extra])
+    return load_config(
+        None,
+        [
+            f"model={model_dir}",
+            f"data.path={data}",
+            f"output_dir={out}",
+            "data.template=compact",
+            "seq_len=64",
+            "micro_batch=4",
+            "grad_accum=2",
+            f"max_steps={STEPS}",
+            "log_steps=1",
+            "lr=1e-2",
+            "lora.r=8",
+            "lora.alpha=16",
+            "lora.dropout=0",
+            "precision=bf16",
+            "packing=true",
+            *extra,
+        ],
+    )
 
 
 def block_diagonal_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
@@ -48,12 +65,21 @@ def reference_losses(cfg) -> list[float]:
     prep = prepare_run(cfg)  # the same batches: the schedule is a pure function of data and settings
     set_seed(cfg.seed)
     model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32, attn_implementation="sdpa")
-    model = get_peft_model(model, LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=0.0,
-                                             target_modules="all-linear", task_type="CAUSAL_LM"))
+    model = get_peft_model(
+        model,
+        LoraConfig(
+            r=cfg.lora.r,
+            lora_alpha=cfg.lora.alpha,
+            lora_dropout=0.0,
+            target_modules="all-linear",
+            task_type="CAUSAL_LM",
+        ),
+    )
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
-    sched = get_scheduler(cfg.lr_scheduler, opt, num_warmup_steps=int(cfg.warmup_ratio * STEPS),
-                          num_training_steps=STEPS)
+    sched = get_scheduler(
+        cfg.lr_scheduler, opt, num_warmup_steps=int(cfg.warmup_ratio * STEPS), num_training_steps=STEPS
+    )
     losses = []
     for step in range(STEPS):
         batches = prep.schedule.step_batches(step)

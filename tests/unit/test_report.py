@@ -18,14 +18,33 @@ VERSIONS = {"torch": "9.9.0", "transformers": "8.8.0", "peft": "7.7.0", "acceler
 
 def make_run_dir(path: Path, micro_batch: int, nonpad: float, predicted: dict | None = None) -> Path:
     path.mkdir(parents=True)
-    summary = {"model": "embedded", "method": "lora", "device": "Test CPU (2 threads)", "device_memory_bytes": 8 * 2**30,
-               "precision": "bf16", "seq_len": 256, "micro_batch": micro_batch, "grad_accum": 1, "packing": True,
-               "grad_ckpt": False, "steps": 6, "tokens_padded_per_s": nonpad * 1.25, "tokens_nonpad_per_s": nonpad,
-               "tokens_loss_per_s": nonpad / 10, "step_time_s": 0.75, "peak_memory_bytes": 3 * 2**30,
-               "peak_memory_reserved_bytes": None, "loss_first": 2.5, "loss_last": 1.25, "versions": VERSIONS}
+    summary = {
+        "model": "embedded",
+        "method": "lora",
+        "device": "Test CPU (2 threads)",
+        "device_memory_bytes": 8 * 2**30,
+        "precision": "bf16",
+        "seq_len": 256,
+        "micro_batch": micro_batch,
+        "grad_accum": 1,
+        "packing": True,
+        "grad_ckpt": False,
+        "steps": 6,
+        "tokens_padded_per_s": nonpad * 1.25,
+        "tokens_nonpad_per_s": nonpad,
+        "tokens_loss_per_s": nonpad / 10,
+        "step_time_s": 0.75,
+        "peak_memory_bytes": 3 * 2**30,
+        "peak_memory_reserved_bytes": None,
+        "loss_first": 2.5,
+        "loss_last": 1.25,
+        "versions": VERSIONS,
+    }
     (path / "summary.json").write_text(json.dumps(summary))
-    lines = [{"step": s, "loss": 3.0 - s / 4, "tokens_nonpad_per_s": 100.0 * s, "tokens_padded_per_s": 125.0 * s}
-             for s in range(1, 7)]
+    lines = [
+        {"step": s, "loss": 3.0 - s / 4, "tokens_nonpad_per_s": 100.0 * s, "tokens_padded_per_s": 125.0 * s}
+        for s in range(1, 7)
+    ]
     (path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
     (path / "config.yaml").write_text(f"model: embedded\nlr: 0.0003\nmicro_batch: {micro_batch}\nlora:\n  r: 16\n")
     (path / "eval.json").write_text(json.dumps({"accuracy": 0.875}))
@@ -37,15 +56,27 @@ def make_run_dir(path: Path, micro_batch: int, nonpad: float, predicted: dict | 
 def make_db(path: Path, rows: list[dict]) -> Path:
     """The bench store's layout: flat columns, JSON text for `config`, 0/1 for booleans."""
     con = sqlite3.connect(path)
-    con.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT, label TEXT, device TEXT, "
-                "torch_version TEXT, transformers_version TEXT, model TEXT, precision TEXT, micro_batch INTEGER, "
-                "grad_accum INTEGER, seq_len INTEGER, packing BOOLEAN, tokens_padded_per_s REAL, "
-                "tokens_nonpad_per_s REAL, tokens_loss_per_s REAL, step_time_s REAL, peak_memory_bytes INTEGER, "
-                "predicted_step_time_s REAL, predicted_peak_memory_bytes INTEGER, config JSON)")
+    con.execute(
+        "CREATE TABLE runs (id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT, label TEXT, device TEXT, "
+        "torch_version TEXT, transformers_version TEXT, model TEXT, precision TEXT, micro_batch INTEGER, "
+        "grad_accum INTEGER, seq_len INTEGER, packing BOOLEAN, tokens_padded_per_s REAL, "
+        "tokens_nonpad_per_s REAL, tokens_loss_per_s REAL, step_time_s REAL, peak_memory_bytes INTEGER, "
+        "predicted_step_time_s REAL, predicted_peak_memory_bytes INTEGER, config JSON)"
+    )
     for r in rows:
-        row = {"device": "Test CPU (2 threads)", "torch_version": "9.9.0", "transformers_version": "8.8.0",
-               "model": "embedded", "precision": "bf16", "micro_batch": 8, "grad_accum": 1, "seq_len": 256,
-               "packing": 1, "step_time_s": 1.0, **r}
+        row = {
+            "device": "Test CPU (2 threads)",
+            "torch_version": "9.9.0",
+            "transformers_version": "8.8.0",
+            "model": "embedded",
+            "precision": "bf16",
+            "micro_batch": 8,
+            "grad_accum": 1,
+            "seq_len": 256,
+            "packing": 1,
+            "step_time_s": 1.0,
+            **r,
+        }
         if isinstance(row.get("config"), dict):
             row["config"] = json.dumps(row["config"])
         con.execute(f"INSERT INTO runs ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
@@ -55,23 +86,37 @@ def make_db(path: Path, rows: list[dict]) -> Path:
 
 
 def peer_row(kind: str, nonpad: float, mem: int, **extra) -> dict:
-    return {"kind": kind, "tokens_nonpad_per_s": nonpad, "tokens_padded_per_s": nonpad * 2,
-            "tokens_loss_per_s": nonpad / 5, "peak_memory_bytes": mem, **extra}
+    return {
+        "kind": kind,
+        "tokens_nonpad_per_s": nonpad,
+        "tokens_padded_per_s": nonpad * 2,
+        "tokens_loss_per_s": nonpad / 5,
+        "peak_memory_bytes": mem,
+        **extra,
+    }
 
 
 @pytest.fixture
 def inputs(tmp_path):
-    plan = {"train_s": 50.0, "optimizer_steps": 100, "tokens_nonpad_per_s": 1500.0, "peak_memory_bytes": 2 * 2**30,
-            "memory_breakdown": {"weights": 2**30, "activations": 2**30}}
+    plan = {
+        "train_s": 50.0,
+        "optimizer_steps": 100,
+        "tokens_nonpad_per_s": 1500.0,
+        "peak_memory_bytes": 2 * 2**30,
+        "memory_breakdown": {"weights": 2**30, "activations": 2**30},
+    }
     run_a = make_run_dir(tmp_path / "run-a", 4, 1000.0, predicted=plan)
     run_b = make_run_dir(tmp_path / "run-b", 8, 1600.0)
-    db = make_db(tmp_path / "bench.sqlite", [
-        peer_row("tunelab", 999.0, 2**30, micro_batch=2, label="sweep before the comparison"),  # not interleaved
-        peer_row("tunelab", 2000.0, 2**30),
-        peer_row("hf-trainer-seed", 500.0, 2**31, precision="fp32", config={"precision_note": "CPU: fp32"}),
-        peer_row("tunelab", 2200.0, 2**30 + 2**29, predicted_step_time_s=0.5, predicted_peak_memory_bytes=2**30),
-        peer_row("hf-trainer-tuned", 1050.0, 2**30),
-    ])
+    db = make_db(
+        tmp_path / "bench.sqlite",
+        [
+            peer_row("tunelab", 999.0, 2**30, micro_batch=2, label="sweep before the comparison"),  # not interleaved
+            peer_row("tunelab", 2000.0, 2**30),
+            peer_row("hf-trainer-seed", 500.0, 2**31, precision="fp32", config={"precision_note": "CPU: fp32"}),
+            peer_row("tunelab", 2200.0, 2**30 + 2**29, predicted_step_time_s=0.5, predicted_peak_memory_bytes=2**30),
+            peer_row("hf-trainer-tuned", 1050.0, 2**30),
+        ],
+    )
     return run_a, run_b, db
 
 
@@ -80,15 +125,25 @@ def test_report_writes_markdown_and_plots_with_the_inputs_numbers(tmp_path, inpu
     assert main(["report", *map(str, inputs), "--out", str(out)]) == 0
     md = (out / "performance.md").read_text()
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["loss.png", "peers_1.png", "performance.md", "predicted_vs_measured.png",
-                     "sweep_1_micro_batch.png", "sweep_2_micro_batch.png", "throughput.png"]
+    assert names == [
+        "loss.png",
+        "peers_1.png",
+        "performance.md",
+        "predicted_vs_measured.png",
+        "sweep_1_micro_batch.png",
+        "sweep_2_micro_batch.png",
+        "throughput.png",
+    ]
     for png in out.glob("*.png"):
         assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 10_000
         assert f"({png.name})" in md  # every plot is referenced
     assert "Test CPU (2 threads), 8.00 GiB memory" in md
     assert "torch 9.9.0" in md and "transformers 8.8.0" in md
     # Run dirs: their summaries, configs and eval results.
-    assert "| run-a | tunelab | bf16 | 256 | 4 x 1 | yes | 6 | 1,000 | 1,250 | 100 | 0.750 | 3.00 GiB | n/a | 2.500 -> 1.250 |" in md
+    assert (
+        "| run-a | tunelab | bf16 | 256 | 4 x 1 | yes | 6 | 1,000 | 1,250 | 100 | 0.750 | 3.00 GiB | n/a | 2.500 -> 1.250 |"
+        in md
+    )
     assert "lr=0.0003" in md and "eval: {accuracy: 0.875}" in md
     # Peer comparison: the tunelab rows interleaved with the peers (2000, 2200 -> mean 2100), not the 999 one.
     assert "| hf-trainer-seed | 1 / 2 | 500 | 2,100 | 4.20x | 4.20x | 4.20x | 0.62x |" in md
@@ -121,8 +176,10 @@ def test_peer_sessions_take_the_adjacent_tunelab_runs(tmp_path, inputs):
 
 def test_throughput_plot_skips_empty_log_windows(tmp_path):
     run = make_run_dir(tmp_path / "w", 4, 1000.0)
-    lines = [{"step": 1, "loss": 2.0, "tokens_nonpad_per_s": 10.0, "tokens_padded_per_s": 12.0},
-             {"step": 2, "loss": 1.9, "tokens_nonpad_per_s": 0.0, "tokens_padded_per_s": 0.0}]
+    lines = [
+        {"step": 1, "loss": 2.0, "tokens_nonpad_per_s": 10.0, "tokens_padded_per_s": 12.0},
+        {"step": 2, "loss": 1.9, "tokens_nonpad_per_s": 0.0, "tokens_padded_per_s": 0.0},
+    ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
     (r,) = report.load_inputs([run])
     _, files = report._curve_section([r], tmp_path)
@@ -132,8 +189,11 @@ def test_throughput_plot_skips_empty_log_windows(tmp_path):
 def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     (tmp_path / "notes.txt").write_text("hello")
-    for bad, message in ((tmp_path / "empty", "no summary.json"), (tmp_path / "notes.txt", "neither a run directory"),
-                         (tmp_path / "missing", "not found")):
+    for bad, message in (
+        (tmp_path / "empty", "no summary.json"),
+        (tmp_path / "notes.txt", "neither a run directory"),
+        (tmp_path / "missing", "not found"),
+    ):
         assert main(["report", str(bad), "--out", str(tmp_path / "o")]) == 2
         assert message in capsys.readouterr().err
     with pytest.raises(TunelabError, match="table `runs`"):

@@ -33,7 +33,9 @@ def test_lengths_stay_in_range_and_average_the_distributions_mean(tokenizer, dis
 
 
 def test_lognormal_is_right_skewed(tokenizer):
-    lengths = sy.token_lengths(tokenizer, [r["instruction"] for r in sy.generate(800, PROMPT, RESPONSE, "lognormal", 0, tokenizer)])
+    lengths = sy.token_lengths(
+        tokenizer, [r["instruction"] for r in sy.generate(800, PROMPT, RESPONSE, "lognormal", 0, tokenizer)]
+    )
     assert statistics.median(lengths) < statistics.mean(lengths) < sum(PROMPT) / 2
 
 
@@ -50,8 +52,22 @@ def test_the_seed_decides_the_rows(tokenizer):
 
 def test_command_writes_alpaca_jsonl(tmp_path, capsys):
     out = tmp_path / "syn.jsonl"
-    args = ["data", "synthetic", "--rows", "40", "--prompt-tokens", "10-30", "--response-tokens", "5-9",
-            "--dist", "lognormal", "--seed", "4", "--out", str(out)]
+    args = [
+        "data",
+        "synthetic",
+        "--rows",
+        "40",
+        "--prompt-tokens",
+        "10-30",
+        "--response-tokens",
+        "5-9",
+        "--dist",
+        "lognormal",
+        "--seed",
+        "4",
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 40 and set(rows[0]) == {"instruction", "input", "output"}
@@ -60,14 +76,17 @@ def test_command_writes_alpaca_jsonl(tmp_path, capsys):
     assert main(args) == 0 and out.read_text() == first
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--prompt-tokens", "30-10"], "--prompt-tokens '30-10': need 1 <= low <= high"),
-    (["--response-tokens", "0-5"], "--response-tokens '0-5': need 1 <= low <= high"),
-    (["--response-tokens", "ten"], "expected a token count or a range"),
-    (["--rows", "0"], "--rows 0: need at least one row"),
-    (["--dist", "uniform"], "--dist 'uniform': choose from triangular, lognormal"),
-    (["--out", "/proc/nope/syn.jsonl"], "--out /proc/nope/syn.jsonl: cannot write there"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--prompt-tokens", "30-10"], "--prompt-tokens '30-10': need 1 <= low <= high"),
+        (["--response-tokens", "0-5"], "--response-tokens '0-5': need 1 <= low <= high"),
+        (["--response-tokens", "ten"], "expected a token count or a range"),
+        (["--rows", "0"], "--rows 0: need at least one row"),
+        (["--dist", "uniform"], "--dist 'uniform': choose from triangular, lognormal"),
+        (["--out", "/proc/nope/syn.jsonl"], "--out /proc/nope/syn.jsonl: cannot write there"),
+    ],
+)
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, message):
     out = tmp_path / "syn.jsonl"
     base = {"--rows": "5", "--prompt-tokens": "10-20", "--response-tokens": "5-10", "--out": str(out)}

@@ -23,16 +23,36 @@ def read_metrics(out):
 
 def test_lora_run_writes_every_output(tiny_model_dir, data_file, tmp_path):
     out = tmp_path / "run"
-    code = main(["train", "--config", str(_yaml(tmp_path)), f"model={tiny_model_dir}",
-                 f"data.path={data_file}", f"output_dir={out}", "max_steps=4", "log_steps=2", "micro_batch=4",
-                 "seq_len=64", "--quiet"])
+    code = main(
+        [
+            "train",
+            "--config",
+            str(_yaml(tmp_path)),
+            f"model={tiny_model_dir}",
+            f"data.path={data_file}",
+            f"output_dir={out}",
+            "max_steps=4",
+            "log_steps=2",
+            "micro_batch=4",
+            "seq_len=64",
+            "--quiet",
+        ]
+    )
     assert code == 0
     assert {p.name for p in out.iterdir()} >= {"adapter", "metrics.jsonl", "summary.json", "config.yaml"}
     assert not [p for p in out.iterdir() if p.name.startswith(".tmp")]
     metrics = read_metrics(out)
     assert [m["step"] for m in metrics] == [2, 4]
-    for key in ("loss", "lr", "tokens_padded", "tokens_nonpad", "tokens_loss", "elapsed_s",
-                "tokens_nonpad_per_s", "peak_memory_bytes"):
+    for key in (
+        "loss",
+        "lr",
+        "tokens_padded",
+        "tokens_nonpad",
+        "tokens_loss",
+        "elapsed_s",
+        "tokens_nonpad_per_s",
+        "peak_memory_bytes",
+    ):
         assert key in metrics[-1]
     assert metrics[-1]["tokens_padded"] >= metrics[-1]["tokens_nonpad"] > metrics[-1]["tokens_loss"] > 0
     # the log at the warm-up edge (step 2) reports its own window, not an empty one
@@ -54,19 +74,23 @@ def _yaml(tmp_path):
     return path
 
 
-@pytest.mark.parametrize("extra", [[], ["lora.dropout=0.1", "compile=true", "precision=bf16"]],
-                         ids=["plain", "dropout-compiled"])
+@pytest.mark.parametrize(
+    "extra", [[], ["lora.dropout=0.1", "compile=true", "precision=bf16"]], ids=["plain", "dropout-compiled"]
+)
 def test_loss_goes_down(tiny_model_dir, data_file, tmp_path, extra):
-    summary = train(config(tiny_model_dir, data_file, tmp_path / "r", "max_steps=16", "lr=3e-2", *extra),
-                    show_progress=False)
+    summary = train(
+        config(tiny_model_dir, data_file, tmp_path / "r", "max_steps=16", "lr=3e-2", *extra), show_progress=False
+    )
     assert summary["loss_last"] < summary["loss_first"] - 0.3
 
 
 @pytest.mark.parametrize("method", ["dora", "full", "qlora"])
 def test_other_methods_train(tiny_model_dir, data_file, tmp_path, method):
     extra = ["precision=bf16"] if method == "qlora" else []
-    summary = train(config(tiny_model_dir, data_file, tmp_path / method, f"method={method}", "max_steps=6", *extra),
-                    show_progress=False)
+    summary = train(
+        config(tiny_model_dir, data_file, tmp_path / method, f"method={method}", "max_steps=6", *extra),
+        show_progress=False,
+    )
     assert summary["loss_last"] < summary["loss_first"]
     kind = "model" if method == "full" else "adapter"
     assert (tmp_path / method / kind).is_dir()
@@ -76,7 +100,9 @@ def test_other_methods_train(tiny_model_dir, data_file, tmp_path, method):
 
 def test_grad_checkpointing_gives_the_same_losses(tiny_model_dir, data_file, tmp_path):
     plain = train(config(tiny_model_dir, data_file, tmp_path / "a", "max_steps=3"), show_progress=False)
-    ckpt = train(config(tiny_model_dir, data_file, tmp_path / "b", "max_steps=3", "grad_ckpt=true"), show_progress=False)
+    ckpt = train(
+        config(tiny_model_dir, data_file, tmp_path / "b", "max_steps=3", "grad_ckpt=true"), show_progress=False
+    )
     assert read_metrics(tmp_path / "b")[-1]["loss"] == pytest.approx(read_metrics(tmp_path / "a")[-1]["loss"], rel=1e-5)
     assert ckpt["steps"] == plain["steps"] == 3
 
@@ -86,11 +112,16 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_model_dir, data_file, tmp_
     full = tmp_path / "full"
     train(config(tiny_model_dir, data_file, full, "max_steps=8", "lora.dropout=0.1"), show_progress=False)
     cut = tmp_path / "cut"
-    train(config(tiny_model_dir, data_file, cut, "max_steps=8", "save_steps=4", "lora.dropout=0.1"),
-          show_progress=False, stop_at=6)  # dies at step 6, after the checkpoint at 4
+    train(
+        config(tiny_model_dir, data_file, cut, "max_steps=8", "save_steps=4", "lora.dropout=0.1"),
+        show_progress=False,
+        stop_at=6,
+    )  # dies at step 6, after the checkpoint at 4
     assert not (cut / "adapter").exists()  # an unfinished run leaves no final adapter
-    train(config(tiny_model_dir, data_file, cut, "max_steps=8", "save_steps=4", "lora.dropout=0.1", "resume=true"),
-          show_progress=False)
+    train(
+        config(tiny_model_dir, data_file, cut, "max_steps=8", "save_steps=4", "lora.dropout=0.1", "resume=true"),
+        show_progress=False,
+    )
     expected = [(m["step"], m["loss"]) for m in read_metrics(full)]
     got = [(m["step"], m["loss"]) for m in read_metrics(cut)]
     assert [s for s, _ in got] == list(range(1, 9))
@@ -115,15 +146,17 @@ def test_resume_skips_a_truncated_latest_checkpoint(tiny_model_dir, data_file, t
 
 def test_checkpoints_rotate(tiny_model_dir, data_file, tmp_path):
     out = tmp_path / "rot"
-    train(config(tiny_model_dir, data_file, out, "max_steps=7", "save_steps=2", "save_total_limit=2"),
-          show_progress=False)
+    train(
+        config(tiny_model_dir, data_file, out, "max_steps=7", "save_steps=2", "save_total_limit=2"), show_progress=False
+    )
     names = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert names == ["step-0000004", "step-0000006"]
 
 
 def test_unpacked_run(tiny_model_dir, data_file, tmp_path):
-    summary = train(config(tiny_model_dir, data_file, tmp_path / "u", "max_steps=3", "packing=false"),
-                    show_progress=False)
+    summary = train(
+        config(tiny_model_dir, data_file, tmp_path / "u", "max_steps=3", "packing=false"), show_progress=False
+    )
     assert summary["tokens_padded"] >= summary["tokens_nonpad"] and summary["steps"] == 3
 
 
@@ -142,14 +175,17 @@ def test_export_merge_matches_base_plus_adapter(tiny_model_dir, data_file, tmp_p
     assert not any("lora" in n for n, _ in merged.named_parameters())
 
 
-@pytest.mark.parametrize("args, message", [
-    (["data.path=/nonexistent.jsonl"], "data file not found"),
-    (["data.format=completion", "data.template=alpaca"], "missing field 'prompt'"),
-    (["seq_len=100000"], "over the model's limit"),
-    (["output_dir=/proc/nope/out"], "cannot write there"),
-    (["model=/nonexistent/model"], "not a local directory"),
-    (["lora.targets=[nope_proj]"], "not found in the model"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["data.path=/nonexistent.jsonl"], "data file not found"),
+        (["data.format=completion", "data.template=alpaca"], "missing field 'prompt'"),
+        (["seq_len=100000"], "over the model's limit"),
+        (["output_dir=/proc/nope/out"], "cannot write there"),
+        (["model=/nonexistent/model"], "not a local directory"),
+        (["lora.targets=[nope_proj]"], "not found in the model"),
+    ],
+)
 def test_bad_input_is_one_line_and_writes_nothing(tiny_model_dir, data_file, tmp_path, capsys, args, message):
     out = tmp_path / "never"
     base = [f"model={tiny_model_dir}", f"data.path={data_file}", f"output_dir={out}", "seq_len=64", "--quiet"]

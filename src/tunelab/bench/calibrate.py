@@ -30,8 +30,14 @@ class Point:
     memory_without_overhead: int  # plan's predicted peak with runtime_overhead = 0
 
 
-def fit(key: str, name: str, peak: Peak, points: list[Point], previous: CalibrationRecord | None = None,
-        source: str = "tunelab bench --calibrate") -> CalibrationRecord:
+def fit(
+    key: str,
+    name: str,
+    peak: Peak,
+    points: list[Point],
+    previous: CalibrationRecord | None = None,
+    source: str = "tunelab bench --calibrate",
+) -> CalibrationRecord:
     """A new record; efficiencies of methods not re-measured are kept from `previous`, rescaled to the new
     peak so their achieved FLOP/s stays what was measured."""
     if not points:
@@ -44,7 +50,11 @@ def fit(key: str, name: str, peak: Peak, points: list[Point], previous: Calibrat
         efficiency[p.method_key] = achieved_efficiency(p.tokens_padded_per_s, p.flops, peak.flops)
     first = points[0]
     return CalibrationRecord(
-        device_key=key, device_name=name, peak_flops=peak.flops, peak_dtype=peak.dtype, efficiency=efficiency,
+        device_key=key,
+        device_name=name,
+        peak_flops=peak.flops,
+        peak_dtype=peak.dtype,
+        efficiency=efficiency,
         runtime_overhead_bytes=first.peak_memory_bytes - first.memory_without_overhead,
         source=f"{source}: {', '.join(p.method_key for p in points)}; peak {peak.source}",
     )

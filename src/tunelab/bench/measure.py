@@ -80,10 +80,19 @@ def device_peak(device: torch.device, name: str, memory_bytes: int, compute: str
     row = catalog.gpu(gpu_id) if gpu_id else catalog_match(name, memory_bytes)
     dtype, (probed, n) = next(iter(measured.items()))
     if row is None:
-        return Peak(probed, dtype, f"measured now: {n}^3 {dtype} matmul probe (no catalog row matches {name!r}; "
-                                   "pass --catalog-gpu ID for its datasheet figure)", probes)
-    return Peak(row.peak_flops, dtype, f"catalog {row.id}: {row.source}; the probe reached {probed / row.peak_flops:.0%} of it",
-                probes)
+        return Peak(
+            probed,
+            dtype,
+            f"measured now: {n}^3 {dtype} matmul probe (no catalog row matches {name!r}; "
+            "pass --catalog-gpu ID for its datasheet figure)",
+            probes,
+        )
+    return Peak(
+        row.peak_flops,
+        dtype,
+        f"catalog {row.id}: {row.source}; the probe reached {probed / row.peak_flops:.0%} of it",
+        probes,
+    )
 
 
 def mfu(tokens_nonpad_per_s: float, flops: FlopsPerToken, peak_flops: float) -> float:

@@ -81,16 +81,27 @@ class PeerSetup:
     precision_note: str = ""
 
 
-def setup_for(name: str, device: torch.device, lora: LoraSettings, seq_len: int, micro_batch: int,
-              grad_accum: int) -> PeerSetup:
+def setup_for(
+    name: str, device: torch.device, lora: LoraSettings, seq_len: int, micro_batch: int, grad_accum: int
+) -> PeerSetup:
     """The recipe of peer `name` on `device`. `lora`/`seq_len`/batch are tunelab's, used where a peer copies them."""
     best = pick_precision("auto", device)  # bf16 on Ampere+ GPUs and AMX/AVX512-BF16 CPUs
     if name == "hf-trainer-seed":
         if device.type == "cuda":
-            return PeerSetup(name, Precision("fp16"), SEED_LORA, SEED_SEQ_LEN, SEED_MICRO_BATCH, SEED_GRAD_ACCUM,
-                             "max_length", False)
-        return PeerSetup(name, Precision("fp32"), SEED_LORA, SEED_SEQ_LEN, SEED_MICRO_BATCH, SEED_GRAD_ACCUM,
-                         "max_length", False, "the seed recipe asks for fp16; CPUs have no fp16 AMP, so fp32")
+            return PeerSetup(
+                name, Precision("fp16"), SEED_LORA, SEED_SEQ_LEN, SEED_MICRO_BATCH, SEED_GRAD_ACCUM, "max_length", False
+            )
+        return PeerSetup(
+            name,
+            Precision("fp32"),
+            SEED_LORA,
+            SEED_SEQ_LEN,
+            SEED_MICRO_BATCH,
+            SEED_GRAD_ACCUM,
+            "max_length",
+            False,
+            "the seed recipe asks for fp16; CPUs have no fp16 AMP, so fp32",
+        )
     if name == "hf-trainer-tuned":
         return PeerSetup(name, best, lora, seq_len, TUNED_MICRO_BATCH, 1, "longest", False)
     if name == "trl-sft":
@@ -100,8 +111,9 @@ def setup_for(name: str, device: torch.device, lora: LoraSettings, seq_len: int,
     raise TunelabError(f"unknown peer {name!r}; choose from {', '.join(PEERS)}")
 
 
-def batch_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                 labels: torch.Tensor | None) -> tuple[int, torch.Tensor, torch.Tensor]:
+def batch_tokens(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor | None, labels: torch.Tensor | None
+) -> tuple[int, torch.Tensor, torch.Tensor]:
     """(tokens_padded, tokens_nonpad, tokens_loss) of one micro-batch as the model receives it.
 
     The two counts that read tensor values stay tensors on the batch's device, so counting adds no host sync
@@ -110,8 +122,7 @@ def batch_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
     """
     padded = input_ids.numel()
     nonpad = attention_mask.sum() if attention_mask is not None else torch.tensor(padded, device=input_ids.device)
-    loss = ((labels[..., 1:] != IGNORE).sum() if labels is not None
-            else torch.tensor(0, device=input_ids.device))
+    loss = (labels[..., 1:] != IGNORE).sum() if labels is not None else torch.tensor(0, device=input_ids.device)
     return padded, nonpad, loss
 
 
@@ -176,14 +187,23 @@ def _window_callback(meter: TokenMeter, device: torch.device, warmup: int):
 
         def rates(self) -> dict[str, float]:
             if self.start is None or self.end is None or self.end <= self.start:
-                raise TunelabError(f"peer run ended before its steady-state window (after {warmup} warm-up steps); "
-                                   f"give more steps than warm-up steps")
+                raise TunelabError(
+                    f"peer run ended before its steady-state window (after {warmup} warm-up steps); "
+                    f"give more steps than warm-up steps"
+                )
             seconds = self.end - self.start
             padded, nonpad, loss = (b - a for a, b in zip(self.at_start, self.at_end))
-            return {"tokens_padded_per_s": padded / seconds, "tokens_nonpad_per_s": nonpad / seconds,
-                    "tokens_loss_per_s": loss / seconds, **step_statistics(self.step_times),
-                    "steady_window_steps": self.steps, "steady_window_s": seconds,
-                    "steady_tokens_padded": padded, "steady_tokens_nonpad": nonpad, "steady_tokens_loss": loss}
+            return {
+                "tokens_padded_per_s": padded / seconds,
+                "tokens_nonpad_per_s": nonpad / seconds,
+                "tokens_loss_per_s": loss / seconds,
+                **step_statistics(self.step_times),
+                "steady_window_steps": self.steps,
+                "steady_window_s": seconds,
+                "steady_tokens_padded": padded,
+                "steady_tokens_nonpad": nonpad,
+                "steady_tokens_loss": loss,
+            }
 
     return SteadyWindow()
 
@@ -204,11 +224,14 @@ def tokenize_masked(tokenizer, prompt: str, response: str, seq_len: int, pad_to_
     Seed recipes pad every example to `seq_len` here (padding labels masked too); tuned recipes leave padding
     to the collator.
     """
-    full = tokenizer(prompt + response, truncation=True, max_length=seq_len,
-                     padding="max_length" if pad_to_max else False)
+    full = tokenizer(
+        prompt + response, truncation=True, max_length=seq_len, padding="max_length" if pad_to_max else False
+    )
     prompt_len = len(tokenizer(prompt, truncation=True, max_length=seq_len)["input_ids"])
-    labels = [tok if (i >= prompt_len and mask) else IGNORE
-              for i, (tok, mask) in enumerate(zip(full["input_ids"], full["attention_mask"]))]
+    labels = [
+        tok if (i >= prompt_len and mask) else IGNORE
+        for i, (tok, mask) in enumerate(zip(full["input_ids"], full["attention_mask"]))
+    ]
     return {"input_ids": full["input_ids"], "attention_mask": full["attention_mask"], "labels": labels}
 
 
@@ -216,11 +239,20 @@ def _training_args(cls, setup: PeerSetup, device: torch.device, out: str, steps:
     """`cls` (TrainingArguments or TRL's SFTConfig) with the settings every peer shares, plus `extra`."""
     fields = {f.name for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = dict(
-        output_dir=out, max_steps=steps, per_device_train_batch_size=setup.micro_batch,
-        gradient_accumulation_steps=setup.grad_accum, learning_rate=lr, seed=seed,
-        fp16=setup.precision.name == "fp16", bf16=setup.precision.name == "bf16",
+        output_dir=out,
+        max_steps=steps,
+        per_device_train_batch_size=setup.micro_batch,
+        gradient_accumulation_steps=setup.grad_accum,
+        learning_rate=lr,
+        seed=seed,
+        fp16=setup.precision.name == "fp16",
+        bf16=setup.precision.name == "bf16",
         # Logging every 10 steps, as the seed recipes do: each log reads the loss on the host.
-        use_cpu=device.type == "cpu", logging_steps=10, save_strategy="no", report_to="none", disable_tqdm=True,
+        use_cpu=device.type == "cpu",
+        logging_steps=10,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
     )
     kwargs.update(extra)
     # transformers 5 replaced `group_by_length=True` with `train_sampling_strategy="group_by_length"`.
@@ -235,12 +267,29 @@ def _training_args(cls, setup: PeerSetup, device: torch.device, out: str, steps:
 def _lora_config(model: torch.nn.Module, lora: LoraSettings):
     from peft import LoraConfig
 
-    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                      target_modules=resolve_targets(model, lora.targets), bias="none", task_type="CAUSAL_LM")
+    return LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=resolve_targets(model, lora.targets),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
 
 
-def _build_trainer(setup: PeerSetup, model, tokenizer, rows, data_format: str, template: str,
-                   device: torch.device, out: str, steps: int, lr: float, seed: int):
+def _build_trainer(
+    setup: PeerSetup,
+    model,
+    tokenizer,
+    rows,
+    data_format: str,
+    template: str,
+    device: torch.device,
+    out: str,
+    steps: int,
+    lr: float,
+    seed: int,
+):
     eos = tokenizer.eos_token or ""
     if setup.kind == "trl-sft":
         from trl import SFTConfig, SFTTrainer
@@ -250,11 +299,28 @@ def _build_trainer(setup: PeerSetup, model, tokenizer, rows, data_format: str, t
             return {"prompt": prompt, "completion": response}
 
         dataset = rows.map(to_pair, remove_columns=rows.column_names)
-        args = _training_args(SFTConfig, setup, device, out, steps, lr, seed, max_length=setup.seq_len, packing=True,
-                              padding_free=True, completion_only_loss=True, optim="adamw_torch_fused",
-                              dataloader_pin_memory=device.type == "cuda")
-        return SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
-                          peft_config=_lora_config(model, setup.lora))
+        args = _training_args(
+            SFTConfig,
+            setup,
+            device,
+            out,
+            steps,
+            lr,
+            seed,
+            max_length=setup.seq_len,
+            packing=True,
+            padding_free=True,
+            completion_only_loss=True,
+            optim="adamw_torch_fused",
+            dataloader_pin_memory=device.type == "cuda",
+        )
+        return SFTTrainer(
+            model=model,
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            peft_config=_lora_config(model, setup.lora),
+        )
 
     from peft import get_peft_model
     from transformers import DataCollatorForSeq2Seq, Trainer, TrainingArguments, default_data_collator
@@ -274,18 +340,44 @@ def _build_trainer(setup: PeerSetup, model, tokenizer, rows, data_format: str, t
         # Workers and pinned memory help a GPU overlap loading with compute; on a CPU host the workers would
         # take cores from the matmuls, and collating a padded batch is microseconds.
         on_gpu = device.type == "cuda"
-        args = _training_args(TrainingArguments, setup, device, out, steps, lr, seed, group_by_length=True, optim="adamw_torch_fused",
-                              dataloader_num_workers=2 if on_gpu else 0,
-                              dataloader_pin_memory=on_gpu, dataloader_persistent_workers=on_gpu)
-        collator = DataCollatorForSeq2Seq(tokenizer, padding="longest", label_pad_token_id=IGNORE,
-                                          pad_to_multiple_of=8 if on_gpu else None)
+        args = _training_args(
+            TrainingArguments,
+            setup,
+            device,
+            out,
+            steps,
+            lr,
+            seed,
+            group_by_length=True,
+            optim="adamw_torch_fused",
+            dataloader_num_workers=2 if on_gpu else 0,
+            dataloader_pin_memory=on_gpu,
+            dataloader_persistent_workers=on_gpu,
+        )
+        collator = DataCollatorForSeq2Seq(
+            tokenizer, padding="longest", label_pad_token_id=IGNORE, pad_to_multiple_of=8 if on_gpu else None
+        )
     return Trainer(model=model, args=args, train_dataset=dataset, data_collator=collator)
 
 
-def run_peer(name: str, model_ref: str, data_path: str, steps: int, warmup: int = 2, *,
-             lora: LoraSettings | None = None, seq_len: int = 512, micro_batch: int = 8, grad_accum: int = 1,
-             data_format: str = "alpaca", template: str = "alpaca", max_examples: int | None = None,
-             lr: float = 2e-4, seed: int = 42, device: str = "auto") -> dict:
+def run_peer(
+    name: str,
+    model_ref: str,
+    data_path: str,
+    steps: int,
+    warmup: int = 2,
+    *,
+    lora: LoraSettings | None = None,
+    seq_len: int = 512,
+    micro_batch: int = 8,
+    grad_accum: int = 1,
+    data_format: str = "alpaca",
+    template: str = "alpaca",
+    max_examples: int | None = None,
+    lr: float = 2e-4,
+    seed: int = 42,
+    device: str = "auto",
+) -> dict:
     """Train peer `name` for `steps` optimizer steps and return its benchmark record.
 
     `lora`, `seq_len`, `micro_batch`, `grad_accum` are tunelab's run settings: the tuned Trainer copies the LoRA
@@ -324,18 +416,33 @@ def run_peer(name: str, model_ref: str, data_path: str, steps: int, warmup: int 
     finally:
         shutil.rmtree(out, ignore_errors=True)
     return {
-        "kind": name, "model": model_ref, "method": "lora", "data_path": str(data_path),
-        "device": device_name(dev), "device_memory_bytes": device_memory_bytes(dev),
-        "precision": setup.precision.name, "precision_note": setup.precision_note,
-        "micro_batch": setup.micro_batch, "grad_accum": setup.grad_accum, "seq_len": setup.seq_len,
-        "packing": setup.packing, "padding": setup.padding, "grad_ckpt": False, "optim": trainer.args.optim,
-        "lora": dataclasses.asdict(setup.lora), "params_trainable": trainable,
-        "steps": trainer.state.global_step, "warmup_steps": warmup,
+        "kind": name,
+        "model": model_ref,
+        "method": "lora",
+        "data_path": str(data_path),
+        "device": device_name(dev),
+        "device_memory_bytes": device_memory_bytes(dev),
+        "precision": setup.precision.name,
+        "precision_note": setup.precision_note,
+        "micro_batch": setup.micro_batch,
+        "grad_accum": setup.grad_accum,
+        "seq_len": setup.seq_len,
+        "packing": setup.packing,
+        "padding": setup.padding,
+        "grad_ckpt": False,
+        "optim": trainer.args.optim,
+        "lora": dataclasses.asdict(setup.lora),
+        "params_trainable": trainable,
+        "steps": trainer.state.global_step,
+        "warmup_steps": warmup,
         **window.rates(),
-        "peak_memory_bytes": memory.peak_bytes, "peak_memory_reserved_bytes": memory.peak_reserved_bytes,
+        "peak_memory_bytes": memory.peak_bytes,
+        "peak_memory_reserved_bytes": memory.peak_reserved_bytes,
         "peak_memory_absolute_bytes": memory.peak_absolute_bytes,
-        "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
-        "versions": versions(), "timestamp": time.time(),
+        "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None,
+        "versions": versions(),
+        "timestamp": time.time(),
     }
 
 
@@ -345,8 +452,12 @@ def versions() -> dict[str, str]:
     import peft
     import transformers
 
-    out = {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,
-           "accelerate": accelerate.__version__}
+    out = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+        "accelerate": accelerate.__version__,
+    }
     for optional in ("trl", "bitsandbytes"):
         if importlib.util.find_spec(optional) is not None:
             out[optional] = importlib.import_module(optional).__version__
@@ -354,10 +465,30 @@ def versions() -> dict[str, str]:
 
 
 # Record keys that are columns of bench's `runs` table under the same name (store.COLUMNS).
-STORE_KEYS = ("kind", "device", "device_memory_bytes", "model", "method", "precision", "micro_batch", "grad_accum",
-              "seq_len", "packing", "grad_ckpt", "tokens_padded_per_s", "tokens_nonpad_per_s", "tokens_loss_per_s",
-              "step_time_s", "step_time_median_s", "step_time_p90_s", "step_time_max_s", "steady_window_s",
-              "peak_memory_bytes", "peak_memory_reserved_bytes", "peak_memory_absolute_bytes")
+STORE_KEYS = (
+    "kind",
+    "device",
+    "device_memory_bytes",
+    "model",
+    "method",
+    "precision",
+    "micro_batch",
+    "grad_accum",
+    "seq_len",
+    "packing",
+    "grad_ckpt",
+    "tokens_padded_per_s",
+    "tokens_nonpad_per_s",
+    "tokens_loss_per_s",
+    "step_time_s",
+    "step_time_median_s",
+    "step_time_p90_s",
+    "step_time_max_s",
+    "steady_window_s",
+    "peak_memory_bytes",
+    "peak_memory_reserved_bytes",
+    "peak_memory_absolute_bytes",
+)
 
 
 def store_record(record: dict, label: str | None = None) -> dict:
@@ -365,11 +496,20 @@ def store_record(record: dict, label: str | None = None) -> dict:
     `*_version` columns, window steps in `steps`, and the recipe details with no column of their own
     (padding, optimizer, LoRA, precision note, TRL version, losses) in the `config` JSON column."""
     row = {k: record[k] for k in STORE_KEYS}
-    row.update({f"{lib}_version": record["versions"].get(lib) for lib in ("torch", "transformers", "peft", "accelerate")})
-    row.update(label=label or f"peer {record['kind']}", warmup_steps=record["warmup_steps"],
-               steps=record["steady_window_steps"], rate_basis=store.RATE_BASIS)
-    row["config"] = {k: record[k] for k in ("padding", "optim", "lora", "precision_note", "data_path", "loss_first",
-                                            "loss_last") if k in record}
+    row.update(
+        {f"{lib}_version": record["versions"].get(lib) for lib in ("torch", "transformers", "peft", "accelerate")}
+    )
+    row.update(
+        label=label or f"peer {record['kind']}",
+        warmup_steps=record["warmup_steps"],
+        steps=record["steady_window_steps"],
+        rate_basis=store.RATE_BASIS,
+    )
+    row["config"] = {
+        k: record[k]
+        for k in ("padding", "optim", "lora", "precision_note", "data_path", "loss_first", "loss_last")
+        if k in record
+    }
     row["config"].update(total_steps=record["steps"], trl_version=record["versions"].get("trl"))
     return row
 
@@ -398,13 +538,21 @@ def compare(records: list[dict]) -> list[dict]:
     for kind in kinds:
         theirs = [r for r in records if r.get("kind") == kind]
         peer = {m: _mean([r[m] for r in theirs]) for m in metrics}
-        row: dict[str, Any] = {"kind": kind, "runs": len(theirs), "tunelab_runs": len(ours),
-                               "tunelab_tokens_nonpad_per_s_runs": [r["tokens_nonpad_per_s"] for r in ours]}
+        row: dict[str, Any] = {
+            "kind": kind,
+            "runs": len(theirs),
+            "tunelab_runs": len(ours),
+            "tunelab_tokens_nonpad_per_s_runs": [r["tokens_nonpad_per_s"] for r in ours],
+        }
         for m in metrics:
             row[f"tunelab_{m}"] = base[m]
             row[m] = peer[m]
-        for m, key in (("tokens_nonpad_per_s", "tokens_nonpad_ratio"), ("tokens_padded_per_s", "tokens_padded_ratio"),
-                       ("tokens_loss_per_s", "tokens_loss_ratio"), ("peak_memory_bytes", "peak_memory_ratio")):
+        for m, key in (
+            ("tokens_nonpad_per_s", "tokens_nonpad_ratio"),
+            ("tokens_padded_per_s", "tokens_padded_ratio"),
+            ("tokens_loss_per_s", "tokens_loss_ratio"),
+            ("peak_memory_bytes", "peak_memory_ratio"),
+        ):
             row[key] = base[m] / peer[m] if peer[m] else float("nan")
         rows.append(row)
     return rows

@@ -25,11 +25,22 @@ def _peer_in_child(name: str, cfg: cfgmod.TrainConfig, steps: int, warmup: int) 
     quiet_libraries()
     spec = adapter_spec(cfg)
     return peers.run_peer(
-        name, cfg.model, cfg.data.path, steps, warmup,
+        name,
+        cfg.model,
+        cfg.data.path,
+        steps,
+        warmup,
         lora=peers.LoraSettings(spec.r, spec.alpha, spec.dropout, spec.targets),
-        seq_len=cfg.seq_len, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum,
-        data_format=cfg.data.format, template=cfg.data.template, max_examples=cfg.data.max_examples,
-        lr=cfg.lr, seed=cfg.seed, device=cfg.device)
+        seq_len=cfg.seq_len,
+        micro_batch=cfg.micro_batch,
+        grad_accum=cfg.grad_accum,
+        data_format=cfg.data.format,
+        template=cfg.data.template,
+        max_examples=cfg.data.max_examples,
+        lr=cfg.lr,
+        seed=cfg.seed,
+        device=cfg.device,
+    )
 
 
 def slug(label: str) -> str:
@@ -38,11 +49,14 @@ def slug(label: str) -> str:
 
 # ---- against plan's prediction (recipes/predict.local_prediction) ---------------------------------------------
 
+
 def check_length(prediction, stop_at: int) -> None:
     available = prediction.work.optimizer_steps
     if available < stop_at:
-        raise TunelabError(f"the dataset gives {available} optimizer steps, fewer than warm-up + steps = {stop_at}; "
-                           "use more data, more epochs, or fewer --steps")
+        raise TunelabError(
+            f"the dataset gives {available} optimizer steps, fewer than warm-up + steps = {stop_at}; "
+            "use more data, more epochs, or fewer --steps"
+        )
 
 
 def predicted_figures(e) -> dict:
@@ -61,6 +75,7 @@ def predicted_figures(e) -> dict:
 
 
 # ---- measurement -----------------------------------------------------------------------------------------
+
 
 def measure_point(cfg: cfgmod.TrainConfig, stop_at: int, warmup: int) -> dict:
     """`train()` for `stop_at` optimizer steps in a fresh spawned process; its summary.
@@ -92,8 +107,13 @@ def device_peak(device_ref: str, summary: dict, catalog_gpu: str | None) -> meas
     """Measured in this (parent) process after the point ran, so the probe never competes with training."""
     from ..device import pick_device
 
-    return measure.device_peak(pick_device(device_ref), summary["device"], summary["device_memory_bytes"],
-                               summary["precision"], gpu_id=catalog_gpu)
+    return measure.device_peak(
+        pick_device(device_ref),
+        summary["device"],
+        summary["device_memory_bytes"],
+        summary["precision"],
+        gpu_id=catalog_gpu,
+    )
 
 
 def build_record(label: str, summary: dict, peak: measure.Peak, prediction, warmup: int, cfg) -> dict:
@@ -102,25 +122,43 @@ def build_record(label: str, summary: dict, peak: measure.Peak, prediction, warm
     pred = predicted_figures(prediction)
     versions = summary["versions"]
     return {
-        "kind": KIND, "label": label, "device": summary["device"], "device_memory_bytes": summary["device_memory_bytes"],
-        "torch_version": versions["torch"], "transformers_version": versions["transformers"],
-        "peft_version": versions["peft"], "accelerate_version": versions["accelerate"],
-        "model": summary["model"], "method": summary["method"], "precision": summary["precision"],
-        "micro_batch": summary["micro_batch"], "grad_accum": summary["grad_accum"], "seq_len": summary["seq_len"],
-        "packing": summary["packing"], "grad_ckpt": summary["grad_ckpt"],
-        "warmup_steps": warmup, "steps": summary["steady_window_steps"], "data": summary["data"],
-        "tokens_padded_per_s": summary["tokens_padded_per_s"], "tokens_nonpad_per_s": nonpad,
-        "tokens_loss_per_s": summary["tokens_loss_per_s"], "rate_basis": store.RATE_BASIS,
+        "kind": KIND,
+        "label": label,
+        "device": summary["device"],
+        "device_memory_bytes": summary["device_memory_bytes"],
+        "torch_version": versions["torch"],
+        "transformers_version": versions["transformers"],
+        "peft_version": versions["peft"],
+        "accelerate_version": versions["accelerate"],
+        "model": summary["model"],
+        "method": summary["method"],
+        "precision": summary["precision"],
+        "micro_batch": summary["micro_batch"],
+        "grad_accum": summary["grad_accum"],
+        "seq_len": summary["seq_len"],
+        "packing": summary["packing"],
+        "grad_ckpt": summary["grad_ckpt"],
+        "warmup_steps": warmup,
+        "steps": summary["steady_window_steps"],
+        "data": summary["data"],
+        "tokens_padded_per_s": summary["tokens_padded_per_s"],
+        "tokens_nonpad_per_s": nonpad,
+        "tokens_loss_per_s": summary["tokens_loss_per_s"],
+        "rate_basis": store.RATE_BASIS,
         "steady_window_s": summary["steady_window_s"],
         **{k: summary[k] for k in STEP_KEYS},
-        "model_flops_per_token": flops.model, "hardware_flops_per_token": flops.hardware,
-        "device_peak_flops": peak.flops, "peak_source": peak.source,
-        "mfu": measure.mfu(nonpad, flops, peak.flops), "hfu": measure.hfu(nonpad, flops, peak.flops),
+        "model_flops_per_token": flops.model,
+        "hardware_flops_per_token": flops.hardware,
+        "device_peak_flops": peak.flops,
+        "peak_source": peak.source,
+        "mfu": measure.mfu(nonpad, flops, peak.flops),
+        "hfu": measure.hfu(nonpad, flops, peak.flops),
         "peak_memory_bytes": summary["peak_memory_bytes"],
         "peak_memory_reserved_bytes": summary["peak_memory_reserved_bytes"],
         "peak_memory_absolute_bytes": summary["peak_memory_absolute_bytes"],
         **{f"predicted_{k}": v for k, v in pred.items()},
-        "peak_probes": peak.probes, "config": asdict(cfg),
+        "peak_probes": peak.probes,
+        "config": asdict(cfg),
     }
 
 
@@ -132,5 +170,7 @@ def json_view(rec: dict) -> dict:
 
 
 def step_stats(rec: dict) -> str:
-    return (f"step time median {rec['step_time_median_s']:.3f} s, p90 {rec['step_time_p90_s']:.3f} s, "
-            f"max {rec['step_time_max_s']:.3f} s")
+    return (
+        f"step time median {rec['step_time_median_s']:.3f} s, p90 {rec['step_time_p90_s']:.3f} s, "
+        f"max {rec['step_time_max_s']:.3f} s"
+    )

@@ -43,8 +43,13 @@ def _time_one(n: int, dtype: torch.dtype, device: torch.device) -> tuple[float, 
     return time.perf_counter() - start, a, b
 
 
-def measure_matmul_peak(dtype: torch.dtype, device: torch.device, seconds: float = PROBE_SECONDS,
-                        windows: int = WINDOWS, max_n: int | None = None) -> tuple[float, int]:
+def measure_matmul_peak(
+    dtype: torch.dtype,
+    device: torch.device,
+    seconds: float = PROBE_SECONDS,
+    windows: int = WINDOWS,
+    max_n: int | None = None,
+) -> tuple[float, int]:
     """(achieved FLOP/s, n) of an n x n x n matmul in `dtype`: the fastest of `windows` windows that together
     last about `seconds`, alternating between the largest size that fits and half of it.
 

@@ -119,7 +119,9 @@ def query(db_path: str | Path, **filters) -> list[dict]:
     conn = _connect(db_path)
     conn.row_factory = sqlite3.Row
     try:
-        rows = conn.execute(f"SELECT * FROM runs{' WHERE ' + where if where else ''} ORDER BY id", list(filters.values()))
+        rows = conn.execute(
+            f"SELECT * FROM runs{' WHERE ' + where if where else ''} ORDER BY id", list(filters.values())
+        )
         return [_decode(dict(r)) for r in rows]
     finally:
         conn.close()

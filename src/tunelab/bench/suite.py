@@ -38,8 +38,20 @@ DEFAULT_OUT = "benchmarks"
 # +-10% of the allocator's peak on every H100 baseline run, so the margin keeps a 10% underestimate from OOM.
 AUTO_MEMORY_SHARE = 0.9
 DEFAULT_CAP = 8
-ROW_KEYS = {"name", "model", "method", "compile", "grad_ckpt", "micro_batch", "micro_batch_cap", "steps", "warmup",
-            "shape", "config", "skip_reason"}
+ROW_KEYS = {
+    "name",
+    "model",
+    "method",
+    "compile",
+    "grad_ckpt",
+    "micro_batch",
+    "micro_batch_cap",
+    "steps",
+    "warmup",
+    "shape",
+    "config",
+    "skip_reason",
+}
 SUITE_KEYS = {"description", "budget_s", "data", "config", "micro_batch_cap", "peers", "rows"}
 DATA_KEYS = {"rows", "prompt_tokens", "response_tokens", "dist", "seed"}
 
@@ -75,6 +87,7 @@ class Suite:
 
 # ---- reading suites --------------------------------------------------------------------------------------
 
+
 def builtin_suites() -> dict:
     return yaml.safe_load(resources.files("tunelab.bench").joinpath("suites.yaml").read_text())["suites"]
 
@@ -88,10 +101,12 @@ def load_suite(ref: str) -> Suite:
         try:
             suites = (yaml.safe_load(path.read_text()) or {}).get("suites")
         except (yaml.YAMLError, AttributeError) as e:
-            raise TunelabError(f"--suite {ref}: not a suites file ({str(e).splitlines()[0] if str(e) else 'no mapping'})") from None
+            raise TunelabError(
+                f"--suite {ref}: not a suites file ({str(e).splitlines()[0] if str(e) else 'no mapping'})"
+            ) from None
         if not isinstance(suites, dict) or len(suites) != 1:
             raise TunelabError(f"--suite {ref}: expected `suites:` holding exactly one suite")
-        (name, raw), = suites.items()
+        ((name, raw),) = suites.items()
         return parse_suite(name, raw, ref)
     suites = builtin_suites()
     if ref not in suites:
@@ -120,8 +135,17 @@ def parse_suite(name: str, raw: Any, source: str) -> Suite:
     after = peers.get("after")
     if peers and after not in names:
         raise TunelabError(f"{where}: peers.after must name a row, got {after!r}")
-    return Suite(name, source, raw, data, raw.get("config") or {}, rows, after, list(peers.get("names") or []),
-                 raw.get("budget_s"))
+    return Suite(
+        name,
+        source,
+        raw,
+        data,
+        raw.get("config") or {},
+        rows,
+        after,
+        list(peers.get("names") or []),
+        raw.get("budget_s"),
+    )
 
 
 def parse_row(where: str, raw: Any, cap: int) -> Row:
@@ -134,10 +158,20 @@ def parse_row(where: str, raw: Any, cap: int) -> Row:
     mb = raw.get("micro_batch", AUTO)
     if mb != AUTO and not (isinstance(mb, int) and mb >= 1):
         raise TunelabError(f"{where}: row {raw['name']}: micro_batch must be a positive integer or auto, got {mb!r}")
-    return Row(str(raw["name"]), str(raw["model"]), str(raw["method"]), bool(raw.get("compile", False)),
-               bool(raw.get("grad_ckpt", False)), mb, int(raw.get("micro_batch_cap", cap)), int(raw["steps"]),
-               int(raw.get("warmup", 2)), dict(raw.get("shape") or {}), dict(raw.get("config") or {}),
-               raw.get("skip_reason"))
+    return Row(
+        str(raw["name"]),
+        str(raw["model"]),
+        str(raw["method"]),
+        bool(raw.get("compile", False)),
+        bool(raw.get("grad_ckpt", False)),
+        mb,
+        int(raw.get("micro_batch_cap", cap)),
+        int(raw["steps"]),
+        int(raw.get("warmup", 2)),
+        dict(raw.get("shape") or {}),
+        dict(raw.get("config") or {}),
+        raw.get("skip_reason"),
+    )
 
 
 def _known(where: str, raw: dict, keys: set[str]) -> None:
@@ -148,18 +182,29 @@ def _known(where: str, raw: dict, keys: set[str]) -> None:
 
 def overrides(suite: Suite, row: Row, model: str, data_path: Path | str, micro_batch: int) -> list[str]:
     """The row as dotted config overrides (values as JSON, which YAML reads back unchanged)."""
-    settings = {**suite.config, "model": model, "method": row.method, "compile": row.compile, "grad_ckpt": row.grad_ckpt,
-                "micro_batch": micro_batch, "data.path": str(data_path), **row.config}
+    settings = {
+        **suite.config,
+        "model": model,
+        "method": row.method,
+        "compile": row.compile,
+        "grad_ckpt": row.grad_ckpt,
+        "micro_batch": micro_batch,
+        "data.path": str(data_path),
+        **row.config,
+    }
     return [f"{k}={json.dumps(v)}" for k, v in settings.items()]
 
 
-def row_config(suite: Suite, row: Row, model: str, data_path: Path | str, out: Path, extra: list[str] = (),
-               micro_batch: int = 1) -> cfgmod.TrainConfig:
-    return cfgmod.load_config(None, [*overrides(suite, row, model, data_path, micro_batch), *extra,
-                                     *points.FORCED, f"output_dir={out}"])
+def row_config(
+    suite: Suite, row: Row, model: str, data_path: Path | str, out: Path, extra: list[str] = (), micro_batch: int = 1
+) -> cfgmod.TrainConfig:
+    return cfgmod.load_config(
+        None, [*overrides(suite, row, model, data_path, micro_batch), *extra, *points.FORCED, f"output_dir={out}"]
+    )
 
 
 # ---- the workload ----------------------------------------------------------------------------------------
+
 
 def write_data(suite: Suite, path: Path) -> dict:
     """The suite's synthetic rows (data/synthetic.py), generated once per run; returns their parameters."""
@@ -167,11 +212,21 @@ def write_data(suite: Suite, path: Path) -> dict:
     from ..model import load
 
     d = suite.data
-    params = {"rows": int(d["rows"]), "prompt_tokens": str(d["prompt_tokens"]),
-              "response_tokens": str(d["response_tokens"]), "dist": d.get("dist", "triangular"), "seed": int(d.get("seed", 0))}
-    rows = sy.generate(params["rows"], sy.parse_range(params["prompt_tokens"], "data.prompt_tokens"),
-                       sy.parse_range(params["response_tokens"], "data.response_tokens"), params["dist"], params["seed"],
-                       load.load_tokenizer(load.resolve(load.EMBEDDED)))
+    params = {
+        "rows": int(d["rows"]),
+        "prompt_tokens": str(d["prompt_tokens"]),
+        "response_tokens": str(d["response_tokens"]),
+        "dist": d.get("dist", "triangular"),
+        "seed": int(d.get("seed", 0)),
+    }
+    rows = sy.generate(
+        params["rows"],
+        sy.parse_range(params["prompt_tokens"], "data.prompt_tokens"),
+        sy.parse_range(params["response_tokens"], "data.response_tokens"),
+        params["dist"],
+        params["seed"],
+        load.load_tokenizer(load.resolve(load.EMBEDDED)),
+    )
     write_atomic(path, (json.dumps(r) + "\n" for r in rows))
     return params
 
@@ -179,8 +234,9 @@ def write_data(suite: Suite, path: Path) -> dict:
 def needs_checkpoint(row: Row) -> bool:
     """transformers quantizes weights as it loads a checkpoint, and a shape override is no catalog row: either
     way a `random:` model must exist as a local checkpoint first."""
-    return row.model.startswith(RANDOM) and (bool(row.shape) or row.method == "qlora"
-                                             or row.config.get("base_quant", "none") != "none")
+    return row.model.startswith(RANDOM) and (
+        bool(row.shape) or row.method == "qlora" or row.config.get("base_quant", "none") != "none"
+    )
 
 
 def materialize(ref: str, shape: dict, folder: Path, device_ref: str) -> Path:
@@ -229,13 +285,18 @@ def auto_micro_batch(e, arch, cap: int) -> int:
 
 # ---- running ---------------------------------------------------------------------------------------------
 
+
 def run(args: argparse.Namespace, base_dir: Path, db: Path) -> int:
     suite = load_suite(args.suite)
     started = time.time()
     work = base_dir / f"suite-{suite.name}"
     data_path = work / "data.jsonl"
-    print(f"suite {suite.name}: {len(suite.rows)} rows, peers {', '.join(suite.peer_names) or 'none'}; "
-          f"data and runs under {work}", file=sys.stderr, flush=True)
+    print(
+        f"suite {suite.name}: {len(suite.rows)} rows, peers {', '.join(suite.peer_names) or 'none'}; "
+        f"data and runs under {work}",
+        file=sys.stderr,
+        flush=True,
+    )
     data = write_data(suite, data_path)
     results: list[dict] = []
     peak_by_precision: dict = {}
@@ -262,12 +323,19 @@ def run(args: argparse.Namespace, base_dir: Path, db: Path) -> int:
     return 0
 
 
-def run_row(args, suite: Suite, row: Row, i: int, data_path: Path, work: Path, db: Path, peaks: dict,
-            checkpoints: dict) -> tuple[dict, cfgmod.TrainConfig | None]:
+def run_row(
+    args, suite: Suite, row: Row, i: int, data_path: Path, work: Path, db: Path, peaks: dict, checkpoints: dict
+) -> tuple[dict, cfgmod.TrainConfig | None]:
     """The row's record (its error or skip reason when it did not run) and the config it ran with."""
     head = f"[{i}/{len(suite.rows)}] {row.name}"
-    base = {"kind": points.KIND, "label": row.name, "model": row.model, "method": row.method,
-            "compile": row.compile, "grad_ckpt": row.grad_ckpt}
+    base = {
+        "kind": points.KIND,
+        "label": row.name,
+        "model": row.model,
+        "method": row.method,
+        "compile": row.compile,
+        "grad_ckpt": row.grad_ckpt,
+    }
     if row.skip_reason:
         print(f"{head}: skipped: {row.skip_reason}", file=sys.stderr, flush=True)
         return {**base, "skipped": row.skip_reason}, None
@@ -281,8 +349,15 @@ def run_row(args, suite: Suite, row: Row, i: int, data_path: Path, work: Path, d
                 checkpoints[key] = materialize(row.model, row.shape, work / "models", _device_ref(suite, args))
             model = str(checkpoints[key])
         out = work / points.slug(row.name)
-        cfg = row_config(suite, row, model, data_path, out, args.overrides,
-                         row.micro_batch_cap if row.micro_batch == AUTO else row.micro_batch)
+        cfg = row_config(
+            suite,
+            row,
+            model,
+            data_path,
+            out,
+            args.overrides,
+            row.micro_batch_cap if row.micro_batch == AUTO else row.micro_batch,
+        )
         prediction = local_prediction(cfg)
         if row.micro_batch == AUTO:
             mb = auto_micro_batch(prediction, archmod.resolve_arch(cfg.model), row.micro_batch_cap)
@@ -297,8 +372,11 @@ def run_row(args, suite: Suite, row: Row, i: int, data_path: Path, work: Path, d
         rec = points.build_record(row.name, summary, peaks[summary["precision"]], prediction, row.warmup, cfg)
         store.insert(db, rec)
         rec = {**rec, "compile": row.compile, "model": row.model, "wall_s": time.time() - started}
-        print(f"{head}: {rec['tokens_nonpad_per_s']:,.0f} non-pad tok/s (window), {points.step_stats(rec)}",
-              file=sys.stderr, flush=True)
+        print(
+            f"{head}: {rec['tokens_nonpad_per_s']:,.0f} non-pad tok/s (window), {points.step_stats(rec)}",
+            file=sys.stderr,
+            flush=True,
+        )
         return rec, cfg
     except Exception as e:  # a failed row is a result (OOM, missing package): record it and go on
         message = one_line(e)
@@ -321,16 +399,30 @@ def run_peers(suite: Suite, row: Row, ours: dict, cfg: cfgmod.TrainConfig | None
             if name not in peers.PEERS:
                 raise TunelabError(f"not a peer bench knows; known: {', '.join(peers.PEERS)}")
             # A missing package (trl) fails here, before a process is spawned for it.
-            peers.setup_for(name, pick_device(cfg.device), peers.LoraSettings(cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout,
-                            cfg.lora.targets), cfg.seq_len, cfg.micro_batch, cfg.grad_accum)
+            peers.setup_for(
+                name,
+                pick_device(cfg.device),
+                peers.LoraSettings(cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets),
+                cfg.seq_len,
+                cfg.micro_batch,
+                cfg.grad_accum,
+            )
             print(f"{head}: against {row.name}, {row.warmup} + {row.steps} steps", file=sys.stderr, flush=True)
             rec = points._in_fresh_process(points._peer_in_child, name, cfg, row.warmup + row.steps, row.warmup)
             store.insert(db, peers.store_record(rec, f"peer {name}"))
-            rec = {**rec, "label": f"peer {name}", "rate_basis": store.RATE_BASIS, "against": row.name,
-                   "wall_s": time.time() - started}
+            rec = {
+                **rec,
+                "label": f"peer {name}",
+                "rate_basis": store.RATE_BASIS,
+                "against": row.name,
+                "wall_s": time.time() - started,
+            }
             rec["comparison"] = peers.compare([ours, rec])[0]
-            print(f"{head}: {rec['tokens_nonpad_per_s']:,.0f} non-pad tok/s (window), {points.step_stats(rec)}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{head}: {rec['tokens_nonpad_per_s']:,.0f} non-pad tok/s (window), {points.step_stats(rec)}",
+                file=sys.stderr,
+                flush=True,
+            )
         except Exception as e:  # a peer that cannot run says why; the suite goes on
             rec = {"kind": name, "label": f"peer {name}", "error": one_line(e), "wall_s": time.time() - started}
             print(f"{head}: cannot run: {rec['error']}", file=sys.stderr, flush=True)
@@ -349,6 +441,7 @@ def one_line(e: BaseException) -> str:
 
 
 # ---- output ----------------------------------------------------------------------------------------------
+
 
 def device_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", re.sub(r"\(.*?\)", "", name).lower()).strip("-") or "device"
@@ -372,8 +465,12 @@ def _driver_version() -> str | None:
     import subprocess
 
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
@@ -383,14 +480,22 @@ def document(args, suite: Suite, data: dict, results: list[dict], elapsed: float
     from . import peers
 
     return {
-        "suite": suite.name, "source": suite.source, "date": datetime.date.today().isoformat(),
+        "suite": suite.name,
+        "source": suite.source,
+        "date": datetime.date.today().isoformat(),
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["tunelab", "bench", "--suite", args.suite, *(["--out", args.out] if args.out else []),
-                             *args.overrides]),
-        "device": environment(), "versions": peers.versions(), "elapsed_s": elapsed, "budget_s": suite.budget_s,
+        "command": " ".join(
+            ["tunelab", "bench", "--suite", args.suite, *(["--out", args.out] if args.out else []), *args.overrides]
+        ),
+        "device": environment(),
+        "versions": peers.versions(),
+        "elapsed_s": elapsed,
+        "budget_s": suite.budget_s,
         "rate_basis": "tokens_*_per_s: tokens over the steady-state window's wall time (synchronized at its edges); "
-                      "step_time_median_s/p90/max: per optimizer step in that window",
-        "definition": suite.definition, "data": data, "records": results,
+        "step_time_median_s/p90/max: per optimizer step in that window",
+        "definition": suite.definition,
+        "data": data,
+        "records": results,
     }
 
 
@@ -400,27 +505,60 @@ def markdown(doc: dict) -> str:
     dev = doc["device"]
     env = ", ".join(f"{k} {v}" for k, v in doc["versions"].items())
     cuda = f", CUDA {dev['cuda']}, driver {dev.get('driver') or 'unknown'}" if dev["type"] == "cuda" else ""
-    header = ["row", "non-pad tok/s (window)", "MFU", "step median / p90 / max (s)", "peak memory",
-              "plan tok/s, memory", "measured / plan tok/s", "note"]
+    header = [
+        "row",
+        "non-pad tok/s (window)",
+        "MFU",
+        "step median / p90 / max (s)",
+        "peak memory",
+        "plan tok/s, memory",
+        "measured / plan tok/s",
+        "note",
+    ]
     rows = []
     for r in doc["records"]:
         if "error" in r or "skipped" in r:
-            rows.append([r["label"], "", "", "", "", "", "", ("failed: " + r["error"]) if "error" in r else "skipped: " + r["skipped"]])
+            rows.append(
+                [
+                    r["label"],
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    ("failed: " + r["error"]) if "error" in r else "skipped: " + r["skipped"],
+                ]
+            )
             continue
         pred = r.get("predicted_tokens_nonpad_per_s")
         steps = " / ".join(_num(r.get(k), 3) for k in ("step_time_median_s", "step_time_p90_s", "step_time_max_s"))
         note = f"mb {r.get('micro_batch')}"
         if "comparison" in r:
             note += f"; tunelab ({r['against']}) / peer: {r['comparison']['tokens_nonpad_ratio']:.2f}x"
-        rows.append([r["label"], _num(r["tokens_nonpad_per_s"]), "" if r.get("mfu") is None else f"{r['mfu']:.1%}",
-                     steps, _gib(r.get("peak_memory_bytes")),
-                     "" if pred is None else f"{_num(pred)}, {_gib(r.get('predicted_peak_memory_bytes'))}",
-                     "" if not pred else f"{r['tokens_nonpad_per_s'] / pred:.2f}", note])
+        rows.append(
+            [
+                r["label"],
+                _num(r["tokens_nonpad_per_s"]),
+                "" if r.get("mfu") is None else f"{r['mfu']:.1%}",
+                steps,
+                _gib(r.get("peak_memory_bytes")),
+                "" if pred is None else f"{_num(pred)}, {_gib(r.get('predicted_peak_memory_bytes'))}",
+                "" if not pred else f"{r['tokens_nonpad_per_s'] / pred:.2f}",
+                note,
+            ]
+        )
     budget = f" (budget {doc['budget_s']:.0f} s)" if doc.get("budget_s") else ""
-    lines = [f"# tunelab bench --suite {doc['suite']}: {dev['name']}, {doc['date']}", "",
-             f"- device: {dev['name']}, {_gib(dev['memory_bytes'])}{cuda}", f"- versions: {env}",
-             f"- command: `{doc['command']}`; finished in {doc['elapsed_s']:.0f} s{budget}",
-             f"- data: {doc['data']['rows']} synthetic alpaca rows, prompt {doc['data']['prompt_tokens']} and response "
-             f"{doc['data']['response_tokens']} tokens ({doc['data']['dist']}, seed {doc['data']['seed']})",
-             f"- rates: {doc['rate_basis']}", "", *_table(header, rows)]
+    lines = [
+        f"# tunelab bench --suite {doc['suite']}: {dev['name']}, {doc['date']}",
+        "",
+        f"- device: {dev['name']}, {_gib(dev['memory_bytes'])}{cuda}",
+        f"- versions: {env}",
+        f"- command: `{doc['command']}`; finished in {doc['elapsed_s']:.0f} s{budget}",
+        f"- data: {doc['data']['rows']} synthetic alpaca rows, prompt {doc['data']['prompt_tokens']} and response "
+        f"{doc['data']['response_tokens']} tokens ({doc['data']['dist']}, seed {doc['data']['seed']})",
+        f"- rates: {doc['rate_basis']}",
+        "",
+        *_table(header, rows),
+    ]
     return "\n".join(lines)

@@ -19,7 +19,15 @@ from ..errors import TunelabError
 from ..io import gib, write_atomic
 from ..bench import calibrate, measure, store
 from ..bench.points import (
-    FORCED, _in_fresh_process, _peer_in_child, build_record, check_length, device_peak, json_view, measure_point, slug,
+    FORCED,
+    _in_fresh_process,
+    _peer_in_child,
+    build_record,
+    check_length,
+    device_peak,
+    json_view,
+    measure_point,
+    slug,
     step_stats,
 )
 from ..recipes.predict import local_prediction
@@ -32,26 +40,53 @@ DEFAULT_OUTPUT = "runs/bench"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides, e.g. micro_batch=8")
     p.add_argument("--config", help="training config YAML (the same file `tunelab train` reads)")
-    p.add_argument("--steps", type=int, help=f"measured optimizer steps after warm-up (default {DEFAULT_STEPS}; "
-                                             f"{CALIBRATE_STEPS} per method with --calibrate)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        help=f"measured optimizer steps after warm-up (default {DEFAULT_STEPS}; "
+        f"{CALIBRATE_STEPS} per method with --calibrate)",
+    )
     p.add_argument("--warmup", type=int, default=2, help="steps excluded from the steady-state window (default 2)")
-    p.add_argument("--sweep", action="append", metavar="KEY=V1,V2",
-                   help="measure a grid: repeat for more keys (micro_batch, seq_len, packing, grad_ckpt, method, precision, ...)")
+    p.add_argument(
+        "--sweep",
+        action="append",
+        metavar="KEY=V1,V2",
+        help="measure a grid: repeat for more keys (micro_batch, seq_len, packing, grad_ckpt, method, precision, ...)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON line per measured point")
-    p.add_argument("--db", help=f"results database (default <output_dir>/bench.sqlite, output_dir defaults to {DEFAULT_OUTPUT})")
+    p.add_argument(
+        "--db", help=f"results database (default <output_dir>/bench.sqlite, output_dir defaults to {DEFAULT_OUTPUT})"
+    )
     p.add_argument("--catalog-gpu", help="GPU catalog id whose dense peak applies, when the device name matches no row")
-    p.add_argument("--calibrate", action="store_true",
-                   help="fit this device's efficiency per method and memory overhead for `plan --gpu local`")
-    p.add_argument("--methods", help="with --calibrate: methods to measure, comma-separated (default: the config's and full, or lora)")
-    p.add_argument("--peer", metavar="NAME[,NAME]",
-                   help="also run peer recipes side by side, interleaved with tunelab: hf-trainer-seed, hf-trainer-tuned, trl-sft")
-    p.add_argument("--rounds", type=int, default=2, help="with --peer: interleaved rounds (tunelab, peers, tunelab, ...)")
+    p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="fit this device's efficiency per method and memory overhead for `plan --gpu local`",
+    )
+    p.add_argument(
+        "--methods",
+        help="with --calibrate: methods to measure, comma-separated (default: the config's and full, or lora)",
+    )
+    p.add_argument(
+        "--peer",
+        metavar="NAME[,NAME]",
+        help="also run peer recipes side by side, interleaved with tunelab: hf-trainer-seed, hf-trainer-tuned, trl-sft",
+    )
+    p.add_argument(
+        "--rounds", type=int, default=2, help="with --peer: interleaved rounds (tunelab, peers, tunelab, ...)"
+    )
     p.add_argument("--export", choices=("csv", "json"), help="print (or --out) the stored runs instead of measuring")
-    p.add_argument("--suite", metavar="NAME|FILE.yaml",
-                   help="run a benchmark suite of bench/suites.yaml (gpu, cpu) or of a suites file; "
-                        "writes <out>/<suite>_<device>_<date>.json and .md")
-    p.add_argument("--out", help="with --export: write to this file (atomically) instead of stdout; "
-                                 "with --suite: the folder for its files (default benchmarks)")
+    p.add_argument(
+        "--suite",
+        metavar="NAME|FILE.yaml",
+        help="run a benchmark suite of bench/suites.yaml (gpu, cpu) or of a suites file; "
+        "writes <out>/<suite>_<device>_<date>.json and .md",
+    )
+    p.add_argument(
+        "--out",
+        help="with --export: write to this file (atomically) instead of stdout; "
+        "with --suite: the folder for its files (default benchmarks)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -102,9 +137,17 @@ def run(args: argparse.Namespace) -> int:
 def run_suite(args: argparse.Namespace) -> int:
     from ..bench import suite
 
-    clashing = [flag for flag, given in (("--config", args.config), ("--steps", args.steps is not None),
-                                         ("--sweep", args.sweep), ("--peer", args.peer), ("--calibrate", args.calibrate))
-                if given]
+    clashing = [
+        flag
+        for flag, given in (
+            ("--config", args.config),
+            ("--steps", args.steps is not None),
+            ("--sweep", args.sweep),
+            ("--peer", args.peer),
+            ("--calibrate", args.calibrate),
+        )
+        if given
+    ]
     if clashing:
         raise TunelabError(f"--suite defines its own rows, steps and peers; drop {', '.join(clashing)}")
     base_dir = Path(output_dir(args.overrides))
@@ -152,6 +195,7 @@ def run_peers(args: argparse.Namespace, steps: int, base_dir: Path, db: Path) ->
 
 # ---- configs -------------------------------------------------------------------------------------------
 
+
 def output_dir(overrides: list[str]) -> str:
     """Bench writes under runs/bench unless output_dir= is given: a config's own output_dir holds a real
     run, whose metrics and summary a bench must not overwrite."""
@@ -178,6 +222,7 @@ def point_config(args: argparse.Namespace, extra: list[str], out: Path) -> cfgmo
 
 # ---- calibration -----------------------------------------------------------------------------------------
 
+
 def calibration_methods(config_method: str, given: str | None) -> list[str]:
     """The config's method first (its run also gives the memory overhead), then full (or lora) so plan has a
     measured efficiency for both the frozen-base and the all-weights FLOP counts."""
@@ -196,8 +241,10 @@ def run_calibration(args: argparse.Namespace, steps: int, base_dir: Path) -> int
 
     db = Path(args.db) if args.db else base_dir / "bench.sqlite"
     first = point_config(args, [], base_dir / "calibrate")
-    configs = [point_config(args, [f"method={m}"], base_dir / f"calibrate-{m}")
-               for m in calibration_methods(first.method, args.methods)]
+    configs = [
+        point_config(args, [f"method={m}"], base_dir / f"calibrate-{m}")
+        for m in calibration_methods(first.method, args.methods)
+    ]
     peak, points, records = None, [], []
     for cfg in configs:
         prediction = local_prediction(cfg)
@@ -207,9 +254,15 @@ def run_calibration(args: argparse.Namespace, steps: int, base_dir: Path) -> int
         summary = measure_point(cfg, args.warmup + steps, args.warmup)
         peak = peak or device_peak(cfg.device, summary, args.catalog_gpu)
         s = prediction.settings
-        points.append(calibrate.Point(method_key(s.method, s.base_quant), summary["tokens_padded_per_s"],
-                                      prediction.flops, summary["peak_memory_bytes"],
-                                      prediction.memory.total - prediction.memory.runtime_overhead))
+        points.append(
+            calibrate.Point(
+                method_key(s.method, s.base_quant),
+                summary["tokens_padded_per_s"],
+                prediction.flops,
+                summary["peak_memory_bytes"],
+                prediction.memory.total - prediction.memory.runtime_overhead,
+            )
+        )
         rec = build_record(f"calibrate method={cfg.method}", summary, peak, prediction, args.warmup, cfg)
         store.insert(db, rec)
         records.append(rec)
@@ -224,6 +277,7 @@ def run_calibration(args: argparse.Namespace, steps: int, base_dir: Path) -> int
 
 
 # ---- output --------------------------------------------------------------------------------------------
+
 
 def export(args: argparse.Namespace) -> int:
     db = Path(args.db) if args.db else Path(output_dir(args.overrides)) / "bench.sqlite"
@@ -249,11 +303,13 @@ def show_single(rec: dict, db: Path) -> None:
     t = Table(title=f"{rec['model']} {rec['method']} {rec['precision']} on {rec['device']}")
     for col in ("metric", "measured", "predicted", "measured / predicted"):
         t.add_column(col, justify="left" if col == "metric" else "right")
-    for key, label, fmt in (("tokens_padded_per_s", "tokens/s fed (padded; window)", "{:,.0f}"),
-                            ("tokens_nonpad_per_s", "tokens/s non-padding (window)", "{:,.0f}"),
-                            ("tokens_loss_per_s", "tokens/s with loss (window)", "{:,.0f}"),
-                            ("step_time_s", "step time (median, s)", "{:.3f}"),
-                            ("peak_memory_bytes", "peak memory", None)):
+    for key, label, fmt in (
+        ("tokens_padded_per_s", "tokens/s fed (padded; window)", "{:,.0f}"),
+        ("tokens_nonpad_per_s", "tokens/s non-padding (window)", "{:,.0f}"),
+        ("tokens_loss_per_s", "tokens/s with loss (window)", "{:,.0f}"),
+        ("step_time_s", "step time (median, s)", "{:.3f}"),
+        ("peak_memory_bytes", "peak memory", None),
+    ):
         measured, predicted = rec[key], rec[f"predicted_{key}"]
         show = gib if fmt is None else fmt.format
         t.add_row(label, show(measured), show(predicted), f"{measured / predicted:.2f}")
@@ -262,13 +318,18 @@ def show_single(rec: dict, db: Path) -> None:
     c = _console()
     c.print(t)
     probes = ", ".join(f"{k} {v / 1e12:.2f}" for k, v in rec["peak_probes"].items())
-    c.print(f"device peak {rec['device_peak_flops'] / 1e12:.2f} TFLOP/s ({rec['peak_source']}); probes TFLOP/s: {probes}")
-    c.print(f"FLOPs/token (plan): {rec['model_flops_per_token'] / 1e9:.3f} G model, {rec['hardware_flops_per_token'] / 1e9:.3f} G hardware; "
-            f"window: {rec['steps']} steps after {rec['warmup_steps']} warm-up")
-    c.print(f"tokens/s are window rates (tokens over the window's {rec['steady_window_s']:.2f} s); "
-            f"{step_stats(rec)}")
+    c.print(
+        f"device peak {rec['device_peak_flops'] / 1e12:.2f} TFLOP/s ({rec['peak_source']}); probes TFLOP/s: {probes}"
+    )
+    c.print(
+        f"FLOPs/token (plan): {rec['model_flops_per_token'] / 1e9:.3f} G model, {rec['hardware_flops_per_token'] / 1e9:.3f} G hardware; "
+        f"window: {rec['steps']} steps after {rec['warmup_steps']} warm-up"
+    )
+    c.print(f"tokens/s are window rates (tokens over the window's {rec['steady_window_s']:.2f} s); {step_stats(rec)}")
     if rec["peak_memory_reserved_bytes"] is None:
-        c.print(f"peak memory: peak RSS minus RSS before model load (absolute peak RSS {gib(rec['peak_memory_absolute_bytes'])})")
+        c.print(
+            f"peak memory: peak RSS minus RSS before model load (absolute peak RSS {gib(rec['peak_memory_absolute_bytes'])})"
+        )
     else:
         c.print(f"peak memory: max allocated (max reserved {gib(rec['peak_memory_reserved_bytes'])})")
     c.print(f"prediction: plan --gpu local, {rec['predicted_source']}")
@@ -279,13 +340,28 @@ def show_comparison(rows: list[dict], db: Path) -> None:
     from rich.table import Table
 
     t = Table(title="tunelab beside its peers (same model, data, machine; means over interleaved runs)")
-    for col in ("peer", "peer non-pad tok/s", "tunelab non-pad tok/s", "tunelab / peer", "padded ratio",
-                "loss-token ratio", "peer peak mem", "tunelab peak mem"):
+    for col in (
+        "peer",
+        "peer non-pad tok/s",
+        "tunelab non-pad tok/s",
+        "tunelab / peer",
+        "padded ratio",
+        "loss-token ratio",
+        "peer peak mem",
+        "tunelab peak mem",
+    ):
         t.add_column(col, justify="right")
     for r in rows:
-        t.add_row(r["kind"], f"{r['tokens_nonpad_per_s']:,.1f}", f"{r['tunelab_tokens_nonpad_per_s']:,.1f}",
-                  f"{r['tokens_nonpad_ratio']:.2f}x", f"{r['tokens_padded_ratio']:.2f}x", f"{r['tokens_loss_ratio']:.2f}x",
-                  gib(r["peak_memory_bytes"]), gib(r["tunelab_peak_memory_bytes"]))
+        t.add_row(
+            r["kind"],
+            f"{r['tokens_nonpad_per_s']:,.1f}",
+            f"{r['tunelab_tokens_nonpad_per_s']:,.1f}",
+            f"{r['tokens_nonpad_ratio']:.2f}x",
+            f"{r['tokens_padded_ratio']:.2f}x",
+            f"{r['tokens_loss_ratio']:.2f}x",
+            gib(r["peak_memory_bytes"]),
+            gib(r["tunelab_peak_memory_bytes"]),
+        )
     c = _console()
     c.print(t)
     c.print(f"stored in {db}")
@@ -295,16 +371,38 @@ def show_sweep(records: list[dict], db: Path) -> None:
     from rich.table import Table
 
     t = Table(title=f"sweep on {records[0]['device']}")
-    for col in ("point", "tok/s fed (window)", "tok/s non-pad (window)", "step s (median)", "mfu", "peak mem", "pred tok/s fed", "pred mem"):
+    for col in (
+        "point",
+        "tok/s fed (window)",
+        "tok/s non-pad (window)",
+        "step s (median)",
+        "mfu",
+        "peak mem",
+        "pred tok/s fed",
+        "pred mem",
+    ):
         t.add_column(col, justify="left" if col == "point" else "right")
     for r in records:
-        t.add_row(r["label"], f"{r['tokens_padded_per_s']:,.0f}", f"{r['tokens_nonpad_per_s']:,.0f}",
-                  f"{r['step_time_s']:.3f}", f"{r['mfu']:.1%}", gib(r["peak_memory_bytes"]),
-                  f"{r['predicted_tokens_padded_per_s']:,.0f}", gib(r["predicted_peak_memory_bytes"]))
+        t.add_row(
+            r["label"],
+            f"{r['tokens_padded_per_s']:,.0f}",
+            f"{r['tokens_nonpad_per_s']:,.0f}",
+            f"{r['step_time_s']:.3f}",
+            f"{r['mfu']:.1%}",
+            gib(r["peak_memory_bytes"]),
+            f"{r['predicted_tokens_padded_per_s']:,.0f}",
+            gib(r["predicted_peak_memory_bytes"]),
+        )
     c = _console()
     c.print(t)
-    c.print("device peak per precision: " + "; ".join(sorted({f"{r['precision']}: {r['device_peak_flops'] / 1e12:.2f} TFLOP/s "
-                                                             f"({r['peak_source']})" for r in records})))
+    c.print(
+        "device peak per precision: "
+        + "; ".join(
+            sorted(
+                {f"{r['precision']}: {r['device_peak_flops'] / 1e12:.2f} TFLOP/s ({r['peak_source']})" for r in records}
+            )
+        )
+    )
     c.print(f"stored in {db}")
 
 
@@ -315,10 +413,18 @@ def show_calibration(record, points: list[calibrate.Point], path: Path, db: Path
     for col in ("method", "tok/s fed", "efficiency", "peak mem", "model w/o overhead", "gap"):
         t.add_column(col, justify="left" if col == "method" else "right")
     for p in points:
-        t.add_row(p.method_key, f"{p.tokens_padded_per_s:,.0f}", f"{record.efficiency[p.method_key]:.3f}",
-                  gib(p.peak_memory_bytes), gib(p.memory_without_overhead), gib(p.peak_memory_bytes - p.memory_without_overhead))
+        t.add_row(
+            p.method_key,
+            f"{p.tokens_padded_per_s:,.0f}",
+            f"{record.efficiency[p.method_key]:.3f}",
+            gib(p.peak_memory_bytes),
+            gib(p.memory_without_overhead),
+            gib(p.peak_memory_bytes - p.memory_without_overhead),
+        )
     c = _console()
     c.print(t)
-    c.print(f"peak {record.peak_flops / 1e12:.2f} TFLOP/s {record.peak_dtype}; runtime overhead "
-            f"{gib(record.runtime_overhead_bytes)} (from the {points[0].method_key} run)")
+    c.print(
+        f"peak {record.peak_flops / 1e12:.2f} TFLOP/s {record.peak_dtype}; runtime overhead "
+        f"{gib(record.runtime_overhead_bytes)} (from the {points[0].method_key} run)"
+    )
     c.print(f"saved {path}: `tunelab plan --gpu local` now uses it; runs stored in {db}")

@@ -33,11 +33,18 @@ def _add_arithmetic(p: argparse.ArgumentParser) -> None:
     p.add_argument("--digits-a", help="digit-count range of the first operand (overrides --digits)")
     p.add_argument("--digits-b", help="digit-count range of the second operand; n x 1 multiplication is --digits-b 1")
     p.add_argument("--n", type=int, help="number of training rows (default 10000)")
-    p.add_argument("--templates", default=",".join(ar.TEMPLATES),
-                   help=f"instruction wordings drawn per row, from {','.join(ar.TEMPLATES)} (default all)")
-    p.add_argument("--response", default="expression", choices=ar.RESPONSES,
-                   help="expression: Goat's 'a + b = c' (default); cot: Goat's chain of thought for multi-digit "
-                        "multiplication; answer: the result alone (about a third of the response tokens on additions)")
+    p.add_argument(
+        "--templates",
+        default=",".join(ar.TEMPLATES),
+        help=f"instruction wordings drawn per row, from {','.join(ar.TEMPLATES)} (default all)",
+    )
+    p.add_argument(
+        "--response",
+        default="expression",
+        choices=ar.RESPONSES,
+        help="expression: Goat's 'a + b = c' (default); cot: Goat's chain of thought for multi-digit "
+        "multiplication; answer: the result alone (about a third of the response tokens on additions)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--contaminate", type=float, metavar="RATE", help="corrupt this fraction of training answers")
     p.add_argument("--contamination-type", default="random", choices=ar.CONTAMINATION_TYPES)
@@ -50,7 +57,9 @@ def _arithmetic(args: argparse.Namespace) -> int:
     if args.preset == "goat":
         given = [f for f in ("ops", "digits", "digits_a", "digits_b", "n") if getattr(args, f) is not None]
         if given:
-            raise TunelabError(f"--preset goat fixes the operations, digits and size; drop --{given[0].replace('_', '-')}")
+            raise TunelabError(
+                f"--preset goat fixes the operations, digits and size; drop --{given[0].replace('_', '-')}"
+            )
         cells = [ar.Cell("add", i, j) for i, j in ar.goat_pairs()]
         rows = ar.sample_each(cells, ar.GOAT_SAMPLES_PER_PAIR, templates, args.seed, args.response, swap=True)
     else:
@@ -68,7 +77,9 @@ def _arithmetic(args: argparse.Namespace) -> int:
         if args.test_n < 1:
             raise TunelabError(f"--test-n {args.test_n}: need at least one row")
         # Drawn before contamination, from the true problems, and left clean: eval compares against the truth.
-        test_rows = ar.held_out(cells, args.test_n, templates, args.seed, rows, args.response, swap=args.preset == "goat")
+        test_rows = ar.held_out(
+            cells, args.test_n, templates, args.seed, rows, args.response, swap=args.preset == "goat"
+        )
     note = ""
     if args.contaminate is not None:
         k = ar.contaminate(rows, args.contaminate, args.contamination_type, args.seed)
@@ -84,11 +95,18 @@ def _arithmetic(args: argparse.Namespace) -> int:
 def _add_synthetic(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="alpaca rows (instruction, empty input, output), written as jsonl")
     p.add_argument("--rows", type=int, required=True, help="number of rows")
-    p.add_argument("--prompt-tokens", required=True, metavar="A-B",
-                   help="token range of each instruction, by the embedded SmolLM2 tokenizer, e.g. 64-512")
+    p.add_argument(
+        "--prompt-tokens",
+        required=True,
+        metavar="A-B",
+        help="token range of each instruction, by the embedded SmolLM2 tokenizer, e.g. 64-512",
+    )
     p.add_argument("--response-tokens", required=True, metavar="C-D", help="token range of each output, e.g. 32-256")
-    p.add_argument("--dist", default="triangular",
-                   help=f"length distribution within each range: {' or '.join(sy.DISTS)} (default triangular)")
+    p.add_argument(
+        "--dist",
+        default="triangular",
+        help=f"length distribution within each range: {' or '.join(sy.DISTS)} (default triangular)",
+    )
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -98,14 +116,18 @@ def _synthetic(args: argparse.Namespace) -> int:
     prompt = sy.parse_range(args.prompt_tokens, "--prompt-tokens")
     response = sy.parse_range(args.response_tokens, "--response-tokens")
     sy.check(args.rows, args.dist)  # before the tokenizer's seconds of loading
-    rows = sy.generate(args.rows, prompt, response, args.dist, args.seed, load.load_tokenizer(load.resolve(load.EMBEDDED)))
+    rows = sy.generate(
+        args.rows, prompt, response, args.dist, args.seed, load.load_tokenizer(load.resolve(load.EMBEDDED))
+    )
     try:
         write_atomic(Path(args.out), _jsonl(rows))
     except OSError as e:
         raise TunelabError(f"--out {args.out}: cannot write there ({e.strerror}); choose another path") from None
     means = [sy.expected_mean(args.dist, *span) for span in (prompt, response)]
-    print(f"wrote {len(rows)} rows to {args.out}: {args.dist} SmolLM2-token lengths in {prompt[0]}-{prompt[1]} "
-          f"(mean {means[0]:.0f}) per instruction and {response[0]}-{response[1]} (mean {means[1]:.0f}) per output")
+    print(
+        f"wrote {len(rows)} rows to {args.out}: {args.dist} SmolLM2-token lengths in {prompt[0]}-{prompt[1]} "
+        f"(mean {means[0]:.0f}) per instruction and {response[0]}-{response[1]} (mean {means[1]:.0f}) per output"
+    )
     return 0
 
 
@@ -115,6 +137,14 @@ def _jsonl(rows: Sequence[dict]) -> Iterator[str]:
 
 # name -> (help, add_arguments, handler)
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
-    "arithmetic": ("generate Goat-style arithmetic rows (add, sub, mul, div), optionally contaminated", _add_arithmetic, _arithmetic),
-    "synthetic": ("generate alpaca rows of English words at token lengths drawn from a distribution", _add_synthetic, _synthetic),
+    "arithmetic": (
+        "generate Goat-style arithmetic rows (add, sub, mul, div), optionally contaminated",
+        _add_arithmetic,
+        _arithmetic,
+    ),
+    "synthetic": (
+        "generate alpaca rows of English words at token lengths drawn from a distribution",
+        _add_synthetic,
+        _synthetic,
+    ),
 }

@@ -49,20 +49,33 @@ SCORING_RESERVE_S = 120.0
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tunelab.demo", description=__doc__.splitlines()[0])
     p.add_argument("config")
-    p.add_argument("--minutes", type=float, default=DEFAULT_MINUTES,
-                   help=f"time budget from data generation to the final table (default {DEFAULT_MINUTES:g}); training "
-                        "is cut to the rows that fit, as plan predicts it on this machine")
+    p.add_argument(
+        "--minutes",
+        type=float,
+        default=DEFAULT_MINUTES,
+        help=f"time budget from data generation to the final table (default {DEFAULT_MINUTES:g}); training "
+        "is cut to the rows that fit, as plan predicts it on this machine",
+    )
     p.add_argument("--train-rows", type=int, default=18_000, help="rows the recipe trains on when the budget allows")
     p.add_argument("--test-rows", type=int, default=400)
     p.add_argument("--digits", default="1-8", help="operand digit range, both operands")
-    p.add_argument("--response", default="aligned", choices=arithmetic.RESPONSES,
-                   help="response form of the rows (tunelab data arithmetic --response); aligned: 90.2%% exact "
-                        "match against 73.8%% for Goat's expression on the same 18,000 rows "
-                        "(benchmarks/quickstart_xeon-amx-2c_2026-11-22.md)")
+    p.add_argument(
+        "--response",
+        default="aligned",
+        choices=arithmetic.RESPONSES,
+        help="response form of the rows (tunelab data arithmetic --response); aligned: 90.2%% exact "
+        "match against 73.8%% for Goat's expression on the same 18,000 rows "
+        "(benchmarks/quickstart_xeon-amx-2c_2026-11-22.md)",
+    )
     p.add_argument("--skip-base", action="store_true", help="skip scoring the base model")
-    p.add_argument("--curve-every", type=int, default=0, metavar="STEPS",
-                   help="keep a checkpoint every STEPS steps and score each after training: accuracy against "
-                        "training minutes (OUTPUT_DIR/curve.json, curve.png); scoring is outside the demo's budget")
+    p.add_argument(
+        "--curve-every",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="keep a checkpoint every STEPS steps and score each after training: accuracy against "
+        "training minutes (OUTPUT_DIR/curve.json, curve.png); scoring is outside the demo's budget",
+    )
     args, overrides = p.parse_known_args(argv)
     if args.curve_every < 0:
         p.error(f"--curve-every must be a number of steps (0 = off), got {args.curve_every}")
@@ -102,8 +115,10 @@ def run(args: argparse.Namespace, overrides: list[str]) -> None:
     for path, rows in ((train_path, train_rows), (test_path, test_rows)):
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, (json.dumps(r) + "\n" for r in rows))
-    console.print(f"[bold]data[/]: {len(train_rows):,} training and {len(test_rows)} held-out additions "
-                  f"({args.digits} digits) in {train_path.parent}")
+    console.print(
+        f"[bold]data[/]: {len(train_rows):,} training and {len(test_rows)} held-out additions "
+        f"({args.digits} digits) in {train_path.parent}"
+    )
 
     # 2. What plan predicts for the recipe on this machine.
     from ..device import cpu_class, device_name, pick_device, pick_precision
@@ -111,7 +126,9 @@ def run(args: argparse.Namespace, overrides: list[str]) -> None:
 
     device = pick_device(cfg.device)
     precision = pick_precision(cfg.precision, device)
-    machine = f"{device_name(device)}, {cpu_class() if device.type == 'cpu' else 'cuda'} class, computes in {precision.name}"
+    machine = (
+        f"{device_name(device)}, {cpu_class() if device.type == 'cpu' else 'cuda'} class, computes in {precision.name}"
+    )
     prediction = local_prediction(cfg)
     console.print(f"[bold]machine[/]: {machine}")
     console.print(f"[bold]plan[/] for the recipe ({len(train_rows):,} rows): {describe(prediction)}")
@@ -132,19 +149,24 @@ def run(args: argparse.Namespace, overrides: list[str]) -> None:
             raise TunelabError(
                 f"--minutes {args.minutes:g} leaves {max(left_s, 0) / 60:.1f} min for training here, room for {rows:,} "
                 f"rows; the recipe needs at least {MIN_TRAIN_ROWS:,} rows (~{need / 60:.1f} min of training) to learn "
-                f"anything: raise --minutes")
-        console.print(f"[bold yellow]budget[/]: plan predicts {train_s(prediction) / 60:.1f} min of training for "
-                      f"{len(train_rows):,} rows on this machine, over the {left_s / 60:.1f} min that --minutes "
-                      f"{args.minutes:g} leaves; training on the first {rows:,} rows instead (--minutes "
-                      f"{math.ceil(args.minutes + (train_s(prediction) / (1 - TIME_MARGIN) - left_s) / 60)} "
-                      f"runs the whole recipe)")
+                f"anything: raise --minutes"
+            )
+        console.print(
+            f"[bold yellow]budget[/]: plan predicts {train_s(prediction) / 60:.1f} min of training for "
+            f"{len(train_rows):,} rows on this machine, over the {left_s / 60:.1f} min that --minutes "
+            f"{args.minutes:g} leaves; training on the first {rows:,} rows instead (--minutes "
+            f"{math.ceil(args.minutes + (train_s(prediction) / (1 - TIME_MARGIN) - left_s) / 60)} "
+            f"runs the whole recipe)"
+        )
         train_rows = train_rows[:rows]
         write_atomic(train_path, (json.dumps(r) + "\n" for r in train_rows))
         steps = local_prediction(cfg).work.optimizer_steps
         micro_batch = smaller_micro_batch(cfg.micro_batch, steps)
         if micro_batch != cfg.micro_batch:
-            console.print(f"[bold yellow]budget[/]: micro-batch {cfg.micro_batch} -> {micro_batch}, so that {rows:,} rows "
-                          f"make ~{steps * cfg.micro_batch // micro_batch} optimizer steps rather than {steps}")
+            console.print(
+                f"[bold yellow]budget[/]: micro-batch {cfg.micro_batch} -> {micro_batch}, so that {rows:,} rows "
+                f"make ~{steps * cfg.micro_batch // micro_batch} optimizer steps rather than {steps}"
+            )
             cfg = dataclasses.replace(cfg, micro_batch=micro_batch)
         prediction = local_prediction(cfg)
         console.print(f"[bold]plan[/] for {rows:,} rows: {describe(prediction)}")
@@ -157,11 +179,28 @@ def run(args: argparse.Namespace, overrides: list[str]) -> None:
 
     # 5. Tuned accuracy, stored beside the adapter.
     tuned = score(cfg, test_rows, adapter=out / "adapter")
-    result = {"base": base, "tuned": tuned, "train": {k: summary[k] for k in (
-        "steps", "loss_first", "loss_last", "train_s", "tokens_nonpad_per_s", "tokens_padded_per_s",
-        "tokens_loss_per_s", "peak_memory_bytes")},
-        "predicted": {"train_s": predicted_train_s, "tokens_padded_per_s": prediction.speed.tokens_per_s,
-                      "peak_memory_bytes": prediction.memory.total}}
+    result = {
+        "base": base,
+        "tuned": tuned,
+        "train": {
+            k: summary[k]
+            for k in (
+                "steps",
+                "loss_first",
+                "loss_last",
+                "train_s",
+                "tokens_nonpad_per_s",
+                "tokens_padded_per_s",
+                "tokens_loss_per_s",
+                "peak_memory_bytes",
+            )
+        },
+        "predicted": {
+            "train_s": predicted_train_s,
+            "tokens_padded_per_s": prediction.speed.tokens_per_s,
+            "peak_memory_bytes": prediction.memory.total,
+        },
+    }
     write_atomic(out / "eval.json", [json.dumps(result, indent=2) + "\n"])
     show(console, base, tuned, summary, prediction, predicted_train_s)
     console.print(f"[bold]demo[/]: {(time.perf_counter() - started) / 60:.1f} min from data generation to this table")
@@ -184,9 +223,11 @@ def train_s(prediction) -> float:
 
 
 def describe(prediction) -> str:
-    return (f"{prediction.work.optimizer_steps} steps, {prediction.speed.tokens_per_s:,.0f} tokens/s fed, training "
-            f"{train_s(prediction) / 60:.1f} min (compile {prediction.overheads.compile_s:.0f} s of it), peak memory "
-            f"{gib(prediction.memory.total)} ({prediction.efficiency.label})")
+    return (
+        f"{prediction.work.optimizer_steps} steps, {prediction.speed.tokens_per_s:,.0f} tokens/s fed, training "
+        f"{train_s(prediction) / 60:.1f} min (compile {prediction.overheads.compile_s:.0f} s of it), peak memory "
+        f"{gib(prediction.memory.total)} ({prediction.efficiency.label})"
+    )
 
 
 def smaller_micro_batch(micro_batch: int, steps: int) -> int:
@@ -256,18 +297,24 @@ def show(console, base: dict | None, tuned: dict, summary: dict, prediction, pre
     table.add_column("tuned", justify="right")
     for key, bucket in sorted(tuned["by_digits"].items(), key=lambda kv: int(kv[0])):
         before = base["by_digits"].get(key, {}).get("accuracy") if base else None
-        table.add_row(str(key), str(bucket["n"]), "-" if before is None else f"{before:.0%}", f"{bucket['accuracy']:.0%}")
-    table.add_row("all", str(tuned["n"]), "-" if base is None else f"{base['accuracy']:.1%}", f"{tuned['accuracy']:.1%}")
+        table.add_row(
+            str(key), str(bucket["n"]), "-" if before is None else f"{before:.0%}", f"{bucket['accuracy']:.0%}"
+        )
+    table.add_row(
+        "all", str(tuned["n"]), "-" if base is None else f"{base['accuracy']:.1%}", f"{tuned['accuracy']:.1%}"
+    )
     console.print(table)
 
     figures = Table(title="this run: measured beside plan's prediction")
     for col in ("", "measured", "predicted"):
         figures.add_column(col, justify="right")
     figures.add_row("training time", f"{summary['train_s'] / 60:.1f} min", f"{predicted_train_s / 60:.1f} min")
-    figures.add_row("tokens/s fed (padded)", f"{summary['tokens_padded_per_s']:,.0f}", f"{prediction.speed.tokens_per_s:,.0f}")
+    figures.add_row(
+        "tokens/s fed (padded)", f"{summary['tokens_padded_per_s']:,.0f}", f"{prediction.speed.tokens_per_s:,.0f}"
+    )
     figures.add_row("tokens/s non-padding", f"{summary['tokens_nonpad_per_s']:,.0f}", "")
     figures.add_row("tokens/s with loss", f"{summary['tokens_loss_per_s']:,.0f}", "")
-    figures.add_row("peak memory", gib(summary['peak_memory_bytes']), gib(prediction.memory.total))
+    figures.add_row("peak memory", gib(summary["peak_memory_bytes"]), gib(prediction.memory.total))
     console.print(figures)
 
 

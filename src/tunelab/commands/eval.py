@@ -22,14 +22,22 @@ from ..eval.generate import DEFAULT_BATCH_SIZE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", required=True, help="jsonl rows with an `answer` (e.g. from `tunelab data arithmetic`)")
-    parser.add_argument("--adapter", help="a trained adapter directory (RUN/adapter); without it the base model is scored")
+    parser.add_argument(
+        "--data", required=True, help="jsonl rows with an `answer` (e.g. from `tunelab data arithmetic`)"
+    )
+    parser.add_argument(
+        "--adapter", help="a trained adapter directory (RUN/adapter); without it the base model is scored"
+    )
     parser.add_argument("--model", help="base model: embedded, an HF directory, a .gguf file or a cached hub id")
     parser.add_argument("--format", choices=FORMATS, help="row format (default: the run's, else alpaca)")
-    parser.add_argument("--template", choices=TEMPLATES, help="alpaca prompt template (default: the run's, else alpaca)")
+    parser.add_argument(
+        "--template", choices=TEMPLATES, help="alpaca prompt template (default: the run's, else alpaca)"
+    )
     parser.add_argument("--limit", type=int, help="score only the first N rows")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
-    parser.add_argument("--max-new-tokens", type=int, help="default: per batch, its longest expected response plus slack")
+    parser.add_argument(
+        "--max-new-tokens", type=int, help="default: per batch, its longest expected response plus slack"
+    )
     parser.add_argument("--device", default="auto")
     parser.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
     parser.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
@@ -51,11 +59,15 @@ def resolve_setup(adapter: str | None, model: str | None, fmt: str | None, templ
         return Setup(model or EMBEDDED, fmt or "alpaca", template or "alpaca")
     folder = Path(adapter)
     if not (folder / "adapter_config.json").is_file():
-        raise TunelabError(f"{folder}: not an adapter directory (no adapter_config.json); pass RUN/adapter of a training run")
+        raise TunelabError(
+            f"{folder}: not an adapter directory (no adapter_config.json); pass RUN/adapter of a training run"
+        )
     config_path = folder.parent / "config.yaml"
     if not config_path.is_file():
         if model is None:
-            raise TunelabError(f"{config_path}: not found, so the base model is unknown; pass --model (and --format/--template)")
+            raise TunelabError(
+                f"{config_path}: not found, so the base model is unknown; pass --model (and --format/--template)"
+            )
         return Setup(model, fmt or "alpaca", template or "alpaca")
 
     cfg = load_config(config_path)
@@ -108,8 +120,14 @@ def run(args: argparse.Namespace) -> int:
     result = evaluate(model, tokenizer, rows, setup.format, setup.template, args.batch_size, args.max_new_tokens)
 
     summary = {
-        **result.summary(), "load_seconds": round(load_seconds, 3), "data": args.data, "model": setup.model,
-        "adapter": args.adapter, "format": setup.format, "template": setup.template, "precision": precision.name,
+        **result.summary(),
+        "load_seconds": round(load_seconds, 3),
+        "data": args.data,
+        "model": setup.model,
+        "adapter": args.adapter,
+        "format": setup.format,
+        "template": setup.template,
+        "precision": precision.name,
         "batch_size": args.batch_size,
     }
     if args.out:
@@ -127,7 +145,9 @@ def _print_table(result: EvalResult, summary: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    title = f"{summary['model']}" + (f" + {summary['adapter']}" if summary["adapter"] else "") + f" on {summary['data']}"
+    title = (
+        f"{summary['model']}" + (f" + {summary['adapter']}" if summary["adapter"] else "") + f" on {summary['data']}"
+    )
     table = Table(title=title, title_justify="left")
     for column in ("group", "n", "correct", "accuracy"):
         table.add_column(column, justify="left" if column == "group" else "right")

@@ -20,7 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if not args.merge:
-        raise TunelabError("export writes a merged model; pass --merge (the adapter dir itself is already the PEFT export)")
+        raise TunelabError(
+            "export writes a merged model; pass --merge (the adapter dir itself is already the PEFT export)"
+        )
     out = merge(Path(args.adapter), Path(args.out), args.model, DTYPES[args.dtype])
     print(f"merged model written to {out}")
     return 0

@@ -23,15 +23,26 @@ SHARDINGS = ("ddp", "zero2", "zero3")
 SCENARIO_EXAMPLES = (10_000, 50_000, 100_000)
 
 # flag -> config key: flags become dotted overrides so validation lives in one place (config.py).
-FLAG_KEYS = {"model": "model", "method": "method", "seq_len": "seq_len", "micro_batch": "micro_batch",
-             "grad_accum": "grad_accum", "epochs": "epochs", "lora_r": "lora.r", "packing": "packing",
-             "grad_ckpt": "grad_ckpt", "precision": "precision"}
+FLAG_KEYS = {
+    "model": "model",
+    "method": "method",
+    "seq_len": "seq_len",
+    "micro_batch": "micro_batch",
+    "grad_accum": "grad_accum",
+    "epochs": "epochs",
+    "lora_r": "lora.r",
+    "packing": "packing",
+    "grad_ckpt": "grad_ckpt",
+    "precision": "precision",
+}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides, e.g. lora.r=16")
     p.add_argument("--config", help="training config YAML (the same file `tunelab train` reads)")
-    p.add_argument("--gpu", default=DEFAULT_GPU, help=f"catalog id(s), comma-separated, or `local` (default {DEFAULT_GPU})")
+    p.add_argument(
+        "--gpu", default=DEFAULT_GPU, help=f"catalog id(s), comma-separated, or `local` (default {DEFAULT_GPU})"
+    )
     p.add_argument("--gpus", type=int, default=1, help="GPUs per run: >1 adds DDP / ZeRO-2 / ZeRO-3 estimates")
     p.add_argument("--json", action="store_true", help="one JSON line per GPU")
     p.add_argument("--format", choices=("table", "md"), default="table", help="table (terminal) or md (performance.md)")
@@ -46,10 +57,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--packing", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--grad-ckpt", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--examples", type=int, help="number of training examples (when there is no data.path)")
-    p.add_argument("--mean-tokens", type=float, default=None,
-                   help=f"mean tokens per example without a dataset (default {DEFAULT_MEAN_TOKENS}, an assumption)")
-    p.add_argument("--loss-fraction", type=float, default=DEFAULT_LOSS_FRACTION,
-                   help="fraction of an example's tokens with a loss target, without a dataset")
+    p.add_argument(
+        "--mean-tokens",
+        type=float,
+        default=None,
+        help=f"mean tokens per example without a dataset (default {DEFAULT_MEAN_TOKENS}, an assumption)",
+    )
+    p.add_argument(
+        "--loss-fraction",
+        type=float,
+        default=DEFAULT_LOSS_FRACTION,
+        help="fraction of an example's tokens with a loss target, without a dataset",
+    )
     p.add_argument("--tokenizer", help="model whose tokenizer measures data.path when the model itself is not local")
     p.add_argument("--price-per-hour", type=float, help="your own price per GPU-hour (replaces the catalog's)")
 
@@ -66,7 +85,9 @@ def config_from_args(args: argparse.Namespace) -> cfgmod.TrainConfig:
 def lengths_from(cfg: cfgmod.TrainConfig, args: argparse.Namespace) -> workload.Lengths:
     if cfg.data.path is not None:
         if args.examples is not None or args.mean_tokens is not None:
-            raise TunelabError("--examples/--mean-tokens describe a dataset you do not have; data.path is set, drop them (or set data.path=null)")
+            raise TunelabError(
+                "--examples/--mean-tokens describe a dataset you do not have; data.path is set, drop them (or set data.path=null)"
+            )
         return dataset_lengths(cfg, args.tokenizer)
     if args.examples is None:
         raise TunelabError("no workload: set data.path (real token lengths) or give --examples N [--mean-tokens M]")
@@ -103,7 +124,9 @@ def run(args: argparse.Namespace) -> int:
         multi = []
         if args.gpus > 1:
             for strategy in SHARDINGS:
-                multi.append(estimate(arch, lengths, s, device, args.gpus, strategy, catalog.scaling_efficiency(strategy)))
+                multi.append(
+                    estimate(arch, lengths, s, device, args.gpus, strategy, catalog.scaling_efficiency(strategy))
+                )
         prices = price_rows(device.gpu.id, args.price_per_hour)
         scenarios = None
         if args.format == "md" and not args.json:
@@ -129,5 +152,9 @@ def price_rows(gpu_id: str, override: float | None) -> list[catalog.Price]:
 
 def scaled(lengths: workload.Lengths, examples: int) -> workload.Lengths:
     """The same mean example (and loss share) at another dataset size, for the md scenarios."""
-    return workload.Lengths(examples, lengths.mean_tokens, lengths.mean_loss_tokens,
-                            source=f"{examples} examples of the mean length {lengths.mean_tokens:.1f}")
+    return workload.Lengths(
+        examples,
+        lengths.mean_tokens,
+        lengths.mean_loss_tokens,
+        source=f"{examples} examples of the mean length {lengths.mean_tokens:.1f}",
+    )

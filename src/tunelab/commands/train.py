@@ -18,6 +18,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = cfgmod.load_config(args.config, args.overrides)
     summary = train(cfg, show_progress=not args.quiet)
-    print(json.dumps({k: summary[k] for k in ("output_dir", "steps", "loss_last", "tokens_nonpad_per_s",
-                                               "peak_memory_bytes", "elapsed_s")}))
+    print(
+        json.dumps(
+            {
+                k: summary[k]
+                for k in ("output_dir", "steps", "loss_last", "tokens_nonpad_per_s", "peak_memory_bytes", "elapsed_s")
+            }
+        )
+    )
     return 0

@@ -90,7 +90,9 @@ def parse_choices(text: str, known: Sequence[str], what: str) -> tuple[str, ...]
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     unknown = [n for n in names if n not in known]
     if unknown or not names:
-        raise TunelabError(f"{what} {text!r}: unknown {', '.join(map(repr, unknown)) or 'empty list'}; choose from {','.join(known)}")
+        raise TunelabError(
+            f"{what} {text!r}: unknown {', '.join(map(repr, unknown)) or 'empty list'}; choose from {','.join(known)}"
+        )
     return names
 
 
@@ -169,7 +171,12 @@ def _operands(rng: random.Random, cell: Cell) -> tuple[int, int]:
 
 
 def sample(
-    cells: Sequence[Cell], n: int, templates: Sequence[str], seed: int, response: str = "expression", swap: bool = False,
+    cells: Sequence[Cell],
+    n: int,
+    templates: Sequence[str],
+    seed: int,
+    response: str = "expression",
+    swap: bool = False,
 ) -> list[dict]:
     """`n` rows, each from a cell drawn uniformly. `swap` puts the operands in random order (Goat's addition)."""
     rng = random.Random(seed)
@@ -177,7 +184,12 @@ def sample(
 
 
 def sample_each(
-    cells: Sequence[Cell], per_cell: int, templates: Sequence[str], seed: int, response: str = "expression", swap: bool = False,
+    cells: Sequence[Cell],
+    per_cell: int,
+    templates: Sequence[str],
+    seed: int,
+    response: str = "expression",
+    swap: bool = False,
 ) -> list[dict]:
     """Exactly `per_cell` rows from every cell in turn (a cell listed twice gets twice as many), shuffled."""
     rng = random.Random(seed)
@@ -194,8 +206,13 @@ def _row(rng: random.Random, cell: Cell, templates: Sequence[str], response: str
 
 
 def held_out(
-    cells: Sequence[Cell], n: int, templates: Sequence[str], seed: int, train: Sequence[dict],
-    response: str = "expression", swap: bool = False,
+    cells: Sequence[Cell],
+    n: int,
+    templates: Sequence[str],
+    seed: int,
+    train: Sequence[dict],
+    response: str = "expression",
+    swap: bool = False,
 ) -> list[dict]:
     """`n` distinct problems drawn like `sample`, none of which appears in `train`."""
     used = {problem_key(r["op"], *operands(r)) for r in train}

@@ -121,4 +121,4 @@ def _extend(segments: list[Segment], done: str, now: str, trainable: bool) -> No
             "so prompt masking cannot be located; use format 'completion' instead"
         )
     if len(now) > len(done):
-        segments.append(Segment(now[len(done):], trainable))
+        segments.append(Segment(now[len(done) :], trainable))

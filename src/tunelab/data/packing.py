@@ -159,8 +159,9 @@ def fill_last_batch(rows: list[list[int]], micro_batch: int) -> list[list[int]]:
     return out[::-1]
 
 
-def collate(data: TokenizedData, rows: list[list[int]], seq_len: int, pad_id: int, packing: bool,
-            min_slots: int = 0) -> Batch:
+def collate(
+    data: TokenizedData, rows: list[list[int]], seq_len: int, pad_id: int, packing: bool, min_slots: int = 0
+) -> Batch:
     """Build one micro-batch's arrays on the host (`min_slots`: see layout_from_lengths)."""
     offsets = data.offsets
     row_lengths = [sum(int(offsets[i + 1] - offsets[i]) for i in row) for row in rows]

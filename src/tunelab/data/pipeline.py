@@ -75,7 +75,11 @@ def prepare(spec: DataSpec, tokenizer) -> TokenizedData:
     path = Path(spec.path)
     rows = read_rows(path, spec.format, spec.max_examples)
     eos = tokenizer.eos_token or ""
-    bos = [tokenizer.bos_token_id] if getattr(tokenizer, "add_bos_token", False) and tokenizer.bos_token_id is not None else []
+    bos = (
+        [tokenizer.bos_token_id]
+        if getattr(tokenizer, "add_bos_token", False) and tokenizer.bos_token_id is not None
+        else []
+    )
 
     def tokenize(batch, indices):
         out_ids, out_targets, out_truncated = [], [], []
@@ -101,8 +105,13 @@ def prepare(spec: DataSpec, tokenizer) -> TokenizedData:
     fingerprint = _fingerprint(path, spec, tokenizer)
     try:
         tokenized = rows.map(
-            tokenize, batched=True, batch_size=1000, with_indices=True, remove_columns=rows.column_names,
-            new_fingerprint=fingerprint, desc="tokenizing",
+            tokenize,
+            batched=True,
+            batch_size=1000,
+            with_indices=True,
+            remove_columns=rows.column_names,
+            new_fingerprint=fingerprint,
+            desc="tokenizing",
         )
     except TunelabError:
         raise
@@ -149,7 +158,9 @@ def iter_jsonl(path: Path, fmt: str):
             try:
                 row = json.loads(line)
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise TunelabError(f"{path}:{number}: not valid JSON ({e.args[0] if e.args else e}); fix or remove the line") from None
+                raise TunelabError(
+                    f"{path}:{number}: not valid JSON ({e.args[0] if e.args else e}); fix or remove the line"
+                ) from None
             if not isinstance(row, dict):
                 raise TunelabError(f"{path}:{number}: each line must be a JSON object")
             check_fields(fmt, row, f"{path}:{number}")
@@ -164,10 +175,20 @@ def _check_jsonl(path: Path, fmt: str) -> None:
 def _fingerprint(path: Path, spec: DataSpec, tokenizer) -> str:
     stat = path.stat()
     key = json.dumps(
-        [CACHE_VERSION, str(path.resolve()), stat.st_size, stat.st_mtime_ns, asdict(spec),
-         tokenizer.name_or_path, type(tokenizer).__name__, len(tokenizer), tokenizer.eos_token,
-         getattr(tokenizer, "chat_template", None)],
-        sort_keys=True, default=str,
+        [
+            CACHE_VERSION,
+            str(path.resolve()),
+            stat.st_size,
+            stat.st_mtime_ns,
+            asdict(spec),
+            tokenizer.name_or_path,
+            type(tokenizer).__name__,
+            len(tokenizer),
+            tokenizer.eos_token,
+            getattr(tokenizer, "chat_template", None),
+        ],
+        sort_keys=True,
+        default=str,
     )
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
@@ -198,8 +219,13 @@ def _to_arrays(tokenized, path: Path) -> TokenizedData:
         lengths = lengths[keep]
         offsets = np.concatenate([[0], np.cumsum(lengths)])
     stats = DatasetStats(
-        rows=rows, examples=int(keep.sum()), truncated=int(truncated[keep].sum()), dropped=int((~keep).sum()),
-        tokens_nonpad=int(lengths.sum()), tokens_loss=int(loss_per[keep].sum()),
-        max_len=int(lengths.max()), mean_len=float(lengths.mean()),
+        rows=rows,
+        examples=int(keep.sum()),
+        truncated=int(truncated[keep].sum()),
+        dropped=int((~keep).sum()),
+        tokens_nonpad=int(lengths.sum()),
+        tokens_loss=int(loss_per[keep].sum()),
+        max_len=int(lengths.max()),
+        mean_len=float(lengths.mean()),
     )
     return TokenizedData(ids, targets, offsets, stats)

@@ -70,8 +70,10 @@ def vocabulary(tokenizer) -> Vocabulary:
     # "word." must split as "word" + "." for counts to add up; the final re-tokenization checks that too.
     period = token_lengths(tokenizer, ["a."])[0] - token_lengths(tokenizer, ["a"])[0]
     if not single or min(first) != 1 or period != 1:
-        raise TunelabError("this tokenizer splits common English words into several tokens; synthetic lengths need "
-                           "a byte-level BPE tokenizer like SmolLM2's")
+        raise TunelabError(
+            "this tokenizer splits common English words into several tokens; synthetic lengths need "
+            "a byte-level BPE tokenizer like SmolLM2's"
+        )
     return Vocabulary(words, tuple(first), tuple(spaced), single, period)
 
 
@@ -138,8 +140,7 @@ def check(n: int, dist: str) -> None:
         raise TunelabError(f"--dist {dist!r}: choose from {', '.join(DISTS)}")
 
 
-def generate(n: int, prompt: tuple[int, int], response: tuple[int, int], dist: str, seed: int,
-             tokenizer) -> list[dict]:
+def generate(n: int, prompt: tuple[int, int], response: tuple[int, int], dist: str, seed: int, tokenizer) -> list[dict]:
     """`n` alpaca rows; the same arguments and tokenizer always give the same rows."""
     check(n, dist)
     vocab = vocabulary(tokenizer)
@@ -147,7 +148,9 @@ def generate(n: int, prompt: tuple[int, int], response: tuple[int, int], dist: s
     rows, targets = [], []
     for _ in range(n):
         lengths = draw_length(rng, dist, *prompt), draw_length(rng, dist, *response)
-        rows.append({"instruction": text_of(rng, lengths[0], vocab), "input": "", "output": text_of(rng, lengths[1], vocab)})
+        rows.append(
+            {"instruction": text_of(rng, lengths[0], vocab), "input": "", "output": text_of(rng, lengths[1], vocab)}
+        )
         targets.extend(lengths)
     measured = token_lengths(tokenizer, [text for row in rows for text in (row["instruction"], row["output"])])
     if measured != targets:

@@ -127,4 +127,3 @@ def score(rows: Sequence[dict], responses: Sequence[str], seconds: float) -> Eva
         seconds=seconds,
         predictions=predictions,
     )
-

@@ -27,7 +27,11 @@ DEFAULT_BATCH_SIZE = 64
 def prompt_ids(tokenizer, prompts: Sequence[str]) -> list[list[int]]:
     """Token ids exactly as training builds a row's prompt: BOS only when the tokenizer adds one, then the
     text without special tokens (data/pipeline.py tokenizes each segment the same way)."""
-    bos = [tokenizer.bos_token_id] if getattr(tokenizer, "add_bos_token", False) and tokenizer.bos_token_id is not None else []
+    bos = (
+        [tokenizer.bos_token_id]
+        if getattr(tokenizer, "add_bos_token", False) and tokenizer.bos_token_id is not None
+        else []
+    )
     return [bos + ids for ids in tokenizer(list(prompts), add_special_tokens=False)["input_ids"]]
 
 
@@ -40,7 +44,11 @@ def response_budgets(tokenizer, rows: Sequence[dict], fmt: str, template: str) -
 
 @torch.inference_mode()
 def generate(
-    model, tokenizer, prompts: Sequence[list[int]], budgets: Sequence[int], batch_size: int,
+    model,
+    tokenizer,
+    prompts: Sequence[list[int]],
+    budgets: Sequence[int],
+    batch_size: int,
 ) -> list[str]:
     """Greedy continuations of tokenized prompts, in input order, each cut at EOS or its batch's budget."""
     device = next(model.parameters()).device
@@ -57,12 +65,16 @@ def generate(
             attention = torch.zeros((len(chunk), width), dtype=torch.long)
             for row, i in enumerate(chunk):  # left padding: every prompt ends where generation starts
                 ids = prompts[i]
-                input_ids[row, width - len(ids):] = torch.tensor(ids)
-                attention[row, width - len(ids):] = 1
+                input_ids[row, width - len(ids) :] = torch.tensor(ids)
+                attention[row, width - len(ids) :] = 1
             generated = model.generate(
-                input_ids=input_ids.to(device), attention_mask=attention.to(device),
-                do_sample=False, max_new_tokens=max(budgets[i] for i in chunk), use_cache=True,
-                eos_token_id=tokenizer.eos_token_id, pad_token_id=pad,
+                input_ids=input_ids.to(device),
+                attention_mask=attention.to(device),
+                do_sample=False,
+                max_new_tokens=max(budgets[i] for i in chunk),
+                use_cache=True,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=pad,
             )
             texts = tokenizer.batch_decode(generated[:, width:], skip_special_tokens=True)
             for i, text in zip(chunk, texts):
@@ -73,7 +85,12 @@ def generate(
 
 
 def evaluate(
-    model, tokenizer, rows: Sequence[dict], fmt: str, template: str, batch_size: int = DEFAULT_BATCH_SIZE,
+    model,
+    tokenizer,
+    rows: Sequence[dict],
+    fmt: str,
+    template: str,
+    batch_size: int = DEFAULT_BATCH_SIZE,
     max_new_tokens: int | None = None,
 ) -> EvalResult:
     """Exact-match accuracy of `model` on `rows` (each with an `answer`), prompted as training prompted them.

@@ -74,9 +74,13 @@ def apply_adapter(model: torch.nn.Module, spec: AdapterSpec) -> torch.nn.Module:
     from .lora_linear import use_fused_lora
 
     config = LoraConfig(
-        r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
+        r=spec.r,
+        lora_alpha=spec.alpha,
+        lora_dropout=spec.dropout,
         target_modules=resolve_targets(model, spec.targets),
-        use_dora=spec.method == "dora", bias="none", task_type="CAUSAL_LM",
+        use_dora=spec.method == "dora",
+        bias="none",
+        task_type="CAUSAL_LM",
     )
     peft_model = get_peft_model(model, config, autocast_adapter_dtype=True)
     # peft casts every adapter input to the adapter's fp32 dtype: with a bf16 base that is two full copies

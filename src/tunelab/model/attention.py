@@ -34,6 +34,7 @@ from ..runtime import MATH_MAX_LEN, attention_path, slot_products  # noqa: F401 
 NAME = "tunelab_packed"
 FLEX_NAME = "tunelab_flex"
 
+
 def packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """Attention-interface function: (B, H, T, D) in, (B, T, H, D) out, like transformers' sdpa_attention_forward."""
     slots = kwargs.get("seq_slots")
@@ -63,8 +64,9 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
     if slot_products(q.device.type, length, dropout):
         out = _SlotAttention.apply(q, k, v, scaling if scaling is not None else d**-0.5)
     else:
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, dropout_p=dropout,
-                                             enable_gqa=k.shape[1] != h)
+        out = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=scaling, dropout_p=dropout, enable_gqa=k.shape[1] != h
+        )
     out = out.transpose(1, 2).reshape(s * length, h, d)
     result = _Regather.apply(out, token_slot, token_in_slot, slot_tokens.view(-1), slot_valid.view(-1))
     return result.view(b, t, h, d), None

@@ -35,8 +35,10 @@ def merge(adapter: Path, out: Path, model_ref: str | None, dtype: torch.dtype) -
         raise TunelabError(f"{out}: exists and is not empty; choose a new --out")
     source = mload.resolve(base_model_ref(adapter, model_ref))
     if source.random_key:
-        raise TunelabError(f"{adapter}: its base {source.ref} has random weights that were never saved; "
-                           "merging needs a real base model, pass one with --model")
+        raise TunelabError(
+            f"{adapter}: its base {source.ref} has random weights that were never saved; "
+            "merging needs a real base model, pass one with --model"
+        )
     base = mload.load_model(source, torch.float32, "none", torch.device("cpu"))
     merged = PeftModel.from_pretrained(base, adapter).merge_and_unload()
     merged.config.use_cache = True

@@ -16,10 +16,21 @@ import sys
 import torch
 
 from ..errors import TunelabError
+
 # Resolution and everything readable without torch live in sources.py; imported here for the callers that load.
 from ..sources import (  # noqa: F401
-    EMBEDDED, EMBEDDED_NAME, EMBEDDED_PACKAGE, ModelSource, cache_dir, drop_quantization_marker, embedded_gguf,
-    load_config, load_tokenizer, max_positions, random_config, resolve,
+    EMBEDDED,
+    EMBEDDED_NAME,
+    EMBEDDED_PACKAGE,
+    ModelSource,
+    cache_dir,
+    drop_quantization_marker,
+    embedded_gguf,
+    load_config,
+    load_tokenizer,
+    max_positions,
+    random_config,
+    resolve,
 )
 
 
@@ -36,8 +47,11 @@ def load_model(source: ModelSource, dtype: torch.dtype, base_quant: str, device:
 
         if base_quant == "nf4":
             kwargs["quantization_config"] = BitsAndBytesConfig(
-                load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage=torch.uint8,
+                load_in_4bit=True,
+                bnb_4bit_quant_type="nf4",
+                bnb_4bit_use_double_quant=True,
+                bnb_4bit_compute_dtype=dtype,
+                bnb_4bit_quant_storage=torch.uint8,
             )
         else:
             kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
@@ -64,6 +78,9 @@ def random_model(source: ModelSource, dtype: torch.dtype, device: torch.device, 
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
     model.config.use_cache = False
-    print(f"model {source.ref}: random weights in the shape of {source.random_key}; tokenizer: the embedded SmolLM2's",
-          file=sys.stderr, flush=True)
+    print(
+        f"model {source.ref}: random weights in the shape of {source.random_key}; tokenizer: the embedded SmolLM2's",
+        file=sys.stderr,
+        flush=True,
+    )
     return model

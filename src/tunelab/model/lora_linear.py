@@ -37,8 +37,9 @@ from peft.tuners.lora import Linear as PeftLoraLinear
 from ..device import compute_dtype, hashed_dropout
 
 
-def _fused_product(x2: torch.Tensor, dropped: torch.Tensor, a: torch.Tensor, weight_cat: torch.Tensor,
-                   bias: torch.Tensor | None):
+def _fused_product(
+    x2: torch.Tensor, dropped: torch.Tensor, a: torch.Tensor, weight_cat: torch.Tensor, bias: torch.Tensor | None
+):
     """(y, dropped·Aᵀ) with y = [x | dropped·Aᵀ]·[W | sB]ᵀ (+ bias): one GEMM, one rounding; all in x2's
     dtype. `dropped` is the adapter's input: x itself, or x after LoRA dropout."""
     xa = dropped @ a.T
@@ -156,9 +157,12 @@ def has_nf4_base(model: torch.nn.Module) -> bool:
 
 def has_lora_dropout(model: torch.nn.Module) -> bool:
     """Whether any fused LoRA layer of `model` applies dropout (p > 0)."""
-    return any(isinstance(drop, torch.nn.Dropout) and drop.p > 0
-               for module in model.modules() if isinstance(module, _FusedForward)
-               for drop in module.lora_dropout.values())
+    return any(
+        isinstance(drop, torch.nn.Dropout) and drop.p > 0
+        for module in model.modules()
+        if isinstance(module, _FusedForward)
+        for drop in module.lora_dropout.values()
+    )
 
 
 def _nf4_dequantizer(base: torch.nn.Module):
@@ -213,8 +217,16 @@ class _FusedForward:
                 return y
         base = self.base_layer
         dequantize = None if type(base) is torch.nn.Linear else _nf4_dequantizer(base)
-        return _LoraLinearFn.apply(x, None if dequantize else base.weight, base.bias, self.lora_A[name].weight,
-                                   self.lora_B[name].weight, self.scaling[name], dequantize, self._dropout_p(name))
+        return _LoraLinearFn.apply(
+            x,
+            None if dequantize else base.weight,
+            base.bias,
+            self.lora_A[name].weight,
+            self.lora_B[name].weight,
+            self.scaling[name],
+            dequantize,
+            self._dropout_p(name),
+        )
 
     def _dropout_p(self, name: str) -> float:
         """The LoRA dropout probability in effect: 0 without dropout or in eval mode (nn.Dropout's rule)."""

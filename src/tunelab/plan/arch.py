@@ -23,8 +23,15 @@ TOKENIZER_VOCAB = 49152
 # The Hugging Face architecture a `random:` model of each catalog owner's rows is built as. Mistral builds as
 # Llama: the same modules, and the sliding window the catalog does not record only matters past 4,096 tokens.
 # Gemma-2 is left out: its soft-capping, extra norms and window pattern are not in the catalog.
-FAMILIES = {"meta-llama": "llama", "huggyllama": "llama", "decapoda-research": "llama", "TinyLlama": "llama",
-            "HuggingFaceTB": "llama", "mistralai": "llama", "Qwen": "qwen2"}
+FAMILIES = {
+    "meta-llama": "llama",
+    "huggyllama": "llama",
+    "decapoda-research": "llama",
+    "TinyLlama": "llama",
+    "HuggingFaceTB": "llama",
+    "mistralai": "llama",
+    "Qwen": "qwen2",
+}
 
 
 @dataclass(frozen=True)
@@ -45,8 +52,13 @@ class Arch:
         """(d_in, d_out) of each linear layer in one decoder block, by the module names peft targets."""
         h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
         return {
-            "q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h),
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
         }
 
     @property
@@ -85,7 +97,9 @@ def adapter_targets(arch: Arch, targets: str | list[str] | tuple[str, ...]) -> t
     known = arch.linears()
     bad = [t for t in targets if t not in known]
     if bad:
-        raise TunelabError(f"lora.targets: {', '.join(bad)} not in this model; its linear layers are {', '.join(known)}")
+        raise TunelabError(
+            f"lora.targets: {', '.join(bad)} not in this model; its linear layers are {', '.join(known)}"
+        )
     return tuple(targets)
 
 
@@ -101,9 +115,17 @@ def from_registry(ref: str) -> Arch | None:
     if row is None:
         return None
     return Arch(
-        name=ref, hidden=row["hidden"], layers=row["layers"], heads=row["heads"], kv_heads=row["kv_heads"],
-        head_dim=row.get("head_dim", row["hidden"] // row["heads"]), intermediate=row["intermediate"],
-        vocab=row["vocab"], max_positions=row["max_positions"], tied=row["tied"], source=f"registry: {row['source']}",
+        name=ref,
+        hidden=row["hidden"],
+        layers=row["layers"],
+        heads=row["heads"],
+        kv_heads=row["kv_heads"],
+        head_dim=row.get("head_dim", row["hidden"] // row["heads"]),
+        intermediate=row["intermediate"],
+        vocab=row["vocab"],
+        max_positions=row["max_positions"],
+        tied=row["tied"],
+        source=f"registry: {row['source']}",
     )
 
 
@@ -121,7 +143,11 @@ def random_key(ref: str) -> str:
         if wanted in (short_id(name), name.lower()):
             return name
     close = difflib.get_close_matches(wanted, sorted(short_id(n) for n in names), n=3)
-    hint = f"did you mean {', '.join(RANDOM + c for c in close)}?" if close else f"known: {', '.join(RANDOM + short_id(n) for n in names)}"
+    hint = (
+        f"did you mean {', '.join(RANDOM + c for c in close)}?"
+        if close
+        else f"known: {', '.join(RANDOM + short_id(n) for n in names)}"
+    )
     raise TunelabError(f"model {ref!r}: no catalog model has that id; {hint}")
 
 
@@ -129,8 +155,10 @@ def random_family(ref: str, key: str) -> str:
     """The FAMILIES entry of catalog key `key`, or an error naming the family random weights cannot build."""
     family = FAMILIES.get(key.split("/", 1)[0])
     if family is None:
-        raise TunelabError(f"model {ref}: {key}'s family cannot be built faithfully from the catalog's fields; "
-                           f"pick a Llama, Qwen2 or SmolLM2 row")
+        raise TunelabError(
+            f"model {ref}: {key}'s family cannot be built faithfully from the catalog's fields; "
+            f"pick a Llama, Qwen2 or SmolLM2 row"
+        )
     return family
 
 
@@ -152,15 +180,22 @@ def from_hf_config(name: str, cfg, source: str) -> Arch:
     need = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
     missing = [k for k in need if getattr(cfg, k, None) is None]
     if missing:
-        raise TunelabError(f"model {name}: its config lacks {', '.join(missing)}; plan supports Llama-shaped decoders (Llama, Mistral, Qwen2, Gemma, SmolLM)")
+        raise TunelabError(
+            f"model {name}: its config lacks {', '.join(missing)}; plan supports Llama-shaped decoders (Llama, Mistral, Qwen2, Gemma, SmolLM)"
+        )
     heads = cfg.num_attention_heads
     return Arch(
-        name=name, hidden=cfg.hidden_size, layers=cfg.num_hidden_layers, heads=heads,
+        name=name,
+        hidden=cfg.hidden_size,
+        layers=cfg.num_hidden_layers,
+        heads=heads,
         kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
         head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-        intermediate=cfg.intermediate_size, vocab=cfg.vocab_size,
+        intermediate=cfg.intermediate_size,
+        vocab=cfg.vocab_size,
         max_positions=getattr(cfg, "max_position_embeddings", None) or 0,
-        tied=bool(getattr(cfg, "tie_word_embeddings", False)), source=source,
+        tied=bool(getattr(cfg, "tie_word_embeddings", False)),
+        source=source,
     )
 
 
@@ -211,10 +246,14 @@ def from_gguf(name: str, path: Path) -> Arch:
     tokens = fields.get("tokenizer.ggml.tokens")
     vocab = value(f"{arch}.vocab_size") or (len(tokens.data) if tokens is not None else None)
     return Arch(
-        name=name, hidden=hidden, layers=value(f"{arch}.block_count"), heads=heads,
+        name=name,
+        hidden=hidden,
+        layers=value(f"{arch}.block_count"),
+        heads=heads,
         kv_heads=value(f"{arch}.attention.head_count_kv", heads),
         head_dim=value(f"{arch}.attention.key_length", hidden // heads),
-        intermediate=value(f"{arch}.feed_forward_length"), vocab=vocab,
+        intermediate=value(f"{arch}.feed_forward_length"),
+        vocab=vocab,
         max_positions=value(f"{arch}.context_length", 0),
         # llama.cpp stores no separate `output.weight` when the LM head shares the embedding.
         tied=not any(t.name == "output.weight" for t in reader.tensors),

@@ -24,7 +24,9 @@ class CalibrationRecord:
     device_name: str
     peak_flops: float | None = None  # achieved bf16 (or fp32) matmul FLOP/s of this device
     peak_dtype: str = "bf16"
-    efficiency: dict[str, float] = field(default_factory=dict)  # method (lora|dora|qlora|full|lora-int8) -> fraction of peak
+    efficiency: dict[str, float] = field(
+        default_factory=dict
+    )  # method (lora|dora|qlora|full|lora-int8) -> fraction of peak
     runtime_overhead_bytes: int | None = None  # fixed memory beyond the model's terms (CUDA context, allocator)
     created: str = ""
     source: str = ""  # what produced it, e.g. "tunelab bench --calibrate (3 runs)"

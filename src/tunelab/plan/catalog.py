@@ -70,9 +70,15 @@ def gpu(gpu_id: str) -> Gpu:
         raise unknown("GPU", gpu_id, gpu_ids() + ["local"])
     row = rows[gpu_id]
     return Gpu(
-        id=gpu_id, name=row["name"], memory_bytes=int(row["memory_gib"] * 2**30), bandwidth_gbs=float(row["bandwidth_gbs"]),
-        peak_flops=float(row["bf16_tflops"]) * 1e12, bf16=bool(row["bf16"]), device_class=row["class"],
-        source=row["source"], note=row.get("note", ""),
+        id=gpu_id,
+        name=row["name"],
+        memory_bytes=int(row["memory_gib"] * 2**30),
+        bandwidth_gbs=float(row["bandwidth_gbs"]),
+        peak_flops=float(row["bf16_tflops"]) * 1e12,
+        bf16=bool(row["bf16"]),
+        device_class=row["class"],
+        source=row["source"],
+        note=row.get("note", ""),
     )
 
 

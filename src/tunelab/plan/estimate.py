@@ -77,17 +77,38 @@ def memory_setup(s: Settings, w: workload.Workload, d: Device, sharding: str, gp
     slots = w.epoch.slots if path == "slots" else 0
     probs = slots > 0 and slot_products(device_type, w.epoch.slot_len, dropout=0.0)
     return memory.MemorySetup(
-        method=s.method, base_quant=s.base_quant, compute_bytes=s.compute_bytes, micro_batch=s.micro_batch,
-        row_len=w.epoch.widest_row, loss_rows=max(1, round(w.loss_tokens_per_micro_batch)), loss_chunk=LOGIT_CHUNK,
-        grad_ckpt=s.grad_ckpt, targets=s.targets, r=s.r, lora_dropout=s.lora_dropout,
-        runtime_overhead=d.runtime_overhead, sharding=sharding, world=gpus, compiled=s.compile,
-        slots=slots, slot_len=w.epoch.slot_len if slots else 0, attention_probs=probs, attention=path,
+        method=s.method,
+        base_quant=s.base_quant,
+        compute_bytes=s.compute_bytes,
+        micro_batch=s.micro_batch,
+        row_len=w.epoch.widest_row,
+        loss_rows=max(1, round(w.loss_tokens_per_micro_batch)),
+        loss_chunk=LOGIT_CHUNK,
+        grad_ckpt=s.grad_ckpt,
+        targets=s.targets,
+        r=s.r,
+        lora_dropout=s.lora_dropout,
+        runtime_overhead=d.runtime_overhead,
+        sharding=sharding,
+        world=gpus,
+        compiled=s.compile,
+        slots=slots,
+        slot_len=w.epoch.slot_len if slots else 0,
+        attention_probs=probs,
+        attention=path,
         dropout_mask_kept=not hashed_dropout(device_type, s.compile),
     )
 
 
-def estimate(arch: Arch, lengths: workload.Lengths, s: Settings, d: Device, gpus: int = 1,
-             sharding: str = "single", scaling: float = 1.0) -> Estimate:
+def estimate(
+    arch: Arch,
+    lengths: workload.Lengths,
+    s: Settings,
+    d: Device,
+    gpus: int = 1,
+    sharding: str = "single",
+    scaling: float = 1.0,
+) -> Estimate:
     batching = workload.Batching(s.seq_len, s.micro_batch, s.grad_accum, s.packing, gpus, s.seed)
     w = workload.build(lengths, batching, s.epochs, s.max_steps)
     ckpt = workload.checkpoints(w.optimizer_steps, s.save_steps, s.save_total_limit)
@@ -126,8 +147,12 @@ def suggestions(arch: Arch, lengths: workload.Lengths, base: Estimate) -> list[S
     longest = int(lengths.lengths.max()) if lengths.lengths is not None else int(lengths.mean_tokens)
     shorter = max(8, -(-longest // 8) * 8)
     if shorter < s.seq_len:
-        variants.append((f"seq_len {s.seq_len} -> {shorter} (longest example: {longest} tokens, nothing truncated)",
-                         replace(s, seq_len=shorter)))
+        variants.append(
+            (
+                f"seq_len {s.seq_len} -> {shorter} (longest example: {longest} tokens, nothing truncated)",
+                replace(s, seq_len=shorter),
+            )
+        )
     if not base.fits and s.method in ("lora", "dora") and s.base_quant == "none":
         variants.append(("QLoRA (nf4 base) for memory", replace(s, method="qlora", base_quant="nf4")))
     if not base.fits and not s.grad_ckpt:

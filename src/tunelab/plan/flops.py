@@ -54,7 +54,9 @@ def adapter_params(arch: Arch, targets: tuple[str, ...], r: int) -> int:
     return arch.layers * sum(r * (shapes[t][0] + shapes[t][1]) for t in targets)
 
 
-def flops_per_token(arch: Arch, method: str, targets: tuple[str, ...], r: int, attn_len: int, grad_ckpt: bool) -> FlopsPerToken:
+def flops_per_token(
+    arch: Arch, method: str, targets: tuple[str, ...], r: int, attn_len: int, grad_ckpt: bool
+) -> FlopsPerToken:
     """`attn_len`: the attention context length T (the fed row width: seq_len when packed)."""
     n = arch.matmul_params
     attn_fwd = attention_forward(arch, attn_len)

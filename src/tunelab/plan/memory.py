@@ -159,7 +159,12 @@ def row_bytes_per_token_layer(arch: Arch, s: MemorySetup) -> float:
     full = s.method == "full"
     norms = 2 * 4 * h * (2 if full else 1)
     mlp = 3 * a * i
-    groups = {"attn_in": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "mlp_in": ("gate_proj", "up_proj"), "down": ("down_proj",)}
+    groups = {
+        "attn_in": ("q_proj", "k_proj", "v_proj"),
+        "o": ("o_proj",),
+        "mlp_in": ("gate_proj", "up_proj"),
+        "down": ("down_proj",),
+    }
     if full and a < 4:  # autocast casts each linear's fp32 input on its own
         inputs = a * sum(d_in for d_in, _ in shapes.values())
     elif s.lora_dropout > 0:  # adapters keep their dropped copies instead (_adapter_bytes); frozen linears nothing
@@ -224,8 +229,12 @@ def breakdown(arch: Arch, s: MemorySetup) -> MemoryBreakdown:
             weights, adapters = weights / world + gathered, adapters / world
         grads, states = grads / world, states / world
     return MemoryBreakdown(
-        weights=round(weights), adapters=round(adapters), gradients=round(grads), optimizer_states=round(states),
-        activations=round(activation_bytes(arch, s)), logits_loss=round(logits_bytes(arch, s)),
+        weights=round(weights),
+        adapters=round(adapters),
+        gradients=round(grads),
+        optimizer_states=round(states),
+        activations=round(activation_bytes(arch, s)),
+        logits_loss=round(logits_bytes(arch, s)),
         runtime_overhead=s.runtime_overhead,
     )
 

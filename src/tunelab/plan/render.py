@@ -14,7 +14,6 @@ from .estimate import Estimate, Suggestion
 from .memory import MemoryBreakdown, MemorySetup
 
 
-
 @dataclass
 class Result:
     arch: Arch
@@ -37,9 +36,12 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.2f} h"
 
 
-
 def activations_assumption(m: MemorySetup) -> str:
-    blocks = "compiled decoder blocks (norm outputs and SiLU·up recomputed in backward)" if m.compiled else "eager decoder blocks"
+    blocks = (
+        "compiled decoder blocks (norm outputs and SiLU·up recomputed in backward)"
+        if m.compiled
+        else "eager decoder blocks"
+    )
     kept = "its probabilities" if m.attention_probs else "a log-sum-exp"
     where = f"{m.slots} slots of {m.slot_len} tokens per micro-batch" if m.slots else "whole rows"
     if m.attention == "flex":
@@ -54,8 +56,11 @@ def assumptions(e: Estimate) -> list[str]:
         f"peak {e.device.gpu.peak_flops / 1e12:.1f} TFLOP/s dense 16-bit ({e.device.gpu.source})"
         + (f"; note: {e.device.gpu.note}" if e.device.gpu.note else ""),
         f"workload: {w.lengths.source}",
-        ("padded tokens: packed rows of seq_len (next-fit packing, as train does)" if w.batching.packing else
-         "padded tokens: length-grouped dynamic padding to the longest row of each micro-batch, rounded to 8 (as train does)"),
+        (
+            "padded tokens: packed rows of seq_len (next-fit packing, as train does)"
+            if w.batching.packing
+            else "padded tokens: length-grouped dynamic padding to the longest row of each micro-batch, rounded to 8 (as train does)"
+        ),
         f"attention FLOPs use T = {w.epoch.widest_row} (the widest fed row), not halved for the causal mask (PaLM convention)",
         f"model load at {timing.DISK_READ_BPS / 1e9:g} GB/s, checkpoint writes at {timing.DISK_WRITE_BPS / 1e9:g} GB/s (assumed NVMe)",
         activations_assumption(e.memory_setup),
@@ -68,22 +73,41 @@ def assumptions(e: Estimate) -> list[str]:
 def record(r: Result, e: Estimate) -> dict:
     w, s = e.work, e.settings
     return {
-        "gpu": e.device.gpu.id, "gpu_name": e.device.gpu.name, "gpus": e.gpus, "sharding": e.sharding,
-        "model": r.arch.name, "method": s.method, "base_quant": s.base_quant,
+        "gpu": e.device.gpu.id,
+        "gpu_name": e.device.gpu.name,
+        "gpus": e.gpus,
+        "sharding": e.sharding,
+        "model": r.arch.name,
+        "method": s.method,
+        "base_quant": s.base_quant,
         "tokens_per_s": e.speed.tokens_per_s,
         "tokens_nonpad_per_s": e.speed.tokens_per_s * w.tokens_nonpad / w.tokens_padded,
-        "time_s": e.time_s, "train_s": e.speed.train_s,
-        "overheads_s": {"model_load": e.overheads.model_load_s, "compile": e.overheads.compile_s,
-                        "checkpoints": e.overheads.checkpoint_s, "evaluation": e.overheads.eval_s},
-        "peak_memory_bytes": e.memory.total, "memory_breakdown": e.memory.as_dict(),
-        "memory_capacity_bytes": e.device.gpu.memory_bytes, "fits": e.fits, "max_micro_batch": e.max_micro_batch,
-        "optimizer_steps": w.optimizer_steps, "steps_per_epoch": w.steps_per_epoch,
-        "checkpoints_written": e.checkpoints.written, "checkpoints_kept": e.checkpoints.kept,
+        "time_s": e.time_s,
+        "train_s": e.speed.train_s,
+        "overheads_s": {
+            "model_load": e.overheads.model_load_s,
+            "compile": e.overheads.compile_s,
+            "checkpoints": e.overheads.checkpoint_s,
+            "evaluation": e.overheads.eval_s,
+        },
+        "peak_memory_bytes": e.memory.total,
+        "memory_breakdown": e.memory.as_dict(),
+        "memory_capacity_bytes": e.device.gpu.memory_bytes,
+        "fits": e.fits,
+        "max_micro_batch": e.max_micro_batch,
+        "optimizer_steps": w.optimizer_steps,
+        "steps_per_epoch": w.steps_per_epoch,
+        "checkpoints_written": e.checkpoints.written,
+        "checkpoints_kept": e.checkpoints.kept,
         "examples": w.lengths.examples,
-        "tokens_total_nonpad": w.tokens_nonpad, "tokens_total_padded": w.tokens_padded, "tokens_total_loss": w.tokens_loss,
+        "tokens_total_nonpad": w.tokens_nonpad,
+        "tokens_total_padded": w.tokens_padded,
+        "tokens_total_loss": w.tokens_loss,
         "tokens_upper_bound": w.tokens_upper_bound,
-        "flops_per_token": e.flops.model, "hardware_flops_per_token": e.flops.hardware,
-        "peak_flops": e.device.gpu.peak_flops, "efficiency": e.efficiency.value,
+        "flops_per_token": e.flops.model,
+        "hardware_flops_per_token": e.flops.hardware,
+        "peak_flops": e.device.gpu.peak_flops,
+        "efficiency": e.efficiency.value,
         "cost_usd": r.cost_usd(e),
         "assumptions": assumptions(e),
     }
@@ -125,11 +149,15 @@ def table(results: list[Result]) -> str:
         for provider, usd in r.cost_usd(e).items():
             lines.append(f"  cost: ${usd:,.2f} at {provider}")
         for m in r.multi:
-            lines.append(f"  x{m.gpus} {m.sharding}: {gib(m.memory.total)}/GPU ({'fits' if m.fits else 'does not fit'}),"
-                         f" {duration(m.time_s)}, {m.work.optimizer_steps:,} steps (scaling efficiency assumed)")
+            lines.append(
+                f"  x{m.gpus} {m.sharding}: {gib(m.memory.total)}/GPU ({'fits' if m.fits else 'does not fit'}),"
+                f" {duration(m.time_s)}, {m.work.optimizer_steps:,} steps (scaling efficiency assumed)"
+            )
         for s in r.suggestions:
-            lines.append(f"  try: {s.change}: {duration(s.time_s)} ({'saves' if s.saved_s >= 0 else 'costs'} {duration(abs(s.saved_s))}),"
-                         f" peak {gib(s.peak_memory_bytes)}{'' if s.fits else ' (does not fit)'}")
+            lines.append(
+                f"  try: {s.change}: {duration(s.time_s)} ({'saves' if s.saved_s >= 0 else 'costs'} {duration(abs(s.saved_s))}),"
+                f" peak {gib(s.peak_memory_bytes)}{'' if s.fits else ' (does not fit)'}"
+            )
         lines.append("")
     return "\n".join(lines).rstrip()
 
@@ -139,18 +167,23 @@ def markdown(results: list[Result], title: str) -> str:
     e0 = first.single
     s = e0.settings
     out = [
-        f"# Performance plan: {title}", "",
+        f"# Performance plan: {title}",
+        "",
         f"Generated by `tunelab plan`. Model {first.arch.name} ({first.arch.total_params / 1e9:.3f} B params), method {s.method}"
         + (f" on a {s.base_quant} base" if s.base_quant != "none" else "")
         + f", seq_len {s.seq_len}, micro-batch {s.micro_batch} x grad-accum {s.grad_accum}, {s.epochs:g} epochs,"
-        f" packing {'on' if s.packing else 'off'}, gradient checkpointing {'on' if s.grad_ckpt else 'off'}.", "",
-        "## Workload", "",
+        f" packing {'on' if s.packing else 'off'}, gradient checkpointing {'on' if s.grad_ckpt else 'off'}.",
+        "",
+        "## Workload",
+        "",
         f"- {e0.work.lengths.source}",
         f"- tokens: {e0.work.tokens_nonpad:,} non-padding, {e0.work.tokens_loss:,} with loss, {e0.work.tokens_padded:,} fed;"
         f" the naive `examples x seq_len x epochs` = {e0.work.tokens_upper_bound:,} is only an upper bound",
         f"- {e0.work.optimizer_steps:,} optimizer steps; checkpoints: {e0.checkpoints.written} written, {e0.checkpoints.kept} kept",
-        f"- FLOPs per token: {e0.flops.model / 1e9:.2f} GFLOP (model), {e0.flops.hardware / 1e9:.2f} GFLOP with recomputation", "",
-        "## GPU comparison", "",
+        f"- FLOPs per token: {e0.flops.model / 1e9:.2f} GFLOP (model), {e0.flops.hardware / 1e9:.2f} GFLOP with recomputation",
+        "",
+        "## GPU comparison",
+        "",
         "| GPU | dense TFLOP/s | efficiency | tokens/s | train | total | peak memory | fits | max micro-batch | cheapest cost |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -161,38 +194,64 @@ def markdown(results: list[Result], title: str) -> str:
         out.append(
             f"| {e.device.gpu.name} | {e.device.gpu.peak_flops / 1e12:.1f} | {e.efficiency.value:.2f} | {e.speed.tokens_per_s:,.0f}"
             f" | {duration(e.speed.train_s)} | {duration(e.time_s)} | {gib(e.memory.total)} | {'yes' if e.fits else 'no'}"
-            f" | {e.max_micro_batch} | {f'${cheapest[1]:,.2f} ({cheapest[0]})' if cheapest else 'no price'} |")
+            f" | {e.max_micro_batch} | {f'${cheapest[1]:,.2f} ({cheapest[0]})' if cheapest else 'no price'} |"
+        )
     if any(r.scenarios for r in results):
         sizes = [n for n, _ in results[0].scenarios]
-        out += ["", "## Runtime scenarios", "",
-                "Same settings and mean example length, different dataset sizes (total time including overheads).", "",
-                "| GPU | " + " | ".join(f"{n:,} examples" for n in sizes) + " |",
-                "|---|" + "---|" * len(sizes)]
+        out += [
+            "",
+            "## Runtime scenarios",
+            "",
+            "Same settings and mean example length, different dataset sizes (total time including overheads).",
+            "",
+            "| GPU | " + " | ".join(f"{n:,} examples" for n in sizes) + " |",
+            "|---|" + "---|" * len(sizes),
+        ]
         for r in results:
-            out.append(f"| {r.single.device.gpu.name} | " + " | ".join(
-                f"{duration(e.time_s)} ({e.work.tokens_padded / 1e6:.2f}M tokens fed)" for _, e in r.scenarios) + " |")
+            out.append(
+                f"| {r.single.device.gpu.name} | "
+                + " | ".join(
+                    f"{duration(e.time_s)} ({e.work.tokens_padded / 1e6:.2f}M tokens fed)" for _, e in r.scenarios
+                )
+                + " |"
+            )
     f = e0.flops
-    out += ["", "## Scaling factors", "",
-            "- time = tokens fed x FLOPs per token / (peak x efficiency): linear in examples and epochs;",
-            f"- per token, {(f.dense + f.adapters) / 1e9:.2f} GFLOP do not depend on seq_len and {f.attention / 1e9:.3f} GFLOP grow linearly"
-            f" with it (attention), so halving seq_len without truncating saves only the padding and the attention share"
-            f" ({f.attention / f.model:.1%} of the model FLOPs here);",
-            f"- gradient checkpointing adds {f.recompute / f.model:.0%} hardware FLOPs when on; packing removes padding"
-            f" ({e0.work.padding_fraction:.1%} of fed tokens here)."]
+    out += [
+        "",
+        "## Scaling factors",
+        "",
+        "- time = tokens fed x FLOPs per token / (peak x efficiency): linear in examples and epochs;",
+        f"- per token, {(f.dense + f.adapters) / 1e9:.2f} GFLOP do not depend on seq_len and {f.attention / 1e9:.3f} GFLOP grow linearly"
+        f" with it (attention), so halving seq_len without truncating saves only the padding and the attention share"
+        f" ({f.attention / f.model:.1%} of the model FLOPs here);",
+        f"- gradient checkpointing adds {f.recompute / f.model:.0%} hardware FLOPs when on; packing removes padding"
+        f" ({e0.work.padding_fraction:.1%} of fed tokens here).",
+    ]
     if results[0].multi:
-        out += ["", f"## Multi-GPU (x{results[0].multi[0].gpus})", "",
-                "| GPU | strategy | memory per GPU | fits | total time |", "|---|---|---|---|---|"]
+        out += [
+            "",
+            f"## Multi-GPU (x{results[0].multi[0].gpus})",
+            "",
+            "| GPU | strategy | memory per GPU | fits | total time |",
+            "|---|---|---|---|---|",
+        ]
         for r in results:
             for m in r.multi:
-                out.append(f"| {m.device.gpu.name} | {m.sharding} | {gib(m.memory.total)} | {'yes' if m.fits else 'no'} | {duration(m.time_s)} |")
+                out.append(
+                    f"| {m.device.gpu.name} | {m.sharding} | {gib(m.memory.total)} | {'yes' if m.fits else 'no'} | {duration(m.time_s)} |"
+                )
     out += ["", "## Recommendations", ""]
     for r in results:
         for sug in r.suggestions:
-            out.append(f"- {r.single.device.gpu.name}: {sug.change}: {duration(sug.time_s)}"
-                       f" ({'saves' if sug.saved_s >= 0 else 'costs'} {duration(abs(sug.saved_s))}), peak {gib(sug.peak_memory_bytes)}"
-                       + ("" if sug.fits else ", does not fit"))
+            out.append(
+                f"- {r.single.device.gpu.name}: {sug.change}: {duration(sug.time_s)}"
+                f" ({'saves' if sug.saved_s >= 0 else 'costs'} {duration(abs(sug.saved_s))}), peak {gib(sug.peak_memory_bytes)}"
+                + ("" if sug.fits else ", does not fit")
+            )
         if not r.single.fits:
-            out.append(f"- {r.single.device.gpu.name}: does not fit at micro-batch {s.micro_batch}; largest that fits: {r.single.max_micro_batch}")
+            out.append(
+                f"- {r.single.device.gpu.name}: does not fit at micro-batch {s.micro_batch}; largest that fits: {r.single.max_micro_batch}"
+            )
     out += ["", "## Assumptions", ""]
     seen = []
     for r in results:

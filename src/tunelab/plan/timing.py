@@ -40,11 +40,15 @@ def efficiency(device_class: str, method: str, base_quant: str, calibration: Cal
     key = method_key(method, base_quant)
     if calibration is not None and key in calibration.efficiency:
         value = calibration.efficiency[key]
-        return Efficiency(value, f"efficiency {value:.2f} (calibrated for {key} on {calibration.device_name}, {calibration.created})")
+        return Efficiency(
+            value, f"efficiency {value:.2f} (calibrated for {key} on {calibration.device_name}, {calibration.created})"
+        )
     base, factor = catalog.class_efficiency(device_class), catalog.method_factor(key)
     value = base * factor
     detail = f" x {factor:g} for {key}" if factor != 1 else ""
-    return Efficiency(value, f"efficiency {value:.2f} (default {base:.2f} for class {device_class}{detail}, uncalibrated assumption)")
+    return Efficiency(
+        value, f"efficiency {value:.2f} (default {base:.2f} for class {device_class}{detail}, uncalibrated assumption)"
+    )
 
 
 @dataclass(frozen=True)
@@ -53,8 +57,14 @@ class Throughput:
     train_s: float
 
 
-def throughput(tokens_padded: int, hardware_flops_per_token: float, peak_flops: float, eff: float,
-               gpus: int = 1, scaling: float = 1.0) -> Throughput:
+def throughput(
+    tokens_padded: int,
+    hardware_flops_per_token: float,
+    peak_flops: float,
+    eff: float,
+    gpus: int = 1,
+    scaling: float = 1.0,
+) -> Throughput:
     rate = peak_flops * eff * gpus * (scaling if gpus > 1 else 1.0) / hardware_flops_per_token
     return Throughput(rate, tokens_padded / rate)
 
@@ -79,8 +89,14 @@ def checkpoint_bytes(trainable_params: int, total_params: int, method: str) -> t
     return periodic, final
 
 
-def overheads(weights_on_disk: int, periodic_checkpoints: int, periodic_bytes: int, final_bytes: int,
-              compiled: bool, eval_s: float = 0.0) -> Overheads:
+def overheads(
+    weights_on_disk: int,
+    periodic_checkpoints: int,
+    periodic_bytes: int,
+    final_bytes: int,
+    compiled: bool,
+    eval_s: float = 0.0,
+) -> Overheads:
     return Overheads(
         model_load_s=weights_on_disk / DISK_READ_BPS,
         compile_s=COMPILE_S if compiled else 0.0,

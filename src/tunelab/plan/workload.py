@@ -96,8 +96,12 @@ class Workload:
 
 
 def assumed_lengths(examples: int, mean_tokens: float, loss_fraction: float) -> Lengths:
-    return Lengths(examples, mean_tokens, mean_tokens * loss_fraction,
-                   source=f"assumed: {examples} examples x {mean_tokens:g} tokens each (no dataset given)")
+    return Lengths(
+        examples,
+        mean_tokens,
+        mean_tokens * loss_fraction,
+        source=f"assumed: {examples} examples x {mean_tokens:g} tokens each (no dataset given)",
+    )
 
 
 def epoch_counts(lengths: Lengths, b: Batching) -> EpochCounts:
@@ -141,8 +145,9 @@ def _counted(lengths: Lengths, b: Batching) -> EpochCounts:
         rows += len(batch)
         sequences = max(sequences, sum(len(row) for row in batch))
     loss = round(lengths.examples * lengths.mean_loss_tokens)
-    return _with_slots(EpochCounts(len(batches), rows, padded, int(arr.sum()), loss, widest), sequences,
-                       int(arr.max()), b)
+    return _with_slots(
+        EpochCounts(len(batches), rows, padded, int(arr.sum()), loss, widest), sequences, int(arr.max()), b
+    )
 
 
 def build(lengths: Lengths, b: Batching, epochs: float, max_steps: int | None = None) -> Workload:

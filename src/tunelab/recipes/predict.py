@@ -23,14 +23,29 @@ def run_precision(precision: str, device: Device) -> str:
 
 def settings_from_config(cfg: cfgmod.TrainConfig, arch: archmod.Arch, device: Device) -> Settings:
     if cfg.seq_len > arch.max_positions > 0:
-        raise TunelabError(f"seq_len {cfg.seq_len} is over {arch.name}'s maximum of {arch.max_positions} positions; lower seq_len")
+        raise TunelabError(
+            f"seq_len {cfg.seq_len} is over {arch.name}'s maximum of {arch.max_positions} positions; lower seq_len"
+        )
     compute_bytes = 4 if run_precision(cfg.precision, device) == "fp32" else 2  # bf16 and fp16 are both 2 bytes
     return Settings(
-        method=cfg.method, base_quant=cfgmod.effective_base_quant(cfg), compute_bytes=compute_bytes,
-        seq_len=cfg.seq_len, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum, epochs=cfg.epochs,
-        max_steps=cfg.max_steps, packing=cfg.packing, grad_ckpt=cfg.grad_ckpt,
-        targets=archmod.adapter_targets(arch, cfg.lora.targets), r=cfg.lora.r, lora_dropout=cfg.lora.dropout,
-        save_steps=cfg.save_steps, save_total_limit=cfg.save_total_limit, seed=cfg.seed, compile=cfg.compile, attention=cfg.attention,
+        method=cfg.method,
+        base_quant=cfgmod.effective_base_quant(cfg),
+        compute_bytes=compute_bytes,
+        seq_len=cfg.seq_len,
+        micro_batch=cfg.micro_batch,
+        grad_accum=cfg.grad_accum,
+        epochs=cfg.epochs,
+        max_steps=cfg.max_steps,
+        packing=cfg.packing,
+        grad_ckpt=cfg.grad_ckpt,
+        targets=archmod.adapter_targets(arch, cfg.lora.targets),
+        r=cfg.lora.r,
+        lora_dropout=cfg.lora.dropout,
+        save_steps=cfg.save_steps,
+        save_total_limit=cfg.save_total_limit,
+        seed=cfg.seed,
+        compile=cfg.compile,
+        attention=cfg.attention,
     )
 
 
@@ -43,14 +58,31 @@ def dataset_lengths(cfg: cfgmod.TrainConfig, tokenizer_ref: str | None) -> workl
     try:
         tokenizer = load.load_tokenizer(load.resolve(ref))
     except TunelabError as e:
-        raise TunelabError(f"{e} (plan needs the tokenizer to measure data.path; pass --tokenizer MODEL to measure with another local one)") from None
-    data = prepare(DataSpec(cfg.data.path, cfg.data.format, cfg.data.template, cfg.data.train_on_inputs,
-                            cfg.seq_len, cfg.data.max_examples), tokenizer)
+        raise TunelabError(
+            f"{e} (plan needs the tokenizer to measure data.path; pass --tokenizer MODEL to measure with another local one)"
+        ) from None
+    data = prepare(
+        DataSpec(
+            cfg.data.path,
+            cfg.data.format,
+            cfg.data.template,
+            cfg.data.train_on_inputs,
+            cfg.seq_len,
+            cfg.data.max_examples,
+        ),
+        tokenizer,
+    )
     st = data.stats
     proxy = f", tokenized with {ref}'s tokenizer" if tokenizer_ref else ""
-    return workload.Lengths(st.examples, st.mean_len, st.tokens_loss / st.examples,
-                            source=f"dataset {cfg.data.path}: {st.rows} rows, {st.truncated} truncated, {st.dropped} dropped{proxy}",
-                            lengths=data.lengths, truncated=st.truncated, dropped=st.dropped)
+    return workload.Lengths(
+        st.examples,
+        st.mean_len,
+        st.tokens_loss / st.examples,
+        source=f"dataset {cfg.data.path}: {st.rows} rows, {st.truncated} truncated, {st.dropped} dropped{proxy}",
+        lengths=data.lengths,
+        truncated=st.truncated,
+        dropped=st.dropped,
+    )
 
 
 def local_device(precision: str) -> Device:
@@ -72,8 +104,9 @@ def local_device(precision: str) -> Device:
     overhead = catalog.runtime_overhead("cuda" if dev.type == "cuda" else "cpu")
     if record is not None and record.runtime_overhead_bytes is not None:
         overhead = record.runtime_overhead_bytes
-    gpu = catalog.Gpu("local", name, device_memory_bytes(dev), 0.0, peak, prec.name == "bf16", cls,
-                      source=source, peak_source=source)
+    gpu = catalog.Gpu(
+        "local", name, device_memory_bytes(dev), 0.0, peak, prec.name == "bf16", cls, source=source, peak_source=source
+    )
     return Device(gpu, overhead, record)
 
 

@@ -60,8 +60,17 @@ def prepare_run(cfg: TrainConfig) -> Prepared:
     if cfg.data.path is None:
         raise TunelabError("data.path is not set; point it at a .jsonl/.json/.csv/.parquet file")
     tokenizer = mload.load_tokenizer(source)
-    data = prepare(DataSpec(cfg.data.path, cfg.data.format, cfg.data.template, cfg.data.train_on_inputs,
-                            cfg.seq_len, cfg.data.max_examples), tokenizer)
+    data = prepare(
+        DataSpec(
+            cfg.data.path,
+            cfg.data.format,
+            cfg.data.template,
+            cfg.data.train_on_inputs,
+            cfg.seq_len,
+            cfg.data.max_examples,
+        ),
+        tokenizer,
+    )
     batch = BatchSpec(cfg.seq_len, cfg.micro_batch, cfg.grad_accum, cfg.packing, cfg.seed, tokenizer.pad_token_id)
     schedule = Schedule(data, batch, cfg.epochs, cfg.max_steps)
     return Prepared(device, precision, source, model_config, tokenizer, data, schedule)
@@ -99,8 +108,13 @@ def training_attention(device: torch.device, choice: str = "auto") -> str:
 def build_model(cfg: TrainConfig, prep: Prepared) -> torch.nn.Module:
     # Frozen base weights live in the compute dtype (no per-forward cast of fp32 weights under autocast);
     # full fine-tuning keeps fp32 master weights, which apply_adapter ensures.
-    model = mload.load_model(prep.source, prep.precision.compute, cfgmod.effective_base_quant(cfg), prep.device,
-                             attn=training_attention(prep.device, cfg.attention))
+    model = mload.load_model(
+        prep.source,
+        prep.precision.compute,
+        cfgmod.effective_base_quant(cfg),
+        prep.device,
+        attn=training_attention(prep.device, cfg.attention),
+    )
     if cfg.grad_ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = apply_adapter(model, adapter_spec(cfg))
@@ -148,8 +162,7 @@ def compile_blocks(model: torch.nn.Module) -> None:
         decoder.norm.compile()
 
 
-def train(cfg: TrainConfig, show_progress: bool = True, stop_at: int | None = None,
-          warmup_window: int = 2) -> dict:
+def train(cfg: TrainConfig, show_progress: bool = True, stop_at: int | None = None, warmup_window: int = 2) -> dict:
     """Run one training job and return its summary (also written to output_dir/summary.json).
 
     The job holds output_dir's lock (train/lock.py) throughout: a second job there fails at once.
@@ -161,8 +174,9 @@ def train(cfg: TrainConfig, show_progress: bool = True, stop_at: int | None = No
         return _train_locked(cfg, out, t0, show_progress, stop_at, warmup_window)
 
 
-def _train_locked(cfg: TrainConfig, out: Path, t0: float, show_progress: bool, stop_at: int | None,
-                  warmup_window: int) -> dict:
+def _train_locked(
+    cfg: TrainConfig, out: Path, t0: float, show_progress: bool, stop_at: int | None, warmup_window: int
+) -> dict:
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
     from accelerate.utils import set_seed
@@ -175,10 +189,12 @@ def _train_locked(cfg: TrainConfig, out: Path, t0: float, show_progress: bool, s
     stats = prep.data.stats
     efficiency = packing_efficiency(prep.data.lengths, cfg.seq_len, cfg.micro_batch, cfg.packing, cfg.seed)
     if show_progress:
-        print(f"data: {stats.rows} rows -> {stats.examples} examples ({stats.truncated} truncated, {stats.dropped} dropped), "
-              f"{stats.tokens_nonpad:,} tokens, {stats.tokens_loss:,} with loss, "
-              f"{'packed' if cfg.packing else 'padded'} efficiency {efficiency:.1%}, {prep.schedule.total_steps} steps",
-              flush=True)
+        print(
+            f"data: {stats.rows} rows -> {stats.examples} examples ({stats.truncated} truncated, {stats.dropped} dropped), "
+            f"{stats.tokens_nonpad:,} tokens, {stats.tokens_loss:,} with loss, "
+            f"{'packed' if cfg.packing else 'padded'} efficiency {efficiency:.1%}, {prep.schedule.total_steps} steps",
+            flush=True,
+        )
 
     set_seed(cfg.seed)
     mixed = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[prep.precision.name]
@@ -206,28 +222,54 @@ def _train_locked(cfg: TrainConfig, out: Path, t0: float, show_progress: bool, s
     (out / "config.yaml").write_text(cfgmod.dump_yaml(cfg))
 
     progress = ProgressView(prep.schedule.total_steps, state.step, enabled=show_progress)
-    result = loop.run(loop.LoopContext(
-        accelerator, wrapped, optimizer, scheduler, prep.schedule, optim_spec,
-        loop.LoopSpec(cfg.log_steps, cfg.save_steps, cfg.save_total_limit, warmup_window, stop_at),
-        out, memwatch, state, progress))
+    result = loop.run(
+        loop.LoopContext(
+            accelerator,
+            wrapped,
+            optimizer,
+            scheduler,
+            prep.schedule,
+            optim_spec,
+            loop.LoopSpec(cfg.log_steps, cfg.save_steps, cfg.save_total_limit, warmup_window, stop_at),
+            out,
+            memwatch,
+            state,
+            progress,
+        )
+    )
 
     finished = state.step >= prep.schedule.total_steps
     if finished:
         save_final(model, prep.tokenizer, out, cfg.method)
     summary = {
-        "output_dir": str(out), "model": cfg.model, "method": cfg.method, "device": device_name(prep.device),
-        "device_memory_bytes": device_memory_bytes(prep.device), "precision": prep.precision.name,
-        "params_trainable": trainable, "params_total": total,
-        "seq_len": cfg.seq_len, "micro_batch": cfg.micro_batch, "grad_accum": cfg.grad_accum,
-        "packing": cfg.packing, "grad_ckpt": cfg.grad_ckpt, "data": {**stats.as_dict(), "packing_efficiency": efficiency},
-        "steps": state.step, "total_steps": prep.schedule.total_steps, "finished": finished,
+        "output_dir": str(out),
+        "model": cfg.model,
+        "method": cfg.method,
+        "device": device_name(prep.device),
+        "device_memory_bytes": device_memory_bytes(prep.device),
+        "precision": prep.precision.name,
+        "params_trainable": trainable,
+        "params_total": total,
+        "seq_len": cfg.seq_len,
+        "micro_batch": cfg.micro_batch,
+        "grad_accum": cfg.grad_accum,
+        "packing": cfg.packing,
+        "grad_ckpt": cfg.grad_ckpt,
+        "data": {**stats.as_dict(), "packing_efficiency": efficiency},
+        "steps": state.step,
+        "total_steps": prep.schedule.total_steps,
+        "finished": finished,
         "loss_first": result.losses[0][1] if result.losses else None,
         "loss_last": result.losses[-1][1] if result.losses else None,
-        "tokens_padded": state.tokens_padded, "tokens_nonpad": state.tokens_nonpad, "tokens_loss": state.tokens_loss,
+        "tokens_padded": state.tokens_padded,
+        "tokens_nonpad": state.tokens_nonpad,
+        "tokens_loss": state.tokens_loss,
         **result.rates(),
-        "peak_memory_bytes": result.peak_memory_bytes, "peak_memory_reserved_bytes": result.peak_reserved_bytes,
+        "peak_memory_bytes": result.peak_memory_bytes,
+        "peak_memory_reserved_bytes": result.peak_reserved_bytes,
         "peak_memory_absolute_bytes": result.peak_absolute_bytes,
-        "train_s": state.elapsed_s, "elapsed_s": time.perf_counter() - t0,
+        "train_s": state.elapsed_s,
+        "elapsed_s": time.perf_counter() - t0,
         "versions": _versions(),
     }
     write_atomic(out / "summary.json", [json.dumps(summary, indent=2)])
@@ -256,5 +298,9 @@ def _versions() -> dict:
     import peft
     import transformers
 
-    return {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,
-            "accelerate": accelerate.__version__}
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+        "accelerate": accelerate.__version__,
+    }

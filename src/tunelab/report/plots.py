@@ -46,10 +46,16 @@ def throughput_curves(curves: dict[str, list[dict]], path: Path) -> None:
     ax = fig.add_subplot()
     for label, rows in curves.items():
         steps = [r["step"] for r in rows]
-        line, = ax.plot(steps, [r["tokens_nonpad_per_s"] for r in rows], marker="o", markersize=3,
-                        label=f"{label}: non-padding")
-        ax.plot(steps, [r["tokens_padded_per_s"] for r in rows], linestyle="--", color=line.get_color(),
-                label=f"{label}: padded")
+        (line,) = ax.plot(
+            steps, [r["tokens_nonpad_per_s"] for r in rows], marker="o", markersize=3, label=f"{label}: non-padding"
+        )
+        ax.plot(
+            steps,
+            [r["tokens_padded_per_s"] for r in rows],
+            linestyle="--",
+            color=line.get_color(),
+            label=f"{label}: padded",
+        )
     ax.set_title("Throughput over the run (per log window; the first window includes warm-up)")
     ax.set_xlabel("optimizer step (end of log window)")
     ax.set_ylabel("tokens/s")
@@ -78,8 +84,13 @@ def sweep(key: str, values: list[str], tokens_per_s: list[float], peak_bytes: li
     _save(fig, path)
 
 
-def predicted_vs_measured(labels: list[str], step_time: list[tuple[float, float]],
-                          memory: list[tuple[dict[str, float], float]], memory_label: str, path: Path) -> None:
+def predicted_vs_measured(
+    labels: list[str],
+    step_time: list[tuple[float, float]],
+    memory: list[tuple[dict[str, float], float]],
+    memory_label: str,
+    path: Path,
+) -> None:
     """Left: seconds per optimizer step, predicted vs measured. Right: plan's memory breakdown (stacked) vs the
     measured peak, per run."""
     fig = Figure(figsize=(12, 4.4))
@@ -94,7 +105,9 @@ def predicted_vs_measured(labels: list[str], step_time: list[tuple[float, float]
     bottoms = [0.0] * len(labels)
     for part in parts:
         heights = [breakdown.get(part, 0) / GIB for breakdown, _ in memory]
-        ax2.bar([i - width / 2 for i in x], heights, width, bottom=bottoms, label=f"predicted: {part.replace('_', ' ')}")
+        ax2.bar(
+            [i - width / 2 for i in x], heights, width, bottom=bottoms, label=f"predicted: {part.replace('_', ' ')}"
+        )
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     ax2.bar([i + width / 2 for i in x], [m / GIB for _, m in memory], width, color="black", label=memory_label)
     ax2.set_title("Peak memory: plan's breakdown vs measured")

@@ -28,8 +28,18 @@ from ..bench.peers import compare
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 # Config keys a sweep varies; records that agree on all but one of them form a sweep over that one.
-SWEEP_KEYS = ("model", "method", "precision", "seq_len", "micro_batch", "grad_accum", "packing", "grad_ckpt",
-              "lora_r", "base_quant")
+SWEEP_KEYS = (
+    "model",
+    "method",
+    "precision",
+    "seq_len",
+    "micro_batch",
+    "grad_accum",
+    "packing",
+    "grad_ckpt",
+    "lora_r",
+    "base_quant",
+)
 # A DB column holding a whole record as JSON is merged into the row (whatever the store names it).
 RECORD_COLUMNS = ("record", "json", "payload", "summary")
 BOOL_COLUMNS = ("packing", "grad_ckpt")
@@ -48,11 +58,19 @@ class Prediction:
     def of(record: dict[str, Any]) -> Prediction | None:
         plan = record.get("predicted")
         if isinstance(plan, dict) and plan.get("train_s") and plan.get("optimizer_steps"):
-            return Prediction(plan["train_s"] / plan["optimizer_steps"], plan.get("tokens_nonpad_per_s"),
-                              plan.get("peak_memory_bytes"), plan.get("memory_breakdown"))
+            return Prediction(
+                plan["train_s"] / plan["optimizer_steps"],
+                plan.get("tokens_nonpad_per_s"),
+                plan.get("peak_memory_bytes"),
+                plan.get("memory_breakdown"),
+            )
         if record.get("predicted_step_time_s"):
-            return Prediction(record["predicted_step_time_s"], record.get("predicted_tokens_nonpad_per_s"),
-                              record.get("predicted_peak_memory_bytes"), None)
+            return Prediction(
+                record["predicted_step_time_s"],
+                record.get("predicted_tokens_nonpad_per_s"),
+                record.get("predicted_peak_memory_bytes"),
+                None,
+            )
         return None
 
 
@@ -89,6 +107,7 @@ class Run:
 
 
 # ---------------------------------------------------------------- inputs
+
 
 def load_inputs(paths: list[Path]) -> list[Run]:
     runs: list[Run] = []
@@ -165,8 +184,15 @@ def load_db(path: Path) -> list[Run]:
         ident = record.get("id", index)
         label = f"{record.get('kind') or 'tunelab'} #{ident}" + (f" {record['label']}" if record.get("label") else "")
         config = record.get("config") if isinstance(record.get("config"), dict) else None
-        runs.append(Run(label, str(path), record, config=config,
-                        evaluation=record.get("eval") if isinstance(record.get("eval"), dict) else None))
+        runs.append(
+            Run(
+                label,
+                str(path),
+                record,
+                config=config,
+                evaluation=record.get("eval") if isinstance(record.get("eval"), dict) else None,
+            )
+        )
     return runs
 
 
@@ -189,6 +215,7 @@ def _unique_labels(runs: list[Run]) -> None:
 
 # ---------------------------------------------------------------- formatting
 
+
 def _num(value: Any, digits: int = 0) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
@@ -204,8 +231,12 @@ def _gib(value: Any) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *("| " + " | ".join(r) + " |" for r in rows), ""]
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(r) + " |" for r in rows),
+        "",
+    ]
 
 
 def _has_rates(r: Run) -> bool:
@@ -213,6 +244,7 @@ def _has_rates(r: Run) -> bool:
 
 
 # ---------------------------------------------------------------- sections
+
 
 def _environment(runs: list[Run]) -> list[str]:
     lines = ["## Environment", ""]
@@ -228,33 +260,80 @@ def _environment(runs: list[Run]) -> list[str]:
 
 
 def _runs_table(runs: list[Run]) -> list[str]:
-    header = ["run", "kind", "precision", "seq_len", "micro x accum", "packing", "steps",
-              "non-pad tok/s", "padded tok/s", "loss tok/s", "step time (s)", "peak memory", "mfu", "loss first -> last"]
+    header = [
+        "run",
+        "kind",
+        "precision",
+        "seq_len",
+        "micro x accum",
+        "packing",
+        "steps",
+        "non-pad tok/s",
+        "padded tok/s",
+        "loss tok/s",
+        "step time (s)",
+        "peak memory",
+        "mfu",
+        "loss first -> last",
+    ]
     rows = []
     for r in runs:
         rec = r.record
         mfu = rec.get("mfu")
-        rows.append([
-            r.label, r.kind, _num(rec.get("precision")), _num(rec.get("seq_len")),
-            f"{_num(rec.get('micro_batch'))} x {_num(rec.get('grad_accum'))}", _num(rec.get("packing")),
-            _num(rec.get("steps")), _num(rec.get("tokens_nonpad_per_s")), _num(rec.get("tokens_padded_per_s")),
-            _num(rec.get("tokens_loss_per_s")), _num(rec.get("step_time_s"), 3), _gib(rec.get("peak_memory_bytes")),
-            "n/a" if mfu is None else f"{mfu:.1%}",
-            f"{_num(rec.get('loss_first'), 3)} -> {_num(rec.get('loss_last'), 3)}",
-        ])
-    return ["## Runs", "",
-            "Throughput over the steady-state window (optimizer steps after the warm-up steps, docs/metrics.md): "
-            "padded counts every position fed, non-padding only real tokens, loss only tokens with a target.", "",
-            *_table(header, rows)]
+        rows.append(
+            [
+                r.label,
+                r.kind,
+                _num(rec.get("precision")),
+                _num(rec.get("seq_len")),
+                f"{_num(rec.get('micro_batch'))} x {_num(rec.get('grad_accum'))}",
+                _num(rec.get("packing")),
+                _num(rec.get("steps")),
+                _num(rec.get("tokens_nonpad_per_s")),
+                _num(rec.get("tokens_padded_per_s")),
+                _num(rec.get("tokens_loss_per_s")),
+                _num(rec.get("step_time_s"), 3),
+                _gib(rec.get("peak_memory_bytes")),
+                "n/a" if mfu is None else f"{mfu:.1%}",
+                f"{_num(rec.get('loss_first'), 3)} -> {_num(rec.get('loss_last'), 3)}",
+            ]
+        )
+    return [
+        "## Runs",
+        "",
+        "Throughput over the steady-state window (optimizer steps after the warm-up steps, docs/metrics.md): "
+        "padded counts every position fed, non-padding only real tokens, loss only tokens with a target.",
+        "",
+        *_table(header, rows),
+    ]
 
 
 def _configs(runs: list[Run]) -> list[str]:
     lines = ["## Configuration of each run", ""]
-    keys = ("model", "method", "precision", "seq_len", "micro_batch", "grad_accum", "packing", "padding",
-            "grad_ckpt", "optim", "lora", "base_quant", "lr", "epochs", "max_steps", "seed", "data_path")
+    keys = (
+        "model",
+        "method",
+        "precision",
+        "seq_len",
+        "micro_batch",
+        "grad_accum",
+        "packing",
+        "padding",
+        "grad_ckpt",
+        "optim",
+        "lora",
+        "base_quant",
+        "lr",
+        "epochs",
+        "max_steps",
+        "seed",
+        "data_path",
+    )
     for r in runs:
         settings = {k: r.setting(k) for k in keys if r.setting(k) is not None}
-        lines.append(f"- **{r.label}** ({r.kind}, from {r.source}): " + ", ".join(f"{k}={_flat(v)}" for k, v in settings.items()))
+        lines.append(
+            f"- **{r.label}** ({r.kind}, from {r.source}): " + ", ".join(f"{k}={_flat(v)}" for k, v in settings.items())
+        )
         data_config = (r.config or {}).get("data")
         if isinstance(data_config, dict):
             lines.append(f"  - data config: {_flat(data_config)}")
@@ -297,7 +376,7 @@ def peer_sessions(runs: list[Run]) -> list[list[Run]]:
             lo -= 1
         if hi + 1 < len(rows) and rows[hi + 1].kind == "tunelab":
             hi += 1
-        span = rows[lo: hi + 1]
+        span = rows[lo : hi + 1]
         if any(r.kind == "tunelab" for r in span):
             sessions.append(span)
     return sessions
@@ -310,23 +389,52 @@ def _peer_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str, Path
         kinds = ["tunelab", *dict.fromkeys(r.kind for r in session if r.kind != "tunelab")]
         by_kind = {k: [r for r in session if r.kind == k] for k in kinds}
         name = f"peers_{n}.png"
-        plots.peers(kinds, [{key: [r.record[f"{key}_per_s"] for r in by_kind[k]] for key, _ in plots.TOKEN_KINDS}
-                            for k in kinds],
-                    [[r.record.get("peak_memory_bytes") or 0 for r in by_kind[k]] for k in kinds], out / name)
+        plots.peers(
+            kinds,
+            [{key: [r.record[f"{key}_per_s"] for r in by_kind[k]] for key, _ in plots.TOKEN_KINDS} for k in kinds],
+            [[r.record.get("peak_memory_bytes") or 0 for r in by_kind[k]] for k in kinds],
+            out / name,
+        )
         files[name] = out / name
         ratios = compare([{**r.record, "kind": r.kind} for r in session])
-        rows = [[c["kind"], f"{c['runs']} / {c['tunelab_runs']}", _num(c["tokens_nonpad_per_s"]),
-                 _num(c["tunelab_tokens_nonpad_per_s"]), f"{c['tokens_nonpad_ratio']:.2f}x",
-                 f"{c['tokens_padded_ratio']:.2f}x", f"{c['tokens_loss_ratio']:.2f}x", f"{c['peak_memory_ratio']:.2f}x"]
-                for c in ratios]
+        rows = [
+            [
+                c["kind"],
+                f"{c['runs']} / {c['tunelab_runs']}",
+                _num(c["tokens_nonpad_per_s"]),
+                _num(c["tunelab_tokens_nonpad_per_s"]),
+                f"{c['tokens_nonpad_ratio']:.2f}x",
+                f"{c['tokens_padded_ratio']:.2f}x",
+                f"{c['tokens_loss_ratio']:.2f}x",
+                f"{c['peak_memory_ratio']:.2f}x",
+            ]
+            for c in ratios
+        ]
         notes = [f"- {r.label}: {r.setting('precision_note')}" for r in session if r.setting("precision_note")]
-        lines += [f"## tunelab vs peers ({session[0].source}: {', '.join(r.label for r in session)})", "",
-                  "Same model, data file, machine and step counts; means over the interleaved runs. Ratios are "
-                  "tunelab / peer: above 1 tunelab is faster; for memory, below 1 tunelab needs less.", "",
-                  *_table(["peer", "runs (peer / tunelab)", "peer non-pad tok/s", "tunelab non-pad tok/s",
-                           "non-pad ratio", "padded ratio", "loss-token ratio", "peak memory ratio"], rows),
-                  *notes, *([""] if notes else []),
-                  f"![Throughput and memory by trainer]({name})", ""]
+        lines += [
+            f"## tunelab vs peers ({session[0].source}: {', '.join(r.label for r in session)})",
+            "",
+            "Same model, data file, machine and step counts; means over the interleaved runs. Ratios are "
+            "tunelab / peer: above 1 tunelab is faster; for memory, below 1 tunelab needs less.",
+            "",
+            *_table(
+                [
+                    "peer",
+                    "runs (peer / tunelab)",
+                    "peer non-pad tok/s",
+                    "tunelab non-pad tok/s",
+                    "non-pad ratio",
+                    "padded ratio",
+                    "loss-token ratio",
+                    "peak memory ratio",
+                ],
+                rows,
+            ),
+            *notes,
+            *([""] if notes else []),
+            f"![Throughput and memory by trainer]({name})",
+            "",
+        ]
     return lines, files
 
 
@@ -365,10 +473,18 @@ def _sweep_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str, Pat
         plots.sweep(key, names, rate, peak, out / name)
         files[name] = out / name
         fixed = {k: members[0].setting(k) for k in SWEEP_KEYS if k != key and members[0].setting(k) is not None}
-        lines += [f"## Sweep over {key}", "", "Held fixed: " + ", ".join(f"{k}={_flat(v)}" for k, v in fixed.items()), "",
-                  *_table([key, "runs", "non-pad tok/s (mean)", "peak memory (mean)"],
-                          [[v, str(len(values[v])), _num(t), _gib(p)] for v, t, p in zip(names, rate, peak)]),
-                  f"![Throughput and memory vs {key}]({name})", ""]
+        lines += [
+            f"## Sweep over {key}",
+            "",
+            "Held fixed: " + ", ".join(f"{k}={_flat(v)}" for k, v in fixed.items()),
+            "",
+            *_table(
+                [key, "runs", "non-pad tok/s (mean)", "peak memory (mean)"],
+                [[v, str(len(values[v])), _num(t), _gib(p)] for v, t, p in zip(names, rate, peak)],
+            ),
+            f"![Throughput and memory vs {key}]({name})",
+            "",
+        ]
     return lines, files
 
 
@@ -376,21 +492,56 @@ def _prediction_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str
     usable = [(r, p) for r in runs if (p := r.prediction()) is not None and r.record.get("step_time_s")]
     if not usable:
         return [], {}
-    rows = [[r.label, _num(p.step_time_s, 3), _num(r.record["step_time_s"], 3), _num(p.tokens_nonpad_per_s),
-             _num(r.record.get("tokens_nonpad_per_s")), _gib(p.peak_memory_bytes), _gib(r.record.get("peak_memory_bytes")),
-             f"{r.record['step_time_s'] / p.step_time_s:.2f}"] for r, p in usable]
+    rows = [
+        [
+            r.label,
+            _num(p.step_time_s, 3),
+            _num(r.record["step_time_s"], 3),
+            _num(p.tokens_nonpad_per_s),
+            _num(r.record.get("tokens_nonpad_per_s")),
+            _gib(p.peak_memory_bytes),
+            _gib(r.record.get("peak_memory_bytes")),
+            f"{r.record['step_time_s'] / p.step_time_s:.2f}",
+        ]
+        for r, p in usable
+    ]
     cuda = all(r.record.get("peak_memory_reserved_bytes") is not None for r, _ in usable)
     memory_label = "measured: max allocated (CUDA)" if cuda else "measured: peak RSS above pre-load baseline"
-    plots.predicted_vs_measured([r.label for r, _ in usable], [(p.step_time_s, r.record["step_time_s"]) for r, p in usable],
-                                [(p.memory_breakdown or {"total (no breakdown stored)": p.peak_memory_bytes or 0},
-                                  r.record.get("peak_memory_bytes") or 0) for r, p in usable],
-                                memory_label, out / "predicted_vs_measured.png")
-    lines = ["## Predicted (plan) vs measured", "",
-             f"Predicted step time is plan's (train time over optimizer steps); measured is the median step of the "
-             f"steady-state window. Memory: {memory_label}.", "",
-             *_table(["run", "predicted s/step", "measured s/step", "predicted non-pad tok/s", "measured non-pad tok/s",
-                      "predicted peak", "measured peak", "measured / predicted time"], rows),
-             "![Predicted vs measured](predicted_vs_measured.png)", ""]
+    plots.predicted_vs_measured(
+        [r.label for r, _ in usable],
+        [(p.step_time_s, r.record["step_time_s"]) for r, p in usable],
+        [
+            (
+                p.memory_breakdown or {"total (no breakdown stored)": p.peak_memory_bytes or 0},
+                r.record.get("peak_memory_bytes") or 0,
+            )
+            for r, p in usable
+        ],
+        memory_label,
+        out / "predicted_vs_measured.png",
+    )
+    lines = [
+        "## Predicted (plan) vs measured",
+        "",
+        f"Predicted step time is plan's (train time over optimizer steps); measured is the median step of the "
+        f"steady-state window. Memory: {memory_label}.",
+        "",
+        *_table(
+            [
+                "run",
+                "predicted s/step",
+                "measured s/step",
+                "predicted non-pad tok/s",
+                "measured non-pad tok/s",
+                "predicted peak",
+                "measured peak",
+                "measured / predicted time",
+            ],
+            rows,
+        ),
+        "![Predicted vs measured](predicted_vs_measured.png)",
+        "",
+    ]
     return lines, {"predicted_vs_measured.png": out / "predicted_vs_measured.png"}
 
 
@@ -402,20 +553,35 @@ def _curve_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str, Pat
     if losses:
         plots.loss_curves(losses, out / "loss.png")
         files["loss.png"] = out / "loss.png"
-        lines += ["## Loss", "", "From each run's metrics.jsonl (one point per log step).", "", "![Training loss](loss.png)", ""]
+        lines += [
+            "## Loss",
+            "",
+            "From each run's metrics.jsonl (one point per log step).",
+            "",
+            "![Training loss](loss.png)",
+            "",
+        ]
     # A log window that holds no step (train's log at the warm-up edge) is written with rate 0: not a measurement.
-    rates = {r.label: [m for m in r.metrics if m.get("tokens_nonpad_per_s") and m.get("tokens_padded_per_s")]
-             for r in runs}
+    rates = {
+        r.label: [m for m in r.metrics if m.get("tokens_nonpad_per_s") and m.get("tokens_padded_per_s")] for r in runs
+    }
     rates = {k: v for k, v in rates.items() if v}
     if rates:
         plots.throughput_curves(rates, out / "throughput.png")
         files["throughput.png"] = out / "throughput.png"
-        lines += ["## Throughput over the run", "", "Tokens/s of each log window from metrics.jsonl.", "",
-                  "![Tokens per second over the run](throughput.png)", ""]
+        lines += [
+            "## Throughput over the run",
+            "",
+            "Tokens/s of each log window from metrics.jsonl.",
+            "",
+            "![Tokens per second over the run](throughput.png)",
+            "",
+        ]
     return lines, files
 
 
 # ---------------------------------------------------------------- output
+
 
 def render(runs: list[Run], out: Path, title: str) -> tuple[str, dict[str, Path]]:
     """The markdown text and the plots it references, drawn into `out` (a scratch directory)."""

@@ -30,8 +30,9 @@ class Schedule:
     Data-parallel ranks take interleaved micro-batches of that stream (rank r: every world-th one).
     """
 
-    def __init__(self, data: TokenizedData, spec: BatchSpec, epochs: float, max_steps: int | None,
-                 rank: int = 0, world: int = 1):
+    def __init__(
+        self, data: TokenizedData, spec: BatchSpec, epochs: float, max_steps: int | None, rank: int = 0, world: int = 1
+    ):
         self.data, self.spec, self.rank, self.world = data, spec, rank, world
         self._epoch = lru_cache(maxsize=2)(self._plan_epoch)
         per_epoch = len(self._epoch(0))
@@ -44,13 +45,17 @@ class Schedule:
         # slots after 203 batches of 96 and compiled every block again at the end of the run (the last
         # log window ran at 548 tokens/s against ~1,250). Padding slots cost attention work only.
         epochs_run = math.ceil(self.total_steps / self.steps_per_epoch)
-        self.slots = max(sum(len(row) for row in rows) for epoch in range(epochs_run)
-                         for rows in self._epoch(epoch)) if spec.packing else 0
+        self.slots = (
+            max(sum(len(row) for row in rows) for epoch in range(epochs_run) for rows in self._epoch(epoch))
+            if spec.packing
+            else 0
+        )
 
     def _plan_epoch(self, epoch: int) -> list[list[list[int]]]:
         s = self.spec
-        return epoch_micro_batches(self.data.lengths, s.seq_len, s.micro_batch, s.packing,
-                                   np.random.default_rng([s.seed, epoch]))
+        return epoch_micro_batches(
+            self.data.lengths, s.seq_len, s.micro_batch, s.packing, np.random.default_rng([s.seed, epoch])
+        )
 
     def step_rows(self, step: int) -> list[list[list[int]]]:
         """This rank's micro-batches (each a list of rows of example indices) for optimizer step `step`.

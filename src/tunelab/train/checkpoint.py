@@ -63,8 +63,9 @@ def save(folder: Path, model, optimizer, scheduler, state: TrainState, keep: int
         shutil.rmtree(stale, ignore_errors=True)
     weights = {k: v.cpu() for k, v in trainable_state(model).items()}
     tensors: dict[str, torch.Tensor] = {}
-    resume = _encode({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state()},
-                     tensors)
+    resume = _encode(
+        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state()}, tensors
+    )
     try:
         with atomic_dir(final) as tmp:
             save_file(weights, tmp / WEIGHTS)
@@ -76,9 +77,11 @@ def save(folder: Path, model, optimizer, scheduler, state: TrainState, keep: int
         if e.errno not in (errno.ENOSPC, errno.EIO):
             raise
         needed = sum(t.nbytes for t in (*weights.values(), *tensors.values()))
-        raise TunelabError(f"checkpoint {final}: {e.strerror} while writing it; it needs {needed:,} bytes, "
-                           f"{_free_bytes(folder)} free there; free space or choose another output_dir, then "
-                           f"resume: true (earlier checkpoints are untouched)") from None
+        raise TunelabError(
+            f"checkpoint {final}: {e.strerror} while writing it; it needs {needed:,} bytes, "
+            f"{_free_bytes(folder)} free there; free space or choose another output_dir, then "
+            f"resume: true (earlier checkpoints are untouched)"
+        ) from None
     for old in list_checkpoints(folder)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -93,8 +96,11 @@ def _free_bytes(folder: Path) -> str:
 
 def write_manifest(folder: Path) -> None:
     """`manifest.json`: every other file's size and sha256, written last so that its presence means complete."""
-    files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
-             for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST}
+    files = {
+        p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.name != MANIFEST
+    }
     write_atomic(folder / MANIFEST, [json.dumps({"files": files}, indent=1)])
 
 
@@ -149,22 +155,28 @@ def find(folder: Path, resume: bool | str) -> Path | None:
             reason = verify(path)
             if reason is None:
                 for bad, why in skipped:
-                    print(f"checkpoint {bad} is incomplete or corrupt ({why}); resuming from {path}",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"checkpoint {bad} is incomplete or corrupt ({why}); resuming from {path}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 return path
             skipped.append((path, reason))
         if skipped:
             newest, why = skipped[0]
-            raise TunelabError(f"resume: no valid checkpoint in {folder} (newest {newest.name}: {why}); "
-                               f"set resume: false to start over")
+            raise TunelabError(
+                f"resume: no valid checkpoint in {folder} (newest {newest.name}: {why}); "
+                f"set resume: false to start over"
+            )
         return None
     path = Path(resume)
     if not (path / STATE).is_file():
         raise TunelabError(f"resume: {path} is not a tunelab checkpoint (no {STATE}); use true or a step-N folder")
     reason = verify(path)
     if reason is not None:
-        raise TunelabError(f"resume: checkpoint {path} is incomplete or corrupt ({reason}); "
-                           f"use resume: true for the newest valid one")
+        raise TunelabError(
+            f"resume: checkpoint {path} is incomplete or corrupt ({reason}); use resume: true for the newest valid one"
+        )
     return path
 
 
@@ -174,7 +186,9 @@ def load_weights(path: Path, model) -> TrainState:
     params = dict(model.named_parameters())
     missing = [n for n, p in params.items() if p.requires_grad and n not in weights]
     if missing:
-        raise TunelabError(f"resume: {path} does not match this model/method (missing {missing[0]}); resume with the config it was made with")
+        raise TunelabError(
+            f"resume: {path} does not match this model/method (missing {missing[0]}); resume with the config it was made with"
+        )
     with torch.no_grad():
         for name, tensor in weights.items():
             params[name].copy_(tensor)

@@ -56,13 +56,17 @@ def _acquire(file: Path, folder: Path) -> int | None:
         except BlockingIOError:
             holder = os.pread(fd, 4096, 0)
             os.close(fd)
-            raise TunelabError(f"output_dir {folder} is in use by {_describe(holder)}; "
-                               f"wait for it or choose another output_dir") from None
+            raise TunelabError(
+                f"output_dir {folder} is in use by {_describe(holder)}; wait for it or choose another output_dir"
+            ) from None
         except OSError as e:
             # Some network filesystems refuse locks; training there is still better than not training.
             os.close(fd)
-            print(f"output_dir {folder}: cannot lock {LOCK} ({e.strerror}); nothing stops a second run "
-                  f"from writing here", file=sys.stderr, flush=True)
+            print(
+                f"output_dir {folder}: cannot lock {LOCK} ({e.strerror}); nothing stops a second run from writing here",
+                file=sys.stderr,
+                flush=True,
+            )
             return None
         try:
             same = os.stat(file).st_ino == os.fstat(fd).st_ino

@@ -116,8 +116,9 @@ def build_scheduler(optimizer: torch.optim.Optimizer, spec: OptimSpec, total_ste
     from transformers import get_scheduler
 
     name = "constant_with_warmup" if spec.scheduler == "constant" else spec.scheduler
-    return get_scheduler(name, optimizer, num_warmup_steps=int(spec.warmup_ratio * total_steps),
-                         num_training_steps=total_steps)
+    return get_scheduler(
+        name, optimizer, num_warmup_steps=int(spec.warmup_ratio * total_steps), num_training_steps=total_steps
+    )
 
 
 def _sync(device: torch.device) -> None:
@@ -169,7 +170,9 @@ def run(ctx: LoopContext) -> LoopResult:
                 with nullcontext() if last else accelerator.no_sync(model):
                     loss_sum = model(
                         torch.from_numpy(batch.input_ids).to(device, non_blocking=True),
-                        None if batch.position_ids is None else torch.from_numpy(batch.position_ids).to(device, non_blocking=True),
+                        None
+                        if batch.position_ids is None
+                        else torch.from_numpy(batch.position_ids).to(device, non_blocking=True),
                         torch.from_numpy(batch.loss_index).to(device, non_blocking=True),
                         torch.from_numpy(batch.loss_targets).to(device, non_blocking=True),
                         batch.layout,
@@ -210,9 +213,13 @@ def run(ctx: LoopContext) -> LoopResult:
                 lr = scheduler.get_last_lr()[0]
                 per_s = {k: (v / dt if dt > 0 and rate.steps else 0.0) for k, v in rate.tokens().items()}
                 record = {
-                    "step": state.step, "loss": loss, "lr": lr,
-                    "tokens_padded": state.tokens_padded, "tokens_nonpad": state.tokens_nonpad,
-                    "tokens_loss": state.tokens_loss, "elapsed_s": state.elapsed_s,
+                    "step": state.step,
+                    "loss": loss,
+                    "lr": lr,
+                    "tokens_padded": state.tokens_padded,
+                    "tokens_nonpad": state.tokens_nonpad,
+                    "tokens_loss": state.tokens_loss,
+                    "elapsed_s": state.elapsed_s,
                     **{f"{k}_per_s": v for k, v in per_s.items()},
                     "peak_memory_bytes": mem.peak_bytes,
                 }
@@ -222,8 +229,9 @@ def run(ctx: LoopContext) -> LoopResult:
                     metrics_file.flush()
                 padded_rate = per_s["tokens_padded"]
                 eta = (padded_to_feed - state.tokens_padded) / padded_rate if padded_rate else 0.0
-                progress.update(LogLine(state.step, schedule.total_steps, loss, lr, per_s["tokens_nonpad"],
-                                        mem.peak_bytes, eta))
+                progress.update(
+                    LogLine(state.step, schedule.total_steps, loss, lr, per_s["tokens_nonpad"], mem.peak_bytes, eta)
+                )
                 loss_acc.zero_()
                 loss_tokens = 0
                 rate = _Window(time.perf_counter(), steady=steady_start is not None)
@@ -237,8 +245,14 @@ def run(ctx: LoopContext) -> LoopResult:
             if spec.save_steps and state.step % spec.save_steps == 0 and state.step < schedule.total_steps and out_dir:
                 state.elapsed_s = time.perf_counter() - run_start
                 # Checkpoint time stays inside the timing windows: it is part of what the run costs.
-                checkpoint.save(out_dir / "checkpoints", accelerator.unwrap_model(model).model, optimizer,
-                                scheduler, state, spec.save_total_limit)
+                checkpoint.save(
+                    out_dir / "checkpoints",
+                    accelerator.unwrap_model(model).model,
+                    optimizer,
+                    scheduler,
+                    state,
+                    spec.save_total_limit,
+                )
     finally:
         if metrics_file is not None:
             metrics_file.close()

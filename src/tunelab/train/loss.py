@@ -86,8 +86,12 @@ class LinearCrossEntropy(torch.autograd.Function):
 
 
 def token_loss_sum(
-    hidden: torch.Tensor, weight: torch.Tensor, loss_index: torch.Tensor, loss_targets: torch.Tensor,
-    softcap: float | None = None, chunk: int = LOGIT_CHUNK,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    loss_index: torch.Tensor,
+    loss_targets: torch.Tensor,
+    softcap: float | None = None,
+    chunk: int = LOGIT_CHUNK,
 ) -> torch.Tensor:
     """Sum of cross-entropy over the positions in `loss_index` (flat indices into hidden's B·T)."""
     selected = hidden.reshape(-1, hidden.shape[-1]).index_select(0, loss_index)
@@ -109,7 +113,9 @@ class CausalLMLoss(torch.nn.Module):
         self.packed_attention = implementation == attention.NAME
         self.flex_attention = implementation == attention.FLEX_NAME
 
-    def forward(self, input_ids, position_ids, loss_index, loss_targets, layout: SeqLayout | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids, position_ids, loss_index, loss_targets, layout: SeqLayout | None = None
+    ) -> torch.Tensor:
         decoder = self.model.get_decoder()
         if self.flex_attention and position_ids is not None:
             extra = attention.flex_tensors(position_ids)

@@ -41,8 +41,13 @@ class ProgressView:
         self.progress = None
         if self.interactive:
             self.progress = Progress(
-                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                TimeElapsedColumn(), console=self.console, transient=False,
+                TextColumn("[bold]train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=False,
             )
             self.task = self.progress.add_task("train", total=total_steps, completed=start_step, info="")
             self.progress.start()
