@@ -51,7 +51,8 @@ def settings_from_config(cfg: cfgmod.TrainConfig, arch: archmod.Arch, device: De
 
 def dataset_lengths(cfg: cfgmod.TrainConfig, tokenizer_ref: str | None) -> workload.Lengths:
     """Real lengths after the template and truncation, from the same pipeline (and cache) `train` uses."""
-    from ..data.pipeline import DataSpec, prepare
+    from ..data.pipeline import prepare
+    from ..specs import data_spec
     from .. import sources as load
 
     ref = tokenizer_ref or cfg.model
@@ -61,17 +62,7 @@ def dataset_lengths(cfg: cfgmod.TrainConfig, tokenizer_ref: str | None) -> workl
         raise TunelabError(
             f"{e} (plan needs the tokenizer to measure data.path; pass --tokenizer MODEL to measure with another local one)"
         ) from None
-    data = prepare(
-        DataSpec(
-            cfg.data.path,
-            cfg.data.format,
-            cfg.data.template,
-            cfg.data.train_on_inputs,
-            cfg.seq_len,
-            cfg.data.max_examples,
-        ),
-        tokenizer,
-    )
+    data = prepare(data_spec(cfg), tokenizer)
     st = data.stats
     proxy = f", tokenized with {ref}'s tokenizer" if tokenizer_ref else ""
     return workload.Lengths(

@@ -18,7 +18,8 @@ import torch
 from .. import config as cfgmod
 from ..config import TrainConfig
 from ..data.packing import packing_efficiency
-from ..data.pipeline import DataSpec, TokenizedData, prepare
+from ..data.pipeline import TokenizedData, prepare
+from ..specs import data_spec
 from ..device import Precision, device_memory_bytes, device_name, pick_device, pick_precision
 from ..errors import TunelabError
 from ..io import atomic_dir, write_atomic
@@ -60,17 +61,7 @@ def prepare_run(cfg: TrainConfig) -> Prepared:
     if cfg.data.path is None:
         raise TunelabError("data.path is not set; point it at a .jsonl/.json/.csv/.parquet file")
     tokenizer = mload.load_tokenizer(source)
-    data = prepare(
-        DataSpec(
-            cfg.data.path,
-            cfg.data.format,
-            cfg.data.template,
-            cfg.data.train_on_inputs,
-            cfg.seq_len,
-            cfg.data.max_examples,
-        ),
-        tokenizer,
-    )
+    data = prepare(data_spec(cfg), tokenizer)
     batch = BatchSpec(cfg.seq_len, cfg.micro_batch, cfg.grad_accum, cfg.packing, cfg.seed, tokenizer.pad_token_id)
     schedule = Schedule(data, batch, cfg.epochs, cfg.max_steps)
     return Prepared(device, precision, source, model_config, tokenizer, data, schedule)
