@@ -385,9 +385,9 @@ def peer_sessions(runs: list[Run]) -> list[list[Run]]:
 def _peer_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str, Path]]:
     lines: list[str] = []
     files: dict[str, Path] = {}
-    for n, session in enumerate(peer_sessions(runs), 1):
-        kinds = ["tunelab", *dict.fromkeys(r.kind for r in session if r.kind != "tunelab")]
-        by_kind = {k: [r for r in session if r.kind == k] for k in kinds}
+    for n, group in enumerate(peer_sessions(runs), 1):
+        kinds = ["tunelab", *dict.fromkeys(r.kind for r in group if r.kind != "tunelab")]
+        by_kind = {k: [r for r in group if r.kind == k] for k in kinds}
         name = f"peers_{n}.png"
         plots.peers(
             kinds,
@@ -396,7 +396,7 @@ def _peer_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str, Path
             out / name,
         )
         files[name] = out / name
-        ratios = compare([{**r.record, "kind": r.kind} for r in session])
+        ratios = compare([{**r.record, "kind": r.kind} for r in group])
         rows = [
             [
                 c["kind"],
@@ -410,9 +410,9 @@ def _peer_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str, Path
             ]
             for c in ratios
         ]
-        notes = [f"- {r.label}: {r.setting('precision_note')}" for r in session if r.setting("precision_note")]
+        notes = [f"- {r.label}: {r.setting('precision_note')}" for r in group if r.setting("precision_note")]
         lines += [
-            f"## tunelab vs peers ({session[0].source}: {', '.join(r.label for r in session)})",
+            f"## tunelab vs peers ({group[0].source}: {', '.join(r.label for r in group)})",
             "",
             "Same model, data file, machine and step counts; means over the interleaved runs. Ratios are "
             "tunelab / peer: above 1 tunelab is faster; for memory, below 1 tunelab needs less.",
