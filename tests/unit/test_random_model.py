@@ -167,3 +167,26 @@ def write_config(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("method: lora\ndata:\n  template: compact\nprecision: fp32\ndevice: cpu\n")
     return path
+
+
+def test_random_model_needs_only_the_tokenizer_folder(load, tmp_path, monkeypatch):
+    """A GPU host gets the 2 MB tokenizer folder, not the 94 MB embedded package: `random:` must run from it."""
+    import shutil
+
+    from tunelab import sources
+
+    folder = load.resolve("random:llama-3.2-1b").path
+    assert (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file()
+    assert not [f for f in folder.iterdir() if f.suffix in sources.WEIGHT_SUFFIXES]
+    monkeypatch.setenv("TUNELAB_CACHE", str(tmp_path))
+    shutil.copytree(folder, tmp_path / folder.name)
+
+    def no_package():
+        raise AssertionError("the embedded package was needed")
+
+    monkeypatch.setattr(sources, "embedded_gguf", no_package)
+    source = load.resolve("random:llama-3.2-1b")
+    assert source.path == tmp_path / folder.name
+    config = load.load_config(source)
+    assert config.num_hidden_layers == archmod.resolve_arch("random:llama-3.2-1b").layers
+    assert load.load_tokenizer(source)("1 + 2").input_ids

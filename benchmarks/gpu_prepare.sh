@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Run here, before lending the repo to a GPU host that has torch/transformers/peft/accelerate but no package
+# index: downloads the wheels the suite needs that such a host lacks into .whl/ (git-ignored), and writes the
+# embedded tokenizer (config.json + tokenizer files, no weights) to build/gpu-cache/, which is all `random:`
+# models need. Carry `.whl` and `build/gpu-cache` with the call; benchmarks/gpu.sh installs and uses them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+WHEELS="datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 bitsandbytes==0.50.2 trl==1.16.0 liger-kernel==0.8.5"
+mkdir -p .whl build
+# shellcheck disable=SC2086
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
+  -d .whl $WHEELS
+tokenizer=$("$PY" -c "from tunelab import sources; print(sources.embedded_tokenizer_dir())")
+rm -rf build/gpu-cache && mkdir -p build/gpu-cache && cp -r "$tokenizer" build/gpu-cache/
+du -sh .whl build/gpu-cache
