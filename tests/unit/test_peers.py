@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 
@@ -95,6 +96,26 @@ def test_trl_peer_without_trl_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "trl" else real(name, *a))
     with pytest.raises(TunelabError, match="needs TRL"):
         peers.setup_for("trl-sft", torch.device("cpu"), peers.LoraSettings(8, 16.0, 0.0, "attn"), 256, 8, 1)
+
+
+def test_liger_peer_is_the_tuned_recipe_with_liger_on_cuda_only(monkeypatch):
+    lora = peers.LoraSettings(8, 16.0, 0.0, "attn")
+    with pytest.raises(TunelabError, match="needs a CUDA device"):
+        peers.setup_for("hf-trainer-liger", torch.device("cpu"), lora, 256, 8, 1)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "liger_kernel" else real(name, *a)
+    )
+    with pytest.raises(TunelabError, match="pip install liger-kernel"):
+        peers.setup_for("hf-trainer-liger", torch.device("cuda"), lora, 256, 8, 1)
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "liger_kernel" else real(name, *a)
+    )
+    monkeypatch.setattr(peers, "pick_precision", lambda choice, device: peers.Precision("bf16"))
+    liger = peers.setup_for("hf-trainer-liger", torch.device("cuda"), lora, 256, 8, 1)
+    tuned = peers.setup_for("hf-trainer-tuned", torch.device("cuda"), lora, 256, 8, 1)
+    assert liger.liger and not tuned.liger
+    assert dataclasses.replace(liger, kind="hf-trainer-tuned", liger=False) == tuned
 
 
 def test_tuned_peer_measures_exactly_the_tokens_it_trains_on(tmp_path, tiny_model_dir, tokenizer, addition_rows):

@@ -9,6 +9,8 @@ Three peers, each configured the way its users write it, not weakened:
 - `hf-trainer-tuned`: what a careful Trainer user writes: dynamic padding (DataCollatorForSeq2Seq, batches
   grouped by length), bf16 where the device has it, micro-batch 16, tunelab's own LoRA settings, fused
   AdamW, no gradient checkpointing.
+- `hf-trainer-liger`: `hf-trainer-tuned` with `use_liger_kernel=True` (Liger's Triton kernels: fused linear
+  cross-entropy, RMSNorm, RoPE, SwiGLU). Only on CUDA with `liger-kernel` installed.
 - `trl-sft`: TRL's `SFTTrainer` with its own packing (best-fit decreasing, which turns padding-free on),
   completion-only loss, tunelab's LoRA, micro-batch and seq_len. Only when `trl` is installed.
 
@@ -44,7 +46,7 @@ from ..model.adapters import resolve_targets
 from ..train.loop import step_statistics
 from . import store
 
-PEERS = ("hf-trainer-seed", "hf-trainer-tuned", "trl-sft")
+PEERS = ("hf-trainer-seed", "hf-trainer-tuned", "hf-trainer-liger", "trl-sft")
 # Formats whose rendering is one prompt followed by one trained response (or all trained, for `text`):
 # the single prompt/completion split that Trainer recipes and TRL's prompt-completion datasets express.
 PEER_FORMATS = ("alpaca", "completion", "text")
@@ -79,6 +81,7 @@ class PeerSetup:
     padding: str  # max_length | longest | padding-free
     packing: bool
     precision_note: str = ""
+    liger: bool = False
 
 
 def setup_for(
@@ -104,6 +107,16 @@ def setup_for(
         )
     if name == "hf-trainer-tuned":
         return PeerSetup(name, best, lora, seq_len, TUNED_MICRO_BATCH, 1, "longest", False)
+    if name == "hf-trainer-liger":
+        if device.type != "cuda":
+            raise TunelabError(
+                f"peer hf-trainer-liger needs a CUDA device (Liger's kernels are Triton); this is {device}"
+            )
+        if importlib.util.find_spec("liger_kernel") is None:
+            raise TunelabError(
+                "peer hf-trainer-liger needs liger-kernel, which is not installed; `pip install liger-kernel`"
+            )
+        return PeerSetup(name, best, lora, seq_len, TUNED_MICRO_BATCH, 1, "longest", False, liger=True)
     if name == "trl-sft":
         if importlib.util.find_spec("trl") is None:
             raise TunelabError("peer trl-sft needs TRL, which is not installed; `pip install trl` or drop the peer")
@@ -353,6 +366,7 @@ def _build_trainer(
             dataloader_num_workers=2 if on_gpu else 0,
             dataloader_pin_memory=on_gpu,
             dataloader_persistent_workers=on_gpu,
+            use_liger_kernel=setup.liger,
         )
         collator = DataCollatorForSeq2Seq(
             tokenizer, padding="longest", label_pad_token_id=IGNORE, pad_to_multiple_of=8 if on_gpu else None
@@ -447,7 +461,7 @@ def run_peer(
 
 
 def versions() -> dict[str, str]:
-    """Versions of the stack a run used (trl and bitsandbytes only where installed)."""
+    """Versions of the stack a run used (trl, bitsandbytes and liger-kernel only where installed)."""
     import accelerate
     import peft
     import transformers
@@ -458,7 +472,7 @@ def versions() -> dict[str, str]:
         "peft": peft.__version__,
         "accelerate": accelerate.__version__,
     }
-    for optional in ("trl", "bitsandbytes"):
+    for optional in ("trl", "bitsandbytes", "liger_kernel"):
         if importlib.util.find_spec(optional) is not None:
             out[optional] = importlib.import_module(optional).__version__
     return out

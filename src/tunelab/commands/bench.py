@@ -70,7 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--peer",
         metavar="NAME[,NAME]",
-        help="also run peer recipes side by side, interleaved with tunelab: hf-trainer-seed, hf-trainer-tuned, trl-sft",
+        help="also run peer recipes side by side, interleaved with tunelab: hf-trainer-seed, hf-trainer-tuned, hf-trainer-liger (CUDA), trl-sft",
     )
     p.add_argument(
         "--rounds", type=int, default=2, help="with --peer: interleaved rounds (tunelab, peers, tunelab, ...)"
