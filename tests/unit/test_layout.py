@@ -75,3 +75,18 @@ def test_the_scan_sees_relative_and_function_level_imports():
     found = imported_modules(probe)
     assert "tunelab.plan.catalog" in found and "tunelab.errors" in found
     assert "tunelab.sources" in found  # resolve_arch's function-level import
+
+
+def test_report_reads_records_without_the_training_stack():
+    """`tunelab report` renders stored records: it needs neither torch nor the code that trains."""
+    offenders = {
+        f"{p.name}: {m}"
+        for p in modules_under("report")
+        for m in imported_modules(p)
+        if m.startswith(("tunelab.train", "tunelab.model", "tunelab.recipes", "tunelab.bench.peers"))
+    }
+    assert not offenders
+    code = "import sys, tunelab.report.sections; print('torch loaded', 'torch' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert "torch loaded False" in out.stdout, out.stderr

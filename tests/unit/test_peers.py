@@ -11,6 +11,7 @@ import torch
 
 from conftest import write_jsonl
 from tunelab.bench import peers
+from tunelab.bench.compare import compare
 from tunelab.data.formats import prompt_text
 from tunelab.errors import TunelabError
 
@@ -178,7 +179,7 @@ def test_compare_uses_the_mean_of_interleaved_tunelab_runs():
         _rec("hf-trainer-tuned", 550, 600, 50, 300),
         _rec("hf-trainer-seed", 300, 1000, 30, 400),
     ]
-    seed, tuned = peers.compare(records)
+    seed, tuned = compare(records)
     assert seed["kind"] == "hf-trainer-seed" and tuned["kind"] == "hf-trainer-tuned"
     assert seed["tunelab_tokens_nonpad_per_s"] == 1100 and seed["tokens_nonpad_per_s"] == 275
     assert seed["tokens_nonpad_ratio"] == pytest.approx(4.0)
@@ -188,5 +189,5 @@ def test_compare_uses_the_mean_of_interleaved_tunelab_runs():
     assert tuned["tokens_nonpad_ratio"] == pytest.approx(2.0) and (tuned["runs"], tuned["tunelab_runs"]) == (1, 2)
     assert seed["tunelab_tokens_nonpad_per_s_runs"] == [1000, 1200]
     with pytest.raises(TunelabError, match="no tunelab run"):
-        peers.compare([_rec("hf-trainer-seed", 1, 1, 1, 1)])
-    assert math.isnan(peers.compare([_rec("tunelab", 1, 1, 1, 1), _rec("x", 0, 1, 1, 1)])[0]["tokens_nonpad_ratio"])
+        compare([_rec("hf-trainer-seed", 1, 1, 1, 1)])
+    assert math.isnan(compare([_rec("tunelab", 1, 1, 1, 1), _rec("x", 0, 1, 1, 1)])[0]["tokens_nonpad_ratio"])

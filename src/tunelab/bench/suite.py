@@ -31,6 +31,7 @@ from ..plan import arch as archmod
 from ..plan.arch import RANDOM
 from ..recipes.predict import local_prediction
 from . import points, store
+from .compare import compare
 
 AUTO = "auto"
 DEFAULT_OUT = "benchmarks"
@@ -417,7 +418,7 @@ def run_peers(suite: Suite, row: Row, ours: dict, cfg: cfgmod.TrainConfig | None
                 "against": row.name,
                 "wall_s": time.time() - started,
             }
-            rec["comparison"] = peers.compare([ours, rec])[0]
+            rec["comparison"] = compare([ours, rec])[0]
             print(
                 f"{head}: {rec['tokens_nonpad_per_s']:,.0f} non-pad tok/s (window), {points.step_stats(rec)}",
                 file=sys.stderr,

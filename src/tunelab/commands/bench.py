@@ -18,6 +18,7 @@ from .. import config as cfgmod
 from ..errors import TunelabError
 from ..io import gib, write_atomic
 from ..bench import calibrate, measure, store
+from ..bench.compare import compare
 from ..bench.points import (
     FORCED,
     _in_fresh_process,
@@ -184,7 +185,7 @@ def run_peers(args: argparse.Namespace, steps: int, base_dir: Path, db: Path) ->
             peer_rec = _in_fresh_process(_peer_in_child, name, cfg, args.warmup + steps, args.warmup)
             store.insert(db, peers.store_record(peer_rec, f"peer {name} round {round_}"))
             records.append(peer_rec)
-    rows = peers.compare(records)
+    rows = compare(records)
     if args.json:
         for row in rows:
             print(json.dumps(row), flush=True)

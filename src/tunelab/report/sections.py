@@ -24,7 +24,7 @@ import yaml
 from ..errors import TunelabError
 from ..io import gib
 from . import plots
-from ..bench.peers import compare
+from ..bench.compare import compare
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 # Config keys a sweep varies; records that agree on all but one of them form a sweep over that one.
