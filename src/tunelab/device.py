@@ -121,3 +121,31 @@ def device_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work: timings read at a window's edge must include it (CPU ops are eager)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the stack a run used: torch, transformers, peft, accelerate, and trl, bitsandbytes and
+    liger-kernel where installed."""
+    import importlib
+    import importlib.util
+
+    import accelerate
+    import peft
+    import transformers
+
+    out = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+        "accelerate": accelerate.__version__,
+    }
+    for optional in ("trl", "bitsandbytes", "liger_kernel"):
+        if importlib.util.find_spec(optional) is not None:
+            out[optional] = getattr(importlib.import_module(optional), "__version__", "unknown")
+    return out

@@ -37,7 +37,15 @@ import torch
 
 from ..data.formats import render
 from ..data.pipeline import IGNORE, read_rows
-from ..device import Precision, device_memory_bytes, device_name, pick_device, pick_precision
+from ..device import (
+    Precision,
+    device_memory_bytes,
+    device_name,
+    library_versions,
+    pick_device,
+    pick_precision,
+    synchronize,
+)
 from ..errors import TunelabError
 from ..memwatch import MemoryWatch
 from ..model import load as mload
@@ -160,11 +168,6 @@ class TokenMeter:
         return self.padded, int(self.nonpad), int(self.loss)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _window_callback(meter: TokenMeter, device: torch.device, warmup: int):
     """A TrainerCallback timing the steady-state window; built here so `transformers` loads only when used."""
     from transformers import TrainerCallback
@@ -184,7 +187,7 @@ def _window_callback(meter: TokenMeter, device: torch.device, warmup: int):
         def on_step_end(self, args, state, control, **kwargs):
             last_step = state.global_step >= state.max_steps
             if state.global_step == warmup or last_step:
-                _sync(device)
+                synchronize(device)
             now = time.perf_counter()
             if state.global_step == warmup:
                 self.start, self.at_start = now, meter.totals()
@@ -454,27 +457,9 @@ def run_peer(
         "peak_memory_absolute_bytes": memory.peak_absolute_bytes,
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,
-        "versions": versions(),
+        "versions": library_versions(),
         "timestamp": time.time(),
     }
-
-
-def versions() -> dict[str, str]:
-    """Versions of the stack a run used (trl, bitsandbytes and liger-kernel only where installed)."""
-    import accelerate
-    import peft
-    import transformers
-
-    out = {
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "peft": peft.__version__,
-        "accelerate": accelerate.__version__,
-    }
-    for optional in ("trl", "bitsandbytes", "liger_kernel"):
-        if importlib.util.find_spec(optional) is not None:
-            out[optional] = importlib.import_module(optional).__version__
-    return out
 
 
 # Record keys that are columns of bench's `runs` table under the same name (store.COLUMNS).

@@ -13,6 +13,8 @@ import time
 
 import torch
 
+from ..device import synchronize
+
 # A CPU reaches its matmul plateau (oneDNN, AMX) by 2048³; a GPU needs 8192³ (docs/formulas.md's H100/H200 figures).
 CPU_MAX_N = 2048
 GPU_MAX_N = 8192
@@ -27,19 +29,14 @@ def max_size(device: torch.device) -> int:
     return GPU_MAX_N if device.type == "cuda" else CPU_MAX_N
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _time_one(n: int, dtype: torch.dtype, device: torch.device) -> tuple[float, torch.Tensor, torch.Tensor]:
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     torch.matmul(a, b)  # warm-up: kernel selection and first-touch allocation
-    _sync(device)
+    synchronize(device)
     start = time.perf_counter()
     torch.matmul(a, b)
-    _sync(device)
+    synchronize(device)
     return time.perf_counter() - start, a, b
 
 
@@ -79,7 +76,7 @@ def measure_matmul_peak(
         while True:
             torch.matmul(x, y)
             runs += 1
-            _sync(device)
+            synchronize(device)
             elapsed = time.perf_counter() - start
             if elapsed >= window:
                 rate = 2.0 * size**3 * runs / elapsed

@@ -478,7 +478,7 @@ def _driver_version() -> str | None:
 
 
 def document(args, suite: Suite, data: dict, results: list[dict], elapsed: float) -> dict:
-    from . import peers
+    from ..device import library_versions
 
     return {
         "suite": suite.name,
@@ -489,7 +489,7 @@ def document(args, suite: Suite, data: dict, results: list[dict], elapsed: float
             ["tunelab", "bench", "--suite", args.suite, *(["--out", args.out] if args.out else []), *args.overrides]
         ),
         "device": environment(),
-        "versions": peers.versions(),
+        "versions": library_versions(),
         "elapsed_s": elapsed,
         "budget_s": suite.budget_s,
         "rate_basis": "tokens_*_per_s: tokens over the steady-state window's wall time (synchronized at its edges); "
