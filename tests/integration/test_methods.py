@@ -5,8 +5,11 @@ from pathlib import Path
 
 import pytest
 
+from safetensors.torch import load_file
+
 from conftest import write_jsonl
 from tunelab.cli import main
+from tunelab.plan import arch as archmod
 
 pytestmark = pytest.mark.integration
 QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
@@ -49,4 +52,24 @@ def test_method_trains_from_the_cli(method, rows_file, tmp_path):
     assert all(m["loss"] == m["loss"] and 0 < m["loss"] < 20 for m in metrics)  # finite, sane
     summary = json.loads((out / "summary.json").read_text())
     assert summary["precision"] in ("bf16", "fp32") and summary["finished"]
-    assert (out / ("model" if method == "full" else "adapter")).is_dir()
+    assert summary["base_quant"] == ("nf4" if method == "qlora" else "none")
+    dense = archmod.resolve_arch("embedded").total_params
+    frozen = summary["params_total"] - summary["params_trainable"]
+    if method == "full":
+        assert summary["params_trainable"] == dense and frozen == 0
+        weights = load_file(out / "model" / "model.safetensors")
+        assert sum(t.numel() for t in weights.values()) == dense
+        return
+    # count_parameters counts an nf4 weight's values, not its packed bytes: the frozen base is the whole model.
+    assert frozen == dense
+    assert summary["nf4_layers"] == (7 * 30 if method == "qlora" else 0)  # every decoder linear, quantized
+    config = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert config["r"] == 32 and config["use_dora"] == (method == "dora")
+    adapter = load_file(out / "adapter" / "adapter_model.safetensors")
+    a_keys = [k for k in adapter if "lora_A" in k]
+    b_keys = [k for k in adapter if "lora_B" in k]
+    assert len(a_keys) == len(b_keys) == 7 * 30  # all-linear: q k v o gate up down in each of 30 layers
+    # B starts at zero: three steps at lr 1e-3 must have moved every one of them.
+    assert all(adapter[k].abs().max() > 0 for k in b_keys)
+    magnitudes = [k for k in adapter if "lora_magnitude_vector" in k]
+    assert len(magnitudes) == (7 * 30 if method == "dora" else 0)

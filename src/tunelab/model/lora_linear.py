@@ -152,7 +152,12 @@ def _is_nf4(base: torch.nn.Module) -> bool:
 
 def has_nf4_base(model: torch.nn.Module) -> bool:
     """Whether any layer of `model` is a quantized bitsandbytes Linear4bit."""
-    return any(_is_nf4(module) for module in model.modules())
+    return nf4_layers(model) > 0
+
+
+def nf4_layers(model: torch.nn.Module) -> int:
+    """How many layers of `model` are quantized bitsandbytes Linear4bit (what a QLoRA run trains over)."""
+    return sum(_is_nf4(module) for module in model.modules())
 
 
 def has_lora_dropout(model: torch.nn.Module) -> bool:

@@ -28,7 +28,7 @@ from ..runtime import ACTIVATION_MEMORY_BUDGET
 from ..model import attention
 from ..model import load as mload
 from ..model.adapters import AdapterSpec, apply_adapter, count_parameters
-from ..model.lora_linear import has_lora_dropout, has_nf4_base
+from ..model.lora_linear import has_lora_dropout, has_nf4_base, nf4_layers
 from ..train import checkpoint, loop
 from ..train.batches import BatchSpec, Schedule
 from ..train.checkpoint import TrainState
@@ -236,6 +236,8 @@ def _train_locked(
         "output_dir": str(out),
         "model": cfg.model,
         "method": cfg.method,
+        "base_quant": cfgmod.effective_base_quant(cfg),
+        "nf4_layers": nf4_layers(model),
         "device": device_name(prep.device),
         "device_memory_bytes": device_memory_bytes(prep.device),
         "precision": prep.precision.name,
