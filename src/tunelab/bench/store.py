@@ -16,6 +16,8 @@ import sqlite3
 import time
 from pathlib import Path
 
+from ..errors import TunelabError
+
 # column -> SQLite type. Order is the export order.
 COLUMNS: dict[str, str] = {
     "id": "INTEGER PRIMARY KEY AUTOINCREMENT",
@@ -125,6 +127,20 @@ def query(db_path: str | Path, **filters) -> list[dict]:
         return [_decode(dict(r)) for r in rows]
     finally:
         conn.close()
+
+
+def read(db_path: str | Path) -> list[dict]:
+    """Every row, oldest first, opened read-only: for readers (`tunelab report`) that must not create a table
+    in a file they were handed."""
+    try:
+        conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+        try:
+            conn.row_factory = sqlite3.Row
+            return [_decode(dict(r)) for r in conn.execute("SELECT * FROM runs ORDER BY id")]
+        finally:
+            conn.close()
+    except sqlite3.Error as e:
+        raise TunelabError(f"{db_path}: cannot read table `runs` ({e}); pass a bench.sqlite that bench wrote") from None
 
 
 def _decode(row: dict) -> dict:

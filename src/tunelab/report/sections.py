@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sqlite3
 import statistics
 import tempfile
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ import yaml
 from ..errors import TunelabError
 from ..io import gib
 from . import plots
+from ..bench import store
 from ..bench.compare import compare
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -41,8 +41,6 @@ SWEEP_KEYS = (
     "base_quant",
 )
 # A DB column holding a whole record as JSON is merged into the row (whatever the store names it).
-RECORD_COLUMNS = ("record", "json", "payload", "summary")
-BOOL_COLUMNS = ("packing", "grad_ckpt")
 
 
 @dataclass(frozen=True)
@@ -159,28 +157,9 @@ def load_run_dir(path: Path) -> Run:
 
 
 def load_db(path: Path) -> list[Run]:
-    """Rows of the `runs` table as records; JSON text columns are decoded, a whole-record column merged."""
-    try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            con.row_factory = sqlite3.Row
-            rows = con.execute("SELECT * FROM runs").fetchall()
-        finally:
-            con.close()
-    except sqlite3.Error as e:
-        raise TunelabError(f"{path}: cannot read table `runs` ({e})") from None
+    """Rows of bench's `runs` table as records (bench/store.py owns the layout and its decoding)."""
     runs = []
-    for index, row in enumerate(rows, 1):
-        record: dict[str, Any] = {}
-        for key in row.keys():
-            value = _decode(row[key])
-            if key in RECORD_COLUMNS and isinstance(value, dict):
-                record = {**value, **record}
-            else:
-                record[key] = value
-        for key in BOOL_COLUMNS:  # SQLite stores booleans as 0/1
-            if isinstance(record.get(key), int):
-                record[key] = bool(record[key])
+    for index, record in enumerate(store.read(path), 1):
         ident = record.get("id", index)
         label = f"{record.get('kind') or 'tunelab'} #{ident}" + (f" {record['label']}" if record.get("label") else "")
         config = record.get("config") if isinstance(record.get("config"), dict) else None
@@ -194,15 +173,6 @@ def load_db(path: Path) -> list[Run]:
             )
         )
     return runs
-
-
-def _decode(value: Any) -> Any:
-    if isinstance(value, str) and value[:1] in "{[":
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError:
-            return value
-    return value
 
 
 def _unique_labels(runs: list[Run]) -> None:
