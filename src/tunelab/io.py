@@ -17,6 +17,15 @@ def gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
+def duration(seconds: float) -> str:
+    """Seconds as tunelab prints them: `42 s`, `12.5 min`, `3.25 h`."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
 def write_atomic(path: Path, lines: Iterable[str]) -> None:
     """Write via a temp file and rename: a reader (or a crash) never sees a half-written file."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ..io import GIB, gib  # noqa: F401  (GIB: render's callers)
+from ..io import GIB, duration, gib  # noqa: F401  (GIB: render's callers)
 from . import timing
 from .arch import Arch
 from .catalog import Price
@@ -26,14 +26,6 @@ class Result:
     def cost_usd(self, e: Estimate) -> dict[str, float]:
         hours = e.time_s / 3600
         return {p.provider: round(timing.cost(hours, p.per_gpu_hour, e.gpus), 2) for p in self.prices}
-
-
-def duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    if seconds < 3600:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.2f} h"
 
 
 def activations_assumption(m: MemorySetup) -> str:
