@@ -140,21 +140,19 @@ class _SlotAttention(torch.autograd.Function):
         return grad_q.view(ctx.shape), grad_k, grad_v, None
 
 
-def _no_mask(*args, **kwargs):
-    """The packed path needs no mask; building transformers' 4D mask would cost O(T²) memory for nothing."""
-    return None
-
-
 def register(path: str = "slots") -> str:
     """Make `attn_implementation=NAME` (slots) and `FLEX_NAME` available to transformers models; returns the
-    name for `path` (slots | flex)."""
+    name for `path` (slots | flex).
+
+    Neither name gets a mask function (AttentionMaskInterface): for an implementation without one, transformers
+    returns no mask at once. With one, it first scans `position_ids` for packed sequences, a `.all()` read
+    back to the host on every forward (a device sync per micro-batch on a GPU), to build a mask these paths
+    never read.
+    """
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(NAME, packed_attention)
-    AttentionMaskInterface.register(NAME, _no_mask)
     AttentionInterface.register(FLEX_NAME, flex_packed_attention)
-    AttentionMaskInterface.register(FLEX_NAME, _no_mask)
     return FLEX_NAME if path == "flex" else NAME
 
 
