@@ -23,6 +23,8 @@ if _OWN_INDUCTOR_CACHE:
 
 import torch  # noqa: E402  (after the cache directory is chosen)
 
+REPO = Path(__file__).resolve().parents[1]
+
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"

@@ -2,7 +2,7 @@
 flash-attn's varlen kernels when installed), bitsandbytes nf4 for QLoRA, fused AdamW, LoRA dropout drawn
 with torch.rand, compiled blocks, and memory read from the CUDA allocator. Skipped without a CUDA device
 (tests/conftest.py); no GPU has been lent to this project yet, so these have not run. The same runs on CPU
-are in tests/unit/test_train.py."""
+are in tests/unit/train/test_loop.py."""
 
 import importlib.util
 

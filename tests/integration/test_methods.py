@@ -1,18 +1,17 @@
 """A few real steps of every method on the embedded SmolLM2-135M-Instruct."""
 
 import json
-from pathlib import Path
 
 import pytest
 
 from safetensors.torch import load_file
 
-from conftest import write_jsonl
+from conftest import REPO, write_jsonl
 from tunelab.cli import main
 from tunelab.plan import arch as archmod
 
 pytestmark = pytest.mark.integration
-QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
+QUICKSTART = REPO / "configs" / "quickstart.yaml"
 
 
 @pytest.fixture(scope="module")

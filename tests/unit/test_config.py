@@ -1,11 +1,10 @@
-from pathlib import Path
-
 import pytest
 
 from tunelab.config import TrainConfig, load_config
 from tunelab.errors import TunelabError
+from conftest import REPO
 
-CONFIGS = sorted(Path(__file__).resolve().parents[2].joinpath("configs").glob("*.yaml"))
+CONFIGS = sorted(REPO.joinpath("configs").glob("*.yaml"))
 
 
 def test_defaults_load():

@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 import re
 import typing
-from pathlib import Path
 
 from tunelab.config import TrainConfig
+from conftest import REPO
 
-GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide.md"
+GUIDE = REPO / "docs" / "guide.md"
 SECTION = "## Config reference"
 ROW_KEY = re.compile(r"^\|\s*`([^`]+)`\s*\|")
 

@@ -1,5 +1,5 @@
-"""The package layout of issue #15: `tunelab plan` stays torch-free, plan/ imports neither train/ nor model/,
-and the command modules never import each other."""
+"""The package layout (docs/design.md): `tunelab plan` stays torch-free, plan/ imports neither train/ nor model/,
+the command modules never import each other, and the unit tests mirror src/."""
 
 from __future__ import annotations
 
@@ -90,3 +90,13 @@ def test_report_reads_records_without_the_training_stack():
     env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert "torch loaded False" in out.stdout, out.stderr
+
+
+def test_unit_tests_mirror_the_package():
+    """tests/unit/<pkg>/test_<module>.py for tunelab.<pkg>; a folder with no package beside it is a misplaced test."""
+    unit = Path(__file__).parent
+    folders = {p.name for p in unit.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert folders <= packages, f"tests/unit folders with no tunelab package: {sorted(folders - packages)}"
+    names = [p.name for p in unit.rglob("test_*.py")]
+    assert len(names) == len(set(names)), "two test files share a name (pytest imports them by basename)"

@@ -33,7 +33,7 @@ Derivations (docs/formulas.md; per-parameter table of EleutherAI "Transformer Ma
   keep mask (1 B) and recomputes the dropped copies (measured on CPU; on GPUs, where the masks come from
   torch.rand, an assumption); on CPU backward draws the mask again from its seed and nothing is added
   (the partitioner then also recomputed the norms' 1/rms and attention's probabilities on the test model
-  of tests/unit/test_plan_memory_saved.py, 15% below this model; not modeled, so plan stays above).
+  of tests/unit/plan/test_plan_memory_saved.py, 15% below this model; not modeled, so plan stays above).
   Attention, per attention position (a slot position when packed sequences run in per-sequence slots,
   data.packing; padding slots and slot-length rounding included): q, k, v and its output (a·(2·H·Q +
   2·KV·Q)), plus either the probabilities (a·H·L for slots of length L: tunelab's CPU slot path,

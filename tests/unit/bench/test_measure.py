@@ -136,7 +136,7 @@ def test_bench_sweep_json_stores_every_point_and_exports(bench_args, tiny_model_
         assert x["mfu"] == pytest.approx(x["tokens_nonpad_per_s"] * x["model_flops_per_token"] / x["device_peak_flops"])
         assert x["hfu"] == pytest.approx(x["mfu"])  # no gradient checkpointing: nothing recomputed
         assert set(x["peak_probes"]) == {"bf16", "fp32"} and x["device_peak_flops"] == x["peak_probes"]["fp32"]
-        # A tiny model can peak within memory this process already holds (tests/unit/test_peers.py), so the
+        # A tiny model can peak within memory this process already holds (tests/unit/bench/test_peers.py), so the
         # peak above the start may be 0; the absolute peak holds at least the model's own fp32 weights.
         assert x["peak_memory_absolute_bytes"] >= 4 * params and x["peak_memory_bytes"] >= 0
         assert x["predicted"]["peak_memory_bytes"] >= 4 * params

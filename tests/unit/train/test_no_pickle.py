@@ -5,17 +5,16 @@ import pickle
 import random
 import re
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from conftest import tiny_optimizer_run
+from conftest import REPO, tiny_optimizer_run
 from tunelab.train import checkpoint
 from tunelab.train.checkpoint import TrainState
 
-SRC = Path(__file__).parents[2] / "src"
+SRC = REPO / "src"
 
 
 def test_no_source_file_unpickles():
