@@ -22,7 +22,7 @@ from ..data.pipeline import TokenizedData, prepare
 from ..specs import data_spec
 from ..device import Precision, device_memory_bytes, device_name, pick_device, pick_precision
 from ..errors import TunelabError
-from ..io import atomic_dir, write_atomic
+from ..io import atomic_dir, remove_stale_temps, write_atomic
 from ..memwatch import MemoryWatch
 from ..runtime import ACTIVATION_MEMORY_BUDGET
 from ..model import attention
@@ -172,6 +172,9 @@ def _train_locked(
     from accelerate.state import AcceleratorState
     from accelerate.utils import set_seed
 
+    # Under the lock no other run writes here: temp entries are what a killed run left mid-write.
+    for folder in (out, out / "checkpoints"):
+        remove_stale_temps(folder)
     resume_from = checkpoint.find(out / "checkpoints", cfg.resume)
     memwatch = MemoryWatch(pick_device(cfg.device))
     memwatch.start()  # before the model loads: CPU peak memory is relative to this RSS
@@ -210,7 +213,7 @@ def _train_locked(
             print(f"resumed from {resume_from} at step {state.step}", flush=True)
     else:
         (out / "metrics.jsonl").unlink(missing_ok=True)
-    (out / "config.yaml").write_text(cfgmod.dump_yaml(cfg))
+    write_atomic(out / "config.yaml", [cfgmod.dump_yaml(cfg)])
 
     progress = ProgressView(prep.schedule.total_steps, state.step, enabled=show_progress)
     result = loop.run(
@@ -282,8 +285,16 @@ def _truncate_metrics(path: Path, step: int) -> None:
     """After a resume, drop log lines past the checkpoint: they are about to be produced again."""
     if not path.exists():
         return
-    keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+    keep = [line for line in path.read_text().splitlines() if _logged_step(line) <= step]
     write_atomic(path, (line + "\n" for line in keep))
+
+
+def _logged_step(line: str) -> float:
+    """The step of a metrics line; a line a kill cut short counts as past every checkpoint, so it goes."""
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return float("inf")
 
 
 def _versions() -> dict:

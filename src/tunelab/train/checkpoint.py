@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..errors import TunelabError
-from ..io import atomic_dir, write_atomic
+from ..io import atomic_dir, remove_stale_temps, write_atomic
 
 PREFIX = "step-"
 WEIGHTS = "trainable.safetensors"
@@ -59,8 +59,7 @@ def save(folder: Path, model, optimizer, scheduler, state: TrainState, keep: int
     final = folder / f"{PREFIX}{state.step:07d}"
     # A run killed mid-save leaves its temp dir behind; the output_dir lock (train/lock.py) means no other
     # run is writing one now.
-    for stale in folder.glob(".tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+    remove_stale_temps(folder)
     weights = {k: v.cpu() for k, v in trainable_state(model).items()}
     tensors: dict[str, torch.Tensor] = {}
     resume = _encode(
