@@ -20,7 +20,7 @@ from ..config import TrainConfig
 from ..data.packing import packing_efficiency
 from ..data.pipeline import TokenizedData, prepare
 from ..specs import data_spec
-from ..device import Precision, device_memory_bytes, device_name, pick_device, pick_precision
+from ..device import Precision, device_memory_bytes, device_name, library_versions, pick_device, pick_precision
 from ..errors import TunelabError
 from ..io import atomic_dir, remove_stale_temps, write_atomic
 from ..memwatch import MemoryWatch
@@ -266,7 +266,7 @@ def _train_locked(
         "peak_memory_absolute_bytes": result.peak_absolute_bytes,
         "train_s": state.elapsed_s,
         "elapsed_s": time.perf_counter() - t0,
-        "versions": _versions(),
+        "versions": library_versions(),
     }
     write_atomic(out / "summary.json", [json.dumps(summary, indent=2)])
     return summary
@@ -295,16 +295,3 @@ def _logged_step(line: str) -> float:
         return json.loads(line)["step"]
     except (ValueError, KeyError, TypeError):
         return float("inf")
-
-
-def _versions() -> dict:
-    import accelerate
-    import peft
-    import transformers
-
-    return {
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "peft": peft.__version__,
-        "accelerate": accelerate.__version__,
-    }

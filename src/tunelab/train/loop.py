@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ..device import synchronize
 from ..memwatch import MemoryWatch
 from . import checkpoint
 from .batches import Schedule
@@ -119,11 +120,6 @@ def build_scheduler(optimizer: torch.optim.Optimizer, spec: OptimSpec, total_ste
     return get_scheduler(
         name, optimizer, num_warmup_steps=int(spec.warmup_ratio * total_steps), num_training_steps=total_steps
     )
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @dataclass
@@ -239,7 +235,7 @@ def run(ctx: LoopContext) -> LoopResult:
                 progress.advance(state.step)
             if state.step == warm_until and steady_start is None:
                 # After the log (whose window it would otherwise empty): the steady window starts here.
-                _sync(device)
+                synchronize(device)
                 steady_start = time.perf_counter()
                 rate = _Window(steady_start, steady=True)
             if spec.save_steps and state.step % spec.save_steps == 0 and state.step < schedule.total_steps and out_dir:
@@ -257,7 +253,7 @@ def run(ctx: LoopContext) -> LoopResult:
         if metrics_file is not None:
             metrics_file.close()
         progress.close()
-    _sync(device)
+    synchronize(device)
     end = time.perf_counter()
     state.elapsed_s = end - run_start
     if steady_start is not None:
