@@ -1,11 +1,11 @@
 """Run the process on jemalloc when the system has it (Debian/Ubuntu package libjemalloc2).
 
-Why: with glibc malloc a training run's RSS grew with every step (4.5 -> 6.7 GiB over 22 quickstart steps,
-~100 MB a step, no plateau) because each batch brings new activation sizes and the freed heap blocks fit
-nothing that comes later; forcing big blocks back to the OS with mmap held memory flat but doubled the step
-time in page faults. jemalloc's size classes reuse freed memory across sizes. Measured on the quickstart
-(20 steps, plain loop, slot padding in both): RSS flat at ~5.7 GiB from step 4 on, and 3.3-3.7 s a step against 3.5-5.2 s
-with glibc. Freed pages are kept (decay off) so they are not faulted in again on every step.
+Why: with glibc malloc a training run's RSS grew with every step, with no plateau, because each batch brings
+new activation sizes and the freed heap blocks fit nothing that comes later; forcing big blocks back to the OS
+with mmap held memory flat but slowed every step with page faults. jemalloc's size classes reuse freed memory
+across sizes, which kept RSS flat and steps faster
+(benchmarks/design-decisions_cpu_2026-11-22.md#jemalloc-instead-of-glibc-malloc).
+Freed pages are kept (decay off) so they are not faulted in again on every step.
 
 The allocator is chosen when the process starts, so the CLI re-executes itself once with LD_PRELOAD set.
 TUNELAB_ALLOCATOR=system opts out; an LD_PRELOAD already naming jemalloc is left alone.
@@ -26,9 +26,8 @@ CANDIDATES = (
 # Keep freed pages (no decay back to the OS): re-faulting them each step is what made mmap'd blocks slow.
 # oversize_threshold:0 turns off jemalloc's dedicated arena for requests of 8 MiB and more (activations of a
 # few thousand tokens: 4096 x 1536 bf16 is 12 MiB), whose freed extents the other arenas' requests cannot
-# reuse. Measured on the quickstart, `tunelab bench` alternated, 3 pairs with compiled blocks: 1,404 -> 1,459
-# non-padding tokens/s on average (+4%, every pair faster), peak 2.68-2.70 -> 2.63-2.65 GiB; eager blocks:
-# 4.36 -> 4.13 GiB at the same speed (839 / 842 tokens/s).
+# reuse; without it runs were faster and smaller
+# (benchmarks/design-decisions_cpu_2026-11-22.md#jemalloc-oversize-threshold-0).
 MALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1,oversize_threshold:0"
 
 

@@ -75,7 +75,7 @@ class TrainConfig:
     precision: str = "auto"
     packing: bool = True
     grad_ckpt: bool = False
-    # torch.compile each decoder block (train/command.py: compile_blocks): fused element-wise passes.
+    # torch.compile each decoder block (recipes/train.py: compile_blocks): fused element-wise passes.
     compile: bool = False
     # Packed-row attention (model/attention.py): auto is flex on CUDA (flash-attn's varlen kernels where
     # installed) and per-sequence slots on CPU; sdpa is transformers' own, with a block-diagonal mask.

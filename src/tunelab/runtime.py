@@ -13,10 +13,9 @@ LOGIT_CHUNK = 256
 MATH_MAX_LEN = 256
 
 # torch.compile's activation memory budget (AOTAutograd's partitioner; 1.0 keeps whatever is cheapest to
-# keep; train/command.compile_blocks sets it). Measured on the quickstart, `tunelab bench` runs alternated
-# (8 steps each): 0.9 peaked at 2.82-2.85 GiB against 3.64-3.69 at 1.0, at 1,391-1,431 against 1,406-1,425 non-padding tokens/s; the tensors saved
-# in one forward fell from 2.51 to 1.75 GiB (norm outputs and one MLP tensor per layer recomputed). 0.5
-# saved 1.31 GiB and peaked at 2.37 GiB but cost 7% (1,313-1,325 tokens/s).
+# keep; recipes/train.compile_blocks sets it). 0.9 recomputes norm outputs and one MLP tensor per layer, which
+# lowered the quickstart's peak memory at no clear speed cost, where 0.5 saved more but cost speed
+# (benchmarks/design-decisions_cpu_2026-11-22.md#activation-memory-budget).
 ACTIVATION_MEMORY_BUDGET = 0.9
 
 

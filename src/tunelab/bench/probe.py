@@ -62,8 +62,9 @@ def measure_matmul_peak(
     while n * 2 <= top and 8 * elapsed <= window / 2:
         n *= 2
         elapsed, a, b = _time_one(n, dtype, device)
-    # Half the windows at n/2 as well: where a size dips (fp32 at 2048³ on AVX CPUs reads ~15% below 1024³,
-    # cache-blocking), the peak is the better of the two sizes, never the dip.
+    # Half the windows at n/2 as well: where a size dips (fp32 at 2048³ on AVX CPUs reads below 1024³,
+    # cache-blocking), the peak is the better of the two sizes, never the dip
+    # (benchmarks/design-decisions_cpu_2026-11-22.md#half-size-windows-of-the-matmul-probe).
     sizes = [(n, a, b)]
     if n > MIN_N:
         half = n // 2

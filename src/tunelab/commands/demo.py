@@ -32,12 +32,12 @@ if TYPE_CHECKING:  # torch-importing; the demo re-executes itself before importi
 
 TEST_TEMPLATES = ("plain",)
 DEFAULT_MINUTES = 15.0
-# Below this many rows the recipe learns next to nothing: 1,785 rows gave 8.2% exact match
-# (benchmarks/quickstart_epyc-fp32-2c_2026-11-23.md), so a budget that fits fewer is refused.
+# Below this many rows the recipe learns next to nothing, so a budget that fits fewer is refused
+# (benchmarks/design-decisions_cpu_2026-11-22.md#demo-minimum-rows-and-steps).
 MIN_TRAIN_ROWS = 1_000
 # A cut recipe keeps at least this many optimizer steps by lowering its micro-batch (not below MIN_MICRO_BATCH):
-# on an fp32 CPU, 2,600 rows at micro-batch 4 (118 steps) scored 57.0% where 1,785 rows at 16 (21 steps)
-# scored 8.2% (benchmarks/quickstart_epyc-fp32-2c_2026-11-23.md).
+# on an fp32 CPU many small steps scored far higher than a few large ones
+# (benchmarks/design-decisions_cpu_2026-11-22.md#demo-minimum-rows-and-steps).
 MIN_STEPS = 100
 MIN_MICRO_BATCH = 4
 # Share of the training time left unplanned, for plan's error on this machine (benchmarks/README.md).

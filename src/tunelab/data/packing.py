@@ -43,7 +43,8 @@ SLOT_QUANTUM = 16
 def slot_length(longest: int) -> int:
     """Slot length for a batch whose longest sequence is `longest` tokens, rounded up to a few sizes: every
     distinct activation size that a batch brings leaves differently-sized free blocks behind, and glibc's
-    heap then grows instead of reusing them (measured: peak RSS rising ~100 MB per step over a whole run).
+    heap then grows instead of reusing them (peak RSS rose step after step over a whole run;
+    benchmarks/design-decisions_cpu_2026-11-22.md#slot-length-rounded-to-a-few-sizes).
     The slot count needs no rounding: a run gives every batch its largest count (train/batches.Schedule)."""
     return -(-longest // SLOT_QUANTUM) * SLOT_QUANTUM
 
@@ -144,8 +145,8 @@ def fill_last_batch(rows: list[list[int]], micro_batch: int) -> list[list[int]]:
     """Split packed rows at the end of the epoch in two until the row count is a multiple of `micro_batch`.
 
     Why: a last micro-batch with fewer rows is a new input shape, and compiled blocks compile again for it
-    (measured: ~9 s at the end of the quickstart, 15 rows instead of 16). A split row costs a little padding
-    instead; every example is still used once, and the number of micro-batches is unchanged.
+    (benchmarks/design-decisions_cpu_2026-11-22.md#last-batch-filled-to-the-micro-batch). A split row costs a
+    little padding instead; every example is still used once, and the number of micro-batches is unchanged.
     """
     missing = -len(rows) % micro_batch
     out: list[list[int]] = []

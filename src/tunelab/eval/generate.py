@@ -19,8 +19,8 @@ from .exact_match import EvalResult, score
 
 # Room past the longest expected response, for a model that adds a word or a space before its answer.
 BUDGET_SLACK = 8
-# Fastest of 16/32/64 measured on the embedded SmolLM2-135M, 1-8 digit additions, 2 shared CPU cores
-# (64 rows: 3.8 rows/s at 64 vs 3.2 at 32; larger batches amortise generate's per-step overhead).
+# The fastest of 16/32/64 on the embedded model on a 2-core CPU: larger batches amortise generate's per-step
+# overhead (benchmarks/design-decisions_cpu_2026-11-22.md#generation-batch-size-64).
 DEFAULT_BATCH_SIZE = 64
 
 

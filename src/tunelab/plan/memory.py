@@ -11,10 +11,9 @@ Derivations (docs/formulas.md; per-parameter table of EleutherAI "Transformer Ma
   its backward (autocast caches casts of leaf tensors).
 - Activations, per token and decoder layer, for the Llama block (RMSNorm in fp32, SwiGLU; no dropout),
   derived tensor by tensor from what autograd saves (a = compute-dtype bytes). Checked against the
-  saved-tensor sums of the quickstart (SmolLM2-135M, 16 x 256 packed rows, LoRA r 32 on every linear, bf16):
-  eager 3.13 GiB saved against 3.11 modeled; compiled 1.752 against 1.753; compiled full 1.94 against 1.83,
-  the difference a 108 MiB fp32 copy of the embedding matrix not modeled (benchmarks/quickstart_xeon-amx-2c_2026-11-22.md,
-  "plan beside these measurements").
+  saved-tensor sums of the quickstart (SmolLM2-135M, 16 x 256 packed rows, LoRA r 32 on every linear, bf16),
+  eager and compiled; compiled full fine-tuning also holds an fp32 copy of the embedding matrix, not modeled
+  (benchmarks/design-decisions_cpu_2026-11-22.md#activation-count-against-saved-tensors).
   Eager:
     RMSNorm x2: the fp32 input (4h each); with a trained norm weight also the normalized fp32 (4h each)
     MLP: gate output (silu's input), silu output and up output: 3·a·I
@@ -25,7 +24,7 @@ Derivations (docs/formulas.md; per-parameter table of EleutherAI "Transformer Ma
       saves nothing (its input gradient needs only W).
     LoRA dropout > 0: each adapter saves its keep mask (1 B) and the dropped copy of its input (a) instead of
       the input (model/lora_linear.py), so a shared input is no longer kept for them.
-  Compiled (train/command.compile_blocks, activation memory budget 0.9): the partitioner keeps the block's
+  Compiled (recipes/train.compile_blocks, activation memory budget 0.9): the partitioner keeps the block's
   input (the residual stream: fp32 for full fine-tuning, whose master weights make it fp32), one more
   hidden-sized tensor in the compute dtype (o_proj's input or the residual after attention; the sums do
   not tell which), the gate and up outputs, the two norms' fp32 1/rms and A's outputs, and recomputes the

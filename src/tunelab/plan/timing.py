@@ -19,8 +19,8 @@ from .calibration import CalibrationRecord
 DISK_READ_BPS = 1.5e9
 DISK_WRITE_BPS = 1.0e9
 # torch.compile's one-off cost in the first steps (`compile: true`) with a cold inductor cache, as a fresh
-# install meets it. Measured on the quickstart (2-core CPU): the first 10 steps took 66.5 s where the next 10
-# took 27.2 s (benchmarks/quickstart_xeon-amx-2c_2026-11-22.md, "plan beside these measurements"), ~39 s. All decoder blocks share one
+# install meets it: the extra time of the quickstart's first steps on a 2-core CPU
+# (benchmarks/design-decisions_cpu_2026-11-22.md#compile-cost-in-the-first-steps). All decoder blocks share one
 # compiled graph, so it does not grow with depth; a warm cache costs less. On CUDA it is this same
 # assumption, not a measurement.
 COMPILE_S = 40.0

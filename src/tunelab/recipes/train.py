@@ -127,8 +127,8 @@ def compile_blocks(model: torch.nn.Module) -> None:
     adds), which on the quickstart were half of an eager step. The attention-slot count is the same for every
     batch of a run (train/batches.Schedule); a second slot length makes that dimension dynamic, after which
     nothing recompiles.
-    The final norm is compiled too: eager, its fp32 pow/mul/div passes over fresh buffers took ~120 ms of a
-    3.5 s quickstart step (page faults on every new allocation), compiled one fused pass each way.
+    The final norm is compiled too: eager, its fp32 pow/mul/div passes page-fault on every fresh buffer,
+    compiled they are one fused pass each way (benchmarks/design-decisions_cpu_2026-11-22.md#compiled-final-norm).
 
     Below a memory budget of 1.0 the partitioner recomputes cheap element-wise results (norm outputs, SiLU)
     in backward instead of keeping them (ACTIVATION_MEMORY_BUDGET). Over an nf4 base, common-subexpression
@@ -140,9 +140,8 @@ def compile_blocks(model: torch.nn.Module) -> None:
     # Over an nf4 base the fused LoRA backward dequantizes the weight again (model/lora_linear.py).
     # AOTAutograd's common-subexpression pass merged that call with the forward's, and the partitioner, which
     # cannot recompute bitsandbytes' op, then kept every dequantized bf16 weight from forward to backward.
-    # Measured on the quickstart's QLoRA, `tunelab bench` alternated with and without the pass: tensors saved
-    # in one forward 1.95 -> 1.75 GiB, peak 2.89/2.89 -> 2.69/2.70 GiB, 1,454/1,399 -> 1,381/1,391
-    # non-padding tokens/s (LoRA, with no such call: 1,472/1,357 with the pass, 1,439/1,498 without).
+    # With the pass off those weights are not kept
+    # (benchmarks/design-decisions_cpu_2026-11-22.md#common-subexpression-pass-off-over-nf4-bases).
     # With LoRA dropout on CPU, backward draws the hashed keep mask again from its seed
     # (model/lora_linear.py); merged with the forward's draw, the mask would be kept instead.
     aot_config.cse = not (has_nf4_base(model) or has_lora_dropout(model))

@@ -41,9 +41,9 @@ class Schedule:
         self.total_steps = max_steps if max_steps is not None else max(1, math.ceil(self.steps_per_epoch * epochs))
         # Every packed batch gets the run's largest sequence count as its attention-slot count. Why: the
         # slot count is an input shape of the compiled blocks, and the epoch's last batches (rows split by
-        # fill_last_batch) hold fewer sequences; on the quickstart steps 203 and 204 brought 64 and 48
-        # slots after 203 batches of 96 and compiled every block again at the end of the run (the last
-        # log window ran at 548 tokens/s against ~1,250). Padding slots cost attention work only.
+        # fill_last_batch) hold fewer sequences, and a smaller count compiled every block again at the end
+        # of the run (benchmarks/design-decisions_cpu_2026-11-22.md#one-attention-slot-count-per-run).
+        # Padding slots cost attention work only.
         epochs_run = math.ceil(self.total_steps / self.steps_per_epoch)
         self.slots = (
             max(sum(len(row) for row in rows) for epoch in range(epochs_run) for rows in self._epoch(epoch))

@@ -104,9 +104,8 @@ class _Window:
 def build_optimizer(model: torch.nn.Module, spec: OptimSpec, device: torch.device) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
     # Fused AdamW does one kernel per step for all params (CUDA, and CPU since torch 2.4). The fallback is
-    # foreach on GPUs only: on this 2-core CPU one step of the quickstart's 420 LoRA tensors took 7-8 ms
-    # fused, 30 ms per tensor and 114-117 ms foreach; full fine-tuning's 272 tensors 80, 246-249 and
-    # 1,025-1,030 ms (benchmarks/quickstart_xeon-amx-2c_2026-11-22.md, "Speed levers").
+    # foreach on GPUs only: on CPU foreach was slower than one tensor at a time
+    # (benchmarks/design-decisions_cpu_2026-11-22.md#fused-adamw-on-cpu).
     try:
         return torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay, fused=True)
     except (RuntimeError, TypeError):

@@ -4,8 +4,8 @@ Why not `model(input_ids, labels=...)`: that computes logits for every position 
 and upcasts them all to fp32 for the loss. With prompt masking most positions have no target. We gather
 the hidden states at the target positions first (indices computed on the host: no sync), then run the
 head and the cross-entropy fused and in chunks, so at most one chunk of fp32 logits exists at a time.
-Measured on this CPU: one fp32 log_softmax over 1,866 x 49,152 logits took 409 ms, more than the
-model's own matmuls for that step.
+On a CPU one fp32 log_softmax over a step's logits took longer than the model's own matmuls for that step
+(benchmarks/design-decisions_cpu_2026-11-22.md#fused-chunked-head-and-loss).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ _SCRATCH: dict[tuple, torch.Tensor] = {}
 
 def _scratch(name: str, shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A buffer kept across steps. Fresh tens-of-MB buffers are page-faulted in on every allocation (glibc
-    mmaps anything over 32 MB): measured here, a bf16->fp32 copy of a fresh 256 x 49k buffer ran at
-    0.15 G elements/s, ~30x slower than into warm memory."""
+    mmaps anything over 32 MB), which makes a copy into a fresh buffer many times slower than into warm
+    memory (benchmarks/design-decisions_cpu_2026-11-22.md#loss-scratch-buffers-kept-across-steps)."""
     key = (name, shape, dtype, device)
     buf = _SCRATCH.get(key)
     if buf is None:
