@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -147,10 +148,16 @@ def read_rows(path: Path, fmt: str, max_examples: int | None, max_line_bytes: in
         _check_jsonl(path, fmt, max_line_bytes)
     elif reader != "parquet":
         _check_utf8(path)
+    # datasets logs a failed read at ERROR level before raising; the one-line error below says it instead.
+    datasets_logger = logging.getLogger("datasets")
+    level = datasets_logger.level
+    datasets_logger.setLevel(logging.CRITICAL)
     try:
         ds = datasets.load_dataset(reader, data_files=str(path), split="train")
     except Exception as e:
         raise TunelabError(f"{path}: cannot be read as {reader}: {_root_cause(e)}; fix or convert the file") from None
+    finally:
+        datasets_logger.setLevel(level)
     if len(ds) == 0:
         raise TunelabError(f"{path}: the dataset is empty")
     if max_examples is not None and max_examples < len(ds):
@@ -162,7 +169,7 @@ def _root_cause(e: BaseException) -> str:
     """The first line of the innermost error: `datasets` wraps the parser's own message in a generic one."""
     while (e.__cause__ or e.__context__) is not None:
         e = e.__cause__ or e.__context__
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return (str(e).strip().splitlines() or [type(e).__name__])[0].rstrip(".")
 
 
 def iter_jsonl(path: Path, fmt: str, max_line_bytes: int | None = None):
