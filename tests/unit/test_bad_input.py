@@ -411,8 +411,6 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(
 def test_the_suite_covers_every_command_that_reads_input():
     ids = [p.values[0].id for p in CASES]
     assert len(ids) >= 50 and len(ids) == len(set(ids))
-    commands = [p.values[0].build for p in CASES]
-    assert {c.__code__.co_consts for c in commands}  # every case builds its own argv
     firsts = {p.id.split("-")[0] for p in CASES}
     assert {"plan", "synthetic", "arithmetic", "eval", "export", "bench", "resume", "model", "jsonl", "csv"} <= firsts
 
