@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
         reexec_with_jemalloc()
     argv = sys.argv[1:] if argv is None else argv
+    quiet_libraries()  # before a command's imports: bitsandbytes warns about optional kernels as it is imported
     chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, (module_name, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -43,7 +44,6 @@ def main(argv: list[str] | None = None) -> int:
             p.set_defaults(handler=module.run)
     # Overrides (key=value) may come before or after flags: `train --config c.yaml lr=1e-4 --quiet seed=3`.
     args, extra = parser.parse_known_args(argv)
-    quiet_libraries()
     if extra:
         if not hasattr(args, "overrides") or any(a.startswith("-") or "=" not in a for a in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -101,7 +101,7 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
         try:
             loaded = yaml.safe_load(path.read_text())
         except yaml.YAMLError as e:
-            raise TunelabError(f"{path}: not valid YAML: {e}".replace("\n", " ")) from None
+            raise TunelabError(_yaml_error(path, e)) from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
@@ -112,6 +112,15 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
     cfg = from_dict(TrainConfig, raw, source=source, prefix="")
     validate(cfg, source)
     return cfg
+
+
+def _yaml_error(path: Path, e: yaml.YAMLError) -> str:
+    """`file:line: not valid YAML (problem at line L column C)`: the line the parser stopped at, 1-based."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    if mark is None:
+        return f"{path}: not valid YAML ({problem}); fix the file"
+    return f"{path}:{mark.line + 1}: not valid YAML ({problem} at line {mark.line + 1} column {mark.column + 1}); fix that line"
 
 
 def apply_override(raw: dict[str, Any], item: str) -> None:
@@ -225,7 +234,6 @@ def validate(cfg: TrainConfig, source: str = "config") -> None:
     elif not cfg.lora.targets:
         raise TunelabError(f"{source}: lora.targets is empty; name modules (e.g. [q_proj, v_proj]) or a preset")
     positive = {
-        "seq_len": cfg.seq_len,
         "micro_batch": cfg.micro_batch,
         "grad_accum": cfg.grad_accum,
         "lora.r": cfg.lora.r,

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from .errors import TunelabError
+
 GIB = 2**30
+# A full disk, a quota, or a failing device: the user can act on these, so they end a run with one line.
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO)
 
 
 def gib(n: float) -> str:
@@ -89,3 +95,37 @@ def _plain_mode(mode: int) -> int:
     umask = os.umask(0)
     os.umask(umask)
     return mode & ~umask
+
+
+def disk_error(e: BaseException) -> str | None:
+    """The OS's words for a full disk or an I/O error behind `e`, or None for any other failure.
+
+    safetensors writes from Rust and raises its own error type, whose message carries the OS error number.
+    """
+    if isinstance(e, OSError):
+        return e.strerror if e.errno in DISK_ERRNOS else None
+    found = re.search(r"os error (\d+)", str(e))
+    if found and int(found.group(1)) in DISK_ERRNOS:
+        return os.strerror(int(found.group(1)))
+    return None
+
+
+def free_bytes(folder: Path) -> str:
+    try:
+        return f"{shutil.disk_usage(folder).free:,} bytes"
+    except OSError:
+        return "unknown bytes"
+
+
+@contextmanager
+def disk_errors(what: str, folder: Path, needed: int, then: str) -> Iterator[None]:
+    """A full disk or I/O error while writing `what` becomes one line: the bytes needed and free, then `then`."""
+    try:
+        yield
+    except Exception as e:
+        reason = disk_error(e)
+        if reason is None:
+            raise
+        raise TunelabError(
+            f"{what}: {reason} while writing it; it needs {needed:,} bytes, {free_bytes(folder)} free there; {then}"
+        ) from None

@@ -96,7 +96,7 @@ def test_bad_values_fail_with_the_key(overrides, message):
 def test_bad_yaml_names_the_file(tmp_path):
     f = tmp_path / "bad.yaml"
     f.write_text("lr: [1,\n")
-    with pytest.raises(TunelabError, match="bad.yaml: not valid YAML"):
+    with pytest.raises(TunelabError, match=r"bad.yaml:2: not valid YAML \(.* at line 2 column 1\); fix that line"):
         load_config(f)
     with pytest.raises(TunelabError, match="config file not found"):
         load_config(tmp_path / "missing.yaml")

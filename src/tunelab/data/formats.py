@@ -7,6 +7,7 @@ the exact prompt training saw, so train and eval can never drift apart.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -38,6 +39,9 @@ TEMPLATES = {
     },
 }
 
+# The roles chat templates know; a misspelt one would be rendered as-is and trained on silently.
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+
 REQUIRED_FIELDS = {
     "alpaca": ("instruction", "output"),
     "chat": ("messages",),
@@ -59,6 +63,22 @@ def check_fields(fmt: str, row: dict[str, Any], where: str) -> None:
             f"{where}: missing field {', '.join(repr(m) for m in missing)} for format {fmt!r} "
             f"(it needs {', '.join(REQUIRED_FIELDS[fmt])}; set data.format to match the file)"
         )
+    if fmt == "chat":
+        check_messages(row["messages"], where)
+
+
+def check_messages(messages: Any, where: str) -> None:
+    """A chat row's `messages`: a non-empty list of {role, content} with roles from CHAT_ROLES."""
+    if not isinstance(messages, list) or not messages:
+        raise TunelabError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or "role" not in message or "content" not in message:
+            raise TunelabError(f"{where}: message {i} needs 'role' and 'content'")
+        role = message["role"]
+        if role not in CHAT_ROLES:
+            close = difflib.get_close_matches(str(role), CHAT_ROLES, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise TunelabError(f"{where}: message {i} has role {role!r}{hint}; use one of {', '.join(CHAT_ROLES)}")
 
 
 def prompt_text(fmt: str, template: str, row: dict[str, Any], tokenizer=None) -> str:
@@ -97,13 +117,9 @@ def _render_chat(messages: list[dict[str, str]], apply: Callable) -> list[Segmen
     Each assistant turn's content (and the template's end-of-turn marker) is trainable; the role header
     that precedes it (the generation prompt) and every other turn are not.
     """
-    if not isinstance(messages, list) or not messages:
-        raise TunelabError("chat row: 'messages' must be a non-empty list of {role, content}")
     segments: list[Segment] = []
     done = ""
     for i, message in enumerate(messages):
-        if not isinstance(message, dict) or "role" not in message or "content" not in message:
-            raise TunelabError(f"chat row: message {i} needs 'role' and 'content'")
         if message["role"] == "assistant":
             header = apply(messages[:i], tokenize=False, add_generation_prompt=True)
             _extend(segments, done, header, False)

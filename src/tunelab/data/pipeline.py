@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,6 +24,11 @@ from ..errors import TunelabError
 from .formats import check_fields, render
 
 IGNORE = -100
+# A JSONL line longer than this is refused rather than read: bytes per token rarely exceed 4-5 in any
+# tokenizer, so a line over 64 bytes per seq_len token (and over 1 MiB, so long-context rows always pass) is
+# nearly all cut away by truncation, and is more likely a whole file on one line than a training example.
+BYTES_PER_TOKEN_LIMIT = 64
+MIN_LINE_LIMIT = 2**20
 READERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 # Bump when tokenization output changes, so old caches are not reused.
 CACHE_VERSION = "1"
@@ -73,7 +79,7 @@ class TokenizedData:
 def prepare(spec: DataSpec, tokenizer) -> TokenizedData:
     """Read, render, tokenize (cached), truncate and mask one dataset file."""
     path = Path(spec.path)
-    rows = read_rows(path, spec.format, spec.max_examples)
+    rows = read_rows(path, spec.format, spec.max_examples, line_limit(spec.seq_len))
     eos = tokenizer.eos_token or ""
     bos = (
         [tokenizer.bos_token_id]
@@ -123,7 +129,12 @@ def prepare(spec: DataSpec, tokenizer) -> TokenizedData:
     return _to_arrays(tokenized, path)
 
 
-def read_rows(path: Path, fmt: str, max_examples: int | None):
+def line_limit(seq_len: int) -> int:
+    """The longest JSONL line, in bytes, read for rows of `seq_len` tokens (BYTES_PER_TOKEN_LIMIT)."""
+    return max(MIN_LINE_LIMIT, BYTES_PER_TOKEN_LIMIT * seq_len)
+
+
+def read_rows(path: Path, fmt: str, max_examples: int | None, max_line_bytes: int | None = None):
     """Load a data file as a `datasets.Dataset`, failing with the file and line for malformed input."""
     import datasets
 
@@ -134,11 +145,19 @@ def read_rows(path: Path, fmt: str, max_examples: int | None):
     if reader is None:
         raise TunelabError(f"{path}: unknown file type {path.suffix!r}; use .jsonl, .json, .csv or .parquet")
     if path.suffix.lower() == ".jsonl":
-        _check_jsonl(path, fmt)
+        _check_jsonl(path, fmt, max_line_bytes)
+    elif reader != "parquet":
+        _check_utf8(path)
+    # datasets logs a failed read at ERROR level before raising; the one-line error below says it instead.
+    datasets_logger = logging.getLogger("datasets")
+    level = datasets_logger.level
+    datasets_logger.setLevel(logging.CRITICAL)
     try:
         ds = datasets.load_dataset(reader, data_files=str(path), split="train")
     except Exception as e:
-        raise TunelabError(f"{path}: cannot be read as {reader}: {str(e).splitlines()[0]}") from None
+        raise TunelabError(f"{path}: cannot be read as {reader}: {_root_cause(e)}; fix or convert the file") from None
+    finally:
+        datasets_logger.setLevel(level)
     if len(ds) == 0:
         raise TunelabError(f"{path}: the dataset is empty")
     if max_examples is not None and max_examples < len(ds):
@@ -146,29 +165,58 @@ def read_rows(path: Path, fmt: str, max_examples: int | None):
     return ds
 
 
-def iter_jsonl(path: Path, fmt: str):
-    """(line number, row) for each non-blank line, checked: valid JSON, an object, with `fmt`'s fields.
+def _root_cause(e: BaseException) -> str:
+    """The first line of the innermost error: `datasets` wraps the parser's own message in a generic one."""
+    while (e.__cause__ or e.__context__) is not None:
+        e = e.__cause__ or e.__context__
+    return (str(e).strip().splitlines() or [type(e).__name__])[0].rstrip(".")
 
-    Reading the lines ourselves is what lets a bad line be reported by its number; `datasets` cannot.
+
+def iter_jsonl(path: Path, fmt: str, max_line_bytes: int | None = None):
+    """(line number, row) for each non-blank line, checked: valid UTF-8 JSON, an object, with `fmt`'s fields.
+
+    Reading the lines ourselves is what lets a bad line be reported by its number; `datasets` cannot. A line
+    over `max_line_bytes` fails without being read whole.
     """
     with path.open("rb") as f:
-        for number, line in enumerate(f, 1):
+        number = 0
+        while line := f.readline(-1 if max_line_bytes is None else max_line_bytes + 1):
+            number += 1
+            if max_line_bytes is not None and len(line) > max_line_bytes and not line.endswith(b"\n"):
+                raise TunelabError(
+                    f"{path}:{number}: line is over {max_line_bytes:,} bytes, far more than seq_len tokens can "
+                    "hold; split it into shorter rows or remove it"
+                )
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise TunelabError(
-                    f"{path}:{number}: not valid JSON ({e.args[0] if e.args else e}); fix or remove the line"
-                ) from None
+                row = json.loads(_decode(line, path, number))
+            except json.JSONDecodeError as e:
+                raise TunelabError(f"{path}:{number}: not valid JSON ({e.args[0]}); fix or remove the line") from None
             if not isinstance(row, dict):
                 raise TunelabError(f"{path}:{number}: each line must be a JSON object")
             check_fields(fmt, row, f"{path}:{number}")
             yield number, row
 
 
-def _check_jsonl(path: Path, fmt: str) -> None:
-    if sum(1 for _ in iter_jsonl(path, fmt)) == 0:  # every line is read, so every bad one is found
+def _decode(line: bytes, path: Path, number: int) -> str:
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TunelabError(
+            f"{path}:{number}: not UTF-8 (byte 0x{line[e.start]:02x} at column {e.start + 1}); save the file as UTF-8"
+        ) from None
+
+
+def _check_utf8(path: Path) -> None:
+    """A text file's first undecodable byte by line: `datasets` reports it without one (or not at all)."""
+    with path.open("rb") as f:
+        for number, line in enumerate(f, 1):
+            _decode(line, path, number)
+
+
+def _check_jsonl(path: Path, fmt: str, max_line_bytes: int | None) -> None:
+    if sum(1 for _ in iter_jsonl(path, fmt, max_line_bytes)) == 0:  # every line is read, so every bad one is found
         raise TunelabError(f"{path}: the dataset is empty")
 
 

@@ -31,6 +31,8 @@ def merge(adapter: Path, out: Path, model_ref: str | None, dtype: torch.dtype) -
 
     if not (adapter / "adapter_config.json").is_file():
         raise TunelabError(f"{adapter}: not a PEFT adapter dir (no adapter_config.json)")
+    if out.exists() and not out.is_dir():
+        raise TunelabError(f"--out {out}: is a file, not a directory; choose a new --out")
     if out.exists() and any(out.iterdir()):
         raise TunelabError(f"{out}: exists and is not empty; choose a new --out")
     source = mload.resolve(base_model_ref(adapter, model_ref))

@@ -23,6 +23,7 @@ from ..sources import (  # noqa: F401
     EMBEDDED,
     EMBEDDED_NAME,
     EMBEDDED_PACKAGE,
+    WEIGHT_SUFFIXES,
     ModelSource,
     cache_dir,
     drop_quantization_marker,
@@ -33,6 +34,17 @@ from ..sources import (  # noqa: F401
     random_config,
     resolve,
 )
+
+
+def check_weights(source: ModelSource) -> None:
+    """Fail before data preparation when a model directory holds a config but no weights to load."""
+    if source.random_key or source.gguf_file or not source.path.is_dir():
+        return
+    if not any(p.suffix in WEIGHT_SUFFIXES for p in source.path.iterdir()):
+        raise TunelabError(
+            f"model {source.ref}: the directory has config.json but no weights (*.safetensors or *.bin); "
+            "copy the weight files there or point model at a complete directory"
+        )
 
 
 def load_model(source: ModelSource, dtype: torch.dtype, base_quant: str, device: torch.device, attn: str = "sdpa"):

@@ -22,7 +22,7 @@ from ..data.pipeline import TokenizedData, prepare
 from ..specs import data_spec
 from ..device import Precision, device_memory_bytes, device_name, library_versions, pick_device, pick_precision
 from ..errors import TunelabError
-from ..io import atomic_dir, remove_stale_temps, write_atomic
+from ..io import atomic_dir, disk_errors, remove_stale_temps, write_atomic
 from ..memwatch import MemoryWatch
 from ..runtime import ACTIVATION_MEMORY_BUDGET
 from ..model import attention
@@ -54,6 +54,7 @@ def prepare_run(cfg: TrainConfig) -> Prepared:
     device = pick_device(cfg.device)
     precision = pick_precision(cfg.precision, device)
     source = mload.resolve(cfg.model, cfg.trust_remote_code)
+    mload.check_weights(source)
     model_config = mload.load_config(source)
     limit = mload.max_positions(model_config)
     if limit is not None and cfg.seq_len > limit:
@@ -175,6 +176,8 @@ def _train_locked(
     for folder in (out, out / "checkpoints"):
         remove_stale_temps(folder)
     resume_from = checkpoint.find(out / "checkpoints", cfg.resume)
+    if resume_from is not None:
+        checkpoint.check_identity(resume_from, weights_identity(cfg))
     memwatch = MemoryWatch(pick_device(cfg.device))
     memwatch.start()  # before the model loads: CPU peak memory is relative to this RSS
 
@@ -223,7 +226,9 @@ def _train_locked(
             scheduler,
             prep.schedule,
             optim_spec,
-            loop.LoopSpec(cfg.log_steps, cfg.save_steps, cfg.save_total_limit, warmup_window, stop_at),
+            loop.LoopSpec(
+                cfg.log_steps, cfg.save_steps, cfg.save_total_limit, warmup_window, stop_at, weights_identity(cfg)
+            ),
             out,
             memwatch,
             state,
@@ -267,17 +272,40 @@ def _train_locked(
         "elapsed_s": time.perf_counter() - t0,
         "versions": library_versions(),
     }
-    write_atomic(out / "summary.json", [json.dumps(summary, indent=2)])
+    text = json.dumps(summary, indent=2)
+    with disk_errors(str(out / "summary.json"), out, len(text), _after_disk_error(out)):
+        write_atomic(out / "summary.json", [text])
     return summary
 
 
+def weights_identity(cfg: TrainConfig) -> dict:
+    """The settings that decide which weights are trained and their shapes: a checkpoint resumes only under them."""
+    identity = {"model": cfg.model, "method": cfg.method, "base_quant": cfgmod.effective_base_quant(cfg)}
+    if cfg.method != "full":
+        targets = cfg.lora.targets if isinstance(cfg.lora.targets, str) else list(cfg.lora.targets)
+        identity.update({"lora.r": cfg.lora.r, "lora.alpha": cfg.lora.alpha, "lora.targets": targets})
+    return identity
+
+
 def save_final(model, tokenizer, out: Path, method: str) -> Path:
-    """`adapter/` (PEFT format) for adapter methods, `model/` (HF format) for full fine-tuning; atomic."""
+    """`adapter/` (PEFT format) for adapter methods, `model/` (HF format) for full fine-tuning; atomic.
+
+    A full disk mid-save leaves the previous files as they were and ends the run with one line.
+    """
     final = out / ("model" if method == "full" else "adapter")
-    with atomic_dir(final) as tmp:
+    params = [p for p in model.parameters() if method == "full" or p.requires_grad]
+    needed = sum(p.numel() * p.element_size() for p in params)
+    with disk_errors(str(final), out, needed, _after_disk_error(out)), atomic_dir(final) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     return final
+
+
+def _after_disk_error(out: Path) -> str:
+    latest = checkpoint.list_checkpoints(out / "checkpoints")
+    if latest:
+        return f"free space, then run again with resume: true (checkpoint {latest[-1].name} is untouched)"
+    return "free space or choose another output_dir, then run again (save_steps keeps checkpoints to resume from)"
 
 
 def _truncate_metrics(path: Path, step: int) -> None:

@@ -11,7 +11,6 @@ sha256; resuming checks it and falls back to the newest checkpoint that matches 
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import random
@@ -26,13 +25,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..errors import TunelabError
-from ..io import atomic_dir, remove_stale_temps, write_atomic
+from ..io import atomic_dir, disk_errors, remove_stale_temps, write_atomic
 
 PREFIX = "step-"
 WEIGHTS = "trainable.safetensors"
 RESUME_TENSORS = "resume.safetensors"  # optimizer state and torch RNG states
 RESUME_JSON = "resume.json"  # the rest of the optimizer and scheduler states, Python and NumPy RNG states
 STATE = "state.json"
+IDENTITY = "identity.json"  # the settings that shape the trainable weights (model, method, LoRA rank, ...)
 MANIFEST = "manifest.json"
 REQUIRED = (WEIGHTS, RESUME_TENSORS, RESUME_JSON, STATE)
 
@@ -54,8 +54,11 @@ def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
 
 
-def save(folder: Path, model, optimizer, scheduler, state: TrainState, keep: int) -> Path:
-    """Write `folder/step-N` atomically, then delete the oldest beyond `keep`."""
+def save(folder: Path, model, optimizer, scheduler, state: TrainState, keep: int, identity: dict | None = None) -> Path:
+    """Write `folder/step-N` atomically, then delete the oldest beyond `keep`.
+
+    `identity` (setting -> value) is what the weights were made with: a resume under other values is refused.
+    """
     final = folder / f"{PREFIX}{state.step:07d}"
     # A run killed mid-save leaves its temp dir behind; the output_dir lock (train/lock.py) means no other
     # run is writing one now.
@@ -65,32 +68,19 @@ def save(folder: Path, model, optimizer, scheduler, state: TrainState, keep: int
     resume = _encode(
         {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state()}, tensors
     )
-    try:
-        with atomic_dir(final) as tmp:
-            save_file(weights, tmp / WEIGHTS)
-            save_file(tensors, tmp / RESUME_TENSORS)
-            (tmp / RESUME_JSON).write_text(json.dumps(resume))
-            (tmp / STATE).write_text(json.dumps(asdict(state)))
-            write_manifest(tmp)
-    except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EIO):
-            raise
-        needed = sum(t.nbytes for t in (*weights.values(), *tensors.values()))
-        raise TunelabError(
-            f"checkpoint {final}: {e.strerror} while writing it; it needs {needed:,} bytes, "
-            f"{_free_bytes(folder)} free there; free space or choose another output_dir, then "
-            f"resume: true (earlier checkpoints are untouched)"
-        ) from None
+    needed = sum(t.nbytes for t in (*weights.values(), *tensors.values()))
+    then = "free space or choose another output_dir, then resume: true (earlier checkpoints are untouched)"
+    with disk_errors(f"checkpoint {final}", folder, needed, then), atomic_dir(final) as tmp:
+        save_file(weights, tmp / WEIGHTS)
+        save_file(tensors, tmp / RESUME_TENSORS)
+        (tmp / RESUME_JSON).write_text(json.dumps(resume))
+        (tmp / STATE).write_text(json.dumps(asdict(state)))
+        if identity is not None:
+            (tmp / IDENTITY).write_text(json.dumps(identity, sort_keys=True))
+        write_manifest(tmp)
     for old in list_checkpoints(folder)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
-
-
-def _free_bytes(folder: Path) -> str:
-    try:
-        return f"{shutil.disk_usage(folder).free:,} bytes"
-    except OSError:
-        return "unknown bytes"
 
 
 def write_manifest(folder: Path) -> None:
@@ -179,6 +169,25 @@ def find(folder: Path, resume: bool | str) -> Path | None:
     return path
 
 
+def check_identity(path: Path, identity: dict) -> None:
+    """Refuse a checkpoint made under other weight-shaping settings, naming the first that differs.
+
+    Read before the model loads, so a wrong resume fails in a second; a checkpoint without IDENTITY is left
+    to load_weights' shape check.
+    """
+    file = path / IDENTITY
+    if not file.is_file():
+        return
+    saved = json.loads(file.read_text())
+    for key in [*identity, *(k for k in saved if k not in identity)]:
+        was, now = saved.get(key), identity.get(key)
+        if was != now:
+            raise TunelabError(
+                f"resume: checkpoint {path} was made with {key}: {json.dumps(was)}, this config has "
+                f"{key}: {json.dumps(now)}; set {key} back to resume, or resume: false to start over"
+            )
+
+
 def load_weights(path: Path, model) -> TrainState:
     """The checkpoint's trainable weights into `model` (built as for training); returns its counters."""
     weights = load_file(path / WEIGHTS)
@@ -188,6 +197,12 @@ def load_weights(path: Path, model) -> TrainState:
         raise TunelabError(
             f"resume: {path} does not match this model/method (missing {missing[0]}); resume with the config it was made with"
         )
+    for name, tensor in weights.items():
+        if name in params and params[name].shape != tensor.shape:
+            raise TunelabError(
+                f"resume: {path} holds {name} of shape {list(tensor.shape)}, this model's is "
+                f"{list(params[name].shape)} (another model or lora.r); resume with the config it was made with"
+            )
     with torch.no_grad():
         for name, tensor in weights.items():
             params[name].copy_(tensor)

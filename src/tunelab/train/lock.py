@@ -26,17 +26,25 @@ def lock_output_dir(path: Path) -> Iterator[None]:
     """Hold `path`'s lock (creating `path`) or fail at once naming the run that holds it.
 
     If `path` did not exist and the run wrote nothing else into it, it is removed again on the way out:
-    a run that fails at startup leaves no output dir behind.
+    a run that fails at startup leaves no output dir behind. A run that fails in an existing `path` removes
+    the lock file if it was the one to create it.
     """
     created = [p for p in (path, *path.parents) if not p.exists()]
+    new_lock = not (path / LOCK).exists()
     path.mkdir(parents=True, exist_ok=True)
     fd = _acquire(path / LOCK, path)
+    failed = False
     try:
         yield
+    except BaseException:
+        failed = True
+        raise
     finally:
         if fd is not None:
             os.ftruncate(fd, 0)
-        if created and path.is_dir() and [p.name for p in path.iterdir()] == [LOCK]:
+        if not created and failed and new_lock and fd is not None:
+            (path / LOCK).unlink(missing_ok=True)  # unlinked while locked, as below
+        elif created and path.is_dir() and [p.name for p in path.iterdir()] == [LOCK]:
             # Unlinked while still locked: a run that opened the old file re-checks its inode (_acquire).
             (path / LOCK).unlink()
             for p in created:  # deepest first

@@ -42,6 +42,8 @@ class LoopSpec:
     warmup_window: int = 2
     # Stop before the schedule's end (bench windows, tests of resume) without changing the schedule.
     stop_at: int | None = None
+    # Settings that shape the trainable weights, stored in each checkpoint (checkpoint.check_identity).
+    identity: dict | None = None
 
 
 @dataclass
@@ -247,6 +249,7 @@ def run(ctx: LoopContext) -> LoopResult:
                     scheduler,
                     state,
                     spec.save_total_limit,
+                    spec.identity,
                 )
     finally:
         if metrics_file is not None:

@@ -106,3 +106,23 @@ def test_a_failed_save_leaves_the_previous_checkpoint_and_names_the_bytes(tmp_pa
     assert [p.name for p in folder.iterdir()] == [previous.name]  # no step-4, no temp dir
     assert {p.name: p.read_bytes() for p in previous.iterdir()} == before
     assert checkpoint.find(folder, True) == previous
+
+
+def test_a_checkpoint_is_refused_under_other_weight_settings_before_the_model_loads(tmp_path):
+    model, optimizer, scheduler = tiny_optimizer_run()
+    identity = {"model": "m", "method": "lora", "lora.r": 4}
+    path = checkpoint.save(tmp_path, model, optimizer, scheduler, TrainState(step=2), keep=2, identity=identity)
+    assert "identity.json" in json.loads((path / "manifest.json").read_text())["files"]
+    checkpoint.check_identity(path, dict(identity))
+    with pytest.raises(TunelabError, match=r"made with lora.r: 4, this config has lora.r: 8; set lora.r back"):
+        checkpoint.check_identity(path, {**identity, "lora.r": 8})
+
+
+def test_a_checkpoint_without_identity_of_another_shape_fails_naming_the_tensor(tmp_path):
+    model, optimizer, scheduler = tiny_optimizer_run()
+    path = checkpoint.save(tmp_path, model, optimizer, scheduler, TrainState(step=2), keep=2)
+    checkpoint.check_identity(path, {"lora.r": 8})  # nothing recorded: left to the shape check
+    with pytest.raises(
+        TunelabError, match=r"holds bias of shape \[4\], this model.s is \[5\] \(another model or lora.r\)"
+    ):
+        checkpoint.load_weights(path, torch.nn.Linear(8, 5))
