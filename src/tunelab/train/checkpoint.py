@@ -48,6 +48,12 @@ class TrainState:
     tokens_nonpad: int = 0
     tokens_loss: int = 0
     elapsed_s: float = 0.0
+    # Evaluation (train/loop.py): what early stopping and best/ need to continue after a resume.
+    evaluations: int = 0
+    eval_s: float = 0.0
+    best_step: int | None = None
+    best_eval_loss: float | None = None
+    evals_since_best: int = 0
 
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
