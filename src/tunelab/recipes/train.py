@@ -8,6 +8,7 @@ the first byte is written to the output dir, so a failed start leaves nothing ha
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from ..data.pipeline import TokenizedData, prepare_split
 from ..specs import data_spec, held_out_spec
 from ..device import Precision, device_memory_bytes, device_name, pick_device, pick_precision
 from ..errors import TunelabError
-from ..io import atomic_dir, write_atomic
+from ..io import atomic_dir, link_tree, write_atomic
 from ..memwatch import MemoryWatch
 from ..runtime import ACTIVATION_MEMORY_BUDGET
 from ..model import attention
@@ -217,6 +218,7 @@ def _train_locked(
     out.mkdir(parents=True, exist_ok=True)
     if resume_from is not None:
         state = checkpoint.load(resume_from, model, optimizer, scheduler)
+        restore_best(resume_from, out, state)
         _truncate_metrics(out / "metrics.jsonl", state.step)
         if show_progress:
             print(f"resumed from {resume_from} at step {state.step}", flush=True)
@@ -319,7 +321,25 @@ def _evaluation(cfg: TrainConfig, prep: Prepared, model, out: Path) -> loop.Eval
         save_pretrained(model, prep.tokenizer, out / BEST, record)
 
     spec = loop.EvalSpec(cfgmod.eval_every(cfg), cfg.eval.early_stopping_patience)
-    return loop.Evaluation(prep.eval_batches, spec, save_best if cfg.eval.keep_best else None)
+    if not cfg.eval.keep_best:
+        return loop.Evaluation(prep.eval_batches, spec)
+    return loop.Evaluation(prep.eval_batches, spec, save_best, out / BEST)
+
+
+def restore_best(checkpoint_dir: Path, out: Path, state: TrainState) -> None:
+    """Make `best/` what it was at the checkpoint: a run that died after it may have rewritten best/ with a step
+    that the resumed run is about to train again (and, with other settings, may never reach)."""
+    best = out / BEST
+    record = best / BEST_RECORD
+    on_disk = json.loads(record.read_text()).get("step") if record.is_file() else None
+    if on_disk == state.best_step:
+        return
+    kept = checkpoint_dir / checkpoint.BEST
+    if state.best_step is not None and kept.is_dir():
+        with atomic_dir(best) as tmp:
+            link_tree(kept, tmp)
+    elif best.exists():
+        shutil.rmtree(best)
 
 
 def _eval_summary(prep: Prepared, state: TrainState) -> dict:

@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..errors import TunelabError
-from ..io import atomic_dir, write_atomic
+from ..io import atomic_dir, link_tree, write_atomic
 
 PREFIX = "step-"
 WEIGHTS = "trainable.safetensors"
@@ -60,8 +60,12 @@ def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
 
 
-def save(folder: Path, model, optimizer, scheduler, state: TrainState, keep: int) -> Path:
-    """Write `folder/step-N` atomically, then delete the oldest beyond `keep`."""
+BEST = "best"  # a checkpoint's hard-linked copy of the run's best/ at that step
+
+
+def save(folder: Path, model, optimizer, scheduler, state: TrainState, keep: int, best: Path | None = None) -> Path:
+    """Write `folder/step-N` atomically, then delete the oldest beyond `keep`. `best`: the run's best-weights
+    directory, kept inside as BEST (hard links), so a resume from here can put it back as it was."""
     final = folder / f"{PREFIX}{state.step:07d}"
     # A run killed mid-save leaves its temp dir behind; the output_dir lock (train/lock.py) means no other
     # run is writing one now.
@@ -78,6 +82,8 @@ def save(folder: Path, model, optimizer, scheduler, state: TrainState, keep: int
             save_file(tensors, tmp / RESUME_TENSORS)
             (tmp / RESUME_JSON).write_text(json.dumps(resume))
             (tmp / STATE).write_text(json.dumps(asdict(state)))
+            if best is not None and best.is_dir():
+                link_tree(best, tmp / BEST)
             write_manifest(tmp)
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EIO):

@@ -56,6 +56,7 @@ class Evaluation:
     batches: EvalBatches
     spec: EvalSpec
     save_best: Callable[[TrainState], None] | None = None  # called after each evaluation that improves
+    best_dir: Path | None = None  # where save_best writes: each checkpoint keeps a copy
 
 
 @dataclass
@@ -308,6 +309,7 @@ def run(ctx: LoopContext) -> LoopResult:
                     scheduler,
                     state,
                     spec.save_total_limit,
+                    best=ctx.evaluation.best_dir if ctx.evaluation is not None else None,
                 )
     finally:
         if metrics_file is not None:
