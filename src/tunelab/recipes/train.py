@@ -347,6 +347,7 @@ def _eval_summary(prep: Prepared, state: TrainState) -> dict:
         return {"best_step": None, "best_eval_loss": None}
     return {
         "eval_examples": prep.eval_data.stats.examples,
+        "eval_tokens_nonpad": prep.eval_data.stats.tokens_nonpad,
         "eval_tokens_loss": prep.eval_batches.tokens_loss,
         "eval_tokens_padded": prep.eval_batches.tokens_padded,
         "evaluations": state.evaluations,
