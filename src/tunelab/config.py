@@ -52,6 +52,19 @@ class LoraConfig:
 
 
 @dataclass
+class EvalConfig:
+    # Held-out rows: a fraction of data.path (chosen by `seed`, never trained on) or a file of its own.
+    split: float | None = None
+    path: str | None = None
+    # Optimizer steps between evaluations; null evaluates at each save_steps checkpoint. Always at the end.
+    steps: int | None = None
+    # Evaluate at most this many held-out examples; a split still holds out its whole fraction.
+    max_rows: int | None = None
+    early_stopping_patience: int | None = None
+    keep_best: bool = True
+
+
+@dataclass
 class TrainConfig:
     model: str = EMBEDDED
     # Let transformers import Python files shipped with the model (custom architectures). That code runs with
@@ -60,6 +73,7 @@ class TrainConfig:
     method: str = "lora"
     data: DataConfig = field(default_factory=DataConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     # Quantization of the frozen base: qlora implies nf4; goat-style recipes use int8 under plain LoRA.
     base_quant: str = "none"
     seq_len: int = 512
@@ -259,6 +273,7 @@ def validate(cfg: TrainConfig, source: str = "config") -> None:
         raise TunelabError(f"{source}: save_steps must be 0 (only the final save) or positive")
     if cfg.data.max_examples is not None and cfg.data.max_examples < 1:
         raise TunelabError(f"{source}: data.max_examples must be at least 1")
+    _validate_eval(cfg, source)
     if cfg.method == "qlora" and cfg.base_quant == "int8":
         raise TunelabError(
             f"{source}: method qlora quantizes the base to nf4; drop base_quant: int8 or use method lora"
@@ -276,6 +291,46 @@ def validate(cfg: TrainConfig, source: str = "config") -> None:
         raise TunelabError(
             f"{source}: data.template applies to the alpaca format only; drop it for {cfg.data.format!r}"
         )
+
+
+def _validate_eval(cfg: TrainConfig, source: str) -> None:
+    e = cfg.eval
+    if e.split is not None and e.path is not None:
+        raise TunelabError(
+            f"{source}: eval.split and eval.path are exclusive; hold out a fraction or name a file, not both"
+        )
+    if e.split is not None and not 0 < e.split <= 0.5:
+        raise TunelabError(
+            f"{source}: eval.split must be in (0, 0.5] (the fraction of data.path held out), got {e.split}"
+        )
+    for key, value in (
+        ("eval.steps", e.steps),
+        ("eval.max_rows", e.max_rows),
+        ("eval.early_stopping_patience", e.early_stopping_patience),
+    ):
+        if value is not None and value < 1:
+            raise TunelabError(f"{source}: {key} must be at least 1 (or null), got {value}")
+    if not eval_enabled(cfg):
+        for key, value in (
+            ("eval.steps", e.steps),
+            ("eval.max_rows", e.max_rows),
+            ("eval.early_stopping_patience", e.early_stopping_patience),
+        ):
+            if value is not None:
+                raise TunelabError(f"{source}: {key} needs held-out data; set eval.split (e.g. 0.1) or eval.path")
+    elif e.steps is None and cfg.save_steps == 0 and e.early_stopping_patience is not None:
+        raise TunelabError(
+            f"{source}: eval.early_stopping_patience needs evaluations during the run; set eval.steps (or save_steps)"
+        )
+
+
+def eval_enabled(cfg: TrainConfig) -> bool:
+    return cfg.eval.split is not None or cfg.eval.path is not None
+
+
+def eval_every(cfg: TrainConfig) -> int:
+    """Optimizer steps between evaluations: eval.steps, else save_steps (0: only at the end)."""
+    return cfg.eval.steps if cfg.eval.steps is not None else cfg.save_steps
 
 
 def effective_base_quant(cfg: TrainConfig) -> str:

@@ -91,6 +91,20 @@ def remove_stale_temps(folder: Path) -> list[Path]:
     return stale
 
 
+def link_tree(src: Path, dst: Path) -> None:
+    """`dst` as a copy of the directory `src` made of hard links (no bytes copied; a later replacement of
+    `src` leaves `dst` intact), copying the files that cannot be linked (another filesystem)."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for item in src.iterdir():
+        if item.is_dir():
+            link_tree(item, dst / item.name)
+            continue
+        try:
+            os.link(item, dst / item.name)
+        except OSError:
+            shutil.copy2(item, dst / item.name)
+
+
 def _plain_mode(mode: int) -> int:
     umask = os.umask(0)
     os.umask(umask)

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from .config import TrainConfig
-from .data.pipeline import DataSpec
+from .config import TrainConfig, eval_enabled
+from .data.pipeline import DataSpec, HeldOutSpec
 
 
 def data_spec(cfg: TrainConfig) -> DataSpec:
     """What the data pipeline needs: the file, its format and template, masking, and the row length."""
     d = cfg.data
     return DataSpec(d.path, d.format, d.template, d.train_on_inputs, cfg.seq_len, d.max_examples)
+
+
+def held_out_spec(cfg: TrainConfig) -> HeldOutSpec | None:
+    """The evaluation data, or None when the config holds none out."""
+    if not eval_enabled(cfg):
+        return None
+    e = cfg.eval
+    return HeldOutSpec(e.split, e.path, e.max_rows, cfg.seed)

@@ -81,6 +81,14 @@ def test_yaml_file_plus_override(tmp_path):
         (["lora.targets=everything"], "lora.targets must be one of"),
         (["data.format=chat", "data.template=compact"], "data.template"),
         (["lr=0"], "lr must be positive"),
+        (["eval.split=0.1", "eval.path=e.jsonl"], "eval.split and eval.path are exclusive"),
+        (["eval.split=0.6"], r"eval.split must be in \(0, 0.5\]"),
+        (["eval.split=0"], r"eval.split must be in \(0, 0.5\]"),
+        (["eval.steps=0", "eval.split=0.1"], "eval.steps must be at least 1"),
+        (["eval.steps=5"], "eval.steps needs held-out data; set eval.split"),
+        (["eval.early_stopping_patience=2"], "eval.early_stopping_patience needs held-out data"),
+        (["eval.split=0.1", "eval.early_stopping_patience=2"], "needs evaluations during the run; set eval.steps"),
+        (["eval.spilt=0.1"], "did you mean 'eval.split'"),
         (["justakey"], "expected key=value"),
         (
             ["data.shuffle=false"],
@@ -100,3 +108,11 @@ def test_bad_yaml_names_the_file(tmp_path):
         load_config(f)
     with pytest.raises(TunelabError, match="config file not found"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_eval_section_defaults_and_overrides():
+    cfg = load_config(None)
+    assert (cfg.eval.split, cfg.eval.path, cfg.eval.steps, cfg.eval.keep_best) == (None, None, None, True)
+    cfg = load_config(None, ["eval.split=0.1", "eval.steps=5", "eval.early_stopping_patience=3", "eval.max_rows=50"])
+    assert (cfg.eval.split, cfg.eval.steps, cfg.eval.early_stopping_patience, cfg.eval.max_rows) == (0.1, 5, 3, 50)
+    assert load_config(None, ["eval.path=e.jsonl", "save_steps=10", "eval.early_stopping_patience=1"]).eval.path

@@ -6,13 +6,14 @@ Reads the config and flags; the prediction itself is recipes/predict.py's and pl
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from .. import config as cfgmod
 from ..errors import TunelabError
 from ..plan import arch as archmod
 from ..plan import catalog, render, workload
 from ..plan.estimate import Device, estimate, suggestions
-from ..recipes.predict import dataset_lengths, local_device, settings_from_config
+from ..recipes.predict import dataset_lengths, eval_file_lengths, local_device, settings_from_config
 
 DEFAULT_GPU = "h100-sxm"
 # Without a dataset: every example is assumed this many tokens long, half of them with a loss target.
@@ -98,7 +99,12 @@ def lengths_from(cfg: cfgmod.TrainConfig, args: argparse.Namespace) -> workload.
         raise TunelabError(f"--mean-tokens must be at least 1, got {mean}")
     if not 0 < args.loss_fraction <= 1:
         raise TunelabError(f"--loss-fraction must be in (0, 1], got {args.loss_fraction}")
-    return workload.assumed_lengths(args.examples, mean, args.loss_fraction)
+    assumed = workload.assumed_lengths(args.examples, mean, args.loss_fraction)
+    if cfg.eval.split is not None:
+        return workload.split_assumed(assumed, cfg.eval.split)
+    if cfg.eval.path is not None:
+        return replace(assumed, held_out=eval_file_lengths(cfg, args.tokenizer))
+    return assumed
 
 
 def device_for(gpu_id: str, precision: str) -> Device:
@@ -157,4 +163,5 @@ def scaled(lengths: workload.Lengths, examples: int) -> workload.Lengths:
         lengths.mean_tokens,
         lengths.mean_loss_tokens,
         source=f"{examples} examples of the mean length {lengths.mean_tokens:.1f}",
+        held_out=lengths.held_out,
     )

@@ -18,12 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = cfgmod.load_config(args.config, args.overrides)
     summary = train(cfg, show_progress=not args.quiet)
-    print(
-        json.dumps(
-            {
-                k: summary[k]
-                for k in ("output_dir", "steps", "loss_last", "tokens_nonpad_per_s", "peak_memory_bytes", "elapsed_s")
-            }
-        )
-    )
+    keys = ["output_dir", "steps", "loss_last", "tokens_nonpad_per_s", "peak_memory_bytes", "elapsed_s"]
+    if summary["best_step"] is not None:
+        keys += ["best_step", "best_eval_loss", "early_stopped"]
+    print(json.dumps({k: summary[k] for k in keys}))
     return 0

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +67,8 @@ class TokenizedData:
     targets: np.ndarray  # int32, same layout
     offsets: np.ndarray  # int64, len = examples + 1
     stats: DatasetStats
+    rows: np.ndarray  # int64, each example's row number (0-based) in the file
+    truncated: np.ndarray  # bool, each example was cut to seq_len
 
     @property
     def lengths(self) -> np.ndarray:
@@ -276,4 +278,74 @@ def _to_arrays(tokenized, path: Path) -> TokenizedData:
         max_len=int(lengths.max()),
         mean_len=float(lengths.mean()),
     )
-    return TokenizedData(ids, targets, offsets, stats)
+    return TokenizedData(ids, targets, offsets, stats, np.flatnonzero(keep).astype(np.int64), truncated[keep])
+
+
+@dataclass(frozen=True)
+class HeldOutSpec:
+    """Evaluation data: a fraction of the training file's examples, chosen by `seed`, or a file of its own."""
+
+    fraction: float | None = None
+    path: str | None = None
+    max_rows: int | None = None  # evaluate at most this many examples
+    seed: int = 42
+
+
+# Second word of the split's random stream: batch order uses [seed, epoch], so the split never shares its draws.
+SPLIT_STREAM = 0x6576616C
+
+
+def prepare_split(spec: DataSpec, held: HeldOutSpec | None, tokenizer) -> tuple[TokenizedData, TokenizedData | None]:
+    """(training examples, evaluation examples or None): both formatted, masked and truncated by `spec`."""
+    data = prepare(spec, tokenizer)
+    if held is None:
+        return data, None
+    if held.path is not None:
+        return data, prepare(replace(spec, path=held.path, max_examples=held.max_rows), tokenizer)
+    train, evaluation = hold_out(data, held.fraction, held.seed, spec.path)
+    if held.max_rows is not None and held.max_rows < len(evaluation):
+        evaluation = select(evaluation, np.arange(held.max_rows), rows=held.max_rows)
+    return train, evaluation
+
+
+def hold_out(
+    data: TokenizedData, fraction: float, seed: int, path: str = "data"
+) -> tuple[TokenizedData, TokenizedData]:
+    """Split examples into (train, held out): round(fraction x examples) held out, drawn by `seed`, disjoint.
+
+    Rows dropped by masking and truncation belong to neither; they stay counted on the training side, so the
+    two sides' rows add up to the file's.
+    """
+    n = len(data)
+    k = round(fraction * n)
+    if k < 1 or k >= n:
+        raise TunelabError(
+            f"{path}: eval.split {fraction} of {n} examples holds out {k}; "
+            "both sides need at least one example (raise eval.split or add rows)"
+        )
+    order = np.random.default_rng([seed, SPLIT_STREAM]).permutation(n)
+    held = np.sort(order[:k])
+    train = np.sort(order[k:])
+    st = data.stats
+    return select(data, train, rows=st.rows - k, dropped=st.dropped), select(data, held, rows=k)
+
+
+def select(data: TokenizedData, index: np.ndarray, rows: int, dropped: int = 0) -> TokenizedData:
+    """The examples at `index` (in that order), with their statistics; `rows` and `dropped` as the caller counts."""
+    starts, ends = data.offsets[:-1][index], data.offsets[1:][index]
+    lengths = ends - starts
+    flat = np.concatenate([np.arange(s, e) for s, e in zip(starts, ends)]) if len(index) else np.zeros(0, np.int64)
+    ids, targets = data.ids[flat], data.targets[flat]
+    truncated = data.truncated[index]
+    stats = DatasetStats(
+        rows=rows,
+        examples=len(index),
+        truncated=int(truncated.sum()),
+        dropped=dropped,
+        tokens_nonpad=int(lengths.sum()),
+        tokens_loss=int((targets != IGNORE).sum()),
+        max_len=int(lengths.max()),
+        mean_len=float(lengths.mean()),
+    )
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return TokenizedData(ids, targets, offsets, stats, data.rows[index], truncated)

@@ -12,7 +12,7 @@ from . import memory, timing, workload
 from .arch import Arch
 from .calibration import CalibrationRecord
 from .catalog import Gpu
-from .flops import FlopsPerToken, flops_per_token
+from .flops import FlopsPerToken, flops_per_token, forward_flops_per_token
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class Settings:
     seed: int = 42
     compile: bool = False
     attention: str = "auto"  # config.ATTENTIONS
+    eval_every: int = 0  # optimizer steps between evaluations (config.eval_every); used when lengths hold some out
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,8 @@ class Estimate:
     max_micro_batch: int
     speed: timing.Throughput
     overheads: timing.Overheads
+    evaluations: workload.Evaluations | None = None
+    forward_flops: float = 0.0  # per held-out token fed (flops.forward_flops_per_token); 0 without evaluation
 
     @property
     def fits(self) -> bool:
@@ -122,8 +125,13 @@ def estimate(
     trainable = memory.trainable_params(arch, setup)
     periodic, final = timing.checkpoint_bytes(trainable, arch.total_params, s.method)
     on_disk = arch.total_params * 2  # 16-bit safetensors, quantized at load time for int8/nf4
-    over = timing.overheads(on_disk, ckpt.written, periodic, final, s.compile)
-    return Estimate(s, d, gpus, sharding, w, ckpt, f, eff, setup, mem, biggest, speed, over)
+    evals, forward, eval_s = None, 0.0, 0.0
+    if lengths.held_out is not None:
+        evals = workload.evaluations(lengths.held_out, batching, w.optimizer_steps, s.eval_every)
+        forward = forward_flops_per_token(arch, s.method, s.targets, s.r, evals.widest_row)
+        eval_s = timing.evaluation_seconds(evals.count * evals.tokens_padded, forward, d.gpu.peak_flops, eff.value)
+    over = timing.overheads(on_disk, ckpt.written, periodic, final, s.compile, eval_s)
+    return Estimate(s, d, gpus, sharding, w, ckpt, f, eff, setup, mem, biggest, speed, over, evals, forward)
 
 
 @dataclass(frozen=True)

@@ -68,3 +68,18 @@ def flops_per_token(
     # The LM head sits outside the checkpointed blocks, so its forward is not recomputed.
     recompute = 2.0 * arch.block_linear_params + attn_fwd + adapter_fwd if grad_ckpt else 0.0
     return FlopsPerToken(dense=dense, attention=3.0 * attn_fwd, adapters=adapters, recompute=recompute)
+
+
+def forward_flops_per_token(arch: Arch, method: str, targets: tuple[str, ...], r: int, attn_len: int) -> float:
+    """FLOPs of one token's forward alone: what an evaluation pass costs (no backward, no recomputation).
+
+    Derived from the step's terms above by keeping only their forward part:
+    - weight matmuls: 2N, whatever the method. Full fine-tuning's 6N is 2N forward + 4N backward, so the
+      forward is 1/3 of it; LoRA's 4N (frozen base) is 2N forward + 2N input gradients, so 1/2 of it.
+    - attention: the forward's 4·L·H·Q·T, 1/3 of the step's 12·L·H·Q·T.
+    - adapters: 2·r·(d_in + d_out) per adapted matrix, 1/3 of their 6·r·(d_in + d_out).
+    A full fine-tuning forward is therefore exactly 1/3 of its step (6N + 12·L·H·Q·T + 0); a LoRA forward
+    is (2N + 4LHQT + 2A) / (4N + 12LHQT + 6A), about 1/2 of its step when the adapters A are small beside N.
+    """
+    adapters = 0.0 if method == "full" else 2.0 * adapter_params(arch, targets, r)
+    return 2.0 * arch.matmul_params + attention_forward(arch, attn_len) + adapters

@@ -57,8 +57,13 @@ def assumptions(e: Estimate) -> list[str]:
         f"model load at {timing.DISK_READ_BPS / 1e9:g} GB/s, checkpoint writes at {timing.DISK_WRITE_BPS / 1e9:g} GB/s (assumed NVMe)",
         activations_assumption(e.memory_setup),
         f"runtime memory overhead {gib(e.device.runtime_overhead)} ({'calibrated' if e.device.calibration and e.device.calibration.runtime_overhead_bytes is not None else 'catalog default for the device type'})",
-        "no evaluation passes configured: evaluation time 0",
     ]
+    if e.evaluations is not None:
+        v = e.evaluations
+        out.append(
+            f"evaluation: {v.count} passes over {v.tokens_padded:,} fed held-out tokens each, forward only"
+            f" ({e.forward_flops / 1e9:.2f} GFLOP/token) at the training efficiency; early stopping can end sooner"
+        )
     return out
 
 
@@ -80,8 +85,13 @@ def record(r: Result, e: Estimate) -> dict:
             "model_load": e.overheads.model_load_s,
             "compile": e.overheads.compile_s,
             "checkpoints": e.overheads.checkpoint_s,
-            "evaluation": e.overheads.eval_s,
+            **({"evaluation": e.overheads.eval_s} if e.evaluations is not None else {}),
         },
+        **(
+            {"evaluations": e.evaluations.count, "eval_tokens_padded": e.evaluations.tokens_padded}
+            if e.evaluations is not None
+            else {}
+        ),
         "peak_memory_bytes": e.memory.total,
         "memory_breakdown": e.memory.as_dict(),
         "memory_capacity_bytes": e.device.gpu.memory_bytes,
@@ -129,11 +139,14 @@ def table(results: list[Result]) -> str:
             f" + adapters {f.adapters / 1e9:.3f}); recomputation {f.recompute / 1e9:.2f} -> {f.hardware / 1e9:.2f} hardware",
             f"  tokens: {w.tokens_nonpad:,} non-padding, {w.tokens_loss:,} with loss, {w.tokens_padded:,} fed (padded, {w.padding_fraction:.1%} padding);"
             f" naive upper bound examples x seq_len x epochs = {w.tokens_upper_bound:,}",
-            f"  steps: {w.optimizer_steps:,} optimizer steps ({w.steps_per_epoch:,}/epoch); checkpoints {e.checkpoints.written} written, {e.checkpoints.kept} kept, + final save",
+            f"  steps: {w.optimizer_steps:,} optimizer steps ({w.steps_per_epoch:,}/epoch); checkpoints {e.checkpoints.written} written, {e.checkpoints.kept} kept, + final save"
+            + (f"; {e.evaluations.count} evaluations" if e.evaluations is not None else ""),
             f"  speed: {e.speed.tokens_per_s:,.0f} tokens/s fed ({e.efficiency.label})",
             f"  time: train {duration(e.speed.train_s)} + model load {duration(e.overheads.model_load_s)}"
             + (f" + compile {duration(e.overheads.compile_s)}" if e.overheads.compile_s else "")
-            + f" + checkpoints {duration(e.overheads.checkpoint_s)} + evaluation {duration(e.overheads.eval_s)} = {duration(e.time_s)}",
+            + f" + checkpoints {duration(e.overheads.checkpoint_s)}"
+            + (f" + evaluation {duration(e.overheads.eval_s)}" if e.evaluations is not None else "")
+            + f" = {duration(e.time_s)}",
             f"  memory: peak {gib(e.memory.total)} of {gib(g.memory_bytes)} -> {'fits' if e.fits else 'DOES NOT FIT'};"
             f" largest micro-batch that fits: {e.max_micro_batch}",
             *breakdown_lines(e.memory),

@@ -105,5 +105,11 @@ def overheads(
     )
 
 
+def evaluation_seconds(tokens_padded: int, forward_flops_per_token: float, peak_flops: float, eff: float) -> float:
+    """Evaluation time: fed held-out tokens (all evaluations together) at the forward-only rate, with the
+    method's training efficiency. One device's rate: every rank evaluates the whole held-out set."""
+    return tokens_padded * forward_flops_per_token / (peak_flops * eff)
+
+
 def cost(hours: float, per_gpu_hour: float, gpus: int) -> float:
     return hours * per_gpu_hour * gpus

@@ -45,6 +45,8 @@ class Lengths:
     lengths: np.ndarray | None = None
     truncated: int = 0
     dropped: int = 0
+    # The evaluation examples (eval.split or eval.path), batched as training batches; None: no evaluation.
+    held_out: Lengths | None = None
 
 
 @dataclass(frozen=True)
@@ -169,3 +171,39 @@ class Checkpoints:
 def checkpoints(optimizer_steps: int, save_steps: int, save_total_limit: int) -> Checkpoints:
     written = (optimizer_steps - 1) // save_steps if save_steps > 0 else 0
     return Checkpoints(written, min(written, save_total_limit))
+
+
+def split_assumed(lengths: Lengths, fraction: float) -> Lengths:
+    """Assumed lengths with round(fraction x examples) held out for evaluation, as eval.split holds them out."""
+    held = round(fraction * lengths.examples)
+    if held < 1 or held >= lengths.examples:
+        from ..errors import TunelabError
+
+        raise TunelabError(
+            f"eval.split {fraction} of {lengths.examples} examples holds out {held}; both sides need at least one"
+        )
+    evaluation = replace(
+        lengths, examples=held, source=f"assumed: {held} held-out examples x {lengths.mean_tokens:g} tokens each"
+    )
+    return replace(
+        lengths,
+        examples=lengths.examples - held,
+        source=f"{lengths.source}, {held} of them held out (eval.split {fraction:g})",
+        held_out=evaluation,
+    )
+
+
+@dataclass(frozen=True)
+class Evaluations:
+    count: int  # evaluations in the run: every `every` steps and at the end (early stopping can make fewer)
+    tokens_padded: int  # fed per evaluation
+    tokens_loss: int  # loss tokens per evaluation
+    widest_row: int
+
+
+def evaluations(held_out: Lengths, b: Batching, optimizer_steps: int, every: int) -> Evaluations:
+    """What train/loop.py evaluates: the held-out set batched as training batches, at every multiple of
+    `every` steps (0: none) and at the last step."""
+    counts = epoch_counts(replace(held_out, held_out=None), replace(b, data_parallel=1))
+    n = optimizer_steps // every + (optimizer_steps % every != 0) if every else 1
+    return Evaluations(n, counts.tokens_padded, counts.tokens_loss, counts.widest_row)

@@ -46,34 +46,59 @@ def settings_from_config(cfg: cfgmod.TrainConfig, arch: archmod.Arch, device: De
         seed=cfg.seed,
         compile=cfg.compile,
         attention=cfg.attention,
+        eval_every=cfgmod.eval_every(cfg),
     )
 
 
-def dataset_lengths(cfg: cfgmod.TrainConfig, tokenizer_ref: str | None) -> workload.Lengths:
-    """Real lengths after the template and truncation, from the same pipeline (and cache) `train` uses."""
-    from ..data.pipeline import prepare
-    from ..specs import data_spec
+def _tokenizer(cfg: cfgmod.TrainConfig, tokenizer_ref: str | None):
     from .. import sources as load
 
-    ref = tokenizer_ref or cfg.model
     try:
-        tokenizer = load.load_tokenizer(load.resolve(ref))
+        return load.load_tokenizer(load.resolve(tokenizer_ref or cfg.model))
     except TunelabError as e:
         raise TunelabError(
             f"{e} (plan needs the tokenizer to measure data.path; pass --tokenizer MODEL to measure with another local one)"
         ) from None
-    data = prepare(data_spec(cfg), tokenizer)
+
+
+def dataset_lengths(cfg: cfgmod.TrainConfig, tokenizer_ref: str | None) -> workload.Lengths:
+    """Real lengths after the template and truncation, from the same pipeline (and cache) `train` uses; the
+    evaluation examples (eval.split or eval.path) split off exactly as `train` splits them."""
+    from ..data.pipeline import prepare_split
+    from ..specs import data_spec, held_out_spec
+
+    data, held = prepare_split(data_spec(cfg), held_out_spec(cfg), _tokenizer(cfg, tokenizer_ref))
+    proxy = f", tokenized with {tokenizer_ref}'s tokenizer" if tokenizer_ref else ""
+    source = f"dataset {cfg.data.path}: {data.stats.rows} rows, {data.stats.truncated} truncated, {data.stats.dropped} dropped{proxy}"
+    if held is not None:
+        where = "held out (eval.split)" if cfg.eval.path is None else f"from {cfg.eval.path}"
+        source += f"; evaluation: {held.stats.examples} examples {where}"
+    return _lengths(data, source, None if held is None else _lengths(held, "evaluation examples", None))
+
+
+def _lengths(data, source: str, held_out: workload.Lengths | None) -> workload.Lengths:
     st = data.stats
-    proxy = f", tokenized with {ref}'s tokenizer" if tokenizer_ref else ""
     return workload.Lengths(
         st.examples,
         st.mean_len,
         st.tokens_loss / st.examples,
-        source=f"dataset {cfg.data.path}: {st.rows} rows, {st.truncated} truncated, {st.dropped} dropped{proxy}",
+        source=source,
         lengths=data.lengths,
         truncated=st.truncated,
         dropped=st.dropped,
+        held_out=held_out,
     )
+
+
+def eval_file_lengths(cfg: cfgmod.TrainConfig, tokenizer_ref: str | None) -> workload.Lengths:
+    """eval.path's real lengths, for a plan whose training examples are assumed (no data.path)."""
+    from dataclasses import replace
+
+    from ..data.pipeline import prepare
+    from ..specs import data_spec
+
+    spec = replace(data_spec(cfg), path=cfg.eval.path, max_examples=cfg.eval.max_rows)
+    return _lengths(prepare(spec, _tokenizer(cfg, tokenizer_ref)), f"evaluation examples from {cfg.eval.path}", None)
 
 
 def local_device(precision: str) -> Device:

@@ -8,6 +8,7 @@ the first byte is written to the output dir, so a failed start leaves nothing ha
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -18,11 +19,11 @@ import torch
 from .. import config as cfgmod
 from ..config import TrainConfig
 from ..data.packing import packing_efficiency
-from ..data.pipeline import TokenizedData, prepare
-from ..specs import data_spec
+from ..data.pipeline import TokenizedData, prepare_split
+from ..specs import data_spec, held_out_spec
 from ..device import Precision, device_memory_bytes, device_name, library_versions, pick_device, pick_precision
 from ..errors import TunelabError
-from ..io import atomic_dir, disk_errors, remove_stale_temps, write_atomic
+from ..io import atomic_dir, disk_errors, link_tree, remove_stale_temps, write_atomic
 from ..memwatch import MemoryWatch
 from ..runtime import ACTIVATION_MEMORY_BUDGET
 from ..model import attention
@@ -30,7 +31,7 @@ from ..model import load as mload
 from ..model.adapters import AdapterSpec, apply_adapter, count_parameters
 from ..model.lora_linear import has_lora_dropout, has_nf4_base, nf4_layers
 from ..train import checkpoint, loop
-from ..train.batches import BatchSpec, Schedule
+from ..train.batches import BatchSpec, EvalBatches, Schedule
 from ..train.checkpoint import TrainState
 from ..train.lock import lock_output_dir
 from ..train.loss import CausalLMLoss
@@ -48,6 +49,8 @@ class Prepared:
     tokenizer: object
     data: TokenizedData
     schedule: Schedule
+    eval_data: TokenizedData | None = None
+    eval_batches: EvalBatches | None = None
 
 
 def prepare_run(cfg: TrainConfig) -> Prepared:
@@ -62,10 +65,11 @@ def prepare_run(cfg: TrainConfig) -> Prepared:
     if cfg.data.path is None:
         raise TunelabError("data.path is not set; point it at a .jsonl/.json/.csv/.parquet file")
     tokenizer = mload.load_tokenizer(source)
-    data = prepare(data_spec(cfg), tokenizer)
+    data, eval_data = prepare_split(data_spec(cfg), held_out_spec(cfg), tokenizer)
     batch = BatchSpec(cfg.seq_len, cfg.micro_batch, cfg.grad_accum, cfg.packing, cfg.seed, tokenizer.pad_token_id)
     schedule = Schedule(data, batch, cfg.epochs, cfg.max_steps)
-    return Prepared(device, precision, source, model_config, tokenizer, data, schedule)
+    eval_batches = None if eval_data is None else EvalBatches(eval_data, batch, schedule.slots)
+    return Prepared(device, precision, source, model_config, tokenizer, data, schedule, eval_data, eval_batches)
 
 
 def check_output_dir(path: Path) -> None:
@@ -191,6 +195,15 @@ def _train_locked(
             f"{'packed' if cfg.packing else 'padded'} efficiency {efficiency:.1%}, {prep.schedule.total_steps} steps",
             flush=True,
         )
+        if prep.eval_data is not None:
+            every = cfgmod.eval_every(cfg)
+            e = prep.eval_data.stats
+            print(
+                f"eval: {e.examples} examples ({'held out of data.path' if cfg.eval.path is None else cfg.eval.path}), "
+                f"{e.tokens_loss:,} tokens with loss, "
+                + (f"every {every} steps and at the end" if every else "at the end"),
+                flush=True,
+            )
 
     set_seed(cfg.seed)
     mixed = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[prep.precision.name]
@@ -210,6 +223,7 @@ def _train_locked(
     out.mkdir(parents=True, exist_ok=True)
     if resume_from is not None:
         state = checkpoint.load(resume_from, model, optimizer, scheduler)
+        restore_best(resume_from, out, state)
         _truncate_metrics(out / "metrics.jsonl", state.step)
         if show_progress:
             print(f"resumed from {resume_from} at step {state.step}", flush=True)
@@ -233,12 +247,16 @@ def _train_locked(
             memwatch,
             state,
             progress,
+            _evaluation(cfg, prep, model, out),
         )
     )
 
-    finished = state.step >= prep.schedule.total_steps
+    finished = state.step >= prep.schedule.total_steps or result.stopped_early
     if finished:
         save_final(model, prep.tokenizer, out, cfg.method)
+    if show_progress and state.best_step is not None:
+        kept = f"; weights in {out / BEST}" if cfg.eval.keep_best else ""
+        print(f"best: step {state.best_step}, eval loss {state.best_eval_loss:.4f}{kept}", flush=True)
     summary = {
         "output_dir": str(out),
         "model": cfg.model,
@@ -259,12 +277,14 @@ def _train_locked(
         "steps": state.step,
         "total_steps": prep.schedule.total_steps,
         "finished": finished,
+        "early_stopped": result.stopped_early,
         "loss_first": result.losses[0][1] if result.losses else None,
         "loss_last": result.losses[-1][1] if result.losses else None,
         "tokens_padded": state.tokens_padded,
         "tokens_nonpad": state.tokens_nonpad,
         "tokens_loss": state.tokens_loss,
         **result.rates(),
+        **_eval_summary(prep, state),
         "peak_memory_bytes": result.peak_memory_bytes,
         "peak_memory_reserved_bytes": result.peak_reserved_bytes,
         "peak_memory_absolute_bytes": result.peak_absolute_bytes,
@@ -295,10 +315,70 @@ def save_final(model, tokenizer, out: Path, method: str) -> Path:
     final = out / ("model" if method == "full" else "adapter")
     params = [p for p in model.parameters() if method == "full" or p.requires_grad]
     needed = sum(p.numel() * p.element_size() for p in params)
-    with disk_errors(str(final), out, needed, _after_disk_error(out)), atomic_dir(final) as tmp:
+    with disk_errors(str(final), out, needed, _after_disk_error(out)):
+        save_pretrained(model, tokenizer, final)
+    return final
+
+
+BEST = "best"
+BEST_RECORD = "tunelab_best.json"
+
+
+def save_pretrained(model, tokenizer, path: Path, record: dict | None = None) -> None:
+    """The weights as the final save writes them (adapter or full model) plus the tokenizer, atomically;
+    `record` goes beside them as BEST_RECORD."""
+    with atomic_dir(path) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-    return final
+        if record is not None:
+            (tmp / BEST_RECORD).write_text(json.dumps(record))
+
+
+def _evaluation(cfg: TrainConfig, prep: Prepared, model, out: Path) -> loop.Evaluation | None:
+    """The loop's evaluation settings; with keep_best, each improvement rewrites `best/` (weights as the final
+    save writes them, plus the step and eval loss they reached)."""
+    if prep.eval_batches is None:
+        return None
+
+    def save_best(state: TrainState) -> None:
+        record = {"step": state.best_step, "eval_loss": state.best_eval_loss}
+        save_pretrained(model, prep.tokenizer, out / BEST, record)
+
+    spec = loop.EvalSpec(cfgmod.eval_every(cfg), cfg.eval.early_stopping_patience)
+    if not cfg.eval.keep_best:
+        return loop.Evaluation(prep.eval_batches, spec)
+    return loop.Evaluation(prep.eval_batches, spec, save_best, out / BEST)
+
+
+def restore_best(checkpoint_dir: Path, out: Path, state: TrainState) -> None:
+    """Make `best/` what it was at the checkpoint: a run that died after it may have rewritten best/ with a step
+    that the resumed run is about to train again (and, with other settings, may never reach)."""
+    best = out / BEST
+    record = best / BEST_RECORD
+    on_disk = json.loads(record.read_text()).get("step") if record.is_file() else None
+    if on_disk == state.best_step:
+        return
+    kept = checkpoint_dir / checkpoint.BEST
+    if state.best_step is not None and kept.is_dir():
+        with atomic_dir(best) as tmp:
+            link_tree(kept, tmp)
+    elif best.exists():
+        shutil.rmtree(best)
+
+
+def _eval_summary(prep: Prepared, state: TrainState) -> dict:
+    if prep.eval_batches is None:
+        return {"best_step": None, "best_eval_loss": None}
+    return {
+        "eval_examples": prep.eval_data.stats.examples,
+        "eval_tokens_nonpad": prep.eval_data.stats.tokens_nonpad,
+        "eval_tokens_loss": prep.eval_batches.tokens_loss,
+        "eval_tokens_padded": prep.eval_batches.tokens_padded,
+        "evaluations": state.evaluations,
+        "eval_s": state.eval_s,
+        "best_step": state.best_step,
+        "best_eval_loss": state.best_eval_loss,
+    }
 
 
 def _after_disk_error(out: Path) -> str:

@@ -84,3 +84,27 @@ class Schedule:
     def iterate(self, start: int, stop: int) -> Iterator[tuple[int, list[Batch]]]:
         for step in range(start, stop):
             yield step, self.step_batches(step)
+
+
+class EvalBatches:
+    """The evaluation set's micro-batches, batched as training batches are (packing, widths, slot count), fixed
+    for the run: every evaluation sees the same batches."""
+
+    def __init__(self, data: TokenizedData, spec: BatchSpec, min_slots: int = 0):
+        self.data, self.spec = data, spec
+        self.plan = epoch_micro_batches(
+            data.lengths, spec.seq_len, spec.micro_batch, spec.packing, np.random.default_rng([spec.seed, 0])
+        )
+        # At least the training batches' slot count, so compiled blocks see the shape they were compiled for.
+        most = max(sum(len(row) for row in rows) for rows in self.plan)
+        self.slots = max(min_slots, most) if spec.packing else 0
+        self.tokens_padded = fed_tokens(data.lengths, self.plan, spec.seq_len, spec.packing)
+        self.tokens_loss = data.stats.tokens_loss
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    def __iter__(self) -> Iterator[Batch]:
+        s = self.spec
+        for rows in self.plan:
+            yield collate(self.data, rows, s.seq_len, s.pad_id, s.packing, self.slots)

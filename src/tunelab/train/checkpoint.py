@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..errors import TunelabError
-from ..io import atomic_dir, disk_errors, remove_stale_temps, write_atomic
+from ..io import atomic_dir, disk_errors, link_tree, remove_stale_temps, write_atomic
 
 PREFIX = "step-"
 WEIGHTS = "trainable.safetensors"
@@ -48,16 +48,36 @@ class TrainState:
     tokens_nonpad: int = 0
     tokens_loss: int = 0
     elapsed_s: float = 0.0
+    # Evaluation (train/loop.py): what early stopping and best/ need to continue after a resume.
+    evaluations: int = 0
+    eval_s: float = 0.0
+    best_step: int | None = None
+    best_eval_loss: float | None = None
+    evals_since_best: int = 0
 
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
 
 
-def save(folder: Path, model, optimizer, scheduler, state: TrainState, keep: int, identity: dict | None = None) -> Path:
+BEST = "best"  # a checkpoint's hard-linked copy of the run's best/ at that step
+
+
+def save(
+    folder: Path,
+    model,
+    optimizer,
+    scheduler,
+    state: TrainState,
+    keep: int,
+    identity: dict | None = None,
+    best: Path | None = None,
+) -> Path:
     """Write `folder/step-N` atomically, then delete the oldest beyond `keep`.
 
     `identity` (setting -> value) is what the weights were made with: a resume under other values is refused.
+    `best`: the run's best-weights directory, kept inside as BEST (hard links), so a resume from here can put
+    it back as it was.
     """
     final = folder / f"{PREFIX}{state.step:07d}"
     # A run killed mid-save leaves its temp dir behind; the output_dir lock (train/lock.py) means no other
@@ -77,6 +97,8 @@ def save(folder: Path, model, optimizer, scheduler, state: TrainState, keep: int
         (tmp / STATE).write_text(json.dumps(asdict(state)))
         if identity is not None:
             (tmp / IDENTITY).write_text(json.dumps(identity, sort_keys=True))
+        if best is not None and best.is_dir():
+            link_tree(best, tmp / BEST)
         write_manifest(tmp)
     for old in list_checkpoints(folder)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)

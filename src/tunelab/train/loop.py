@@ -1,8 +1,8 @@
-"""The training loop: gradient accumulation, clipping, AdamW, schedule, logging, checkpoints.
+"""The training loop: gradient accumulation, clipping, AdamW, schedule, logging, evaluation, checkpoints.
 
 Built on Accelerate (`backward`, `no_sync`, `clip_grad_norm_`, loss scaling for fp16) so DDP/FSDP come
-without a rewrite. The only host syncs are at log steps (the loss `.item()`), at checkpoint saves, and at
-the edges of the steady-state timing window.
+without a rewrite. The only host syncs are at log steps (the loss `.item()`), at evaluations, at checkpoint
+saves, and at the edges of the steady-state timing window.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,8 @@ import torch
 from ..device import synchronize
 from ..memwatch import MemoryWatch
 from . import checkpoint
-from .batches import Schedule
+from ..data.packing import Batch
+from .batches import EvalBatches, Schedule
 from .checkpoint import TrainState
 from .progress import LogLine, ProgressView
 
@@ -46,10 +48,25 @@ class LoopSpec:
     identity: dict | None = None
 
 
+@dataclass(frozen=True)
+class EvalSpec:
+    every: int  # optimizer steps between evaluations; 0: only at the schedule's end (always evaluated)
+    patience: int | None = None  # stop after this many evaluations in a row without a lower eval loss
+
+
+@dataclass
+class Evaluation:
+    batches: EvalBatches
+    spec: EvalSpec
+    save_best: Callable[[TrainState], None] | None = None  # called after each evaluation that improves
+    best_dir: Path | None = None  # where save_best writes: each checkpoint keeps a copy
+
+
 @dataclass
 class LoopResult:
     state: TrainState
     steps_run: int
+    stopped_early: bool = False
     losses: list[tuple[int, float]] = field(default_factory=list)
     steady_s: float = 0.0
     steady_steps: int = 0
@@ -138,6 +155,39 @@ class LoopContext:
     memwatch: MemoryWatch
     state: TrainState  # advanced in place
     progress: ProgressView
+    evaluation: Evaluation | None = None
+
+
+def forward(model: torch.nn.Module, batch: Batch, device: torch.device) -> torch.Tensor:
+    """The summed loss of one micro-batch (train/loss.CausalLMLoss's inputs, copied to the device)."""
+    return model(
+        torch.from_numpy(batch.input_ids).to(device, non_blocking=True),
+        None if batch.position_ids is None else torch.from_numpy(batch.position_ids).to(device, non_blocking=True),
+        torch.from_numpy(batch.loss_index).to(device, non_blocking=True),
+        torch.from_numpy(batch.loss_targets).to(device, non_blocking=True),
+        batch.layout,
+    )
+
+
+def evaluate(model: torch.nn.Module, batches: Iterable[Batch], device: torch.device) -> tuple[float, int]:
+    """(token-mean loss, loss tokens) over `batches`: no gradients, dropout off, and the loss counted as training
+    counts it, the sum over every loss token divided by their number (not a mean of per-batch means)."""
+    was_training = model.training
+    model.eval()
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    tokens = 0
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                total += forward(model, batch, device).double()
+                tokens += batch.tokens_loss
+    finally:
+        model.train(was_training)
+    return total.item() / max(tokens, 1), tokens
+
+
+def _evaluation_due(step: int, every: int, total_steps: int) -> bool:
+    return step == total_steps or (every > 0 and step % every == 0)
 
 
 def run(ctx: LoopContext) -> LoopResult:
@@ -165,15 +215,7 @@ def run(ctx: LoopContext) -> LoopResult:
             for i, batch in enumerate(batches):
                 last = i == len(batches) - 1
                 with nullcontext() if last else accelerator.no_sync(model):
-                    loss_sum = model(
-                        torch.from_numpy(batch.input_ids).to(device, non_blocking=True),
-                        None
-                        if batch.position_ids is None
-                        else torch.from_numpy(batch.position_ids).to(device, non_blocking=True),
-                        torch.from_numpy(batch.loss_index).to(device, non_blocking=True),
-                        torch.from_numpy(batch.loss_targets).to(device, non_blocking=True),
-                        batch.layout,
-                    )
+                    loss_sum = forward(model, batch, device)
                     # Normalise by the step's loss tokens, not per micro-batch: packed micro-batches hold
                     # different numbers of targets, and a per-micro-batch mean would weight them unequally.
                     accelerator.backward(loss_sum / normaliser)
@@ -199,7 +241,20 @@ def run(ctx: LoopContext) -> LoopResult:
                 result.steady_tokens_nonpad += nonpad
                 result.steady_tokens_loss += step_loss_tokens
 
-            if state.step % spec.log_steps == 0 or state.step == stop:
+            stopping = False
+            if ctx.evaluation is not None and _evaluation_due(
+                state.step, ctx.evaluation.spec.every, schedule.total_steps
+            ):
+                t_eval = time.perf_counter()
+                stopping = _evaluate_step(ctx, metrics_file)
+                # Evaluation stays out of the timing windows: tokens/s are training's own.
+                spent = time.perf_counter() - t_eval
+                rate.start += spent
+                if steady_start is not None:
+                    steady_start += spent
+                result.stopped_early = stopping
+
+            if state.step % spec.log_steps == 0 or state.step == stop or stopping:
                 loss = loss_acc.item() / max(loss_tokens, 1)  # the one sync per log window
                 now = time.perf_counter()
                 state.elapsed_s = now - run_start
@@ -239,6 +294,8 @@ def run(ctx: LoopContext) -> LoopResult:
                 synchronize(device)
                 steady_start = time.perf_counter()
                 rate = _Window(steady_start, steady=True)
+            if stopping:
+                break
             if spec.save_steps and state.step % spec.save_steps == 0 and state.step < schedule.total_steps and out_dir:
                 state.elapsed_s = time.perf_counter() - run_start
                 # Checkpoint time stays inside the timing windows: it is part of what the run costs.
@@ -250,6 +307,7 @@ def run(ctx: LoopContext) -> LoopResult:
                     state,
                     spec.save_total_limit,
                     spec.identity,
+                    best=ctx.evaluation.best_dir if ctx.evaluation is not None else None,
                 )
     finally:
         if metrics_file is not None:
@@ -265,3 +323,37 @@ def run(ctx: LoopContext) -> LoopResult:
     result.peak_reserved_bytes = mem.peak_reserved_bytes
     result.peak_absolute_bytes = mem.peak_absolute_bytes
     return result
+
+
+def _evaluate_step(ctx: LoopContext, metrics_file) -> bool:
+    """Evaluate at `state.step`: record it, keep the best, and say whether early stopping ends the run now."""
+    ev, state, device = ctx.evaluation, ctx.state, ctx.accelerator.device
+    synchronize(device)
+    start = time.perf_counter()
+    loss, tokens = evaluate(ctx.model, ev.batches, device)
+    seconds = time.perf_counter() - start
+    state.evaluations += 1
+    state.eval_s += seconds
+    improved = state.best_eval_loss is None or loss < state.best_eval_loss
+    if improved:
+        state.best_step, state.best_eval_loss, state.evals_since_best = state.step, loss, 0
+    else:
+        state.evals_since_best += 1
+    record = {"step": state.step, "eval_loss": loss, "eval_tokens": tokens, "eval_s": seconds}
+    if metrics_file is not None:
+        metrics_file.write(json.dumps(record) + "\n")
+        metrics_file.flush()
+    ctx.progress.note(
+        f"step {state.step}/{ctx.schedule.total_steps} | eval loss {loss:.4f} ({tokens:,} tokens, {seconds:.1f} s)"
+        + (" | best so far" if improved else f" | best {state.best_eval_loss:.4f} at step {state.best_step}")
+    )
+    if improved and ev.save_best is not None:
+        ev.save_best(state)
+    patience = ev.spec.patience
+    if patience is not None and state.evals_since_best >= patience and state.step < ctx.schedule.total_steps:
+        ctx.progress.note(
+            f"early stopping at step {state.step}: {state.evals_since_best} evaluations without a lower eval loss "
+            f"than {state.best_eval_loss:.4f} (step {state.best_step})"
+        )
+        return True
+    return False

@@ -62,6 +62,13 @@ class ProgressView:
         elif self.enabled:
             print(f"step {line.step}/{line.total_steps} | {text}", flush=True)
 
+    def note(self, text: str) -> None:
+        """A line of its own (an evaluation, early stopping), above the bar on a terminal."""
+        if self.progress is not None:
+            self.progress.console.print(text, highlight=False, markup=False)
+        elif self.enabled:
+            print(text, flush=True)
+
     def advance(self, step: int) -> None:
         if self.progress is not None:
             self.progress.update(self.task, completed=step)
