@@ -237,13 +237,15 @@ def moments(events: list[dict], start: float, kills: int, seed: int) -> list[tup
     r = random.Random(seed)
     by_phase = {p: [e for e in events if e["phase"] == p] for p in ("step", "checkpoint", "final")}
     window = (min(e["t"] for e in by_phase["step"]) - start, max(e["t"] for e in events) - start)
+    # Each phase's events in a seeded order, taken in turn: no event is picked twice before all are picked.
+    order = {p: r.sample(events, len(events)) for p, events in by_phase.items()}
     picks = []
     for i in range(kills):
         phase = ("step", "checkpoint", "final", "time")[i % 4]
         if phase == "time":
             picks.append(("time", 0, r.uniform(*window), phase))
             continue
-        e = r.choice(by_phase[phase])
+        e = order[phase][(i // 4) % len(order[phase])]
         kind = e["event"] if e["event"] != "rename" else r.choice(("rename-before", "rename-after"))
         picks.append((kind, e["n"], None, phase))
     return picks

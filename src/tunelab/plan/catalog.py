@@ -93,6 +93,18 @@ def runtime_overhead(device_type: str) -> int:
     return round(float(read("gpus.yaml")["runtime-overhead-gib"][device_type]) * 2**30)
 
 
+def disk_bps() -> tuple[float, float]:
+    """(read, write) bytes/s assumed for model loads and checkpoint writes."""
+    disk = read("gpus.yaml")["disk"]
+    return float(disk["read_bps"]), float(disk["write_bps"])
+
+
+def compile_seconds(device_type: str) -> float:
+    """torch.compile's one-off cost on a `device_type` (cuda | cpu) with a cold cache."""
+    table = read("gpus.yaml")["compile_s"]
+    return float(table.get(device_type, table["cuda"]))
+
+
 def scaling_efficiency(strategy: str) -> float:
     return float(read("gpus.yaml")["scaling"][strategy])
 

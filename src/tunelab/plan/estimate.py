@@ -130,7 +130,7 @@ def estimate(
         evals = workload.evaluations(lengths.held_out, batching, w.optimizer_steps, s.eval_every)
         forward = forward_flops_per_token(arch, s.method, s.targets, s.r, evals.widest_row)
         eval_s = timing.evaluation_seconds(evals.count * evals.tokens_padded, forward, d.gpu.peak_flops, eff.value)
-    over = timing.overheads(on_disk, ckpt.written, periodic, final, s.compile, eval_s)
+    over = timing.overheads(on_disk, ckpt.written, periodic, final, s.compile, d.gpu.device_type, eval_s)
     return Estimate(s, d, gpus, sharding, w, ckpt, f, eff, setup, mem, biggest, speed, over, evals, forward)
 
 

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 
 from ..io import GIB, duration, gib  # noqa: F401  (GIB: render's callers)
-from . import timing
+from . import catalog, timing
 from .arch import Arch
 from .catalog import Price
 from .estimate import Estimate, Suggestion
@@ -54,8 +54,15 @@ def assumptions(e: Estimate) -> list[str]:
             else "padded tokens: length-grouped dynamic padding to the longest row of each micro-batch, rounded to 8 (as train does)"
         ),
         f"attention FLOPs use T = {w.epoch.widest_row} (the widest fed row), not halved for the causal mask (PaLM convention)",
-        f"model load at {timing.DISK_READ_BPS / 1e9:g} GB/s, checkpoint writes at {timing.DISK_WRITE_BPS / 1e9:g} GB/s (assumed NVMe)",
+        f"model load at {catalog.disk_bps()[0] / 1e9:g} GB/s, checkpoint writes at {catalog.disk_bps()[1] / 1e9:g} GB/s (assumed NVMe)",
         activations_assumption(e.memory_setup),
+        *(
+            [
+                f"torch.compile's one-off cost {duration(e.overheads.compile_s)} (catalog, {e.device.gpu.device_type}, cold cache)"
+            ]
+            if e.overheads.compile_s
+            else []
+        ),
         f"runtime memory overhead {gib(e.device.runtime_overhead)} ({'calibrated' if e.device.calibration and e.device.calibration.runtime_overhead_bytes is not None else 'catalog default for the device type'})",
     ]
     if e.evaluations is not None:

@@ -14,17 +14,6 @@ from dataclasses import dataclass
 from . import catalog
 from .calibration import CalibrationRecord
 
-# Assumptions (stated in every output that uses them): sustained sequential read of safetensors from a
-# local NVMe SSD and write of checkpoints to it, in bytes/s.
-DISK_READ_BPS = 1.5e9
-DISK_WRITE_BPS = 1.0e9
-# torch.compile's one-off cost in the first steps (`compile: true`) with a cold inductor cache, as a fresh
-# install meets it: the extra time of the quickstart's first steps on a 2-core CPU
-# (benchmarks/design-decisions_cpu_2026-11-22.md#compile-cost-in-the-first-steps). All decoder blocks share one
-# compiled graph, so it does not grow with depth; a warm cache costs less. On CUDA it is this same
-# assumption, not a measurement.
-COMPILE_S = 40.0
-
 
 @dataclass(frozen=True)
 class Efficiency:
@@ -95,12 +84,15 @@ def overheads(
     periodic_bytes: int,
     final_bytes: int,
     compiled: bool,
+    device_type: str,
     eval_s: float = 0.0,
 ) -> Overheads:
+    """Fixed costs at the catalog's disk speeds and compile time for `device_type` (catalog/gpus.yaml)."""
+    read_bps, write_bps = catalog.disk_bps()
     return Overheads(
-        model_load_s=weights_on_disk / DISK_READ_BPS,
-        compile_s=COMPILE_S if compiled else 0.0,
-        checkpoint_s=(periodic_checkpoints * periodic_bytes + final_bytes) / DISK_WRITE_BPS,
+        model_load_s=weights_on_disk / read_bps,
+        compile_s=catalog.compile_seconds(device_type) if compiled else 0.0,
+        checkpoint_s=(periodic_checkpoints * periodic_bytes + final_bytes) / write_bps,
         eval_s=eval_s,
     )
 

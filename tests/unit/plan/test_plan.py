@@ -333,3 +333,20 @@ def test_cli_errors_are_one_line(capsys, argv, message):
 def test_cli_needs_a_workload(capsys):
     assert main(["plan", "--model", LLAMA2]) == 2
     assert "--examples" in capsys.readouterr().err
+
+
+def test_fixed_costs_come_from_the_catalog_per_device_type():
+    """Disk speeds and compile time are catalog rows (gpus.yaml), the compile time per device type."""
+    table = catalog.read("gpus.yaml")
+    read_bps, write_bps = table["disk"]["read_bps"], table["disk"]["write_bps"]
+    cuda = timing.overheads(3 * 10**9, 2, 10**9, 10**8, True, "cuda")
+    cpu = timing.overheads(3 * 10**9, 2, 10**9, 10**8, True, "cpu")
+    eager = timing.overheads(3 * 10**9, 2, 10**9, 10**8, False, "cuda")
+    assert cuda.model_load_s == pytest.approx(3e9 / read_bps)
+    assert cuda.checkpoint_s == pytest.approx(2.1e9 / write_bps)
+    assert (cuda.compile_s, cpu.compile_s, eager.compile_s) == (
+        table["compile_s"]["cuda"],
+        table["compile_s"]["cpu"],
+        0,
+    )
+    assert cuda.compile_s != cpu.compile_s
