@@ -54,10 +54,29 @@ def test_lora_run_writes_every_output(tiny_model_dir, data_file, tmp_path):
         "peak_memory_bytes",
     ):
         assert key in metrics[-1]
-    assert metrics[-1]["tokens_padded"] >= metrics[-1]["tokens_nonpad"] > metrics[-1]["tokens_loss"] > 0
-    # the log at the warm-up edge (step 2) reports its own window, not an empty one
-    assert all(m["tokens_nonpad_per_s"] > 0 for m in metrics)
+    # The counters are the sums of what the first 4 steps' batches feed: every position of the packed rows,
+    # the non-padding ones, and the response tokens scored.
+    from tunelab.recipes.train import prepare_run
+
+    prep = prepare_run(load_config(out / "config.yaml"))
+    fed = [b for _, step in prep.schedule.iterate(0, 4) for b in step]
+    expected = {
+        "tokens_padded": sum(b.input_ids.size for b in fed),
+        "tokens_nonpad": sum(b.tokens_nonpad for b in fed),
+        "tokens_loss": sum(b.tokens_loss for b in fed),
+    }
+    assert {k: metrics[-1][k] for k in expected} == expected
+    assert expected["tokens_padded"] == 4 * 4 * 64  # packed: 4 steps x micro_batch 4 x seq_len 64
+    assert expected["tokens_padded"] > expected["tokens_nonpad"] > expected["tokens_loss"]
+    # Each log reports its own window: the tokens fed since the last log over the seconds since then
+    # (the steady window starts right after the step-2 log).
+    fed_in_window = metrics[1]["tokens_nonpad"] - metrics[0]["tokens_nonpad"]
+    window_s = fed_in_window / metrics[1]["tokens_nonpad_per_s"]
+    assert window_s == pytest.approx(metrics[1]["elapsed_s"] - metrics[0]["elapsed_s"], rel=0.1, abs=0.02)
+    first_s = metrics[0]["tokens_nonpad"] / metrics[0]["tokens_nonpad_per_s"]
+    assert first_s == pytest.approx(metrics[0]["elapsed_s"], rel=0.1, abs=0.02)
     summary = json.loads((out / "summary.json").read_text())
+    assert {k: summary[k] for k in expected} == expected
     assert summary["steps"] == 4 and summary["finished"] and summary["params_trainable"] < summary["params_total"]
     assert load_config(out / "config.yaml").max_steps == 4
 
