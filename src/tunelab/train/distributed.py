@@ -84,8 +84,16 @@ def read_accelerate_config(path: str | Path) -> dict:
         raise TunelabError(f"--accelerate-config {file}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(data, dict) or "distributed_type" not in data:
         raise TunelabError(f"--accelerate-config {file}: no distributed_type key; is this an Accelerate config?")
+    if data["distributed_type"] == "FSDP" and not torch.accelerator.is_available():
+        # Accelerate 1.15 would start the processes and silently replicate the model (see check_backend).
+        raise TunelabError(
+            f"--accelerate-config {file}: FSDP runs on GPUs only (Accelerate 1.15 keeps CPU processes on DDP); "
+            "use configs/accelerate/ddp.yaml"
+        )
     if data["distributed_type"] == "DEEPSPEED" and importlib.util.find_spec("deepspeed") is None:
-        raise TunelabError(f"--accelerate-config {file}: needs DeepSpeed, which is not installed (pip install deepspeed)")
+        raise TunelabError(
+            f"--accelerate-config {file}: needs DeepSpeed, which is not installed (pip install deepspeed)"
+        )
     return data
 
 
