@@ -135,6 +135,7 @@ def build_record(label: str, summary: dict, peak: measure.Peak, prediction, warm
         "precision": summary["precision"],
         "micro_batch": summary["micro_batch"],
         "grad_accum": summary["grad_accum"],
+        "world_size": summary.get("world_size", 1),
         "seq_len": summary["seq_len"],
         "packing": summary["packing"],
         "grad_ckpt": summary["grad_ckpt"],

@@ -35,6 +35,8 @@ COLUMNS: dict[str, str] = {
     "precision": "TEXT",
     "micro_batch": "INTEGER",
     "grad_accum": "INTEGER",
+    # Data-parallel processes of the run (micro_batch is per process); rows from before it were single-process.
+    "world_size": "INTEGER NOT NULL DEFAULT 1",
     "seq_len": "INTEGER",
     "packing": "BOOLEAN",
     "grad_ckpt": "BOOLEAN",

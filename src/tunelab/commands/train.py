@@ -1,25 +1,55 @@
-"""`tunelab train --config C.yaml [key=value ...]`: fine-tune, then print the run's summary as one JSON line."""
+"""`tunelab train --config C.yaml [key=value ...]`: fine-tune, then print the run's summary as one JSON line.
+
+`--nproc N` starts the same command on N data-parallel processes through `accelerate launch`; running
+`accelerate launch [--config_file F] -m tunelab.cli train ...` directly does the same.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 
 from .. import config as cfgmod
-from ..recipes.train import train
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="YAML config (see configs/)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. lora.r=32 lr=1e-4")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        metavar="N",
+        help="data-parallel processes (one per GPU; gloo processes on CPU): relaunches through accelerate launch",
+    )
+    p.add_argument(
+        "--accelerate-config",
+        metavar="FILE",
+        help="Accelerate config for --nproc (configs/accelerate/: ddp, fsdp2, zero2, zero3); default: plain DDP",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.nproc is not None or args.accelerate_config is not None:
+        return _launch(args)
+    from ..recipes.train import train
+    from ..train.distributed import is_main
+
     cfg = cfgmod.load_config(args.config, args.overrides)
     summary = train(cfg, show_progress=not args.quiet)
     keys = ["output_dir", "steps", "loss_last", "tokens_nonpad_per_s", "peak_memory_bytes", "elapsed_s"]
     if summary["best_step"] is not None:
         keys += ["best_step", "best_eval_loss", "early_stopped"]
-    print(json.dumps({k: summary[k] for k in keys}))
+    if is_main():
+        print(json.dumps({k: summary[k] for k in keys}))
     return 0
+
+
+def _launch(args: argparse.Namespace) -> int:
+    """Run this command again under `accelerate launch` with N processes; its exit status is the launcher's."""
+    from ..train.distributed import launch_command
+
+    cfgmod.load_config(args.config, args.overrides)  # a bad config fails here with one line, not N times
+    argv = ["train", "--config", args.config, *args.overrides] + (["--quiet"] if args.quiet else [])
+    return subprocess.call(launch_command(args.nproc, args.accelerate_config, argv))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..runtime import LOGIT_CHUNK, attention_path, hashed_dropout, slot_products
-from . import memory, timing, workload
+from . import comm, memory, timing, workload
 from .arch import Arch
 from .calibration import CalibrationRecord
 from .catalog import Gpu
@@ -62,6 +62,7 @@ class Estimate:
     overheads: timing.Overheads
     evaluations: workload.Evaluations | None = None
     forward_flops: float = 0.0  # per held-out token fed (flops.forward_flops_per_token); 0 without evaluation
+    comm_bytes: float = 0.0  # sent per GPU per optimizer step (plan/comm.py); 0 on one GPU
 
     @property
     def fits(self) -> bool:
@@ -131,7 +132,8 @@ def estimate(
         forward = forward_flops_per_token(arch, s.method, s.targets, s.r, evals.widest_row)
         eval_s = timing.evaluation_seconds(evals.count * evals.tokens_padded, forward, d.gpu.peak_flops, eff.value)
     over = timing.overheads(on_disk, ckpt.written, periodic, final, s.compile, d.gpu.device_type, eval_s)
-    return Estimate(s, d, gpus, sharding, w, ckpt, f, eff, setup, mem, biggest, speed, over, evals, forward)
+    sent = comm.step_bytes(arch, setup, s.grad_accum)
+    return Estimate(s, d, gpus, sharding, w, ckpt, f, eff, setup, mem, biggest, speed, over, evals, forward, sent)
 
 
 @dataclass(frozen=True)

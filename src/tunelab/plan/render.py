@@ -81,6 +81,7 @@ def record(r: Result, e: Estimate) -> dict:
         "gpu_name": e.device.gpu.name,
         "gpus": e.gpus,
         "sharding": e.sharding,
+        "comm_bytes_per_step": e.comm_bytes,
         "model": r.arch.name,
         "method": s.method,
         "base_quant": s.base_quant,
@@ -163,7 +164,8 @@ def table(results: list[Result]) -> str:
         for m in r.multi:
             lines.append(
                 f"  x{m.gpus} {m.sharding}: {gib(m.memory.total)}/GPU ({'fits' if m.fits else 'does not fit'}),"
-                f" {duration(m.time_s)}, {m.work.optimizer_steps:,} steps (scaling efficiency assumed)"
+                f" {duration(m.time_s)}, {m.work.optimizer_steps:,} steps (scaling efficiency assumed),"
+                f" sends {gib(m.comm_bytes)}/GPU per step"
             )
         for s in r.suggestions:
             lines.append(
@@ -244,13 +246,13 @@ def markdown(results: list[Result], title: str) -> str:
             "",
             f"## Multi-GPU (x{results[0].multi[0].gpus})",
             "",
-            "| GPU | strategy | memory per GPU | fits | total time |",
-            "|---|---|---|---|---|",
+            "| GPU | strategy | memory per GPU | fits | total time | sent per GPU per step |",
+            "|---|---|---|---|---|---|",
         ]
         for r in results:
             for m in r.multi:
                 out.append(
-                    f"| {m.device.gpu.name} | {m.sharding} | {gib(m.memory.total)} | {'yes' if m.fits else 'no'} | {duration(m.time_s)} |"
+                    f"| {m.device.gpu.name} | {m.sharding} | {gib(m.memory.total)} | {'yes' if m.fits else 'no'} | {duration(m.time_s)} | {gib(m.comm_bytes)} |"
                 )
     out += ["", "## Recommendations", ""]
     for r in results:

@@ -30,7 +30,7 @@ from ..model import attention
 from ..model import load as mload
 from ..model.adapters import AdapterSpec, apply_adapter, count_parameters
 from ..model.lora_linear import has_lora_dropout, has_nf4_base, nf4_layers
-from ..train import checkpoint, loop
+from ..train import checkpoint, distributed, loop
 from ..train.batches import BatchSpec, EvalBatches, Schedule
 from ..train.checkpoint import TrainState
 from ..train.lock import lock_output_dir
@@ -53,8 +53,10 @@ class Prepared:
     eval_batches: EvalBatches | None = None
 
 
-def prepare_run(cfg: TrainConfig) -> Prepared:
-    device = pick_device(cfg.device)
+def prepare_run(cfg: TrainConfig, procs: distributed.Processes | None = None) -> Prepared:
+    """`procs`: this process's rank and device in a data-parallel run (batches are sharded by rank)."""
+    device = pick_device(cfg.device) if procs is None else procs.device
+    rank, world = (0, 1) if procs is None else (procs.rank, procs.world)
     precision = pick_precision(cfg.precision, device)
     source = mload.resolve(cfg.model, cfg.trust_remote_code)
     mload.check_weights(source)
@@ -67,8 +69,8 @@ def prepare_run(cfg: TrainConfig) -> Prepared:
     tokenizer = mload.load_tokenizer(source)
     data, eval_data = prepare_split(data_spec(cfg), held_out_spec(cfg), tokenizer)
     batch = BatchSpec(cfg.seq_len, cfg.micro_batch, cfg.grad_accum, cfg.packing, cfg.seed, tokenizer.pad_token_id)
-    schedule = Schedule(data, batch, cfg.epochs, cfg.max_steps)
-    eval_batches = None if eval_data is None else EvalBatches(eval_data, batch, schedule.slots)
+    schedule = Schedule(data, batch, cfg.epochs, cfg.max_steps, rank, world)
+    eval_batches = None if eval_data is None else EvalBatches(eval_data, batch, schedule.slots, rank, world)
     return Prepared(device, precision, source, model_config, tokenizer, data, schedule, eval_data, eval_batches)
 
 
@@ -160,32 +162,43 @@ def compile_blocks(model: torch.nn.Module) -> None:
 def train(cfg: TrainConfig, show_progress: bool = True, stop_at: int | None = None, warmup_window: int = 2) -> dict:
     """Run one training job and return its summary (also written to output_dir/summary.json).
 
-    The job holds output_dir's lock (train/lock.py) throughout: a second job there fails at once.
+    The job holds output_dir's lock (train/lock.py) throughout: a second job there fails at once. Under
+    `accelerate launch` every process trains its share of each step and only the main process touches
+    output_dir (lock, metrics, checkpoints, final weights, summary).
     """
     t0 = time.perf_counter()
     out = Path(cfg.output_dir)
+    procs = distributed.join(pick_device(cfg.device))
+    if not procs.main:
+        return _train_locked(cfg, out, t0, False, stop_at, warmup_window, procs)
     check_output_dir(out)
     with lock_output_dir(out):
-        return _train_locked(cfg, out, t0, show_progress, stop_at, warmup_window)
+        return _train_locked(cfg, out, t0, show_progress, stop_at, warmup_window, procs)
 
 
 def _train_locked(
-    cfg: TrainConfig, out: Path, t0: float, show_progress: bool, stop_at: int | None, warmup_window: int
+    cfg: TrainConfig,
+    out: Path,
+    t0: float,
+    show_progress: bool,
+    stop_at: int | None,
+    warmup_window: int,
+    procs: distributed.Processes,
 ) -> dict:
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
     from accelerate.utils import set_seed
 
     # Under the lock no other run writes here: temp entries are what a killed run left mid-write.
-    for folder in (out, out / "checkpoints"):
+    for folder in (out, out / "checkpoints") if procs.main else ():
         remove_stale_temps(folder)
     resume_from = checkpoint.find(out / "checkpoints", cfg.resume)
     if resume_from is not None:
         checkpoint.check_identity(resume_from, weights_identity(cfg))
-    memwatch = MemoryWatch(pick_device(cfg.device))
+    memwatch = MemoryWatch(procs.device)
     memwatch.start()  # before the model loads: CPU peak memory is relative to this RSS
 
-    prep = prepare_run(cfg)
+    prep = prepare_run(cfg, procs)
     stats = prep.data.stats
     efficiency = packing_efficiency(prep.data.lengths, cfg.seq_len, cfg.micro_batch, cfg.packing, cfg.seed)
     if show_progress:
@@ -209,8 +222,10 @@ def _train_locked(
     mixed = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[prep.precision.name]
     # Accelerate keeps its settings in a process-wide singleton; bench sweeps and tests run several jobs with
     # different precisions in one process. Resetting it keeps the distributed (partial) state.
-    AcceleratorState._reset_state()
+    # Under a launcher the partial state holds the process group (train/distributed.join), which stays.
+    AcceleratorState._reset_state(reset_partial_state=False)
     accelerator = Accelerator(mixed_precision=mixed, cpu=prep.device.type == "cpu")
+    distributed.check_backend(accelerator)
     model = build_model(cfg, prep)
     trainable, total = count_parameters(model)
     wrapped = CausalLMLoss(model)
@@ -220,16 +235,18 @@ def _train_locked(
     wrapped, optimizer = accelerator.prepare(wrapped, optimizer)
 
     state = TrainState()
-    out.mkdir(parents=True, exist_ok=True)
-    if resume_from is not None:
+    if resume_from is not None:  # every rank loads the same checkpoint
         state = checkpoint.load(resume_from, model, optimizer, scheduler)
-        restore_best(resume_from, out, state)
-        _truncate_metrics(out / "metrics.jsonl", state.step)
-        if show_progress:
-            print(f"resumed from {resume_from} at step {state.step}", flush=True)
-    else:
-        (out / "metrics.jsonl").unlink(missing_ok=True)
-    write_atomic(out / "config.yaml", [cfgmod.dump_yaml(cfg)])
+    if procs.main:
+        out.mkdir(parents=True, exist_ok=True)
+        if resume_from is not None:
+            restore_best(resume_from, out, state)
+            _truncate_metrics(out / "metrics.jsonl", state.step)
+            if show_progress:
+                print(f"resumed from {resume_from} at step {state.step}", flush=True)
+        else:
+            (out / "metrics.jsonl").unlink(missing_ok=True)
+        write_atomic(out / "config.yaml", [cfgmod.dump_yaml(cfg)])
 
     progress = ProgressView(prep.schedule.total_steps, state.step, enabled=show_progress)
     result = loop.run(
@@ -243,16 +260,16 @@ def _train_locked(
             loop.LoopSpec(
                 cfg.log_steps, cfg.save_steps, cfg.save_total_limit, warmup_window, stop_at, weights_identity(cfg)
             ),
-            out,
+            out if procs.main else None,
             memwatch,
             state,
             progress,
-            _evaluation(cfg, prep, model, out),
+            _evaluation(cfg, prep, model, out, procs.main),
         )
     )
 
     finished = state.step >= prep.schedule.total_steps or result.stopped_early
-    if finished:
+    if finished and procs.main:
         save_final(model, prep.tokenizer, out, cfg.method)
     if show_progress and state.best_step is not None:
         kept = f"; weights in {out / BEST}" if cfg.eval.keep_best else ""
@@ -273,6 +290,7 @@ def _train_locked(
         "grad_accum": cfg.grad_accum,
         "packing": cfg.packing,
         "grad_ckpt": cfg.grad_ckpt,
+        "world_size": procs.world,
         "data": {**stats.as_dict(), "packing_efficiency": efficiency},
         "steps": state.step,
         "total_steps": prep.schedule.total_steps,
@@ -292,6 +310,8 @@ def _train_locked(
         "elapsed_s": time.perf_counter() - t0,
         "versions": library_versions(),
     }
+    if not procs.main:
+        return summary
     text = json.dumps(summary, indent=2)
     with disk_errors(str(out / "summary.json"), out, len(text), _after_disk_error(out)):
         write_atomic(out / "summary.json", [text])
@@ -334,9 +354,9 @@ def save_pretrained(model, tokenizer, path: Path, record: dict | None = None) ->
             (tmp / BEST_RECORD).write_text(json.dumps(record))
 
 
-def _evaluation(cfg: TrainConfig, prep: Prepared, model, out: Path) -> loop.Evaluation | None:
+def _evaluation(cfg: TrainConfig, prep: Prepared, model, out: Path, writer: bool = True) -> loop.Evaluation | None:
     """The loop's evaluation settings; with keep_best, each improvement rewrites `best/` (weights as the final
-    save writes them, plus the step and eval loss they reached)."""
+    save writes them, plus the step and eval loss they reached) from the `writer` process."""
     if prep.eval_batches is None:
         return None
 
@@ -345,7 +365,7 @@ def _evaluation(cfg: TrainConfig, prep: Prepared, model, out: Path) -> loop.Eval
         save_pretrained(model, prep.tokenizer, out / BEST, record)
 
     spec = loop.EvalSpec(cfgmod.eval_every(cfg), cfg.eval.early_stopping_patience)
-    if not cfg.eval.keep_best:
+    if not (cfg.eval.keep_best and writer):
         return loop.Evaluation(prep.eval_batches, spec)
     return loop.Evaluation(prep.eval_batches, spec, save_best, out / BEST)
 

@@ -4,14 +4,14 @@ from a step counter and counted ahead of time (steps, padded tokens) without tou
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Iterator
 
 import numpy as np
 
 from ..data.packing import Batch, collate, epoch_micro_batches, fed_tokens
-from ..data.pipeline import TokenizedData
+from ..data.pipeline import IGNORE, TokenizedData
 
 
 @dataclass(frozen=True)
@@ -25,9 +25,12 @@ class BatchSpec:
 
 
 class Schedule:
-    """Optimizer step k consumes micro-batches [k·grad_accum, (k+1)·grad_accum) of the epoch stream.
+    """Optimizer step k consumes global micro-batches [k·grad_accum, (k+1)·grad_accum) of the epoch stream.
 
-    Data-parallel ranks take interleaved micro-batches of that stream (rank r: every world-th one).
+    Data-parallel ranks split each global micro-batch by rows: with `world` ranks the epoch is planned with
+    micro_batch·world rows per micro-batch and rank r trains rows [r·micro_batch, (r+1)·micro_batch) of each.
+    So N ranks of micro_batch m train, step for step, the batches that one process of micro_batch N·m trains,
+    and every rank runs the same number of forward/backward passes per step (DDP and FSDP need that).
     """
 
     def __init__(
@@ -35,18 +38,24 @@ class Schedule:
     ):
         self.data, self.spec, self.rank, self.world = data, spec, rank, world
         self._epoch = lru_cache(maxsize=2)(self._plan_epoch)
+        mask = np.concatenate([[0], np.cumsum(data.targets != IGNORE, dtype=np.int64)])
+        self._loss_counts = mask[data.offsets[1:]] - mask[data.offsets[:-1]]
         per_epoch = len(self._epoch(0))
-        micro_per_step = spec.grad_accum * world
-        self.steps_per_epoch = max(1, math.ceil(per_epoch / micro_per_step))
+        self.steps_per_epoch = max(1, math.ceil(per_epoch / spec.grad_accum))
         self.total_steps = max_steps if max_steps is not None else max(1, math.ceil(self.steps_per_epoch * epochs))
         # Every packed batch gets the run's largest sequence count as its attention-slot count. Why: the
         # slot count is an input shape of the compiled blocks, and the epoch's last batches (rows split by
         # fill_last_batch) hold fewer sequences, and a smaller count compiled every block again at the end
         # of the run (benchmarks/design-decisions_cpu_2026-11-22.md#one-attention-slot-count-per-run).
-        # Padding slots cost attention work only.
+        # Padding slots cost attention work only. Taken over every rank's share, so all ranks agree.
         epochs_run = math.ceil(self.total_steps / self.steps_per_epoch)
         self.slots = (
-            max(sum(len(row) for row in rows) for epoch in range(epochs_run) for rows in self._epoch(epoch))
+            max(
+                sum(len(row) for row in share)
+                for epoch in range(epochs_run)
+                for rows in self._epoch(epoch)
+                for share in self._shares(rows)
+            )
             if spec.packing
             else 0
         )
@@ -54,44 +63,82 @@ class Schedule:
     def _plan_epoch(self, epoch: int) -> list[list[list[int]]]:
         s = self.spec
         return epoch_micro_batches(
-            self.data.lengths, s.seq_len, s.micro_batch, s.packing, np.random.default_rng([s.seed, epoch])
+            self.data.lengths, s.seq_len, s.micro_batch * self.world, s.packing, np.random.default_rng([s.seed, epoch])
         )
 
-    def step_rows(self, step: int) -> list[list[list[int]]]:
-        """This rank's micro-batches (each a list of rows of example indices) for optimizer step `step`.
+    def _shares(self, rows: list[list[int]]) -> list[list[list[int]]]:
+        m = self.spec.micro_batch
+        return [rows[r * m : (r + 1) * m] for r in range(self.world)]
+
+    def global_rows(self, step: int) -> list[list[list[int]]]:
+        """All ranks' micro-batches (each a list of rows of example indices) for optimizer step `step`.
 
         Steps never straddle epochs: an epoch's last step may have fewer micro-batches, which the loss
         normalisation (by the step's own loss-token count) handles exactly.
         """
         epoch, within = divmod(step, self.steps_per_epoch)
-        plan = self._epoch(epoch)
-        micro_per_step = self.spec.grad_accum * self.world
-        chunk = plan[within * micro_per_step : (within + 1) * micro_per_step]
-        mine = chunk[self.rank :: self.world]
-        # With several ranks the last chunk can leave a rank without work; it repeats the chunk's first
-        # micro-batch so every rank runs the same number of backward passes (DDP needs that).
-        return mine if mine else chunk[:1]
+        ga = self.spec.grad_accum
+        return self._epoch(epoch)[within * ga : (within + 1) * ga]
+
+    def step_rows(self, step: int) -> list[list[list[int]]]:
+        """This rank's share of each of the step's micro-batches; an empty share (an epoch's last, short
+        unpacked micro-batch) is `[]`."""
+        return [self._shares(rows)[self.rank] for rows in self.global_rows(step)]
 
     def step_batches(self, step: int) -> list[Batch]:
+        """This rank's micro-batches for `step`. An empty share becomes a batch without loss targets: it adds
+        nothing to the loss or the gradients, and keeps this rank in step with the others' collectives."""
         s = self.spec
-        return [collate(self.data, rows, s.seq_len, s.pad_id, s.packing, self.slots) for rows in self.step_rows(step)]
+        out = []
+        for rows, share in zip(self.global_rows(step), self.step_rows(step)):
+            if share:
+                out.append(collate(self.data, share, s.seq_len, s.pad_id, s.packing, self.slots))
+            else:
+                out.append(without_targets(collate(self.data, rows[:1], s.seq_len, s.pad_id, s.packing, self.slots)))
+        return out
+
+    def step_loss_tokens(self, step: int) -> int:
+        """Loss tokens of `step` over all ranks, from the plan: the normaliser every rank divides by."""
+        return int(sum(self._loss_counts[i] for rows in self.global_rows(step) for row in rows for i in row))
+
+    def step_tokens(self, step: int) -> tuple[int, int, int]:
+        """(padded, non-padding, loss) tokens of `step` over all ranks, counted from the plan."""
+        lengths, s = self.data.lengths, self.spec
+        shares = [share for rows in self.global_rows(step) for share in self._shares(rows) if share]
+        padded = fed_tokens(lengths, shares, s.seq_len, s.packing)
+        nonpad = int(sum(int(lengths[row].sum()) for share in shares for row in share))
+        return padded, nonpad, self.step_loss_tokens(step)
 
     def padded_tokens(self, steps: range) -> int:
-        """Tokens fed (padding included) over `steps`, counted from the plan without collating."""
-        lengths = self.data.lengths
-        return sum(fed_tokens(lengths, self.step_rows(step), self.spec.seq_len, self.spec.packing) for step in steps)
+        """Tokens fed (padding included) by all ranks over `steps`, counted from the plan without collating."""
+        return sum(self.step_tokens(step)[0] for step in steps)
 
     def iterate(self, start: int, stop: int) -> Iterator[tuple[int, list[Batch]]]:
         for step in range(start, stop):
             yield step, self.step_batches(step)
 
 
+def without_targets(batch: Batch) -> Batch:
+    """`batch` with no loss positions: its forward and backward run, and its loss and gradients are zero."""
+    empty = np.zeros(0, dtype=np.int64)
+    return replace(batch, loss_index=empty, loss_targets=empty, tokens_padded=0, tokens_nonpad=0)
+
+
+def shard(items: list, rank: int, world: int) -> list:
+    """Rank `rank`'s items of `items`, interleaved; a rank with one item fewer than others gets `None` in its
+    place, so every rank runs the same number of passes."""
+    per_rank = math.ceil(len(items) / world)
+    mine = items[rank::world]
+    return mine + [None] * (per_rank - len(mine))
+
+
 class EvalBatches:
     """The evaluation set's micro-batches, batched as training batches are (packing, widths, slot count), fixed
-    for the run: every evaluation sees the same batches."""
+    for the run: every evaluation sees the same batches. With several ranks each iterates its interleaved share
+    (train/loop.evaluate sums the loss and token counts over ranks)."""
 
-    def __init__(self, data: TokenizedData, spec: BatchSpec, min_slots: int = 0):
-        self.data, self.spec = data, spec
+    def __init__(self, data: TokenizedData, spec: BatchSpec, min_slots: int = 0, rank: int = 0, world: int = 1):
+        self.data, self.spec, self.rank, self.world = data, spec, rank, world
         self.plan = epoch_micro_batches(
             data.lengths, spec.seq_len, spec.micro_batch, spec.packing, np.random.default_rng([spec.seed, 0])
         )
@@ -106,5 +153,6 @@ class EvalBatches:
 
     def __iter__(self) -> Iterator[Batch]:
         s = self.spec
-        for rows in self.plan:
-            yield collate(self.data, rows, s.seq_len, s.pad_id, s.packing, self.slots)
+        for rows in shard(self.plan, self.rank, self.world):
+            batch = collate(self.data, rows or self.plan[0], s.seq_len, s.pad_id, s.packing, self.slots)
+            yield batch if rows else without_targets(batch)

@@ -151,7 +151,7 @@ class LoopContext:
     schedule: Schedule
     optim: OptimSpec
     spec: LoopSpec
-    out_dir: Path | None  # metrics.jsonl and checkpoints go here; None writes nothing
+    out_dir: Path | None  # metrics.jsonl and checkpoints go here; None writes nothing (every rank but the main one)
     memwatch: MemoryWatch
     state: TrainState  # advanced in place
     progress: ProgressView
@@ -169,9 +169,14 @@ def forward(model: torch.nn.Module, batch: Batch, device: torch.device) -> torch
     )
 
 
-def evaluate(model: torch.nn.Module, batches: Iterable[Batch], device: torch.device) -> tuple[float, int]:
+def evaluate(
+    model: torch.nn.Module, batches: Iterable[Batch], device: torch.device, accelerator=None
+) -> tuple[float, int]:
     """(token-mean loss, loss tokens) over `batches`: no gradients, dropout off, and the loss counted as training
-    counts it, the sum over every loss token divided by their number (not a mean of per-batch means)."""
+    counts it, the sum over every loss token divided by their number (not a mean of per-batch means).
+
+    With several processes each passes its own share of the batches and `accelerator` sums loss and tokens.
+    """
     was_training = model.training
     model.eval()
     total = torch.zeros((), dtype=torch.float64, device=device)
@@ -183,6 +188,10 @@ def evaluate(model: torch.nn.Module, batches: Iterable[Batch], device: torch.dev
                 tokens += batch.tokens_loss
     finally:
         model.train(was_training)
+    if accelerator is not None and accelerator.num_processes > 1:
+        both = torch.stack([total, torch.tensor(float(tokens), dtype=torch.float64, device=device)])
+        total, tokens = accelerator.reduce(both, "sum").unbind()
+        tokens = int(tokens.item())
     return total.item() / max(tokens, 1), tokens
 
 
@@ -196,6 +205,9 @@ def run(ctx: LoopContext) -> LoopResult:
     schedule, optim, spec, out_dir = ctx.schedule, ctx.optim, ctx.spec, ctx.out_dir
     memwatch, state, progress = ctx.memwatch, ctx.state, ctx.progress
     device = accelerator.device
+    # Data-parallel wrappers (DDP, FSDP, DeepSpeed) average gradients over ranks; each rank's loss is scaled
+    # by the world size so the average is the one-process step's sum over all ranks' tokens.
+    world = accelerator.num_processes
     stop = min(schedule.total_steps, spec.stop_at or schedule.total_steps)
     warm_until = min(state.step + spec.warmup_window, stop)
     # Counted once from the batch plan (no collation): the ETA's numerator is this minus what was fed since.
@@ -210,15 +222,18 @@ def run(ctx: LoopContext) -> LoopResult:
     model.train()
     try:
         for step, batches in schedule.iterate(state.step, stop):
-            step_loss_tokens = sum(b.tokens_loss for b in batches)
-            normaliser = float(max(step_loss_tokens, 1))
+            # Over all ranks, from the batch plan: no communication.
+            padded, nonpad, step_loss_tokens = schedule.step_tokens(step)
+            scale = world / float(max(step_loss_tokens, 1))
             for i, batch in enumerate(batches):
                 last = i == len(batches) - 1
+                # Accumulation boundary for DeepSpeed, whose engine steps inside `backward` when it is set.
+                accelerator.sync_gradients = last
                 with nullcontext() if last else accelerator.no_sync(model):
                     loss_sum = forward(model, batch, device)
                     # Normalise by the step's loss tokens, not per micro-batch: packed micro-batches hold
                     # different numbers of targets, and a per-micro-batch mean would weight them unequally.
-                    accelerator.backward(loss_sum / normaliser)
+                    accelerator.backward(loss_sum * scale)
                 loss_acc += loss_sum.detach()
             if optim.max_grad_norm > 0:
                 accelerator.clip_grad_norm_(model.parameters(), optim.max_grad_norm)
@@ -228,8 +243,6 @@ def run(ctx: LoopContext) -> LoopResult:
 
             state.step = step + 1
             result.steps_run += 1
-            padded = sum(b.tokens_padded for b in batches)
-            nonpad = sum(b.tokens_nonpad for b in batches)
             state.tokens_padded += padded
             state.tokens_nonpad += nonpad
             state.tokens_loss += step_loss_tokens
@@ -255,7 +268,8 @@ def run(ctx: LoopContext) -> LoopResult:
                 result.stopped_early = stopping
 
             if state.step % spec.log_steps == 0 or state.step == stop or stopping:
-                loss = loss_acc.item() / max(loss_tokens, 1)  # the one sync per log window
+                summed = accelerator.reduce(loss_acc, "sum") if world > 1 else loss_acc
+                loss = summed.item() / max(loss_tokens, 1)  # the one sync per log window
                 now = time.perf_counter()
                 state.elapsed_s = now - run_start
                 dt = now - rate.start
@@ -330,7 +344,7 @@ def _evaluate_step(ctx: LoopContext, metrics_file) -> bool:
     ev, state, device = ctx.evaluation, ctx.state, ctx.accelerator.device
     synchronize(device)
     start = time.perf_counter()
-    loss, tokens = evaluate(ctx.model, ev.batches, device)
+    loss, tokens = evaluate(ctx.model, ev.batches, device, ctx.accelerator)
     seconds = time.perf_counter() - start
     state.evaluations += 1
     state.eval_s += seconds

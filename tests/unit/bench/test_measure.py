@@ -214,3 +214,19 @@ def test_bench_peer_interleaves_runs_and_prints_ratios(bench_args, tmp_path, cap
 def test_bench_peer_rejects_unknown_names(bench_args, capsys):
     assert main(["bench", *bench_args, "--peer", "axolotl"]) == 2
     assert "known peers are" in capsys.readouterr().err
+
+
+def test_world_size_column_reaches_old_databases_as_one_process(tmp_path):
+    import sqlite3
+
+    db = tmp_path / "old.sqlite"
+    conn = sqlite3.connect(db)
+    conn.execute(
+        "CREATE TABLE runs (id INTEGER PRIMARY KEY AUTOINCREMENT, timestamp TEXT NOT NULL, kind TEXT NOT NULL)"
+    )
+    conn.execute("INSERT INTO runs (timestamp, kind) VALUES ('2026-01-01T00:00:00Z', 'tunelab')")
+    conn.commit()
+    conn.close()
+    store.insert(db, {"kind": "tunelab", "world_size": 4})
+    store.insert(db, {"kind": "hf-trainer"})
+    assert [r["world_size"] for r in store.read(db)] == [1, 4, 1]

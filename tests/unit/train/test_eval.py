@@ -32,7 +32,7 @@ def fake_evaluate(monkeypatch, losses):
     """loop.evaluate returning `losses` in turn (with the real loss-token count): a run whose eval loss is chosen."""
     queue = list(losses)
 
-    def fake(model, batches, device):
+    def fake(model, batches, device, accelerator=None):
         return queue.pop(0), batches.tokens_loss
 
     monkeypatch.setattr(loop, "evaluate", fake)

@@ -1,0 +1,67 @@
+"""The shipped Accelerate configs (configs/accelerate/) parse as `accelerate launch` reads them, and tunelab
+says in one line which of them this machine cannot run."""
+
+import importlib.util
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO
+from tunelab.errors import TunelabError
+from tunelab.train import distributed
+
+CONFIGS = sorted((REPO / "configs" / "accelerate").glob("*.yaml"))
+
+
+def test_the_four_configs_are_shipped():
+    assert [p.stem for p in CONFIGS] == ["ddp", "fsdp2", "zero2", "zero3"]
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_config_parses_and_every_key_is_a_launch_argument(path):
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.commands.launch import launch_command_parser
+
+    cfg = load_config_from_file(str(path))
+    known = vars(launch_command_parser().parse_args(["x.py"]))
+    for section in ("fsdp_config", "deepspeed_config"):
+        for key in getattr(cfg, section) or {}:
+            assert key in known, f"{path.name}: {section}.{key} is not an accelerate launch argument"
+    assert cfg.mixed_precision == "no"  # tunelab's precision setting decides
+    if path.stem == "fsdp2":
+        assert cfg.fsdp_config["fsdp_version"] == 2
+        assert cfg.fsdp_config["fsdp_transformer_layer_cls_to_wrap"] == "LlamaDecoderLayer"
+    if path.stem.startswith("zero"):
+        assert cfg.deepspeed_config["zero_stage"] == int(path.stem[-1])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is not None, reason="DeepSpeed is installed")
+def test_deepspeed_configs_name_the_missing_package_in_one_line():
+    with pytest.raises(TunelabError, match=r"zero3.yaml: needs DeepSpeed, which is not installed \(pip install"):
+        distributed.read_accelerate_config(REPO / "configs" / "accelerate" / "zero3.yaml")
+
+
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="an accelerator is present")
+def test_fsdp2_is_refused_on_cpu_since_accelerate_runs_cpu_processes_as_ddp():
+    with pytest.raises(TunelabError, match="FSDP runs on GPUs only"):
+        distributed.read_accelerate_config(REPO / "configs" / "accelerate" / "fsdp2.yaml")
+
+
+def test_launch_command(tmp_path):
+    plain = distributed.launch_command(2, None, ["train", "--config", "c.yaml"])
+    assert plain[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
+    assert plain[-5:] == ["-m", "tunelab.cli", "train", "--config", "c.yaml"]
+    assert "--multi_gpu" in plain and plain[plain.index("--num_processes") + 1] == "2"
+    assert "--multi_gpu" not in distributed.launch_command(1, None, ["train"])
+    ddp = str(REPO / "configs" / "accelerate" / "ddp.yaml")
+    with_config = distributed.launch_command(4, ddp, ["train"])
+    assert with_config[3:7] == ["--config_file", ddp, "--num_processes", "4"]
+    assert "--multi_gpu" not in with_config  # the config's distributed_type decides
+    with pytest.raises(TunelabError, match="needs at least 1"):
+        distributed.launch_command(0, None, ["train"])
+    with pytest.raises(TunelabError, match="no such file"):
+        distributed.launch_command(2, str(tmp_path / "nope.yaml"), ["train"])
+    (tmp_path / "bad.yaml").write_text("mixed_precision: 'no'\n")
+    with pytest.raises(TunelabError, match="no distributed_type"):
+        distributed.launch_command(2, str(tmp_path / "bad.yaml"), ["train"])
