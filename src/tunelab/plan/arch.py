@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import TunelabError
+from ..model import families
 from . import catalog
 
 EMBEDDED = "embedded"  # the `model` that names the built-in SmolLM2-135M-Instruct (sources.py)
@@ -222,7 +223,9 @@ def resolve_arch(ref: str) -> Arch:
         if path.exists():
             raise
         raise TunelabError(f"{e}; or use a model plan knows: {', '.join(registry_names())}") from None
-    return from_hf_config(ref, load.load_config(source), f"{source.path}/config.json")
+    config = load.load_config(source)
+    families.check(config, ref)
+    return from_hf_config(ref, config, f"{source.path}/config.json")
 
 
 def from_gguf(name: str, path: Path) -> Arch:
@@ -240,6 +243,12 @@ def from_gguf(name: str, path: Path) -> Arch:
         return field.contents() if field is not None else default
 
     arch = value("general.architecture")
+    experts = value(f"{arch}.expert_count")
+    if experts and experts > 1:
+        raise TunelabError(
+            f"model {name}: {arch} is a Mixture-of-Experts model ({arch}.expert_count={experts} in the GGUF "
+            "metadata); MoE is not supported (tunelab trains and plans dense decoders only); pick a dense model"
+        )
     if value(f"{arch}.block_count") is None or value(f"{arch}.feed_forward_length") is None:
         raise TunelabError(f"model {name}: GGUF architecture {arch!r} is not a Llama-shaped decoder plan can describe")
     hidden, heads = value(f"{arch}.embedding_length"), value(f"{arch}.attention.head_count")
