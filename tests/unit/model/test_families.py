@@ -43,7 +43,9 @@ def family_config(family: str, vocab: int, window: int | None = WINDOW):
     one of the two layers where the family mixes window and full layers)."""
     import transformers as tf
 
-    both = ["sliding_attention", "full_attention"] if window else ["full_attention"] * 2
+    # Gemma's sliding layers also take another RoPE base, so "no window" keeps the layer types and widens the
+    # window past every test row instead.
+    both = ["sliding_attention", "full_attention"]
     if family == "qwen2":
         return tf.Qwen2Config(
             **TINY, vocab_size=vocab, use_sliding_window=window is not None, sliding_window=window, max_window_layers=1
@@ -184,10 +186,10 @@ def test_the_window_is_what_the_equality_tests(family, vocab):
         windowed = tunelab_packed(build(family, vocab, attention.register("slots")), ids, positions, ROWS, "slots")
         full = tunelab_packed(build(family, vocab, attention.register("slots"), None), ids, positions, ROWS, "slots")
     assert families.sliding_windows(family_config(family, vocab)) == {WINDOW}
-    assert families.sliding_windows(family_config(family, vocab, None)) == set()
-    assert abs(windowed.item() - full.item()) > 1e-3 * abs(full.item())
+    assert abs(windowed.item() - full.item()) > 1e-4 * abs(full.item())  # 10x the tolerance of the equalities
 
 
+@pytest.mark.slow
 def test_gemma2_flex_kernel_applies_window_and_softcap(vocab):
     """Without grad the flex path runs the compiled kernel with its score_mod and windowed BlockMask: per-token
     logits of packed rows equal transformers' for each document alone."""
