@@ -9,6 +9,8 @@ Comparisons are fp32: the paths differ from transformers' eager attention only i
 
 from __future__ import annotations
 
+import json
+
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ from tunelab.cli import main
 from tunelab.data.packing import layout_from_lengths
 from tunelab.errors import TunelabError
 from tunelab.model import attention, families
+from tunelab.plan import arch as archmod
 from tunelab.train.loss import CausalLMLoss
 
 WINDOW = 8  # narrower than every test document, so windowed layers differ from full ones
@@ -265,3 +268,12 @@ def test_vision_language_gemma3_is_refused(vocab):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_supported_families_pass_the_check(family, vocab):
     families.check(family_config(family, vocab), "m", "auto")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_plan_reads_every_supported_family(family, vocab, tmp_path, capsys):
+    """A supported family's config.json (no weights) is planned like any Llama-shaped decoder."""
+    family_config(family, vocab).save_pretrained(tmp_path)
+    assert main(["plan", "--model", str(tmp_path), "--seq-len", "128", "--examples", "1000", "--json"]) == 0
+    shape = archmod.from_hf_config("m", family_config(family, vocab), "test")
+    assert json.loads(capsys.readouterr().out)["memory_breakdown"]["weights"] == 2 * shape.total_params
