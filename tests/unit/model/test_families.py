@@ -277,3 +277,39 @@ def test_plan_reads_every_supported_family(family, vocab, tmp_path, capsys):
     assert main(["plan", "--model", str(tmp_path), "--seq-len", "128", "--examples", "1000", "--json"]) == 0
     shape = archmod.from_hf_config("m", family_config(family, vocab), "test")
     assert json.loads(capsys.readouterr().out)["memory_breakdown"]["weights"] == 2 * shape.total_params
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_trains_end_to_end_with_lora(family, vocab, tmp_path, addition_rows):
+    """`tunelab train` on a saved tiny model of the family: loaded with tunelab's attention, LoRA on every
+    linear layer of its blocks (Phi-3's fused qkv_proj and gate_up_proj included), two steps, an adapter saved."""
+    from conftest import tiny_train_config
+    from tunelab.recipes.train import train
+
+    model_dir = tmp_path / family
+    build(family, vocab, "eager").save_pretrained(model_dir)
+    make_tokenizer().save_pretrained(model_dir)
+    data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
+    cfg = tiny_train_config(model_dir, data, tmp_path / "run", "max_steps=2", "method=lora", "device=cpu")
+    summary = train(cfg, show_progress=False)
+    assert (tmp_path / "run" / "adapter" / "adapter_model.safetensors").is_file()
+    config = json.loads((tmp_path / "run" / "adapter" / "adapter_config.json").read_text())
+    expected = (
+        {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}
+        if family == "phi3"
+        else {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    )
+    assert set(config["target_modules"]) == expected
+    assert summary["loss_last"] < summary["loss_first"]
+
+
+def test_loads_outside_training_pick_an_attention_the_family_supports(vocab, tmp_path):
+    """Evaluation, generation and export load with transformers' own choice: Gemma-2 has no SDPA (soft-capping)
+    and gets eager attention instead of a load error; a family with SDPA keeps it."""
+    from tunelab.model import load
+
+    for family, expected in (("gemma2", "eager"), ("qwen3", "sdpa")):
+        build(family, vocab, "eager").save_pretrained(tmp_path / family)
+        model = load.load_model(load.ModelSource(family, tmp_path / family), torch.float32, "none", torch.device("cpu"))
+        assert model.config._attn_implementation == expected
