@@ -280,7 +280,7 @@ def test_plan_reads_every_supported_family(family, vocab, tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ["gemma2", "phi3"])  # soft-caps and windows; fused projections
 def test_trains_end_to_end_with_lora(family, vocab, tmp_path, addition_rows):
     """`tunelab train` on a saved tiny model of the family: loaded with tunelab's attention, LoRA on every
     linear layer of its blocks (Phi-3's fused qkv_proj and gate_up_proj included), two steps, an adapter saved."""
