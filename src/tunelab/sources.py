@@ -191,7 +191,7 @@ def load_config(source: ModelSource):
 
 def random_config(source: ModelSource):
     """The HF config of a `random:` model: the catalog row's shape, the embedded tokenizer's special ids."""
-    from transformers import AutoConfig, LlamaConfig, Qwen2Config
+    from transformers import AutoConfig, LlamaConfig, Qwen2Config, Qwen3Config
 
     shape = archmod.from_registry(source.random_key)
     family = archmod.random_family(source.ref, source.random_key)
@@ -212,6 +212,8 @@ def random_config(source: ModelSource):
     )
     if family == "qwen2":
         return Qwen2Config(**fields, use_sliding_window=False)
+    if family == "qwen3":
+        return Qwen3Config(**fields, use_sliding_window=False)
     return LlamaConfig(**fields)
 
 

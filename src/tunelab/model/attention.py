@@ -35,34 +35,68 @@ NAME = "tunelab_packed"
 FLEX_NAME = "tunelab_flex"
 
 
-def packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
-    """Attention-interface function: (B, H, T, D) in, (B, T, H, D) out, like transformers' sdpa_attention_forward."""
+def packed_attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling=None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    **kwargs,
+):
+    """Attention-interface function: (B, H, T, D) in, (B, T, H, D) out, like transformers' sdpa_attention_forward.
+
+    `sliding_window` (Mistral, Qwen2/3, Phi-3, Gemma-2/3 on their local layers) and `softcap` (Gemma-2's
+    attention logit soft-capping) come from the attention module, as transformers passes them to every
+    attention implementation: query q sees key k iff q - k < sliding_window, and scores become
+    softcap * tanh(scores / softcap) before the softmax, as transformers' eager path computes them."""
     slots = kwargs.get("seq_slots")
+    dropout = dropout if module.training else 0.0
     if slots is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         positions = kwargs.get("position_ids")
-        if attention_mask is None and positions is not None and query.shape[2] > 1:
+        t = query.shape[2]
+        whole = attention_mask is None and key.shape[2] == t  # the forward of whole rows, no cache
+        if whole and positions is not None and t > 1:
             # Packed rows without a layout (the layout would cost more than the dense mask): block-diagonal
             # causal mask from restarted positions, as transformers would build it.
             seq = (positions == 0).cumsum(-1)
-            t = positions.shape[-1]
-            causal = torch.ones(t, t, dtype=torch.bool, device=query.device).tril()
-            attention_mask = (seq[:, None, :, None] == seq[:, None, None, :]) & causal
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling)
+            attention_mask = (seq[:, None, :, None] == seq[:, None, None, :]) & _causal(t, sliding_window, query.device)
+        if softcap is None and (sliding_window is None or attention_mask is not None and whole):
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling)
+        if not whole or (t > 1 and positions is None):
+            raise TunelabError(
+                "attention: sliding windows and logit soft-capping are applied to whole rows with position_ids "
+                "(no cache, no mask); load the model with attn_implementation='eager' to generate"
+            )
+        mask = attention_mask if attention_mask is not None else torch.ones(1, 1, dtype=torch.bool, device=query.device)
+        out = _masked_attention(query, key, value, mask, scaling, softcap, dropout)
+        return out.transpose(1, 2).contiguous(), None
     b, h, t, d = query.shape
     slot_tokens, slot_valid, token_slot, token_in_slot = slots
     s, length = slot_tokens.shape
+    if sliding_window is not None and sliding_window >= length:
+        sliding_window = None  # no slot is longer than the window: plain causal attention
 
     def to_slots(x):  # (B, Hx, T, D) -> (S, Hx, L, D)
         tokens = x.transpose(1, 2).reshape(b * t, x.shape[1], d)
         gathered = _Regather.apply(tokens, slot_tokens.view(-1), slot_valid.view(-1), token_slot, token_in_slot)
         return gathered.view(s, length, x.shape[1], d).transpose(1, 2)
 
-    dropout = dropout if module.training else 0.0
     q, k, v = to_slots(query), to_slots(key), to_slots(value)
-    if slot_products(q.device.type, length, dropout):
-        out = _SlotAttention.apply(q, k, v, scaling if scaling is not None else d**-0.5)
+    if softcap is not None:
+        out = _masked_attention(q, k, v, _causal(length, sliding_window, q.device), scaling, softcap, dropout)
+    elif slot_products(q.device.type, length, dropout):
+        out = _SlotAttention.apply(q, k, v, scaling if scaling is not None else d**-0.5, sliding_window)
+    elif sliding_window is not None:
+        mask = _causal(length, sliding_window, q.device)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=scaling, dropout_p=dropout, enable_gqa=k.shape[1] != h
+        )
     else:
         out = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, scale=scaling, dropout_p=dropout, enable_gqa=k.shape[1] != h
@@ -70,6 +104,35 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
     out = out.transpose(1, 2).reshape(s * length, h, d)
     result = _Regather.apply(out, token_slot, token_in_slot, slot_tokens.view(-1), slot_valid.view(-1))
     return result.view(b, t, h, d), None
+
+
+def _causal(length: int, window: int | None, device) -> torch.Tensor:
+    """(L, L) boolean: query i sees key j iff j <= i and, under a sliding window, i - j < window."""
+    index = torch.arange(length, device=device)
+    offset = index[:, None] - index[None, :]
+    mask = offset >= 0
+    return mask & (offset < window) if window is not None else mask
+
+
+def _masked_attention(query, key, value, mask, scaling, softcap, dropout: float = 0.0) -> torch.Tensor:
+    """(B, H, T, D) attention under a boolean mask broadcastable to (B, H, T, T). SDPA where it can; explicit
+    products (autograd's gradient) under logit soft-capping, which SDPA has no hook for, in transformers'
+    eager order: scale, cap, mask, fp32 softmax."""
+    heads, kv_heads = query.shape[1], key.shape[1]
+    if softcap is None:
+        return F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, scale=scaling, dropout_p=dropout, enable_gqa=kv_heads != heads
+        )
+    if kv_heads != heads:
+        key = key.repeat_interleave(heads // kv_heads, dim=1)
+        value = value.repeat_interleave(heads // kv_heads, dim=1)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    scores = (query @ key.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    probs = F.dropout(probs, p=dropout, training=dropout > 0)
+    return probs @ value
 
 
 class _Regather(torch.autograd.Function):
@@ -111,12 +174,12 @@ class _SlotAttention(torch.autograd.Function):
     it is with attention dropout, which this product does not apply."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale: float):
+    def forward(ctx, q, k, v, scale: float, window: int | None = None):
         s, h, length, d = q.shape
         groups = h // k.shape[1]
         dtype = compute_dtype(q)  # under autocast q may be fp32 (RoPE in fp32) while the products are bf16
         q, k, v = q.reshape(s, k.shape[1], groups * length, d).to(dtype), k.to(dtype), v.to(dtype)
-        future = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1).repeat(groups, 1)
+        future = (~_causal(length, window, q.device)).repeat(groups, 1)
         with torch.autocast(q.device.type, enabled=False):
             scores = ((q @ k.transpose(-1, -2)).float() * scale).masked_fill(future, float("-inf"))
             probs = torch.exp(scores - torch.logsumexp(scores, -1, keepdim=True)).to(dtype)
@@ -136,7 +199,7 @@ class _SlotAttention(torch.autograd.Function):
         grad_scores = (probs.float() * (grad_probs.float() - correction) * ctx.scale).to(q.dtype)
         grad_q = grad_scores @ k
         grad_k = grad_scores.transpose(-1, -2) @ q
-        return grad_q.view(ctx.shape), grad_k, grad_v, None
+        return grad_q.view(ctx.shape), grad_k, grad_v, None, None
 
 
 def register(path: str = "slots") -> str:
@@ -161,12 +224,12 @@ def layout_tensors(layout: SeqLayout, device: torch.device) -> dict[str, tuple[t
     return {"seq_slots": tuple(torch.from_numpy(a).to(device, non_blocking=True) for a in arrays)}
 
 
-def document_block_mask(position_ids: torch.Tensor):
+def document_block_mask(position_ids: torch.Tensor, window: int | None = None):
     """The document-causal BlockMask of packed rows, built on their device: token q sees token kv iff both
-    are in the same document and kv <= q. Documents are numbered by counting position restarts
-    (position_ids == 0) along the row; a row's padded tail restarts its positions too (data/packing.collate),
-    so it is a document of its own that no real token sees. Tensor ops only: nothing is read back to the
-    host. Every layer of the forward reuses the mask."""
+    are in the same document and kv <= q (and, with a sliding `window`, q - kv < window). Documents are
+    numbered by counting position restarts (position_ids == 0) along the row; a row's padded tail restarts
+    its positions too (data/packing.collate), so it is a document of its own that no real token sees. Tensor
+    ops only: nothing is read back to the host. Every layer of the forward reuses the mask."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     document = (position_ids == 0).cumsum(-1)
@@ -174,16 +237,25 @@ def document_block_mask(position_ids: torch.Tensor):
     def document_causal(b, h, q_idx, kv_idx):
         return (document[b, q_idx] == document[b, kv_idx]) & (q_idx >= kv_idx)
 
+    def document_window(b, h, q_idx, kv_idx):
+        return document_causal(b, h, q_idx, kv_idx) & (q_idx - kv_idx < window)
+
     rows, width = position_ids.shape
-    return create_block_mask(document_causal, rows, None, width, width, device=position_ids.device)
+    mask_mod = document_causal if window is None else document_window
+    return create_block_mask(mask_mod, rows, None, width, width, device=position_ids.device)
 
 
-def flex_tensors(position_ids: torch.Tensor) -> dict:
-    """The kwarg `flex_packed_attention` reads: one micro-batch's document-causal BlockMask."""
-    return {"flex_block_mask": document_block_mask(position_ids)}
+def flex_tensors(position_ids: torch.Tensor, windows=()) -> dict:
+    """The kwargs `flex_packed_attention` reads: one micro-batch's document-causal BlockMask, and one per
+    sliding-window width the model's layers use (families.sliding_windows)."""
+    return {
+        "flex_block_mask": document_block_mask(position_ids),
+        "flex_window_masks": {w: document_block_mask(position_ids, w) for w in windows},
+    }
 
 
 _compiled_flex = None
+_softcaps: dict[float, object] = {}
 
 
 def _flex_attention():
@@ -197,25 +269,56 @@ def _flex_attention():
     return _compiled_flex
 
 
-def flex_packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+def _softcap_score(softcap: float):
+    """The score_mod of attention logit soft-capping, one function per cap so compiled kernels are reused."""
+    if softcap not in _softcaps:
+
+        def capped(score, b, h, q_idx, kv_idx):
+            return torch.tanh(score / softcap) * softcap
+
+        _softcaps[softcap] = capped
+    return _softcaps[softcap]
+
+
+def flex_packed_attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling=None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    **kwargs,
+):
     """Attention-interface function over whole packed rows with the micro-batch's document-causal BlockMask
-    (`flex_tensors`): (B, H, T, D) in, (B, T, H, D) out. Without a BlockMask (unpacked rows, generation) it
-    is `packed_attention` without slots."""
+    (`flex_tensors`): (B, H, T, D) in, (B, T, H, D) out; a sliding-window layer takes the BlockMask of its
+    width, soft-capping is a score_mod. Without a BlockMask (unpacked rows, generation) it is
+    `packed_attention` without slots."""
     block_mask = kwargs.get("flex_block_mask")
     if block_mask is None:
-        return packed_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return packed_attention(
+            module, query, key, value, attention_mask, dropout, scaling, sliding_window, softcap, **kwargs
+        )
+    if sliding_window is not None:
+        block_mask = kwargs.get("flex_window_masks", {}).get(sliding_window)
+        if block_mask is None:
+            raise TunelabError(f"attention: no BlockMask for this layer's sliding window of {sliding_window} tokens")
     if dropout and module.training:
         raise TunelabError("attention: flex has no attention dropout; set attention=slots for this model")
     dtype = compute_dtype(query)  # under autocast RoPE may leave q and k in fp32 while v is bf16
     q, k, v = query.to(dtype), key.to(dtype), value.to(dtype)
     gqa = k.shape[1] != q.shape[1]
     if q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        # FlexAttention has no backward on CPU (torch 2.13); the same mask_mod, expanded densely, feeds SDPA.
+        # FlexAttention has no backward on CPU (torch 2.13); the same mask_mod, expanded densely, feeds SDPA
+        # (or explicit products under soft-capping).
         from torch.nn.attention.flex_attention import create_mask
 
         b, _, t, _ = q.shape
         mask = create_mask(block_mask.mask_mod, b, 1, t, t, device=q.device)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling, enable_gqa=gqa)
+        out = _masked_attention(q, k, v, mask, scaling, softcap)
     else:
-        out = _flex_attention()(q, k, v, block_mask=block_mask, scale=scaling, enable_gqa=gqa)
+        score_mod = None if softcap is None else _softcap_score(softcap)
+        out = _flex_attention()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scaling, enable_gqa=gqa)
     return out.transpose(1, 2).contiguous(), None

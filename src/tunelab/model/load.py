@@ -47,8 +47,11 @@ def check_weights(source: ModelSource) -> None:
         )
 
 
-def load_model(source: ModelSource, dtype: torch.dtype, base_quant: str, device: torch.device, attn: str = "sdpa"):
-    """Load the base model with its frozen weights in `dtype`, quantized to int8/nf4 if asked (bitsandbytes)."""
+def load_model(source: ModelSource, dtype: torch.dtype, base_quant: str, device: torch.device, attn: str | None = None):
+    """Load the base model with its frozen weights in `dtype`, quantized to int8/nf4 if asked (bitsandbytes).
+
+    `attn` None is transformers' own choice, SDPA where the family supports it and eager otherwise (Gemma-2,
+    whose soft-capping SDPA cannot apply), for loads outside training: evaluation, generation, export."""
     from transformers import AutoModelForCausalLM
 
     if source.random_key:
@@ -83,7 +86,7 @@ def load_model(source: ModelSource, dtype: torch.dtype, base_quant: str, device:
     return model
 
 
-def random_model(source: ModelSource, dtype: torch.dtype, device: torch.device, attn: str):
+def random_model(source: ModelSource, dtype: torch.dtype, device: torch.device, attn: str | None):
     """A `random:` model, initialised directly on `device` in `dtype`: an 8B never passes through 32 GB of fp32."""
     from transformers import AutoModelForCausalLM
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import TunelabError
+from ..model import families
 from . import catalog
 
 EMBEDDED = "embedded"  # the `model` that names the built-in SmolLM2-135M-Instruct (sources.py)
@@ -20,10 +21,12 @@ RANDOM = "random:"
 # The embedded SmolLM2 tokenizer's size; a random model's embedding must hold every id it produces.
 # A unit test compares it with the tokenizer itself, so plan can check it without loading one.
 TOKENIZER_VOCAB = 49152
-# The Hugging Face architecture a `random:` model of each catalog owner's rows is built as. Mistral builds as
-# Llama: the same modules, and the sliding window the catalog does not record only matters past 4,096 tokens.
-# Gemma-2 is left out: its soft-capping, extra norms and window pattern are not in the catalog.
+# The Hugging Face architecture a `random:` model of each catalog owner's rows is built as (the longest key
+# prefix wins). Mistral builds as Llama: the same modules, and the sliding window the catalog does not record
+# only matters past 4,096 tokens. Gemma-2/3 and Phi-3 are left out: their soft-capping, extra norms, window
+# patterns and fused projections are not in the catalog.
 FAMILIES = {
+    "Qwen/Qwen3": "qwen3",
     "meta-llama": "llama",
     "huggyllama": "llama",
     "decapoda-research": "llama",
@@ -153,11 +156,12 @@ def random_key(ref: str) -> str:
 
 def random_family(ref: str, key: str) -> str:
     """The FAMILIES entry of catalog key `key`, or an error naming the family random weights cannot build."""
-    family = FAMILIES.get(key.split("/", 1)[0])
+    prefixes = [p for p in FAMILIES if key.startswith(p if "/" in p else p + "/")]
+    family = FAMILIES[max(prefixes, key=len)] if prefixes else None
     if family is None:
         raise TunelabError(
             f"model {ref}: {key}'s family cannot be built faithfully from the catalog's fields; "
-            f"pick a Llama, Qwen2 or SmolLM2 row"
+            f"pick a Llama, Qwen2, Qwen3 or SmolLM2 row"
         )
     return family
 
@@ -222,7 +226,9 @@ def resolve_arch(ref: str) -> Arch:
         if path.exists():
             raise
         raise TunelabError(f"{e}; or use a model plan knows: {', '.join(registry_names())}") from None
-    return from_hf_config(ref, load.load_config(source), f"{source.path}/config.json")
+    config = load.load_config(source)
+    families.check(config, ref)
+    return from_hf_config(ref, config, f"{source.path}/config.json")
 
 
 def from_gguf(name: str, path: Path) -> Arch:
@@ -240,6 +246,12 @@ def from_gguf(name: str, path: Path) -> Arch:
         return field.contents() if field is not None else default
 
     arch = value("general.architecture")
+    experts = value(f"{arch}.expert_count")
+    if experts and experts > 1:
+        raise TunelabError(
+            f"model {name}: {arch} is a Mixture-of-Experts model ({arch}.expert_count={experts} in the GGUF "
+            "metadata); MoE is not supported (tunelab trains and plans dense decoders only); pick a dense model"
+        )
     if value(f"{arch}.block_count") is None or value(f"{arch}.feed_forward_length") is None:
         raise TunelabError(f"model {name}: GGUF architecture {arch!r} is not a Llama-shaped decoder plan can describe")
     hidden, heads = value(f"{arch}.embedding_length"), value(f"{arch}.attention.head_count")

@@ -26,7 +26,7 @@ from ..errors import TunelabError
 from ..io import atomic_dir, disk_errors, link_tree, remove_stale_temps, write_atomic
 from ..memwatch import MemoryWatch
 from ..runtime import ACTIVATION_MEMORY_BUDGET
-from ..model import attention
+from ..model import attention, families
 from ..model import load as mload
 from ..model.adapters import AdapterSpec, apply_adapter, count_parameters
 from ..model.lora_linear import has_lora_dropout, has_nf4_base, nf4_layers
@@ -59,8 +59,9 @@ def prepare_run(cfg: TrainConfig, procs: distributed.Processes | None = None) ->
     rank, world = (0, 1) if procs is None else (procs.rank, procs.world)
     precision = pick_precision(cfg.precision, device)
     source = mload.resolve(cfg.model, cfg.trust_remote_code)
-    mload.check_weights(source)
     model_config = mload.load_config(source)
+    families.check(model_config, cfg.model, cfg.attention)
+    mload.check_weights(source)
     limit = mload.max_positions(model_config)
     if limit is not None and cfg.seq_len > limit:
         raise TunelabError(f"seq_len {cfg.seq_len} is over the model's limit of {limit} positions; lower seq_len")

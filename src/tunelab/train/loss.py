@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from ..data.packing import SeqLayout
-from ..model import attention
+from ..errors import TunelabError
+from ..model import attention, families
 from ..runtime import LOGIT_CHUNK
 
 
@@ -131,8 +132,15 @@ class CausalLMLoss(torch.nn.Module):
     def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.model = model
-        self.softcap = getattr(model.config, "final_logit_softcapping", None)
-        implementation = getattr(model.config, "_attn_implementation", None)
+        config = model.config
+        self.softcap = getattr(config, "final_logit_softcapping", None)
+        self.windows = tuple(sorted(families.sliding_windows(config)))
+        if getattr(model.get_output_embeddings(), "bias", None) is not None:
+            raise TunelabError(
+                f"model: {getattr(config, 'model_type', '?')} has a bias on its LM head, which tunelab's fused "
+                "loss does not add; this family is not supported"
+            )
+        implementation = getattr(config, "_attn_implementation", None)
         self.packed_attention = implementation == attention.NAME
         self.flex_attention = implementation == attention.FLEX_NAME
 
@@ -141,7 +149,7 @@ class CausalLMLoss(torch.nn.Module):
     ) -> torch.Tensor:
         decoder = self.model.get_decoder()
         if self.flex_attention and position_ids is not None:
-            extra = attention.flex_tensors(position_ids)
+            extra = attention.flex_tensors(position_ids, self.windows)
         elif self.packed_attention and layout is not None:
             extra = attention.layout_tensors(layout, input_ids.device)
         else:

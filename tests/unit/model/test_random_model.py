@@ -190,3 +190,17 @@ def test_random_model_needs_only_the_tokenizer_folder(load, tmp_path, monkeypatc
     config = load.load_config(source)
     assert config.num_hidden_layers == archmod.resolve_arch("random:llama-3.2-1b").layers
     assert load.load_tokenizer(source)("1 + 2").input_ids
+
+
+def test_qwen3_rows_build_as_qwen3(load):
+    """Qwen3 has no q/k/v biases but RMSNorms on q and k per head, which plan's parameter count leaves out."""
+    model = load.load_model(load.resolve("random:qwen3-8b"), torch.bfloat16, "none", torch.device("meta"))
+    shape = archmod.resolve_arch("random:qwen3-8b")
+    assert model.config.model_type == "qwen3"
+    assert sum(p.numel() for p in model.parameters()) == shape.total_params + shape.layers * 2 * shape.head_dim
+
+
+@pytest.mark.parametrize("ref", ["random:gemma-3-1b-pt", "random:phi-3-mini-4k-instruct"])
+def test_families_the_catalog_cannot_describe_are_refused(ref):
+    with pytest.raises(TunelabError, match="family cannot be built faithfully"):
+        archmod.resolve_arch(ref)

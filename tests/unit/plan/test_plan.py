@@ -169,12 +169,35 @@ def test_registry_covers_issue_models():
         "Qwen/Qwen2.5-7B",
         "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
         "google/gemma-2-2b",
+        "google/gemma-2-9b",
+        "google/gemma-3-1b-it",
+        "Qwen/Qwen2.5-1.5B",
+        "Qwen/Qwen3-8B",
+        "mistralai/Mistral-7B-v0.3",
+        "microsoft/Phi-3-mini-4k-instruct",
         "HuggingFaceTB/SmolLM2-135M",
         "HuggingFaceTB/SmolLM2-360M",
         "HuggingFaceTB/SmolLM2-1.7B",
     ]:
         assert archmod.resolve_arch(name).total_params > 0
     assert round(archmod.resolve_arch("meta-llama/Llama-3.1-8B").total_params / 1e6) == 8030
+
+
+@pytest.mark.parametrize(
+    "name, extra_per_layer, published",
+    [
+        # Released checkpoints' parameter counts; plan's formula counts two RMSNorms per block, so each family's
+        # other norms are added: Gemma-2/3's post-attention and post-MLP norms, Gemma-3's and Qwen3's q/k norms.
+        ("microsoft/Phi-3-mini-4k-instruct", lambda a: 0, 3_821_079_552),
+        ("google/gemma-2-9b", lambda a: 2 * a.hidden, 9_241_705_984),
+        ("google/gemma-3-1b-pt", lambda a: 2 * a.hidden + 2 * a.head_dim, 999_885_952),
+        ("Qwen/Qwen3-8B", lambda a: 2 * a.head_dim, 8_190_735_360),
+        ("mistralai/Mistral-7B-v0.3", lambda a: 0, 7_248_023_552),
+    ],
+)
+def test_family_rows_count_the_released_parameters(name, extra_per_layer, published):
+    a = archmod.resolve_arch(name)
+    assert a.total_params + a.layers * extra_per_layer(a) == published
 
 
 def test_calibration_roundtrip_and_use(tmp_path, monkeypatch):
