@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import TunelabError
-from ..model import families
+from .. import families
 from . import catalog
 
 EMBEDDED = "embedded"  # the `model` that names the built-in SmolLM2-135M-Instruct (sources.py)

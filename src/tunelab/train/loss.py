@@ -14,7 +14,8 @@ import torch
 
 from ..data.packing import SeqLayout
 from ..errors import TunelabError
-from ..model import attention, families
+from .. import families
+from ..model import attention
 from ..runtime import LOGIT_CHUNK
 
 

@@ -2,7 +2,7 @@
 head and loss) equals transformers' own loss on the same rows, packed or not, with each family's features active:
 sliding windows narrower than the test documents, Gemma-2's attention and final logit soft-capping (small caps
 and a wide initialisation, so the tanh bites), Gemma's embedding scaling. Families tunelab cannot train are
-refused in one line before any weights load (model/families.py).
+refused in one line before any weights load (families.py).
 
 Comparisons are fp32: the paths differ from transformers' eager attention only in summation order.
 """
@@ -19,7 +19,8 @@ from conftest import make_tokenizer, write_jsonl
 from tunelab.cli import main
 from tunelab.data.packing import layout_from_lengths
 from tunelab.errors import TunelabError
-from tunelab.model import attention, families
+from tunelab import families
+from tunelab.model import attention
 from tunelab.plan import arch as archmod
 from tunelab.train.loss import CausalLMLoss
 

@@ -10,7 +10,7 @@ scaling (inside the decoder). Refused: the rest below, each in one line naming t
 
 from __future__ import annotations
 
-from ..errors import TunelabError
+from .errors import TunelabError
 
 # Config keys that count a Mixture-of-Experts block's experts, by family: Mixtral, Qwen2-MoE / Qwen3-MoE /
 # OLMoE, DeepSeek, DBRX-style configs.
