@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test clean
+.PHONY: install demo test test-fast clean
 
 install: $(STAMP)
 
@@ -29,6 +29,10 @@ test: install
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q tests --durations=15
+
+# The fast tier while editing: no training, compiling or subprocess runs, no embedded model (pyproject markers).
+test-fast: install
+	$(BIN)/python -m pytest -q tests -m "not slow and not integration and not gpu" --durations=5
 
 clean:
 	rm -rf $(VENV) runs build src/*.egg-info

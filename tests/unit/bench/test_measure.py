@@ -123,6 +123,7 @@ def assert_window_counts(rec: dict, max_padded: int) -> None:
     assert rec["steps"] * max_padded >= padded >= nonpad > loss > 0
 
 
+@pytest.mark.slow
 def test_bench_sweep_json_stores_every_point_and_exports(bench_args, tiny_model_dir, tmp_path, capsys):
     from transformers import AutoModelForCausalLM
 
@@ -150,6 +151,7 @@ def test_bench_sweep_json_stores_every_point_and_exports(bench_args, tiny_model_
     assert len(list(csv.DictReader(out.open()))) == 2
 
 
+@pytest.mark.slow
 def test_calibrate_writes_a_record_plan_reads(bench_args, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TUNELAB_CACHE", str(tmp_path / "cache"))
     assert (
@@ -185,6 +187,7 @@ def test_bench_errors_before_measuring(bench_args, capsys):
     assert main(["bench", "--export", "json", "--db", "/nonexistent/x.sqlite"]) == 2
 
 
+@pytest.mark.slow
 def test_bench_peer_interleaves_runs_and_prints_ratios(bench_args, tmp_path, capsys):
     assert (
         main(

@@ -96,6 +96,7 @@ def _assert_measured(rec):
     assert rec["rate_basis"] == "window"
 
 
+@pytest.mark.slow
 def test_cpu_suite_end_to_end(tmp_path):
     out = tmp_path / "bench-out"
     assert main(["bench", "--suite", "cpu", "--out", str(out), f"output_dir={tmp_path / 'runs'}"]) == 0
@@ -121,6 +122,7 @@ def test_cpu_suite_end_to_end(tmp_path):
     assert {line.split(" | ")[0].removeprefix("| ") for line in table[1:]} == set(labels)
 
 
+@pytest.mark.slow
 def test_a_failing_row_is_recorded_and_the_rest_run(tmp_path):
     tiny = {
         "num_hidden_layers": 1,

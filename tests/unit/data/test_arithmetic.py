@@ -18,6 +18,7 @@ def test_goat_pairs_match_the_seed_formula():
     assert Counter(pairs)[(1, 15)] == 1 and Counter(pairs)[(12, 12)] == 5 and Counter(pairs)[(9, 10)] == 4
 
 
+@pytest.mark.slow
 def test_goat_preset_writes_exactly_304000_rows_with_the_formula_histogram(tmp_path):
     out = tmp_path / "goat.jsonl"
     assert main(["data", "arithmetic", "--preset", "goat", "--out", str(out), "--seed", "7"]) == 0

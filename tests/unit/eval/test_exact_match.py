@@ -163,6 +163,7 @@ def test_eval_prompt_tokens_are_exactly_the_training_prompt(tmp_path, addition_r
         assert (prompt[0] == tok.bos_token_id) == bos
 
 
+@pytest.mark.slow
 def test_batched_left_padded_generation_equals_one_prompt_at_a_time(tokenizer):
     model = make_tiny_llama(len(tokenizer), seed=1, initializer_range=0.5).eval()
     texts = [f"{'9' * k} + {k}" for k in range(1, 12)]

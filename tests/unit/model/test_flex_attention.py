@@ -50,6 +50,7 @@ def documents(row_lengths):
 ROWS = [[30, 50, 48], [70, 40]]  # the second row has an 18-token padded tail
 
 
+@pytest.mark.slow
 def test_block_mask_is_document_causal_across_blocks():
     """Three 128-wide blocks per row: the element mask is same-document-and-causal, blocks that hold no
     shared document are skipped, and the flex kernel matches SDPA under the dense mask (GQA, fp32)."""
@@ -90,6 +91,7 @@ def _flex_and_reference(tokenizer_len):
     return model.eval(), reference.eval()
 
 
+@pytest.mark.slow
 def test_packed_equals_one_by_one(tokenizer):
     """Per-token logits of packed rows under the flex kernel (forward, compiled) equal those of each
     document run alone through transformers' SDPA; the training forward (CPU: the dense expansion of the
@@ -163,6 +165,7 @@ MIXES = [  # four micro-batches of two rows, each a different mix of document le
 ]
 
 
+@pytest.mark.slow
 def test_compiled_blocks_compile_once(tokenizer):
     """LoRA over compiled blocks with attention=flex: four micro-batches of different document mixes, forward
     and backward; after the first, dynamo compiles nothing new (under LoRA the first block's input needs no

@@ -137,6 +137,7 @@ def test_lora_dropout_takes_the_fused_path_and_matches_its_definition():
     torch.testing.assert_close(fused(x).detach(), _dropout_reference(layer, x, torch.ones_like(keep), 0.0)[0])
 
 
+@pytest.mark.slow
 def test_compiled_lora_dropout_backward_uses_the_forwards_mask():
     """Under torch.compile the mask comes from inductor's RNG, so check consistency instead of values: the
     forward's adapter activations xa = drop(x)·Aᵀ follow from y (B has full column rank), and dL/dA·Aᵀ

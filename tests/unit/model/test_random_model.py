@@ -116,6 +116,7 @@ def test_plan_prints_the_same_as_for_the_catalog_model(capsys):
     assert outputs[0] == outputs[1]
 
 
+@pytest.mark.slow
 def test_trains_end_to_end_on_a_shrunk_catalog_row(monkeypatch, tmp_path, addition_rows, capsys):
     monkeypatch.setitem(catalog.read("models.yaml")["models"], "meta-llama/Llama-3.2-1B", TINY_ROW)
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows)

@@ -61,6 +61,7 @@ def test_evaluation_seconds_and_plan_output_only_with_eval(capsys):
     assert "; 5 evaluations" in table and "+ evaluation " in table
 
 
+@pytest.mark.slow
 def test_predicted_eval_time_beside_a_measured_run(tiny_model_dir, tmp_path, addition_rows):
     """plan, calibrated to the run's own training rate, predicts its evaluations from the forward-only FLOPs:
     the evaluation count and held-out tokens are exact, and the time within a factor of 3 of what the run

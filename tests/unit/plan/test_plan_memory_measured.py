@@ -26,7 +26,7 @@ from tunelab.config import load_config
 from tunelab.device import cpu_has_fast_bf16
 from tunelab.recipes.predict import local_prediction
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.slow  # trains and measures the tiny model
 
 SHAPE = dict(
     hidden_size=512,

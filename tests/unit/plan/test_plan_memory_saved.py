@@ -34,6 +34,8 @@ from tunelab.plan.estimate import estimate
 from tunelab.recipes import train as command
 from tunelab.train.loss import CausalLMLoss
 
+pytestmark = pytest.mark.slow  # every test here trains or compiles
+
 SHAPE = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2)
 
 

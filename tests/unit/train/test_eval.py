@@ -14,6 +14,8 @@ from tunelab.recipes.train import train
 from tunelab.specs import data_spec, held_out_spec
 from tunelab.train import loop
 
+pytestmark = pytest.mark.slow  # every test here trains or compiles
+
 
 @pytest.fixture
 def data_file(tmp_path, addition_rows):

@@ -18,6 +18,8 @@ from conftest import tiny_train_config, write_jsonl
 from tunelab.recipes.train import train
 from tunelab.train import batches
 
+pytestmark = pytest.mark.slow  # every test here trains or compiles
+
 READ_BACKS = {
     "item",
     "tolist",

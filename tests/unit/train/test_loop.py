@@ -11,6 +11,8 @@ from tunelab.cli import main
 from tunelab.config import load_config
 from tunelab.recipes.train import train
 
+pytestmark = pytest.mark.slow  # every test here trains or compiles
+
 
 @pytest.fixture
 def data_file(tmp_path, addition_rows):

@@ -21,6 +21,8 @@ from conftest import write_jsonl
 from tunelab.config import load_config
 from tunelab.recipes.train import prepare_run, train
 
+pytestmark = pytest.mark.slow  # every test here trains or compiles
+
 STEPS = 20
 TOLERANCE = 0.03
 
