@@ -54,7 +54,7 @@ def _tokenizer(cfg: cfgmod.TrainConfig, tokenizer_ref: str | None):
     from .. import sources as load
 
     try:
-        return load.load_tokenizer(load.resolve(tokenizer_ref or cfg.model))
+        return load.load_tokenizer(load.resolve(tokenizer_ref or cfg.model, weights=False))
     except TunelabError as e:
         raise TunelabError(
             f"{e} (plan needs the tokenizer to measure data.path; pass --tokenizer MODEL to measure with another local one)"
