@@ -25,21 +25,6 @@ COMMIT = "c0ffee" + "0" * 34
 DUPLICATES = ("pytorch_model.bin", "model.onnx", "tiny.Q4_0.gguf", "consolidated.safetensors", "flax_model.msgpack")
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch) -> Path:
-    """An empty hub cache of the test's own, downloads on; library offline flags restored afterwards."""
-    import datasets.config
-    import huggingface_hub.constants
-
-    folder = tmp_path / "hf-hub"
-    monkeypatch.setenv("HF_HUB_CACHE", str(folder))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
-    return folder
-
-
 @dataclass
 class Listed:
     filename: str
@@ -133,16 +118,16 @@ def train_argv(tmp_path: Path, model: str = REPO_ID, *extra: str) -> list[str]:
     return ["train", "--config", str(config), "--quiet", *extra]
 
 
-def test_a_cached_snapshot_is_used_without_asking_the_hub(cache, tiny_model_dir, monkeypatch):
-    snapshot = cache_snapshot(cache, tiny_model_dir, [*CONFIG_FILES, "model.safetensors"])
+def test_a_cached_snapshot_is_used_without_asking_the_hub(hub_cache, tiny_model_dir, monkeypatch):
+    snapshot = cache_snapshot(hub_cache, tiny_model_dir, [*CONFIG_FILES, "model.safetensors"])
     monkeypatch.setattr("huggingface_hub.snapshot_download", raising(AssertionError("the hub was asked")))
     assert sources.resolve(REPO_ID).path == snapshot
     assert sources.resolve(REPO_ID, weights=False).path == snapshot
 
 
-def test_a_download_fetches_config_tokenizer_and_safetensors_only(cache, fake_hub, capsys):
+def test_a_download_fetches_config_tokenizer_and_safetensors_only(hub_cache, fake_hub, capsys):
     path = sources.resolve(REPO_ID).path
-    assert path == cache / "models--owner--tiny" / "snapshots" / COMMIT
+    assert path == hub_cache / "models--owner--tiny" / "snapshots" / COMMIT
     assert sorted(p.name for p in path.iterdir()) == sorted(
         n for n in fake_hub.files if n not in DUPLICATES
     )  # no .bin, .onnx, .gguf, msgpack, or mistral's consolidated copy
@@ -157,7 +142,7 @@ def test_a_download_fetches_config_tokenizer_and_safetensors_only(cache, fake_hu
     assert len(fake_hub.calls) == calls and capsys.readouterr().err == ""
 
 
-def test_plan_resolves_config_and_tokenizer_only_then_train_fetches_the_weights(cache, fake_hub, capsys):
+def test_plan_resolves_config_and_tokenizer_only_then_train_fetches_the_weights(hub_cache, fake_hub, capsys):
     path = sources.resolve(REPO_ID, weights=False).path
     assert not any(p.suffix == ".safetensors" for p in path.iterdir())
     assert all(not any(fnmatch.fnmatch("model.safetensors", p) for p in c["allow_patterns"]) for c in fake_hub.calls)
@@ -170,8 +155,8 @@ def test_plan_resolves_config_and_tokenizer_only_then_train_fetches_the_weights(
     assert fake_hub.fetched()[-1] >= {"model.safetensors", "config.json"}
 
 
-def test_a_sharded_snapshot_is_complete_only_with_every_shard(cache, tiny_model_dir, fake_hub):
-    snapshot = cache_snapshot(cache, tiny_model_dir, CONFIG_FILES)
+def test_a_sharded_snapshot_is_complete_only_with_every_shard(hub_cache, tiny_model_dir, fake_hub):
+    snapshot = cache_snapshot(hub_cache, tiny_model_dir, CONFIG_FILES)
     index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
     (snapshot / "model.safetensors.index.json").write_text(json.dumps(index))
     (snapshot / "model-00001-of-00002.safetensors").write_bytes(b"x")
@@ -181,7 +166,7 @@ def test_a_sharded_snapshot_is_complete_only_with_every_shard(cache, tiny_model_
     assert sources.resolve(REPO_ID).path == snapshot and fake_hub.calls == []
 
 
-def test_remote_code_fetches_the_python_files(cache, fake_hub, tmp_path, capsys):
+def test_remote_code_fetches_the_python_files(hub_cache, fake_hub, tmp_path, capsys):
     (tmp_path / "modeling_tiny.py").write_text("")
     fake_hub.files["modeling_tiny.py"] = tmp_path / "modeling_tiny.py"
     path = sources.resolve(REPO_ID, trust_remote_code=True).path
@@ -193,7 +178,7 @@ def test_remote_code_fetches_the_python_files(cache, fake_hub, tmp_path, capsys)
 
 
 def test_plan_of_the_goat_config_reads_config_and_tokenizer_only_then_works_offline(
-    cache, fake_hub, tmp_path, addition_rows, capsys, monkeypatch
+    hub_cache, fake_hub, tmp_path, addition_rows, capsys, monkeypatch
 ):
     data = write_jsonl(tmp_path / "goat.jsonl", addition_rows)
     argv = ["plan", "--config", str(REPO / "configs" / "goat-7b.yaml"), f"data.path={data}", "--json"]
@@ -218,7 +203,7 @@ OFFLINE = (
 
 
 @pytest.mark.parametrize("how", ["env", "flag"])
-def test_offline_without_a_cached_copy_fails_in_one_line(how, cache, tmp_path, capsys, monkeypatch):
+def test_offline_without_a_cached_copy_fails_in_one_line(how, hub_cache, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("huggingface_hub.snapshot_download", raising(AssertionError("the hub was asked")))
     argv = train_argv(tmp_path)
     if how == "env":
@@ -227,17 +212,17 @@ def test_offline_without_a_cached_copy_fails_in_one_line(how, cache, tmp_path, c
         argv.append("--offline")
     rc, out, err = run_cli(argv, capsys)
     assert (rc, out) == (2, "")
-    assert err.splitlines() == [OFFLINE.format(cache=cache, held="does not hold it")]
+    assert err.splitlines() == [OFFLINE.format(cache=hub_cache, held="does not hold it")]
     assert not (tmp_path / "out").exists()
 
 
 def test_offline_with_only_plans_files_cached_says_the_weights_are_missing(
-    cache, tiny_model_dir, tmp_path, capsys, monkeypatch
+    hub_cache, tiny_model_dir, tmp_path, capsys, monkeypatch
 ):
-    cache_snapshot(cache, tiny_model_dir, CONFIG_FILES)
+    cache_snapshot(hub_cache, tiny_model_dir, CONFIG_FILES)
     rc, _, err = run_cli(train_argv(tmp_path, REPO_ID, "--offline"), capsys)
     assert rc == 2
-    assert err.splitlines() == [OFFLINE.format(cache=cache, held="holds its config but not its weights")]
+    assert err.splitlines() == [OFFLINE.format(cache=hub_cache, held="holds its config but not its weights")]
 
 
 PAGE = f"https://huggingface.co/{REPO_ID}"
@@ -279,7 +264,7 @@ LOGIN = "log in (`hf auth login`) or set HF_TOKEN"
     ids=["gated", "not-found", "unauthorized", "revision", "network", "server-error"],
 )
 def test_each_hub_failure_is_one_line_naming_the_repo_and_what_to_do(
-    error, message, cache, tmp_path, capsys, monkeypatch
+    error, message, hub_cache, tmp_path, capsys, monkeypatch
 ):
     if isinstance(error, hf.DryRunError):  # how snapshot_download reports a refused connection
         error.__cause__ = httpx2.ConnectError("connection refused")
@@ -290,7 +275,7 @@ def test_each_hub_failure_is_one_line_naming_the_repo_and_what_to_do(
     assert not (tmp_path / "out").exists()
 
 
-def test_a_repository_without_safetensors_is_refused_before_downloading(cache, fake_hub, capsys):
+def test_a_repository_without_safetensors_is_refused_before_downloading(hub_cache, fake_hub, capsys):
     del fake_hub.files["model.safetensors"]
     with pytest.raises(TunelabError, match="has no model.safetensors") as e:
         sources.resolve(REPO_ID)
@@ -299,6 +284,6 @@ def test_a_repository_without_safetensors_is_refused_before_downloading(cache, f
 
 
 @pytest.mark.parametrize("ref", ["owner", "a/b/c", "owner/na me", "owner/name@"])
-def test_a_string_that_is_no_path_and_no_hub_id_says_what_model_takes(ref, cache):
+def test_a_string_that_is_no_path_and_no_hub_id_says_what_model_takes(ref, hub_cache):
     with pytest.raises(TunelabError, match="not a local directory, a .gguf file, or a hub id"):
         sources.resolve(ref)

@@ -90,7 +90,7 @@ def config_from_args(args: argparse.Namespace) -> cfgmod.TrainConfig:
 
 
 def lengths_from(cfg: cfgmod.TrainConfig, args: argparse.Namespace) -> workload.Lengths:
-    if cfg.data.path is not None:
+    if cfgmod.has_data(cfg):
         if args.examples is not None or args.mean_tokens is not None:
             raise TunelabError(
                 "--examples/--mean-tokens describe a dataset you do not have; data.path is set, drop them (or set data.path=null)"

@@ -69,7 +69,7 @@ def dataset_lengths(cfg: cfgmod.TrainConfig, tokenizer_ref: str | None) -> workl
 
     data, held = prepare_split(data_spec(cfg), held_out_spec(cfg), _tokenizer(cfg, tokenizer_ref))
     proxy = f", tokenized with {tokenizer_ref}'s tokenizer" if tokenizer_ref else ""
-    source = f"dataset {cfg.data.path}: {data.stats.rows} rows, {data.stats.truncated} truncated, {data.stats.dropped} dropped{proxy}"
+    source = f"dataset {cfgmod.data_label(cfg)}: {data.stats.rows} rows, {data.stats.truncated} truncated, {data.stats.dropped} dropped{proxy}"
     if held is not None:
         where = "held out (eval.split)" if cfg.eval.path is None else f"from {cfg.eval.path}"
         source += f"; evaluation: {held.stats.examples} examples {where}"
