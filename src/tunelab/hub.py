@@ -311,6 +311,7 @@ def load_data(ref: HubData):
         if message is None:
             raise
         raise TunelabError(message) from None
+    datasets.disable_progress_bars()  # the download's bars stay; tokenizing is tunelab's to report
     if not isinstance(ds, datasets.Dataset):
         raise TunelabError(f"{ref.uri}: is not a single split; name one, as in {DATA_FORMS}")
     return ds
