@@ -156,3 +156,19 @@ def addition_rows() -> list[dict]:
         a, b = r.randint(0, 999), r.randint(0, 999)
         rows.append({"instruction": f"{a} + {b}", "output": f"{a} + {b} = {a + b}", "answer": str(a + b)})
     return rows
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch) -> Path:
+    """An empty Hugging Face hub cache of the test's own, downloads on; the offline flags that huggingface_hub
+    and datasets read on import are restored afterwards (`--offline` sets them)."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    folder = tmp_path / "hf-hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(folder))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    return folder

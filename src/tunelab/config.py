@@ -17,6 +17,7 @@ from typing import Any, Union
 
 import yaml
 
+from . import hub
 from .data.formats import TEMPLATES
 from .errors import TunelabError
 from .plan.arch import EMBEDDED, RANDOM
@@ -33,8 +34,21 @@ REMOVED = {"data.shuffle": "batches are always shuffled, by `seed`"}
 
 
 @dataclass
-class DataConfig:
+class MixSource:
+    """One source of data.mix: a file or hub dataset, its relative weight, its own format/template if any."""
+
     path: str | None = None
+    weight: float = 1.0
+    format: str | None = None
+    template: str | None = None
+
+
+@dataclass
+class DataConfig:
+    # A file, or a hub dataset `hf://owner/name[/subset][:split]`.
+    path: str | None = None
+    # Several sources drawn by weight instead of one path (data/pipeline.py: mix).
+    mix: list[MixSource] = field(default_factory=list)
     format: str = "alpaca"
     # Prompt template of the alpaca format; `compact` drops Alpaca's 30-token preamble.
     template: str = "alpaca"
@@ -193,6 +207,12 @@ def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
         (item_tp,) = typing.get_args(tp)
         if isinstance(value, str) and "," in value:  # `lora.targets=q_proj,v_proj` on the command line
             value = [v.strip() for v in value.split(",") if v.strip()]
+        if dataclasses.is_dataclass(item_tp):  # a list of sections (data.mix): each named by its index
+            if value is None:
+                return []
+            if not isinstance(value, list):
+                raise TunelabError(f"{source}: {key} must be a list of mappings, got {value!r}")
+            return [_coerce(item_tp, v, source, f"{key}[{i}]") for i, v in enumerate(value)]
         if not isinstance(value, list):
             raise _type_error(source, key, tp, value)
         return [_coerce(item_tp, v, source, key) for v in value]
@@ -291,6 +311,44 @@ def validate(cfg: TrainConfig, source: str = "config") -> None:
         raise TunelabError(
             f"{source}: data.template applies to the alpaca format only; drop it for {cfg.data.format!r}"
         )
+    _validate_data(cfg, source)
+
+
+def _validate_data(cfg: TrainConfig, source: str) -> None:
+    d = cfg.data
+    if d.path is not None and d.mix:
+        raise TunelabError(
+            f"{source}: data.path and data.mix are exclusive; train on one source or list them all under data.mix"
+        )
+    for key, path in (("data.path", d.path), ("eval.path", cfg.eval.path)):
+        if hub.is_hub_data(path):
+            hub.parse_data(path, f"{source}: {key}")
+    for i, part in enumerate(d.mix):
+        key = f"data.mix[{i}]"
+        if not part.path:
+            raise TunelabError(f"{source}: {key}.path is missing; each source needs a file or hf://owner/name")
+        if hub.is_hub_data(part.path):
+            hub.parse_data(part.path, f"{source}: {key}.path")
+        if part.weight <= 0:
+            raise TunelabError(f"{source}: {key}.weight must be positive, got {part.weight:g}")
+        fmt = part.format or d.format
+        _choice(source, f"{key}.format", fmt, FORMATS)
+        if part.template is not None:
+            _choice(source, f"{key}.template", part.template, TEMPLATES)
+            if fmt != "alpaca":
+                raise TunelabError(f"{source}: {key}.template applies to the alpaca format only; drop it for {fmt!r}")
+
+
+def has_data(cfg: TrainConfig) -> bool:
+    """Whether the config names training data: data.path or data.mix."""
+    return cfg.data.path is not None or bool(cfg.data.mix)
+
+
+def data_label(cfg: TrainConfig) -> str:
+    """The training data in a message: its path, or the mixture's sources and weights."""
+    if not cfg.data.mix:
+        return str(cfg.data.path)
+    return "mix of " + ", ".join(f"{m.path} (weight {m.weight:g})" for m in cfg.data.mix)
 
 
 def _validate_eval(cfg: TrainConfig, source: str) -> None:

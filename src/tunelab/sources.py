@@ -17,6 +17,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import hub
 from .errors import TunelabError
 from .plan import arch as archmod
 
@@ -60,9 +61,13 @@ def embedded_gguf() -> Path:
     return files[0]
 
 
-def resolve(ref: str, trust_remote_code: bool = False) -> ModelSource:
-    """Turn the config's `model` string into a local source, or fail saying what would work."""
-    source = _resolve(ref)
+def resolve(ref: str, trust_remote_code: bool = False, weights: bool = True) -> ModelSource:
+    """Turn the config's `model` string into a local source, or fail saying what would work.
+
+    `weights=False` is for callers that read only the configuration and tokenizer (`plan`): a hub model then
+    fetches those files and none of its weights.
+    """
+    source = _resolve(ref, weights, trust_remote_code)
     if not trust_remote_code:
         return source
     print(
@@ -73,7 +78,7 @@ def resolve(ref: str, trust_remote_code: bool = False) -> ModelSource:
     return dataclasses.replace(source, trust_remote_code=True)
 
 
-def _resolve(ref: str) -> ModelSource:
+def _resolve(ref: str, weights: bool = True, code: bool = False) -> ModelSource:
     if ref == EMBEDDED:
         return ModelSource(ref, _embedded_hf_dir())
     if ref.startswith(archmod.RANDOM):
@@ -89,24 +94,7 @@ def _resolve(ref: str) -> ModelSource:
         return ModelSource(ref, path)
     if path.exists():
         raise TunelabError(f"model {ref}: expected a model directory or a .gguf file")
-    return ModelSource(ref, _hub_cache_dir(ref))
-
-
-def _hub_cache_dir(ref: str) -> Path:
-    if ref.count("/") != 1:
-        raise TunelabError(
-            f"model {ref!r}: not a local directory, a .gguf file, or a hub id (owner/name); "
-            f"use `{EMBEDDED}` for the built-in SmolLM2-135M-Instruct"
-        )
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(ref, local_files_only=True))
-    except Exception:
-        raise TunelabError(
-            f"model {ref!r}: not in the local Hugging Face cache, and this machine cannot download; "
-            f"download it elsewhere and pass its directory, or use `{EMBEDDED}`"
-        ) from None
+    return ModelSource(ref, hub.model_dir(ref, weights, code))
 
 
 def _embedded_hf_dir() -> Path:

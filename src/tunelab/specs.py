@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from .config import TrainConfig, eval_enabled
-from .data.pipeline import DataSpec, HeldOutSpec
+from .data.pipeline import DataSpec, HeldOutSpec, MixPart
 
 
 def data_spec(cfg: TrainConfig) -> DataSpec:
-    """What the data pipeline needs: the file, its format and template, masking, and the row length."""
+    """What the data pipeline needs: the source (or mixture), its format and template, masking, the row length."""
     d = cfg.data
-    return DataSpec(d.path, d.format, d.template, d.train_on_inputs, cfg.seq_len, d.max_examples)
+    mix = tuple(MixPart(m.path, m.weight, m.format or d.format, m.template or d.template) for m in d.mix)
+    return DataSpec(d.path, d.format, d.template, d.train_on_inputs, cfg.seq_len, d.max_examples, mix, cfg.seed)
 
 
 def held_out_spec(cfg: TrainConfig) -> HeldOutSpec | None:

@@ -9,6 +9,7 @@ import argparse
 from dataclasses import replace
 
 from .. import config as cfgmod
+from .. import hub
 from ..errors import TunelabError
 from ..plan import arch as archmod
 from ..plan import catalog, render, workload
@@ -72,6 +73,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--tokenizer", help="model whose tokenizer measures data.path when the model itself is not local")
     p.add_argument("--price-per-hour", type=float, help="your own price per GPU-hour (replaces the catalog's)")
+    p.add_argument(
+        "--offline",
+        action="store_true",
+        help="no downloads: hub models and datasets only from the local cache (as HF_HUB_OFFLINE=1)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> cfgmod.TrainConfig:
@@ -84,7 +90,7 @@ def config_from_args(args: argparse.Namespace) -> cfgmod.TrainConfig:
 
 
 def lengths_from(cfg: cfgmod.TrainConfig, args: argparse.Namespace) -> workload.Lengths:
-    if cfg.data.path is not None:
+    if cfgmod.has_data(cfg):
         if args.examples is not None or args.mean_tokens is not None:
             raise TunelabError(
                 "--examples/--mean-tokens describe a dataset you do not have; data.path is set, drop them (or set data.path=null)"
@@ -114,6 +120,8 @@ def device_for(gpu_id: str, precision: str) -> Device:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.offline:
+        hub.go_offline()
     if args.gpus < 1:
         raise TunelabError(f"--gpus must be at least 1, got {args.gpus}")
     gpu_ids = [g.strip() for g in args.gpu.split(",") if g.strip()]

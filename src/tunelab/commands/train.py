@@ -11,6 +11,7 @@ import json
 import subprocess
 
 from .. import config as cfgmod
+from .. import hub
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,9 +29,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="Accelerate config for --nproc (configs/accelerate/: ddp, fsdp2, zero2, zero3); default: plain DDP",
     )
+    p.add_argument(
+        "--offline",
+        action="store_true",
+        help="no downloads: hub models and datasets only from the local cache (as HF_HUB_OFFLINE=1)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.offline:
+        hub.go_offline()
     if args.nproc is not None or args.accelerate_config is not None:
         return _launch(args)
     from ..recipes.train import train
@@ -51,5 +59,6 @@ def _launch(args: argparse.Namespace) -> int:
     from ..train.distributed import launch_command
 
     cfgmod.load_config(args.config, args.overrides)  # a bad config fails here with one line, not N times
-    argv = ["train", "--config", args.config, *args.overrides] + (["--quiet"] if args.quiet else [])
+    argv = ["train", "--config", args.config, *args.overrides]
+    argv += (["--quiet"] if args.quiet else []) + (["--offline"] if args.offline else [])
     return subprocess.call(launch_command(args.nproc, args.accelerate_config, argv))

@@ -1,8 +1,10 @@
-"""Rows on disk -> tokenized examples with loss targets, plus the statistics of what the data became.
+"""Rows on disk or on the hub -> tokenized examples with loss targets, plus the statistics of what the data became.
 
-Files are read through `datasets` (memory-mapped Arrow, cached). Tokenization is cached too, keyed by the
-file's identity, the tokenizer, the format/template, masking and seq_len, so a second run (or `plan` after
-`train`) re-tokenizes nothing.
+Files and hub datasets (`hf://owner/name:split`) are read through `datasets` (memory-mapped Arrow, cached).
+Tokenization is cached too, keyed by the source's identity (a file's path, size and mtime; a hub dataset's repo,
+subset, split and fingerprint, which changes with its revision), the tokenizer, the format/template, masking
+and seq_len, so a second run (or `plan` after `train`) re-tokenizes nothing. A mixture (`data.mix`) prepares
+each source so, then draws its examples from them by weight.
 
 Each example stores `input_ids` and `targets`, where targets are already shifted: `targets[t]` is the token
 the model must predict at position t (`input_ids[t+1]` when that token is trainable), else -100. Shifting
@@ -20,8 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import hub
 from ..errors import TunelabError
-from .formats import check_fields, render
+from .formats import REQUIRED_FIELDS, check_fields, render
 
 IGNORE = -100
 # A JSONL line longer than this is refused rather than read: bytes per token rarely exceed 4-5 in any
@@ -35,13 +38,27 @@ CACHE_VERSION = "1"
 
 
 @dataclass(frozen=True)
-class DataSpec:
+class MixPart:
+    """One source of a mixture, with the format and template its rows are rendered by."""
+
     path: str
+    weight: float
+    format: str
+    template: str
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """A file or hub dataset (`path`), or a mixture (`mix`, with `max_examples` its total and `seed` its draw)."""
+
+    path: str | None
     format: str
     template: str
     train_on_inputs: bool
     seq_len: int
     max_examples: int | None = None
+    mix: tuple[MixPart, ...] = ()
+    seed: int = 42
 
 
 @dataclass
@@ -67,7 +84,7 @@ class TokenizedData:
     targets: np.ndarray  # int32, same layout
     offsets: np.ndarray  # int64, len = examples + 1
     stats: DatasetStats
-    rows: np.ndarray  # int64, each example's row number (0-based) in the file
+    rows: np.ndarray  # int64, each example's row number (0-based) in its file
     truncated: np.ndarray  # bool, each example was cut to seq_len
 
     @property
@@ -79,9 +96,11 @@ class TokenizedData:
 
 
 def prepare(spec: DataSpec, tokenizer) -> TokenizedData:
-    """Read, render, tokenize (cached), truncate and mask one dataset file."""
-    path = Path(spec.path)
-    rows = read_rows(path, spec.format, spec.max_examples, line_limit(spec.seq_len))
+    """Read, render, tokenize (cached), truncate and mask one dataset, or draw a mixture of several."""
+    if spec.mix:
+        parts = [prepare(part_spec(spec, part), tokenizer) for part in spec.mix]
+        return mix(parts, spec.mix, spec.max_examples, spec.seed)
+    rows, label, identity = read_source(spec)
     eos = tokenizer.eos_token or ""
     bos = (
         [tokenizer.bos_token_id]
@@ -94,7 +113,7 @@ def prepare(spec: DataSpec, tokenizer) -> TokenizedData:
         keys = list(batch.keys())
         for n, index in enumerate(indices):
             row = {k: batch[k][n] for k in keys}
-            where = f"{path}: row {index + 1}"
+            where = f"{label}: row {index + 1}"
             check_fields(spec.format, row, where)
             segments = render(spec.format, spec.template, row, eos, tokenizer)
             texts = [s.text for s in segments]
@@ -110,7 +129,7 @@ def prepare(spec: DataSpec, tokenizer) -> TokenizedData:
             out_targets.append(targets)
         return {"input_ids": out_ids, "targets": out_targets, "truncated": out_truncated}
 
-    fingerprint = _fingerprint(path, spec, tokenizer)
+    fingerprint = _fingerprint(identity, spec, tokenizer)
     try:
         tokenized = rows.map(
             tokenize,
@@ -128,7 +147,83 @@ def prepare(spec: DataSpec, tokenizer) -> TokenizedData:
         if isinstance(cause, TunelabError):
             raise cause from None
         raise
-    return _to_arrays(tokenized, path)
+    return _to_arrays(tokenized, label)
+
+
+def read_source(spec: DataSpec) -> tuple:
+    """(rows as a `datasets.Dataset`, the name errors give it, what identifies its content for the cache)."""
+    if hub.is_hub_data(spec.path):
+        return read_hub_rows(hub.parse_data(spec.path), spec.format, spec.max_examples)
+    path = Path(spec.path)
+    rows = read_rows(path, spec.format, spec.max_examples, line_limit(spec.seq_len))
+    stat = path.stat()
+    return rows, str(path), [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
+
+
+def read_hub_rows(ref: hub.HubData, fmt: str, max_examples: int | None) -> tuple:
+    """A hub dataset's split, its columns checked against `fmt` before any row is rendered."""
+    ds = hub.load_data(ref)
+    if len(ds) == 0:
+        raise TunelabError(f"{ref.uri}: the split is empty")
+    missing = [f for f in REQUIRED_FIELDS[fmt] if f not in ds.column_names]
+    if missing:
+        raise TunelabError(
+            f"{ref.uri}: no column {', '.join(repr(m) for m in missing)} for format {fmt!r} (it needs "
+            f"{', '.join(REQUIRED_FIELDS[fmt])}; the dataset has {', '.join(ds.column_names)}); set data.format "
+            "to match, or rename the columns in a local copy"
+        )
+    # The datasets fingerprint of a hub split hashes its cache folder, which names the revision's commit.
+    identity = ["hf", ref.repo, ref.subset, ref.split, ds._fingerprint]
+    if max_examples is not None and max_examples < len(ds):
+        ds = ds.select(range(max_examples))
+    return ds, ref.uri, identity
+
+
+def part_spec(spec: DataSpec, part: MixPart) -> DataSpec:
+    """One mixture source as a dataset of its own: read whole (the mixture's total is drawn afterwards)."""
+    return replace(spec, path=part.path, format=part.format, template=part.template, max_examples=None, mix=())
+
+
+# Second word of the mixture's random streams (the third is the source's index): no draw is shared with the
+# split (SPLIT_STREAM) or batch order ([seed, epoch]).
+MIX_STREAM = 0x6D6978
+
+
+def mix_counts(sizes: list[int], weights: list[float], total: int | None) -> list[int]:
+    """Examples each source contributes: round(weight / sum of weights x total); total defaults to all sources'."""
+    total = sum(sizes) if total is None else total
+    scale = sum(weights)
+    return [round(w / scale * total) for w in weights]
+
+
+def mix(parts: list[TokenizedData], sources: tuple[MixPart, ...], total: int | None, seed: int) -> TokenizedData:
+    """The mixture: from each source its count of examples, drawn by `seed` without replacement; a source with
+    fewer examples than its count gives each of them count // size times and a seeded draw of the remainder."""
+    counts = mix_counts([len(p) for p in parts], [s.weight for s in sources], total)
+    chosen = []
+    for i, (data, source, count) in enumerate(zip(parts, sources, counts)):
+        if count < 1:
+            raise TunelabError(
+                f"data.mix: {source.path} gets 0 examples at weight {source.weight:g} of {sum(counts)}; "
+                "raise its weight or drop it"
+            )
+        rng = np.random.default_rng([seed, MIX_STREAM, i])
+        size = len(data)
+        repeats, rest = divmod(count, size)
+        index = np.concatenate([np.tile(np.arange(size), repeats), np.sort(rng.permutation(size)[:rest])])
+        chosen.append(select(data, index, rows=data.stats.rows, dropped=data.stats.dropped))
+    return concat(chosen)
+
+
+def concat(parts: list[TokenizedData]) -> TokenizedData:
+    """Examples of several datasets one after another; rows and dropped add up."""
+    lengths = np.concatenate([p.lengths for p in parts])
+    targets = np.concatenate([p.targets for p in parts])
+    truncated = np.concatenate([p.truncated for p in parts])
+    stats = _stats(lengths, targets, truncated, sum(p.stats.rows for p in parts), sum(p.stats.dropped for p in parts))
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    ids = np.concatenate([p.ids for p in parts])
+    return TokenizedData(ids, targets, offsets, stats, np.concatenate([p.rows for p in parts]), truncated)
 
 
 def line_limit(seq_len: int) -> int:
@@ -222,14 +317,11 @@ def _check_jsonl(path: Path, fmt: str, max_line_bytes: int | None) -> None:
         raise TunelabError(f"{path}: the dataset is empty")
 
 
-def _fingerprint(path: Path, spec: DataSpec, tokenizer) -> str:
-    stat = path.stat()
+def _fingerprint(identity: list, spec: DataSpec, tokenizer) -> str:
     key = json.dumps(
         [
             CACHE_VERSION,
-            str(path.resolve()),
-            stat.st_size,
-            stat.st_mtime_ns,
+            identity,
             asdict(spec),
             tokenizer.name_or_path,
             type(tokenizer).__name__,
@@ -243,7 +335,7 @@ def _fingerprint(path: Path, spec: DataSpec, tokenizer) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
-def _to_arrays(tokenized, path: Path) -> TokenizedData:
+def _to_arrays(tokenized, label: str) -> TokenizedData:
     table = tokenized.data.table if hasattr(tokenized.data, "table") else tokenized.data
     ids_col = table.column("input_ids").combine_chunks()
     tgt_col = table.column("targets").combine_chunks()
@@ -259,7 +351,7 @@ def _to_arrays(tokenized, path: Path) -> TokenizedData:
     rows = len(lengths)
     if not keep.any():
         raise TunelabError(
-            f"{path}: no example has a token to learn from after masking and truncation; "
+            f"{label}: no example has a token to learn from after masking and truncation; "
             "raise seq_len, or set data.train_on_inputs: true"
         )
     if not keep.all():
@@ -297,14 +389,29 @@ SPLIT_STREAM = 0x6576616C
 
 def prepare_split(spec: DataSpec, held: HeldOutSpec | None, tokenizer) -> tuple[TokenizedData, TokenizedData | None]:
     """(training examples, evaluation examples or None): both formatted, masked and truncated by `spec`."""
+    if held is not None and held.path is None and spec.mix:
+        return _split_mix(spec, held, tokenizer)
     data = prepare(spec, tokenizer)
     if held is None:
         return data, None
     if held.path is not None:
-        return data, prepare(replace(spec, path=held.path, max_examples=held.max_rows), tokenizer)
+        return data, prepare(replace(spec, path=held.path, max_examples=held.max_rows, mix=()), tokenizer)
     train, evaluation = hold_out(data, held.fraction, held.seed, spec.path)
     if held.max_rows is not None and held.max_rows < len(evaluation):
         evaluation = select(evaluation, np.arange(held.max_rows), rows=held.max_rows)
+    return train, evaluation
+
+
+def _split_mix(spec: DataSpec, held: HeldOutSpec, tokenizer) -> tuple[TokenizedData, TokenizedData]:
+    """A mixture's split: each source holds out its fraction before the draw, so that an example a small
+    source repeats is never on both sides; the evaluation examples are every source's held-out ones."""
+    sides = [hold_out(prepare(part_spec(spec, p), tokenizer), held.fraction, held.seed, p.path) for p in spec.mix]
+    train = mix([t for t, _ in sides], spec.mix, spec.max_examples, spec.seed)
+    evaluation = concat([e for _, e in sides])
+    if held.max_rows is not None and held.max_rows < len(evaluation):
+        # A seeded sample, not the first rows, which would all come from the first source.
+        pick = np.random.default_rng([held.seed, SPLIT_STREAM]).permutation(len(evaluation))[: held.max_rows]
+        evaluation = select(evaluation, np.sort(pick), rows=held.max_rows)
     return train, evaluation
 
 
@@ -337,9 +444,15 @@ def select(data: TokenizedData, index: np.ndarray, rows: int, dropped: int = 0) 
     flat = np.concatenate([np.arange(s, e) for s, e in zip(starts, ends)]) if len(index) else np.zeros(0, np.int64)
     ids, targets = data.ids[flat], data.targets[flat]
     truncated = data.truncated[index]
-    stats = DatasetStats(
+    stats = _stats(lengths, targets, truncated, rows, dropped)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return TokenizedData(ids, targets, offsets, stats, data.rows[index], truncated)
+
+
+def _stats(lengths: np.ndarray, targets: np.ndarray, truncated: np.ndarray, rows: int, dropped: int) -> DatasetStats:
+    return DatasetStats(
         rows=rows,
-        examples=len(index),
+        examples=len(lengths),
         truncated=int(truncated.sum()),
         dropped=dropped,
         tokens_nonpad=int(lengths.sum()),
@@ -347,5 +460,3 @@ def select(data: TokenizedData, index: np.ndarray, rows: int, dropped: int = 0) 
         max_len=int(lengths.max()),
         mean_len=float(lengths.mean()),
     )
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    return TokenizedData(ids, targets, offsets, stats, data.rows[index], truncated)

@@ -1,5 +1,5 @@
 """Model architecture without weights: from the registry (catalog/models.yaml), `random:<id>` (a registry row
-by its short id), a config.json directory, a .gguf file's metadata, or a hub id in the local Hugging Face cache.
+by its short id), a config.json directory, a .gguf file's metadata, or a hub id's config.json (cached or fetched).
 
 Only the shapes matter to `plan`: the decoder blocks' linear layers (q/k/v/o attention projections and a
 gated gate/up/down MLP, the Llama/Mistral/Qwen2/Gemma/SmolLM shape), the embedding and the LM head.
@@ -204,7 +204,7 @@ def from_hf_config(name: str, cfg, source: str) -> Arch:
 
 
 def resolve_arch(ref: str) -> Arch:
-    """Registry first (no I/O), then local files, then the local hub cache; otherwise list what is known."""
+    """Registry first (no I/O), then local files, then the hub (config.json only); otherwise list what is known."""
     arch = from_registry(ref)
     if arch is not None:
         return arch
@@ -221,7 +221,7 @@ def resolve_arch(ref: str) -> Arch:
     if not path.exists() and ref.count("/") != 1:
         raise catalog.unknown("model", ref, registry_names() + [EMBEDDED, "<dir with config.json>", "<file.gguf>"])
     try:
-        source = load.resolve(ref)
+        source = load.resolve(ref, weights=False)  # plan reads shapes, never weights
     except TunelabError as e:
         if path.exists():
             raise

@@ -54,7 +54,7 @@ def _tokenizer(cfg: cfgmod.TrainConfig, tokenizer_ref: str | None):
     from .. import sources as load
 
     try:
-        return load.load_tokenizer(load.resolve(tokenizer_ref or cfg.model))
+        return load.load_tokenizer(load.resolve(tokenizer_ref or cfg.model, weights=False))
     except TunelabError as e:
         raise TunelabError(
             f"{e} (plan needs the tokenizer to measure data.path; pass --tokenizer MODEL to measure with another local one)"
@@ -69,7 +69,7 @@ def dataset_lengths(cfg: cfgmod.TrainConfig, tokenizer_ref: str | None) -> workl
 
     data, held = prepare_split(data_spec(cfg), held_out_spec(cfg), _tokenizer(cfg, tokenizer_ref))
     proxy = f", tokenized with {tokenizer_ref}'s tokenizer" if tokenizer_ref else ""
-    source = f"dataset {cfg.data.path}: {data.stats.rows} rows, {data.stats.truncated} truncated, {data.stats.dropped} dropped{proxy}"
+    source = f"dataset {cfgmod.data_label(cfg)}: {data.stats.rows} rows, {data.stats.truncated} truncated, {data.stats.dropped} dropped{proxy}"
     if held is not None:
         where = "held out (eval.split)" if cfg.eval.path is None else f"from {cfg.eval.path}"
         source += f"; evaluation: {held.stats.examples} examples {where}"

@@ -66,8 +66,10 @@ def prepare_run(cfg: TrainConfig, procs: distributed.Processes | None = None) ->
     limit = mload.max_positions(model_config)
     if limit is not None and cfg.seq_len > limit:
         raise TunelabError(f"seq_len {cfg.seq_len} is over the model's limit of {limit} positions; lower seq_len")
-    if cfg.data.path is None:
-        raise TunelabError("data.path is not set; point it at a .jsonl/.json/.csv/.parquet file")
+    if not cfgmod.has_data(cfg):
+        raise TunelabError(
+            "data.path is not set; point it at a .jsonl/.json/.csv/.parquet file or hf://owner/name (or set data.mix)"
+        )
     tokenizer = mload.load_tokenizer(source)
     data, eval_data = prepare_split(data_spec(cfg), held_out_spec(cfg), tokenizer)
     batch = BatchSpec(cfg.seq_len, cfg.micro_batch, cfg.grad_accum, cfg.packing, cfg.seed, tokenizer.pad_token_id)

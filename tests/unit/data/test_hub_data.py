@@ -1,0 +1,216 @@
+"""Hub datasets (`hf://owner/name[/subset][:split]`): loaded with `datasets.load_dataset`, through the same formats
+and tokenization cache as files, and one line for every way loading can fail. `load_dataset` is replaced: no
+test reaches the network."""
+
+from __future__ import annotations
+
+import datasets
+import httpx2
+import numpy as np
+import pytest
+from datasets.exceptions import DatasetNotFoundError
+from huggingface_hub import errors as hf
+
+from conftest import write_jsonl
+from tunelab import hub
+from tunelab.cli import main
+from tunelab.config import load_config
+from tunelab.data import pipeline
+from tunelab.data.pipeline import DataSpec, prepare
+from tunelab.errors import TunelabError
+
+ROWS = [{"instruction": f"{i} + 1", "output": str(i + 1)} for i in range(12)]
+REAL_LOAD = datasets.load_dataset
+
+
+class FakeLoad:
+    """datasets.load_dataset over in-memory splits: records each call's (path, name, split)."""
+
+    def __init__(self, splits: dict[str, list[dict]]):
+        self.splits = splits
+        self.calls = []
+
+    def __call__(self, path, name=None, split=None, **kwargs):
+        if path in pipeline.READERS.values():  # a local file
+            return REAL_LOAD(path, name, split=split, **kwargs)
+        self.calls.append((path, name, split))
+        if split not in self.splits:
+            raise ValueError(f'Unknown split "{split}". Should be one of {list(self.splits)}.')
+        return datasets.Dataset.from_list(self.splits[split])
+
+
+@pytest.fixture
+def fake_load(hub_cache, monkeypatch) -> FakeLoad:
+    fake = FakeLoad({"train": ROWS, "test": ROWS[:4]})
+    monkeypatch.setattr(datasets, "load_dataset", fake)
+    return fake
+
+
+def spec(path: str, **kw) -> DataSpec:
+    return DataSpec(path, kw.pop("format", "alpaca"), "compact", False, 64, **kw)
+
+
+def test_a_hub_split_flows_through_the_formats_like_a_file(fake_load, tmp_path, tokenizer, capsys):
+    from_hub = prepare(spec("hf://owner/set"), tokenizer)
+    from_file = prepare(spec(str(write_jsonl(tmp_path / "d.jsonl", ROWS))), tokenizer)
+    assert fake_load.calls == [("owner/set", None, "train")]
+    assert np.array_equal(from_hub.ids, from_file.ids) and np.array_equal(from_hub.targets, from_file.targets)
+    assert capsys.readouterr().err.splitlines() == [
+        "loading hf://owner/set:train from the Hugging Face hub (downloaded once, then read from the datasets cache)"
+    ]
+
+
+def test_subset_split_and_max_examples_reach_load_dataset(fake_load, tokenizer):
+    data = prepare(spec("hf://owner/set/sub:test", max_examples=3), tokenizer)
+    assert fake_load.calls == [("owner/set", "sub", "test")]
+    assert data.stats.rows == 3
+
+
+def test_the_cache_key_holds_repo_subset_split_and_the_datasets_fingerprint(fake_load, tokenizer):
+    rows, label, identity = pipeline.read_source(spec("hf://owner/set/sub:test"))
+    assert label == "hf://owner/set/sub:test"
+    assert identity == ["hf", "owner/set", "sub", "test", rows._fingerprint]
+    keys = {
+        pipeline._fingerprint(pipeline.read_source(spec(p))[2], spec(p), tokenizer)
+        for p in ("hf://owner/set:train", "hf://owner/set:test", "hf://owner/other:train", "hf://owner/set/x:train")
+    }
+    assert len(keys) == 4
+    before = pipeline.read_source(spec("hf://owner/set"))[2]
+    fake_load.splits["train"] = ROWS[::-1]  # a new revision: other content, another datasets fingerprint
+    after = pipeline.read_source(spec("hf://owner/set"))[2]
+    assert before[:4] == after[:4] and before[4] != after[4]
+
+
+def test_a_cached_hub_split_is_tokenized_once(hub_cache, tmp_path, tokenizer, monkeypatch):
+    """A split datasets keeps on disk (as a downloaded one is): the tokenized copy is cached beside it."""
+    data_file = write_jsonl(tmp_path / "d.jsonl", ROWS)
+    on_disk = REAL_LOAD("json", data_files=str(data_file), split="train", cache_dir=str(tmp_path / "ds"))
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: on_disk)
+    first = prepare(spec("hf://owner/set"), tokenizer)
+    files = sorted(p.name for p in (tmp_path / "ds").rglob("cache-*.arrow"))
+    second = prepare(spec("hf://owner/set"), tokenizer)
+    assert np.array_equal(first.ids, second.ids)
+    assert len(files) == 1 and sorted(p.name for p in (tmp_path / "ds").rglob("cache-*.arrow")) == files
+
+
+def test_columns_that_do_not_fit_the_format_fail_before_any_row(fake_load, tokenizer):
+    fake_load.splits["train"] = [{"question": "q", "answer": "a"}]
+    with pytest.raises(TunelabError) as e:
+        prepare(spec("hf://owner/set"), tokenizer)
+    assert str(e.value) == (
+        "hf://owner/set:train: no column 'instruction', 'output' for format 'alpaca' (it needs instruction, output; "
+        "the dataset has question, answer); set data.format to match, or rename the columns in a local copy"
+    )
+
+
+@pytest.mark.parametrize(
+    "path", ["hf://owner", "hf://owner/", "hf://a/b/c/d", "hf://owner/set:", "hf:///set", "hf://own er/set"]
+)
+def test_a_malformed_hub_path_fails_in_the_config(path):
+    with pytest.raises(TunelabError) as e:
+        load_config(None, [f"data.path='{path}'"])
+    assert str(e.value) == (
+        f"defaults: data.path {path!r}: expected hf://owner/name, hf://owner/name:split or hf://owner/name/subset:split"
+    )
+
+
+def test_parse_data_forms():
+    assert hub.parse_data("hf://o/n") == hub.HubData("o/n", None, "train")
+    assert hub.parse_data("hf://o/n:test") == hub.HubData("o/n", None, "test")
+    assert hub.parse_data("hf://o/n/sub:validation") == hub.HubData("o/n", "sub", "validation")
+    assert hub.parse_data("hf://o/n:train[:100]").split == "train[:100]"
+
+
+def gated() -> Exception:
+    cause = hf.GatedRepoError("403", response=httpx2.Response(403, request=httpx2.Request("GET", "https://hf.co")))
+    error = DatasetNotFoundError("Dataset 'owner/set' is a gated dataset on the Hub.")
+    error.__cause__ = cause
+    return error
+
+
+def not_found() -> Exception:
+    cause = hf.RepositoryNotFoundError(
+        "404", response=httpx2.Response(404, request=httpx2.Request("GET", "https://hf.co"))
+    )
+    error = DatasetNotFoundError("Dataset 'owner/set' doesn't exist on the Hub or cannot be accessed.")
+    error.__cause__ = cause
+    return error
+
+
+PAGE = "https://huggingface.co/datasets/owner/set"
+
+
+@pytest.mark.parametrize(
+    "path, error, offline, message",
+    [
+        (
+            "hf://owner/set",
+            gated(),
+            False,
+            f"owner/set is gated; accept its license on {PAGE}, then log in (`hf auth login`) or set HF_TOKEN",
+        ),
+        (
+            "hf://owner/set",
+            not_found(),
+            False,
+            f"owner/set is not on the Hugging Face hub, or is private; check the id ({PAGE}), and for a private "
+            "dataset log in (`hf auth login`) or set HF_TOKEN",
+        ),
+        (
+            "hf://owner/set",
+            ConnectionError("Couldn't reach 'owner/set' on the Hub (LocalEntryNotFoundError)"),
+            True,
+            "not in the local datasets cache, and downloads are off (HF_HUB_OFFLINE=1 or --offline); run once "
+            "online to download it, or pass a local file",
+        ),
+        (
+            "hf://owner/set",
+            ConnectionError("Couldn't reach 'owner/set' on the Hub (ConnectError)"),
+            False,
+            "cannot reach the Hugging Face hub (Couldn't reach 'owner/set' on the Hub (ConnectError)); check the "
+            "connection, or set HF_HUB_OFFLINE=1 to use a cached copy, or pass a local file",
+        ),
+        (
+            "hf://owner/set:tset",
+            ValueError("Unknown split \"tset\". Should be one of ['train', 'test']."),
+            False,
+            "no split 'tset'; it has train, test (write hf://owner/set:train)",
+        ),
+        (
+            "hf://owner/set",
+            ValueError(
+                "Config name is missing.\nPlease pick one among the available configs: ['en', 'de']\n"
+                "Example of usage:\n\t`load_dataset('owner/set', 'en')`"
+            ),
+            False,
+            "the dataset has subsets en, de; name one, as in hf://owner/set/en:train",
+        ),
+        (
+            "hf://owner/set/fr",
+            ValueError("BuilderConfig 'fr' not found. Available: ['en', 'de']"),
+            False,
+            "no subset 'fr'; it has en, de",
+        ),
+    ],
+    ids=["gated", "not-found", "offline", "network", "unknown-split", "subset-missing", "unknown-subset"],
+)
+def test_each_loading_failure_is_one_line_through_the_cli(
+    path, error, offline, message, hub_cache, tiny_model_dir, tmp_path, capsys, monkeypatch
+):
+    def raising(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(datasets, "load_dataset", raising)
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"model: {tiny_model_dir}\ndata: {{path: '{path}', template: compact}}\noutput_dir: {tmp_path / 'out'}\n"
+        "seq_len: 64\nmicro_batch: 2\nprecision: fp32\n"
+    )
+    argv = ["train", "--config", str(config), "--quiet", *(["--offline"] if offline else [])]
+    rc = main(argv)
+    out = capsys.readouterr()
+    uri = hub.parse_data(path).uri
+    assert (rc, out.out) == (2, "")
+    assert out.err.splitlines()[-1:] == [f"tunelab train: error: {uri}: {message}"]
+    assert len(out.err.splitlines()) == (1 if offline else 2)  # online, the loading line comes first
+    assert not (tmp_path / "out").exists()
