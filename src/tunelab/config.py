@@ -23,7 +23,7 @@ from .plan.arch import EMBEDDED, RANDOM
 
 METHODS = ("lora", "dora", "qlora", "full")
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
-FORMATS = ("alpaca", "chat", "completion", "text")
+FORMATS = ("alpaca", "chat", "sharegpt", "completion", "text")
 SCHEDULERS = ("cosine", "linear", "constant")
 TARGET_PRESETS = ("attn", "mlp", "all-linear")
 BASE_QUANTS = ("none", "int8", "nf4")

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import TunelabError
-from .formats import check_fields, render
+from .formats import CONVERSATION_FORMATS, check_fields, effective_chat_template, render
 
 IGNORE = -100
 # A JSONL line longer than this is refused rather than read: bytes per token rarely exceed 4-5 in any
@@ -235,7 +235,7 @@ def _fingerprint(path: Path, spec: DataSpec, tokenizer) -> str:
             type(tokenizer).__name__,
             len(tokenizer),
             tokenizer.eos_token,
-            getattr(tokenizer, "chat_template", None),
+            effective_chat_template(tokenizer) if spec.format in CONVERSATION_FORMATS else None,
         ],
         sort_keys=True,
         default=str,

@@ -19,6 +19,7 @@ import torch
 from .. import config as cfgmod
 from ..config import TrainConfig
 from ..data.packing import packing_efficiency
+from ..data.formats import use_default_chat_template
 from ..data.pipeline import TokenizedData, prepare_split
 from ..specs import data_spec, held_out_spec
 from ..device import Precision, device_memory_bytes, device_name, library_versions, pick_device, pick_precision
@@ -51,6 +52,7 @@ class Prepared:
     schedule: Schedule
     eval_data: TokenizedData | None = None
     eval_batches: EvalBatches | None = None
+    notes: tuple[str, ...] = ()  # one line each, printed before training (defaults the run chose for the user)
 
 
 def prepare_run(cfg: TrainConfig) -> Prepared:
@@ -65,11 +67,12 @@ def prepare_run(cfg: TrainConfig) -> Prepared:
     if cfg.data.path is None:
         raise TunelabError("data.path is not set; point it at a .jsonl/.json/.csv/.parquet file")
     tokenizer = mload.load_tokenizer(source)
+    notes = tuple(n for n in (use_default_chat_template(tokenizer, cfg.data.format, cfg.model),) if n)
     data, eval_data = prepare_split(data_spec(cfg), held_out_spec(cfg), tokenizer)
     batch = BatchSpec(cfg.seq_len, cfg.micro_batch, cfg.grad_accum, cfg.packing, cfg.seed, tokenizer.pad_token_id)
     schedule = Schedule(data, batch, cfg.epochs, cfg.max_steps)
     eval_batches = None if eval_data is None else EvalBatches(eval_data, batch, schedule.slots)
-    return Prepared(device, precision, source, model_config, tokenizer, data, schedule, eval_data, eval_batches)
+    return Prepared(device, precision, source, model_config, tokenizer, data, schedule, eval_data, eval_batches, notes)
 
 
 def check_output_dir(path: Path) -> None:
@@ -189,6 +192,8 @@ def _train_locked(
     stats = prep.data.stats
     efficiency = packing_efficiency(prep.data.lengths, cfg.seq_len, cfg.micro_batch, cfg.packing, cfg.seed)
     if show_progress:
+        for note in prep.notes:
+            print(note, flush=True)
         print(
             f"data: {stats.rows} rows -> {stats.examples} examples ({stats.truncated} truncated, {stats.dropped} dropped), "
             f"{stats.tokens_nonpad:,} tokens, {stats.tokens_loss:,} with loss, "
