@@ -11,6 +11,7 @@ import json
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from ..model import attention
 from ..model import load as mload
 from ..model.adapters import AdapterSpec, apply_adapter, count_parameters
 from ..model.lora_linear import has_lora_dropout, has_nf4_base, nf4_layers
-from ..train import checkpoint, loop
+from ..train import checkpoint, loop, trackers
 from ..train.batches import BatchSpec, EvalBatches, Schedule
 from ..train.checkpoint import TrainState
 from ..train.lock import lock_output_dir
@@ -167,6 +168,7 @@ def train(cfg: TrainConfig, show_progress: bool = True, stop_at: int | None = No
     """
     t0 = time.perf_counter()
     out = Path(cfg.output_dir)
+    trackers.check_available(cfg.report_to)
     check_output_dir(out)
     with lock_output_dir(out):
         return _train_locked(cfg, out, t0, show_progress, stop_at, warmup_window)
@@ -215,7 +217,13 @@ def _train_locked(
     # Accelerate keeps its settings in a process-wide singleton; bench sweeps and tests run several jobs with
     # different precisions in one process. Resetting it keeps the distributed (partial) state.
     AcceleratorState._reset_state()
-    accelerator = Accelerator(mixed_precision=mixed, cpu=prep.device.type == "cpu")
+    tracked = cfg.report_to != "none"
+    accelerator = Accelerator(
+        mixed_precision=mixed,
+        cpu=prep.device.type == "cpu",
+        log_with=cfg.report_to if tracked else None,
+        project_dir=str(out) if tracked else None,  # Accelerate's logging_dir: TensorBoard writes under it
+    )
     model = build_model(cfg, prep)
     trainable, total = count_parameters(model)
     wrapped = CausalLMLoss(model)
@@ -236,25 +244,28 @@ def _train_locked(
         (out / "metrics.jsonl").unlink(missing_ok=True)
     write_atomic(out / "config.yaml", [cfgmod.dump_yaml(cfg)])
 
-    progress = ProgressView(prep.schedule.total_steps, state.step, enabled=show_progress)
-    result = loop.run(
-        loop.LoopContext(
-            accelerator,
-            wrapped,
-            optimizer,
-            scheduler,
-            prep.schedule,
-            optim_spec,
-            loop.LoopSpec(
-                cfg.log_steps, cfg.save_steps, cfg.save_total_limit, warmup_window, stop_at, weights_identity(cfg)
-            ),
-            out,
-            memwatch,
-            state,
-            progress,
-            _evaluation(cfg, prep, model, out),
+    tracking = trackers.setup(cfg.report_to, out, state.step)
+    with _tracking(accelerator, tracking, cfg, show_progress) as track:
+        progress = ProgressView(prep.schedule.total_steps, state.step, enabled=show_progress)
+        result = loop.run(
+            loop.LoopContext(
+                accelerator,
+                wrapped,
+                optimizer,
+                scheduler,
+                prep.schedule,
+                optim_spec,
+                loop.LoopSpec(
+                    cfg.log_steps, cfg.save_steps, cfg.save_total_limit, warmup_window, stop_at, weights_identity(cfg)
+                ),
+                out,
+                memwatch,
+                state,
+                progress,
+                _evaluation(cfg, prep, model, out),
+                track,
+            )
         )
-    )
 
     finished = state.step >= prep.schedule.total_steps or result.stopped_early
     if finished:
@@ -301,6 +312,25 @@ def _train_locked(
     with disk_errors(str(out / "summary.json"), out, len(text), _after_disk_error(out)):
         write_atomic(out / "summary.json", [text])
     return summary
+
+
+@contextmanager
+def _tracking(accelerator, tracking: trackers.TrackerSetup | None, cfg: TrainConfig, show_progress: bool):
+    """Start the run's tracker (says where it logs), yield whether one is on, and close it however the run ends."""
+    if tracking is None:
+        yield False
+        return
+    if show_progress:
+        for note in tracking.notes:
+            print(note, flush=True)
+    accelerator.init_trackers(tracking.project, trackers.flat_config(cfgmod.to_dict(cfg)), tracking.init_kwargs)
+    try:
+        yield True
+    finally:
+        # Each tracker's own finish, not `accelerator.end_training()`: that also destroys the process group, which
+        # a distributed run still needs for its final save.
+        for tracker in accelerator.trackers:
+            tracker.finish()
 
 
 def weights_identity(cfg: TrainConfig) -> dict:
