@@ -24,11 +24,12 @@ from .plan.arch import EMBEDDED, RANDOM
 
 METHODS = ("lora", "dora", "qlora", "full")
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
-FORMATS = ("alpaca", "chat", "completion", "text")
+FORMATS = ("alpaca", "chat", "sharegpt", "completion", "text")
 SCHEDULERS = ("cosine", "linear", "constant")
 TARGET_PRESETS = ("attn", "mlp", "all-linear")
 BASE_QUANTS = ("none", "int8", "nf4")
 ATTENTIONS = ("auto", "flex", "slots", "sdpa")
+REPORT_TO = ("none", "tensorboard", "wandb")
 # Keys that configs once had, with why they went: an old config fails naming the key and what to do.
 REMOVED = {"data.shuffle": "batches are always shuffled, by `seed`"}
 
@@ -111,6 +112,8 @@ class TrainConfig:
     save_steps: int = 0
     save_total_limit: int = 2
     log_steps: int = 10
+    # Also send metrics.jsonl's records to an experiment tracker (train/trackers.py).
+    report_to: str = "none"
     output_dir: str = "runs/default"
     resume: Union[bool, str] = False
     seed: int = 42
@@ -263,6 +266,7 @@ def validate(cfg: TrainConfig, source: str = "config") -> None:
     _choice(source, "lr_scheduler", cfg.lr_scheduler, SCHEDULERS)
     _choice(source, "base_quant", cfg.base_quant, BASE_QUANTS)
     _choice(source, "attention", cfg.attention, ATTENTIONS)
+    _choice(source, "report_to", cfg.report_to, REPORT_TO)
     if isinstance(cfg.lora.targets, str):
         _choice(source, "lora.targets", cfg.lora.targets, TARGET_PRESETS)
     elif not cfg.lora.targets:

@@ -235,6 +235,19 @@ CASES = [
         "content",
     ),
     case(
+        "sharegpt-bad-from",
+        lambda e: e.train_on(
+            "share.jsonl",
+            [{"conversations": [{"from": "human", "value": "a"}, {"from": "gtp", "value": "b"}]}],
+            ("data.format", "sharegpt"),
+            ("data.template", "alpaca"),
+        ),
+        "share.jsonl:1",
+        "turn 1",
+        "'gtp'",
+        "'gpt'",
+    ),
+    case(
         "completion-missing-field",
         lambda e: e.train_on("p.jsonl", [{"prompt": "a"}], ("data.format", "completion"), ("data.template", "alpaca")),
         "p.jsonl:1",

@@ -42,10 +42,34 @@ TEMPLATES = {
 # The roles chat templates know; a misspelt one would be rendered as-is and trained on silently.
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 
+# ShareGPT's `from` values as chat roles. `function_call` is the model's own output (a call it learns to make),
+# so it is an assistant turn and trained on; `observation` is a tool's result fed back, so it is a tool turn.
+SHAREGPT_ROLES = {
+    "system": "system",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "function_call": "assistant",
+    "tool": "tool",
+    "observation": "tool",
+}
+
+# Formats whose rows are conversations, rendered by the tokenizer's chat template.
+CONVERSATION_FORMATS = ("chat", "sharegpt")
+
+# ChatML, the default for a tokenizer without a chat template of its own: every turn is
+# `<|im_start|>role\ncontent<|im_end|>\n`, and the generation prompt is `<|im_start|>assistant\n`.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
 REQUIRED_FIELDS = {
     "alpaca": ("instruction", "output"),
     "chat": ("messages",),
     "completion": ("prompt", "completion"),
+    "sharegpt": ("conversations",),
     "text": ("text",),
 }
 
@@ -65,6 +89,8 @@ def check_fields(fmt: str, row: dict[str, Any], where: str) -> None:
         )
     if fmt == "chat":
         check_messages(row["messages"], where)
+    elif fmt == "sharegpt":
+        check_conversations(row["conversations"], where)
 
 
 def check_messages(messages: Any, where: str) -> None:
@@ -81,15 +107,73 @@ def check_messages(messages: Any, where: str) -> None:
             raise TunelabError(f"{where}: message {i} has role {role!r}{hint}; use one of {', '.join(CHAT_ROLES)}")
 
 
+def check_conversations(turns: Any, where: str) -> None:
+    """A ShareGPT row's `conversations`: a non-empty list of {from, value} with `from` in SHAREGPT_ROLES."""
+    if not isinstance(turns, list) or not turns:
+        raise TunelabError(f"{where}: 'conversations' must be a non-empty list of {{from, value}} objects")
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict) or "from" not in turn or "value" not in turn:
+            raise TunelabError(f"{where}: conversations turn {i} needs 'from' and 'value'")
+        role = turn["from"]
+        if role not in SHAREGPT_ROLES:
+            close = difflib.get_close_matches(str(role), SHAREGPT_ROLES, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise TunelabError(
+                f"{where}: conversations turn {i} has 'from' {role!r}{hint}; use one of {', '.join(SHAREGPT_ROLES)}"
+            )
+        if not isinstance(turn["value"], str):
+            raise TunelabError(f"{where}: conversations turn {i} has a 'value' that is not a string")
+
+
+def sharegpt_messages(turns: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """ShareGPT turns as chat messages ({role, content}), roles mapped by SHAREGPT_ROLES."""
+    return [{"role": SHAREGPT_ROLES[t["from"]], "content": t["value"]} for t in turns]
+
+
+def conversation(fmt: str, row: dict[str, Any]) -> list[dict[str, str]]:
+    """A conversation row's chat messages, whichever of CONVERSATION_FORMATS it is in."""
+    return sharegpt_messages(row["conversations"]) if fmt == "sharegpt" else row["messages"]
+
+
+def has_chat_template(tokenizer) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def effective_chat_template(tokenizer) -> str:
+    """The template conversations are rendered with: the tokenizer's own, else CHATML_TEMPLATE."""
+    return tokenizer.chat_template if has_chat_template(tokenizer) else CHATML_TEMPLATE
+
+
+def use_default_chat_template(tokenizer, fmt: str, model: str) -> str | None:
+    """Give a tokenizer without a chat template ChatML, when `fmt` needs one; the line that says so, else None.
+
+    Setting it on the tokenizer (not only rendering with it) is what saves it beside the trained weights, so
+    inference with them renders conversations as training did.
+    """
+    if fmt not in CONVERSATION_FORMATS or has_chat_template(tokenizer):
+        return None
+    tokenizer.chat_template = CHATML_TEMPLATE
+    return f"model {model} has no chat template; using ChatML"
+
+
+def _apply_chat(tokenizer) -> Callable:
+    template = effective_chat_template(tokenizer)
+
+    def apply(messages, **kwargs):
+        return tokenizer.apply_chat_template(messages, chat_template=template, **kwargs)
+
+    return apply
+
+
 def prompt_text(fmt: str, template: str, row: dict[str, Any], tokenizer=None) -> str:
     """The text a model is given to generate this row's response (everything before it in training)."""
     if fmt == "alpaca":
         return _alpaca_prompt(template, row)
     if fmt == "completion":
         return str(row["prompt"])
-    if fmt == "chat":
-        messages = [m for m in row["messages"] if m.get("role") != "assistant"]
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if fmt in CONVERSATION_FORMATS:
+        messages = [m for m in conversation(fmt, row) if m.get("role") != "assistant"]
+        return _apply_chat(tokenizer)(messages, tokenize=False, add_generation_prompt=True)
     return ""
 
 
@@ -108,7 +192,7 @@ def render(fmt: str, template: str, row: dict[str, Any], eos: str, tokenizer=Non
         return [Segment(str(row["prompt"]), False), Segment(f"{row['completion']}{eos}", True)]
     if fmt == "text":
         return [Segment(f"{row['text']}{eos}", True)]
-    return _render_chat(row["messages"], tokenizer.apply_chat_template)
+    return _render_chat(conversation(fmt, row), _apply_chat(tokenizer))
 
 
 def _render_chat(messages: list[dict[str, str]], apply: Callable) -> list[Segment]:

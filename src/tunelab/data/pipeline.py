@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import hub
 from ..errors import TunelabError
-from .formats import REQUIRED_FIELDS, check_fields, render
+from .formats import CONVERSATION_FORMATS, REQUIRED_FIELDS, check_fields, effective_chat_template, render
 
 IGNORE = -100
 # A JSONL line longer than this is refused rather than read: bytes per token rarely exceed 4-5 in any
@@ -327,7 +327,7 @@ def _fingerprint(identity: list, spec: DataSpec, tokenizer) -> str:
             type(tokenizer).__name__,
             len(tokenizer),
             tokenizer.eos_token,
-            getattr(tokenizer, "chat_template", None),
+            effective_chat_template(tokenizer) if spec.format in CONVERSATION_FORMATS else None,
         ],
         sort_keys=True,
         default=str,

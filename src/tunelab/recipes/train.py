@@ -11,6 +11,7 @@ import json
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import torch
 from .. import config as cfgmod
 from ..config import TrainConfig
 from ..data.packing import packing_efficiency
+from ..data.formats import use_default_chat_template
 from ..data.pipeline import TokenizedData, prepare_split
 from ..specs import data_spec, held_out_spec
 from ..device import Precision, device_memory_bytes, device_name, library_versions, pick_device, pick_precision
@@ -31,7 +33,7 @@ from ..model import attention
 from ..model import load as mload
 from ..model.adapters import AdapterSpec, apply_adapter, count_parameters
 from ..model.lora_linear import has_lora_dropout, has_nf4_base, nf4_layers
-from ..train import checkpoint, distributed, loop
+from ..train import checkpoint, distributed, loop, trackers
 from ..train.batches import BatchSpec, EvalBatches, Schedule
 from ..train.checkpoint import TrainState
 from ..train.lock import lock_output_dir
@@ -52,6 +54,7 @@ class Prepared:
     schedule: Schedule
     eval_data: TokenizedData | None = None
     eval_batches: EvalBatches | None = None
+    notes: tuple[str, ...] = ()  # one line each, printed before training (defaults the run chose for the user)
 
 
 def prepare_run(cfg: TrainConfig, procs: distributed.Processes | None = None) -> Prepared:
@@ -71,11 +74,12 @@ def prepare_run(cfg: TrainConfig, procs: distributed.Processes | None = None) ->
             "data.path is not set; point it at a .jsonl/.json/.csv/.parquet file or hf://owner/name (or set data.mix)"
         )
     tokenizer = mload.load_tokenizer(source)
+    notes = tuple(n for n in (use_default_chat_template(tokenizer, cfg.data.format, cfg.model),) if n)
     data, eval_data = prepare_split(data_spec(cfg), held_out_spec(cfg), tokenizer)
     batch = BatchSpec(cfg.seq_len, cfg.micro_batch, cfg.grad_accum, cfg.packing, cfg.seed, tokenizer.pad_token_id)
     schedule = Schedule(data, batch, cfg.epochs, cfg.max_steps, rank, world)
     eval_batches = None if eval_data is None else EvalBatches(eval_data, batch, schedule.slots, rank, world)
-    return Prepared(device, precision, source, model_config, tokenizer, data, schedule, eval_data, eval_batches)
+    return Prepared(device, precision, source, model_config, tokenizer, data, schedule, eval_data, eval_batches, notes)
 
 
 def check_output_dir(path: Path) -> None:
@@ -172,6 +176,7 @@ def train(cfg: TrainConfig, show_progress: bool = True, stop_at: int | None = No
     """
     t0 = time.perf_counter()
     out = Path(cfg.output_dir)
+    trackers.check_available(cfg.report_to)
     procs = distributed.join(pick_device(cfg.device))
     if not procs.main:
         return _train_locked(cfg, out, t0, False, stop_at, warmup_window, procs)
@@ -206,6 +211,8 @@ def _train_locked(
     stats = prep.data.stats
     efficiency = packing_efficiency(prep.data.lengths, cfg.seq_len, cfg.micro_batch, cfg.packing, cfg.seed)
     if show_progress:
+        for note in prep.notes:
+            print(note, flush=True)
         print(
             f"data: {stats.rows} rows -> {stats.examples} examples ({stats.truncated} truncated, {stats.dropped} dropped), "
             f"{stats.tokens_nonpad:,} tokens, {stats.tokens_loss:,} with loss, "
@@ -228,7 +235,13 @@ def _train_locked(
     # different precisions in one process. Resetting it keeps the distributed (partial) state.
     # Under a launcher the partial state holds the process group (train/distributed.join), which stays.
     AcceleratorState._reset_state(reset_partial_state=False)
-    accelerator = Accelerator(mixed_precision=mixed, cpu=prep.device.type == "cpu")
+    tracked = cfg.report_to != "none"
+    accelerator = Accelerator(
+        mixed_precision=mixed,
+        cpu=prep.device.type == "cpu",
+        log_with=cfg.report_to if tracked else None,
+        project_dir=str(out) if tracked else None,  # Accelerate's logging_dir: TensorBoard writes under it
+    )
     distributed.check_backend(accelerator)
     model = build_model(cfg, prep)
     trainable, total = count_parameters(model)
@@ -252,25 +265,29 @@ def _train_locked(
             (out / "metrics.jsonl").unlink(missing_ok=True)
         write_atomic(out / "config.yaml", [cfgmod.dump_yaml(cfg)])
 
-    progress = ProgressView(prep.schedule.total_steps, state.step, enabled=show_progress)
-    result = loop.run(
-        loop.LoopContext(
-            accelerator,
-            wrapped,
-            optimizer,
-            scheduler,
-            prep.schedule,
-            optim_spec,
-            loop.LoopSpec(
-                cfg.log_steps, cfg.save_steps, cfg.save_total_limit, warmup_window, stop_at, weights_identity(cfg)
-            ),
-            out if procs.main else None,
-            memwatch,
-            state,
-            progress,
-            _evaluation(cfg, prep, model, out, procs.main),
+    # Trackers log from the main process only, as metrics.jsonl is written.
+    tracking = trackers.setup(cfg.report_to, out, state.step) if procs.main else None
+    with _tracking(accelerator, tracking, cfg, show_progress) as track:
+        progress = ProgressView(prep.schedule.total_steps, state.step, enabled=show_progress)
+        result = loop.run(
+            loop.LoopContext(
+                accelerator,
+                wrapped,
+                optimizer,
+                scheduler,
+                prep.schedule,
+                optim_spec,
+                loop.LoopSpec(
+                    cfg.log_steps, cfg.save_steps, cfg.save_total_limit, warmup_window, stop_at, weights_identity(cfg)
+                ),
+                out if procs.main else None,
+                memwatch,
+                state,
+                progress,
+                _evaluation(cfg, prep, model, out, procs.main),
+                track,
+            )
         )
-    )
 
     finished = state.step >= prep.schedule.total_steps or result.stopped_early
     if finished and procs.main:
@@ -320,6 +337,25 @@ def _train_locked(
     with disk_errors(str(out / "summary.json"), out, len(text), _after_disk_error(out)):
         write_atomic(out / "summary.json", [text])
     return summary
+
+
+@contextmanager
+def _tracking(accelerator, tracking: trackers.TrackerSetup | None, cfg: TrainConfig, show_progress: bool):
+    """Start the run's tracker (says where it logs), yield whether one is on, and close it however the run ends."""
+    if tracking is None:
+        yield False
+        return
+    if show_progress:
+        for note in tracking.notes:
+            print(note, flush=True)
+    accelerator.init_trackers(tracking.project, trackers.flat_config(cfgmod.to_dict(cfg)), tracking.init_kwargs)
+    try:
+        yield True
+    finally:
+        # Each tracker's own finish, not `accelerator.end_training()`: that also destroys the process group, which
+        # a distributed run still needs for its final save.
+        for tracker in accelerator.trackers:
+            tracker.finish()
 
 
 def weights_identity(cfg: TrainConfig) -> dict:

@@ -156,6 +156,8 @@ class LoopContext:
     state: TrainState  # advanced in place
     progress: ProgressView
     evaluation: Evaluation | None = None
+    # Send each record to the accelerator's trackers too (train/trackers.py), under the same names and step.
+    track: bool = False
 
 
 def forward(model: torch.nn.Module, batch: Batch, device: torch.device) -> torch.Tensor:
@@ -290,9 +292,7 @@ def run(ctx: LoopContext) -> LoopResult:
                     "peak_memory_bytes": mem.peak_bytes,
                 }
                 result.losses.append((state.step, loss))
-                if metrics_file is not None:
-                    metrics_file.write(json.dumps(record) + "\n")
-                    metrics_file.flush()
+                _record(ctx, metrics_file, record)
                 padded_rate = per_s["tokens_padded"]
                 eta = (padded_to_feed - state.tokens_padded) / padded_rate if padded_rate else 0.0
                 progress.update(
@@ -339,6 +339,15 @@ def run(ctx: LoopContext) -> LoopResult:
     return result
 
 
+def _record(ctx: LoopContext, metrics_file, record: dict) -> None:
+    """One metrics.jsonl line, and the same values at the same step for the trackers."""
+    if metrics_file is not None:
+        metrics_file.write(json.dumps(record) + "\n")
+        metrics_file.flush()
+    if ctx.track:
+        ctx.accelerator.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+
 def _evaluate_step(ctx: LoopContext, metrics_file) -> bool:
     """Evaluate at `state.step`: record it, keep the best, and say whether early stopping ends the run now."""
     ev, state, device = ctx.evaluation, ctx.state, ctx.accelerator.device
@@ -354,9 +363,7 @@ def _evaluate_step(ctx: LoopContext, metrics_file) -> bool:
     else:
         state.evals_since_best += 1
     record = {"step": state.step, "eval_loss": loss, "eval_tokens": tokens, "eval_s": seconds}
-    if metrics_file is not None:
-        metrics_file.write(json.dumps(record) + "\n")
-        metrics_file.flush()
+    _record(ctx, metrics_file, record)
     ctx.progress.note(
         f"step {state.step}/{ctx.schedule.total_steps} | eval loss {loss:.4f} ({tokens:,} tokens, {seconds:.1f} s)"
         + (" | best so far" if improved else f" | best {state.best_eval_loss:.4f} at step {state.best_step}")
