@@ -95,34 +95,31 @@ def check_fields(fmt: str, row: dict[str, Any], where: str) -> None:
 
 def check_messages(messages: Any, where: str) -> None:
     """A chat row's `messages`: a non-empty list of {role, content} with roles from CHAT_ROLES."""
-    if not isinstance(messages, list) or not messages:
-        raise TunelabError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or "role" not in message or "content" not in message:
-            raise TunelabError(f"{where}: message {i} needs 'role' and 'content'")
-        role = message["role"]
-        if role not in CHAT_ROLES:
-            close = difflib.get_close_matches(str(role), CHAT_ROLES, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise TunelabError(f"{where}: message {i} has role {role!r}{hint}; use one of {', '.join(CHAT_ROLES)}")
+    _check_turns(messages, where, "messages", "message", ("role", "content"), CHAT_ROLES)
 
 
 def check_conversations(turns: Any, where: str) -> None:
     """A ShareGPT row's `conversations`: a non-empty list of {from, value} with `from` in SHAREGPT_ROLES."""
-    if not isinstance(turns, list) or not turns:
-        raise TunelabError(f"{where}: 'conversations' must be a non-empty list of {{from, value}} objects")
+    _check_turns(turns, where, "conversations", "conversations turn", ("from", "value"), SHAREGPT_ROLES)
     for i, turn in enumerate(turns):
-        if not isinstance(turn, dict) or "from" not in turn or "value" not in turn:
-            raise TunelabError(f"{where}: conversations turn {i} needs 'from' and 'value'")
-        role = turn["from"]
-        if role not in SHAREGPT_ROLES:
-            close = difflib.get_close_matches(str(role), SHAREGPT_ROLES, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise TunelabError(
-                f"{where}: conversations turn {i} has 'from' {role!r}{hint}; use one of {', '.join(SHAREGPT_ROLES)}"
-            )
         if not isinstance(turn["value"], str):
             raise TunelabError(f"{where}: conversations turn {i} has a 'value' that is not a string")
+
+
+def _check_turns(turns: Any, where: str, field: str, item: str, keys: tuple[str, str], roles) -> None:
+    """`turns` is a non-empty list of objects with both `keys`, the first of which names a role in `roles`."""
+    role_key, text_key = keys
+    if not isinstance(turns, list) or not turns:
+        raise TunelabError(f"{where}: '{field}' must be a non-empty list of {{{role_key}, {text_key}}} objects")
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict) or role_key not in turn or text_key not in turn:
+            raise TunelabError(f"{where}: {item} {i} needs '{role_key}' and '{text_key}'")
+        role = turn[role_key]
+        if role not in roles:
+            close = difflib.get_close_matches(str(role), roles, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            named = "role" if role_key == "role" else f"'{role_key}'"
+            raise TunelabError(f"{where}: {item} {i} has {named} {role!r}{hint}; use one of {', '.join(roles)}")
 
 
 def sharegpt_messages(turns: list[dict[str, Any]]) -> list[dict[str, str]]:
