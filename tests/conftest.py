@@ -31,6 +31,22 @@ CHATML = (
 )
 
 
+def reset_accelerate() -> None:
+    """Forget Accelerate's process-wide settings (precision, CPU) so the next job in this process sets its own.
+
+    Commands run one job per process; tests run many, so they reset between jobs (keeping the distributed
+    state, which a launched test process needs)."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate():
+    reset_accelerate()
+    yield
+
+
 def pytest_sessionfinish(session, exitstatus):
     if _OWN_INDUCTOR_CACHE:
         shutil.rmtree(_OWN_INDUCTOR_CACHE, ignore_errors=True)

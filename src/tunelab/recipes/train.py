@@ -195,7 +195,6 @@ def _train_locked(
     procs: distributed.Processes,
 ) -> dict:
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState
     from accelerate.utils import set_seed
 
     # Under the lock no other run writes here: temp entries are what a killed run left mid-write.
@@ -231,10 +230,8 @@ def _train_locked(
 
     set_seed(cfg.seed)
     mixed = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[prep.precision.name]
-    # Accelerate keeps its settings in a process-wide singleton; bench sweeps and tests run several jobs with
-    # different precisions in one process. Resetting it keeps the distributed (partial) state.
-    # Under a launcher the partial state holds the process group (train/distributed.join), which stays.
-    AcceleratorState._reset_state(reset_partial_state=False)
+    # One job per process, as every command runs it (bench measures each point in a fresh process): Accelerate
+    # keeps its settings in a process-wide singleton that a second job with another precision could not change.
     tracked = cfg.report_to != "none"
     accelerator = Accelerator(
         mixed_precision=mixed,
