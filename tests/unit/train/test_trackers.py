@@ -144,3 +144,30 @@ def test_a_resumed_run_shows_each_step_once(tiny_model_dir, tmp_path, addition_r
     jl = jsonl_scalars(out)
     assert [s for s, _ in jl["loss"]] == [1, 2, 3, 4, 5, 6]
     assert_same_series(tensorboard_scalars(out), jl)
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_holds_every_metrics_record(tiny_model_dir, tmp_path, addition_rows, monkeypatch):
+    """Without a key, W&B logs offline under output_dir/wandb; its run file holds every name and value that
+    metrics.jsonl has (W&B stores each value as its JSON text)."""
+    pytest.importorskip("wandb")
+    from tunelab.recipes.train import train
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
+    out = tmp_path / "run"
+    cfg = tiny_train_config(
+        tiny_model_dir, data, out, "max_steps=4", "log_steps=2", "eval.split=0.25", "eval.steps=2", "report_to=wandb"
+    )
+    train(cfg, show_progress=False)
+    runs = sorted((out / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1
+    stored = runs[0].read_bytes()
+    records = read_metrics(out)
+    assert {"loss", "eval_loss"} <= {k for r in records for k in r}
+    missing = [
+        (r["step"], k) for r in records for k, v in r.items() if k != "step" and json.dumps(v).encode() not in stored
+    ]
+    assert not missing, missing
