@@ -70,25 +70,20 @@ def atomic_dir(path: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def remove_stale_temps(folder: Path) -> list[Path]:
-    """Delete the temp files and dirs that a killed writer above left in `folder`; returns what went.
+def remove_stale_temps(folder: Path) -> None:
+    """Delete the temp files and dirs that a killed writer above left in `folder`.
 
     Only for a folder whose writer is known to be gone (a run holding output_dir's lock, train/lock.py):
     a live writer's temp entry looks the same.
     """
     if not folder.is_dir():
-        return []
-    stale = [
-        p
-        for p in folder.iterdir()
-        if p.name.startswith(".tmp-") or (p.name.startswith(".") and p.name.endswith(".tmp"))
-    ]
-    for p in stale:
-        if p.is_dir():
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            p.unlink(missing_ok=True)
-    return stale
+        return
+    for p in folder.iterdir():
+        if p.name.startswith(".tmp-") or (p.name.startswith(".") and p.name.endswith(".tmp")):
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
 
 
 def link_tree(src: Path, dst: Path) -> None:

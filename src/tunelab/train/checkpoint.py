@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..errors import TunelabError
-from ..io import atomic_dir, disk_errors, link_tree, remove_stale_temps, write_atomic
+from ..io import atomic_dir, disk_errors, link_tree, write_atomic
 
 PREFIX = "step-"
 WEIGHTS = "trainable.safetensors"
@@ -80,9 +80,6 @@ def save(
     it back as it was.
     """
     final = folder / f"{PREFIX}{state.step:07d}"
-    # A run killed mid-save leaves its temp dir behind; the output_dir lock (train/lock.py) means no other
-    # run is writing one now.
-    remove_stale_temps(folder)
     weights = {k: v.cpu() for k, v in trainable_state(model).items()}
     tensors: dict[str, torch.Tensor] = {}
     resume = _encode(
