@@ -365,26 +365,23 @@ def weights_identity(cfg: TrainConfig) -> dict:
 
 
 def save_final(model, tokenizer, out: Path, method: str) -> Path:
-    """`adapter/` (PEFT format) for adapter methods, `model/` (HF format) for full fine-tuning; atomic.
-
-    A full disk mid-save leaves the previous files as they were and ends the run with one line.
-    """
+    """`adapter/` (PEFT format) for adapter methods, `model/` (HF format) for full fine-tuning; atomic."""
     final = out / ("model" if method == "full" else "adapter")
-    params = [p for p in model.parameters() if method == "full" or p.requires_grad]
-    needed = sum(p.numel() * p.element_size() for p in params)
-    with disk_errors(str(final), out, needed, _after_disk_error(out)):
-        save_pretrained(model, tokenizer, final)
+    save_pretrained(model, tokenizer, final, out, method)
     return final
 
 
-BEST = "best"
+BEST = checkpoint.BEST  # out/best, as each checkpoint names its copy of it
 BEST_RECORD = "tunelab_best.json"
 
 
-def save_pretrained(model, tokenizer, path: Path, record: dict | None = None) -> None:
+def save_pretrained(model, tokenizer, path: Path, out: Path, method: str, record: dict | None = None) -> None:
     """The weights as the final save writes them (adapter or full model) plus the tokenizer, atomically;
-    `record` goes beside them as BEST_RECORD."""
-    with atomic_dir(path) as tmp:
+    `record` goes beside them as BEST_RECORD. A full disk mid-save leaves the previous files as they were and
+    ends the run with one line."""
+    params = [p for p in model.parameters() if method == "full" or p.requires_grad]
+    needed = sum(p.numel() * p.element_size() for p in params)
+    with disk_errors(str(path), out, needed, _after_disk_error(out)), atomic_dir(path) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         if record is not None:
@@ -399,7 +396,7 @@ def _evaluation(cfg: TrainConfig, prep: Prepared, model, out: Path, writer: bool
 
     def save_best(state: TrainState) -> None:
         record = {"step": state.best_step, "eval_loss": state.best_eval_loss}
-        save_pretrained(model, prep.tokenizer, out / BEST, record)
+        save_pretrained(model, prep.tokenizer, out / BEST, out, cfg.method, record)
 
     spec = loop.EvalSpec(cfgmod.eval_every(cfg), cfg.eval.early_stopping_patience)
     if not (cfg.eval.keep_best and writer):

@@ -56,10 +56,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk):
             h, t = hidden[start : start + chunk], targets[start : start + chunk]
             n = h.shape[0]
-            logits = full[:n].copy_(torch.mm(h, w.T, out=low[:n]))
-            if softcap:  # Gemma-2 style final-logit soft-capping: z -> c * tanh(z / c)
-                squash = torch.tanh(logits / softcap)
-                logits.copy_(squash * softcap)
+            logits, squash = _chunk_logits(h, w, low[:n], full[:n], softcap)
             # One exp pass (exp is the costly part: ~3 ns/element here) gives both the log-sum-exp for the
             # loss and the softmax for the gradient.
             rows = torch.arange(n, device=t.device)
@@ -85,6 +82,17 @@ class LinearCrossEntropy(torch.autograd.Function):
         grad_hidden, grad_weight = ctx.saved_tensors
         grad_w = None if grad_weight is None else (grad_weight * grad_loss).to(ctx.weight_dtype)
         return grad_hidden * grad_loss.to(grad_hidden.dtype), grad_w, None, None, None
+
+
+def _chunk_logits(h, w, low, full, softcap):
+    """One chunk's fp32 logits in `full` (the matmul in the compute dtype into `low`), soft-capped when
+    `softcap` is set (Gemma-2's final logits: z -> c * tanh(z / c)); also tanh(z / c), which the gradient needs."""
+    logits = full.copy_(torch.mm(h, w.T, out=low))
+    if not softcap:
+        return logits, None
+    squash = torch.tanh(logits / softcap)
+    logits.copy_(squash * softcap)
+    return logits, squash
 
 
 def token_loss_sum(
@@ -116,9 +124,7 @@ def loss_only(hidden, weight, targets, softcap, chunk) -> torch.Tensor:
     for start in range(0, hidden.shape[0], chunk):
         h, t = hidden[start : start + chunk], targets[start : start + chunk]
         n = h.shape[0]
-        logits = full[:n].copy_(torch.mm(h, w.T, out=low[:n]))
-        if softcap:
-            logits.copy_(torch.tanh(logits / softcap) * softcap)
+        logits, _ = _chunk_logits(h, w, low[:n], full[:n], softcap)
         rows = torch.arange(n, device=t.device)
         target_logit = logits[rows, t]
         top = logits.amax(dim=-1, keepdim=True)
