@@ -479,3 +479,38 @@ def test_a_full_disk_at_the_final_save_keeps_the_last_checkpoint(
     (step,) = checkpoint.list_checkpoints(out / "checkpoints")
     assert checkpoint.verify(step) is None
     assert sorted(p.name for p in out.iterdir()) == [".tunelab.lock", "checkpoints", "config.yaml", "metrics.jsonl"]
+
+
+def test_a_full_disk_at_a_best_save_is_one_line_and_leaves_no_best(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """The first best/ save (after the first evaluation) fails half-way: one line, no best/ and no temp dir."""
+    import peft.peft_model
+
+    out = tmp_path / "run"
+    data = write_jsonl(tmp_path / "d.jsonl", [*ROWS, *ROWS])
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model": str(tiny_model_dir),
+                "data": {"path": str(data), "template": "compact"},
+                "eval": {"split": 0.25, "steps": 1},
+                "output_dir": str(out),
+                "seq_len": 64,
+                "micro_batch": 2,
+                "max_steps": 2,
+                "precision": "fp32",
+            }
+        )
+    )
+
+    def disk_fills(tensors, filename, *args, **kwargs):
+        Path(filename).write_bytes(b"half a file")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(peft.peft_model, "safe_save_file", disk_fills)
+    rc, err = run_cli(["train", "--config", str(config), "--quiet"], capsys)
+
+    assert rc == 2, err
+    (line,) = err.splitlines()
+    assert line.startswith(f"tunelab train: error: {out / 'best'}: No space left on device while writing it; "), line
+    assert not (out / "best").exists() and not [p for p in out.iterdir() if p.name.startswith(".tmp")]
