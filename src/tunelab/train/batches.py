@@ -101,17 +101,21 @@ class Schedule:
         """Loss tokens of `step` over all ranks, from the plan: the normaliser every rank divides by."""
         return int(sum(self._loss_counts[i] for rows in self.global_rows(step) for row in rows for i in row))
 
+    def _step_shares(self, step: int) -> list[list[list[int]]]:
+        return [share for rows in self.global_rows(step) for share in self._shares(rows) if share]
+
     def step_tokens(self, step: int) -> tuple[int, int, int]:
         """(padded, non-padding, loss) tokens of `step` over all ranks, counted from the plan."""
         lengths, s = self.data.lengths, self.spec
-        shares = [share for rows in self.global_rows(step) for share in self._shares(rows) if share]
+        shares = self._step_shares(step)
         padded = fed_tokens(lengths, shares, s.seq_len, s.packing)
         nonpad = int(sum(int(lengths[row].sum()) for share in shares for row in share))
         return padded, nonpad, self.step_loss_tokens(step)
 
     def padded_tokens(self, steps: range) -> int:
         """Tokens fed (padding included) by all ranks over `steps`, counted from the plan without collating."""
-        return sum(self.step_tokens(step)[0] for step in steps)
+        lengths, s = self.data.lengths, self.spec
+        return sum(fed_tokens(lengths, self._step_shares(step), s.seq_len, s.packing) for step in steps)
 
     def iterate(self, start: int, stop: int) -> Iterator[tuple[int, list[Batch]]]:
         for step in range(start, stop):
