@@ -36,7 +36,7 @@ class Gpu:
 
     @property
     def device_type(self) -> str:
-        """`cpu` for the local CPU's classes (cpu, cpu-fp32), else `cuda`."""
+        """`cpu` for the local CPU's classes (cpu, cpu-avx512-bf16, cpu-fp32), else `cuda`."""
         return "cpu" if self.device_class.startswith("cpu") else "cuda"
 
 
@@ -80,6 +80,19 @@ def gpu(gpu_id: str) -> Gpu:
         source=row["source"],
         note=row.get("note", ""),
     )
+
+
+def local_class(device_type: str, precision: str, cpu: str) -> str:
+    """The efficiency class of the present machine for `plan --gpu local`: `probe-gpu` on CUDA; on a CPU, by
+    what does the matmuls (`cpu` is device.cpu_class()): `cpu-fp32` when training computes in fp32,
+    `cpu-avx512-bf16` for bf16 on AVX-512 BF16 dot products, else `cpu` (AMX tiles, or bf16 that is only
+    emulated). Each class's efficiency is relative to the same probe bench divides by, and differs because the
+    probe and a small model's matmuls reach different shares of each kind of unit."""
+    if device_type == "cuda":
+        return "probe-gpu"
+    if precision != "bf16":
+        return "cpu-fp32"
+    return "cpu-avx512-bf16" if cpu == "avx512-bf16" else "cpu"
 
 
 def class_efficiency(device_class: str) -> float:

@@ -103,7 +103,7 @@ def eval_file_lengths(cfg: cfgmod.TrainConfig, tokenizer_ref: str | None) -> wor
 
 def local_device(precision: str) -> Device:
     """The present machine: its peak from a calibration record, else a short matmul probe."""
-    from ..device import device_memory_bytes, device_name, pick_device, pick_precision
+    from ..device import cpu_class, device_memory_bytes, device_name, pick_device, pick_precision
     from ..bench.probe import matmul_peak
     from ..plan.calibration import device_key, load_calibration
 
@@ -116,7 +116,7 @@ def local_device(precision: str) -> Device:
     else:
         peak, n = matmul_peak(prec.compute, dev)
         source = f"measured now: {n}^3 {prec.name} matmul probe"
-    cls = "probe-gpu" if dev.type == "cuda" else ("cpu" if prec.name == "bf16" else "cpu-fp32")
+    cls = catalog.local_class(dev.type, prec.name, cpu_class() if dev.type == "cpu" else "")
     overhead = catalog.runtime_overhead("cuda" if dev.type == "cuda" else "cpu")
     if record is not None and record.runtime_overhead_bytes is not None:
         overhead = record.runtime_overhead_bytes

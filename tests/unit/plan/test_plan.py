@@ -373,3 +373,22 @@ def test_fixed_costs_come_from_the_catalog_per_device_type():
         0,
     )
     assert cuda.compile_s != cpu.compile_s
+
+
+@pytest.mark.parametrize(
+    ("device_type", "precision", "cpu", "cls"),
+    [
+        ("cuda", "bf16", "", "probe-gpu"),
+        ("cpu", "fp32", "amx", "cpu-fp32"),
+        ("cpu", "fp32", "fp32-only", "cpu-fp32"),
+        ("cpu", "bf16", "amx", "cpu"),
+        ("cpu", "bf16", "avx512-bf16", "cpu-avx512-bf16"),
+        ("cpu", "bf16", "fp32-only", "cpu"),
+    ],
+)
+def test_local_class_follows_the_units_that_do_the_matmuls(device_type, precision, cpu, cls):
+    assert catalog.local_class(device_type, precision, cpu) == cls
+    gpu = catalog.Gpu("local", "x", 2**34, 0.0, 1e12, precision == "bf16", cls, source="test")
+    assert gpu.device_type == device_type
+    # every class plan can pick for the local machine has a catalog efficiency
+    assert 0 < catalog.class_efficiency(cls) <= 1
