@@ -48,7 +48,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=int, default=1, help="GPUs per run: >1 adds DDP / ZeRO-2 / ZeRO-3 estimates")
     p.add_argument("--json", action="store_true", help="one JSON line per GPU")
     p.add_argument("--format", choices=("table", "md"), default="table", help="table (terminal) or md (performance.md)")
-    p.add_argument("--model")
+    p.add_argument(
+        "--model",
+        help="catalog model (meta-llama/Llama-3.1-8B or its short id llama-3.1-8b), hub id, local directory or .gguf",
+    )
     p.add_argument("--method", choices=cfgmod.METHODS)
     p.add_argument("--precision", choices=cfgmod.PRECISIONS)
     p.add_argument("--seq-len", type=int)

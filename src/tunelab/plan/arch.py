@@ -112,13 +112,19 @@ def registry_names() -> list[str]:
 
 
 def from_registry(ref: str) -> Arch | None:
+    """A catalog model by its key, an alias, or (plan needs no weights, so no hub id is needed) its short id
+    as `random:` takes it, e.g. llama-3.1-8b, unless a local path has that name; the Arch is named by the
+    full key."""
     data = catalog.read("models.yaml")
-    key = data["aliases"].get(ref, ref)
+    name = ref
+    if "/" not in ref and ref not in data["aliases"] and not Path(ref).expanduser().exists():  # a local dir wins
+        name = next((n for n in [*data["models"], *data["aliases"]] if short_id(n) == ref.lower()), ref)
+    key = data["aliases"].get(name, name)
     row = data["models"].get(key)
     if row is None:
         return None
     return Arch(
-        name=ref,
+        name=name,
         hidden=row["hidden"],
         layers=row["layers"],
         heads=row["heads"],

@@ -147,9 +147,20 @@ class Suggestion:
 
 def suggestions(arch: Arch, lengths: workload.Lengths, base: Estimate) -> list[Suggestion]:
     """Single-knob changes, each re-estimated with the same formulas, sorted by time saved. The micro-batch
-    is not among them: the time model has no micro-batch term (its effect on efficiency is not modeled)."""
+    appears only for memory, traded against gradient accumulation at equal rows per optimizer step: the time
+    model has no micro-batch term (its effect on efficiency is not modeled)."""
     s = base.settings
     variants: list[tuple[str, Settings]] = []
+    split = accumulation_split(s.micro_batch, s.grad_accum, base.max_micro_batch) if not base.fits else None
+    if split is not None:
+        mb, accum = split
+        variants.append(
+            (
+                f"micro-batch {s.micro_batch} -> {mb}, grad_accum {s.grad_accum} -> {accum} (same rows per "
+                "optimizer step), for memory",
+                replace(s, micro_batch=mb, grad_accum=accum),
+            )
+        )
     if not s.packing:
         variants.append(("packing on", replace(s, packing=True)))
     if s.grad_ckpt:
@@ -174,3 +185,14 @@ def suggestions(arch: Arch, lengths: workload.Lengths, base: Estimate) -> list[S
         if "for memory" in label or base.time_s - e.time_s > 0.01 * base.time_s:
             out.append(Suggestion(label, e.time_s, base.time_s - e.time_s, e.memory.total, e.fits))
     return sorted(out, key=lambda x: -x.saved_s)
+
+
+def accumulation_split(micro_batch: int, grad_accum: int, largest: int) -> tuple[int, int] | None:
+    """The largest micro-batch ≤ `largest` that divides the rows of one optimizer step (micro_batch ×
+    grad_accum), with the accumulation that keeps that many rows: the same optimization, in smaller pieces.
+    None when nothing smaller than `micro_batch` fits (largest < 1) or it already fits."""
+    rows = micro_batch * grad_accum
+    for mb in range(min(largest, micro_batch - 1), 0, -1):
+        if rows % mb == 0:
+            return mb, rows // mb
+    return None

@@ -168,8 +168,12 @@ def table(results: list[Result]) -> str:
                 f" sends {gib(m.comm_bytes)}/GPU per step"
             )
         for s in r.suggestions:
+            if abs(s.saved_s) < 0.01 * s.time_s:
+                delta = "same time"
+            else:
+                delta = f"{'saves' if s.saved_s >= 0 else 'costs'} {duration(abs(s.saved_s))}"
             lines.append(
-                f"  try: {s.change}: {duration(s.time_s)} ({'saves' if s.saved_s >= 0 else 'costs'} {duration(abs(s.saved_s))}),"
+                f"  try: {s.change}: {duration(s.time_s)} ({delta}),"
                 f" peak {gib(s.peak_memory_bytes)}{'' if s.fits else ' (does not fit)'}"
             )
         lines.append("")

@@ -392,3 +392,36 @@ def test_local_class_follows_the_units_that_do_the_matmuls(device_type, precisio
     assert gpu.device_type == device_type
     # every class plan can pick for the local machine has a catalog efficiency
     assert 0 < catalog.class_efficiency(cls) <= 1
+
+
+def test_short_ids_name_catalog_models(tmp_path, monkeypatch):
+    full = archmod.from_registry("meta-llama/Llama-3.1-8B")
+    short = archmod.from_registry("LLAMA-3.1-8b")
+    assert short.name == "meta-llama/Llama-3.1-8B" and short.total_params == full.total_params
+    assert archmod.from_registry("llama-3.1-8b-instruct").name == "meta-llama/Llama-3.1-8B-Instruct"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "llama-3.1-8b").mkdir()  # a local directory of that name is the user's, not the catalog's
+    assert archmod.from_registry("llama-3.1-8b") is None
+
+
+@pytest.mark.parametrize(
+    ("micro_batch", "accum", "largest", "split"),
+    [(8, 1, 5, (4, 2)), (16, 2, 6, (4, 8)), (8, 1, 1, (1, 8)), (6, 1, 5, (3, 2)), (8, 1, 0, None)],
+)
+def test_accumulation_split_keeps_rows_per_step(micro_batch, accum, largest, split):
+    from tunelab.plan.estimate import accumulation_split
+
+    assert accumulation_split(micro_batch, accum, largest) == split
+
+
+def test_a_run_that_does_not_fit_is_offered_a_smaller_micro_batch_at_equal_rows(capsys):
+    argv = ["--model", "llama-3.1-8b", "--examples", "50000", "--mean-tokens", "500", "--seq-len", "2048"]
+    (rec,) = plan_json(capsys, *argv, "--gpu", "h100-sxm", "--micro-batch", "8")
+    assert not rec["fits"] and rec["max_micro_batch"] == 5
+    assert main(["plan", *argv, "--gpu", "h100-sxm", "--micro-batch", "8"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "try: micro-batch" in x)
+    assert "micro-batch 8 -> 4, grad_accum 1 -> 2" in line and "same time" in line and "does not fit" not in line
+    (fitted,) = plan_json(capsys, *argv, "--gpu", "h100-sxm", "--micro-batch", "4", "--grad-accum", "2")
+    assert fitted["fits"] and fitted["optimizer_steps"] == rec["optimizer_steps"]
+    assert fitted["time_s"] == pytest.approx(rec["time_s"], rel=0.01)
