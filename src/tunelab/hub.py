@@ -25,7 +25,6 @@ from .errors import TunelabError
 # One part of a hub id (owner, name): the hub's own character set.
 _ID_PART = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 MODEL_REF = re.compile(rf"(?P<repo>{_ID_PART}/{_ID_PART})(?:@(?P<revision>[^\s@]+))?")
-COMMIT = re.compile(r"[0-9a-f]{40}")
 DATA_PREFIX = "hf://"
 DATA_FORMS = (
     "hf://owner/name, hf://owner/name:split or hf://owner/name/subset:split, "
@@ -109,16 +108,14 @@ def allow_patterns(weights: bool, code: bool = False) -> list[str]:
 
 def cached_snapshot(repo: str, revision: str, cache: Path) -> Path | None:
     """The snapshot folder the cache holds for `revision` (a branch, tag or commit), if it has a config.json."""
-    folder = cache / f"models--{repo.replace('/', '--')}"
-    if COMMIT.fullmatch(revision):
-        commit = revision
-    else:
-        ref = folder / "refs" / revision
-        if not ref.is_file():
-            return None
-        commit = ref.read_text().strip()
-    snapshot = folder / "snapshots" / commit
-    return snapshot if (snapshot / "config.json").is_file() else None
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        config = try_to_load_from_cache(repo, "config.json", cache_dir=cache, revision=revision)
+    except HFValidationError:  # an id the hub refuses (`a--b`) is in no cache; not cached, as before any request
+        return None
+    return Path(config).parent if isinstance(config, str) else None
 
 
 def has_weights(snapshot: Path) -> bool:
