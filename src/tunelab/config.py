@@ -46,7 +46,7 @@ class MixSource:
 
 @dataclass
 class DataConfig:
-    # A file, or a hub dataset `hf://owner/name[/subset][:split]`.
+    # A file, or a hub dataset `hf://owner/name[@revision][/subset][:split]`.
     path: str | None = None
     # Several sources drawn by weight instead of one path (data/pipeline.py: mix).
     mix: list[MixSource] = field(default_factory=list)

@@ -25,9 +25,13 @@ from .errors import TunelabError
 # One part of a hub id (owner, name): the hub's own character set.
 _ID_PART = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 MODEL_REF = re.compile(rf"(?P<repo>{_ID_PART}/{_ID_PART})(?:@(?P<revision>[^\s@]+))?")
-COMMIT = re.compile(r"[0-9a-f]{40}")
 DATA_PREFIX = "hf://"
-DATA_FORMS = "hf://owner/name, hf://owner/name:split or hf://owner/name/subset:split"
+DATA_FORMS = (
+    "hf://owner/name, hf://owner/name:split or hf://owner/name/subset:split, "
+    "with owner/name@revision to pin a branch, tag or commit"
+)
+# A dataset revision: a branch, tag or commit, ending at the subset's `/` or the split's `:`.
+_DATA_REVISION = r"[^\s@/:]+"
 DEFAULT_SPLIT = "train"
 
 # The files a model needs besides its weights. Tokenizers come as tokenizer.json / tokenizer_config.json,
@@ -104,16 +108,14 @@ def allow_patterns(weights: bool, code: bool = False) -> list[str]:
 
 def cached_snapshot(repo: str, revision: str, cache: Path) -> Path | None:
     """The snapshot folder the cache holds for `revision` (a branch, tag or commit), if it has a config.json."""
-    folder = cache / f"models--{repo.replace('/', '--')}"
-    if COMMIT.fullmatch(revision):
-        commit = revision
-    else:
-        ref = folder / "refs" / revision
-        if not ref.is_file():
-            return None
-        commit = ref.read_text().strip()
-    snapshot = folder / "snapshots" / commit
-    return snapshot if (snapshot / "config.json").is_file() else None
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        config = try_to_load_from_cache(repo, "config.json", cache_dir=cache, revision=revision)
+    except HFValidationError:  # an id the hub refuses (`a--b`) is in no cache; not cached, as before any request
+        return None
+    return Path(config).parent if isinstance(config, str) else None
 
 
 def has_weights(snapshot: Path) -> bool:
@@ -262,16 +264,19 @@ def explain(
 
 @dataclass(frozen=True)
 class HubData:
-    """A hub dataset reference: `hf://owner/name[/subset][:split]`; the split may slice, as in `train[:1000]`."""
+    """A hub dataset reference: `hf://owner/name[@revision][/subset][:split]`; the revision is a branch, tag or
+    commit (default: the dataset's main branch), the split may slice, as in `train[:1000]`."""
 
     repo: str
     subset: str | None
     split: str
+    revision: str | None = None
 
     @property
     def uri(self) -> str:
+        revision = f"@{self.revision}" if self.revision else ""
         subset = f"/{self.subset}" if self.subset else ""
-        return f"{DATA_PREFIX}{self.repo}{subset}:{self.split}"
+        return f"{DATA_PREFIX}{self.repo}{revision}{subset}:{self.split}"
 
 
 def is_hub_data(path: str | None) -> bool:
@@ -281,15 +286,19 @@ def is_hub_data(path: str | None) -> bool:
 def parse_data(path: str, key: str = "data.path") -> HubData:
     rest, sep, split = path[len(DATA_PREFIX) :].partition(":")
     parts = rest.split("/")
+    name, at, revision = parts[1].partition("@") if len(parts) > 1 else ("", "", "")
     ok = (
         len(parts) in (2, 3)
-        and all(re.fullmatch(_ID_PART, p) for p in parts[:2])
+        and all(re.fullmatch(_ID_PART, p) for p in (parts[0], name))
+        and (not at or re.fullmatch(_DATA_REVISION, revision))
         and all(parts)
+        and (len(parts) == 2 or "@" not in parts[2])  # the revision pins the repository, so it follows its name
         and (not sep or split.strip())
     )
     if not ok:
         raise TunelabError(f"{key} {path!r}: expected {DATA_FORMS}")
-    return HubData(f"{parts[0]}/{parts[1]}", parts[2] if len(parts) == 3 else None, split or DEFAULT_SPLIT)
+    subset = parts[2] if len(parts) == 3 else None
+    return HubData(f"{parts[0]}/{name}", subset, split or DEFAULT_SPLIT, revision or None)
 
 
 def load_data(ref: HubData):
@@ -305,7 +314,7 @@ def load_data(ref: HubData):
             flush=True,
         )
     try:
-        ds = datasets.load_dataset(ref.repo, ref.subset, split=ref.split)
+        ds = datasets.load_dataset(ref.repo, ref.subset, split=ref.split, revision=ref.revision)
     except Exception as e:
         message = _explain_data(ref, e)
         if message is None:
@@ -330,7 +339,7 @@ def _listed(message: str, after: str) -> list[str] | None:
 
 def _explain_data(ref: HubData, e: BaseException) -> str | None:
     uri, text = ref.uri, str(e)
-    base = f"{DATA_PREFIX}{ref.repo}"
+    base = f"{DATA_PREFIX}{ref.repo}" + (f"@{ref.revision}" if ref.revision else "")
     splits = _listed(text, "Should be one of")
     if splits is not None and "Unknown split" in text:
         subset = f"/{ref.subset}" if ref.subset else ""
@@ -346,7 +355,7 @@ def _explain_data(ref: HubData, e: BaseException) -> str | None:
             f"{uri}: not in the local datasets cache, and downloads are off (HF_HUB_OFFLINE=1 or --offline); "
             "run once online to download it, or pass a local file"
         )
-    message = explain(uri, ref.repo, e, kind="dataset")
+    message = explain(uri, ref.repo, e, kind="dataset", revision=ref.revision or "main")
     if message is not None:
         return message
     import datasets

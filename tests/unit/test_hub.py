@@ -287,3 +287,26 @@ def test_a_repository_without_safetensors_is_refused_before_downloading(hub_cach
 def test_a_string_that_is_no_path_and_no_hub_id_says_what_model_takes(ref, hub_cache):
     with pytest.raises(TunelabError, match="not a local directory, a .gguf file, or a hub id"):
         sources.resolve(ref)
+
+
+def test_a_cached_revision_resolves_through_its_ref_or_as_a_commit(hub_cache, tiny_model_dir, monkeypatch):
+    snapshot = cache_snapshot(hub_cache, tiny_model_dir, [*CONFIG_FILES, "model.safetensors"])
+    (snapshot.parents[1] / "refs" / "v1").write_text(COMMIT)
+    monkeypatch.setattr("huggingface_hub.snapshot_download", raising(AssertionError("the hub was asked")))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert sources.resolve(f"{REPO_ID}@v1").path == snapshot
+    assert sources.resolve(f"{REPO_ID}@{COMMIT}").path == snapshot  # a commit needs no ref
+    for ref in (f"{REPO_ID}@v2", f"{REPO_ID}@{'f' * 40}", "owner/other", "owner/na--me"):  # the hub refuses `--`
+        with pytest.raises(TunelabError, match="does not hold it, and downloads are off"):
+            sources.resolve(ref)
+
+
+def test_a_cached_snapshot_without_config_json_is_not_taken(hub_cache, tiny_model_dir, fake_hub, monkeypatch):
+    snapshot = cache_snapshot(
+        hub_cache, tiny_model_dir, ["tokenizer.json", "tokenizer_config.json", "model.safetensors"]
+    )
+    assert hub.cached_snapshot(REPO_ID, "main", hub_cache) is None
+    assert hub.cached_snapshot(REPO_ID, COMMIT, hub_cache) is None
+    assert sources.resolve(REPO_ID).path == snapshot and (snapshot / "config.json").is_file()  # downloaded
+    assert [c["dry_run"] for c in fake_hub.calls] == [True, False]
+    assert hub.cached_snapshot(REPO_ID, "main", hub_cache) == snapshot

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
-from ..data.formats import prompt_text, render
+from ..data.formats import CONVERSATION_FORMATS, effective_chat_template, prompt_text, render
 from .exact_match import EvalResult, score
 
 # Room past the longest expected response, for a model that adds a word or a space before its answer.
@@ -22,6 +23,40 @@ BUDGET_SLACK = 8
 # The fastest of 16/32/64 on the embedded model on a 2-core CPU: larger batches amortise generate's per-step
 # overhead (benchmarks/design-decisions_cpu_2026-11-22.md#generation-batch-size-64).
 DEFAULT_BATCH_SIZE = 64
+# End-of-turn markers of chat templates (ChatML, Llama-3, Gemma): a tuned chat model ends its answer with the
+# template's marker, which need not be the tokenizer's EOS (Qwen2.5 base: `<|endoftext|>`).
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>")
+
+
+@dataclass(frozen=True)
+class Stops:
+    """Where a response ends: any of `ids` (generation stops there), or the first of `texts` in the decoded
+    text (a marker the tokenizer splits into several tokens, which training taught as plain text)."""
+
+    ids: tuple[int, ...]
+    texts: tuple[str, ...] = ()
+
+
+def stops(model, tokenizer, fmt: str | None = None) -> Stops:
+    """The tokenizer's EOS, the model's generation_config EOS ids, and, for a conversation format, the
+    end-of-turn marker of the chat template its prompts are rendered with."""
+    ids: list[int] = []
+    config = getattr(model, "generation_config", None)
+    for found in (tokenizer.eos_token_id, getattr(config, "eos_token_id", None)):
+        for i in found if isinstance(found, (list, tuple)) else [found]:
+            if i is not None and int(i) not in ids:
+                ids.append(int(i))
+    texts: list[str] = []
+    if fmt in CONVERSATION_FORMATS:
+        template = effective_chat_template(tokenizer)
+        for marker in (m for m in END_OF_TURN if m in template):
+            single = tokenizer(marker, add_special_tokens=False)["input_ids"]
+            if len(single) == 1 and tokenizer.convert_tokens_to_ids(marker) == single[0]:
+                if single[0] not in ids:
+                    ids.append(single[0])
+            else:
+                texts.append(marker)
+    return Stops(tuple(ids), tuple(texts))
 
 
 def prompt_ids(tokenizer, prompts: Sequence[str]) -> list[list[int]]:
@@ -49,10 +84,13 @@ def generate(
     prompts: Sequence[list[int]],
     budgets: Sequence[int],
     batch_size: int,
+    stop: Stops | None = None,
 ) -> list[str]:
-    """Greedy continuations of tokenized prompts, in input order, each cut at EOS or its batch's budget."""
+    """Greedy continuations of tokenized prompts, in input order, each cut before its first stop (default: the
+    EOS ids of `stops`) or at its batch's budget; a row stops on its own while the rest of its batch goes on."""
+    stop = stop or stops(model, tokenizer)
     device = next(model.parameters()).device
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stop.ids or [0])[0]
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), budgets[i]))
     out: list[str] = [""] * len(prompts)
     was_training = model.training
@@ -73,15 +111,22 @@ def generate(
                 do_sample=False,
                 max_new_tokens=max(budgets[i] for i in chunk),
                 use_cache=True,
-                eos_token_id=tokenizer.eos_token_id,
+                eos_token_id=list(stop.ids),
                 pad_token_id=pad,
             )
-            texts = tokenizer.batch_decode(generated[:, width:], skip_special_tokens=True)
-            for i, text in zip(chunk, texts):
+            # Cut at the row's own first stop: what follows is padding, which need not be a special token.
+            rows = [_until(ids, stop.ids) for ids in generated[:, width:].tolist()]
+            for i, text in zip(chunk, tokenizer.batch_decode(rows, skip_special_tokens=True)):
+                for marker in stop.texts:
+                    text = text.split(marker, 1)[0]
                 out[i] = text
     finally:
         model.train(was_training)
     return out
+
+
+def _until(ids: list[int], stop_ids: Sequence[int]) -> list[int]:
+    return next((ids[:k] for k, i in enumerate(ids) if i in stop_ids), ids)
 
 
 def evaluate(
@@ -101,5 +146,5 @@ def evaluate(
     started = time.perf_counter()
     prompts = prompt_ids(tokenizer, [prompt_text(fmt, template, row, tokenizer) for row in rows])
     budgets = [max_new_tokens] * len(rows) if max_new_tokens else response_budgets(tokenizer, rows, fmt, template)
-    responses = generate(model, tokenizer, prompts, budgets, batch_size)
+    responses = generate(model, tokenizer, prompts, budgets, batch_size, stops(model, tokenizer, fmt))
     return score(rows, responses, time.perf_counter() - started)

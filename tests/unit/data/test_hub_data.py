@@ -29,11 +29,13 @@ class FakeLoad:
     def __init__(self, splits: dict[str, list[dict]]):
         self.splits = splits
         self.calls = []
+        self.revisions = []
 
     def __call__(self, path, name=None, split=None, **kwargs):
         if path in pipeline.READERS.values():  # a local file
             return REAL_LOAD(path, name, split=split, **kwargs)
         self.calls.append((path, name, split))
+        self.revisions.append(kwargs.get("revision"))
         if split not in self.splits:
             raise ValueError(f'Unknown split "{split}". Should be one of {list(self.splits)}.')
         return datasets.Dataset.from_list(self.splits[split])
@@ -104,13 +106,30 @@ def test_columns_that_do_not_fit_the_format_fail_before_any_row(fake_load, token
 
 
 @pytest.mark.parametrize(
-    "path", ["hf://owner", "hf://owner/", "hf://a/b/c/d", "hf://owner/set:", "hf:///set", "hf://own er/set"]
+    "path",
+    [
+        "hf://owner",
+        "hf://owner/",
+        "hf://a/b/c/d",
+        "hf://owner/set:",
+        "hf:///set",
+        "hf://own er/set",
+        "hf://owner/set@",
+        "hf://owner/set@:test",
+        "hf://owner/set@v1@v2",
+        "hf://owner/set@v 1",
+        "hf://owner@v1/set",
+        "hf://owner/set/sub@v1:test",
+        "hf://owner/set@v1/",
+        "hf://owner/set@refs/convert/parquet",
+    ],
 )
 def test_a_malformed_hub_path_fails_in_the_config(path):
     with pytest.raises(TunelabError) as e:
         load_config(None, [f"data.path='{path}'"])
     assert str(e.value) == (
-        f"defaults: data.path {path!r}: expected hf://owner/name, hf://owner/name:split or hf://owner/name/subset:split"
+        f"defaults: data.path {path!r}: expected hf://owner/name, hf://owner/name:split or "
+        "hf://owner/name/subset:split, with owner/name@revision to pin a branch, tag or commit"
     )
 
 
@@ -119,6 +138,54 @@ def test_parse_data_forms():
     assert hub.parse_data("hf://o/n:test") == hub.HubData("o/n", None, "test")
     assert hub.parse_data("hf://o/n/sub:validation") == hub.HubData("o/n", "sub", "validation")
     assert hub.parse_data("hf://o/n:train[:100]").split == "train[:100]"
+    assert hub.parse_data("hf://o/n").revision is None
+
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.mark.parametrize(
+    "path, parsed",
+    [
+        ("hf://o/n@v1.0", hub.HubData("o/n", None, "train", "v1.0")),
+        ("hf://o/n@dev:test", hub.HubData("o/n", None, "test", "dev")),
+        (f"hf://o/n@{COMMIT}/sub:validation[:10]", hub.HubData("o/n", "sub", "validation[:10]", COMMIT)),
+        ("hf://o/n@my-branch_2/sub", hub.HubData("o/n", "sub", "train", "my-branch_2")),
+    ],
+)
+def test_a_revision_pins_the_dataset_and_shows_in_its_name(path, parsed):
+    assert hub.parse_data(path) == parsed
+    assert hub.parse_data(parsed.uri) == parsed  # the name errors give reads back as the same reference
+    assert f"@{parsed.revision}" in parsed.uri
+
+
+def test_the_revision_reaches_load_dataset(fake_load, tokenizer, capsys):
+    prepare(spec("hf://owner/set@v2/sub:test"), tokenizer)
+    prepare(spec("hf://owner/set:test"), tokenizer)
+    assert fake_load.calls == [("owner/set", "sub", "test"), ("owner/set", None, "test")]
+    assert fake_load.revisions == ["v2", None]  # unpinned: datasets' own default, the main branch
+    assert "loading hf://owner/set@v2/sub:test from the Hugging Face hub" in capsys.readouterr().err
+    with pytest.raises(TunelabError) as e:
+        hub.load_data(hub.parse_data("hf://owner/set@v2:tset"))
+    assert str(e.value) == "hf://owner/set@v2:tset: no split 'tset'; it has train, test (write hf://owner/set@v2:train)"
+
+
+def test_an_unknown_revision_is_one_line_naming_it(hub_cache, monkeypatch):
+    cause = hf.RevisionNotFoundError(
+        "404", response=httpx2.Response(404, request=httpx2.Request("GET", "https://hf.co"))
+    )
+    error = DatasetNotFoundError("Revision 'v9' doesn't exist for dataset 'owner/set' on the Hub.")
+    error.__cause__ = cause
+
+    def raising(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(datasets, "load_dataset", raising)
+    with pytest.raises(TunelabError) as e:
+        hub.load_data(hub.parse_data("hf://owner/set@v9:test"))
+    assert str(e.value) == (
+        "hf://owner/set@v9:test: revision 'v9' not found in owner/set; check the branch, tag or commit"
+    )
 
 
 def gated() -> Exception:

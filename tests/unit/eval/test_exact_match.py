@@ -9,7 +9,7 @@ from tunelab.data.formats import TEMPLATES, prompt_text
 from tunelab.data.pipeline import IGNORE, DataSpec, prepare
 from tunelab.commands.eval import Setup, read_rows, resolve_setup
 from tunelab.eval.exact_match import extract, parse_answer, score
-from tunelab.eval.generate import BUDGET_SLACK, evaluate, generate, prompt_ids
+from tunelab.eval.generate import BUDGET_SLACK, Stops, evaluate, generate, prompt_ids, stops
 from tunelab.errors import TunelabError
 
 
@@ -212,3 +212,108 @@ def test_evaluate_keeps_row_order_and_budgets_each_batch(tokenizer, addition_row
     assert sum(b.n for b in result.by_digits.values()) == 64 and set(result.by_op) == {"add"}
     fixed = evaluate(model, tokenizer, rows[:5], "alpaca", "compact", batch_size=10, max_new_tokens=3)
     assert model.calls[-1][1] == 3 and fixed.n == 5
+
+
+# --- where a response stops ---
+
+LLAMA3_TEMPLATE = (
+    "{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] }}<|eot_id|>"
+    "{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+
+
+def successor_model(tokenizer, successors: dict[str, str], default: str = "x"):
+    """A tiny Llama whose greedy next token depends only on the current one: `successors[token]`, else `default`.
+
+    Attention and MLP outputs are zeroed so the last hidden state is the current token's embedding; embeddings
+    are orthonormal and each lm_head row is the sum of the embeddings of the tokens it follows."""
+    vocab = len(tokenizer)
+    model = make_tiny_llama(vocab, hidden_size=128, intermediate_size=128).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        torch.manual_seed(0)
+        basis = torch.linalg.qr(torch.randn(128, 128))[0][:vocab] * 10
+        model.model.embed_tokens.weight.copy_(basis)
+        head = torch.zeros(vocab, 128)
+        for token in range(vocab):
+            text = tokenizer.convert_ids_to_tokens(token)
+            head[tokenizer.convert_tokens_to_ids(successors.get(text, default))] += basis[token]
+        model.lm_head.weight.copy_(head)
+    return model
+
+
+def ids_of(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_successor_model_runs_on_without_a_stop(tokenizer):
+    model = successor_model(tokenizer, {"\n": "4", "4": "2", "2": "<|im_end|>"})
+    out = model.generate(torch.tensor([ids_of(tokenizer, "1+1\n")]), do_sample=False, max_new_tokens=6, eos_token_id=[])
+    assert tokenizer.convert_ids_to_tokens(out[0, 4:].tolist()) == ["4", "2", "<|im_end|>", "x", "x", "x"]
+
+
+@pytest.mark.parametrize("fmt", ["chat", "sharegpt"])
+def test_chat_generation_stops_at_chatml_end_of_turn_and_drops_it(tokenizer, fmt):
+    """The tokenizer's EOS is `</s>`; the template's end of turn `<|im_end|>` still ends the response."""
+    model = successor_model(tokenizer, {"\n": "4", "4": "2", "2": "<|im_end|>"})
+    row = (
+        {"messages": [{"role": "user", "content": "1+1"}], "answer": "42"}
+        if fmt == "chat"
+        else {"conversations": [{"from": "human", "value": "1+1"}], "answer": "42"}
+    )
+    result = evaluate(model, tokenizer, [row], fmt, "alpaca", max_new_tokens=8)
+    assert result.predictions[0].response == "42"
+    assert stops(model, tokenizer, fmt).ids == (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>"))
+
+
+def test_chatml_fallback_for_a_tokenizer_without_a_template_stops_at_im_end():
+    tok = make_tokenizer()
+    tok.chat_template = None
+    model = successor_model(tok, {"\n": "7", "7": "<|im_end|>"})
+    row = {"messages": [{"role": "user", "content": "3+4"}], "answer": "7"}
+    assert evaluate(model, tok, [row], "chat", "alpaca", max_new_tokens=8).predictions[0].response == "7"
+
+
+def test_llama3_generation_stops_at_eot_id():
+    tok = make_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]})
+    tok.chat_template = LLAMA3_TEMPLATE
+    model = successor_model(tok, {"\n": "5", "5": "<|eot_id|>"})
+    row = {"messages": [{"role": "user", "content": "2+3"}], "answer": "5"}
+    assert evaluate(model, tok, [row], "chat", "alpaca", max_new_tokens=8).predictions[0].response == "5"
+    assert tok.convert_tokens_to_ids("<|eot_id|>") in stops(model, tok, "chat").ids
+    assert tok.convert_tokens_to_ids("<|im_end|>") not in stops(model, tok, "chat").ids  # not this template's
+
+
+def test_end_of_turn_split_into_several_tokens_is_cut_from_the_text():
+    """A tokenizer without the template's marker as a token learns it as plain characters: the text ends before it."""
+    tok = make_tokenizer()  # no `<|eot_id|>` token
+    tok.chat_template = LLAMA3_TEMPLATE
+    assert stops(None, tok, "chat") == Stops((tok.eos_token_id,), ("<|eot_id|>",))
+    model = successor_model(tok, {"\n": "6", "6": "E", "E": "N", "N": "D", "D": "7"}, default="7")
+    stop = Stops((tok.eos_token_id,), ("END",))
+    assert generate(model, tok, [ids_of(tok, "3+3\n")], [8], 1, stop) == ["6"]
+
+
+def test_alpaca_stops_at_eos_and_at_every_generation_config_eos(tokenizer):
+    model = successor_model(tokenizer, {"\n": "9", "9": "<|im_end|>", "<|im_end|>": "1", "1": "</s>"})
+    prompt = ids_of(tokenizer, "9\n")
+    # An alpaca prompt is not a chat turn: `<|im_end|>` is no stop, the tokenizer's EOS is.
+    assert generate(model, tokenizer, [prompt], [8], 1, stops(model, tokenizer, "alpaca")) == ["91"]
+    model.generation_config.eos_token_id = [2, tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    assert generate(model, tokenizer, [prompt], [8], 1, stops(model, tokenizer, "alpaca")) == ["9"]
+    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("1")
+    assert stops(model, tokenizer).ids == (2, tokenizer.convert_tokens_to_ids("1"))
+    assert generate(model, tokenizer, [prompt], [8], 1) == ["9"]  # `<|im_end|>` is skipped as special text
+
+
+def test_rows_of_one_batch_stop_independently(tokenizer):
+    """One row stops after a token, the other after four; neither carries the other's padding or a marker."""
+    chain = {"\n": "4", "4": "<|im_end|>", "=": "a", "a": "b", "b": "c", "c": "d", "d": "<|im_end|>"}
+    model = successor_model(tokenizer, chain, default="z")
+    prompts = [ids_of(tokenizer, "1+3\n"), ids_of(tokenizer, "long prompt =")]
+    stop = stops(model, tokenizer, "chat")
+    assert generate(model, tokenizer, prompts, [10, 10], 2, stop) == ["4", "abcd"]
+    assert generate(model, tokenizer, prompts, [10, 10], 2) == ["4zzzzzzzz", "abcdzzzzz"]  # EOS only: run on
