@@ -7,6 +7,7 @@ saves, and at the edges of the steady-state timing window.
 
 from __future__ import annotations
 
+import gc
 import json
 import statistics
 import time
@@ -222,6 +223,8 @@ def run(ctx: LoopContext) -> LoopResult:
     steady_start = None
     run_start = time.perf_counter() - state.elapsed_s
     model.train()
+    frozen_before = gc.get_freeze_count()
+    _freeze_heap()
     try:
         for step, batches in schedule.iterate(state.step, stop):
             # Over all ranks, from the batch plan: no communication.
@@ -305,6 +308,7 @@ def run(ctx: LoopContext) -> LoopResult:
                 progress.advance(state.step)
             if state.step == warm_until and steady_start is None:
                 # After the log (whose window it would otherwise empty): the steady window starts here.
+                _freeze_heap()  # what compilation and the first steps built stays too
                 synchronize(device)
                 steady_start = time.perf_counter()
                 rate = _Window(steady_start, steady=True)
@@ -324,6 +328,8 @@ def run(ctx: LoopContext) -> LoopResult:
                     best=ctx.evaluation.best_dir if ctx.evaluation is not None else None,
                 )
     finally:
+        if not frozen_before:  # a caller's own freeze stays
+            gc.unfreeze()
         if metrics_file is not None:
             metrics_file.close()
         progress.close()
@@ -337,6 +343,16 @@ def run(ctx: LoopContext) -> LoopResult:
     result.peak_reserved_bytes = mem.peak_reserved_bytes
     result.peak_absolute_bytes = mem.peak_absolute_bytes
     return result
+
+
+def _freeze_heap() -> None:
+    """Move every object alive now (model, optimizer, libraries, compiled graphs) out of the garbage
+    collector's reach, after one full collection. Python's full collections scan the whole heap, a quarter of
+    a second per collection with the embedded model loaded, stalling whichever step they land in
+    (benchmarks/design-decisions_cpu_2026-11-22.md#heap-frozen-for-the-loop); frozen, they scan only
+    what the steps themselves create. Young collections still free each step's cyclic garbage."""
+    gc.collect()
+    gc.freeze()
 
 
 def _record(ctx: LoopContext, metrics_file, record: dict) -> None:

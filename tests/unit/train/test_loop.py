@@ -284,3 +284,26 @@ def test_optimizer_is_fused_adamw_and_falls_back_per_device(monkeypatch):
     # foreach is the slowest of the three on CPU (measured: benchmarks/quickstart_xeon-amx-2c_2026-11-22.md), the fastest fallback on GPUs.
     assert loop.build_optimizer(model, spec, torch.device("cpu")).defaults["foreach"] is False
     assert loop.build_optimizer(model, spec, torch.device("cuda")).defaults["foreach"] is True
+
+
+def test_the_heap_is_frozen_while_the_loop_runs_and_released_after(tiny_model_dir, data_file, tmp_path):
+    """Full collections during the steps would scan the model and the libraries; the loop freezes them and
+    gives them back to the collector when it ends."""
+    import gc
+
+    seen = []
+
+    def watch(phase, info):
+        if phase == "start":
+            seen.append(gc.get_freeze_count())
+
+    assert gc.get_freeze_count() == 0
+    gc.callbacks.append(watch)
+    try:
+        train(config(tiny_model_dir, data_file, tmp_path / "run", "max_steps=4"), show_progress=False)
+    finally:
+        gc.callbacks.remove(watch)
+    frozen = [n for n in seen if n]
+    # the model's parameters alone are hundreds of tracked objects
+    assert frozen and min(frozen) > 1000, (len(seen), frozen[:5])
+    assert gc.get_freeze_count() == 0
