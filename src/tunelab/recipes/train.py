@@ -253,9 +253,12 @@ def _train_locked(
     optimizer = loop.build_optimizer(wrapped, optim_spec, prep.device)
     scheduler = loop.build_scheduler(optimizer, optim_spec, prep.schedule.total_steps)
     if fsdp is not None and accelerator.distributed_type != DistributedType.FSDP:
-        # CPU processes: Accelerate would wrap the sharded model in DDP; gradient sync is FSDP's own.
-        optimizer = accelerator.prepare(optimizer)
-    else:  # on GPUs Accelerate leaves a module that fully_shard already sharded as it is
+        # CPU processes: Accelerate would wrap the sharded model in DDP, so it gets only the optimizer; FSDP
+        # syncs the gradients itself.
+        optimizer = accelerator.prepare_optimizer(optimizer)
+    else:
+        # On GPUs Accelerate takes an already sharded model as it is (accelerate.utils.fsdp2_prepare_model)
+        # and registers it, which its gradient clipping under fp16 loss scaling needs.
         wrapped, optimizer = accelerator.prepare(wrapped, optimizer)
     gather = None if fsdp is None else functools.partial(distributed.full_state_dict, wrapped, cfg.method != "full")
 
