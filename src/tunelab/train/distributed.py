@@ -89,10 +89,11 @@ def check_fsdp_run(cfg, source: str) -> None:
         raise TunelabError(f"{source}: save_steps {cfg.save_steps}: FSDP runs save only at the end; set save_steps: 0")
     if cfg.resume:
         raise TunelabError(f"{source}: resume: FSDP runs write no checkpoints to resume from; set resume: false")
-    if cfg.method == "qlora" or cfg.base_quant != "none":
-        # fully_shard cannot shard uint8 nf4 storage (it shards floating-point parameters only).
+    quant = "nf4" if cfg.method == "qlora" else cfg.base_quant
+    if quant != "none":
+        # fully_shard shards floating-point parameters only, not the integer storage of quantized ones.
         raise TunelabError(
-            f"{source}: method {cfg.method} with an nf4 base: FSDP shards floating-point weights only; "
+            f"{source}: method {cfg.method} with base weights in {quant}: FSDP shards floating-point weights only; "
             "use configs/accelerate/ddp.yaml"
         )
 
@@ -113,7 +114,7 @@ def shard(root: torch.nn.Module, plugin, compute: torch.dtype, device: torch.dev
     try:
         policy = fsdp2_prepare_auto_wrap_policy(plugin, root)
     except ValueError as e:
-        raise TunelabError(f"fsdp_transformer_layer_cls_to_wrap: {e} Name the model's decoder block class") from None
+        raise TunelabError(f"the Accelerate config's fsdp_transformer_layer_cls_to_wrap: {e}") from None
     mp = MixedPrecisionPolicy()
     if compute != torch.float32:
         mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)

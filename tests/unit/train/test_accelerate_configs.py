@@ -67,7 +67,7 @@ def test_fsdp_run_settings_that_need_checkpoints_or_nf4_are_refused_naming_the_k
     for override, message in [
         ("save_steps=5", "c.yaml: save_steps 5: FSDP runs save only at the end; set save_steps: 0"),
         ("resume=true", "c.yaml: resume: FSDP runs write no checkpoints to resume from; set resume: false"),
-        ("method=qlora", "c.yaml: method qlora with an nf4 base: FSDP shards floating-point weights only"),
+        ("method=qlora", "c.yaml: method qlora with base weights in nf4: FSDP shards floating-point weights only"),
     ]:
         changed = load_config(None, [f"model={tiny_model_dir}", f"data.path={tmp_path / 'd.jsonl'}", override])
         with pytest.raises(TunelabError, match=re.escape(message)):
