@@ -7,6 +7,7 @@ the first byte is written to the output dir, so a failed start leaves nothing ha
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import tempfile
@@ -195,7 +196,7 @@ def _train_locked(
     procs: distributed.Processes,
 ) -> dict:
     from accelerate import Accelerator
-    from accelerate.utils import set_seed
+    from accelerate.utils import DistributedType, set_seed
 
     # Under the lock no other run writes here: temp entries are what a killed run left mid-write.
     for folder in (out, out / "checkpoints") if procs.main else ():
@@ -239,14 +240,27 @@ def _train_locked(
         log_with=cfg.report_to if tracked else None,
         project_dir=str(out) if tracked else None,  # Accelerate's logging_dir: TensorBoard writes under it
     )
-    distributed.check_backend(accelerator)
+    fsdp = distributed.fsdp_plugin() if procs.world > 1 else None
+    if fsdp is not None:
+        distributed.check_fsdp(distributed.plugin_settings(fsdp), "the Accelerate config")
+        distributed.check_fsdp_run(cfg, "config")
     model = build_model(cfg, prep)
     trainable, total = count_parameters(model)
     wrapped = CausalLMLoss(model)
+    if fsdp is not None:  # before the optimizer, which must hold the sharded parameters
+        distributed.shard(wrapped, fsdp, prep.precision.compute, prep.device, procs.world)
     optim_spec = loop.OptimSpec(cfg.lr, cfg.weight_decay, cfg.lr_scheduler, cfg.warmup_ratio, cfg.max_grad_norm)
     optimizer = loop.build_optimizer(wrapped, optim_spec, prep.device)
     scheduler = loop.build_scheduler(optimizer, optim_spec, prep.schedule.total_steps)
-    wrapped, optimizer = accelerator.prepare(wrapped, optimizer)
+    if fsdp is not None and accelerator.distributed_type != DistributedType.FSDP:
+        # CPU processes: Accelerate would wrap the sharded model in DDP, so it gets only the optimizer; FSDP
+        # syncs the gradients itself.
+        optimizer = accelerator.prepare_optimizer(optimizer)
+    else:
+        # On GPUs Accelerate takes an already sharded model as it is (accelerate.utils.fsdp2_prepare_model)
+        # and registers it, which its gradient clipping under fp16 loss scaling needs.
+        wrapped, optimizer = accelerator.prepare(wrapped, optimizer)
+    gather = None if fsdp is None else functools.partial(distributed.full_state_dict, wrapped, cfg.method != "full")
 
     state = TrainState()
     if resume_from is not None:  # every rank loads the same checkpoint
@@ -281,14 +295,15 @@ def _train_locked(
                 memwatch,
                 state,
                 progress,
-                _evaluation(cfg, prep, model, out, procs.main),
+                _evaluation(cfg, prep, model, out, procs.main, gather),
                 track,
             )
         )
 
     finished = state.step >= prep.schedule.total_steps or result.stopped_early
+    weights = gather() if finished and gather is not None else None  # every process takes part in gathering
     if finished and procs.main:
-        save_final(model, prep.tokenizer, out, cfg.method)
+        save_final(model, prep.tokenizer, out, cfg.method, weights)
     if show_progress and state.best_step is not None:
         kept = f"; weights in {out / BEST}" if cfg.eval.keep_best else ""
         print(f"best: step {state.best_step}, eval loss {state.best_eval_loss:.4f}{kept}", flush=True)
@@ -303,6 +318,7 @@ def _train_locked(
         "precision": prep.precision.name,
         "params_trainable": trainable,
         "params_total": total,
+        "params_local": distributed.local_numel(wrapped),
         "seq_len": cfg.seq_len,
         "micro_batch": cfg.micro_batch,
         "grad_accum": cfg.grad_accum,
@@ -364,10 +380,11 @@ def weights_identity(cfg: TrainConfig) -> dict:
     return identity
 
 
-def save_final(model, tokenizer, out: Path, method: str) -> Path:
-    """`adapter/` (PEFT format) for adapter methods, `model/` (HF format) for full fine-tuning; atomic."""
+def save_final(model, tokenizer, out: Path, method: str, weights: dict | None = None) -> Path:
+    """`adapter/` (PEFT format) for adapter methods, `model/` (HF format) for full fine-tuning; atomic.
+    `weights`: the model's state dict gathered from an FSDP run, whose own parameters are shards."""
     final = out / ("model" if method == "full" else "adapter")
-    save_pretrained(model, tokenizer, final, out, method)
+    save_pretrained(model, tokenizer, final, out, method, weights=weights)
     return final
 
 
@@ -375,33 +392,40 @@ BEST = checkpoint.BEST  # out/best, as each checkpoint names its copy of it
 BEST_RECORD = "tunelab_best.json"
 
 
-def save_pretrained(model, tokenizer, path: Path, out: Path, method: str, record: dict | None = None) -> None:
+def save_pretrained(
+    model, tokenizer, path: Path, out: Path, method: str, record: dict | None = None, weights: dict | None = None
+) -> None:
     """The weights as the final save writes them (adapter or full model) plus the tokenizer, atomically;
     `record` goes beside them as BEST_RECORD. A full disk mid-save leaves the previous files as they were and
     ends the run with one line."""
     params = [p for p in model.parameters() if method == "full" or p.requires_grad]
     needed = sum(p.numel() * p.element_size() for p in params)
     with disk_errors(str(path), out, needed, _after_disk_error(out)), atomic_dir(path) as tmp:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, **({} if weights is None else {"state_dict": weights}))
         tokenizer.save_pretrained(tmp)
         if record is not None:
             (tmp / BEST_RECORD).write_text(json.dumps(record))
 
 
-def _evaluation(cfg: TrainConfig, prep: Prepared, model, out: Path, writer: bool = True) -> loop.Evaluation | None:
+def _evaluation(
+    cfg: TrainConfig, prep: Prepared, model, out: Path, writer: bool = True, gather=None
+) -> loop.Evaluation | None:
     """The loop's evaluation settings; with keep_best, each improvement rewrites `best/` (weights as the final
-    save writes them, plus the step and eval loss they reached) from the `writer` process."""
+    save writes them, plus the step and eval loss they reached) from the `writer` process. `gather` (FSDP runs)
+    collects the sharded weights, which every process must call."""
     if prep.eval_batches is None:
         return None
 
     def save_best(state: TrainState) -> None:
-        record = {"step": state.best_step, "eval_loss": state.best_eval_loss}
-        save_pretrained(model, prep.tokenizer, out / BEST, out, cfg.method, record)
+        weights = gather() if gather is not None else None
+        if writer:
+            record = {"step": state.best_step, "eval_loss": state.best_eval_loss}
+            save_pretrained(model, prep.tokenizer, out / BEST, out, cfg.method, record, weights)
 
     spec = loop.EvalSpec(cfgmod.eval_every(cfg), cfg.eval.early_stopping_patience)
-    if not (cfg.eval.keep_best and writer):
+    if not (cfg.eval.keep_best and (writer or gather is not None)):
         return loop.Evaluation(prep.eval_batches, spec)
-    return loop.Evaluation(prep.eval_batches, spec, save_best, out / BEST)
+    return loop.Evaluation(prep.eval_batches, spec, save_best, out / BEST if writer else None)
 
 
 def restore_best(checkpoint_dir: Path, out: Path, state: TrainState) -> None:

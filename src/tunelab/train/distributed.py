@@ -1,8 +1,10 @@
 """Data-parallel runs: the processes that `accelerate launch` (torchrun underneath) started, as Accelerate sees them.
 
-Accelerate and torch.distributed do the work (process group, DDP/FSDP/DeepSpeed wrapping, all-reduce); this
-module only joins the launcher's process group with a timeout and says which process this is, so the
-recipe can shard batches by rank and let the main process alone write to output_dir.
+Accelerate and torch.distributed do the work (process group, DDP/DeepSpeed wrapping, FSDP2's fully_shard,
+all-reduce); this module joins the launcher's process group with a timeout, says which process this is (so the
+recipe can shard batches by rank and let the main process alone write to output_dir), and applies FSDP2 when
+the launch config asks for it: tunelab calls fully_shard itself because Accelerate 1.15 applies FSDP only to
+accelerator processes (CPU processes stay MULTI_CPU, i.e. DDP), and one call serves CPU and GPU runs alike.
 """
 
 from __future__ import annotations
@@ -46,20 +48,99 @@ def join(device: torch.device) -> Processes:
     return Processes(state.process_index, state.num_processes, device if device.type == "cpu" else state.device)
 
 
-def check_backend(accelerator) -> None:
-    """Refuse a launch whose Accelerate config asks for FSDP where Accelerate would silently fall back to DDP.
+def fsdp_plugin():
+    """The launch config's FSDP settings, as Accelerate reads them from the environment `accelerate launch` sets;
+    None when the launch asks for no FSDP."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
 
-    Accelerate 1.15 turns FSDP on only for multi-accelerator runs (AcceleratorState keeps MULTI_CPU when the
-    config says FSDP), so on CPU the model would be replicated, not sharded, with no word about it.
-    """
-    from accelerate.utils import DistributedType
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true":
+        return None
+    return FullyShardedDataParallelPlugin()
 
-    fsdp_asked = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
-    if fsdp_asked and accelerator.distributed_type != DistributedType.FSDP:
+
+def check_fsdp(settings: dict, source: str) -> None:
+    """Refuse FSDP settings (an Accelerate config's fsdp_config keys) that tunelab's sharding (`shard`) would not
+    honour, naming the key."""
+    if settings.get("fsdp_version", 1) != 2:
         raise TunelabError(
-            f"FSDP needs GPUs: Accelerate runs it only on CUDA/XPU/NPU devices, and this run is "
-            f"{accelerator.distributed_type.value} on {accelerator.device.type}; use configs/accelerate/ddp.yaml here"
+            f"{source}: fsdp_version {settings.get('fsdp_version', 1)}: tunelab shards with FSDP2; set fsdp_version: 2"
         )
+    if settings.get("fsdp_activation_checkpointing"):
+        raise TunelabError(
+            f"{source}: fsdp_activation_checkpointing: tunelab's grad_ckpt does that; set it false, grad_ckpt: true"
+        )
+    if settings.get("fsdp_cpu_ram_efficient_loading"):
+        raise TunelabError(f"{source}: fsdp_cpu_ram_efficient_loading: every process loads the model; set it false")
+
+
+def plugin_settings(plugin) -> dict:
+    """An FSDP plugin's settings under their Accelerate config names, for check_fsdp."""
+    return {
+        "fsdp_version": plugin.fsdp_version,
+        "fsdp_activation_checkpointing": plugin.activation_checkpointing,
+        "fsdp_cpu_ram_efficient_loading": plugin.cpu_ram_efficient_loading,
+    }
+
+
+def check_fsdp_run(cfg, source: str) -> None:
+    """Refuse run settings that need what an FSDP run does not do: checkpoints hold the optimizer state, which
+    FSDP shards over the processes and checkpoint.save would write one rank's shard of."""
+    if cfg.save_steps:
+        raise TunelabError(f"{source}: save_steps {cfg.save_steps}: FSDP runs save only at the end; set save_steps: 0")
+    if cfg.resume:
+        raise TunelabError(f"{source}: resume: FSDP runs write no checkpoints to resume from; set resume: false")
+    quant = "nf4" if cfg.method == "qlora" else cfg.base_quant
+    if quant != "none":
+        # fully_shard shards floating-point parameters only, not the integer storage of quantized ones.
+        raise TunelabError(
+            f"{source}: method {cfg.method} with base weights in {quant}: FSDP shards floating-point weights only; "
+            "use configs/accelerate/ddp.yaml"
+        )
+
+
+def shard(root: torch.nn.Module, plugin, compute: torch.dtype, device: torch.device, world: int) -> None:
+    """Shard `root` (train/loss.CausalLMLoss) over the `world` processes with torch's FSDP2 `fully_shard`, on CPU
+    (gloo) as on GPUs: each block the config names (fsdp_transformer_layer_cls_to_wrap) is one unit, gathered
+    for its forward and backward; the root holds the rest (embeddings, final norm, LM head), gathered for the
+    whole root forward, in which the fused loss reads the head's weight outside the head's own forward.
+
+    Below fp32 the shards stay in their dtype (fp32 for trainable weights) and FSDP casts each gathered weight to
+    the compute dtype and reduces gradients in fp32; no autocast runs (Accelerate applies none to FSDP2 models).
+    """
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    try:
+        policy = fsdp2_prepare_auto_wrap_policy(plugin, root)
+    except ValueError as e:
+        raise TunelabError(f"the Accelerate config's fsdp_transformer_layer_cls_to_wrap: {e}") from None
+    mp = MixedPrecisionPolicy()
+    if compute != torch.float32:
+        mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
+    kwargs = {"mesh": init_device_mesh(device.type, (world,)), "mp_policy": mp, "offload_policy": plugin.cpu_offload}
+    for block in [m for m in root.modules() if policy is not None and policy(m)]:
+        fully_shard(block, reshard_after_forward=plugin.reshard_after_forward, **kwargs)
+    fully_shard(root, **kwargs)  # the root keeps its weights gathered from forward to backward
+
+
+def local_numel(module: torch.nn.Module) -> int:
+    """Parameter elements this process holds: all of them, or its shards' under FSDP."""
+    from torch.distributed.tensor import DTensor
+
+    return sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in module.parameters())
+
+
+def full_state_dict(root: torch.nn.Module, trainable_only: bool) -> dict | None:
+    """The unsharded weights of the FSDP-sharded `root` on the main process (None elsewhere), named as
+    `root.model.state_dict()` names them; every process must call it, as it gathers the shards."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only)
+    state = get_model_state_dict(root, options=options)
+    if not is_main():
+        return None
+    return {k.removeprefix("model."): v for k, v in state.items()}
 
 
 def is_main() -> bool:
@@ -84,12 +165,8 @@ def read_accelerate_config(path: str | Path) -> dict:
         raise TunelabError(f"--accelerate-config {file}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(data, dict) or "distributed_type" not in data:
         raise TunelabError(f"--accelerate-config {file}: no distributed_type key; is this an Accelerate config?")
-    if data["distributed_type"] == "FSDP" and not torch.accelerator.is_available():
-        # Accelerate 1.15 would start the processes and silently replicate the model (see check_backend).
-        raise TunelabError(
-            f"--accelerate-config {file}: FSDP runs on GPUs only (Accelerate 1.15 keeps CPU processes on DDP); "
-            "use configs/accelerate/ddp.yaml"
-        )
+    if data["distributed_type"] == "FSDP":
+        check_fsdp(data.get("fsdp_config") or {}, f"--accelerate-config {file}")
     if data["distributed_type"] == "DEEPSPEED" and importlib.util.find_spec("deepspeed") is None:
         raise TunelabError(
             f"--accelerate-config {file}: needs DeepSpeed, which is not installed (pip install deepspeed)"

@@ -12,7 +12,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Iterable
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -198,6 +198,23 @@ def evaluate(
     return total.item() / max(tokens, 1), tokens
 
 
+@contextmanager
+def no_sync(accelerator, model: torch.nn.Module):
+    """Accumulate this micro-batch's gradients without reducing them over the processes. An FSDP2 module defers
+    its reduce-scatter itself; Accelerate asks it to only where it applied FSDP (not on CPU processes)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, FSDPModule):
+        with accelerator.no_sync(model):
+            yield
+        return
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
 def _evaluation_due(step: int, every: int, total_steps: int) -> bool:
     return step == total_steps or (every > 0 and step % every == 0)
 
@@ -234,7 +251,7 @@ def run(ctx: LoopContext) -> LoopResult:
                 last = i == len(batches) - 1
                 # Accumulation boundary for DeepSpeed, whose engine steps inside `backward` when it is set.
                 accelerator.sync_gradients = last
-                with nullcontext() if last else accelerator.no_sync(model):
+                with nullcontext() if last else no_sync(accelerator, model):
                     loss_sum = forward(model, batch, device)
                     # Normalise by the step's loss tokens, not per micro-batch: packed micro-batches hold
                     # different numbers of targets, and a per-micro-batch mean would weight them unequally.

@@ -2,10 +2,10 @@
 says in one line which of them this machine cannot run."""
 
 import importlib.util
+import re
 import sys
 
 import pytest
-import torch
 
 from conftest import REPO
 from tunelab.errors import TunelabError
@@ -42,10 +42,36 @@ def test_deepspeed_configs_name_the_missing_package_in_one_line():
         distributed.read_accelerate_config(REPO / "configs" / "accelerate" / "zero3.yaml")
 
 
-@pytest.mark.skipif(torch.accelerator.is_available(), reason="an accelerator is present")
-def test_fsdp2_is_refused_on_cpu_since_accelerate_runs_cpu_processes_as_ddp():
-    with pytest.raises(TunelabError, match="FSDP runs on GPUs only"):
-        distributed.read_accelerate_config(REPO / "configs" / "accelerate" / "fsdp2.yaml")
+def test_fsdp_settings_that_tunelab_does_not_honour_are_refused_naming_the_key(tmp_path):
+    shipped = (REPO / "configs" / "accelerate" / "fsdp2.yaml").read_text()
+    assert (
+        distributed.read_accelerate_config(REPO / "configs" / "accelerate" / "fsdp2.yaml")["distributed_type"] == "FSDP"
+    )
+    for old, new, message in [
+        ("fsdp_version: 2", "fsdp_version: 1", "fsdp_version 1: tunelab shards with FSDP2; set fsdp_version: 2"),
+        ("fsdp_activation_checkpointing: false", "fsdp_activation_checkpointing: true", "grad_ckpt: true"),
+        ("fsdp_cpu_ram_efficient_loading: false", "fsdp_cpu_ram_efficient_loading: true", "set it false"),
+    ]:
+        path = tmp_path / "fsdp.yaml"
+        path.write_text(shipped.replace(old, new))
+        with pytest.raises(TunelabError, match=f"--accelerate-config {path}: .*{re.escape(message)}"):
+            distributed.read_accelerate_config(path)
+
+
+def test_fsdp_run_settings_that_need_checkpoints_or_nf4_are_refused_naming_the_key(tiny_model_dir, tmp_path):
+    from tunelab.config import load_config
+
+    (tmp_path / "d.jsonl").write_text('{"text": "x"}\n')
+    cfg = load_config(None, [f"model={tiny_model_dir}", f"data.path={tmp_path / 'd.jsonl'}"])
+    distributed.check_fsdp_run(cfg, "c.yaml")
+    for override, message in [
+        ("save_steps=5", "c.yaml: save_steps 5: FSDP runs save only at the end; set save_steps: 0"),
+        ("resume=true", "c.yaml: resume: FSDP runs write no checkpoints to resume from; set resume: false"),
+        ("method=qlora", "c.yaml: method qlora with base weights in nf4: FSDP shards floating-point weights only"),
+    ]:
+        changed = load_config(None, [f"model={tiny_model_dir}", f"data.path={tmp_path / 'd.jsonl'}", override])
+        with pytest.raises(TunelabError, match=re.escape(message)):
+            distributed.check_fsdp_run(changed, "c.yaml")
 
 
 def test_launch_command(tmp_path):

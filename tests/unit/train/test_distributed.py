@@ -181,15 +181,3 @@ def test_a_killed_rank_fails_the_launch_instead_of_hanging(setup, tmp_path):
     assert done.returncode != 0
     assert "Signal 9 (SIGKILL)" in done.stderr or "exitcode  : -9" in done.stderr, done.stderr[-3000:]
     assert not (tmp_path / "out" / "summary.json").exists()
-
-
-def test_fsdp2_on_cpu_is_refused_not_run_as_ddp(setup, tmp_path):
-    """Accelerate 1.15 keeps MULTI_CPU when a config asks for FSDP on CPU processes, so it would replicate."""
-    _, config = setup
-    fsdp = str(REPO / "configs" / "accelerate" / "fsdp2.yaml")
-    done = _cli("--config", str(config), "--nproc", "2", "--accelerate-config", fsdp, f"output_dir={tmp_path / 'o'}")
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [
-        "tunelab train: error: --accelerate-config "
-        f"{fsdp}: FSDP runs on GPUs only (Accelerate 1.15 keeps CPU processes on DDP); use configs/accelerate/ddp.yaml"
-    ]
