@@ -147,6 +147,7 @@ def fill_last_batch(rows: list[list[int]], micro_batch: int) -> list[list[int]]:
     Why: a last micro-batch with fewer rows is a new input shape, and compiled blocks compile again for it
     (benchmarks/design-decisions_cpu_2026-11-22.md#last-batch-filled-to-the-micro-batch). A split row costs a
     little padding instead; every example is still used once, and the number of micro-batches is unchanged.
+    Where too few rows hold two examples (a small evaluation set), empty rows fill the last micro-batch.
     """
     missing = -len(rows) % micro_batch
     out: list[list[int]] = []
@@ -157,7 +158,8 @@ def fill_last_batch(rows: list[list[int]], micro_batch: int) -> list[list[int]]:
             missing -= 1
         else:
             out.append(row)
-    return out[::-1]
+    # Rows of one example each cannot be split: empty rows (all padding, no targets) make up the rest.
+    return out[::-1] + [[] for _ in range(missing)]
 
 
 def collate(

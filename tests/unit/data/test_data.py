@@ -148,6 +148,22 @@ def test_packed_micro_batches_all_have_the_same_row_count():
     assert all(lengths[r].sum() <= 256 for b in batches for r in b)
 
 
+def test_a_small_set_of_single_example_rows_is_filled_with_empty_rows(tokenizer, tmp_path):
+    """Three examples that each fill a row cannot be split into more rows: empty rows (padding, no targets)
+    make the micro-batch full, so an evaluation set that small keeps the training batches' shape."""
+    lengths = np.array([60, 61, 62])
+    batches = epoch_micro_batches(lengths, 64, 4, True, np.random.default_rng(0))
+    assert len(batches) == 1 and len(batches[0]) == 4 and batches[0].count([]) == 1
+    assert sorted(i for r in batches[0] for i in r) == [0, 1, 2]
+    rows = [{"instruction": "1 + 2", "output": "3"}] * 3
+    data = prepare(spec(write_jsonl(tmp_path / "a.jsonl", rows), seq_len=64), tokenizer)
+    assert data.lengths.min() > 32  # one example a row
+    plan = epoch_micro_batches(data.lengths, 64, 4, True, np.random.default_rng(0))
+    (batch,) = [collate(data, rows, 64, tokenizer.pad_token_id, True, 0) for rows in plan]
+    assert batch.input_ids.shape == (4, 64) and batch.tokens_nonpad == int(data.lengths.sum())
+    assert len(batch.loss_index) == int((data.targets != IGNORE).sum())
+
+
 def test_every_packed_batch_of_a_run_has_the_same_slot_shape(tokenizer, tmp_path):
     """The epoch's last batches hold split rows and fewer sequences; their attention-slot count must still
     be the run's, or compiled blocks compile again at the end of the run."""
