@@ -160,8 +160,8 @@ def load_checkpoint(path: Path, root: torch.nn.Module, optimizer, scheduler):
     broadcasts them, each process keeping its shards. Every process checks the file against the model first
     (headers only) and so fails alike, none waiting alone in a broadcast.
 
-    RNG states: a checkpoint holds the main process's; every process restores them. Processes are seeded alike
-    (Accelerate's set_seed) and draw alike (same shapes each step), so their states are equal throughout."""
+    RNG states: a checkpoint holds the main process's, as under DDP, and every process restores them; processes
+    are seeded alike (Accelerate's set_seed) and draw alike (the same shapes each step)."""
     from safetensors.torch import load_file
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
