@@ -48,7 +48,10 @@ Derivations (docs/formulas.md; per-parameter table of EleutherAI "Transformer Ma
 - Runtime overhead (CUDA context, allocator caching): an assumption, or calibrated per device.
 - Multi-GPU: DDP replicates everything (+ a gradient bucket copy); ZeRO-2 / FSDP SHARD_GRAD_OP shards
   gradients and optimizer states over the world size; ZeRO-3 / FSDP FULL_SHARD shards the weights too,
-  plus one gathered layer (ZeRO, Rajbhandari et al. 2020, arXiv 1910.02054, Sec. 5).
+  plus one gathered layer (ZeRO, Rajbhandari et al. 2020, arXiv 1910.02054, Sec. 5) and the gathered root
+  unit (embeddings, final norm, LM head: tunelab's FSDP keeps it gathered through the step, as the fused loss
+  reads the head's weight outside the head's forward); full fine-tuning also holds the LM head's unsharded
+  fp32 gradient from the start of backward to the root's reduce-scatter at its end.
 """
 
 from __future__ import annotations
@@ -220,13 +223,17 @@ def breakdown(arch: Arch, s: MemorySetup) -> MemoryBreakdown:
     elif s.sharding == "zero2":
         grads, states = grads / world, states / world
     elif s.sharding == "zero3":
-        layer = arch.block_linear_params / arch.layers
-        gathered = layer * (TRAINABLE_BYTES if s.method == "full" else s.compute_bytes)
+        per = TRAINABLE_BYTES if s.method == "full" else s.compute_bytes
+        gathered = (arch.block_linear_params / arch.layers + root_params(arch)) * per
         if s.method == "full":
             weights = weights / world + gathered
         else:
             weights, adapters = weights / world + gathered, adapters / world
         grads, states = grads / world, states / world
+        if s.method == "full":
+            # The LM head's whole gradient, made at the start of backward, waits for the root's reduce-scatter
+            # at its end.
+            grads += (0 if arch.tied else arch.vocab * arch.hidden) * TRAINABLE_BYTES
     return MemoryBreakdown(
         weights=round(weights),
         adapters=round(adapters),
@@ -236,6 +243,12 @@ def breakdown(arch: Arch, s: MemorySetup) -> MemoryBreakdown:
         logits_loss=round(logits_bytes(arch, s)),
         runtime_overhead=s.runtime_overhead,
     )
+
+
+def root_params(arch: Arch) -> int:
+    """The root unit of tunelab's FSDP (train/distributed.shard): embeddings, final norm and an untied LM head,
+    gathered for the whole step, as the fused loss reads the head's weight outside the head's own forward."""
+    return arch.total_params - arch.block_linear_params - 2 * arch.layers * arch.hidden
 
 
 def max_micro_batch(arch: Arch, s: MemorySetup, capacity: int, loss_per_row: float, limit: int = 4096) -> int:

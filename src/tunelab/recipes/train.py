@@ -263,7 +263,9 @@ def _train_locked(
     gather = None if fsdp is None else functools.partial(distributed.full_state_dict, wrapped, cfg.method != "full")
 
     state = TrainState()
-    if resume_from is not None:  # every rank loads the same checkpoint
+    if resume_from is not None and fsdp is not None:
+        state = distributed.load_checkpoint(resume_from, wrapped, optimizer, scheduler)
+    elif resume_from is not None:  # every rank loads the same checkpoint
         state = checkpoint.load(resume_from, model, optimizer, scheduler)
     if procs.main:
         out.mkdir(parents=True, exist_ok=True)
@@ -297,6 +299,7 @@ def _train_locked(
                 progress,
                 _evaluation(cfg, prep, model, out, procs.main, gather),
                 track,
+                None if fsdp is None else functools.partial(distributed.gather_checkpoint, wrapped, optimizer),
             )
         )
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from ..errors import TunelabError
@@ -72,19 +73,22 @@ def save(
     keep: int,
     identity: dict | None = None,
     best: Path | None = None,
+    gathered: tuple[dict, dict] | None = None,
 ) -> Path:
     """Write `folder/step-N` atomically, then delete the oldest beyond `keep`.
 
     `identity` (setting -> value) is what the weights were made with: a resume under other values is refused.
     `best`: the run's best-weights directory, kept inside as BEST (hard links), so a resume from here can put
     it back as it was.
+    `gathered`: (trainable weights, optimizer state dict) that an FSDP run gathered (distributed.gather_checkpoint)
+    in the same form as `model`'s and `optimizer`'s own, which then hold only this process's shards.
     """
     final = folder / f"{PREFIX}{state.step:07d}"
-    weights = {k: v.cpu() for k, v in trainable_state(model).items()}
+    if gathered is None:
+        gathered = ({k: v.cpu() for k, v in trainable_state(model).items()}, optimizer.state_dict())
+    weights, optimizer_state = gathered
     tensors: dict[str, torch.Tensor] = {}
-    resume = _encode(
-        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state()}, tensors
-    )
+    resume = _encode({"optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": _rng_state()}, tensors)
     needed = sum(t.nbytes for t in (*weights.values(), *tensors.values()))
     then = "free space or choose another output_dir, then resume: true (earlier checkpoints are untouched)"
     with disk_errors(f"checkpoint {final}", folder, needed, then), atomic_dir(final) as tmp:
@@ -207,33 +211,67 @@ def check_identity(path: Path, identity: dict) -> None:
             )
 
 
-def load_weights(path: Path, model) -> TrainState:
-    """The checkpoint's trainable weights into `model` (built as for training); returns its counters."""
-    weights = load_file(path / WEIGHTS)
+def check_weights(path: Path, model) -> None:
+    """Refuse a checkpoint whose weights do not fit `model` (built as for training), from the file's header
+    alone: no tensor is read, so every process of a run can afford to check."""
+    with safe_open(path / WEIGHTS, "pt") as f:
+        shapes = {name: list(f.get_slice(name).get_shape()) for name in f.keys()}
     params = dict(model.named_parameters())
-    missing = [n for n, p in params.items() if p.requires_grad and n not in weights]
+    missing = [n for n, p in params.items() if p.requires_grad and n not in shapes]
     if missing:
         raise TunelabError(
             f"resume: {path} does not match this model/method (missing {missing[0]}); resume with the config it was made with"
         )
-    for name, tensor in weights.items():
-        if name in params and params[name].shape != tensor.shape:
+    for name, shape in shapes.items():
+        # A sharded (DTensor) parameter's shape is the full one, as the checkpoint holds it.
+        if name in params and list(params[name].shape) != shape:
             raise TunelabError(
-                f"resume: {path} holds {name} of shape {list(tensor.shape)}, this model's is "
+                f"resume: {path} holds {name} of shape {shape}, this model's is "
                 f"{list(params[name].shape)} (another model or lora.r); resume with the config it was made with"
             )
-    with torch.no_grad():
-        for name, tensor in weights.items():
-            params[name].copy_(tensor)
+
+
+def read_state(path: Path) -> TrainState:
     return TrainState(**json.loads((path / STATE).read_text()))
+
+
+def read_resume(path: Path, optimizer: bool = True) -> dict:
+    """The optimizer, scheduler and RNG states; without `optimizer`, the last two only (the optimizer's tensors,
+    twice the trainable weights under AdamW, stay on disk)."""
+    data = json.loads((path / RESUME_JSON).read_text())
+    ((tag, items),) = data.items()
+    if not optimizer:
+        data = {tag: [[k, v] for k, v in items if k != "optimizer"]}
+    with safe_open(path / RESUME_TENSORS, "pt") as f:
+        return _decode(data, _Tensors(f))
+
+
+class _Tensors:
+    """A safetensors file's tensors by name, each read when asked for."""
+
+    def __init__(self, handle) -> None:
+        self.handle = handle
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.handle.get_tensor(name)
+
+
+def load_weights(path: Path, model) -> TrainState:
+    """The checkpoint's trainable weights into `model` (built as for training); returns its counters."""
+    check_weights(path, model)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, tensor in load_file(path / WEIGHTS).items():
+            params[name].copy_(tensor)
+    return read_state(path)
 
 
 def load(path: Path, model, optimizer, scheduler) -> TrainState:
     state = load_weights(path, model)
-    resume = _decode(json.loads((path / RESUME_JSON).read_text()), load_file(path / RESUME_TENSORS))
+    resume = read_resume(path)
     optimizer.load_state_dict(resume["optimizer"])
     scheduler.load_state_dict(resume["scheduler"])
-    _set_rng_state(resume["rng"])
+    set_rng_state(resume["rng"])
     return state
 
 
@@ -281,7 +319,7 @@ def _rng_state() -> dict:
     return state
 
 
-def _set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["cpu"])
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])

@@ -83,12 +83,7 @@ def plugin_settings(plugin) -> dict:
 
 
 def check_fsdp_run(cfg, source: str) -> None:
-    """Refuse run settings that need what an FSDP run does not do: checkpoints hold the optimizer state, which
-    FSDP shards over the processes and checkpoint.save would write one rank's shard of."""
-    if cfg.save_steps:
-        raise TunelabError(f"{source}: save_steps {cfg.save_steps}: FSDP runs save only at the end; set save_steps: 0")
-    if cfg.resume:
-        raise TunelabError(f"{source}: resume: FSDP runs write no checkpoints to resume from; set resume: false")
+    """Refuse run settings that FSDP's sharding cannot honour."""
     quant = "nf4" if cfg.method == "qlora" else cfg.base_quant
     if quant != "none":
         # fully_shard shards floating-point parameters only, not the integer storage of quantized ones.
@@ -141,6 +136,83 @@ def full_state_dict(root: torch.nn.Module, trainable_only: bool) -> dict | None:
     if not is_main():
         return None
     return {k.removeprefix("model."): v for k, v in state.items()}
+
+
+def gather_checkpoint(root: torch.nn.Module, optimizer) -> tuple[dict, dict] | None:
+    """The FSDP-sharded `root`'s trainable weights and its optimizer's state, unsharded on the main process (None
+    elsewhere), in the form one process's checkpoint.save writes: weights named as `root.model` names its
+    parameters, and torch.optim's own state dict, keyed by each parameter's index in the optimizer's groups.
+    So a checkpoint is the same file whatever the number of processes, and resumes under any. Every process must
+    call it, as it gathers the shards."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    trainable = [n.removeprefix("model.") for n, p in root.named_parameters() if p.requires_grad]
+    weights = full_state_dict(root, trainable_only=True)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    by_name = get_optimizer_state_dict(root, _plain(optimizer), options=options)
+    if not is_main():
+        return None
+    return {n: weights[n] for n in trainable}, _by_index(by_name)
+
+
+def load_checkpoint(path: Path, root: torch.nn.Module, optimizer, scheduler):
+    """checkpoint.load for an FSDP-sharded `root`: the main process reads the weights and optimizer state and
+    broadcasts them, each process keeping its shards. Every process checks the file against the model first
+    (headers only) and so fails alike, none waiting alone in a broadcast.
+
+    RNG states: a checkpoint holds the main process's, as under DDP, and every process restores them; processes
+    are seeded alike (Accelerate's set_seed) and draw alike (the same shapes each step)."""
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    from . import checkpoint
+
+    checkpoint.check_weights(path, root.model)
+    main = is_main()
+    resume = checkpoint.read_resume(path, optimizer=main)
+    weights = {f"model.{k}": v for k, v in load_file(path / checkpoint.WEIGHTS).items()} if main else {}
+    # Not strict: the checkpoint holds the trainable weights only (LoRA's frozen base is not in it).
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+    set_model_state_dict(root, weights, options=options)
+    optim = _plain(optimizer)
+    by_name = _by_name(resume["optimizer"], root, optim) if main else {}
+    set_optimizer_state_dict(
+        root, optim, by_name, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    )
+    scheduler.load_state_dict(resume["scheduler"])
+    checkpoint.set_rng_state(resume["rng"])
+    return checkpoint.read_state(path)
+
+
+def _plain(optimizer) -> torch.optim.Optimizer:
+    """The torch optimizer inside Accelerate's wrapper."""
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+def _by_index(state: dict) -> dict:
+    """An optimizer state dict keyed by parameter names (torch.distributed.checkpoint's) keyed as torch.optim keys
+    it: by position over the parameter groups, in order."""
+    index: dict[str, int] = {}
+    groups = [{**g, "params": [index.setdefault(n, len(index)) for n in g["params"]]} for g in state["param_groups"]]
+    return {"state": {index[n]: s for n, s in state["state"].items()}, "param_groups": groups}
+
+
+def _by_name(state: dict, root: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """The inverse of _by_index for `optimizer`, whose parameters `root` names."""
+    names = {id(p): n for n, p in root.named_parameters()}
+    order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    saved = sum(len(g["params"]) for g in state["param_groups"])
+    if saved != len(order):
+        raise TunelabError(
+            f"resume: the checkpoint's optimizer state covers {saved} parameters, this run trains {len(order)}; "
+            "resume with the config it was made with"
+        )
+    groups = [{**g, "params": [order[i] for i in g["params"]]} for g in state["param_groups"]]
+    return {"state": {order[i]: s for i, s in state["state"].items()}, "param_groups": groups}
 
 
 def is_main() -> bool:

@@ -159,6 +159,9 @@ class LoopContext:
     evaluation: Evaluation | None = None
     # Send each record to the accelerator's trackers too (train/trackers.py), under the same names and step.
     track: bool = False
+    # FSDP runs: gathers the sharded weights and optimizer state for a checkpoint (distributed.gather_checkpoint);
+    # every process calls it, the main one gets what it writes.
+    gather_checkpoint: Callable[[], tuple[dict, dict] | None] | None = None
 
 
 def forward(model: torch.nn.Module, batch: Batch, device: torch.device) -> torch.Tensor:
@@ -331,19 +334,8 @@ def run(ctx: LoopContext) -> LoopResult:
                 rate = _Window(steady_start, steady=True)
             if stopping:
                 break
-            if spec.save_steps and state.step % spec.save_steps == 0 and state.step < schedule.total_steps and out_dir:
-                state.elapsed_s = time.perf_counter() - run_start
-                # Checkpoint time stays inside the timing windows: it is part of what the run costs.
-                checkpoint.save(
-                    out_dir / "checkpoints",
-                    accelerator.unwrap_model(model).model,
-                    optimizer,
-                    scheduler,
-                    state,
-                    spec.save_total_limit,
-                    spec.identity,
-                    best=ctx.evaluation.best_dir if ctx.evaluation is not None else None,
-                )
+            if spec.save_steps and state.step % spec.save_steps == 0 and state.step < schedule.total_steps:
+                _save_checkpoint(ctx, time.perf_counter() - run_start)
     finally:
         if not frozen_before:  # a caller's own freeze stays
             gc.unfreeze()
@@ -360,6 +352,29 @@ def run(ctx: LoopContext) -> LoopResult:
     result.peak_reserved_bytes = mem.peak_reserved_bytes
     result.peak_absolute_bytes = mem.peak_absolute_bytes
     return result
+
+
+def _save_checkpoint(ctx: LoopContext, elapsed_s: float) -> None:
+    """A checkpoint of the run at `ctx.state.step`, written by the main process. Under FSDP every process first
+    takes part in gathering it, and the others then wait until it is on disk: should the write fail, the main
+    process ends and the launcher stops the rest (the process group's timeout bounds the wait otherwise)."""
+    ctx.state.elapsed_s = elapsed_s
+    gathered = ctx.gather_checkpoint() if ctx.gather_checkpoint is not None else None
+    if ctx.out_dir is not None:
+        # Checkpoint time stays inside the timing windows: it is part of what the run costs.
+        checkpoint.save(
+            ctx.out_dir / "checkpoints",
+            ctx.accelerator.unwrap_model(ctx.model).model,
+            ctx.optimizer,
+            ctx.scheduler,
+            ctx.state,
+            ctx.spec.save_total_limit,
+            ctx.spec.identity,
+            best=ctx.evaluation.best_dir if ctx.evaluation is not None else None,
+            gathered=gathered,
+        )
+    if ctx.gather_checkpoint is not None:
+        ctx.accelerator.wait_for_everyone()
 
 
 def _freeze_heap() -> None:

@@ -127,7 +127,23 @@ def test_memory_hand_count_llama2_qlora_and_full():
     assert f.weights == a.total_params * (4 + 2)  # fp32 master + autocast bf16 copies
     assert (f.gradients, f.optimizer_states) == (a.total_params * 4, a.total_params * 8)
     z3 = memory.breakdown(a, setup(method="full", targets=(), sharding="zero3", world=4))
-    assert z3.optimizer_states == a.total_params * 2 and z3.gradients == a.total_params
+    head = 32000 * 4096  # Llama-2's untied LM head, whose unsharded fp32 gradient lives through backward
+    assert z3.optimizer_states == a.total_params * 2 and z3.gradients == a.total_params + head * 4
+
+
+def test_zero3_counts_the_gathered_root_unit():
+    """tunelab's FSDP root (embeddings, final norm, LM head) stays gathered for the whole step, beside one
+    gathered decoder layer. Llama-2 7B by hand: 32000 x 4096 embeddings and head, a 4096 final norm; a layer's
+    linears are 4 x 4096² + 3 x 4096 x 11008."""
+    a = archmod.resolve_arch(LLAMA2)
+    root = 2 * 32000 * 4096 + 4096
+    layer = 4 * 4096**2 + 3 * 4096 * 11008
+    assert memory.root_params(a) == root
+    full = memory.breakdown(a, setup(method="full", targets=(), sharding="zero3", world=4))
+    assert full.weights == round(a.total_params * (4 + 2) / 4 + (layer + root) * 4)
+    lora = memory.breakdown(a, setup(sharding="zero3", world=4))
+    assert lora.weights == round(a.total_params * 2 / 4 + (layer + root) * 2)
+    assert lora.gradients == round(memory.trainable_params(a, setup()) * 4 / 4)  # no gradient for the frozen root
 
 
 def test_max_micro_batch_is_largest_that_fits():

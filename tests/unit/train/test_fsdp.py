@@ -136,11 +136,128 @@ def _base(setup) -> Path:
     return Path(load_config(setup[1], []).model)
 
 
-def test_checkpoints_under_fsdp_are_refused_in_one_line_before_launch(setup, tmp_path):
-    _, config = setup
-    done = _fsdp(config, "save_steps=2", f"output_dir={tmp_path / 'o'}")
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [
-        f"tunelab train: error: {config}: save_steps 2: FSDP runs save only at the end; set save_steps: 0"
-    ]
-    assert not (tmp_path / "o").exists()
+# Runs `train()` under `accelerate launch` (2 processes, fsdp2.yaml) so that a run can stop at a step (stop_at)
+# without changing its schedule, as the one-process resume tests do; FAIL_SAVE makes the main process's
+# checkpoint write fail.
+DRIVER = """
+import os, sys
+from tunelab.config import load_config
+from tunelab.errors import TunelabError
+from tunelab.recipes.train import train
+from tunelab.train import checkpoint
+
+if os.environ.get("FAIL_SAVE"):
+    def fail(*args, **kwargs):
+        raise TunelabError("checkpoint write failed")
+    checkpoint.save = fail
+stop = int(sys.argv[2])
+try:
+    train(load_config(sys.argv[1], sys.argv[3:]), show_progress=False, stop_at=stop or None)
+except TunelabError as e:
+    sys.exit(f"error: {e}")
+"""
+
+
+def _launch(tmp: Path, config: Path, stop: int, *overrides: str, env: dict | None = None):
+    driver = tmp / "driver.py"
+    driver.write_text(DRIVER)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", FSDP, "--num_processes", "2"]
+    cmd += [str(driver), str(config), str(stop), *overrides]
+    return subprocess.run(cmd, env={**ENV, **(env or {})}, capture_output=True, text=True, timeout=180, cwd=REPO)
+
+
+def _weights(out: Path, method: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    folder = out / ("model" if method == "full" else "adapter")
+    return {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(f).items()}
+
+
+def _resumed_as_uninterrupted(setup, method: str) -> Path:
+    """An FSDP run stopped at step 3 after a checkpoint at step 2, resumed to the end, against the same run
+    uninterrupted: per-step losses and final weights equal (fp32, same processes, same reduction order, and the
+    checkpoint holds the exact fp32 values: measured bit-identical; the bound leaves room for nothing but that
+    order, 1e-6 relative). Returns the checkpoint."""
+    tmp, config = setup
+    whole, cut = tmp / f"{method}-whole", tmp / f"{method}-cut"
+    done = _launch(tmp, config, 0, f"method={method}", f"output_dir={whole}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = _launch(tmp, config, 3, f"method={method}", f"output_dir={cut}", "save_steps=2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [p.name for p in (cut / "checkpoints").iterdir()] == ["step-0000002"]
+    assert not (cut / ("model" if method == "full" else "adapter")).exists()
+    done = _launch(tmp, config, 0, f"method={method}", f"output_dir={cut}", "save_steps=2", "resume=true")
+    assert done.returncode == 0, done.stderr[-3000:]
+    one, two = _losses(whole), _losses(cut)
+    assert sorted(two) == sorted(one) and len(two) == STEPS + 2
+    for k in one:
+        assert two[k] == pytest.approx(one[k], rel=1e-6, abs=0), k
+    expected, got = _weights(whole, method), _weights(cut, method)
+    assert sorted(got) == sorted(expected)
+    for k in expected:
+        torch.testing.assert_close(got[k], expected[k], rtol=1e-6, atol=0)
+    return cut / "checkpoints" / "step-0000002"
+
+
+def _full_tensors(path: Path, model: torch.nn.Module) -> None:
+    """The checkpoint holds whole tensors, as one process writes them: the model's shapes, AdamW's two moments
+    per trainable weight under torch.optim's integer keys."""
+    from safetensors.torch import load_file
+
+    from tunelab.train import checkpoint
+
+    trainable = {n: list(p.shape) for n, p in model.named_parameters() if p.requires_grad}
+    weights = load_file(path / "trainable.safetensors")
+    assert {n: list(t.shape) for n, t in weights.items()} == trainable
+    resume = checkpoint.read_resume(path)
+    (group,) = resume["optimizer"]["param_groups"]
+    assert group["params"] == list(range(len(trainable)))
+    state = resume["optimizer"]["state"]
+    assert [list(state[i]["exp_avg"].shape) for i in group["params"]] == list(trainable.values())
+    assert [list(state[i]["exp_avg_sq"].shape) for i in group["params"]] == list(trainable.values())
+    assert checkpoint.verify(path) is None
+
+
+def test_fsdp2_full_fine_tuning_resumes_from_a_checkpoint_as_if_never_stopped(setup, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from tunelab.config import load_config
+    from tunelab.recipes.train import train
+
+    path = _resumed_as_uninterrupted(setup, "full")
+    _full_tensors(path, AutoModelForCausalLM.from_pretrained(_base(setup)))
+    # The same checkpoint resumes on one process (micro_batch 8 = 2 x 4): the FSDP run's losses, up to the
+    # summation order (REL, as above).
+    one = tmp_path / "one"
+    train(
+        load_config(setup[1], [f"output_dir={one}", "micro_batch=8", "method=full", f"resume={path}"]),
+        show_progress=False,
+    )
+    fsdp = _losses(setup[0] / "full-whole")
+    got = _losses(one)
+    assert sorted(got) == ["eval_loss@4", "loss@3", "loss@4"]
+    for k in got:
+        assert got[k] == pytest.approx(fsdp[k], rel=REL), k
+
+
+def test_fsdp2_lora_resumes_from_a_checkpoint_as_if_never_stopped(setup):
+    from transformers import AutoModelForCausalLM
+
+    from tunelab.config import load_config
+    from tunelab.model.adapters import apply_adapter
+    from tunelab.recipes.train import adapter_spec
+
+    path = _resumed_as_uninterrupted(setup, "lora")
+    cfg = load_config(setup[1], ["method=lora"])
+    _full_tensors(path, apply_adapter(AutoModelForCausalLM.from_pretrained(_base(setup)), adapter_spec(cfg)))
+
+
+def test_a_failed_checkpoint_write_ends_every_fsdp_process(setup, tmp_path):
+    """The main process fails writing its checkpoint while the other waits for it: the launcher ends the run at
+    once with the main process's error, instead of the other waiting out the process group's timeout."""
+    tmp, config = setup
+    out = tmp_path / "o"
+    done = _launch(tmp, config, 0, f"output_dir={out}", "save_steps=2", env={"FAIL_SAVE": "1"})
+    assert done.returncode != 0
+    assert "error: checkpoint write failed" in done.stderr
+    assert not (out / "checkpoints").exists() and not (out / "model").exists()
