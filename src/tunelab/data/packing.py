@@ -68,7 +68,7 @@ def layout_from_lengths(row_seq_lengths: list[list[int]], width: int, min_slots:
             lengths.append(n)
             at += n
     # Padding slots are invalid everywhere.
-    longest = slot_length(max(lengths))
+    longest = slot_length(max(lengths, default=1))  # rows all empty: padding slots only
     padding_slots = max(len(lengths), min_slots) - len(lengths)
     lengths += [0] * padding_slots
     starts += [0] * padding_slots
@@ -191,7 +191,7 @@ def collate(
     loss_index = np.flatnonzero(flat != IGNORE)
     layout = None
     seq_lengths = [n for seqs in row_seq_lengths for n in seqs]
-    if packing and slots_pay(len(seq_lengths), max(seq_lengths), len(rows), width):
+    if packing and slots_pay(len(seq_lengths), max(seq_lengths, default=0), len(rows), width):
         layout = layout_from_lengths(row_seq_lengths, width, min_slots)
     return Batch(ids, positions, loss_index, flat[loss_index], ids.size, int(sum(row_lengths)), layout)
 

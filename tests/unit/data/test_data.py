@@ -162,6 +162,10 @@ def test_a_small_set_of_single_example_rows_is_filled_with_empty_rows(tokenizer,
     (batch,) = [collate(data, rows, 64, tokenizer.pad_token_id, True, 0) for rows in plan]
     assert batch.input_ids.shape == (4, 64) and batch.tokens_nonpad == int(data.lengths.sum())
     assert len(batch.loss_index) == int((data.targets != IGNORE).sum())
+    # a data-parallel rank whose share of that micro-batch is the empty row: padding only, the run's slot count
+    share = collate(data, [[]], 64, tokenizer.pad_token_id, True, min_slots=3)
+    assert share.input_ids.shape == (1, 64) and share.tokens_nonpad == 0 and len(share.loss_index) == 0
+    assert share.layout.gather.shape[0] == 3 and not share.layout.valid.any()
 
 
 def test_every_packed_batch_of_a_run_has_the_same_slot_shape(tokenizer, tmp_path):
