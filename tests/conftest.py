@@ -164,6 +164,11 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 @pytest.fixture
 def addition_rows() -> list[dict]:
+    return make_addition_rows()
+
+
+def make_addition_rows() -> list[dict]:
+    """64 three-digit additions, the same every call."""
     import random
 
     r = random.Random(0)
@@ -172,6 +177,19 @@ def addition_rows() -> list[dict]:
         a, b = r.randint(0, 999), r.randint(0, 999)
         rows.append({"instruction": f"{a} + {b}", "output": f"{a} + {b} = {a + b}", "answer": str(a + b)})
     return rows
+
+
+def small_run_config(folder: Path, model_dir: Path, extra: str = "") -> Path:
+    """`folder`/train.yaml over `model_dir` and `folder`/data.jsonl (make_addition_rows): a held-out split of
+    10% evaluated every 2 steps, packed rows of 64, micro-batch 4 x grad_accum 2, fp32; `extra`: more YAML lines."""
+    write_jsonl(folder / "data.jsonl", make_addition_rows())
+    config = folder / "train.yaml"
+    config.write_text(
+        f"model: {model_dir}\ndata:\n  path: {folder / 'data.jsonl'}\n  template: compact\n"
+        "eval:\n  split: 0.1\n  steps: 2\nseq_len: 64\nmicro_batch: 4\ngrad_accum: 2\nlog_steps: 1\n"
+        f"lr: 1.0e-2\nprecision: fp32\n{extra}"
+    )
+    return config
 
 
 @pytest.fixture

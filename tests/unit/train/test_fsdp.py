@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, write_jsonl
+from conftest import REPO, small_run_config
 
 pytestmark = pytest.mark.slow
 
@@ -36,18 +35,7 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
 def setup(tiny_model_dir, tmp_path_factory):
     """A config over the tiny model and 64 addition rows, evaluated every 2 steps (best/ is saved under FSDP)."""
     tmp = tmp_path_factory.mktemp("fsdp")
-    r = random.Random(0)
-    rows = []
-    for _ in range(64):
-        a, b = r.randint(0, 999), r.randint(0, 999)
-        rows.append({"instruction": f"{a} + {b}", "output": f"{a} + {b} = {a + b}"})
-    write_jsonl(tmp / "data.jsonl", rows)
-    config = tmp / "train.yaml"
-    config.write_text(
-        f"model: {tiny_model_dir}\ndata:\n  path: {tmp / 'data.jsonl'}\n  template: compact\n"
-        f"eval:\n  split: 0.1\n  steps: 2\nseq_len: 64\nmicro_batch: 4\ngrad_accum: 2\nlog_steps: 1\n"
-        f"lr: 1.0e-2\nprecision: fp32\nmax_steps: {STEPS}\n"
-    )
+    config = small_run_config(tmp, tiny_model_dir, f"max_steps: {STEPS}\n")
     return tmp, config
 
 
