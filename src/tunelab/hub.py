@@ -273,10 +273,14 @@ class HubData:
     revision: str | None = None
 
     @property
+    def pinned(self) -> str:
+        """`hf://owner/name[@revision]`: the dataset repository as the reference pins it."""
+        return f"{DATA_PREFIX}{self.repo}" + (f"@{self.revision}" if self.revision else "")
+
+    @property
     def uri(self) -> str:
-        revision = f"@{self.revision}" if self.revision else ""
         subset = f"/{self.subset}" if self.subset else ""
-        return f"{DATA_PREFIX}{self.repo}{revision}{subset}:{self.split}"
+        return f"{self.pinned}{subset}:{self.split}"
 
 
 def is_hub_data(path: str | None) -> bool:
@@ -339,7 +343,7 @@ def _listed(message: str, after: str) -> list[str] | None:
 
 def _explain_data(ref: HubData, e: BaseException) -> str | None:
     uri, text = ref.uri, str(e)
-    base = f"{DATA_PREFIX}{ref.repo}" + (f"@{ref.revision}" if ref.revision else "")
+    base = ref.pinned
     splits = _listed(text, "Should be one of")
     if splits is not None and "Unknown split" in text:
         subset = f"/{ref.subset}" if ref.subset else ""
