@@ -47,13 +47,24 @@ def check_weights(source: ModelSource) -> None:
         )
 
 
-def load_model(source: ModelSource, dtype: torch.dtype, base_quant: str, device: torch.device, attn: str | None = None):
+def load_model(
+    source: ModelSource,
+    dtype: torch.dtype,
+    base_quant: str,
+    device: torch.device,
+    attn: str | None = None,
+    meta: bool = False,
+):
     """Load the base model with its frozen weights in `dtype`, quantized to int8/nf4 if asked (bitsandbytes).
 
     `attn` None is transformers' own choice, SDPA where the family supports it and eager otherwise (Gemma-2,
-    whose soft-capping SDPA cannot apply), for loads outside training: evaluation, generation, export."""
+    whose soft-capping SDPA cannot apply), for loads outside training: evaluation, generation, export.
+    `meta`: the modules only, every weight a meta tensor (no memory, no file read), for a process that gets its
+    weights from another one (train/distributed.broadcast_weights)."""
     from transformers import AutoModelForCausalLM
 
+    if meta:
+        return meta_model(source, dtype, attn)
     if source.random_key:
         return random_model(source, dtype, device, attn)
 
@@ -82,6 +93,20 @@ def load_model(source: ModelSource, dtype: torch.dtype, base_quant: str, device:
         drop_quantization_marker(model)
     if base_quant == "none":
         model.to(device)
+    model.config.use_cache = False
+    return model
+
+
+def meta_model(source: ModelSource, dtype: torch.dtype, attn: str | None):
+    """The model built from its configuration on the meta device: the shapes and dtypes of every weight and
+    buffer, none of their values."""
+    from transformers import AutoModelForCausalLM
+
+    config = load_config(source)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=dtype, attn_implementation=attn, trust_remote_code=source.trust_remote_code
+        )
     model.config.use_cache = False
     return model
 

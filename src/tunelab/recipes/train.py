@@ -112,15 +112,19 @@ def training_attention(device: torch.device, choice: str = "auto") -> str:
     return "sdpa" if path == "sdpa" else attention.register(path)
 
 
-def build_model(cfg: TrainConfig, prep: Prepared) -> torch.nn.Module:
+def build_model(
+    cfg: TrainConfig, prep: Prepared, device: torch.device | None = None, meta: bool = False
+) -> torch.nn.Module:
+    """The model to train, on `device` (default: the run's), or with meta tensors for weights (`meta`)."""
     # Frozen base weights live in the compute dtype (no per-forward cast of fp32 weights under autocast);
     # full fine-tuning keeps fp32 master weights, which apply_adapter ensures.
     model = mload.load_model(
         prep.source,
         prep.precision.compute,
         cfgmod.effective_base_quant(cfg),
-        prep.device,
+        device or prep.device,
         attn=training_attention(prep.device, cfg.attention),
+        meta=meta,
     )
     if cfg.grad_ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -244,11 +248,19 @@ def _train_locked(
     if fsdp is not None:
         distributed.check_fsdp(distributed.plugin_settings(fsdp), "the Accelerate config")
         distributed.check_fsdp_run(cfg, "config")
-    model = build_model(cfg, prep)
+    # Under FSDP the model loads into CPU memory and sharding moves each process's shards to its device, so
+    # that the whole model never has to fit one GPU; with fsdp_cpu_ram_efficient_loading only the main process
+    # reads the weights and the others build empty (meta) modules.
+    once = distributed.loads_once(fsdp)
+    model = build_model(cfg, prep, torch.device("cpu") if fsdp is not None else None, meta=once and not procs.main)
     trainable, total = count_parameters(model)
     wrapped = CausalLMLoss(model)
     if fsdp is not None:  # before the optimizer, which must hold the sharded parameters
+        weights = wrapped.state_dict() if once and procs.main else {}
         distributed.shard(wrapped, fsdp, prep.precision.compute, prep.device, procs.world)
+        if once:
+            distributed.broadcast_weights(wrapped, weights, prep.device)
+            del weights
     optim_spec = loop.OptimSpec(cfg.lr, cfg.weight_decay, cfg.lr_scheduler, cfg.warmup_ratio, cfg.max_grad_norm)
     optimizer = loop.build_optimizer(wrapped, optim_spec, prep.device)
     scheduler = loop.build_scheduler(optimizer, optim_spec, prep.schedule.total_steps)

@@ -69,17 +69,34 @@ def check_fsdp(settings: dict, source: str) -> None:
         raise TunelabError(
             f"{source}: fsdp_activation_checkpointing: tunelab's grad_ckpt does that; set it false, grad_ckpt: true"
         )
-    if settings.get("fsdp_cpu_ram_efficient_loading"):
-        raise TunelabError(f"{source}: fsdp_cpu_ram_efficient_loading: every process loads the model; set it false")
 
 
 def plugin_settings(plugin) -> dict:
     """An FSDP plugin's settings under their Accelerate config names, for check_fsdp."""
-    return {
-        "fsdp_version": plugin.fsdp_version,
-        "fsdp_activation_checkpointing": plugin.activation_checkpointing,
-        "fsdp_cpu_ram_efficient_loading": plugin.cpu_ram_efficient_loading,
-    }
+    return {"fsdp_version": plugin.fsdp_version, "fsdp_activation_checkpointing": plugin.activation_checkpointing}
+
+
+def loads_once(plugin) -> bool:
+    """Whether the main process alone reads the weights (the config's fsdp_cpu_ram_efficient_loading): the others
+    build the model on the meta device and receive their shards from it (broadcast_weights)."""
+    return plugin is not None and bool(plugin.cpu_ram_efficient_loading)
+
+
+def broadcast_weights(root: torch.nn.Module, weights: dict[str, torch.Tensor], device: torch.device) -> None:
+    """Fill the shards of `root`, sharded by `shard`, from `weights`: the main process's full state dict, taken
+    before sharding (empty on the other processes, whose modules are on the meta device). Each process allocates
+    its shards (to_empty), torch's set_model_state_dict sends one tensor at a time from the main process and
+    keeps each process's part, and the buffers, which FSDP does not shard and no state dict holds when they are
+    non-persistent (RoPE's inverse frequencies), are sent whole."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if not weights:  # the main process's shards hold its weights already; the others allocate theirs
+        root.to_empty(device=device)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(root, weights, options=options)
+    for buffer in root.buffers():
+        dist.broadcast(buffer, src=0)
 
 
 def check_fsdp_run(cfg, source: str) -> None:

@@ -39,20 +39,20 @@ def setup(tiny_model_dir, tmp_path_factory):
     return tmp, config
 
 
-def _fsdp(config: Path, *overrides: str) -> subprocess.CompletedProcess:
+def _fsdp(config: Path, *overrides: str, accelerate_config: str = FSDP) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "tunelab.cli", "train", "--config", str(config), "--nproc", "2"]
-    cmd += ["--accelerate-config", FSDP, "--quiet", *overrides]
+    cmd += ["--accelerate-config", accelerate_config, "--quiet", *overrides]
     return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=180, cwd=REPO)
 
 
-def _pair(setup, method: str) -> tuple[Path, Path]:
+def _pair(setup, method: str, accelerate_config: str = FSDP, name: str = "fsdp") -> tuple[Path, Path]:
     """(one process with micro_batch 8, FSDP on two processes with micro_batch 4) output dirs for `method`."""
     from tunelab.config import load_config
     from tunelab.recipes.train import train
 
     tmp, config = setup
-    out1, out2 = tmp / f"{method}-one", tmp / f"{method}-fsdp"
-    done = _fsdp(config, f"method={method}", f"output_dir={out2}")
+    out1, out2 = tmp / f"{method}-one-{name}", tmp / f"{method}-{name}"
+    done = _fsdp(config, f"method={method}", f"output_dir={out2}", accelerate_config=accelerate_config)
     assert done.returncode == 0, done.stderr[-3000:]
     train(load_config(config, [f"output_dir={out1}", "micro_batch=8", f"method={method}"]), show_progress=False)
     return out1, out2
@@ -116,6 +116,18 @@ def test_fsdp2_lora_saves_an_adapter_that_peft_loads(setup):
     torch.testing.assert_close(adapted[1], adapted[0], rtol=0, atol=LOGITS_ATOL)
     plain = _logits(AutoModelForCausalLM.from_pretrained(_base(setup)), IDS)
     assert (adapted[1] - plain).abs().max() > 100 * LOGITS_ATOL  # the adapter is not the identity
+
+
+def test_fsdp2_trains_the_same_when_every_process_reads_the_weights(setup):
+    """The shipped fsdp2.yaml has the main process read the weights and send the shards (the tests above);
+    with fsdp_cpu_ram_efficient_loading false every process reads them, and the run is the same."""
+    shipped = Path(FSDP).read_text()
+    assert "fsdp_cpu_ram_efficient_loading: true" in shipped
+    every = setup[0] / "fsdp2-every-process-loads.yaml"
+    every.write_text(shipped.replace("fsdp_cpu_ram_efficient_loading: true", "fsdp_cpu_ram_efficient_loading: false"))
+    out1, out2 = _pair(setup, "lora", str(every), "every-process-loads")
+    _same_run(out1, out2)
+    _sharded(out2)
 
 
 def _base(setup) -> Path:
