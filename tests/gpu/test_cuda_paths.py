@@ -1,8 +1,7 @@
 """The CUDA paths of `train`, on a tiny random Llama: bf16 frozen weights, packed rows through SDPA (or
 flash-attn's varlen kernels when installed), bitsandbytes nf4 for QLoRA, fused AdamW, LoRA dropout drawn
-with torch.rand, compiled blocks, and memory read from the CUDA allocator. Skipped without a CUDA device
-(tests/conftest.py); no GPU has been lent to this project yet, so these have not run. The same runs on CPU
-are in tests/unit/train/test_loop.py."""
+with torch.rand, compiled blocks, memory read from the CUDA allocator, and no host sync inside a step.
+Skipped without a CUDA device (tests/conftest.py). The same runs on CPU are in tests/unit/train/."""
 
 import importlib.util
 
@@ -59,3 +58,43 @@ def test_flash_attn_varlen_takes_packed_rows(tiny_model_dir, data_file, tmp_path
     assert training_attention(torch.device("cuda")) == "flash_attention_2"
     summary = train(cuda_config(tiny_model_dir, data_file, tmp_path / "run"), show_progress=False)
     assert summary["loss_last"] < summary["loss_first"]
+
+
+@pytest.mark.parametrize("extra", [["method=lora"], ["method=lora", "compile=true"]], ids=["eager", "compiled"])
+def test_no_host_sync_between_log_steps_on_cuda(tiny_model_dir, data_file, tmp_path, monkeypatch, extra):
+    """CUDA's own sync detector (torch.cuda.set_sync_debug_mode) raises on any synchronising call from the first
+    micro-batch's forward to the last one's, where the run's one log reads the loss; the loop's deliberate
+    synchronize at the steady window's edge is let through. tests/unit/train/test_host_syncs.py counts the same
+    on CPU."""
+    from tunelab.train import loop
+
+    steps, accum, seen = 6, 2, []
+    forward, synchronize = loop.forward, loop.synchronize
+
+    def watched(*args, **kwargs):
+        seen.append(1)
+        torch.cuda.set_sync_debug_mode("error" if len(seen) < steps * accum else "default")
+        return forward(*args, **kwargs)
+
+    def deliberate(device):
+        mode = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("default")
+        synchronize(device)
+        torch.cuda.set_sync_debug_mode(mode)
+
+    monkeypatch.setattr(loop, "forward", watched)
+    monkeypatch.setattr(loop, "synchronize", deliberate)
+    cfg = cuda_config(
+        tiny_model_dir,
+        data_file,
+        tmp_path / "run",
+        f"max_steps={steps}",
+        f"grad_accum={accum}",
+        "log_steps=1000",
+        *extra,
+    )
+    try:
+        train(cfg, show_progress=False)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len(seen) == steps * accum
