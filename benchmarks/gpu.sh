@@ -3,6 +3,7 @@
 # Wheels in .whl/ (benchmarks/gpu_prepare.sh downloads them) go to /tmp/site without dependencies, so the
 # machine's own CUDA build of torch stays; tunelab runs from src/. `random:` models take their tokenizer from
 # build/gpu-cache when the embedded model's package is absent. Writes $OUT/gpu_<device>_<date>.{json,md}.
+# `benchmarks/gpu.sh tests` runs the gpu test tier (tests/gpu) instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -12,4 +13,8 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 if [ -d build/gpu-cache ] && [ -z "${TUNELAB_CACHE:-}" ]; then export TUNELAB_CACHE=$PWD/build/gpu-cache; fi
+if [ "${1:-}" = "tests" ]; then  # the gpu test tier instead of the suite: benchmarks/gpu.sh tests [pytest args]
+  shift
+  exec "$PY" -m pytest -q -p no:cacheprovider tests/gpu "$@"
+fi
 exec "$PY" -m tunelab.cli bench --suite gpu --out "${OUT:-benchmarks}" "$@"

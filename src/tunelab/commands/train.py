@@ -56,14 +56,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _launch(args: argparse.Namespace) -> int:
     """Run this command again under `accelerate launch` with N processes; its exit status is the launcher's."""
-    from ..train.distributed import check_fsdp_run, launch_command, read_accelerate_config
+    from ..train.distributed import check_deepspeed_run, check_fsdp_run, launch_command, read_accelerate_config
 
     cfg = cfgmod.load_config(args.config, args.overrides)  # a bad config fails here with one line, not N times
-    if (
-        args.accelerate_config is not None
-        and read_accelerate_config(args.accelerate_config)["distributed_type"] == "FSDP"
-    ):
+    launch = None if args.accelerate_config is None else read_accelerate_config(args.accelerate_config)
+    if launch is not None and launch["distributed_type"] == "FSDP":
         check_fsdp_run(cfg, args.config)
+    if launch is not None and launch["distributed_type"] == "DEEPSPEED":
+        check_deepspeed_run(cfg, args.config)
     argv = ["train", "--config", args.config, *args.overrides]
     argv += (["--quiet"] if args.quiet else []) + (["--offline"] if args.offline else [])
     return subprocess.call(launch_command(args.nproc, args.accelerate_config, argv))

@@ -277,6 +277,16 @@ def pack_for_inference(model: torch.nn.Module) -> int:
     return count
 
 
+def fused_base_weights(model: torch.nn.Module) -> list[tuple[torch.nn.Module, torch.nn.Parameter]]:
+    """(layer, base weight) for each fused LoRA layer over a dense base: weights that the layer reads itself,
+    outside the base module's forward."""
+    return [
+        (m, m.base_layer.weight)
+        for m in model.modules()
+        if isinstance(m, _FusedForward) and type(m.base_layer) is torch.nn.Linear
+    ]
+
+
 def use_fused_lora(model: torch.nn.Module) -> int:
     """Switch peft's LoRA layers over dense and nf4 bases in `model` to the fused forward; returns how many."""
     count = 0

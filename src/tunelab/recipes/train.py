@@ -264,6 +264,7 @@ def _train_locked(
     optim_spec = loop.OptimSpec(cfg.lr, cfg.weight_decay, cfg.lr_scheduler, cfg.warmup_ratio, cfg.max_grad_norm)
     optimizer = loop.build_optimizer(wrapped, optim_spec, prep.device)
     scheduler = loop.build_scheduler(optimizer, optim_spec, prep.schedule.total_steps)
+    root, zero = wrapped, distributed.deepspeed_stage()
     if fsdp is not None and accelerator.distributed_type != DistributedType.FSDP:
         # CPU processes: Accelerate would wrap the sharded model in DDP, so it gets only the optimizer; FSDP
         # syncs the gradients itself.
@@ -271,8 +272,19 @@ def _train_locked(
     else:
         # On GPUs Accelerate takes an already sharded model as it is (accelerate.utils.fsdp2_prepare_model)
         # and registers it, which its gradient clipping under fp16 loss scaling needs.
+        if zero is not None:
+            if accelerator.distributed_type != DistributedType.DEEPSPEED:
+                raise TunelabError(
+                    "the Accelerate config asks for DeepSpeed, which Accelerate runs on GPUs only; on CPU use "
+                    "configs/accelerate/fsdp2.yaml or ddp.yaml"
+                )
+            distributed.check_deepspeed_run(cfg, "config")
+            plugin = accelerator.state.deepspeed_plugin
+            distributed.prepare_deepspeed(plugin.deepspeed_config, root, cfg.micro_batch, zero)
         wrapped, optimizer = accelerator.prepare(wrapped, optimizer)
     gather = None if fsdp is None else functools.partial(distributed.full_state_dict, wrapped, cfg.method != "full")
+    if zero == 3:  # the final and best saves gather ZeRO-3's partitioned weights
+        gather = functools.partial(distributed.zero3_state_dict, root, cfg.method != "full")
 
     state = TrainState()
     if resume_from is not None and fsdp is not None:

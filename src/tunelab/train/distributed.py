@@ -260,7 +260,63 @@ def read_accelerate_config(path: str | Path) -> dict:
         raise TunelabError(
             f"--accelerate-config {file}: needs DeepSpeed, which is not installed (pip install deepspeed)"
         )
+    if data["distributed_type"] == "DEEPSPEED" and not torch.cuda.is_available():
+        # Accelerate runs CPU processes as plain DDP whatever the config says: refuse rather than pretend.
+        raise TunelabError(
+            f"--accelerate-config {file}: DeepSpeed runs on GPUs only (Accelerate starts CPU processes as DDP); "
+            "on CPU use configs/accelerate/fsdp2.yaml, which shards there too, or ddp.yaml"
+        )
     return data
+
+
+def check_deepspeed_run(cfg, source: str) -> None:
+    """Refuse run settings that tunelab does not support under DeepSpeed, naming the key."""
+    if cfg.save_steps or cfg.resume:
+        key = "save_steps" if cfg.save_steps else "resume"
+        # ZeRO partitions the optimizer state; tunelab's checkpoints hold it whole (gather_checkpoint does that
+        # for FSDP only).
+        raise TunelabError(
+            f"{source}: {key}: tunelab's checkpoints are not written under DeepSpeed; use "
+            "configs/accelerate/fsdp2.yaml (ZeRO-3's sharding, with checkpoints) or set save_steps: 0"
+        )
+
+
+def deepspeed_stage() -> int | None:
+    """The ZeRO stage the launch config asks for; None without DeepSpeed."""
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true":
+        return None
+    return int(os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2"))
+
+
+def prepare_deepspeed(deepspeed_config: dict, root: torch.nn.Module, micro_batch: int, stage: int) -> None:
+    """What DeepSpeed needs before `accelerator.prepare`: the micro-batch (Accelerate reads it from a dataloader,
+    which tunelab does not pass), and under ZeRO-3 the weights read outside their own module's forward, which
+    ZeRO-3 would otherwise leave partitioned (empty) there: the LM head's weight, read by the fused loss in the
+    root's forward, and each fused LoRA layer's base weight, read by the layer without calling the base module
+    (model/lora_linear.py). Registered, they are gathered for the reading module's forward and backward."""
+    deepspeed_config["train_micro_batch_size_per_gpu"] = micro_batch
+    if stage != 3:
+        return
+    from deepspeed.zero import register_external_parameter
+
+    from ..model.lora_linear import fused_base_weights
+
+    register_external_parameter(root, root.model.get_output_embeddings().weight)
+    for module, weight in fused_base_weights(root):
+        register_external_parameter(module, weight)
+
+
+def zero3_state_dict(root: torch.nn.Module, trainable_only: bool) -> dict | None:
+    """full_state_dict for a ZeRO-3 run: every process takes part in gathering the partitioned weights; the
+    main process gets them (on the CPU), named as `root.model.state_dict()` names them."""
+    import deepspeed
+
+    params = [p for p in root.parameters() if p.requires_grad or not trainable_only]
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+        if not is_main():
+            return None
+        keep = {n for n, p in root.model.named_parameters() if p.requires_grad} if trainable_only else None
+        return {k: v.detach().cpu().clone() for k, v in root.model.state_dict().items() if keep is None or k in keep}
 
 
 def launch_command(nproc: int | None, config_file: str | None, argv: list[str]) -> list[str]:

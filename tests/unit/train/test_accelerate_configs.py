@@ -89,3 +89,97 @@ def test_launch_command(tmp_path):
     (tmp_path / "bad.yaml").write_text("mixed_precision: 'no'\n")
     with pytest.raises(TunelabError, match="no distributed_type"):
         distributed.launch_command(2, str(tmp_path / "bad.yaml"), ["train"])
+
+
+def test_deepspeed_configs_are_refused_on_a_machine_without_gpus(monkeypatch):
+    """Accelerate starts CPU processes as plain DDP whatever a DeepSpeed config says: tunelab says so."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "deepspeed" else real(name, *a)
+    )
+    monkeypatch.setattr(distributed.torch.cuda, "is_available", lambda: False)
+    for stage in ("zero2", "zero3"):
+        path = REPO / "configs" / "accelerate" / f"{stage}.yaml"
+        with pytest.raises(TunelabError, match=rf"{stage}.yaml: DeepSpeed runs on GPUs only .*fsdp2.yaml"):
+            distributed.read_accelerate_config(path)
+
+
+def test_deepspeed_runs_refuse_checkpoints_naming_the_key(tiny_model_dir, tmp_path):
+    from tunelab.config import load_config
+
+    (tmp_path / "d.jsonl").write_text('{"text": "x"}\n')
+    base = [f"model={tiny_model_dir}", f"data.path={tmp_path / 'd.jsonl'}"]
+    distributed.check_deepspeed_run(load_config(None, base), "c.yaml")
+    for override in ("save_steps=5", "resume=true"):
+        key = override.split("=")[0]
+        with pytest.raises(
+            TunelabError, match=rf"c.yaml: {key}: tunelab's checkpoints are not written under DeepSpeed"
+        ):
+            distributed.check_deepspeed_run(load_config(None, [*base, override]), "c.yaml")
+
+
+class _FakeZero:
+    """deepspeed.zero's two entry points that tunelab calls, recording what they were given."""
+
+    def __init__(self):
+        self.external: list[tuple[object, object]] = []
+        self.gathered: list[list] = []
+
+    def register_external_parameter(self, module, parameter):
+        self.external.append((module, parameter))
+
+    def GatheredParameters(self, params, modifier_rank=None):  # noqa: N802  (DeepSpeed's name)
+        import contextlib
+
+        self.gathered.append(list(params))
+        return contextlib.nullcontext()
+
+
+@pytest.fixture
+def fake_deepspeed(monkeypatch):
+    import types
+
+    zero = _FakeZero()
+    module = types.ModuleType("deepspeed")
+    module.zero = zero
+    monkeypatch.setitem(sys.modules, "deepspeed", module)
+    monkeypatch.setitem(sys.modules, "deepspeed.zero", zero)
+    return zero
+
+
+def _lora_root(tiny_model_dir):
+    import torch
+
+    from tunelab.model.adapters import AdapterSpec, apply_adapter
+    from tunelab.model.load import load_model
+    from tunelab.sources import resolve
+    from tunelab.train.loss import CausalLMLoss
+
+    model = load_model(resolve(str(tiny_model_dir)), torch.float32, "none", torch.device("cpu"))
+    return CausalLMLoss(apply_adapter(model, AdapterSpec("lora", r=4, alpha=8)))
+
+
+def test_zero3_gathers_every_weight_read_outside_its_own_module(tiny_model_dir, fake_deepspeed):
+    from tunelab.model.lora_linear import _FusedForward
+
+    root = _lora_root(tiny_model_dir)
+    config: dict = {}
+    distributed.prepare_deepspeed(config, root, micro_batch=6, stage=2)
+    assert config == {"train_micro_batch_size_per_gpu": 6} and not fake_deepspeed.external
+
+    distributed.prepare_deepspeed(config, root, micro_batch=6, stage=3)
+    head = root.model.get_output_embeddings().weight
+    fused = [m for m in root.modules() if isinstance(m, _FusedForward)]
+    assert len(fused) == 7 * root.model.config.num_hidden_layers  # every linear of every block
+    expected = [(root, head)] + [(m, m.base_layer.weight) for m in fused]
+    assert [(id(m), id(p)) for m, p in fake_deepspeed.external] == [(id(m), id(p)) for m, p in expected]
+
+
+def test_zero3_saves_gather_the_weights_named_as_the_model_names_them(tiny_model_dir, fake_deepspeed):
+    root = _lora_root(tiny_model_dir)
+    trainable = {n for n, p in root.model.named_parameters() if p.requires_grad}
+    adapter = distributed.zero3_state_dict(root, trainable_only=True)
+    assert set(adapter) == trainable and all(v.device.type == "cpu" for v in adapter.values())
+    assert len(fake_deepspeed.gathered[-1]) == len(trainable)  # only the trainable weights are gathered
+    full = distributed.zero3_state_dict(root, trainable_only=False)
+    assert set(full) == set(root.model.state_dict())
