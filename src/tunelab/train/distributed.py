@@ -271,14 +271,14 @@ def read_accelerate_config(path: str | Path) -> dict:
 
 def check_deepspeed_run(cfg, source: str) -> None:
     """Refuse run settings that tunelab does not support under DeepSpeed, naming the key."""
-    if cfg.save_steps or cfg.resume:
-        key = "save_steps" if cfg.save_steps else "resume"
-        # ZeRO partitions the optimizer state; tunelab's checkpoints hold it whole (gather_checkpoint does that
-        # for FSDP only).
-        raise TunelabError(
-            f"{source}: {key}: tunelab's checkpoints are not written under DeepSpeed; use "
-            "configs/accelerate/fsdp2.yaml (ZeRO-3's sharding, with checkpoints) or set save_steps: 0"
-        )
+    # ZeRO partitions the optimizer state; tunelab's checkpoints hold it whole (gather_checkpoint does that for
+    # FSDP only).
+    for key, value, instead in [("save_steps", cfg.save_steps, "set save_steps: 0"), ("resume", cfg.resume, "drop it")]:
+        if value:
+            raise TunelabError(
+                f"{source}: {key}: tunelab's checkpoints are not written or read under DeepSpeed; use "
+                f"configs/accelerate/fsdp2.yaml (ZeRO-3's sharding, with checkpoints) or {instead}"
+            )
 
 
 def deepspeed_stage() -> int | None:

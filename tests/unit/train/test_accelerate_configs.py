@@ -113,7 +113,7 @@ def test_deepspeed_runs_refuse_checkpoints_naming_the_key(tiny_model_dir, tmp_pa
     for override in ("save_steps=5", "resume=true"):
         key = override.split("=")[0]
         with pytest.raises(
-            TunelabError, match=rf"c.yaml: {key}: tunelab's checkpoints are not written under DeepSpeed"
+            TunelabError, match=rf"c.yaml: {key}: tunelab's checkpoints are not written or read under DeepSpeed"
         ):
             distributed.check_deepspeed_run(load_config(None, [*base, override]), "c.yaml")
 
