@@ -17,7 +17,7 @@ import re
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -287,8 +287,33 @@ def auto_micro_batch(e, arch, cap: int) -> int:
 # ---- running ---------------------------------------------------------------------------------------------
 
 
+def select_rows(suite: Suite, names: str | None) -> Suite:
+    """`suite` with only the rows `names` (comma-separated) lists, in the suite's order; its peers stay only
+    if the row they follow does."""
+    if not names:
+        return suite
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    known = [r.name for r in suite.rows]
+    unknown = [n for n in wanted if n not in known]
+    if unknown or not wanted:
+        raise TunelabError(
+            f"--suite-rows {names}: {', '.join(unknown) or 'no row named'}: suite {suite.name} has rows {', '.join(known)}"
+        )
+    rows = [r for r in suite.rows if r.name in wanted]
+    keep_peers = suite.peers_after in wanted
+    return replace(
+        suite,
+        rows=rows,
+        peers_after=suite.peers_after if keep_peers else None,
+        peer_names=suite.peer_names if keep_peers else [],
+    )
+
+
 def run(args: argparse.Namespace, base_dir: Path, db: Path) -> int:
-    suite = load_suite(args.suite)
+    """Run the suite's rows in order. After each row the results so far are written (marked partial), so a run
+    stopped by a time limit keeps what it measured; the last write is the complete file."""
+    full = load_suite(args.suite)
+    suite = select_rows(full, getattr(args, "suite_rows", None))
     started = time.time()
     work = base_dir / f"suite-{suite.name}"
     data_path = work / "data.jsonl"
@@ -302,23 +327,30 @@ def run(args: argparse.Namespace, base_dir: Path, db: Path) -> int:
     results: list[dict] = []
     peak_by_precision: dict = {}
     checkpoints: dict[str, Path] = {}
+    part = "" if suite.rows == full.rows else "-" + "+".join(r.name for r in suite.rows)
+
+    def write(complete: bool) -> tuple[Path, Path, str]:
+        doc = document(args, suite, data, results, time.time() - started, complete)
+        out_dir = Path(args.out or DEFAULT_OUT)
+        stem = f"{suite.name}{part}_{device_slug(doc['device']['name'])}_{doc['date']}"
+        json_path, md_path = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
+        write_atomic(json_path, [json.dumps(doc, indent=2, default=str) + "\n"])
+        md = markdown(doc)
+        write_atomic(md_path, [md])
+        return json_path, md_path, md
+
     try:
         for i, row in enumerate(suite.rows, 1):
             rec, cfg = run_row(args, suite, row, i, data_path, work, db, peak_by_precision, checkpoints)
             results.append(rec)
             if row.name == suite.peers_after:
                 results.extend(run_peers(suite, row, rec, cfg, db))
+            if i < len(suite.rows):
+                write(complete=False)
     finally:
         # Random-weight checkpoints are scratch (an 8B one is 16 GB): the next run saves them again.
         shutil.rmtree(work / "models", ignore_errors=True)
-    elapsed = time.time() - started
-    doc = document(args, suite, data, results, elapsed)
-    out_dir = Path(args.out or DEFAULT_OUT)
-    stem = f"{suite.name}_{device_slug(doc['device']['name'])}_{doc['date']}"
-    json_path, md_path = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
-    write_atomic(json_path, [json.dumps(doc, indent=2, default=str) + "\n"])
-    md = markdown(doc)
-    write_atomic(md_path, [md])
+    json_path, md_path, md = write(complete=True)
     print(md)
     print(f"wrote {json_path} and {md_path}; records also in {db}", file=sys.stderr, flush=True)
     return 0
@@ -477,16 +509,27 @@ def _driver_version() -> str | None:
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
-def document(args, suite: Suite, data: dict, results: list[dict], elapsed: float) -> dict:
+def document(args, suite: Suite, data: dict, results: list[dict], elapsed: float, complete: bool = True) -> dict:
     from ..device import library_versions
 
+    rows = getattr(args, "suite_rows", None)
     return {
         "suite": suite.name,
+        # False while the suite runs: a file left with it false is what a stopped run had measured.
+        "complete": complete,
         "source": suite.source,
         "date": datetime.date.today().isoformat(),
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(
-            ["tunelab", "bench", "--suite", args.suite, *(["--out", args.out] if args.out else []), *args.overrides]
+            [
+                "tunelab",
+                "bench",
+                "--suite",
+                args.suite,
+                *(["--suite-rows", rows] if rows else []),
+                *(["--out", args.out] if args.out else []),
+                *args.overrides,
+            ]
         ),
         "device": environment(),
         "versions": library_versions(),
@@ -555,7 +598,13 @@ def markdown(doc: dict) -> str:
         "",
         f"- device: {dev['name']}, {_gib(dev['memory_bytes'])}{cuda}",
         f"- versions: {env}",
-        f"- command: `{doc['command']}`; finished in {doc['elapsed_s']:.0f} s{budget}",
+        f"- command: `{doc['command']}`; "
+        + (
+            f"finished in {doc['elapsed_s']:.0f} s{budget}"
+            if doc.get("complete", True)
+            else f"**partial**: stopped or still running after {doc['elapsed_s']:.0f} s{budget}, "
+            f"{len(doc['records'])} records so far"
+        ),
         f"- data: {doc['data']['rows']} synthetic alpaca rows, prompt {doc['data']['prompt_tokens']} and response "
         f"{doc['data']['response_tokens']} tokens ({doc['data']['dist']}, seed {doc['data']['seed']})",
         f"- rates: {doc['rate_basis']}",

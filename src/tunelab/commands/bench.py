@@ -84,6 +84,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "writes <out>/<suite>_<device>_<date>.json and .md",
     )
     p.add_argument(
+        "--suite-rows",
+        metavar="NAME[,NAME]",
+        help="with --suite: run only these rows (and the peers, with the row they follow); the files' names "
+        "carry the rows, so the parts of one suite run in several calls stay apart",
+    )
+    p.add_argument(
         "--out",
         help="with --export: write to this file (atomically) instead of stdout; "
         "with --suite: the folder for its files (default benchmarks)",
@@ -97,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
         return run_suite(args)
     if args.out:
         raise TunelabError("--out goes with --export or --suite")
+    if args.suite_rows:
+        raise TunelabError("--suite-rows goes with --suite")
     steps = args.steps if args.steps is not None else (CALIBRATE_STEPS if args.calibrate else DEFAULT_STEPS)
     if steps < 1 or args.warmup < 0:
         raise TunelabError(f"--steps must be at least 1 and --warmup at least 0, got {steps} and {args.warmup}")

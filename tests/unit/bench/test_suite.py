@@ -160,3 +160,57 @@ def test_a_failing_row_is_recorded_and_the_rest_run(tmp_path):
     assert "did you mean random:llama-3.1-8b" in records["typo"]["error"]
     _assert_measured(records["ok"])
     assert "failed: TunelabError" in md
+
+
+def test_suite_rows_select_rows_and_their_peers():
+    gpu = suitemod.load_suite("gpu")
+    part = suitemod.select_rows(gpu, "8b-qlora, 1b-lora")
+    assert [r.name for r in part.rows] == ["1b-lora", "8b-qlora"]  # the suite's order
+    assert part.peers_after == "1b-lora" and part.peer_names == gpu.peer_names
+    alone = suitemod.select_rows(gpu, "8b-lora")
+    assert alone.peers_after is None and alone.peer_names == []
+    assert suitemod.select_rows(gpu, None) is gpu
+    with pytest.raises(TunelabError, match=r"--suite-rows 8b,1b-lora: 8b: suite gpu has rows 1b-lora, ") as e:
+        suitemod.select_rows(gpu, "8b,1b-lora")
+    assert "\n" not in str(e.value)
+    assert main(["bench", "--suite-rows", "1b-lora"]) == 2  # only with --suite
+
+
+TINY = {
+    "num_hidden_layers": 1,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 16,
+}
+
+
+@pytest.mark.slow
+def test_a_stopped_suite_leaves_what_it_measured_and_parts_have_their_own_files(tmp_path, monkeypatch):
+    row = {"model": "random:smollm2-135m", "shape": TINY, "method": "lora", "micro_batch": 2, "steps": 1, "warmup": 1}
+    path = write_suite(tmp_path / "mini.yaml", [{"name": n, **row} for n in ("first", "second", "third")])
+    real, calls = suitemod.run_row, []
+
+    def stopped_at_the_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # as a time limit's kill would, between rows
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(suitemod, "run_row", stopped_at_the_second)
+    out = tmp_path / "out"
+    assert main(["bench", "--suite", str(path), "--out", str(out), f"output_dir={tmp_path / 'runs'}"]) == 130
+    doc, records, md = _records(out)
+    assert doc["complete"] is False and list(records) == ["first"] and "**partial**" in md
+    _assert_measured(records["first"])
+
+    monkeypatch.setattr(suitemod, "run_row", real)
+    part = tmp_path / "part"
+    args = ["bench", "--suite", str(path), "--suite-rows", "third", "--out", str(part), f"output_dir={tmp_path / 'r2'}"]
+    assert main(args) == 0
+    (file,) = part.glob("*.json")
+    assert file.name.startswith("mini-third_")
+    doc = json.loads(file.read_text())
+    assert doc["complete"] is True and [r["label"] for r in doc["records"]] == ["third"]
+    assert "--suite-rows third" in doc["command"]
