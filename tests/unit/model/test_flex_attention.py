@@ -48,6 +48,8 @@ def documents(row_lengths):
 
 
 ROWS = [[30, 50, 48], [70, 40]]  # the second row has an 18-token padded tail
+# On CUDA training runs the flex kernel's own backward, which CPU does not have.
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 @pytest.mark.slow
@@ -82,22 +84,23 @@ def test_block_mask_builder_is_pure_tensor():
         assert sync not in source
 
 
-def _flex_and_reference(tokenizer_len):
+def _flex_and_reference(tokenizer_len, device: str = "cpu"):
     model = make_tiny_llama(tokenizer_len, initializer_range=0.5)
     model.set_attn_implementation(attention.register("flex"))
     reference = make_tiny_llama(tokenizer_len, initializer_range=0.5)
     reference.load_state_dict(model.state_dict())
     reference.set_attn_implementation("sdpa")
-    return model.eval(), reference.eval()
+    return model.to(device).eval(), reference.to(device).eval()
 
 
 @pytest.mark.slow
-def test_packed_equals_one_by_one(tokenizer):
+@pytest.mark.parametrize("device", DEVICES)
+def test_packed_equals_one_by_one(tokenizer, device):
     """Per-token logits of packed rows under the flex kernel (forward, compiled) equal those of each
     document run alone through transformers' SDPA; the training forward (CPU: the dense expansion of the
-    same mask) gives the same summed loss and gradients."""
-    model, reference = _flex_and_reference(len(tokenizer))
-    ids, positions = packed(ROWS, len(tokenizer))
+    same mask; CUDA: the flex kernel) gives the same summed loss and gradients."""
+    model, reference = _flex_and_reference(len(tokenizer), device)
+    ids, positions = (t.to(device) for t in packed(ROWS, len(tokenizer)))
     with torch.no_grad():
         logits = model(input_ids=ids, position_ids=positions, **attention.flex_tensors(positions)).logits
         for r, start, n in documents(ROWS):
@@ -108,7 +111,7 @@ def test_packed_equals_one_by_one(tokenizer):
     assert flex.flex_attention
     # Loss on every real token except each document's last (its target would be the next document's).
     real = documents(ROWS)
-    index = torch.cat([torch.arange(r * WIDTH + s, r * WIDTH + s + n - 1) for r, s, n in real])
+    index = torch.cat([torch.arange(r * WIDTH + s, r * WIDTH + s + n - 1) for r, s, n in real]).to(device)
     targets = torch.cat([ids[r, s + 1 : s + n] for r, s, n in real])
     model.zero_grad()
     packed_loss = flex(ids, positions, index, targets)
@@ -119,7 +122,7 @@ def test_packed_equals_one_by_one(tokenizer):
     singles = []
     for r, s, n in real:
         reference.zero_grad()
-        loss = alone(ids[r : r + 1, s : s + n], None, torch.arange(n - 1), ids[r, s + 1 : s + n])
+        loss = alone(ids[r : r + 1, s : s + n], None, torch.arange(n - 1, device=device), ids[r, s + 1 : s + n])
         loss.backward()
         singles.append((loss.item(), reference.model.layers[0].self_attn.q_proj.weight.grad.clone()))
     assert packed_loss.item() == pytest.approx(sum(l for l, _ in singles), rel=1e-5)
@@ -166,7 +169,8 @@ MIXES = [  # four micro-batches of two rows, each a different mix of document le
 
 
 @pytest.mark.slow
-def test_compiled_blocks_compile_once(tokenizer):
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_blocks_compile_once(tokenizer, device):
     """LoRA over compiled blocks with attention=flex: four micro-batches of different document mixes, forward
     and backward; after the first, dynamo compiles nothing new (under LoRA the first block's input needs no
     grad and the later blocks' inputs do, two graphs, both in the first micro-batch). Then the same without
@@ -176,15 +180,15 @@ def test_compiled_blocks_compile_once(tokenizer):
     torch._dynamo.reset()
     model = make_tiny_llama(len(tokenizer))
     model.set_attn_implementation(attention.register("flex"))
-    model = apply_adapter(model, AdapterSpec("lora", 8, 16.0, 0.0, "all-linear"))
+    model = apply_adapter(model.to(device), AdapterSpec("lora", 8, 16.0, 0.0, "all-linear"))
     compile_blocks(model)
     wrapped = CausalLMLoss(model).train()
     counters.clear()
     try:
         graphs = []
         for seed, mix in enumerate(MIXES):
-            ids, positions = packed(mix, len(tokenizer), seed)
-            index = torch.arange(0, ids.numel(), 3)
+            ids, positions = (t.to(device) for t in packed(mix, len(tokenizer), seed))
+            index = torch.arange(0, ids.numel(), 3, device=device)
             wrapped(ids, positions, index, ids.reshape(-1)[index]).backward()
             graphs.append(counters["stats"]["unique_graphs"])
         assert graphs[0] > 0 and graphs[1:] == [graphs[0]] * 3, graphs
@@ -192,8 +196,8 @@ def test_compiled_blocks_compile_once(tokenizer):
         graphs = []
         with torch.no_grad():
             for seed, mix in enumerate(MIXES):
-                ids, positions = packed(mix, len(tokenizer), seed)
-                wrapped(ids, positions, torch.arange(0, ids.numel(), 3), ids.reshape(-1)[::3])
+                ids, positions = (t.to(device) for t in packed(mix, len(tokenizer), seed))
+                wrapped(ids, positions, torch.arange(0, ids.numel(), 3, device=device), ids.reshape(-1)[::3])
                 graphs.append(counters["stats"]["unique_graphs"])
         assert graphs[1:] == [graphs[0]] * 3, graphs
     finally:

@@ -55,8 +55,11 @@ def block_diagonal_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
     """(B, 1, T, T) bool: token i sees token j iff both are in the same packed sequence and j <= i."""
     seq = (position_ids == 0).cumsum(-1)
     t = position_ids.shape[-1]
-    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    causal = torch.ones(t, t, dtype=torch.bool, device=position_ids.device).tril()
     return (seq[:, None, :, None] == seq[:, None, None, :]) & causal
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]  # on CUDA tunelab's attention is FlexAttention
 
 
 def reference_losses(cfg) -> list[float]:
@@ -66,7 +69,9 @@ def reference_losses(cfg) -> list[float]:
 
     prep = prepare_run(cfg)  # the same batches: the schedule is a pure function of data and settings
     set_seed(cfg.seed)
+    device = torch.device(cfg.device if cfg.device != "auto" else "cpu")
     model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32, attn_implementation="sdpa")
+    model.to(device)
     model = get_peft_model(
         model,
         LoraConfig(
@@ -88,10 +93,11 @@ def reference_losses(cfg) -> list[float]:
         total = sum(b.tokens_loss for b in batches)
         step_loss = 0.0
         for b in batches:
-            ids, pos = torch.from_numpy(b.input_ids), torch.from_numpy(b.position_ids)
+            ids, pos = torch.from_numpy(b.input_ids).to(device), torch.from_numpy(b.position_ids).to(device)
             logits = model(input_ids=ids, position_ids=pos, attention_mask=block_diagonal_causal_mask(pos)).logits
-            labels = torch.full((ids.numel(),), -100, dtype=torch.long)
-            labels[torch.from_numpy(b.loss_index)] = torch.from_numpy(b.loss_targets)  # targets are pre-shifted
+            labels = torch.full((ids.numel(),), -100, dtype=torch.long, device=device)
+            # targets are pre-shifted
+            labels[torch.from_numpy(b.loss_index).to(device)] = torch.from_numpy(b.loss_targets).to(device)
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels, reduction="sum")
             (loss / total).backward()
             step_loss += loss.item()
@@ -103,10 +109,13 @@ def reference_losses(cfg) -> list[float]:
     return losses
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("compile_blocks", [False, True], ids=["eager", "compiled"])
-def test_bf16_losses_follow_an_fp32_reference_loop(tiny_model_dir, addition_rows, tmp_path, compile_blocks):
+def test_bf16_losses_follow_an_fp32_reference_loop(tiny_model_dir, addition_rows, tmp_path, compile_blocks, device):
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
-    cfg = run_config(tiny_model_dir, data, tmp_path / "run", f"compile={str(compile_blocks).lower()}")
+    cfg = run_config(
+        tiny_model_dir, data, tmp_path / "run", f"compile={str(compile_blocks).lower()}", f"device={device}"
+    )
     train(cfg, show_progress=False)
     ours = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     reference = reference_losses(cfg)
