@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 
 from .. import config as cfgmod
 from .. import hub
@@ -56,7 +55,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _launch(args: argparse.Namespace) -> int:
     """Run this command again under `accelerate launch` with N processes; its exit status is the launcher's."""
-    from ..train.distributed import check_deepspeed_run, check_fsdp_run, launch_command, read_accelerate_config
+    from ..train.distributed import (
+        check_deepspeed_run,
+        check_fsdp_run,
+        launch_command,
+        read_accelerate_config,
+        run_launcher,
+    )
 
     cfg = cfgmod.load_config(args.config, args.overrides)  # a bad config fails here with one line, not N times
     launch = None if args.accelerate_config is None else read_accelerate_config(args.accelerate_config)
@@ -66,4 +71,4 @@ def _launch(args: argparse.Namespace) -> int:
         check_deepspeed_run(cfg, args.config)
     argv = ["train", "--config", args.config, *args.overrides]
     argv += (["--quiet"] if args.quiet else []) + (["--offline"] if args.offline else [])
-    return subprocess.call(launch_command(args.nproc, args.accelerate_config, argv))
+    return run_launcher(launch_command(args.nproc, args.accelerate_config, argv))

@@ -10,6 +10,7 @@ accelerator processes (CPU processes stay MULTI_CPU, i.e. DDP), and one call ser
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -340,6 +341,70 @@ def zero3_state_dict(root: torch.nn.Module, trainable_only: bool) -> dict | None
             return None
         keep = {n for n, p in root.model.named_parameters() if p.requires_grad} if trainable_only else None
         return {k: v.detach().cpu().clone() for k, v in root.model.state_dict().items() if keep is None or k in keep}
+
+
+class LauncherOutput:
+    """Relays what `accelerate launch` writes to stderr, line by line, leaving out what the launcher adds when a
+    process fails (torchrun's log lines, its ChildFailedError traceback and failure report): each process has
+    already said what went wrong, in tunelab's one line, and that line, printed by every process alike, is
+    relayed once. A process's own traceback (a bug) is relayed as it is."""
+
+    _LOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ")
+    _RANK = re.compile(r"^\[rank\d+\]:\s?")
+
+    def __init__(self, write):
+        self.write = write
+        self.errors: list[str] = []
+        self._traceback: list[str] | None = None
+        self._report_rules = 0  # "=====" lines of the launcher's failure report still to drop
+
+    def feed(self, line: str) -> None:
+        if self._report_rules:
+            self._report_rules -= line.startswith("=====")
+            return
+        if self._traceback is not None:
+            self._traceback.append(line)
+            if line[:1].isspace() or line.startswith("Traceback"):
+                return
+            block, self._traceback = self._traceback, None
+            if "ChildFailedError" in line:
+                self._report_rules = 2
+            else:
+                for kept in block:
+                    self.write(kept)
+            return
+        if line.startswith("Traceback (most recent call last):"):
+            self._traceback = [line]
+            return
+        if self._LOG.match(line):
+            return
+        text = self._RANK.sub("", line)
+        if text.startswith("tunelab ") and ": error: " in text:
+            if text in self.errors:
+                return
+            self.errors.append(text)
+        self.write(text)
+
+    def close(self) -> None:
+        for kept in self._traceback or []:
+            self.write(kept)
+        self._traceback = None
+
+
+def run_launcher(cmd: list[str]) -> int:
+    """Run `accelerate launch` (`cmd`), relaying its stderr through LauncherOutput; its exit status, or 2 (a
+    usage error's, as one process returns) when the processes failed with tunelab's one-line errors."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, bufsize=1)
+    relay = LauncherOutput(lambda line: (sys.stderr.write(line), sys.stderr.flush()))
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        relay.feed(line)
+    relay.close()
+    status = proc.wait()
+    return 2 if status and relay.errors else status
 
 
 def launch_command(nproc: int | None, config_file: str | None, argv: list[str]) -> list[str]:
