@@ -245,6 +245,17 @@ def breakdown(arch: Arch, s: MemorySetup) -> MemoryBreakdown:
     )
 
 
+def host_load_bytes(arch: Arch, s: MemorySetup) -> float:
+    """CPU memory that loading the model takes in a process that reads the weights before FSDP shards them
+    (train/distributed.shard): every weight in the compute dtype as read (frozen bases stay in it, adapters are
+    small), and under full fine-tuning in fp32, the master weights' dtype, to which the weights are converted
+    one tensor at a time before sharding (model/adapters.apply_adapter), so 4 B per parameter at the peak. With
+    fsdp_cpu_ram_efficient_loading (configs/accelerate/fsdp2.yaml) only the main process holds this; without,
+    every process does."""
+    per = 4 if s.method == "full" else s.compute_bytes
+    return arch.total_params * per
+
+
 def root_params(arch: Arch) -> int:
     """The root unit of tunelab's FSDP (train/distributed.shard): embeddings, final norm and an untied LM head,
     gathered for the whole step, as the fused loss reads the head's weight outside the head's own forward."""

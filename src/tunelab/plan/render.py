@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 
 from ..io import GIB, duration, gib  # noqa: F401  (GIB: render's callers)
-from . import catalog, timing
+from . import catalog, memory, timing
 from .arch import Arch
 from .catalog import Price
 from .estimate import Estimate, Suggestion
@@ -82,6 +82,7 @@ def record(r: Result, e: Estimate) -> dict:
         "gpus": e.gpus,
         "sharding": e.sharding,
         "comm_bytes_per_step": e.comm_bytes,
+        **({"host_load_bytes": memory.host_load_bytes(r.arch, e.memory_setup)} if e.sharding == "zero3" else {}),
         "model": r.arch.name,
         "method": s.method,
         "base_quant": s.base_quant,
@@ -166,6 +167,13 @@ def table(results: list[Result]) -> str:
                 f"  x{m.gpus} {m.sharding}: {gib(m.memory.total)}/GPU ({'fits' if m.fits else 'does not fit'}),"
                 f" {duration(m.time_s)}, {m.work.optimizer_steps:,} steps (scaling efficiency assumed),"
                 f" sends {gib(m.comm_bytes)}/GPU per step"
+            )
+        sharded = [m for m in r.multi if m.sharding == "zero3"]
+        if sharded:
+            load = memory.host_load_bytes(r.arch, sharded[0].memory_setup)
+            lines.append(
+                f"  x{sharded[0].gpus} zero3 with FSDP (fsdp2.yaml): CPU memory to load {gib(load)} on the main"
+                f" process, which sends the shards; {gib(load * sharded[0].gpus)} if every process reads the weights"
             )
         for s in r.suggestions:
             if abs(s.saved_s) < 0.01 * s.time_s:

@@ -314,7 +314,24 @@ def test_cli_several_gpus_multi_gpu_and_price_override(capsys):
     multi = {m["sharding"]: m for m in recs[0]["multi_gpu"]}
     assert multi["zero3"]["peak_memory_bytes"] < multi["zero2"]["peak_memory_bytes"] < multi["ddp"]["peak_memory_bytes"]
     assert not recs[1]["fits"]  # full fine-tuning of 7B on 24 GB
+    # Loading for FSDP: every parameter as an fp32 master weight, in the main process's CPU memory.
+    from tunelab.plan.arch import from_registry
+
+    assert multi["zero3"]["host_load_bytes"] == 4 * from_registry(LLAMA2).total_params
+    assert "host_load_bytes" not in multi["ddp"]
     assert recs[0]["cost_usd"] == {"user": pytest.approx(recs[0]["time_s"] / 3600 * 2.0, abs=0.01)}
+
+
+def test_cli_says_what_loading_for_fsdp_takes_in_cpu_memory(capsys):
+    assert main(["plan", "--model", LLAMA2, "--examples", "1000", "--gpu", "h100-sxm", "--gpus", "8"]) == 0
+    out = capsys.readouterr().out
+    from tunelab.plan.arch import from_registry
+
+    lora = 2 * from_registry(LLAMA2).total_params / 2**30  # the bf16 base as read; adapters are small
+    assert (
+        f"x8 zero3 with FSDP (fsdp2.yaml): CPU memory to load {lora:.2f} GiB on the main process, which sends the "
+        f"shards; {8 * lora:.2f} GiB if every process reads the weights"
+    ) in out
 
 
 def test_cli_markdown(capsys):
