@@ -57,6 +57,16 @@ def test_gpu_suite_shape():
     assert not any(r.skip_reason for r in suite.rows)
 
 
+TINY = {
+    "num_hidden_layers": 1,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 16,
+}  # a one-layer Llama: seconds to build and run
+
+
 def write_suite(path, rows, **extra):
     suite = {
         "data": {"rows": 48, "prompt_tokens": "8-24", "response_tokens": "16-48"},
@@ -124,14 +134,6 @@ def test_cpu_suite_end_to_end(tmp_path):
 
 @pytest.mark.slow
 def test_a_failing_row_is_recorded_and_the_rest_run(tmp_path):
-    tiny = {
-        "num_hidden_layers": 1,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": 16,
-    }
     path = write_suite(
         tmp_path / "mini.yaml",
         [
@@ -146,7 +148,7 @@ def test_a_failing_row_is_recorded_and_the_rest_run(tmp_path):
             {
                 "name": "ok",
                 "model": "random:smollm2-135m",
-                "shape": tiny,
+                "shape": TINY,
                 "method": "lora",
                 "micro_batch": 2,
                 "steps": 1,
@@ -174,16 +176,6 @@ def test_suite_rows_select_rows_and_their_peers():
         suitemod.select_rows(gpu, "8b,1b-lora")
     assert "\n" not in str(e.value)
     assert main(["bench", "--suite-rows", "1b-lora"]) == 2  # only with --suite
-
-
-TINY = {
-    "num_hidden_layers": 1,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "head_dim": 16,
-}
 
 
 @pytest.mark.slow

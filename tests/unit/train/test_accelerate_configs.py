@@ -57,17 +57,22 @@ def test_fsdp_settings_that_tunelab_does_not_honour_are_refused_naming_the_key(t
             distributed.read_accelerate_config(path)
 
 
-def test_fsdp_runs_take_checkpoints_and_refuse_nf4_naming_the_key(tiny_model_dir, tmp_path):
+@pytest.fixture
+def base(tiny_model_dir, tmp_path) -> list[str]:
+    """Overrides of a loadable run config over the tiny model."""
+    (tmp_path / "d.jsonl").write_text('{"text": "x"}\n')
+    return [f"model={tiny_model_dir}", f"data.path={tmp_path / 'd.jsonl'}"]
+
+
+def test_fsdp_runs_take_checkpoints_and_refuse_nf4_naming_the_key(base):
     from tunelab.config import load_config
 
-    (tmp_path / "d.jsonl").write_text('{"text": "x"}\n')
-    base = [f"model={tiny_model_dir}", f"data.path={tmp_path / 'd.jsonl'}"]
     distributed.check_fsdp_run(load_config(None, base), "c.yaml")
     distributed.check_fsdp_run(load_config(None, [*base, "save_steps=5", "resume=true"]), "c.yaml")
     for override, message in [
         ("method=qlora", "c.yaml: method qlora with base weights in nf4: FSDP shards floating-point weights only"),
     ]:
-        changed = load_config(None, [f"model={tiny_model_dir}", f"data.path={tmp_path / 'd.jsonl'}", override])
+        changed = load_config(None, [*base, override])
         with pytest.raises(TunelabError, match=re.escape(message)):
             distributed.check_fsdp_run(changed, "c.yaml")
 
@@ -104,11 +109,9 @@ def test_deepspeed_configs_are_refused_on_a_machine_without_gpus(monkeypatch):
             distributed.read_accelerate_config(path)
 
 
-def test_deepspeed_runs_refuse_checkpoints_naming_the_key(tiny_model_dir, tmp_path):
+def test_deepspeed_runs_refuse_checkpoints_naming_the_key(base):
     from tunelab.config import load_config
 
-    (tmp_path / "d.jsonl").write_text('{"text": "x"}\n')
-    base = [f"model={tiny_model_dir}", f"data.path={tmp_path / 'd.jsonl'}"]
     distributed.check_deepspeed_run(load_config(None, base), "c.yaml")
     for override in ("save_steps=5", "resume=true"):
         key = override.split("=")[0]
