@@ -12,7 +12,7 @@ import json
 import shutil
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -256,7 +256,14 @@ def _train_locked(
     # that the whole model never has to fit one GPU; with fsdp_cpu_ram_efficient_loading only the main process
     # reads the weights and the others build empty (meta) modules.
     once = distributed.loads_once(fsdp)
-    model = build_model(cfg, prep, torch.device("cpu") if fsdp is not None else None, meta=once and not procs.main)
+    deepspeed = (
+        accelerator.state.deepspeed_plugin if accelerator.distributed_type == DistributedType.DEEPSPEED else None
+    )
+    # Accelerate hands transformers a ZeRO-3 config whatever zero3_init_flag says, and transformers would then
+    # load every weight partitioned (empty here) under zero.Init; the engine partitions the whole model later.
+    loading = deepspeed.zero3_init_context_manager(enable=False) if deepspeed is not None else nullcontext()
+    with loading:
+        model = build_model(cfg, prep, torch.device("cpu") if fsdp is not None else None, meta=once and not procs.main)
     trainable, total = count_parameters(model)
     wrapped = CausalLMLoss(model)
     if fsdp is not None:  # before the optimizer, which must hold the sharded parameters
@@ -268,7 +275,9 @@ def _train_locked(
     optim_spec = loop.OptimSpec(cfg.lr, cfg.weight_decay, cfg.lr_scheduler, cfg.warmup_ratio, cfg.max_grad_norm)
     optimizer = loop.build_optimizer(wrapped, optim_spec, prep.device)
     scheduler = loop.build_scheduler(optimizer, optim_spec, prep.schedule.total_steps)
-    root, zero = wrapped, distributed.deepspeed_stage()
+    # The stage as DeepSpeed will run it (a deepspeed_config_file's too); the launch environment's when Accelerate
+    # did not start DeepSpeed (CPU processes), which is refused below.
+    root, zero = wrapped, deepspeed.zero_stage if deepspeed is not None else distributed.deepspeed_stage()
     if fsdp is not None and accelerator.distributed_type != DistributedType.FSDP:
         # CPU processes: Accelerate would wrap the sharded model in DDP, so it gets only the optimizer; FSDP
         # syncs the gradients itself.
@@ -284,7 +293,7 @@ def _train_locked(
                 )
             distributed.check_deepspeed_run(cfg, "config")
             plugin = accelerator.state.deepspeed_plugin
-            distributed.prepare_deepspeed(plugin.deepspeed_config, root, cfg.micro_batch, zero)
+            distributed.prepare_deepspeed(plugin.deepspeed_config, root, cfg.micro_batch, zero, cfg.max_grad_norm)
         wrapped, optimizer = accelerator.prepare(wrapped, optimizer)
     gather = None if fsdp is None else functools.partial(distributed.full_state_dict, wrapped, cfg.method != "full")
     if zero == 3:  # the final and best saves gather ZeRO-3's partitioned weights

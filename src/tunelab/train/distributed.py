@@ -312,13 +312,17 @@ def deepspeed_stage() -> int | None:
     return int(os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2"))
 
 
-def prepare_deepspeed(deepspeed_config: dict, root: torch.nn.Module, micro_batch: int, stage: int) -> None:
+def prepare_deepspeed(
+    deepspeed_config: dict, root: torch.nn.Module, micro_batch: int, stage: int, max_grad_norm: float = 1.0
+) -> None:
     """What DeepSpeed needs before `accelerator.prepare`: the micro-batch (Accelerate reads it from a dataloader,
     which tunelab does not pass), and under ZeRO-3 the weights read outside their own module's forward, which
     ZeRO-3 would otherwise leave partitioned (empty) there: the LM head's weight, read by the fused loss in the
     root's forward, and each fused LoRA layer's base weight, read by the layer without calling the base module
     (model/lora_linear.py). Registered, they are gathered for the reading module's forward and backward."""
     deepspeed_config["train_micro_batch_size_per_gpu"] = micro_batch
+    # DeepSpeed clips inside its step, with its own setting: tunelab's max_grad_norm decides (0: no clipping).
+    deepspeed_config["gradient_clipping"] = max_grad_norm
     if stage != 3:
         return
     from deepspeed.zero import register_external_parameter
@@ -356,10 +360,14 @@ class LauncherOutput:
         self.write = write
         self.errors: list[str] = []
         self._traceback: list[str] | None = None
-        self._report_rules = 0  # "=====" lines of the launcher's failure report still to drop
+        self._report_rules = 0  # "=====" lines of the launcher's failure report still to come
+        # What the launcher said, held back: relayed at the end unless a process said what went wrong itself (a
+        # process killed by a signal, out of memory say, says nothing; only the launcher's report names the signal).
+        self._held: list[str] = []
 
     def feed(self, line: str) -> None:
         if self._report_rules:
+            self._held.append(line)
             self._report_rules -= line.startswith("=====")
             return
         if self._traceback is not None:
@@ -368,6 +376,7 @@ class LauncherOutput:
                 return
             block, self._traceback = self._traceback, None
             if "ChildFailedError" in line:
+                self._held += block
                 self._report_rules = 2
             else:
                 for kept in block:
@@ -377,6 +386,7 @@ class LauncherOutput:
             self._traceback = [line]
             return
         if self._LOG.match(line):
+            self._held.append(line)
             return
         text = self._RANK.sub("", line)
         if text.startswith("tunelab ") and ": error: " in text:
@@ -386,9 +396,9 @@ class LauncherOutput:
         self.write(text)
 
     def close(self) -> None:
-        for kept in self._traceback or []:
+        for kept in (self._traceback or []) + ([] if self.errors else self._held):
             self.write(kept)
-        self._traceback = None
+        self._traceback, self._held = None, []
 
 
 def run_launcher(cmd: list[str]) -> int:
@@ -397,7 +407,7 @@ def run_launcher(cmd: list[str]) -> int:
     import subprocess
     import sys
 
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, bufsize=1)
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, bufsize=1, errors="replace")
     relay = LauncherOutput(lambda line: (sys.stderr.write(line), sys.stderr.flush()))
     assert proc.stderr is not None
     for line in proc.stderr:

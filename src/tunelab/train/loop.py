@@ -260,7 +260,9 @@ def run(ctx: LoopContext) -> LoopResult:
                     # different numbers of targets, and a per-micro-batch mean would weight them unequally.
                     accelerator.backward(loss_sum * scale)
                 loss_acc += loss_sum.detach()
-            if optim.max_grad_norm > 0:
+            # DeepSpeed clips inside its own step (train/distributed.prepare_deepspeed gives it max_grad_norm);
+            # Accelerate's clip would only read its norm back, a host sync every step.
+            if optim.max_grad_norm > 0 and accelerator.distributed_type != "DEEPSPEED":
                 accelerator.clip_grad_norm_(model.parameters(), optim.max_grad_norm)
             optimizer.step()
             scheduler.step()

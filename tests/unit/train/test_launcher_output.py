@@ -62,6 +62,18 @@ def test_a_failed_launch_says_its_one_line_once():
     assert len(relay.errors) == 1
 
 
+def test_a_process_killed_by_a_signal_keeps_the_launchers_report():
+    """Without a line of the processes' own, the launcher's report is all that names the signal."""
+    killed = FAILED_LAUNCH.replace(
+        "tunelab train: error: runs/q/data/train.jsonl: data file not found (set data.path)\n", ""
+    )
+    killed = killed.replace(
+        "  rank      : 1 (local_rank: 1)\n", "  rank      : 1 (local_rank: 1)\n  error: Signal 9 (SIGKILL)\n"
+    )
+    text, relay = _relay("step 1/4 | loss 4.6\n" + killed)
+    assert not relay.errors and text.startswith("step 1/4 | loss 4.6\n") and "Signal 9 (SIGKILL)" in text
+
+
 def test_a_process_traceback_is_relayed_whole():
     plain = CRASH.replace("[rank1]: ", "")
     text, relay = _relay(plain + "after\n")
