@@ -184,14 +184,10 @@ def train(cfg: TrainConfig, show_progress: bool = True, stop_at: int | None = No
     trackers.check_available(cfg.report_to)
     procs = distributed.join(pick_device(cfg.device))
     if not procs.main:
-        summary = _train_locked(cfg, out, t0, False, stop_at, warmup_window, procs)
-    else:
-        check_output_dir(out)
-        with lock_output_dir(out):
-            summary = _train_locked(cfg, out, t0, show_progress, stop_at, warmup_window, procs)
-    if procs.world > 1:
-        distributed.leave()
-    return summary
+        return _train_locked(cfg, out, t0, False, stop_at, warmup_window, procs)
+    check_output_dir(out)
+    with lock_output_dir(out):
+        return _train_locked(cfg, out, t0, show_progress, stop_at, warmup_window, procs)
 
 
 def _train_locked(
@@ -378,9 +374,6 @@ def _train_locked(
         **result.rates(),
         **_eval_summary(prep, state),
         "peak_memory_bytes": result.peak_memory_bytes,
-        # Each process's own peak, in rank order: under FSDP or ZeRO the main process can hold more (the model it
-        # loaded alone, the gathered saves).
-        "peak_memory_bytes_per_process": distributed.per_process(result.peak_memory_bytes, procs.world),
         "peak_memory_reserved_bytes": result.peak_reserved_bytes,
         "peak_memory_absolute_bytes": result.peak_absolute_bytes,
         "train_s": state.elapsed_s,

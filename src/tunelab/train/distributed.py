@@ -137,29 +137,6 @@ def shard(root: torch.nn.Module, plugin, compute: torch.dtype, device: torch.dev
     fully_shard(root, **kwargs)  # the root keeps its weights gathered from forward to backward
 
 
-def per_process(value: int, world: int) -> list[int]:
-    """`value` from every process, in rank order (every process must call it); [value] for one process."""
-    if world == 1:
-        return [value]
-    import torch.distributed as dist
-
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    mine = torch.tensor([int(value)], dtype=torch.int64, device=device)
-    values = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(values, mine)
-    return [int(v.item()) for v in values]
-
-
-def leave() -> None:
-    """End this process's part in the process group after its last collective: the group's threads stop here,
-    not in the interpreter's exit, where a gloo process was seen to abort ("terminate called without an active
-    exception") after a run that had finished."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def local_numel(module: torch.nn.Module) -> int:
     """Parameter elements this process holds: all of them, or its shards' under FSDP."""
     from torch.distributed.tensor import DTensor

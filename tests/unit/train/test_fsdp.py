@@ -76,8 +76,6 @@ def _sharded(out: Path) -> None:
     assert summary["world_size"] == 2
     # Shards are whole rows (dim 0 split in 2, padded): half of each tensor, rounded up to a row.
     assert summary["params_local"] == pytest.approx(summary["params_total"] / 2, rel=0.01)
-    peaks = summary["peak_memory_bytes_per_process"]
-    assert len(peaks) == 2 and peaks[0] == summary["peak_memory_bytes"] and min(peaks) > 0
 
 
 def _logits(model, input_ids: torch.Tensor) -> torch.Tensor:
