@@ -118,14 +118,15 @@ def test_fsdp2_lora_saves_an_adapter_that_peft_loads(setup):
     assert (adapted[1] - plain).abs().max() > 100 * LOGITS_ATOL  # the adapter is not the identity
 
 
-def test_fsdp2_trains_the_same_when_every_process_reads_the_weights(setup):
-    """The shipped fsdp2.yaml has the main process read the weights and send the shards (the tests above);
-    with fsdp_cpu_ram_efficient_loading false every process reads them, and the run is the same."""
+def test_fsdp2_trains_the_same_when_the_main_process_alone_reads_the_weights(setup):
+    """The shipped fsdp2.yaml has every process read the weights (the tests above); with
+    fsdp_cpu_ram_efficient_loading true the others build the model on the meta device and receive their shards
+    from the main process, and the run is the same."""
     shipped = Path(FSDP).read_text()
-    assert "fsdp_cpu_ram_efficient_loading: true" in shipped
-    every = setup[0] / "fsdp2-every-process-loads.yaml"
-    every.write_text(shipped.replace("fsdp_cpu_ram_efficient_loading: true", "fsdp_cpu_ram_efficient_loading: false"))
-    out1, out2 = _pair(setup, "lora", str(every), "every-process-loads")
+    assert "fsdp_cpu_ram_efficient_loading: false" in shipped
+    once = setup[0] / "fsdp2-main-process-loads.yaml"
+    once.write_text(shipped.replace("fsdp_cpu_ram_efficient_loading: false", "fsdp_cpu_ram_efficient_loading: true"))
+    out1, out2 = _pair(setup, "lora", str(once), "main-process-loads")
     _same_run(out1, out2)
     _sharded(out2)
 
