@@ -25,11 +25,11 @@ $(STAMP): pyproject.toml
 demo: install
 	$(BIN)/python -m tunelab.demo configs/quickstart.yaml
 
+# pytest-xdist: one worker per core (at most 4), each test file on one worker so that its fixtures are built
+# once; much of a test's time is single-threaded (compiling, process start-up), which a second worker overlaps.
 test: install
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/ruff check src tests benchmarks
-	# One worker per core (at most 4), each test file on one worker so that its fixtures are built once; much of
-	# a test's time is single-threaded (compiling, process start-up), which a second worker overlaps.
 	$(BIN)/python -m pytest -q tests -n auto --maxprocesses=4 --dist loadfile --durations=15
 
 # The fast tier while editing: no training, compiling or subprocess runs, no embedded model (pyproject markers).

@@ -97,28 +97,26 @@ def load_model(
     return model
 
 
-def meta_model(source: ModelSource, dtype: torch.dtype, attn: str | None):
-    """The model built from its configuration on the meta device: the shapes and dtypes of every weight and
-    buffer, none of their values."""
+def _from_config(source: ModelSource, dtype: torch.dtype, device: torch.device, attn: str | None):
+    """The model built from its configuration alone, its weights created on `device` in `dtype`."""
     from transformers import AutoModelForCausalLM
 
-    config = load_config(source)
-    with torch.device("meta"):
+    with torch.device(device):
         model = AutoModelForCausalLM.from_config(
-            config, dtype=dtype, attn_implementation=attn, trust_remote_code=source.trust_remote_code
+            load_config(source), dtype=dtype, attn_implementation=attn, trust_remote_code=source.trust_remote_code
         )
     model.config.use_cache = False
     return model
 
 
+def meta_model(source: ModelSource, dtype: torch.dtype, attn: str | None):
+    """The model on the meta device: the shapes and dtypes of every weight and buffer, none of their values."""
+    return _from_config(source, dtype, torch.device("meta"), attn)
+
+
 def random_model(source: ModelSource, dtype: torch.dtype, device: torch.device, attn: str | None):
     """A `random:` model, initialised directly on `device` in `dtype`: an 8B never passes through 32 GB of fp32."""
-    from transformers import AutoModelForCausalLM
-
-    config = random_config(source)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
-    model.config.use_cache = False
+    model = _from_config(source, dtype, device, attn)
     print(
         f"model {source.ref}: random weights in the shape of {source.random_key}; tokenizer: the embedded SmolLM2's",
         file=sys.stderr,

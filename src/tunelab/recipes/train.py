@@ -248,13 +248,20 @@ def _train_locked(
     if fsdp is not None:
         distributed.check_fsdp(distributed.plugin_settings(fsdp), "the Accelerate config")
         distributed.check_fsdp_run(cfg, "config")
+    deepspeed = (
+        accelerator.state.deepspeed_plugin if accelerator.distributed_type == DistributedType.DEEPSPEED else None
+    )
+    if deepspeed is None and distributed.asks_for_deepspeed():
+        raise TunelabError(
+            "the Accelerate config asks for DeepSpeed, which Accelerate runs on GPUs only; on CPU use "
+            "configs/accelerate/fsdp2.yaml or ddp.yaml"
+        )
+    if deepspeed is not None:
+        distributed.check_deepspeed_run(cfg, "config")
     # Under FSDP the model loads into CPU memory and sharding moves each process's shards to its device, so
     # that the whole model never has to fit one GPU; with fsdp_cpu_ram_efficient_loading only the main process
     # reads the weights and the others build empty (meta) modules.
     once = distributed.loads_once(fsdp)
-    deepspeed = (
-        accelerator.state.deepspeed_plugin if accelerator.distributed_type == DistributedType.DEEPSPEED else None
-    )
     # Accelerate hands transformers a ZeRO-3 config whatever zero3_init_flag says, and transformers would then
     # load every weight partitioned (empty here) under zero.Init; the engine partitions the whole model later.
     loading = deepspeed.zero3_init_context_manager(enable=False) if deepspeed is not None else nullcontext()
@@ -271,9 +278,8 @@ def _train_locked(
     optim_spec = loop.OptimSpec(cfg.lr, cfg.weight_decay, cfg.lr_scheduler, cfg.warmup_ratio, cfg.max_grad_norm)
     optimizer = loop.build_optimizer(wrapped, optim_spec, prep.device)
     scheduler = loop.build_scheduler(optimizer, optim_spec, prep.schedule.total_steps)
-    # The stage as DeepSpeed will run it (a deepspeed_config_file's too); the launch environment's when Accelerate
-    # did not start DeepSpeed (CPU processes), which is refused below.
-    root, zero = wrapped, deepspeed.zero_stage if deepspeed is not None else distributed.deepspeed_stage()
+    # The stage as DeepSpeed runs it, a deepspeed_config_file's included.
+    root, zero = wrapped, deepspeed.zero_stage if deepspeed is not None else None
     if fsdp is not None and accelerator.distributed_type != DistributedType.FSDP:
         # CPU processes: Accelerate would wrap the sharded model in DDP, so it gets only the optimizer; FSDP
         # syncs the gradients itself.
@@ -281,15 +287,8 @@ def _train_locked(
     else:
         # On GPUs Accelerate takes an already sharded model as it is (accelerate.utils.fsdp2_prepare_model)
         # and registers it, which its gradient clipping under fp16 loss scaling needs.
-        if zero is not None:
-            if accelerator.distributed_type != DistributedType.DEEPSPEED:
-                raise TunelabError(
-                    "the Accelerate config asks for DeepSpeed, which Accelerate runs on GPUs only; on CPU use "
-                    "configs/accelerate/fsdp2.yaml or ddp.yaml"
-                )
-            distributed.check_deepspeed_run(cfg, "config")
-            plugin = accelerator.state.deepspeed_plugin
-            distributed.prepare_deepspeed(plugin.deepspeed_config, root, cfg.micro_batch, zero, cfg.max_grad_norm)
+        if deepspeed is not None:
+            distributed.prepare_deepspeed(deepspeed.deepspeed_config, root, cfg.micro_batch, zero, cfg.max_grad_norm)
         wrapped, optimizer = accelerator.prepare(wrapped, optimizer)
     gather = None if fsdp is None else functools.partial(distributed.full_state_dict, wrapped, cfg.method != "full")
     if zero == 3:  # the final and best saves gather ZeRO-3's partitioned weights

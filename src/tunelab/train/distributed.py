@@ -282,11 +282,10 @@ def check_deepspeed_run(cfg, source: str) -> None:
             )
 
 
-def deepspeed_stage() -> int | None:
-    """The ZeRO stage the launch config asks for; None without DeepSpeed."""
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true":
-        return None
-    return int(os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2"))
+def asks_for_deepspeed() -> bool:
+    """Whether the launch config asks for DeepSpeed, as `accelerate launch` tells its processes (Accelerate
+    itself ignores it on CPU processes)."""
+    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
 
 
 def prepare_deepspeed(
