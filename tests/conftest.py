@@ -26,7 +26,7 @@ import torch  # noqa: E402  (after the cache directory is chosen)
 # Under pytest-xdist the workers share the machine's cores: each takes its share of threads, and so do the
 # processes a test starts (OMP_NUM_THREADS), so that n workers never run more threads than there are cores.
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    _threads = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    _threads = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     torch.set_num_threads(_threads)
     os.environ["OMP_NUM_THREADS"] = str(_threads)
 
