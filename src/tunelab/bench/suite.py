@@ -329,12 +329,15 @@ def run(args: argparse.Namespace, base_dir: Path, db: Path) -> int:
     peak_by_precision: dict = {}
     checkpoints: dict[str, Path] = {}
     part = "" if suite.rows == full.rows else "-" + "+".join(r.name for r in suite.rows)
+    # Named once, by the day the run started: its partial writes and its last one go to the same files, and a
+    # second run of the same rows on the same day writes beside the first instead of over it.
+    date = datetime.date.today().isoformat()
+    json_path, md_path = output_paths(
+        Path(args.out or DEFAULT_OUT), f"{suite.name}{part}_{device_slug(environment()['name'])}_{date}"
+    )
 
     def write(complete: bool) -> tuple[Path, Path, str]:
-        doc = document(args, suite, data, results, time.time() - started, complete)
-        out_dir = Path(args.out or DEFAULT_OUT)
-        stem = f"{suite.name}{part}_{device_slug(doc['device']['name'])}_{doc['date']}"
-        json_path, md_path = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
+        doc = document(args, suite, data, results, time.time() - started, complete, date)
         write_atomic(json_path, [json.dumps(doc, indent=2, default=str) + "\n"])
         md = markdown(doc)
         write_atomic(md_path, [md])
@@ -355,6 +358,15 @@ def run(args: argparse.Namespace, base_dir: Path, db: Path) -> int:
     print(md)
     print(f"wrote {json_path} and {md_path}; records also in {db}", file=sys.stderr, flush=True)
     return 0
+
+
+def output_paths(out_dir: Path, stem: str) -> tuple[Path, Path]:
+    """`<stem>.json` and `.md` in `out_dir`, or `<stem>-2`, `-3`, ... where an earlier run wrote that name."""
+    n, name = 1, stem
+    while (out_dir / f"{name}.json").exists() or (out_dir / f"{name}.md").exists():
+        n += 1
+        name = f"{stem}-{n}"
+    return out_dir / f"{name}.json", out_dir / f"{name}.md"
 
 
 def run_row(
@@ -510,7 +522,9 @@ def _driver_version() -> str | None:
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
-def document(args, suite: Suite, data: dict, results: list[dict], elapsed: float, complete: bool = True) -> dict:
+def document(
+    args, suite: Suite, data: dict, results: list[dict], elapsed: float, complete: bool = True, date: str | None = None
+) -> dict:
     from ..device import library_versions
 
     rows = getattr(args, "suite_rows", None)
@@ -519,7 +533,7 @@ def document(args, suite: Suite, data: dict, results: list[dict], elapsed: float
         # False while the suite runs: a file left with it false is what a stopped run had measured.
         "complete": complete,
         "source": suite.source,
-        "date": datetime.date.today().isoformat(),
+        "date": date or datetime.date.today().isoformat(),
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(
             [

@@ -206,3 +206,13 @@ def test_a_stopped_suite_leaves_what_it_measured_and_parts_have_their_own_files(
     doc = json.loads(file.read_text())
     assert doc["complete"] is True and [r["label"] for r in doc["records"]] == ["third"]
     assert "--suite-rows third" in doc["command"]
+
+
+def test_a_second_run_of_the_same_rows_on_one_day_writes_beside_the_first(tmp_path):
+    output_paths = suitemod.output_paths
+    stem = "gpu-8b-lora_nvidia-h100_2026-11-25"
+    assert output_paths(tmp_path, stem) == (tmp_path / f"{stem}.json", tmp_path / f"{stem}.md")
+    (tmp_path / f"{stem}.json").write_text("{}")
+    assert output_paths(tmp_path, stem) == (tmp_path / f"{stem}-2.json", tmp_path / f"{stem}-2.md")
+    (tmp_path / f"{stem}-2.md").write_text("")
+    assert output_paths(tmp_path, stem)[0] == tmp_path / f"{stem}-3.json"
