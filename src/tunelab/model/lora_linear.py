@@ -277,14 +277,20 @@ def pack_for_inference(model: torch.nn.Module) -> int:
     return count
 
 
-def fused_base_weights(model: torch.nn.Module) -> list[tuple[torch.nn.Module, torch.nn.Parameter]]:
-    """(layer, base weight) for each fused LoRA layer over a dense base: weights that the layer reads itself,
-    outside the base module's forward."""
-    return [
-        (m, m.base_layer.weight)
-        for m in model.modules()
-        if isinstance(m, _FusedForward) and type(m.base_layer) is torch.nn.Linear
-    ]
+def fused_layer_weights(model: torch.nn.Module) -> list[tuple[torch.nn.Module, torch.nn.Parameter]]:
+    """(layer, weight) for every weight a fused LoRA layer over a dense base reads itself, outside the forward
+    of the module that holds it: the base weight and bias, and LoRA's A and B (the fused forward reads them all
+    and calls none of their modules)."""
+    pairs = []
+    for m in model.modules():
+        if not isinstance(m, _FusedForward) or type(m.base_layer) is not torch.nn.Linear:
+            continue
+        pairs.append((m, m.base_layer.weight))
+        if m.base_layer.bias is not None:
+            pairs.append((m, m.base_layer.bias))
+        for name in m.lora_A:
+            pairs += [(m, m.lora_A[name].weight), (m, m.lora_B[name].weight)]
+    return pairs
 
 
 def use_fused_lora(model: torch.nn.Module) -> int:

@@ -294,8 +294,10 @@ def prepare_deepspeed(
     """What DeepSpeed needs before `accelerator.prepare`: the micro-batch (Accelerate reads it from a dataloader,
     which tunelab does not pass), and under ZeRO-3 the weights read outside their own module's forward, which
     ZeRO-3 would otherwise leave partitioned (empty) there: the LM head's weight, read by the fused loss in the
-    root's forward, and each fused LoRA layer's base weight, read by the layer without calling the base module
-    (model/lora_linear.py). Registered, they are gathered for the reading module's forward and backward."""
+    root's forward, and each fused LoRA layer's base weight and bias and its A and B, which the layer reads
+    without calling their modules (model/lora_linear.py). Registered, they are gathered for the reading module's
+    forward and backward. (A and B below DeepSpeed's persistence threshold, 1e5 elements by default, are never
+    partitioned; a large rank or width puts them above it.)"""
     deepspeed_config["train_micro_batch_size_per_gpu"] = micro_batch
     # DeepSpeed clips inside its step, with its own setting: tunelab's max_grad_norm decides (0: no clipping).
     deepspeed_config["gradient_clipping"] = max_grad_norm
@@ -303,24 +305,45 @@ def prepare_deepspeed(
         return
     from deepspeed.zero import register_external_parameter
 
-    from ..model.lora_linear import fused_base_weights
+    from ..model.lora_linear import fused_layer_weights
 
     register_external_parameter(root, root.model.get_output_embeddings().weight)
-    for module, weight in fused_base_weights(root):
+    for module, weight in fused_layer_weights(root):
         register_external_parameter(module, weight)
 
 
 def zero3_state_dict(root: torch.nn.Module, trainable_only: bool) -> dict | None:
     """full_state_dict for a ZeRO-3 run: every process takes part in gathering the partitioned weights; the
-    main process gets them (on the CPU), named as `root.model.state_dict()` names them."""
+    main process gets them (on the CPU), named as `root.model.state_dict()` names them.
+
+    One module's own weights are gathered at a time: gathering all at once would hold the whole unsharded
+    model on every GPU beside its shards (16 GB more per GPU for an 8B in bf16), the memory ZeRO-3 is there
+    to save."""
     import deepspeed
 
-    params = [p for p in root.parameters() if p.requires_grad or not trainable_only]
-    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-        if not is_main():
-            return None
-        keep = {n for n, p in root.model.named_parameters() if p.requires_grad} if trainable_only else None
-        return {k: v.detach().cpu().clone() for k, v in root.model.state_dict().items() if keep is None or k in keep}
+    model = root.model
+    names: dict[int, list[str]] = {}  # every state-dict key of a tensor: tied weights have two
+    buffers = {}
+    for key, value in model.state_dict(keep_vars=True).items():
+        names.setdefault(id(value), []).append(key)
+        if not isinstance(value, torch.nn.Parameter):
+            buffers[key] = value  # ZeRO-3 partitions parameters only
+    main = is_main()
+    out: dict[str, torch.Tensor] = {}
+    for module in model.modules():
+        params = [p for p in module.parameters(recurse=False) if p.requires_grad or not trainable_only]
+        if not params:
+            continue
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            if main:
+                for p in params:
+                    copy = p.detach().cpu().clone()
+                    out.update((key, copy) for key in names.get(id(p), ()))
+    if not main:
+        return None
+    if not trainable_only:
+        out.update((key, value.detach().cpu().clone()) for key, value in buffers.items())
+    return {key: out[key] for key in model.state_dict() if key in out}
 
 
 class LauncherOutput:

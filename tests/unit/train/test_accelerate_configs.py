@@ -174,15 +174,26 @@ def test_zero3_gathers_every_weight_read_outside_its_own_module(tiny_model_dir, 
     head = root.model.get_output_embeddings().weight
     fused = [m for m in root.modules() if isinstance(m, _FusedForward)]
     assert len(fused) == 7 * root.model.config.num_hidden_layers  # every linear of every block
-    expected = [(root, head)] + [(m, m.base_layer.weight) for m in fused]
+    expected = [(root, head)] + [
+        (m, p) for m in fused for p in (m.base_layer.weight, m.lora_A["default"].weight, m.lora_B["default"].weight)
+    ]
     assert [(id(m), id(p)) for m, p in fake_deepspeed.external] == [(id(m), id(p)) for m, p in expected]
 
 
 def test_zero3_saves_gather_the_weights_named_as_the_model_names_them(tiny_model_dir, fake_deepspeed):
+    import torch
+
     root = _lora_root(tiny_model_dir)
     trainable = {n for n, p in root.model.named_parameters() if p.requires_grad}
     adapter = distributed.zero3_state_dict(root, trainable_only=True)
     assert set(adapter) == trainable and all(v.device.type == "cpu" for v in adapter.values())
-    assert len(fake_deepspeed.gathered[-1]) == len(trainable)  # only the trainable weights are gathered
+    gathered = [p for group in fake_deepspeed.gathered for p in group]
+    assert {id(p) for p in gathered} == {id(p) for p in root.model.parameters() if p.requires_grad}
+    fake_deepspeed.gathered.clear()
     full = distributed.zero3_state_dict(root, trainable_only=False)
-    assert set(full) == set(root.model.state_dict())
+    expected = root.model.state_dict()
+    assert list(full) == list(expected) and all(torch.equal(full[k], expected[k]) for k in expected)
+    # One module's own weights at a time, never the model at once: the largest group is one layer's weight.
+    largest = max(sum(p.numel() for p in group) for group in fake_deepspeed.gathered)
+    assert largest == max(sum(p.numel() for p in m.parameters(recurse=False)) for m in root.model.modules())
+    assert largest < sum(p.numel() for p in root.model.parameters()) / 10
