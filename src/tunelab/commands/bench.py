@@ -19,6 +19,7 @@ from ..errors import TunelabError
 from ..io import gib, write_atomic
 from ..bench import calibrate, measure, store
 from ..bench.compare import compare
+from ..bench.profile import PROFILED_STEPS, profile_point
 from ..bench.points import (
     FORCED,
     _in_fresh_process,
@@ -90,6 +91,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "carry the rows, so the parts of one suite run in several calls stay apart",
     )
     p.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="after each measured point, profile a few of its steps in another run and write ops.txt, "
+        "trace.json.gz and profile.json (host vs device time per step) to DIR",
+    )
+    p.add_argument(
         "--out",
         help="with --export: write to this file (atomically) instead of stdout; "
         "with --suite: the folder for its files (default benchmarks)",
@@ -110,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
         raise TunelabError(f"--steps must be at least 1 and --warmup at least 0, got {steps} and {args.warmup}")
     base_dir = Path(output_dir(args.overrides))
     db = Path(args.db) if args.db else base_dir / "bench.sqlite"
+    if args.profile and (args.calibrate or args.peer):
+        raise TunelabError("--profile goes with a plain bench or --sweep, not with --calibrate or --peer")
     if args.calibrate:
         if args.sweep:
             raise TunelabError("--calibrate measures the config's own settings; drop --sweep")
@@ -135,6 +144,9 @@ def run(args: argparse.Namespace) -> int:
         records.append(rec)
         if args.json:
             print(json.dumps(json_view(rec)), flush=True)
+        if args.profile:
+            where = Path(args.profile) / (slug(label) if len(points) > 1 else "")
+            show_profile(profile_point(cfg, args.warmup, min(steps, PROFILED_STEPS), where), where, args.json)
     if not args.json:
         if len(records) == 1:
             show_single(records[0], db)
@@ -154,6 +166,7 @@ def run_suite(args: argparse.Namespace) -> int:
             ("--sweep", args.sweep),
             ("--peer", args.peer),
             ("--calibrate", args.calibrate),
+            ("--profile", args.profile),
         )
         if given
     ]
@@ -304,6 +317,23 @@ def _console():
     from rich.console import Console
 
     return Console(highlight=False)
+
+
+def show_profile(found: dict, where: Path, as_json: bool) -> None:
+    """One line on where the profiled steps' time went (stderr, so --json output stays one record a line)."""
+    line = (
+        f"profile: {where} ({found['steps']} steps of {found['step_wall_s']:.3f} s: host operators "
+        f"{found['host_op_s_per_step']:.3f} s"
+    )
+    if found["device"] == "cpu":
+        line += f", {found['aten_ops_per_step']:,.0f} operators per step)"
+    else:
+        verdict = "host-bound" if found["host_bound"] else "device-bound"
+        line += (
+            f", device busy {found['device_busy_s_per_step']:.3f} s, "
+            f"{found['kernel_launches_per_step']:,.0f} kernel launches per step: {verdict})"
+        )
+    print(line, file=sys.stderr if as_json else sys.stdout, flush=True)
 
 
 def show_single(rec: dict, db: Path) -> None:

@@ -12,6 +12,7 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,8 +173,15 @@ def compile_blocks(model: torch.nn.Module) -> None:
         decoder.norm.compile()
 
 
-def train(cfg: TrainConfig, show_progress: bool = True, stop_at: int | None = None, warmup_window: int = 2) -> dict:
-    """Run one training job and return its summary (also written to output_dir/summary.json).
+def train(
+    cfg: TrainConfig,
+    show_progress: bool = True,
+    stop_at: int | None = None,
+    warmup_window: int = 2,
+    on_step: Callable[[int], None] | None = None,
+) -> dict:
+    """Run one training job and return its summary (also written to output_dir/summary.json). `on_step` is
+    called with the step number after each optimizer step (bench's profiler counts steps with it).
 
     The job holds output_dir's lock (train/lock.py) throughout: a second job there fails at once. Under
     `accelerate launch` every process trains its share of each step and only the main process touches
@@ -184,10 +192,10 @@ def train(cfg: TrainConfig, show_progress: bool = True, stop_at: int | None = No
     trackers.check_available(cfg.report_to)
     procs = distributed.join(pick_device(cfg.device))
     if not procs.main:
-        return _train_locked(cfg, out, t0, False, stop_at, warmup_window, procs)
+        return _train_locked(cfg, out, t0, False, stop_at, warmup_window, procs, on_step)
     check_output_dir(out)
     with lock_output_dir(out):
-        return _train_locked(cfg, out, t0, show_progress, stop_at, warmup_window, procs)
+        return _train_locked(cfg, out, t0, show_progress, stop_at, warmup_window, procs, on_step)
 
 
 def _train_locked(
@@ -198,6 +206,7 @@ def _train_locked(
     stop_at: int | None,
     warmup_window: int,
     procs: distributed.Processes,
+    on_step: Callable[[int], None] | None = None,
 ) -> dict:
     from accelerate import Accelerator
     from accelerate.utils import DistributedType, set_seed
@@ -323,7 +332,13 @@ def _train_locked(
                 prep.schedule,
                 optim_spec,
                 loop.LoopSpec(
-                    cfg.log_steps, cfg.save_steps, cfg.save_total_limit, warmup_window, stop_at, weights_identity(cfg)
+                    cfg.log_steps,
+                    cfg.save_steps,
+                    cfg.save_total_limit,
+                    warmup_window,
+                    stop_at,
+                    weights_identity(cfg),
+                    on_step,
                 ),
                 out if procs.main else None,
                 memwatch,

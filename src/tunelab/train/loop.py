@@ -47,6 +47,8 @@ class LoopSpec:
     stop_at: int | None = None
     # Settings that shape the trainable weights, stored in each checkpoint (checkpoint.check_identity).
     identity: dict | None = None
+    # Called with the step number after each optimizer step, its log and evaluation included.
+    on_step: Callable[[int], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -334,6 +336,8 @@ def run(ctx: LoopContext) -> LoopResult:
                 synchronize(device)
                 steady_start = time.perf_counter()
                 rate = _Window(steady_start, steady=True)
+            if spec.on_step is not None:
+                spec.on_step(state.step)
             if stopping:
                 break
             if spec.save_steps and state.step % spec.save_steps == 0 and state.step < schedule.total_steps:

@@ -1,0 +1,99 @@
+"""`tunelab bench --profile DIR`: where a training step's time goes, from torch.profiler over a few steady steps.
+
+A profiled run is its own process, after the measured one: the profiler slows every operator it records, so
+its steps are never the ones a rate is read from. It runs the point's warm-up (compiling, first allocations)
+unrecorded, then records `steps` optimizer steps, their log sync included, and writes to DIR:
+- `ops.txt`: operators and kernels by self time (device time on a GPU, host time on a CPU), as torch prints them;
+- `trace.json.gz`: the timeline, for chrome://tracing or Perfetto;
+- `profile.json`: per step, the wall time, the host's own operator time, the device's busy time and the number
+  of kernel launches. A step whose host time exceeds its device time is host-bound: the device waits for the
+  next launch (docs/metrics.md#host-bound-steps).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from .. import config as cfgmod
+from ..io import write_atomic
+
+PROFILED_STEPS = 3
+# CUDA runtime and driver calls that start one kernel each.
+LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch")
+
+
+def profile_point(cfg: cfgmod.TrainConfig, warmup: int, steps: int, out: Path) -> dict:
+    """Run `cfg` for `warmup` + `steps` optimizer steps in a fresh process, the last `steps` under the profiler;
+    write the three files to `out` and return profile.json's content. The run's own files go to `out`/run, not
+    to the measured point's folder. At least one warm-up step: the first step allocates and compiles."""
+    from dataclasses import replace
+
+    from .points import _in_fresh_process
+
+    cfg = replace(cfg, output_dir=str(out / "run"))
+    return _in_fresh_process(_profile_in_child, cfg, max(warmup, 1), steps, str(out))
+
+
+def _profile_in_child(cfg: cfgmod.TrainConfig, warmup: int, steps: int, out: str) -> dict:
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from ..cli import quiet_libraries
+    from ..device import pick_device
+    from ..recipes.train import train
+
+    quiet_libraries()
+    cuda = pick_device(cfg.device).type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    # The step before the recorded ones is the profiler's own warm-up (its start-up cost stays out).
+    plan = schedule(wait=warmup - 1, warmup=1, active=steps, repeat=1)
+    stamps: dict[int, float] = {}
+    found: dict = {}
+
+    def on_trace_ready(prof) -> None:
+        found.update(write_profile(prof, Path(out), cuda, steps, stamps, warmup))
+
+    with profile(activities=activities, schedule=plan, on_trace_ready=on_trace_ready) as prof:
+
+        def on_step(step: int) -> None:
+            stamps[step] = time.perf_counter()
+            prof.step()
+
+        train(cfg, show_progress=False, stop_at=warmup + steps, warmup_window=warmup, on_step=on_step)
+    return found
+
+
+def write_profile(prof, out: Path, cuda: bool, steps: int, stamps: dict[int, float], warmup: int) -> dict:
+    """ops.txt, trace.json.gz and profile.json from a finished profiling cycle of `steps` optimizer steps."""
+    out.mkdir(parents=True, exist_ok=True)
+    events = prof.key_averages()
+    sort = "self_device_time_total" if cuda else "self_cpu_time_total"
+    write_atomic(out / "ops.txt", [events.table(sort_by=sort, row_limit=40) + "\n"])
+    prof.export_chrome_trace(str(out / "trace.json.gz"))
+    summary = summarize(events, steps, stamps, warmup)
+    summary["device"] = "cuda" if cuda else "cpu"
+    write_atomic(out / "profile.json", [json.dumps(summary, indent=2) + "\n"])
+    return summary
+
+
+def summarize(events, steps: int, stamps: dict[int, float], warmup: int) -> dict:
+    """Per-step figures from the profiler's key averages (times in its microseconds, reported in seconds).
+
+    Host time is the operators' own CPU time summed over every operator (self time, so nested calls are not
+    counted twice); device time is the kernels' own device time. On a CPU the operators run on the host, so
+    device time is 0 and the host time is the computation itself."""
+    host_us = sum(e.self_cpu_time_total for e in events)
+    device_us = sum(getattr(e, "self_device_time_total", 0) for e in events)
+    launches = sum(e.count for e in events if e.key in LAUNCHES)
+    ops = sum(e.count for e in events if e.key.startswith("aten::"))
+    wall = (stamps[warmup + steps] - stamps[warmup]) / steps
+    return {
+        "steps": steps,
+        "step_wall_s": wall,
+        "host_op_s_per_step": host_us / 1e6 / steps,
+        "device_busy_s_per_step": device_us / 1e6 / steps,
+        "kernel_launches_per_step": launches / steps,
+        "aten_ops_per_step": ops / steps,
+        "host_bound": device_us > 0 and host_us > device_us,
+    }

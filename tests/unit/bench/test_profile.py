@@ -1,0 +1,66 @@
+"""`tunelab bench --profile`: a profiled run after the measured one, and its per-step summary."""
+
+import gzip
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import write_jsonl
+from tunelab.bench import store
+from tunelab.bench.profile import summarize
+from tunelab.cli import main
+
+
+def _event(key: str, count: int = 1, cpu_us: float = 0.0, device_us: float = 0.0):
+    return SimpleNamespace(key=key, count=count, self_cpu_time_total=cpu_us, self_device_time_total=device_us)
+
+
+def test_a_step_whose_host_time_exceeds_its_device_time_is_host_bound():
+    stamps = {2: 10.0, 4: 11.0}
+    events = [
+        _event("aten::mm", 40, cpu_us=300_000),
+        _event("cudaLaunchKernel", 600, cpu_us=500_000),
+        _event("sm90_xmma_gemm_bf16", 40, device_us=700_000),
+    ]
+    found = summarize(events, 2, stamps, 2)
+    assert found["step_wall_s"] == pytest.approx(0.5)
+    assert found["host_op_s_per_step"] == pytest.approx(0.4)
+    assert found["device_busy_s_per_step"] == pytest.approx(0.35)
+    assert found["kernel_launches_per_step"] == 300 and found["aten_ops_per_step"] == 20
+    assert found["host_bound"] is True
+    events[2] = _event("sm90_xmma_gemm_bf16", 40, device_us=2_000_000)
+    assert summarize(events, 2, stamps, 2)["host_bound"] is False
+    # On a CPU nothing runs on a device: never called host-bound, the host is the device.
+    assert summarize(events[:1], 2, stamps, 2)["host_bound"] is False
+
+
+@pytest.mark.slow
+def test_bench_profile_writes_where_a_steps_time_goes(tiny_model_dir, addition_rows, tmp_path, capsys):
+    data = write_jsonl(tmp_path / "add.jsonl", addition_rows * 4)
+    where = tmp_path / "profile"
+    args = [f"model={tiny_model_dir}", f"data.path={data}", "data.template=compact", "seq_len=64", "micro_batch=2"]
+    args += ["precision=fp32", f"output_dir={tmp_path / 'bench'}", "--steps", "2", "--warmup", "1"]
+    assert main(["bench", *args, "--json", "--profile", str(where)]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 1 and json.loads(out)["steps"] == 2  # the measured point alone on stdout
+    assert f"profile: {where} (2 steps of " in err and "operators per step)" in err
+
+    found = json.loads((where / "profile.json").read_text())
+    assert found["steps"] == 2 and found["device"] == "cpu" and found["host_bound"] is False
+    assert 0 < found["host_op_s_per_step"] and 0 < found["step_wall_s"] < 60
+    assert found["device_busy_s_per_step"] == 0 and found["kernel_launches_per_step"] == 0
+    assert found["aten_ops_per_step"] > 100  # forward, backward and the optimizer of a 2-layer model
+    ops = (where / "ops.txt").read_text()
+    assert "aten::mm" in ops and "Self CPU" in ops
+    with gzip.open(where / "trace.json.gz", "rt") as f:
+        assert any(e.get("name") == "aten::mm" for e in json.load(f)["traceEvents"])
+    # The profiled run is not a measurement: the database holds the measured point only.
+    assert len(store.query(tmp_path / "bench" / "bench.sqlite")) == 1
+
+
+def test_profile_goes_with_a_plain_bench_or_a_sweep(capsys):
+    assert main(["bench", "--calibrate", "--profile", "p"]) == 2
+    assert "--profile goes with a plain bench or --sweep" in capsys.readouterr().err
+    assert main(["bench", "--suite", "cpu", "--profile", "p"]) == 2
+    assert "drop --profile" in capsys.readouterr().err
