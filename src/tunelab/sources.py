@@ -217,5 +217,11 @@ def load_tokenizer(source: ModelSource):
     return tok
 
 
+def embedded_tokenizer():
+    """The embedded model's tokenizer, read from its weight-free folder (embedded_tokenizer_dir), which a machine
+    without the embedded model's package also has when that folder is in its tunelab cache."""
+    return load_tokenizer(ModelSource(EMBEDDED, embedded_tokenizer_dir()))
+
+
 def max_positions(config) -> int | None:
     return getattr(config, "max_position_embeddings", None)

@@ -226,8 +226,7 @@ def write_data(suite: Suite, path: Path) -> dict:
         sy.parse_range(params["response_tokens"], "data.response_tokens"),
         params["dist"],
         params["seed"],
-        # The embedded tokenizer without its weights: a GPU host without the embedded model's package has it.
-        load.load_tokenizer(load.ModelSource(load.EMBEDDED, load.embedded_tokenizer_dir())),
+        load.embedded_tokenizer(),
     )
     write_atomic(path, (json.dumps(r) + "\n" for r in rows))
     return params

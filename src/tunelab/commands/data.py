@@ -116,9 +116,7 @@ def _synthetic(args: argparse.Namespace) -> int:
     prompt = sy.parse_range(args.prompt_tokens, "--prompt-tokens")
     response = sy.parse_range(args.response_tokens, "--response-tokens")
     sy.check(args.rows, args.dist)  # before the tokenizer's seconds of loading
-    rows = sy.generate(
-        args.rows, prompt, response, args.dist, args.seed, load.load_tokenizer(load.resolve(load.EMBEDDED))
-    )
+    rows = sy.generate(args.rows, prompt, response, args.dist, args.seed, load.embedded_tokenizer())
     try:
         write_atomic(Path(args.out), _jsonl(rows))
     except OSError as e:

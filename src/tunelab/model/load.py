@@ -28,7 +28,7 @@ from ..sources import (  # noqa: F401
     cache_dir,
     drop_quantization_marker,
     embedded_gguf,
-    embedded_tokenizer_dir,
+    embedded_tokenizer,
     load_config,
     load_tokenizer,
     max_positions,

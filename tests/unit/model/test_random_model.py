@@ -170,8 +170,9 @@ def write_config(tmp_path):
     return path
 
 
-def test_random_model_needs_only_the_tokenizer_folder(load, tmp_path, monkeypatch):
-    """A GPU host gets the 2 MB tokenizer folder, not the 94 MB embedded package: `random:` must run from it."""
+def test_random_model_and_synthetic_data_need_only_the_tokenizer_folder(load, tmp_path, monkeypatch):
+    """A GPU host gets the 2 MB tokenizer folder, not the 94 MB embedded package: `random:` models and the
+    synthetic rows a GPU suite trains on must come from it."""
     import shutil
 
     from tunelab import sources
@@ -191,6 +192,13 @@ def test_random_model_needs_only_the_tokenizer_folder(load, tmp_path, monkeypatc
     config = load.load_config(source)
     assert config.num_hidden_layers == archmod.resolve_arch("random:llama-3.2-1b").layers
     assert load.load_tokenizer(source)("1 + 2").input_ids
+
+    from tunelab.cli import main
+
+    rows = tmp_path / "synthetic.jsonl"
+    command = ["data", "synthetic", "--rows", "3", "--prompt-tokens", "8-16", "--response-tokens", "8-16"]
+    assert main([*command, "--out", str(rows)]) == 0
+    assert len(rows.read_text().splitlines()) == 3
 
 
 def test_qwen3_rows_build_as_qwen3(load):
