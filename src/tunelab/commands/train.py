@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     if args.nproc is not None or args.accelerate_config is not None:
         return _launch(args)
     from ..recipes.train import train
-    from ..train.distributed import is_main
+    from ..train.distributed import exit_launched, is_main
 
     cfg = cfgmod.load_config(args.config, args.overrides)
     summary = train(cfg, show_progress=not args.quiet)
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         keys += ["best_step", "best_eval_loss", "early_stopped"]
     if is_main():
         print(json.dumps({k: summary[k] for k in keys}))
-    return 0
+    return exit_launched()
 
 
 def _launch(args: argparse.Namespace) -> int:

@@ -233,6 +233,25 @@ def _by_name(state: dict, root: torch.nn.Module, optimizer: torch.optim.Optimize
     return {"state": {order[i]: s for i, s in state["state"].items()}, "param_groups": groups}
 
 
+def exit_launched() -> int:
+    """After a successful run: in a launched process of a data-parallel run (world > 1), leave the process group
+    and exit 0 without Python's interpreter teardown; elsewhere return 0. Under gloo, a process that reaches
+    interpreter teardown with the process group alive can abort there ("terminate called without an active
+    exception", SIGABRT) after a run that succeeded: gloo's worker threads still hold work whose tensors drop
+    Python references after the interpreter has gone (pytorch/pytorch#190489, #179291)."""
+    import sys
+
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return 0
+    dist.barrier()  # every process has written what it writes
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def is_main() -> bool:
     """Whether this is the process that prints and writes (True outside a launched run)."""
     from accelerate import PartialState
