@@ -22,6 +22,8 @@ from ..io import write_atomic
 PROFILED_STEPS = 3
 # CUDA runtime and driver calls that start one kernel each.
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch")
+# Calls whose own time is the host waiting for the device, not working.
+WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cuStreamSynchronize")
 
 
 def profile_point(cfg: cfgmod.TrainConfig, warmup: int, steps: int, out: Path) -> dict:
@@ -80,10 +82,12 @@ def write_profile(prof, out: Path, cuda: bool, steps: int, stamps: dict[int, flo
 def summarize(events, steps: int, stamps: dict[int, float], warmup: int) -> dict:
     """Per-step figures from the profiler's key averages (times in its microseconds, reported in seconds).
 
-    Host time is the operators' own CPU time summed over every operator (self time, so nested calls are not
-    counted twice); device time is the kernels' own device time. On a CPU the operators run on the host, so
-    device time is 0 and the host time is the computation itself."""
-    host_us = sum(e.self_cpu_time_total for e in events)
+    Host time is the own CPU time of every recorded event (self time, so nested calls are not counted twice;
+    the profiler step's own time is the Python between operators) less the calls that wait for the device;
+    device time is the kernels' own device time. On a CPU the operators run on the host, so device time is 0
+    and the host time is the computation itself."""
+    wait_us = sum(e.self_cpu_time_total for e in events if e.key in WAITS)
+    host_us = sum(e.self_cpu_time_total for e in events) - wait_us
     device_us = sum(getattr(e, "self_device_time_total", 0) for e in events)
     launches = sum(e.count for e in events if e.key in LAUNCHES)
     ops = sum(e.count for e in events if e.key.startswith("aten::"))
@@ -92,6 +96,7 @@ def summarize(events, steps: int, stamps: dict[int, float], warmup: int) -> dict
         "steps": steps,
         "step_wall_s": wall,
         "host_op_s_per_step": host_us / 1e6 / steps,
+        "host_wait_s_per_step": wait_us / 1e6 / steps,
         "device_busy_s_per_step": device_us / 1e6 / steps,
         "kernel_launches_per_step": launches / steps,
         "aten_ops_per_step": ops / steps,

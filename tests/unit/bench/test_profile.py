@@ -22,10 +22,11 @@ def test_a_step_whose_host_time_exceeds_its_device_time_is_host_bound():
         _event("aten::mm", 40, cpu_us=300_000),
         _event("cudaLaunchKernel", 600, cpu_us=500_000),
         _event("sm90_xmma_gemm_bf16", 40, device_us=700_000),
+        _event("cudaStreamSynchronize", 2, cpu_us=200_000),  # waiting is not host work
     ]
     found = summarize(events, 2, stamps, 2)
     assert found["step_wall_s"] == pytest.approx(0.5)
-    assert found["host_op_s_per_step"] == pytest.approx(0.4)
+    assert found["host_op_s_per_step"] == pytest.approx(0.4) and found["host_wait_s_per_step"] == pytest.approx(0.1)
     assert found["device_busy_s_per_step"] == pytest.approx(0.35)
     assert found["kernel_launches_per_step"] == 300 and found["aten_ops_per_step"] == 20
     assert found["host_bound"] is True
