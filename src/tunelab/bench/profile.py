@@ -28,14 +28,20 @@ WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize
 
 def profile_point(cfg: cfgmod.TrainConfig, warmup: int, steps: int, out: Path) -> dict:
     """Run `cfg` for `warmup` + `steps` optimizer steps in a fresh process, the last `steps` under the profiler;
-    write the three files to `out` and return profile.json's content. The run's own files go to `out`/run, not
-    to the measured point's folder. At least one warm-up step: the first step allocates and compiles."""
+    write the three files to `out` and return profile.json's content. The run's own output (metrics, adapter)
+    is scratch, removed afterwards. At least one warm-up step: the first step allocates and compiles."""
+    import shutil
+    import tempfile
     from dataclasses import replace
 
     from .points import _in_fresh_process
 
-    cfg = replace(cfg, output_dir=str(out / "run"))
-    return _in_fresh_process(_profile_in_child, cfg, max(warmup, 1), steps, str(out))
+    scratch = Path(tempfile.mkdtemp(prefix="tunelab-profile-"))
+    try:
+        cfg = replace(cfg, output_dir=str(scratch / "run"))
+        return _in_fresh_process(_profile_in_child, cfg, max(warmup, 1), steps, str(out))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _profile_in_child(cfg: cfgmod.TrainConfig, warmup: int, steps: int, out: str) -> dict:

@@ -52,6 +52,7 @@ def test_bench_profile_writes_where_a_steps_time_goes(tiny_model_dir, addition_r
     assert 0 < found["host_op_s_per_step"] and 0 < found["step_wall_s"] < 60
     assert found["device_busy_s_per_step"] == 0 and found["kernel_launches_per_step"] == 0
     assert found["aten_ops_per_step"] > 100  # forward, backward and the optimizer of a 2-layer model
+    assert sorted(p.name for p in where.iterdir()) == ["ops.txt", "profile.json", "trace.json.gz"]
     ops = (where / "ops.txt").read_text()
     assert "aten::mm" in ops and "Self CPU" in ops
     with gzip.open(where / "trace.json.gz", "rt") as f:
