@@ -32,6 +32,19 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.2f} h"
 
 
+def read_text(path: Path) -> str:
+    """A text file's content; a byte that is not UTF-8 fails naming its line and column."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise TunelabError(
+            f"{path}:{line}: not UTF-8 (byte 0x{data[e.start]:02x} at column {column}); save the file as UTF-8"
+        ) from None
+
+
 def write_atomic(path: Path, lines: Iterable[str]) -> None:
     """Write via a temp file and rename: a reader (or a crash) never sees a half-written file."""
     path.parent.mkdir(parents=True, exist_ok=True)
