@@ -310,6 +310,9 @@ CASES = [
     case("plan-zero-gpus", lambda e: ["plan", "--gpus", "0", "--examples", "10"], "--gpus"),
     case("plan-zero-examples", lambda e: ["plan", "--examples", "0"], "--examples"),
     case("plan-loss-fraction", lambda e: ["plan", "--examples", "9", "--loss-fraction", "2"], "--loss-fraction"),
+    case("plan-mean-tokens-nan", lambda e: ["plan", "--examples", "9", "--mean-tokens", "nan"], "--mean-tokens"),
+    case("plan-mean-tokens-inf", lambda e: ["plan", "--examples", "9", "--mean-tokens", "inf"], "--mean-tokens"),
+    case("plan-price-nan", lambda e: ["plan", "--examples", "9", "--price-per-hour", "nan"], "--price-per-hour"),
     case("plan-bad-config", lambda e: ["plan", "--config", e.config({"seq_len": "long"})], "c.yaml", "seq_len"),
     # --- data ---
     case(
