@@ -251,6 +251,33 @@ CASES = [
         "content",
     ),
     case(
+        "chat-content-not-string",
+        lambda e: e.train_on(
+            "chat.jsonl", [CHAT[0], chat_row({"role": "user", "content": {"text": "a"}})], *CHAT_FORMAT
+        ),
+        "chat.jsonl:2",
+        "message 0",
+        "'content'",
+    ),
+    case(
+        "chat-opens-with-assistant",
+        lambda e: e.train_on("chat.jsonl", [CHAT[0], chat_row({"role": "assistant", "content": "b"})], *CHAT_FORMAT),
+        "chat.jsonl:2",
+        "assistant turn",
+        "user message",
+    ),
+    case(
+        "sharegpt-opens-with-gpt",
+        lambda e: e.train_on(
+            "share.jsonl",
+            [{"conversations": [{"from": "gpt", "value": "b"}]}],
+            ("data.format", "sharegpt"),
+            ("data.template", "alpaca"),
+        ),
+        "share.jsonl:1",
+        "assistant turn",
+    ),
+    case(
         "sharegpt-bad-from",
         lambda e: e.train_on(
             "share.jsonl",
@@ -358,6 +385,15 @@ CASES = [
         lambda e: ["eval", "--data", str(e.data("a.jsonl", raw=lines(good(), '{"instruction": "1", "output": "2"}')))],
         "a.jsonl:2",
         "'answer'",
+    ),
+    case(
+        "eval-chat-opens-with-assistant",
+        lambda e: (
+            ["eval", "--format", "chat", "--data"]
+            + [str(e.data("c.jsonl", rows=[{**chat_row({"role": "assistant", "content": "2"}), "answer": "2"}]))]
+        ),
+        "c.jsonl:1",
+        "assistant turn",
     ),
     case("eval-limit-zero", lambda e: ["eval", "--data", str(e.data()), "--limit", "0"], "--limit"),
     # --- export ---
