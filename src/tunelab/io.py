@@ -45,6 +45,29 @@ def read_text(path: Path) -> str:
         ) from None
 
 
+def check_output_file(path: Path, flag: str) -> None:
+    """Fail before any work when `path` cannot become a file: a folder is there, or a file is where a folder above
+    it goes. Checked up front, so a long run does not end in a traceback, or with one of two outputs written."""
+    if path.is_dir():
+        raise TunelabError(f"{flag} {path}: is a directory; name a file")
+    _check_parents(path, flag)
+
+
+def check_output_dir(path: Path, flag: str) -> None:
+    """As check_output_file, for an output folder."""
+    if path.exists() and not path.is_dir():
+        raise TunelabError(f"{flag} {path}: is a file; name a folder")
+    _check_parents(path, flag)
+
+
+def _check_parents(path: Path, flag: str) -> None:
+    for parent in path.parents:  # the nearest one that exists decides
+        if parent.exists():
+            if not parent.is_dir():
+                raise TunelabError(f"{flag} {path}: {parent} is a file, not a folder; choose another path")
+            return
+
+
 def write_atomic(path: Path, lines: Iterable[str]) -> None:
     """Write via a temp file and rename: a reader (or a crash) never sees a half-written file."""
     path.parent.mkdir(parents=True, exist_ok=True)

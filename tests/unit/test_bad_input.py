@@ -367,6 +367,29 @@ CASES = [
         ),
         "--dist",
     ),
+    case(
+        "synthetic-out-under-a-file",
+        lambda e: (
+            ["data", "synthetic", "--out", str(e.data() / "s.jsonl"), "--rows", "5"]
+            + ["--prompt-tokens", "3-9", "--response-tokens", "1-4"]
+        ),
+        "--out",
+        "d.jsonl is a file",
+    ),
+    case(
+        "arithmetic-out-is-a-directory",
+        lambda e: ["data", "arithmetic", "--out", str(e.tmp), "--n", "3"],
+        "is a directory",
+    ),
+    case(
+        "arithmetic-test-out-under-a-file",
+        lambda e: (
+            ["data", "arithmetic", "--out", str(e.tmp / "a.jsonl"), "--n", "3"]
+            + ["--test-out", str(e.data() / "t.jsonl")]
+        ),
+        "--test-out",
+        "d.jsonl is a file",
+    ),
     case("arithmetic-bad-op", lambda e: ["data", "arithmetic", "--out", str(e.out), "--ops", "add,pow"], "pow"),
     case(
         "arithmetic-zero-digits", lambda e: ["data", "arithmetic", "--out", str(e.out), "--digits", "0-3"], "--digits"
@@ -395,6 +418,12 @@ CASES = [
         "c.jsonl:1",
         "assistant turn",
     ),
+    case(
+        "eval-predictions-is-a-directory",
+        lambda e: ["eval", "--data", str(e.data()), "--out", str(e.tmp / "o.json"), "--predictions", str(e.tmp)],
+        "--predictions",
+        "is a directory",
+    ),
     case("eval-limit-zero", lambda e: ["eval", "--data", str(e.data()), "--limit", "0"], "--limit"),
     # --- export ---
     case(
@@ -414,12 +443,27 @@ CASES = [
         "gone",
         "adapter_config.json",
     ),
+    case(
+        "export-out-under-a-file",
+        lambda e: ["export", "--merge", "--adapter", str(e.adapter()), "--out", str(e.data() / "merged")],
+        "--out",
+        "d.jsonl is a file",
+    ),
     case("export-without-merge", lambda e: ["export", "--adapter", str(e.adapter()), "--out", str(e.out)], "--merge"),
     # --- bench ---
     case("bench-zero-steps", lambda e: ["bench", "--config", e.config({}), "--steps", "0"], "--steps"),
     case("bench-out-alone", lambda e: ["bench", "--config", e.config({}), "--out", str(e.out)], "--out"),
     case("bench-sweep-without-values", lambda e: ["bench", "--sweep", "micro_batch"], "--sweep", "micro_batch"),
     case("bench-export-no-db", lambda e: ["bench", "--export", "csv", "--db", str(e.tmp / "x.sqlite")], "x.sqlite"),
+    case(
+        "bench-export-out-is-a-directory",
+        lambda e: ["bench", "--export", "csv", "--db", str(e.tmp / "x.sqlite"), "--out", str(e.tmp)],
+        "--out",
+        "is a directory",
+    ),
+    case(
+        "bench-suite-out-is-a-file", lambda e: ["bench", "--suite", "cpu", "--out", str(e.data())], "--out", "is a file"
+    ),
     case("bench-bad-config", lambda e: ["bench", "--config", e.config({"seqlen": 64})], "'seqlen'", "'seq_len'"),
 ]
 

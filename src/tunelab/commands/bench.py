@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .. import config as cfgmod
 from ..errors import TunelabError
-from ..io import gib, write_atomic
+from ..io import check_output_dir, check_output_file, gib, write_atomic
 from ..bench import calibrate, measure, store
 from ..bench.compare import compare
 from ..bench.points import (
@@ -159,6 +159,8 @@ def run_suite(args: argparse.Namespace) -> int:
     ]
     if clashing:
         raise TunelabError(f"--suite defines its own rows, steps and peers; drop {', '.join(clashing)}")
+    if args.out:
+        check_output_dir(Path(args.out), "--out")
     base_dir = Path(output_dir(args.overrides))
     return suite.run(args, base_dir, Path(args.db) if args.db else base_dir / "bench.sqlite")
 
@@ -290,6 +292,8 @@ def run_calibration(args: argparse.Namespace, steps: int, base_dir: Path) -> int
 
 def export(args: argparse.Namespace) -> int:
     db = Path(args.db) if args.db else Path(output_dir(args.overrides)) / "bench.sqlite"
+    if args.out is not None:
+        check_output_file(Path(args.out), "--out")
     if not db.is_file():
         raise TunelabError(f"{db}: no results database there; run `tunelab bench` first or pass --db")
     text = store.export(store.query(db), args.export)
