@@ -121,6 +121,15 @@ def copy_model(env: Env, name: str, weights: bool = True) -> Path:
     return folder
 
 
+def damaged_adapter(env: Env, config: str, weights: bytes | None = None) -> Path:
+    """A run folder whose adapter has `config` as adapter_config.json and `weights` as its safetensors file."""
+    folder = env.adapter()
+    (folder / "adapter_config.json").write_text(config)
+    if weights is not None:
+        (folder / "adapter_model.safetensors").write_bytes(weights)
+    return folder
+
+
 def corrupt_checkpoint(env: Env) -> list[str]:
     step = env.out / "checkpoints" / "step-0000002"
     step.mkdir(parents=True)
@@ -424,6 +433,24 @@ CASES = [
         "--predictions",
         "is a directory",
     ),
+    case(
+        "eval-adapter-config-not-json",
+        lambda e: ["eval", "--data", str(e.data()), "--adapter", str(damaged_adapter(e, "{oops"))],
+        "adapter_config.json",
+        "not an adapter config",
+    ),
+    case(
+        "eval-adapter-weights-cut-short",
+        lambda e: [
+            "eval",
+            "--data",
+            str(e.data()),
+            "--adapter",
+            str(damaged_adapter(e, '{"peft_type": "LORA"}', b"\x40\x00\x00\x00\x00\x00\x00\x00{")),
+        ],
+        "adapter_model.safetensors",
+        "cannot be read",
+    ),
     case("eval-limit-zero", lambda e: ["eval", "--data", str(e.data()), "--limit", "0"], "--limit"),
     # --- export ---
     case(
@@ -448,6 +475,24 @@ CASES = [
         lambda e: ["export", "--merge", "--adapter", str(e.adapter()), "--out", str(e.data() / "merged")],
         "--out",
         "d.jsonl is a file",
+    ),
+    case(
+        "export-adapter-without-peft-type",
+        lambda e: ["export", "--merge", "--adapter", str(e.adapter()), "--out", str(e.out)],
+        "adapter_config.json",
+        "no peft_type",
+    ),
+    case(
+        "export-adapter-without-weights",
+        lambda e: [
+            "export",
+            "--merge",
+            "--adapter",
+            str(damaged_adapter(e, '{"peft_type": "LORA"}')),
+            "--out",
+            str(e.out),
+        ],
+        "no adapter_model.safetensors",
     ),
     case("export-without-merge", lambda e: ["export", "--adapter", str(e.adapter()), "--out", str(e.out)], "--merge"),
     # --- bench ---

@@ -105,8 +105,12 @@ def run(args: argparse.Namespace) -> int:
     rows = read_rows(Path(args.data), setup.format, args.limit)
 
     from ..device import pick_device, pick_precision
+    from ..model.adapters import check_adapter
     from ..model.load import load_model, load_tokenizer, resolve
     from ..eval.generate import evaluate
+
+    if args.adapter:
+        check_adapter(Path(args.adapter))
 
     device = pick_device(args.device)
     precision = pick_precision(args.precision, device)

@@ -14,6 +14,7 @@ from ..config import load_config
 from ..errors import TunelabError
 from ..io import atomic_dir, check_output_dir
 from . import load as mload
+from .adapters import check_adapter
 
 
 def base_model_ref(adapter: Path, override: str | None) -> str:
@@ -34,6 +35,7 @@ def merge(adapter: Path, out: Path, model_ref: str | None, dtype: torch.dtype) -
     check_output_dir(out, "--out")
     if out.exists() and any(out.iterdir()):
         raise TunelabError(f"{out}: exists and is not empty; choose a new --out")
+    check_adapter(adapter)
     source = mload.resolve(base_model_ref(adapter, model_ref))
     if source.random_key:
         raise TunelabError(
