@@ -509,6 +509,24 @@ CASES = [
     case(
         "bench-suite-out-is-a-file", lambda e: ["bench", "--suite", "cpu", "--out", str(e.data())], "--out", "is a file"
     ),
+    case(
+        "bench-export-db-not-sqlite",
+        lambda e: ["bench", "--export", "json", "--db", str(e.data("x.sqlite", raw=b"not a database" * 10))],
+        "x.sqlite",
+        "not a results database",
+    ),
+    case(
+        "bench-db-not-sqlite",
+        lambda e: ["bench", "--config", e.config({}), "--db", str(e.data("x.sqlite", raw=b"not a database" * 10))],
+        "x.sqlite",
+        "not a results database",
+    ),
+    case(
+        "bench-db-is-a-directory",
+        lambda e: ["bench", "--config", e.config({}), "--db", str(e.tmp)],
+        "--db",
+        "is a directory",
+    ),
     case("bench-bad-config", lambda e: ["bench", "--config", e.config({"seqlen": 64})], "'seqlen'", "'seq_len'"),
 ]
 

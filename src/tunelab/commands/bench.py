@@ -110,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         raise TunelabError(f"--steps must be at least 1 and --warmup at least 0, got {steps} and {args.warmup}")
     base_dir = Path(output_dir(args.overrides))
     db = Path(args.db) if args.db else base_dir / "bench.sqlite"
+    store.check(db)
     if args.calibrate:
         if args.sweep:
             raise TunelabError("--calibrate measures the config's own settings; drop --sweep")
@@ -162,7 +163,9 @@ def run_suite(args: argparse.Namespace) -> int:
     if args.out:
         check_output_dir(Path(args.out), "--out")
     base_dir = Path(output_dir(args.overrides))
-    return suite.run(args, base_dir, Path(args.db) if args.db else base_dir / "bench.sqlite")
+    db = Path(args.db) if args.db else base_dir / "bench.sqlite"
+    store.check(db)
+    return suite.run(args, base_dir, db)
 
 
 def run_peers(args: argparse.Namespace, steps: int, base_dir: Path, db: Path) -> int:
