@@ -130,6 +130,19 @@ def damaged_adapter(env: Env, config: str, weights: bytes | None = None) -> Path
     return folder
 
 
+DATA = {"rows": 8, "prompt_tokens": "4-8", "response_tokens": "4-8"}
+SUITE_ROW = {"name": "a", "model": "random:smollm2-135m", "method": "lora", "steps": 1}
+
+
+def suite(env: Env, *overrides: str, raw: bytes | None = None, rows: object = None, **keys) -> list[str]:
+    """`bench --suite` over a suites file of one suite `mini` (a valid one but for `rows` and `keys`)."""
+    if raw is None:
+        body = {"data": DATA, "rows": rows or [SUITE_ROW]}
+        raw = yaml.safe_dump({"suites": {"mini": {**body, **keys}}}).encode()
+    path = env.data("s.yaml", raw=raw)
+    return ["bench", "--suite", str(path), "--out", str(env.out), f"output_dir={env.tmp / 'runs'}", *overrides]
+
+
 def corrupt_checkpoint(env: Env) -> list[str]:
     step = env.out / "checkpoints" / "step-0000002"
     step.mkdir(parents=True)
@@ -527,6 +540,36 @@ CASES = [
         "--db",
         "is a directory",
     ),
+    case("suite-not-utf8", lambda e: suite(e, raw=b"suites:\n  mini: \xff\n"), "s.yaml:2", "UTF-8"),
+    case("suite-data-not-mapping", lambda e: suite(e, data=5), "suite mini", "data must be a mapping"),
+    case("suite-data-bad-dist", lambda e: suite(e, data={**DATA, "dist": "gauss"}), "data.dist", "'gauss'"),
+    case("suite-rows-not-list", lambda e: suite(e, rows=5), "rows must be a list"),
+    case(
+        "suite-row-without-steps",
+        lambda e: suite(e, rows=[{k: v for k, v in SUITE_ROW.items() if k != "steps"}]),
+        "row a needs steps",
+    ),
+    case("suite-row-steps-text", lambda e: suite(e, rows=[{**SUITE_ROW, "steps": "ten"}]), "row a", "steps", "'ten'"),
+    case(
+        "suite-row-compile-text", lambda e: suite(e, rows=[{**SUITE_ROW, "compile": "no"}]), "compile", "true or false"
+    ),
+    case("suite-row-shape-list", lambda e: suite(e, rows=[{**SUITE_ROW, "shape": [64]}]), "shape must be a mapping"),
+    case(
+        "suite-row-shape-on-a-hub-model",
+        lambda e: suite(e, rows=[{**SUITE_ROW, "model": "acme/m", "shape": {"hidden_size": 64}}]),
+        "row a",
+        "shape",
+        "random:",
+    ),
+    case(
+        "suite-row-config-unknown-key",
+        lambda e: suite(e, rows=[{**SUITE_ROW, "config": {"lrr": 1}}]),
+        "row a",
+        "'lrr'",
+        "did you mean 'lr'",
+    ),
+    case("suite-bad-override", lambda e: suite(e, "lora.rr=8"), "'lora.rr'", "did you mean 'lora.r'"),
+    case("suite-peers-list", lambda e: suite(e, peers=["trl-sft"]), "peers must be a mapping"),
     case("bench-bad-config", lambda e: ["bench", "--config", e.config({"seqlen": 64})], "'seqlen'", "'seq_len'"),
 ]
 
