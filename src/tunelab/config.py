@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Collection
@@ -20,6 +21,7 @@ import yaml
 from . import hub
 from .data.formats import TEMPLATES
 from .errors import TunelabError
+from .io import read_text
 from .plan.arch import EMBEDDED, RANDOM
 
 METHODS = ("lora", "dora", "qlora", "full")
@@ -127,10 +129,12 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
     if path is not None:
         path = Path(path)
         source = str(path)
+        if path.is_dir():
+            raise TunelabError(f"{path}: is a directory; pass the config's YAML file")
         if not path.is_file():
             raise TunelabError(f"{path}: config file not found")
         try:
-            loaded = yaml.safe_load(path.read_text())
+            loaded = yaml.safe_load(read_text(path))
         except yaml.YAMLError as e:
             raise TunelabError(_yaml_error(path, e)) from None
         if loaded is None:
@@ -230,14 +234,20 @@ def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
             return int(value)
         raise _type_error(source, key, tp, value)
     if tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             try:  # YAML 1.1 reads `1e-4` as a string
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise _type_error(source, key, tp, value)
+        if number is None:
+            raise _type_error(source, key, tp, value)
+        # nan and inf pass every range check (nan compares false) and fail deep in training instead.
+        if not math.isfinite(number):
+            raise TunelabError(f"{source}: {key} must be a finite number, got {value!r}")
+        return number
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
@@ -289,6 +299,18 @@ def validate(cfg: TrainConfig, source: str = "config") -> None:
         raise TunelabError(f"{source}: max_steps must be at least 1 (or null for a full run), got {cfg.max_steps}")
     if cfg.lr <= 0:
         raise TunelabError(f"{source}: lr must be positive, got {cfg.lr}")
+    if cfg.lora.alpha <= 0:
+        raise TunelabError(
+            f"{source}: lora.alpha must be positive (the adapter's scale is alpha / r), got {cfg.lora.alpha}"
+        )
+    if cfg.weight_decay < 0:
+        raise TunelabError(f"{source}: weight_decay must be 0 or positive, got {cfg.weight_decay}")
+    if cfg.max_grad_norm < 0:
+        raise TunelabError(f"{source}: max_grad_norm must be positive, or 0 for no clipping; got {cfg.max_grad_norm}")
+    if not 0 <= cfg.seed < 2**32:
+        raise TunelabError(f"{source}: seed must be in [0, 2**32), as numpy's generators need; got {cfg.seed}")
+    if not cfg.output_dir.strip():
+        raise TunelabError(f"{source}: output_dir is empty; name the folder the run writes to")
     if not 0 <= cfg.lora.dropout < 1:
         raise TunelabError(f"{source}: lora.dropout must be in [0, 1), got {cfg.lora.dropout}")
     if not 0 <= cfg.warmup_ratio < 1:

@@ -32,6 +32,42 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.2f} h"
 
 
+def read_text(path: Path) -> str:
+    """A text file's content; a byte that is not UTF-8 fails naming its line and column."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise TunelabError(
+            f"{path}:{line}: not UTF-8 (byte 0x{data[e.start]:02x} at column {column}); save the file as UTF-8"
+        ) from None
+
+
+def check_output_file(path: Path, flag: str) -> None:
+    """Fail before any work when `path` cannot become a file: a folder is there, or a file is where a folder above
+    it goes. Checked up front, so a long run does not end in a traceback, or with one of two outputs written."""
+    if path.is_dir():
+        raise TunelabError(f"{flag} {path}: is a directory; name a file")
+    _check_parents(path, flag)
+
+
+def check_output_dir(path: Path, flag: str) -> None:
+    """As check_output_file, for an output folder."""
+    if path.exists() and not path.is_dir():
+        raise TunelabError(f"{flag} {path}: is a file; name a folder")
+    _check_parents(path, flag)
+
+
+def _check_parents(path: Path, flag: str) -> None:
+    for parent in path.parents:  # the nearest one that exists decides
+        if parent.exists():
+            if not parent.is_dir():
+                raise TunelabError(f"{flag} {path}: {parent} is a file, not a folder; choose another path")
+            return
+
+
 def write_atomic(path: Path, lines: Iterable[str]) -> None:
     """Write via a temp file and rename: a reader (or a crash) never sees a half-written file."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -121,6 +121,28 @@ def copy_model(env: Env, name: str, weights: bool = True) -> Path:
     return folder
 
 
+def damaged_adapter(env: Env, config: str, weights: bytes | None = None) -> Path:
+    """A run folder whose adapter has `config` as adapter_config.json and `weights` as its safetensors file."""
+    folder = env.adapter()
+    (folder / "adapter_config.json").write_text(config)
+    if weights is not None:
+        (folder / "adapter_model.safetensors").write_bytes(weights)
+    return folder
+
+
+DATA = {"rows": 8, "prompt_tokens": "4-8", "response_tokens": "4-8"}
+SUITE_ROW = {"name": "a", "model": "random:smollm2-135m", "method": "lora", "steps": 1}
+
+
+def suite(env: Env, *overrides: str, raw: bytes | None = None, rows: object = None, **keys) -> list[str]:
+    """`bench --suite` over a suites file of one suite `mini` (a valid one but for `rows` and `keys`)."""
+    if raw is None:
+        body = {"data": DATA, "rows": rows or [SUITE_ROW]}
+        raw = yaml.safe_dump({"suites": {"mini": {**body, **keys}}}).encode()
+    path = env.data("s.yaml", raw=raw)
+    return ["bench", "--suite", str(path), "--out", str(env.out), f"output_dir={env.tmp / 'runs'}", *overrides]
+
+
 def corrupt_checkpoint(env: Env) -> list[str]:
     step = env.out / "checkpoints" / "step-0000002"
     step.mkdir(parents=True)
@@ -132,6 +154,14 @@ CASES = [
     # --- config file ---
     case("config-missing", lambda e: ["train", "--config", str(e.tmp / "nope.yaml")], "nope.yaml", "not found"),
     case("yaml-syntax", lambda e: e.train("model: x\nlr: [1e-4\nseq_len: 64\n"), "c.yaml:3:", "fix that line"),
+    case(
+        "config-not-utf8",
+        lambda e: ["train", "--config", str(e.data("c.yaml", raw=b"seq_len: 64\nlr: 1\xff\n")), "--quiet"],
+        "c.yaml:2",
+        "0xff",
+        "UTF-8",
+    ),
+    case("config-is-a-directory", lambda e: ["train", "--config", str(e.tmp)], "is a directory"),
     case("yaml-top-level-list", lambda e: e.train("- lr: 1\n- seq_len: 2\n"), "c.yaml", "mapping"),
     case("unknown-key", lambda e: e.train({"lrr": 1e-4}), "c.yaml", "'lrr'", "did you mean 'lr'"),
     case("unknown-nested-key", lambda e: e.train({"lora.rank": 8}), "'lora.rank'", "did you mean 'lora.r'"),
@@ -147,6 +177,14 @@ CASES = [
     case("epochs-zero", lambda e: e.train({"epochs": 0}), "epochs must be positive"),
     case("max-steps-zero", lambda e: e.train({"max_steps": 0}), "max_steps must be at least 1"),
     case("save-total-limit-zero", lambda e: e.train({"save_total_limit": 0}), "save_total_limit must be at least 1"),
+    case("lr-nan", lambda e: e.train({}, "lr=.nan"), "lr must be a finite number", "nan"),
+    case("epochs-inf", lambda e: e.train({"epochs": float("inf")}), "epochs must be a finite number"),
+    case("seed-negative", lambda e: e.train({"seed": -1}), "seed must be in [0, 2**32)"),
+    case("seed-too-large", lambda e: e.train({"seed": 2**32}), "seed must be in [0, 2**32)"),
+    case("weight-decay-negative", lambda e: e.train({"weight_decay": -0.1}), "weight_decay must be 0 or positive"),
+    case("max-grad-norm-negative", lambda e: e.train({"max_grad_norm": -1}), "max_grad_norm", "0 for no clipping"),
+    case("lora-alpha-zero", lambda e: e.train({"lora.alpha": 0}), "lora.alpha must be positive"),
+    case("output-dir-empty", lambda e: e.train({"output_dir": ""}), "output_dir is empty"),
     case("dropout-one", lambda e: e.train({"lora.dropout": 1.0}), "lora.dropout must be in [0, 1)"),
     case("warmup-ratio-one", lambda e: e.train({"warmup_ratio": 1}), "warmup_ratio must be in [0, 1)"),
     case("unknown-method", lambda e: e.train({"method": "lorra"}), "method must be one of", "did you mean 'lora'"),
@@ -235,6 +273,33 @@ CASES = [
         "content",
     ),
     case(
+        "chat-content-not-string",
+        lambda e: e.train_on(
+            "chat.jsonl", [CHAT[0], chat_row({"role": "user", "content": {"text": "a"}})], *CHAT_FORMAT
+        ),
+        "chat.jsonl:2",
+        "message 0",
+        "'content'",
+    ),
+    case(
+        "chat-opens-with-assistant",
+        lambda e: e.train_on("chat.jsonl", [CHAT[0], chat_row({"role": "assistant", "content": "b"})], *CHAT_FORMAT),
+        "chat.jsonl:2",
+        "assistant turn",
+        "user message",
+    ),
+    case(
+        "sharegpt-opens-with-gpt",
+        lambda e: e.train_on(
+            "share.jsonl",
+            [{"conversations": [{"from": "gpt", "value": "b"}]}],
+            ("data.format", "sharegpt"),
+            ("data.template", "alpaca"),
+        ),
+        "share.jsonl:1",
+        "assistant turn",
+    ),
+    case(
         "sharegpt-bad-from",
         lambda e: e.train_on(
             "share.jsonl",
@@ -294,6 +359,9 @@ CASES = [
     case("plan-zero-gpus", lambda e: ["plan", "--gpus", "0", "--examples", "10"], "--gpus"),
     case("plan-zero-examples", lambda e: ["plan", "--examples", "0"], "--examples"),
     case("plan-loss-fraction", lambda e: ["plan", "--examples", "9", "--loss-fraction", "2"], "--loss-fraction"),
+    case("plan-mean-tokens-nan", lambda e: ["plan", "--examples", "9", "--mean-tokens", "nan"], "--mean-tokens"),
+    case("plan-mean-tokens-inf", lambda e: ["plan", "--examples", "9", "--mean-tokens", "inf"], "--mean-tokens"),
+    case("plan-price-nan", lambda e: ["plan", "--examples", "9", "--price-per-hour", "nan"], "--price-per-hour"),
     case("plan-bad-config", lambda e: ["plan", "--config", e.config({"seq_len": "long"})], "c.yaml", "seq_len"),
     # --- data ---
     case(
@@ -321,6 +389,29 @@ CASES = [
         ),
         "--dist",
     ),
+    case(
+        "synthetic-out-under-a-file",
+        lambda e: (
+            ["data", "synthetic", "--out", str(e.data() / "s.jsonl"), "--rows", "5"]
+            + ["--prompt-tokens", "3-9", "--response-tokens", "1-4"]
+        ),
+        "--out",
+        "d.jsonl is a file",
+    ),
+    case(
+        "arithmetic-out-is-a-directory",
+        lambda e: ["data", "arithmetic", "--out", str(e.tmp), "--n", "3"],
+        "is a directory",
+    ),
+    case(
+        "arithmetic-test-out-under-a-file",
+        lambda e: (
+            ["data", "arithmetic", "--out", str(e.tmp / "a.jsonl"), "--n", "3"]
+            + ["--test-out", str(e.data() / "t.jsonl")]
+        ),
+        "--test-out",
+        "d.jsonl is a file",
+    ),
     case("arithmetic-bad-op", lambda e: ["data", "arithmetic", "--out", str(e.out), "--ops", "add,pow"], "pow"),
     case(
         "arithmetic-zero-digits", lambda e: ["data", "arithmetic", "--out", str(e.out), "--digits", "0-3"], "--digits"
@@ -339,6 +430,39 @@ CASES = [
         lambda e: ["eval", "--data", str(e.data("a.jsonl", raw=lines(good(), '{"instruction": "1", "output": "2"}')))],
         "a.jsonl:2",
         "'answer'",
+    ),
+    case(
+        "eval-chat-opens-with-assistant",
+        lambda e: (
+            ["eval", "--format", "chat", "--data"]
+            + [str(e.data("c.jsonl", rows=[{**chat_row({"role": "assistant", "content": "2"}), "answer": "2"}]))]
+        ),
+        "c.jsonl:1",
+        "assistant turn",
+    ),
+    case(
+        "eval-predictions-is-a-directory",
+        lambda e: ["eval", "--data", str(e.data()), "--out", str(e.tmp / "o.json"), "--predictions", str(e.tmp)],
+        "--predictions",
+        "is a directory",
+    ),
+    case(
+        "eval-adapter-config-not-json",
+        lambda e: ["eval", "--data", str(e.data()), "--adapter", str(damaged_adapter(e, "{oops"))],
+        "adapter_config.json",
+        "not an adapter config",
+    ),
+    case(
+        "eval-adapter-weights-cut-short",
+        lambda e: [
+            "eval",
+            "--data",
+            str(e.data()),
+            "--adapter",
+            str(damaged_adapter(e, '{"peft_type": "LORA"}', b"\x40\x00\x00\x00\x00\x00\x00\x00{")),
+        ],
+        "adapter_model.safetensors",
+        "cannot be read",
     ),
     case("eval-limit-zero", lambda e: ["eval", "--data", str(e.data()), "--limit", "0"], "--limit"),
     # --- export ---
@@ -359,12 +483,93 @@ CASES = [
         "gone",
         "adapter_config.json",
     ),
+    case(
+        "export-out-under-a-file",
+        lambda e: ["export", "--merge", "--adapter", str(e.adapter()), "--out", str(e.data() / "merged")],
+        "--out",
+        "d.jsonl is a file",
+    ),
+    case(
+        "export-adapter-without-peft-type",
+        lambda e: ["export", "--merge", "--adapter", str(e.adapter()), "--out", str(e.out)],
+        "adapter_config.json",
+        "no peft_type",
+    ),
+    case(
+        "export-adapter-without-weights",
+        lambda e: [
+            "export",
+            "--merge",
+            "--adapter",
+            str(damaged_adapter(e, '{"peft_type": "LORA"}')),
+            "--out",
+            str(e.out),
+        ],
+        "no adapter_model.safetensors",
+    ),
     case("export-without-merge", lambda e: ["export", "--adapter", str(e.adapter()), "--out", str(e.out)], "--merge"),
     # --- bench ---
     case("bench-zero-steps", lambda e: ["bench", "--config", e.config({}), "--steps", "0"], "--steps"),
     case("bench-out-alone", lambda e: ["bench", "--config", e.config({}), "--out", str(e.out)], "--out"),
     case("bench-sweep-without-values", lambda e: ["bench", "--sweep", "micro_batch"], "--sweep", "micro_batch"),
     case("bench-export-no-db", lambda e: ["bench", "--export", "csv", "--db", str(e.tmp / "x.sqlite")], "x.sqlite"),
+    case(
+        "bench-export-out-is-a-directory",
+        lambda e: ["bench", "--export", "csv", "--db", str(e.tmp / "x.sqlite"), "--out", str(e.tmp)],
+        "--out",
+        "is a directory",
+    ),
+    case(
+        "bench-suite-out-is-a-file", lambda e: ["bench", "--suite", "cpu", "--out", str(e.data())], "--out", "is a file"
+    ),
+    case(
+        "bench-export-db-not-sqlite",
+        lambda e: ["bench", "--export", "json", "--db", str(e.data("x.sqlite", raw=b"not a database" * 10))],
+        "x.sqlite",
+        "not a results database",
+    ),
+    case(
+        "bench-db-not-sqlite",
+        lambda e: ["bench", "--config", e.config({}), "--db", str(e.data("x.sqlite", raw=b"not a database" * 10))],
+        "x.sqlite",
+        "not a results database",
+    ),
+    case(
+        "bench-db-is-a-directory",
+        lambda e: ["bench", "--config", e.config({}), "--db", str(e.tmp)],
+        "--db",
+        "is a directory",
+    ),
+    case("suite-not-utf8", lambda e: suite(e, raw=b"suites:\n  mini: \xff\n"), "s.yaml:2", "UTF-8"),
+    case("suite-data-not-mapping", lambda e: suite(e, data=5), "suite mini", "data must be a mapping"),
+    case("suite-data-bad-dist", lambda e: suite(e, data={**DATA, "dist": "gauss"}), "data.dist", "'gauss'"),
+    case("suite-rows-not-list", lambda e: suite(e, rows=5), "rows must be a list"),
+    case(
+        "suite-row-without-steps",
+        lambda e: suite(e, rows=[{k: v for k, v in SUITE_ROW.items() if k != "steps"}]),
+        "row a needs steps",
+    ),
+    case("suite-row-steps-text", lambda e: suite(e, rows=[{**SUITE_ROW, "steps": "ten"}]), "row a", "steps", "'ten'"),
+    case(
+        "suite-row-compile-text", lambda e: suite(e, rows=[{**SUITE_ROW, "compile": "no"}]), "compile", "true or false"
+    ),
+    case("suite-row-shape-list", lambda e: suite(e, rows=[{**SUITE_ROW, "shape": [64]}]), "shape must be a mapping"),
+    case(
+        "suite-row-shape-on-a-hub-model",
+        lambda e: suite(e, rows=[{**SUITE_ROW, "model": "acme/m", "shape": {"hidden_size": 64}}]),
+        "row a",
+        "shape",
+        "random:",
+    ),
+    case(
+        "suite-row-config-unknown-key",
+        lambda e: suite(e, rows=[{**SUITE_ROW, "config": {"lrr": 1}}]),
+        "row a",
+        "'lrr'",
+        "did you mean 'lr'",
+    ),
+    case("suite-bad-override", lambda e: suite(e, "lora.rr=8"), "'lora.rr'", "did you mean 'lora.r'"),
+    case("suite-peers-list", lambda e: suite(e, peers=["trl-sft"]), "peers must be a mapping"),
     case("bench-bad-config", lambda e: ["bench", "--config", e.config({"seqlen": 64})], "'seqlen'", "'seq_len'"),
 ]
 

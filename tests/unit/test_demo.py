@@ -42,7 +42,7 @@ def test_a_budget_too_small_to_learn_is_one_line_naming_minutes(tiny_model_dir, 
     assert not (out / "adapter").exists()
 
 
-@pytest.mark.parametrize("minutes", ["0", "-3"])
+@pytest.mark.parametrize("minutes", ["0", "-3", "nan", "inf"])
 def test_minutes_must_be_positive(minutes, capsys):
     with pytest.raises(SystemExit) as e:
         demo.main(["/dev/null", "--minutes", minutes])

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from ..errors import TunelabError
+from ..io import check_output_file
 
 # column -> SQLite type. Order is the export order.
 COLUMNS: dict[str, str] = {
@@ -78,10 +79,22 @@ JSON_COLUMNS = {k for k, v in COLUMNS.items() if v == "JSON"}
 BOOL_COLUMNS = {k for k, v in COLUMNS.items() if v == "BOOLEAN"}
 
 
+def check(db_path: Path, flag: str = "--db") -> None:
+    """Fail before anything is measured when `db_path` cannot take records: a folder is there, a file is where a
+    folder above it goes, or the file is not a SQLite database."""
+    check_output_file(db_path, flag)
+    if db_path.exists():
+        _connect(db_path).close()
+
+
 def _connect(db_path: str | Path) -> sqlite3.Connection:
     conn = sqlite3.connect(db_path, timeout=30)
     cols = ", ".join(f"{k} {v}" for k, v in COLUMNS.items())
-    conn.execute(f"CREATE TABLE IF NOT EXISTS runs ({cols})")
+    try:
+        conn.execute(f"CREATE TABLE IF NOT EXISTS runs ({cols})")
+    except sqlite3.DatabaseError as e:
+        conn.close()
+        raise TunelabError(f"{db_path}: not a results database ({e}); pass a bench.sqlite that bench wrote") from None
     have = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
     for k, v in COLUMNS.items():  # a database from an older tunelab gains the new columns (NULL in old rows)
         if k not in have:

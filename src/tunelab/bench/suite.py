@@ -26,7 +26,7 @@ import yaml
 
 from .. import config as cfgmod
 from ..errors import TunelabError
-from ..io import write_atomic
+from ..io import read_text, write_atomic
 from ..plan import arch as archmod
 from ..plan.arch import RANDOM
 from ..recipes.predict import local_prediction
@@ -100,7 +100,7 @@ def load_suite(ref: str) -> Suite:
         if not path.is_file():
             raise TunelabError(f"--suite {ref}: file not found")
         try:
-            suites = (yaml.safe_load(path.read_text()) or {}).get("suites")
+            suites = (yaml.safe_load(read_text(path)) or {}).get("suites")
         except (yaml.YAMLError, AttributeError) as e:
             raise TunelabError(
                 f"--suite {ref}: not a suites file ({str(e).splitlines()[0] if str(e) else 'no mapping'})"
@@ -116,36 +116,54 @@ def load_suite(ref: str) -> Suite:
 
 
 def parse_suite(name: str, raw: Any, source: str) -> Suite:
+    from ..data import synthetic as sy
+
     where = f"suite {name} ({source})"
     if not isinstance(raw, dict):
         raise TunelabError(f"{where}: expected a mapping")
     _known(where, raw, SUITE_KEYS)
-    data = raw.get("data") or {}
+    data = _mapping(where, "data", raw.get("data"))
     _known(f"{where}: data", data, DATA_KEYS)
     missing = DATA_KEYS - {"seed", "dist"} - set(data)
     if missing:
         raise TunelabError(f"{where}: data needs {', '.join(sorted(missing))}")
-    cap = int(raw.get("micro_batch_cap", DEFAULT_CAP))
-    rows = [parse_row(where, r, cap) for r in raw.get("rows") or []]
+    # The workload is generated only once the run starts: its parameters are checked before anything runs.
+    _int(where, "data.rows", data["rows"], 1)
+    _int(where, "data.seed", data.get("seed", 0), 0)
+    for key in ("prompt_tokens", "response_tokens"):
+        sy.parse_range(str(data[key]), f"{where}: data.{key}")
+    if data.get("dist", "triangular") not in sy.DISTS:
+        raise TunelabError(f"{where}: data.dist must be one of {', '.join(sy.DISTS)}, got {data['dist']!r}")
+    cap = _int(where, "micro_batch_cap", raw.get("micro_batch_cap", DEFAULT_CAP), 1)
+    listed = raw.get("rows") or []
+    if not isinstance(listed, list):
+        raise TunelabError(f"{where}: rows must be a list of rows, got {listed!r}")
+    rows = [parse_row(where, r, cap) for r in listed]
     if not rows:
         raise TunelabError(f"{where}: no rows")
     names = [r.name for r in rows]
     if len(set(names)) != len(names):
         raise TunelabError(f"{where}: row names must be unique")
-    peers = raw.get("peers") or {}
+    peers = _mapping(where, "peers", raw.get("peers"))
     after = peers.get("after")
     if peers and after not in names:
         raise TunelabError(f"{where}: peers.after must name a row, got {after!r}")
+    peer_names = peers.get("names") or []
+    if not isinstance(peer_names, list) or not all(isinstance(n, str) for n in peer_names):
+        raise TunelabError(f"{where}: peers.names must be a list of peer names, got {peer_names!r}")
+    budget = raw.get("budget_s")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0):
+        raise TunelabError(f"{where}: budget_s must be a positive number of seconds, got {budget!r}")
     return Suite(
         name,
         source,
         raw,
         data,
-        raw.get("config") or {},
+        _mapping(where, "config", raw.get("config")),
         rows,
         after,
-        list(peers.get("names") or []),
-        raw.get("budget_s"),
+        list(peer_names),
+        budget,
     )
 
 
@@ -156,23 +174,47 @@ def parse_row(where: str, raw: Any, cap: int) -> Row:
     missing = {"model", "method", "steps"} - set(raw)
     if missing:
         raise TunelabError(f"{where}: row {raw['name']} needs {', '.join(sorted(missing))}")
+    here = f"{where}: row {raw['name']}"
     mb = raw.get("micro_batch", AUTO)
-    if mb != AUTO and not (isinstance(mb, int) and mb >= 1):
-        raise TunelabError(f"{where}: row {raw['name']}: micro_batch must be a positive integer or auto, got {mb!r}")
+    if mb != AUTO and not (isinstance(mb, int) and not isinstance(mb, bool) and mb >= 1):
+        raise TunelabError(f"{here}: micro_batch must be a positive integer or auto, got {mb!r}")
+    shape = _mapping(here, "shape", raw.get("shape"))
+    if shape and not str(raw["model"]).startswith(RANDOM):
+        raise TunelabError(f"{here}: shape overrides a random: model's catalog shape; drop it for {raw['model']}")
     return Row(
         str(raw["name"]),
         str(raw["model"]),
         str(raw["method"]),
-        bool(raw.get("compile", False)),
-        bool(raw.get("grad_ckpt", False)),
+        _bool(here, "compile", raw.get("compile", False)),
+        _bool(here, "grad_ckpt", raw.get("grad_ckpt", False)),
         mb,
-        int(raw.get("micro_batch_cap", cap)),
-        int(raw["steps"]),
-        int(raw.get("warmup", 2)),
-        dict(raw.get("shape") or {}),
-        dict(raw.get("config") or {}),
+        _int(here, "micro_batch_cap", raw.get("micro_batch_cap", cap), 1),
+        _int(here, "steps", raw["steps"], 1),
+        _int(here, "warmup", raw.get("warmup", 2), 0),
+        shape,
+        _mapping(here, "config", raw.get("config")),
         raw.get("skip_reason"),
     )
+
+
+def _mapping(where: str, key: str, value: Any) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TunelabError(f"{where}: {key} must be a mapping, got {value!r}")
+    return dict(value)
+
+
+def _int(where: str, key: str, value: Any, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise TunelabError(f"{where}: {key} must be an integer of at least {least}, got {value!r}")
+    return value
+
+
+def _bool(where: str, key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TunelabError(f"{where}: {key} must be true or false, got {value!r}")
+    return value
 
 
 def _known(where: str, raw: dict, keys: set[str]) -> None:
@@ -202,6 +244,22 @@ def row_config(
     return cfgmod.load_config(
         None, [*overrides(suite, row, model, data_path, micro_batch), *extra, *points.FORCED, f"output_dir={out}"]
     )
+
+
+def check_configs(suite: Suite, extra: list[str], work: Path) -> None:
+    """Every row that will run as a training config, before the workload is generated or any row runs: a bad key
+    or value in the suite (or on the command line) fails at once, not as every row's recorded failure."""
+    for row in suite.rows:
+        if row.skip_reason:
+            continue
+        # A row saved as a checkpoint first runs from a local directory, which validation treats as any model.
+        model = cfgmod.EMBEDDED if needs_checkpoint(row) else row.model
+        mb = row.micro_batch_cap if row.micro_batch == AUTO else row.micro_batch
+        try:
+            row_config(suite, row, model, work / "data.jsonl", work / points.slug(row.name), extra, mb)
+        except TunelabError as e:
+            message = str(e).removeprefix("defaults: ")
+            raise TunelabError(f"suite {suite.name} ({suite.source}): row {row.name}: {message}") from None
 
 
 # ---- the workload ----------------------------------------------------------------------------------------
@@ -316,6 +374,7 @@ def run(args: argparse.Namespace, base_dir: Path, db: Path) -> int:
     suite = select_rows(full, getattr(args, "suite_rows", None))
     started = time.time()
     work = base_dir / f"suite-{suite.name}"
+    check_configs(suite, args.overrides, work)
     data_path = work / "data.jsonl"
     print(
         f"suite {suite.name}: {len(suite.rows)} rows, peers {', '.join(suite.peer_names) or 'none'}; "

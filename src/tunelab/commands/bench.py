@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .. import config as cfgmod
 from ..errors import TunelabError
-from ..io import gib, write_atomic
+from ..io import check_output_dir, check_output_file, gib, write_atomic
 from ..bench import calibrate, measure, store
 from ..bench.compare import compare
 from ..bench.profile import PROFILED_STEPS, profile_point
@@ -119,6 +119,9 @@ def run(args: argparse.Namespace) -> int:
     db = Path(args.db) if args.db else base_dir / "bench.sqlite"
     if args.profile and (args.calibrate or args.peer):
         raise TunelabError("--profile goes with a plain bench or --sweep, not with --calibrate or --peer")
+    if args.profile:
+        check_output_dir(Path(args.profile), "--profile")
+    store.check(db)
     if args.calibrate:
         if args.sweep:
             raise TunelabError("--calibrate measures the config's own settings; drop --sweep")
@@ -172,8 +175,12 @@ def run_suite(args: argparse.Namespace) -> int:
     ]
     if clashing:
         raise TunelabError(f"--suite defines its own rows, steps and peers; drop {', '.join(clashing)}")
+    if args.out:
+        check_output_dir(Path(args.out), "--out")
     base_dir = Path(output_dir(args.overrides))
-    return suite.run(args, base_dir, Path(args.db) if args.db else base_dir / "bench.sqlite")
+    db = Path(args.db) if args.db else base_dir / "bench.sqlite"
+    store.check(db)
+    return suite.run(args, base_dir, db)
 
 
 def run_peers(args: argparse.Namespace, steps: int, base_dir: Path, db: Path) -> int:
@@ -303,6 +310,8 @@ def run_calibration(args: argparse.Namespace, steps: int, base_dir: Path) -> int
 
 def export(args: argparse.Namespace) -> int:
     db = Path(args.db) if args.db else Path(output_dir(args.overrides)) / "bench.sqlite"
+    if args.out is not None:
+        check_output_file(Path(args.out), "--out")
     if not db.is_file():
         raise TunelabError(f"{db}: no results database there; run `tunelab bench` first or pass --db")
     text = store.export(store.query(db), args.export)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ..errors import TunelabError
-from ..io import write_atomic
+from ..io import check_output_file, write_atomic
 from ..data import arithmetic as ar
 from ..data import synthetic as sy
 
@@ -53,6 +53,9 @@ def _add_arithmetic(p: argparse.ArgumentParser) -> None:
 
 
 def _arithmetic(args: argparse.Namespace) -> int:
+    check_output_file(Path(args.out), "--out")
+    if args.test_out:
+        check_output_file(Path(args.test_out), "--test-out")
     templates = ar.parse_choices(args.templates, tuple(ar.TEMPLATES), "--templates")
     if args.preset == "goat":
         given = [f for f in ("ops", "digits", "digits_a", "digits_b", "n") if getattr(args, f) is not None]
@@ -113,6 +116,7 @@ def _add_synthetic(p: argparse.ArgumentParser) -> None:
 def _synthetic(args: argparse.Namespace) -> int:
     from ..model import load
 
+    check_output_file(Path(args.out), "--out")
     prompt = sy.parse_range(args.prompt_tokens, "--prompt-tokens")
     response = sy.parse_range(args.response_tokens, "--response-tokens")
     sy.check(args.rows, args.dist)  # before the tokenizer's seconds of loading

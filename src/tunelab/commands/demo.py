@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     args, overrides = p.parse_known_args(argv)
     if args.curve_every < 0:
         p.error(f"--curve-every must be a number of steps (0 = off), got {args.curve_every}")
-    if args.minutes <= 0:
+    if not 0 < args.minutes < math.inf:  # written so that nan, which compares false, fails too
         p.error(f"--minutes must be positive, got {args.minutes:g}")
     if argv is None:
         from ..allocator import reexec_with_jemalloc

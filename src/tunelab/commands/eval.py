@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..config import EMBEDDED, FORMATS, TEMPLATES, load_config
-from ..io import write_atomic
+from ..io import check_output_file, write_atomic
 from ..data.pipeline import iter_jsonl
 from ..errors import TunelabError
 from ..eval.exact_match import EvalResult, parse_answer
@@ -98,12 +98,19 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise TunelabError(f"--{name.replace('_', '-')} {value}: must be at least 1")
+    for flag, path in (("--out", args.out), ("--predictions", args.predictions)):
+        if path:
+            check_output_file(Path(path), flag)
     setup = resolve_setup(args.adapter, args.model, args.format, args.template)
     rows = read_rows(Path(args.data), setup.format, args.limit)
 
     from ..device import pick_device, pick_precision
+    from ..model.adapters import check_adapter
     from ..model.load import load_model, load_tokenizer, resolve
     from ..eval.generate import evaluate
+
+    if args.adapter:
+        check_adapter(Path(args.adapter))
 
     device = pick_device(args.device)
     precision = pick_precision(args.precision, device)

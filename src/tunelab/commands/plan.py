@@ -6,6 +6,7 @@ Reads the config and flags; the prediction itself is recipes/predict.py's and pl
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import replace
 
 from .. import config as cfgmod
@@ -104,7 +105,7 @@ def lengths_from(cfg: cfgmod.TrainConfig, args: argparse.Namespace) -> workload.
     if args.examples < 1:
         raise TunelabError(f"--examples must be at least 1, got {args.examples}")
     mean = DEFAULT_MEAN_TOKENS if args.mean_tokens is None else args.mean_tokens
-    if mean < 1:
+    if not 1 <= mean < math.inf:  # written so that nan, which compares false, fails too
         raise TunelabError(f"--mean-tokens must be at least 1, got {mean}")
     if not 0 < args.loss_fraction <= 1:
         raise TunelabError(f"--loss-fraction must be in (0, 1], got {args.loss_fraction}")
@@ -161,8 +162,8 @@ def run(args: argparse.Namespace) -> int:
 
 def price_rows(gpu_id: str, override: float | None) -> list[catalog.Price]:
     if override is not None:
-        if override <= 0:
-            raise TunelabError(f"--price-per-hour must be positive, got {override}")
+        if not 0 < override < math.inf:
+            raise TunelabError(f"--price-per-hour must be a positive number, got {override}")
         return [catalog.Price("user", gpu_id, override, 1, "given", "--price-per-hour")]
     return catalog.prices(gpu_id)
 

@@ -91,11 +91,21 @@ def check_fields(fmt: str, row: dict[str, Any], where: str) -> None:
         check_messages(row["messages"], where)
     elif fmt == "sharegpt":
         check_conversations(row["conversations"], where)
+    # The prompt a reply is trained (and generated) after is the conversation before it; a chat template
+    # cannot render an empty one.
+    if fmt in CONVERSATION_FORMATS and conversation(fmt, row)[0]["role"] == "assistant":
+        raise TunelabError(
+            f"{where}: the conversation opens with an assistant turn, with no prompt before it; "
+            "start it with a system or user message"
+        )
 
 
 def check_messages(messages: Any, where: str) -> None:
     """A chat row's `messages`: a non-empty list of {role, content} with roles from CHAT_ROLES."""
     _check_turns(messages, where, "messages", "message", ("role", "content"), CHAT_ROLES)
+    for i, message in enumerate(messages):
+        if not isinstance(message["content"], str):
+            raise TunelabError(f"{where}: message {i} has a 'content' that is not a string")
 
 
 def check_conversations(turns: Any, where: str) -> None:

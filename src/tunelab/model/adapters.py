@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,6 +94,33 @@ def apply_adapter(model: torch.nn.Module, spec: AdapterSpec) -> torch.nn.Module:
     # Base and adapter products in one fp32 accumulator, so bf16 does not round small updates away.
     use_fused_lora(peft_model)
     return peft_model
+
+
+def check_adapter(folder: Path) -> None:
+    """A saved adapter's config and the header of its weights, read before any base model is loaded: peft
+    fails on a damaged one (a copy cut short, a hand-edited config) with a traceback, after that load."""
+    from safetensors import SafetensorError, safe_open
+
+    config = folder / "adapter_config.json"
+    try:
+        peft_type = json.loads(config.read_bytes()).get("peft_type")
+    except (ValueError, AttributeError) as e:  # not UTF-8, not JSON, or not an object
+        reason = str(e).splitlines()[0] if isinstance(e, ValueError) else "not a JSON object"
+        raise TunelabError(f"{config}: not an adapter config ({reason}); use the file `tunelab train` wrote") from None
+    if not peft_type:
+        raise TunelabError(f"{config}: no peft_type, so not a PEFT adapter config; use the file `tunelab train` wrote")
+    weights = folder / "adapter_model.safetensors"
+    if not weights.is_file():
+        if (folder / "adapter_model.bin").is_file():
+            return
+        raise TunelabError(f"{folder}: no adapter_model.safetensors beside adapter_config.json; copy the whole folder")
+    try:
+        with safe_open(weights, framework="pt"):
+            pass
+    except SafetensorError as e:
+        raise TunelabError(
+            f"{weights}: cannot be read ({e}); the copy is damaged or cut short, copy it again"
+        ) from None
 
 
 def load_adapter(model: torch.nn.Module, path: str | Path) -> torch.nn.Module:

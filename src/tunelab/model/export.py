@@ -12,8 +12,9 @@ import torch
 
 from ..config import load_config
 from ..errors import TunelabError
-from ..io import atomic_dir
+from ..io import atomic_dir, check_output_dir
 from . import load as mload
+from .adapters import check_adapter
 
 
 def base_model_ref(adapter: Path, override: str | None) -> str:
@@ -31,10 +32,10 @@ def merge(adapter: Path, out: Path, model_ref: str | None, dtype: torch.dtype) -
 
     if not (adapter / "adapter_config.json").is_file():
         raise TunelabError(f"{adapter}: not a PEFT adapter dir (no adapter_config.json)")
-    if out.exists() and not out.is_dir():
-        raise TunelabError(f"--out {out}: is a file, not a directory; choose a new --out")
+    check_output_dir(out, "--out")
     if out.exists() and any(out.iterdir()):
         raise TunelabError(f"{out}: exists and is not empty; choose a new --out")
+    check_adapter(adapter)
     source = mload.resolve(base_model_ref(adapter, model_ref))
     if source.random_key:
         raise TunelabError(

@@ -61,7 +61,10 @@ def test_bench_profile_writes_where_a_steps_time_goes(tiny_model_dir, addition_r
     assert len(store.query(tmp_path / "bench" / "bench.sqlite")) == 1
 
 
-def test_profile_goes_with_a_plain_bench_or_a_sweep(capsys):
+def test_profile_goes_with_a_plain_bench_or_a_sweep_into_a_folder(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    assert main(["bench", "--profile", str(tmp_path / "file")]) == 2
+    assert "--profile" in capsys.readouterr().err
     assert main(["bench", "--calibrate", "--profile", "p"]) == 2
     assert "--profile goes with a plain bench or --sweep" in capsys.readouterr().err
     assert main(["bench", "--suite", "cpu", "--profile", "p"]) == 2
