@@ -47,7 +47,7 @@ def fit(
         scale = previous.peak_flops / peak.flops
         efficiency = {k: v * scale for k, v in previous.efficiency.items()}
     for p in points:
-        efficiency[p.method_key] = achieved_efficiency(p.tokens_padded_per_s, p.flops, peak.flops)
+        efficiency[p.method_key] = achieved_efficiency(p.tokens_padded_per_s, p.flops.hardware, peak.flops)
     first = points[0]
     return CalibrationRecord(
         device_key=key,
@@ -58,3 +58,40 @@ def fit(
         runtime_overhead_bytes=first.peak_memory_bytes - first.memory_without_overhead,
         source=f"{source}: {', '.join(p.method_key for p in points)}; peak {peak.source}",
     )
+
+
+def suite_efficiencies(doc: dict, source: str) -> tuple[dict[str, list[dict]], list[str]]:
+    """Catalog rows (plan/catalog/measured.yaml) from a `bench --suite` results document: per device class, one
+    row per tunelab record that ran against a catalog peak, its efficiency fitted as `fit` fits a calibration
+    (the measured padded rate times the record's hardware FLOPs per token over the peak). Returns the rows by
+    class and one line for each record left out and why (a failed row, a peer, a probe peak)."""
+    from ..plan import arch as archmod
+    from ..plan import catalog
+    from ..plan.timing import method_key
+
+    by_class: dict[str, list[dict]] = {}
+    left_out = []
+    for rec in doc["records"]:
+        label = rec.get("label", "?")
+        if rec.get("kind") != "tunelab" or "error" in rec or "skipped" in rec:
+            left_out.append(f"{label}: {'not a tunelab row' if rec.get('kind') != 'tunelab' else 'did not run'}")
+            continue
+        if not str(rec.get("peak_source", "")).startswith("catalog "):
+            left_out.append(f"{label}: its peak is not a catalog row ({rec.get('peak_source')})")
+            continue
+        gpu = catalog.gpu(rec["peak_source"].removeprefix("catalog ").split(":")[0])
+        efficiency = achieved_efficiency(
+            rec["tokens_padded_per_s"], rec["hardware_flops_per_token"], rec["device_peak_flops"]
+        )
+        by_class.setdefault(gpu.device_class, []).append(
+            {
+                "method": method_key(rec["method"], rec["config"].get("base_quant", "none")),
+                "compile": bool(rec["config"].get("compile", False)),
+                "grad_ckpt": bool(rec["grad_ckpt"]),
+                "params": archmod.resolve_arch(rec["model"]).total_params,
+                "micro_batch": rec["micro_batch"],
+                "efficiency": round(efficiency, 4),
+                "source": f"{source} row {label} ({rec['device']}, {doc['date']})",
+            }
+        )
+    return by_class, left_out

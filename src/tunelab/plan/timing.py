@@ -25,12 +25,31 @@ def method_key(method: str, base_quant: str) -> str:
     return "lora-int8" if method in ("lora", "dora") and base_quant == "int8" else method
 
 
-def efficiency(device_class: str, method: str, base_quant: str, calibration: CalibrationRecord | None) -> Efficiency:
+def efficiency(
+    device_class: str,
+    method: str,
+    base_quant: str,
+    calibration: CalibrationRecord | None,
+    compile: bool = False,
+    grad_ckpt: bool = False,
+    params: int = 0,
+) -> Efficiency:
+    """The device's own calibration record first, then the class's suite measurements (catalog/measured.yaml),
+    then the class's assumed default times the method's factor; the label says which."""
     key = method_key(method, base_quant)
     if calibration is not None and key in calibration.efficiency:
         value = calibration.efficiency[key]
         return Efficiency(
             value, f"efficiency {value:.2f} (calibrated for {key} on {calibration.device_name}, {calibration.created})"
+        )
+    measured = catalog.measured_efficiency(device_class, key, compile, grad_ckpt, params) if params else None
+    if measured is not None:
+        sizes = " and ".join(f"{float(r['params']) / 1e9:.1f}B" for r in measured.rows)
+        sources = "; ".join(dict.fromkeys(r["source"] for r in measured.rows))
+        return Efficiency(
+            measured.value,
+            f"efficiency {measured.value:.2f} (measured for {key} on class {device_class} at {sizes} parameters: "
+            f"{sources})",
         )
     base, factor = catalog.class_efficiency(device_class), catalog.method_factor(key)
     value = base * factor

@@ -83,7 +83,7 @@ def test_mfu_hfu_and_efficiency_follow_metrics_md():
     f = FlopsPerToken(dense=600.0, attention=100.0, adapters=0.0, recompute=300.0)
     assert measure.mfu(10.0, f, 1e4) == pytest.approx(10 * 700 / 1e4)
     assert measure.hfu(10.0, f, 1e4) == pytest.approx(10 * 1000 / 1e4)
-    assert measure.achieved_efficiency(12.0, f, 1e4) == pytest.approx(12 * 1000 / 1e4)
+    assert measure.achieved_efficiency(12.0, f.hardware, 1e4) == pytest.approx(12 * 1000 / 1e4)
 
 
 def test_fit_keeps_achieved_rates_of_methods_not_remeasured():

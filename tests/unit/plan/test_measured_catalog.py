@@ -1,0 +1,119 @@
+"""plan's suite-measured efficiencies (plan/catalog/measured.yaml): which rows a run takes, and the loop from a
+suite results file through benchmarks/fit_catalog.py back to plan predicting the measured rate."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import REPO
+from tunelab.cli import main
+from tunelab.plan import catalog, timing
+from tunelab.plan.calibration import CalibrationRecord
+
+
+def _row(method, params, efficiency, compile=False, grad_ckpt=False, source="suite.json"):
+    return {
+        "method": method,
+        "compile": compile,
+        "grad_ckpt": grad_ckpt,
+        "params": params,
+        "micro_batch": 8,
+        "efficiency": efficiency,
+        "source": source,
+    }
+
+
+@pytest.fixture
+def measured(monkeypatch):
+    """Replace measured.yaml's classes with the dict the test fills."""
+    classes: dict = {}
+    real = catalog.read
+    monkeypatch.setattr(catalog, "read", lambda name: {"classes": classes} if name == "measured.yaml" else real(name))
+    return classes
+
+
+def test_a_run_takes_the_rows_of_its_settings_interpolated_on_log_parameters(measured):
+    measured["datacenter-hopper"] = [
+        _row("lora", 1e9, 0.20),
+        _row("lora", 8e9, 0.30),
+        _row("lora", 8e9, 0.45, compile=True),
+        _row("qlora", 1e9, 0.15),
+        _row("qlora", 1e9, 0.17),
+    ]
+
+    def value(method="lora", params=1e9, compile=False, grad_ckpt=False):
+        found = catalog.measured_efficiency("datacenter-hopper", method, compile, grad_ckpt, params)
+        return None if found is None else found.value
+
+    assert value() == pytest.approx(0.20) and value(params=8e9) == pytest.approx(0.30)
+    assert value(params=(1e9 * 8e9) ** 0.5) == pytest.approx(0.25)  # halfway in log(parameters)
+    assert value(params=70e9) == pytest.approx(0.30) and value(params=0.1e9) == pytest.approx(0.20)  # nearest size
+    assert value(compile=True) == pytest.approx(0.45)  # the compiled row, though measured at another size
+    assert value(grad_ckpt=True) == pytest.approx(0.20)  # no grad_ckpt row: the rows of its compile setting
+    assert value("qlora") == pytest.approx(0.16)  # two runs of one size: their mean
+    assert value("full") is None and catalog.measured_efficiency("consumer-ada", "lora", False, False, 1e9) is None
+
+
+def test_calibration_then_suite_measurements_then_the_class_default(measured):
+    measured["datacenter-hopper"] = [_row("lora", 1e9, 0.2, source="benchmarks/gpu_h100_2026-12-01.json row 1b")]
+    eff = timing.efficiency("datacenter-hopper", "lora", "none", None, params=10**9)
+    assert eff.value == pytest.approx(0.2)
+    assert "measured for lora on class datacenter-hopper at 1.0B parameters" in eff.label
+    assert "benchmarks/gpu_h100_2026-12-01.json row 1b" in eff.label
+    record = CalibrationRecord("k", "NVIDIA H100", peak_flops=1e15, efficiency={"lora": 0.33})
+    assert timing.efficiency("datacenter-hopper", "lora", "none", record, params=10**9).value == pytest.approx(0.33)
+    default = timing.efficiency("datacenter-hopper", "full", "none", None, params=10**9)
+    assert default.value == catalog.class_efficiency("datacenter-hopper") and "uncalibrated" in default.label
+
+
+PLAN = ["plan", "--model", "llama-3.2-1b", "--method", "lora", "--seq-len", "2048", "--micro-batch", "8"]
+PLAN += ["--examples", "1000", "--mean-tokens", "500", "--gpu", "h100-sxm", "--json"]
+
+
+def _plan(capsys) -> dict:
+    assert main(PLAN) == 0
+    return json.loads(capsys.readouterr().out.splitlines()[0])
+
+
+def test_plan_predicts_a_suite_rows_rate_once_fitted_from_its_results_file(measured, tmp_path, capsys):
+    before = _plan(capsys)
+    assert before["efficiency"] == catalog.class_efficiency("datacenter-hopper")
+    # A suite results file as bench --suite writes it, whose 1B LoRA row ran at 0.6 of the default's prediction;
+    # a failed row and a peer are left out.
+    rate = 0.6 * before["tokens_per_s"]
+    record = {
+        "kind": "tunelab",
+        "label": "1b-lora",
+        "device": "NVIDIA H100 80GB HBM3",
+        "model": "random:llama-3.2-1b",
+        "method": "lora",
+        "grad_ckpt": False,
+        "micro_batch": 8,
+        "config": {"base_quant": "none", "compile": False},
+        "tokens_padded_per_s": rate,
+        "hardware_flops_per_token": before["hardware_flops_per_token"],
+        "device_peak_flops": before["peak_flops"],
+        "peak_source": "catalog h100-sxm: NVIDIA H100 datasheet",
+    }
+    others = [{"kind": "tunelab", "label": "8b-qlora", "error": "OutOfMemoryError"}, {"kind": "trl-sft", "label": "p"}]
+    suite = tmp_path / "gpu_nvidia-h100-80gb-hbm3_2026-12-01.json"
+    suite.write_text(json.dumps({"date": "2026-12-01", "complete": True, "records": [record, *others]}))
+    target = tmp_path / "measured.yaml"
+    target.write_text("# header kept\nclasses: {}\n")
+    script = [sys.executable, str(REPO / "benchmarks" / "fit_catalog.py"), str(suite), "--write"]
+    done = subprocess.run([*script, "--catalog", str(target)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "left out 8b-qlora: did not run" in done.stderr and "left out p: not a tunelab row" in done.stderr
+    assert "datacenter-hopper: lora at 1.24B: efficiency" in done.stdout
+    written = target.read_text()
+    assert written.startswith("# header kept\n")
+    (row,) = yaml.safe_load(written)["classes"]["datacenter-hopper"]
+    assert row["source"].startswith(f"{suite} row 1b-lora (NVIDIA H100 80GB HBM3, 2026-12-01)")
+
+    measured.update(yaml.safe_load(written)["classes"])
+    after = _plan(capsys)
+    assert after["tokens_per_s"] == pytest.approx(rate, rel=1e-3)  # the row's efficiency is rounded to 4 places
+    assert after["efficiency"] == pytest.approx(0.6 * before["efficiency"], rel=1e-3)
