@@ -5,9 +5,9 @@ its steps are never the ones a rate is read from. It runs the point's warm-up (c
 unrecorded, then records `steps` optimizer steps, their log sync included, and writes to DIR:
 - `ops.txt`: operators and kernels by self time (device time on a GPU, host time on a CPU), as torch prints them;
 - `trace.json.gz`: the timeline, for chrome://tracing or Perfetto;
-- `profile.json`: per step, the wall time, the host's own operator time, the device's busy time and the number
-  of kernel launches. A step whose host time exceeds its device time is host-bound: the device waits for the
-  next launch (docs/metrics.md#host-bound-steps).
+- `profile.json`: per step, the wall time, the host's own operator time, the device's busy time and share of
+  the step, and the number of kernel launches. A step whose device is busy for less than 90% of it is
+  host-bound: the device waits for the next launch (docs/metrics.md#host-bound-steps).
 """
 
 from __future__ import annotations
@@ -22,14 +22,23 @@ from ..io import write_atomic
 PROFILED_STEPS = 3
 # CUDA runtime and driver calls that start one kernel each.
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch")
+# A step whose kernels cover less of its wall time than this leaves the device idle between launches: launching,
+# not computing, sets the pace (the rest of a step is launch gaps, since syncs are only at the log).
+BUSY_SHARE = 0.9
 # Calls whose own time is the host waiting for the device, not working.
 WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cuStreamSynchronize")
+
+
+def profile_length(warmup: int, steps: int) -> int:
+    """Optimizer steps a profiled run takes: at least one warm-up step, since the first step allocates and
+    compiles, then the recorded ones."""
+    return max(warmup, 1) + steps
 
 
 def profile_point(cfg: cfgmod.TrainConfig, warmup: int, steps: int, out: Path) -> dict:
     """Run `cfg` for `warmup` + `steps` optimizer steps in a fresh process, the last `steps` under the profiler;
     write the three files to `out` and return profile.json's content. The run's own output (metrics, adapter)
-    is scratch, removed afterwards. At least one warm-up step: the first step allocates and compiles."""
+    is scratch, removed afterwards."""
     import shutil
     import tempfile
     from dataclasses import replace
@@ -39,7 +48,7 @@ def profile_point(cfg: cfgmod.TrainConfig, warmup: int, steps: int, out: Path) -
     scratch = Path(tempfile.mkdtemp(prefix="tunelab-profile-"))
     try:
         cfg = replace(cfg, output_dir=str(scratch / "run"))
-        return _in_fresh_process(_profile_in_child, cfg, max(warmup, 1), steps, str(out))
+        return _in_fresh_process(_profile_in_child, cfg, profile_length(warmup, 0), steps, str(out))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -88,23 +97,32 @@ def write_profile(prof, out: Path, cuda: bool, steps: int, stamps: dict[int, flo
 def summarize(events, steps: int, stamps: dict[int, float], warmup: int) -> dict:
     """Per-step figures from the profiler's key averages (times in its microseconds, reported in seconds).
 
-    Host time is the own CPU time of every recorded event (self time, so nested calls are not counted twice;
-    the profiler step's own time is the Python between operators) less the calls that wait for the device;
-    device time is the kernels' own device time. On a CPU the operators run on the host, so device time is 0
-    and the host time is the computation itself."""
-    wait_us = sum(e.self_cpu_time_total for e in events if e.key in WAITS)
-    host_us = sum(e.self_cpu_time_total for e in events) - wait_us
-    device_us = sum(getattr(e, "self_device_time_total", 0) for e in events)
-    launches = sum(e.count for e in events if e.key in LAUNCHES)
-    ops = sum(e.count for e in events if e.key.startswith("aten::"))
+    Device time is what torch's own table totals: the own time of the events that ran on the device (kernels,
+    copies), not the operators that launched them, which carry the same time again, nor annotated ranges.
+    Host time is the own CPU time of every host event (the profiler step's own time is the Python between
+    operators) less the calls that wait for the device; on a GPU it also counts the autograd thread's operators
+    while the main thread waits for them, so the verdict reads the device's side: a step whose kernels keep the
+    device busy for less than BUSY_SHARE of its wall time leaves the device waiting for launches. On a CPU the
+    operators run on the host, so device time is 0 and the host time is the computation itself."""
+    from torch.autograd import DeviceType
+
+    on_device = [e for e in events if e.device_type != DeviceType.CPU and not getattr(e, "is_user_annotation", False)]
+    on_host = [e for e in events if e.device_type == DeviceType.CPU]
+    wait_us = sum(e.self_cpu_time_total for e in on_host if e.key in WAITS)
+    host_us = sum(e.self_cpu_time_total for e in on_host) - wait_us
+    device_us = sum(e.self_device_time_total for e in on_device)
+    launches = sum(e.count for e in on_host if e.key in LAUNCHES)
+    ops = sum(e.count for e in on_host if e.key.startswith("aten::"))
     wall = (stamps[warmup + steps] - stamps[warmup]) / steps
+    busy = device_us / 1e6 / steps
     return {
         "steps": steps,
         "step_wall_s": wall,
         "host_op_s_per_step": host_us / 1e6 / steps,
         "host_wait_s_per_step": wait_us / 1e6 / steps,
-        "device_busy_s_per_step": device_us / 1e6 / steps,
+        "device_busy_s_per_step": busy,
+        "device_busy_share": busy / wall if wall > 0 else 0.0,
         "kernel_launches_per_step": launches / steps,
         "aten_ops_per_step": ops / steps,
-        "host_bound": device_us > 0 and host_us > device_us,
+        "host_bound": 0 < busy < BUSY_SHARE * wall,
     }

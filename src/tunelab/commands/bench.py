@@ -19,7 +19,7 @@ from ..errors import TunelabError
 from ..io import check_output_dir, check_output_file, gib, write_atomic
 from ..bench import calibrate, measure, store
 from ..bench.compare import compare
-from ..bench.profile import PROFILED_STEPS, profile_point
+from ..bench.profile import PROFILED_STEPS, profile_length, profile_point
 from ..bench.points import (
     FORCED,
     _in_fresh_process,
@@ -139,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"[{i}/{len(points)}] {label}", file=sys.stderr, flush=True)
         prediction = local_prediction(cfg)
         check_length(prediction, args.warmup + steps)
+        if args.profile:
+            check_length(prediction, profile_length(args.warmup, min(steps, PROFILED_STEPS)))
         summary = measure_point(cfg, args.warmup + steps, args.warmup)
         if summary["precision"] not in peaks:
             peaks[summary["precision"]] = device_peak(cfg.device, summary, args.catalog_gpu)
@@ -339,7 +341,7 @@ def show_profile(found: dict, where: Path, as_json: bool) -> None:
     else:
         verdict = "host-bound" if found["host_bound"] else "device-bound"
         line += (
-            f", device busy {found['device_busy_s_per_step']:.3f} s, "
+            f", device busy {found['device_busy_s_per_step']:.3f} s ({found['device_busy_share']:.0%}), "
             f"{found['kernel_launches_per_step']:,.0f} kernel launches per step: {verdict})"
         )
     print(line, file=sys.stderr if as_json else sys.stdout, flush=True)

@@ -12,28 +12,42 @@ from tunelab.bench.profile import summarize
 from tunelab.cli import main
 
 
-def _event(key: str, count: int = 1, cpu_us: float = 0.0, device_us: float = 0.0):
-    return SimpleNamespace(key=key, count=count, self_cpu_time_total=cpu_us, self_device_time_total=device_us)
+def _event(key: str, count: int = 1, cpu_us: float = 0.0, device_us: float = 0.0, on_device: bool = False):
+    from torch.autograd import DeviceType
+
+    return SimpleNamespace(
+        key=key,
+        count=count,
+        self_cpu_time_total=cpu_us,
+        self_device_time_total=device_us,
+        device_type=DeviceType.CUDA if on_device else DeviceType.CPU,
+        is_user_annotation=False,
+    )
 
 
-def test_a_step_whose_host_time_exceeds_its_device_time_is_host_bound():
-    stamps = {2: 10.0, 4: 11.0}
+def test_a_step_whose_device_idles_between_kernels_is_host_bound():
+    stamps = {2: 10.0, 4: 11.0}  # two steps of 0.5 s
     events = [
-        _event("aten::mm", 40, cpu_us=300_000),
+        # The launching operator carries its kernels' time too: counted once, on the kernel.
+        _event("aten::mm", 40, cpu_us=300_000, device_us=700_000),
         _event("cudaLaunchKernel", 600, cpu_us=500_000),
-        _event("sm90_xmma_gemm_bf16", 40, device_us=700_000),
+        _event("sm90_xmma_gemm_bf16", 40, device_us=700_000, on_device=True),
         _event("cudaStreamSynchronize", 2, cpu_us=200_000),  # waiting is not host work
     ]
     found = summarize(events, 2, stamps, 2)
     assert found["step_wall_s"] == pytest.approx(0.5)
     assert found["host_op_s_per_step"] == pytest.approx(0.4) and found["host_wait_s_per_step"] == pytest.approx(0.1)
-    assert found["device_busy_s_per_step"] == pytest.approx(0.35)
+    assert found["device_busy_s_per_step"] == pytest.approx(0.35) and found["device_busy_share"] == pytest.approx(0.7)
     assert found["kernel_launches_per_step"] == 300 and found["aten_ops_per_step"] == 20
     assert found["host_bound"] is True
-    events[2] = _event("sm90_xmma_gemm_bf16", 40, device_us=2_000_000)
-    assert summarize(events, 2, stamps, 2)["host_bound"] is False
+    # Profiler ranges on the device's timeline are annotations, not work.
+    annotation = _event("ProfilerStep#3", 1, device_us=900_000, on_device=True)
+    annotation.is_user_annotation = True
+    assert summarize([*events, annotation], 2, stamps, 2)["device_busy_s_per_step"] == pytest.approx(0.35)
+    events[2] = _event("sm90_xmma_gemm_bf16", 40, device_us=960_000, on_device=True)
+    assert summarize(events, 2, stamps, 2)["host_bound"] is False  # busy 96% of the step
     # On a CPU nothing runs on a device: never called host-bound, the host is the device.
-    assert summarize(events[:1], 2, stamps, 2)["host_bound"] is False
+    assert summarize(events[:2], 2, stamps, 2)["host_bound"] is False
 
 
 @pytest.mark.slow
