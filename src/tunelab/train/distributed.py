@@ -238,14 +238,15 @@ def exit_launched() -> int:
     and exit 0 without Python's interpreter teardown; elsewhere return 0. Under gloo, a process that reaches
     interpreter teardown with the process group alive can abort there ("terminate called without an active
     exception", SIGABRT) after a run that succeeded: gloo's worker threads still hold work whose tensors drop
-    Python references after the interpreter has gone (pytorch/pytorch#190489, #179291)."""
+    Python references after the interpreter has gone (pytorch/pytorch#190489, #179291). No barrier first: the
+    other processes must not wait on the main one's final save (a large model's can outlast the group's timeout),
+    and leaving the group is each process's own business."""
     import sys
 
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
         return 0
-    dist.barrier()  # every process has written what it writes
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
