@@ -278,12 +278,12 @@ def pack_for_inference(model: torch.nn.Module) -> int:
 
 
 def fused_layer_weights(model: torch.nn.Module) -> list[tuple[torch.nn.Module, torch.nn.Parameter]]:
-    """(layer, weight) for every weight a fused LoRA layer over a dense base reads itself, outside the forward
-    of the module that holds it: the base weight and bias, and LoRA's A and B (the fused forward reads them all
-    and calls none of their modules)."""
+    """(layer, weight) for every weight a fused LoRA layer reads itself, outside the forward of the module that
+    holds it: the base weight (dense, or nf4 for the dequantizer) and bias, and LoRA's A and B (the fused
+    forward reads them all and calls none of their modules)."""
     pairs = []
     for m in model.modules():
-        if not isinstance(m, _FusedForward) or type(m.base_layer) is not torch.nn.Linear:
+        if not isinstance(m, _FusedForward) or m._fused_adapter() is None:
             continue
         pairs.append((m, m.base_layer.weight))
         if m.base_layer.bias is not None:
