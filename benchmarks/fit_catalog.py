@@ -35,7 +35,7 @@ def main() -> int:
         doc = json.loads(path.read_text())
         if not doc.get("complete", True):
             print(f"{path}: a partial run (complete: false); its finished rows count", file=sys.stderr)
-        name = path.relative_to(REPO) if path.resolve().is_relative_to(REPO) else path
+        name = path.resolve().relative_to(REPO) if path.resolve().is_relative_to(REPO) else path
         rows, left_out = suite_efficiencies(doc, str(name))
         for device_class, found in rows.items():
             fitted.setdefault(device_class, []).extend(found)

@@ -20,8 +20,10 @@ if [ "${1:-}" = "tests" ]; then  # the gpu test tier instead of the suite: bench
   exec "$PY" -m pytest -q -p no:cacheprovider --continue-on-collection-errors -m gpu tests "$@"
 fi
 if [ "${1:-}" = "profile" ]; then  # benchmarks/gpu.sh profile [MODEL [METHOD [key=value ...]]]: one row, profiled
-  model=${2:-random:llama-3.1-8b} method=${3:-lora}
-  shift $(($# < 3 ? $# : 3))
+  shift
+  model=random:llama-3.1-8b method=lora
+  if [ $# -gt 0 ] && [[ "$1" != *=* ]]; then model=$1; shift; fi
+  if [ $# -gt 0 ] && [[ "$1" != *=* ]]; then method=$1; shift; fi
   data=${TMPDIR:-/tmp}/tunelab-profile-data.jsonl
   # The gpu suite's workload and shared settings (bench/suites.yaml).
   "$PY" -m tunelab.cli data synthetic --rows 2000 --prompt-tokens 24-160 --response-tokens 64-1024 --out "$data"

@@ -71,15 +71,21 @@ def suite_efficiencies(doc: dict, source: str) -> tuple[dict[str, list[dict]], l
 
     by_class: dict[str, list[dict]] = {}
     left_out = []
+    shaped = {r["name"] for r in doc.get("definition", {}).get("rows", []) if r.get("shape")}
     for rec in doc["records"]:
         label = rec.get("label", "?")
         if rec.get("kind") != "tunelab" or "error" in rec or "skipped" in rec:
             left_out.append(f"{label}: {'not a tunelab row' if rec.get('kind') != 'tunelab' else 'did not run'}")
             continue
-        if not str(rec.get("peak_source", "")).startswith("catalog "):
+        if label in shaped:
+            left_out.append(f"{label}: its shape overrides the catalog model's, whose size plan would look up")
+            continue
+        # bench/measure.device_peak writes "catalog <id>: <the row's source>" for a catalog peak.
+        gpu_id = str(rec.get("peak_source", "")).removeprefix("catalog ").split(":")[0]
+        if not str(rec.get("peak_source", "")).startswith("catalog ") or gpu_id not in catalog.gpu_ids():
             left_out.append(f"{label}: its peak is not a catalog row ({rec.get('peak_source')})")
             continue
-        gpu = catalog.gpu(rec["peak_source"].removeprefix("catalog ").split(":")[0])
+        gpu = catalog.gpu(gpu_id)
         efficiency = achieved_efficiency(
             rec["tokens_padded_per_s"], rec["hardware_flops_per_token"], rec["device_peak_flops"]
         )

@@ -104,7 +104,7 @@ def class_efficiency(device_class: str) -> float:
 @dataclass(frozen=True)
 class MeasuredEfficiency:
     value: float
-    rows: tuple[dict, ...]  # the measured.yaml rows it comes from: one, or the two it interpolates between
+    rows: tuple[dict, ...]  # the measured.yaml rows it comes from: those of one size, or of the two around it
 
 
 def measured_efficiency(
@@ -113,28 +113,26 @@ def measured_efficiency(
     """The suite-measured efficiency (measured.yaml) of `device_class` for a run of `method_key`, or None where
     that method was never measured on the class. Rows that share the run's compile and grad_ckpt settings are
     preferred, compile first (it changes the kernels, grad_ckpt only adds a recomputed forward that the hardware
-    FLOPs already count); among them, linear in log(parameters) between the two measured sizes around `params`,
-    the nearest size's value beyond them."""
+    FLOPs already count). Rows of one size (several suite runs) are averaged; between two measured sizes the
+    value is linear in log(parameters), beyond them the nearest size's."""
     import math
 
     rows = [r for r in read("measured.yaml")["classes"].get(device_class, []) if r["method"] == method_key]
     if not rows:
         return None
     best = max((r["compile"] == compile, r["grad_ckpt"] == grad_ckpt) for r in rows)
-    rows = sorted((r for r in rows if (r["compile"] == compile, r["grad_ckpt"] == grad_ckpt) == best), key=_size)
-    below = [r for r in rows if _size(r) <= params] or rows[:1]
-    above = [r for r in rows if _size(r) >= params] or rows[-1:]
-    lo, hi = below[-1], above[0]
-    if _size(lo) == _size(hi):
-        same = [r for r in rows if _size(r) == _size(lo)]  # rows of one size (two suite runs): their mean
-        return MeasuredEfficiency(sum(float(r["efficiency"]) for r in same) / len(same), tuple(same))
-    t = (math.log(params) - math.log(_size(lo))) / (math.log(_size(hi)) - math.log(_size(lo)))
-    value = float(lo["efficiency"]) + t * (float(hi["efficiency"]) - float(lo["efficiency"]))
-    return MeasuredEfficiency(value, (lo, hi))
-
-
-def _size(row: dict) -> float:
-    return float(row["params"])
+    by_size: dict[float, list[dict]] = {}
+    for r in rows:
+        if (r["compile"] == compile, r["grad_ckpt"] == grad_ckpt) == best:
+            by_size.setdefault(float(r["params"]), []).append(r)
+    sizes = sorted(by_size)
+    mean = {size: sum(float(r["efficiency"]) for r in by_size[size]) / len(by_size[size]) for size in sizes}
+    lo = max([size for size in sizes if size <= params], default=sizes[0])
+    hi = min([size for size in sizes if size >= params], default=sizes[-1])
+    if lo == hi:
+        return MeasuredEfficiency(mean[lo], tuple(by_size[lo]))
+    t = (math.log(params) - math.log(lo)) / (math.log(hi) - math.log(lo))
+    return MeasuredEfficiency(mean[lo] + t * (mean[hi] - mean[lo]), (*by_size[lo], *by_size[hi]))
 
 
 def runtime_overhead(device_type: str) -> int:

@@ -44,12 +44,14 @@ def efficiency(
         )
     measured = catalog.measured_efficiency(device_class, key, compile, grad_ckpt, params) if params else None
     if measured is not None:
-        sizes = " and ".join(f"{float(r['params']) / 1e9:.1f}B" for r in measured.rows)
+        sizes = " and ".join(dict.fromkeys(f"{float(r['params']) / 1e9:.1f}B" for r in measured.rows))
+        first = measured.rows[0]
+        runs = ("compiled" if first["compile"] else "eager") + (", grad_ckpt" if first["grad_ckpt"] else "")
         sources = "; ".join(dict.fromkeys(r["source"] for r in measured.rows))
         return Efficiency(
             measured.value,
-            f"efficiency {measured.value:.2f} (measured for {key} on class {device_class} at {sizes} parameters: "
-            f"{sources})",
+            f"efficiency {measured.value:.2f} (measured for {key}, {runs}, on class {device_class} at {sizes} "
+            f"parameters: {sources})",
         )
     base, factor = catalog.class_efficiency(device_class), catalog.method_factor(key)
     value = base * factor

@@ -42,6 +42,7 @@ def test_a_run_takes_the_rows_of_its_settings_interpolated_on_log_parameters(mea
         _row("lora", 8e9, 0.45, compile=True),
         _row("qlora", 1e9, 0.15),
         _row("qlora", 1e9, 0.17),
+        _row("qlora", 8e9, 0.26),
     ]
 
     def value(method="lora", params=1e9, compile=False, grad_ckpt=False):
@@ -54,6 +55,7 @@ def test_a_run_takes_the_rows_of_its_settings_interpolated_on_log_parameters(mea
     assert value(compile=True) == pytest.approx(0.45)  # the compiled row, though measured at another size
     assert value(grad_ckpt=True) == pytest.approx(0.20)  # no grad_ckpt row: the rows of its compile setting
     assert value("qlora") == pytest.approx(0.16)  # two runs of one size: their mean
+    assert value("qlora", params=(1e9 * 8e9) ** 0.5) == pytest.approx(0.21)  # and between sizes from the mean
     assert value("full") is None and catalog.measured_efficiency("consumer-ada", "lora", False, False, 1e9) is None
 
 
@@ -61,7 +63,9 @@ def test_calibration_then_suite_measurements_then_the_class_default(measured):
     measured["datacenter-hopper"] = [_row("lora", 1e9, 0.2, source="benchmarks/gpu_h100_2026-12-01.json row 1b")]
     eff = timing.efficiency("datacenter-hopper", "lora", "none", None, params=10**9)
     assert eff.value == pytest.approx(0.2)
-    assert "measured for lora on class datacenter-hopper at 1.0B parameters" in eff.label
+    assert "measured for lora, eager, on class datacenter-hopper at 1.0B parameters" in eff.label
+    compiled = timing.efficiency("datacenter-hopper", "lora", "none", None, compile=True, params=10**9)
+    assert "measured for lora, eager," in compiled.label  # the rows it took, not the run's settings
     assert "benchmarks/gpu_h100_2026-12-01.json row 1b" in eff.label
     record = CalibrationRecord("k", "NVIDIA H100", peak_flops=1e15, efficiency={"lora": 0.33})
     assert timing.efficiency("datacenter-hopper", "lora", "none", record, params=10**9).value == pytest.approx(0.33)
