@@ -92,6 +92,9 @@ def _connect(db_path: str | Path) -> sqlite3.Connection:
     cols = ", ".join(f"{k} {v}" for k, v in COLUMNS.items())
     try:
         conn.execute(f"CREATE TABLE IF NOT EXISTS runs ({cols})")
+    except sqlite3.OperationalError as e:  # a database of another bench run busy past the timeout, say
+        conn.close()
+        raise TunelabError(f"{db_path}: {e}; wait for the process using it or pass another --db") from None
     except sqlite3.DatabaseError as e:
         conn.close()
         raise TunelabError(f"{db_path}: not a results database ({e}); pass a bench.sqlite that bench wrote") from None

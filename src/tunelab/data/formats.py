@@ -104,8 +104,14 @@ def check_messages(messages: Any, where: str) -> None:
     """A chat row's `messages`: a non-empty list of {role, content} with roles from CHAT_ROLES."""
     _check_turns(messages, where, "messages", "message", ("role", "content"), CHAT_ROLES)
     for i, message in enumerate(messages):
+        # An assistant turn that only calls tools has no text (OpenAI's form); the model's template renders
+        # its tool_calls.
+        if message["content"] is None and message.get("tool_calls"):
+            continue
         if not isinstance(message["content"], str):
-            raise TunelabError(f"{where}: message {i} has a 'content' that is not a string")
+            raise TunelabError(
+                f"{where}: message {i} has a 'content' that is not a string (null only beside 'tool_calls')"
+            )
 
 
 def check_conversations(turns: Any, where: str) -> None:

@@ -180,3 +180,19 @@ def test_config_accepts_sharegpt_and_refuses_a_template_for_it():
         load_config(None, ["data.format=sharegpt", "data.template=compact"])
     with pytest.raises(TunelabError, match=r"did you mean 'sharegpt'"):
         load_config(None, ["data.format=sharegtp"])
+
+
+def test_an_assistant_turn_that_only_calls_tools_may_have_no_content():
+    from tunelab.data.formats import check_messages
+
+    call = {"type": "function", "function": {"name": "weather", "arguments": "{}"}}
+    check_messages(
+        [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "content": "sunny"},
+        ],
+        "d.jsonl:1",
+    )
+    with pytest.raises(TunelabError, match="null only beside 'tool_calls'"):
+        check_messages([{"role": "user", "content": None}], "d.jsonl:1")
