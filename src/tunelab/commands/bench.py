@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     if steps < 1 or args.warmup < 0:
         raise TunelabError(f"--steps must be at least 1 and --warmup at least 0, got {steps} and {args.warmup}")
     base_dir = Path(output_dir(args.overrides))
-    db = Path(args.db) if args.db else base_dir / "bench.sqlite"
+    db = database(args, base_dir)
     if args.profile and (args.calibrate or args.peer):
         raise TunelabError("--profile goes with a plain bench or --sweep, not with --calibrate or --peer")
     if args.profile:
@@ -180,7 +180,7 @@ def run_suite(args: argparse.Namespace) -> int:
     if args.out:
         check_output_dir(Path(args.out), "--out")
     base_dir = Path(output_dir(args.overrides))
-    db = Path(args.db) if args.db else base_dir / "bench.sqlite"
+    db = database(args, base_dir)
     store.check(db)
     return suite.run(args, base_dir, db)
 
@@ -234,6 +234,11 @@ def output_dir(overrides: list[str]) -> str:
     return given[-1] if given else DEFAULT_OUTPUT
 
 
+def database(args: argparse.Namespace, base_dir: Path) -> Path:
+    """The results database: --db, or bench.sqlite in bench's output folder."""
+    return Path(args.db) if args.db else base_dir / "bench.sqlite"
+
+
 def sweep_points(specs: list[str]) -> list[tuple[str, list[str]]]:
     """--sweep micro_batch=4,8 --sweep packing=true,false -> [(label, overrides)] over the full grid."""
     axes = []
@@ -270,7 +275,7 @@ def run_calibration(args: argparse.Namespace, steps: int, base_dir: Path) -> int
     from ..plan.calibration import device_key, load_calibration, save_calibration
     from ..plan.timing import method_key
 
-    db = Path(args.db) if args.db else base_dir / "bench.sqlite"
+    db = database(args, base_dir)
     first = point_config(args, [], base_dir / "calibrate")
     configs = [
         point_config(args, [f"method={m}"], base_dir / f"calibrate-{m}")
@@ -311,7 +316,7 @@ def run_calibration(args: argparse.Namespace, steps: int, base_dir: Path) -> int
 
 
 def export(args: argparse.Namespace) -> int:
-    db = Path(args.db) if args.db else Path(output_dir(args.overrides)) / "bench.sqlite"
+    db = database(args, Path(output_dir(args.overrides)))
     if args.out is not None:
         check_output_file(Path(args.out), "--out")
     if not db.is_file():

@@ -344,7 +344,8 @@ def zero3_state_dict(root: torch.nn.Module, trainable_only: bool) -> dict | None
     model = root.model
     names: dict[int, list[str]] = {}  # every state-dict key of a tensor: tied weights have two
     buffers = {}
-    for key, value in model.state_dict(keep_vars=True).items():
+    state = model.state_dict(keep_vars=True)
+    for key, value in state.items():
         names.setdefault(id(value), []).append(key)
         if not isinstance(value, torch.nn.Parameter):
             buffers[key] = value  # ZeRO-3 partitions parameters only
@@ -363,7 +364,7 @@ def zero3_state_dict(root: torch.nn.Module, trainable_only: bool) -> dict | None
         return None
     if not trainable_only:
         out.update((key, value.detach().cpu().clone()) for key, value in buffers.items())
-    return {key: out[key] for key in model.state_dict() if key in out}
+    return {key: out[key] for key in state if key in out}
 
 
 class LauncherOutput:
