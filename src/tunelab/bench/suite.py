@@ -389,13 +389,13 @@ def run(args: argparse.Namespace, base_dir: Path, db: Path) -> int:
     part = "" if suite.rows == full.rows else "-" + "+".join(r.name for r in suite.rows)
     # Named once, by the day the run started: its partial writes and its last one go to the same files, and a
     # second run of the same rows on the same day writes beside the first instead of over it.
-    date = datetime.date.today().isoformat()
+    date, device = datetime.date.today().isoformat(), environment()
     json_path, md_path = output_paths(
-        Path(args.out or DEFAULT_OUT), f"{suite.name}{part}_{device_slug(environment()['name'])}_{date}"
+        Path(args.out or DEFAULT_OUT), f"{suite.name}{part}_{device_slug(device['name'])}_{date}"
     )
 
     def write(complete: bool) -> tuple[Path, Path, str]:
-        doc = document(args, suite, data, results, time.time() - started, complete, date)
+        doc = document(args, suite, data, results, time.time() - started, complete, date, device)
         write_atomic(json_path, [json.dumps(doc, indent=2, default=str) + "\n"])
         md = markdown(doc)
         write_atomic(md_path, [md])
@@ -581,7 +581,7 @@ def _driver_version() -> str | None:
 
 
 def document(
-    args, suite: Suite, data: dict, results: list[dict], elapsed: float, complete: bool = True, date: str | None = None
+    args, suite: Suite, data: dict, results: list[dict], elapsed: float, complete: bool, date: str, device: dict
 ) -> dict:
     from ..device import library_versions
 
@@ -591,7 +591,7 @@ def document(
         # False while the suite runs: a file left with it false is what a stopped run had measured.
         "complete": complete,
         "source": suite.source,
-        "date": date or datetime.date.today().isoformat(),
+        "date": date,
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(
             [
@@ -604,7 +604,7 @@ def document(
                 *args.overrides,
             ]
         ),
-        "device": environment(),
+        "device": device,
         "versions": library_versions(),
         "elapsed_s": elapsed,
         "budget_s": suite.budget_s,
