@@ -206,6 +206,26 @@ CASES = [
     # --- data files ---
     case("data-missing", lambda e: e.train({"data.path": str(e.tmp / "nope.jsonl")}), "nope.jsonl", "not found"),
     case("data-path-unset", lambda e: e.train({"data.path": None}), "data.path is not set"),
+    case(
+        "eval-path-missing",
+        lambda e: e.train({"eval.path": str(e.tmp / "nope.jsonl")}),
+        "nope.jsonl",
+        "not found (set eval.path)",
+    ),
+    case(
+        "mix-part-missing",
+        lambda e: e.train(
+            {"data.path": None, "data.mix": [{"path": str(e.data())}, {"path": str(e.tmp / "nope.jsonl")}]}
+        ),
+        "nope.jsonl",
+        "not found (set data.mix[1].path)",
+    ),
+    case(
+        "alpaca-output-list",
+        lambda e: e.train_on("o.jsonl", lines(good(), '{"instruction": "x", "output": ["1", "2"]}')),
+        "o.jsonl:2",
+        "'output' is a list",
+    ),
     case("data-empty", lambda e: e.train_on("empty.jsonl", b""), "empty.jsonl", "empty"),
     case("data-blank-lines", lambda e: e.train_on("blank.jsonl", b"\n \n"), "blank.jsonl", "empty"),
     case("json-malformed", lambda e: e.train_on("bad.json", '[{"instruction": "a", '), "bad.json", "cannot be read"),

@@ -65,6 +65,13 @@ CHATML_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+# The fields a format renders as text: a number is written as it reads, a list or an object is an error.
+TEXT_FIELDS = {
+    "alpaca": ("instruction", "input", "output"),
+    "completion": ("prompt", "completion"),
+    "text": ("text",),
+}
+
 REQUIRED_FIELDS = {
     "alpaca": ("instruction", "output"),
     "chat": ("messages",),
@@ -87,6 +94,13 @@ def check_fields(fmt: str, row: dict[str, Any], where: str) -> None:
             f"{where}: missing field {', '.join(repr(m) for m in missing)} for format {fmt!r} "
             f"(it needs {', '.join(REQUIRED_FIELDS[fmt])}; set data.format to match the file)"
         )
+    for field in TEXT_FIELDS.get(fmt, ()):
+        if isinstance(row.get(field), (list, dict)):
+            kind = "a list" if isinstance(row[field], list) else "an object"
+            raise TunelabError(
+                f"{where}: field {field!r} is {kind}, not text; format {fmt!r} renders its fields as text "
+                "(a conversation is data.format=chat with a messages list)"
+            )
     if fmt == "chat":
         check_messages(row["messages"], where)
     elif fmt == "sharegpt":

@@ -59,6 +59,7 @@ class DataSpec:
     max_examples: int | None = None
     mix: tuple[MixPart, ...] = ()
     seed: int = 42
+    key: str = "data.path"  # the config key that names `path`, for errors
 
 
 @dataclass
@@ -98,7 +99,7 @@ class TokenizedData:
 def prepare(spec: DataSpec, tokenizer) -> TokenizedData:
     """Read, render, tokenize (cached), truncate and mask one dataset, or draw a mixture of several."""
     if spec.mix:
-        parts = [prepare(part_spec(spec, part), tokenizer) for part in spec.mix]
+        parts = [prepare(part_spec(spec, i), tokenizer) for i in range(len(spec.mix))]
         return mix(parts, spec.mix, spec.max_examples, spec.seed)
     rows, label, identity = read_source(spec)
     eos = tokenizer.eos_token or ""
@@ -155,7 +156,7 @@ def read_source(spec: DataSpec) -> tuple:
     if hub.is_hub_data(spec.path):
         return read_hub_rows(hub.parse_data(spec.path), spec.format, spec.max_examples)
     path = Path(spec.path)
-    rows = read_rows(path, spec.format, spec.max_examples, line_limit(spec.seq_len))
+    rows = read_rows(path, spec.format, spec.max_examples, line_limit(spec.seq_len), spec.key)
     stat = path.stat()
     return rows, str(path), [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
 
@@ -179,9 +180,18 @@ def read_hub_rows(ref: hub.HubData, fmt: str, max_examples: int | None) -> tuple
     return ds, ref.uri, identity
 
 
-def part_spec(spec: DataSpec, part: MixPart) -> DataSpec:
-    """One mixture source as a dataset of its own: read whole (the mixture's total is drawn afterwards)."""
-    return replace(spec, path=part.path, format=part.format, template=part.template, max_examples=None, mix=())
+def part_spec(spec: DataSpec, index: int) -> DataSpec:
+    """Mixture source `index` as a dataset of its own: read whole (the mixture's total is drawn afterwards)."""
+    part = spec.mix[index]
+    return replace(
+        spec,
+        path=part.path,
+        format=part.format,
+        template=part.template,
+        max_examples=None,
+        mix=(),
+        key=f"data.mix[{index}].path",
+    )
 
 
 # Second word of the mixture's random streams (the third is the source's index): no draw is shared with the
@@ -231,13 +241,16 @@ def line_limit(seq_len: int) -> int:
     return max(MIN_LINE_LIMIT, BYTES_PER_TOKEN_LIMIT * seq_len)
 
 
-def read_rows(path: Path, fmt: str, max_examples: int | None, max_line_bytes: int | None = None):
-    """Load a data file as a `datasets.Dataset`, failing with the file and line for malformed input."""
+def read_rows(
+    path: Path, fmt: str, max_examples: int | None, max_line_bytes: int | None = None, key: str = "data.path"
+):
+    """Load a data file as a `datasets.Dataset`, failing with the file and line for malformed input; `key` is
+    the setting that names the file."""
     import datasets
 
     datasets.disable_progress_bars()
     if not path.is_file():
-        raise TunelabError(f"{path}: data file not found (set data.path)")
+        raise TunelabError(f"{path}: data file not found (set {key})")
     reader = READERS.get(path.suffix.lower())
     if reader is None:
         raise TunelabError(f"{path}: unknown file type {path.suffix!r}; use .jsonl, .json, .csv or .parquet")
@@ -395,7 +408,9 @@ def prepare_split(spec: DataSpec, held: HeldOutSpec | None, tokenizer) -> tuple[
     if held is None:
         return data, None
     if held.path is not None:
-        return data, prepare(replace(spec, path=held.path, max_examples=held.max_rows, mix=()), tokenizer)
+        return data, prepare(
+            replace(spec, path=held.path, max_examples=held.max_rows, mix=(), key="eval.path"), tokenizer
+        )
     train, evaluation = hold_out(data, held.fraction, held.seed, spec.path)
     if held.max_rows is not None and held.max_rows < len(evaluation):
         evaluation = select(evaluation, np.arange(held.max_rows), rows=held.max_rows)
@@ -405,7 +420,10 @@ def prepare_split(spec: DataSpec, held: HeldOutSpec | None, tokenizer) -> tuple[
 def _split_mix(spec: DataSpec, held: HeldOutSpec, tokenizer) -> tuple[TokenizedData, TokenizedData]:
     """A mixture's split: each source holds out its fraction before the draw, so that an example a small
     source repeats is never on both sides; the evaluation examples are every source's held-out ones."""
-    sides = [hold_out(prepare(part_spec(spec, p), tokenizer), held.fraction, held.seed, p.path) for p in spec.mix]
+    sides = [
+        hold_out(prepare(part_spec(spec, i), tokenizer), held.fraction, held.seed, p.path)
+        for i, p in enumerate(spec.mix)
+    ]
     train = mix([t for t, _ in sides], spec.mix, spec.max_examples, spec.seed)
     evaluation = concat([e for _, e in sides])
     if held.max_rows is not None and held.max_rows < len(evaluation):

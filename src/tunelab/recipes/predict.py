@@ -97,7 +97,7 @@ def eval_file_lengths(cfg: cfgmod.TrainConfig, tokenizer_ref: str | None) -> wor
     from ..data.pipeline import prepare
     from ..specs import data_spec
 
-    spec = replace(data_spec(cfg), path=cfg.eval.path, max_examples=cfg.eval.max_rows)
+    spec = replace(data_spec(cfg), path=cfg.eval.path, max_examples=cfg.eval.max_rows, key="eval.path")
     return _lengths(prepare(spec, _tokenizer(cfg, tokenizer_ref)), f"evaluation examples from {cfg.eval.path}", None)
 
 
