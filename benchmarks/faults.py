@@ -94,9 +94,12 @@ def _child(kind: str, n: int, census: str | None, argv: list[str]) -> int:
     import transformers.modeling_utils  # noqa: F401
 
     for module in list(sys.modules.values()):
-        if getattr(module, "save_file", None) is real_save_file:
+        # The module's own namespace: getattr on transformers' lazy modules imports what they name (and fails
+        # where a model's optional dependency, torchvision say, is absent).
+        names = getattr(module, "__dict__", {})
+        if names.get("save_file") is real_save_file:
             module.save_file = save_file
-        if getattr(module, "safe_save_file", None) is real_save_file:
+        if names.get("safe_save_file") is real_save_file:
             module.safe_save_file = save_file
     import tunelab.train.checkpoint as ckpt
 

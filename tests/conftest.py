@@ -52,6 +52,9 @@ def reset_accelerate() -> None:
 def _fresh_accelerate():
     reset_accelerate()
     yield
+    # And after: a module fixture of the next test file (a trained checkpoint, say) runs before that file's
+    # first reset.
+    reset_accelerate()
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -84,6 +84,8 @@ def apply_adapter(model: torch.nn.Module, spec: AdapterSpec) -> torch.nn.Module:
         task_type="CAUSAL_LM",
     )
     peft_model = get_peft_model(model, config, autocast_adapter_dtype=True)
+    if spec.method == "dora":
+        _traceable_dora_weight()
     # peft casts every adapter input to the adapter's fp32 dtype: with a bf16 base that is two full copies
     # of each activation per adapted layer (to fp32, and back to bf16 under autocast), ~1000 copies a step
     # on a 30-layer model. Autocast already runs the adapter matmuls in the compute dtype against the fp32
@@ -94,6 +96,25 @@ def apply_adapter(model: torch.nn.Module, spec: AdapterSpec) -> torch.nn.Module:
     # Base and adapter products in one fp32 accumulator, so bf16 does not round small updates away.
     use_fused_lora(peft_model)
     return peft_model
+
+
+def _traceable_dora_weight() -> None:
+    """Give peft's DoRA layers a base-weight lookup that dynamo traces. peft's `dequantize_module_weight` asks
+    `type(weight).__module__.startswith("torchao.")`, which torch 2.13's dynamo cannot trace: every DoRA layer
+    broke its compiled block's graph twice (tests/unit/recipes/test_train.py). A plain weight is returned as
+    peft returns it; anything else (nf4, int8, HQQ, torchao, FSDP's DTensor) still goes through peft."""
+    from peft.tuners.lora import dora
+
+    peft_lookup = getattr(dora.dequantize_module_weight, "peft_lookup", dora.dequantize_module_weight)
+
+    def base_weight(module: torch.nn.Module) -> torch.Tensor:
+        weight = module.weight
+        if type(weight) is torch.nn.Parameter and not hasattr(module, "W_q"):
+            return weight
+        return peft_lookup(module)
+
+    base_weight.peft_lookup = peft_lookup
+    dora.dequantize_module_weight = base_weight
 
 
 def check_adapter(folder: Path) -> None:

@@ -225,7 +225,8 @@ class _FusedForward:
         dequantize = None if type(base) is torch.nn.Linear else _nf4_dequantizer(base)
         return _LoraLinearFn.apply(
             x,
-            None if dequantize else base.weight,
+            # `is None`: torch 2.11's dynamo cannot take the truth value of a function and breaks the graph.
+            base.weight if dequantize is None else None,
             base.bias,
             self.lora_A[name].weight,
             self.lora_B[name].weight,
