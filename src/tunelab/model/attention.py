@@ -160,8 +160,11 @@ class _SlotAttention(torch.autograd.Function):
     Why: with autograd's softmax, inductor's backward kernel recomputed the masked softmax from the saved
     scores (max, exp, sum over L) before its gradient reduction over L. Here the forward reduces the scores
     to a log-sum-exp and writes the probabilities once, in bf16 (the product with V reads them anyway), and
-    the backward is dS = P * (dP - rowsum(dO * O)): its correction term is a reduction over the head dim D
-    of tensors that are already there, and nothing is recomputed.
+    the backward is dS = P * (dP - rowsum(P * dP)), nothing recomputed. The correction term is taken from
+    the bf16-rounded dP it is subtracted from, not from flash-attention's rowsum(dO * O) (equal in exact
+    arithmetic): the rounding errors of dP then cancel, a row with one key gets exactly zero gradient, and the
+    output need not be kept. It cut the bf16 dq and dk errors against an fp32 reference, for one L-wide
+    reduction instead of a D-wide one (benchmarks/slot-attention-correction_epyc-avx512bf16-2c_2026-11-25.md).
 
     Grouped-query heads are folded instead of copying K and V per query head: query heads kv*G..kv*G+G-1
     share KV head kv (transformers' repeat_kv), so (S, H, L, D) viewed as (S, KV, G*L, D) multiplies each
@@ -184,19 +187,19 @@ class _SlotAttention(torch.autograd.Function):
             scores = ((q @ k.transpose(-1, -2)).float() * scale).masked_fill(future, float("-inf"))
             probs = torch.exp(scores - torch.logsumexp(scores, -1, keepdim=True)).to(dtype)
             out = probs @ v
-        ctx.save_for_backward(q, k, v, probs, out)
+        ctx.save_for_backward(q, k, v, probs)
         ctx.scale, ctx.shape = scale, (s, h, length, d)
         return out.view(s, h, length, d)
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, probs, out = ctx.saved_tensors
-        grad_out = grad_out.reshape(out.shape).to(out.dtype)
+        q, k, v, probs = ctx.saved_tensors
+        grad_out = grad_out.reshape(q.shape).to(q.dtype)
         grad_v = probs.transpose(-1, -2) @ grad_out
         grad_probs = grad_out @ v.transpose(-1, -2)
-        # rowsum(dO * O) equals rowsum(P * dP), the softmax Jacobian's correction term, from D-wide rows.
-        correction = (grad_out.float() * out.float()).sum(-1, keepdim=True)
-        grad_scores = (probs.float() * (grad_probs.float() - correction) * ctx.scale).to(q.dtype)
+        probs32, grad_probs32 = probs.float(), grad_probs.float()
+        correction = (probs32 * grad_probs32).sum(-1, keepdim=True)
+        grad_scores = (probs32 * (grad_probs32 - correction) * ctx.scale).to(q.dtype)
         grad_q = grad_scores @ k
         grad_k = grad_scores.transpose(-1, -2) @ q
         return grad_q.view(ctx.shape), grad_k, grad_v, None, None

@@ -35,9 +35,10 @@ Derivations (docs/formulas.md; per-parameter table of EleutherAI "Transformer Ma
   of tests/unit/plan/test_plan_memory_saved.py, 15% below this model; not modeled, so plan stays above).
   Attention, per attention position (a slot position when packed sequences run in per-sequence slots,
   data.packing; padding slots and slot-length rounding included): q, k, v and its output (a·(2·H·Q +
-  2·KV·Q)), plus either the probabilities (a·H·L for slots of length L: tunelab's CPU slot path,
-  model/attention.py) or SDPA's fp32 log-sum-exp (4·H; flash/efficient kernels keep no T×T matrix,
-  Korthikanti et al. 2022's 5·a·s/h term is gone). FlexAttention (attention=flex, auto on CUDA) runs over
+  2·KV·Q); the output not on the eager slot path, whose backward does without it), plus either the
+  probabilities (a·H·L for slots of length L: tunelab's CPU slot path, model/attention.py) or SDPA's fp32
+  log-sum-exp (4·H; flash/efficient kernels keep no T×T matrix, Korthikanti et al. 2022's 5·a·s/h term
+  is gone). FlexAttention (attention=flex, auto on CUDA) runs over
   whole rows and keeps the same q, k, v, output and fp32 log-sum-exp per head and token; its BlockMask
   (B·T/128 block counts and B·(T/128)² block indices, int32) and the document ids (8·B·T) are one per
   micro-batch, shared by every layer, and left out.
@@ -183,7 +184,10 @@ def attention_bytes_per_position(arch: Arch, s: MemorySetup) -> float:
     a = s.compute_bytes
     q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
     kept = a * arch.heads * s.slot_len if s.attention_probs else 4 * arch.heads
-    return a * (2 * q + 2 * kv) + kept
+    # The eager slot path's backward needs no output (its softmax correction comes from P and dP); compiled,
+    # the partitioner keeps a hidden-sized tensor there, as SDPA and flex keep their output.
+    outputs = 0 if s.attention_probs and not s.compiled else q
+    return a * (q + outputs + 2 * kv) + kept
 
 
 def activation_bytes(arch: Arch, s: MemorySetup) -> float:

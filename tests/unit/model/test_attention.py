@@ -47,6 +47,16 @@ def test_slot_attention_bf16_error_is_that_of_bf16_sdpa():
         assert (a - ref).abs().max() <= 2 * (b - ref).abs().max() + 1e-3, name
 
 
+def test_slot_attention_bf16_gives_a_one_key_row_no_query_gradient():
+    """The first position attends to itself alone: its softmax is constant, so its query gets no gradient.
+    In bf16 that holds exactly only when the softmax correction comes from the same rounded dP it is
+    subtracted from (rowsum(P * dP)), not from rowsum(dO * O), which rounds differently."""
+    inputs, grad_out = _inputs(torch.bfloat16, length=33, dim=16)
+    _, dq, _, _ = _run(lambda q, k, v: _SlotAttention.apply(q, k, v, 0.3), inputs, grad_out)
+    assert dq[:, :, 0].abs().max() == 0
+    assert dq[:, :, 1:].abs().max() > 0
+
+
 def test_slot_attention_under_autocast_takes_fp32_inputs():
     """With fp32 weights under bf16 autocast (QLoRA, full fine-tuning), RoPE leaves q and k in fp32 while the
     products run in bf16; the backward, which autograd runs outside autocast, must cast the same way."""
