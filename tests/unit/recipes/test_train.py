@@ -7,11 +7,13 @@ import torch
 
 from conftest import tiny_train_config, write_jsonl
 from tunelab.recipes import train as recipe
+from tunelab.train import loop
 from tunelab.train.loss import CausalLMLoss
 
 pytestmark = pytest.mark.slow  # traces the model with dynamo
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize(
     "extra",
     [
@@ -25,17 +27,20 @@ pytestmark = pytest.mark.slow  # traces the model with dynamo
     ],
     ids=["lora", "qlora", "dora", "full", "lora-dropout", "lora-flex", "lora-grad-ckpt"],
 )
-def test_compiled_blocks_have_no_graph_break(tiny_model_dir, addition_rows, tmp_path, monkeypatch, extra):
+def test_compiled_blocks_have_no_graph_break(tiny_model_dir, addition_rows, tmp_path, monkeypatch, extra, device):
     """A graph break inside a compiled block splits it into pieces that run eager glue between them, each piece
     a launch boundary on a GPU: forward and backward of one micro-batch break nowhere. Dynamo, not inductor,
     decides where graphs break, so the blocks compile with the aot_eager backend here (seconds instead of an
-    inductor build). torch 2.11's dynamo broke the nf4 layer's graph on the truth value of its dequantizer."""
+    inductor build). torch 2.11's dynamo broke the nf4 layer's graph on the truth value of its dequantizer.
+    On CUDA (the gpu tier) attention is FlexAttention's unless the row says otherwise."""
     from torch._dynamo.utils import counters
 
     real_compile = torch.nn.Module.compile
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: real_compile(self, backend="aot_eager"))
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
-    cfg = tiny_train_config(tiny_model_dir, data, tmp_path / "run", "compile=true", "precision=bf16", *extra)
+    cfg = tiny_train_config(
+        tiny_model_dir, data, tmp_path / "run", "compile=true", "precision=bf16", f"device={device}", *extra
+    )
     prep = recipe.prepare_run(cfg)
     torch._dynamo.reset()
     counters.clear()
@@ -43,14 +48,8 @@ def test_compiled_blocks_have_no_graph_break(tiny_model_dir, addition_rows, tmp_
         model = CausalLMLoss(recipe.build_model(cfg, prep))
         model.train()
         batch = prep.schedule.step_batches(0)[0]
-        with torch.autocast("cpu", torch.bfloat16):
-            loss = model(
-                torch.from_numpy(batch.input_ids),
-                None if batch.position_ids is None else torch.from_numpy(batch.position_ids),
-                torch.from_numpy(batch.loss_index),
-                torch.from_numpy(batch.loss_targets),
-                batch.layout,
-            )
+        with torch.autocast(prep.device.type, torch.bfloat16):
+            loss = loop.forward(model, batch, prep.device)
         loss.backward()
         breaks = dict(counters["graph_break"])
         graphs = counters["stats"]["unique_graphs"]
