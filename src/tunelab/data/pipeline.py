@@ -408,13 +408,16 @@ def prepare_split(spec: DataSpec, held: HeldOutSpec | None, tokenizer) -> tuple[
     if held is None:
         return data, None
     if held.path is not None:
-        return data, prepare(
-            replace(spec, path=held.path, max_examples=held.max_rows, mix=(), key="eval.path"), tokenizer
-        )
+        return data, prepare(eval_file_spec(spec, held.path, held.max_rows), tokenizer)
     train, evaluation = hold_out(data, held.fraction, held.seed, spec.path)
     if held.max_rows is not None and held.max_rows < len(evaluation):
         evaluation = select(evaluation, np.arange(held.max_rows), rows=held.max_rows)
     return train, evaluation
+
+
+def eval_file_spec(spec: DataSpec, path: str, max_rows: int | None) -> DataSpec:
+    """The evaluation file (eval.path) read as the training data is: same format, template and seq_len."""
+    return replace(spec, path=path, max_examples=max_rows, mix=(), key="eval.path")
 
 
 def _split_mix(spec: DataSpec, held: HeldOutSpec, tokenizer) -> tuple[TokenizedData, TokenizedData]:

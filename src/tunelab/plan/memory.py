@@ -38,10 +38,9 @@ Derivations (docs/formulas.md; per-parameter table of EleutherAI "Transformer Ma
   2·KV·Q); the output not on the eager slot path, whose backward does without it), plus either the
   probabilities (a·H·L for slots of length L: tunelab's CPU slot path, model/attention.py) or SDPA's fp32
   log-sum-exp (4·H; flash/efficient kernels keep no T×T matrix, Korthikanti et al. 2022's 5·a·s/h term
-  is gone). FlexAttention (attention=flex, auto on CUDA) runs over
-  whole rows and keeps the same q, k, v, output and fp32 log-sum-exp per head and token; its BlockMask
-  (B·T/128 block counts and B·(T/128)² block indices, int32) and the document ids (8·B·T) are one per
-  micro-batch, shared by every layer, and left out.
+  is gone). FlexAttention (attention=flex, auto on CUDA) runs over whole rows and keeps the same q, k, v,
+  output and fp32 log-sum-exp per head and token; its BlockMask (B·T/128 block counts and B·(T/128)² block
+  indices, int32) and the document ids (8·B·T) are one per micro-batch, shared by every layer, and left out.
   Gradient checkpointing keeps each layer's input (the residual stream) and one layer's activations.
 - Logits: tunelab's loss (train/loss.py) runs the LM head only on loss positions, in chunks of at most
   `loss_chunk` rows; at the peak (the loss backward) one chunk holds the fp32 log-softmax output, its

@@ -92,12 +92,10 @@ def _lengths(data, source: str, held_out: workload.Lengths | None) -> workload.L
 
 def eval_file_lengths(cfg: cfgmod.TrainConfig, tokenizer_ref: str | None) -> workload.Lengths:
     """eval.path's real lengths, for a plan whose training examples are assumed (no data.path)."""
-    from dataclasses import replace
-
-    from ..data.pipeline import prepare
+    from ..data.pipeline import eval_file_spec, prepare
     from ..specs import data_spec
 
-    spec = replace(data_spec(cfg), path=cfg.eval.path, max_examples=cfg.eval.max_rows, key="eval.path")
+    spec = eval_file_spec(data_spec(cfg), cfg.eval.path, cfg.eval.max_rows)
     return _lengths(prepare(spec, _tokenizer(cfg, tokenizer_ref)), f"evaluation examples from {cfg.eval.path}", None)
 
 
