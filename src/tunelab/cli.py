@@ -71,6 +71,9 @@ def quiet_libraries() -> None:
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
+        from huggingface_hub.utils import logging as hub_logging
+
+        hub_logging.set_verbosity_error()  # its retry warnings, two lines per attempt, before one failure line
     except ImportError:
         pass
 

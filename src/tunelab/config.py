@@ -171,9 +171,14 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
             raise TunelabError(f"override {item!r}: {part!r} is not a section")
         node = child
     try:
-        node[parts[-1]] = yaml.safe_load(value) if value != "" else None
+        parsed = yaml.safe_load(value) if value != "" else None
     except yaml.YAMLError:
-        node[parts[-1]] = value
+        parsed = value
+    # `model=random:` or `data.path=a: b` read as YAML are one-key mappings nobody means on a command line
+    # (sections take dotted keys); a mapping is only what is written as one, in braces.
+    if isinstance(parsed, dict) and not value.lstrip().startswith("{"):
+        parsed = value
+    node[parts[-1]] = parsed
 
 
 def from_dict(cls: type, raw: dict[str, Any], source: str, prefix: str) -> Any:

@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import re
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -249,6 +250,16 @@ def explain(
     network = any(
         isinstance(x, (OSError, ConnectionError, TimeoutError)) or type(x).__module__.startswith("httpx") for x in chain
     )
+    # The deepest connection error says what failed (a name lookup, a refusal); datasets chains a cache miss
+    # below it ("not cached in None") that would hide it.
+    cause = next(
+        (
+            x
+            for x in reversed(chain)
+            if isinstance(x, (ConnectionError, TimeoutError, socket.gaierror)) or type(x).__module__.startswith("httpx")
+        ),
+        chain[-1],
+    )
     if any(isinstance(x, hf.OfflineModeIsEnabled) for x in chain) or (network and offline()):
         return (
             f"{what}: not in the local cache, and downloads are off (HF_HUB_OFFLINE=1 or --offline); "
@@ -256,7 +267,7 @@ def explain(
         )
     if network:
         return (
-            f"{what}: cannot reach the Hugging Face hub ({_first_line(chain[-1])}); check the connection, or set "
+            f"{what}: cannot reach the Hugging Face hub ({_first_line(cause)}); check the connection, or set "
             f"HF_HUB_OFFLINE=1 to use a cached copy, or pass a local {'file' if kind == 'dataset' else 'directory'}"
         )
     return None

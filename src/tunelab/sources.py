@@ -12,6 +12,7 @@ import dataclasses
 import importlib.util
 import os
 import shutil
+import struct
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -174,7 +175,13 @@ def load_config(source: ModelSource):
     try:
         return AutoConfig.from_pretrained(source.path, **source.kwargs)
     except Exception as e:
-        raise TunelabError(f"model {source.ref}: cannot read its configuration: {e}") from None
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        if isinstance(e, struct.error):  # the gguf reader ran out of bytes before the header's end
+            raise TunelabError(
+                f"model {source.ref}: the GGUF file ends inside its header ({first}); it is truncated or damaged, "
+                "download it again"
+            ) from None
+        raise TunelabError(f"model {source.ref}: cannot read its configuration: {first}") from None
 
 
 def random_config(source: ModelSource):

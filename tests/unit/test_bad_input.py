@@ -342,6 +342,13 @@ CASES = [
     case("model-missing", lambda e: e.train({"model": str(e.tmp / "nope")}), "nope", "directory"),
     case("model-dir-without-config", lambda e: e.train({"model": str(e.tmp)}), "no config.json"),
     case(
+        "model-gguf-truncated",
+        lambda e: e.train({"model": str(e.data("cut.gguf", raw=b"GGUF\x03\x00\x00\x00" + bytes(7)))}),
+        "cut.gguf",
+        "truncated",
+        "download it again",
+    ),
+    case(
         "model-without-weights",
         lambda e: e.train({"model": str(copy_model(e, "noweights", weights=False))}),
         "noweights",

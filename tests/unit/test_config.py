@@ -60,6 +60,13 @@ def test_comma_list_override_for_targets():
     assert load_config(None, ["lora.targets=attn"]).lora.targets == "attn"
 
 
+def test_an_override_value_with_a_colon_stays_a_string_unless_written_as_a_mapping():
+    cfg = load_config(None, ["model=random:", "data.path=runs/a: b.jsonl"])
+    assert (cfg.model, cfg.data.path) == ("random:", "runs/a: b.jsonl")
+    mix = load_config(None, ["data.mix=[{path: x.jsonl, weight: 2}]"]).data.mix
+    assert (mix[0].path, mix[0].weight) == ("x.jsonl", 2.0)
+
+
 def test_yaml_file_plus_override(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("lr: 3.0e-4\nlora:\n  r: 8\n")

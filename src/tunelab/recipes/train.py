@@ -316,6 +316,8 @@ def _train_locked(
             if show_progress:
                 print(f"resumed from {resume_from} at step {state.step}", flush=True)
         else:
+            if cfg.resume is True and show_progress:  # a re-run of the same command after a crash, the first time
+                print(f"resume: no checkpoint in {out / 'checkpoints'} yet; starting from step 0", flush=True)
             (out / "metrics.jsonl").unlink(missing_ok=True)
         write_atomic(out / "config.yaml", [cfgmod.dump_yaml(cfg)])
 

@@ -281,3 +281,36 @@ def test_each_loading_failure_is_one_line_through_the_cli(
     assert out.err.splitlines()[-1:] == [f"tunelab train: error: {uri}: {message}"]
     assert len(out.err.splitlines()) == (1 if offline else 2)  # online, the loading line comes first
     assert not (tmp_path / "out").exists()
+
+
+def test_an_unreachable_hub_is_one_line_without_the_retry_chatter(
+    hub_cache, tiny_model_dir, tmp_path, capfd, caplog, monkeypatch
+):
+    """As datasets fails with no network: huggingface_hub logs each retry (its handler writes to whatever stderr
+    was when it was imported, so the records are counted with caplog), then datasets raises a ConnectionError
+    whose context is its cache miss ("not cached in None")."""
+    from huggingface_hub.utils import logging as hub_logging
+
+    def unreachable(*args, **kwargs):
+        log = hub_logging.get_logger("huggingface_hub.utils._http")
+        log.warning("'[Errno -2] Name or service not known' thrown while requesting HEAD https://huggingface.co/x")
+        log.warning("Retrying in 1s [Retry 1/5].")
+        error = ConnectionError("Couldn't reach 'owner/set' on the Hub (LocalEntryNotFoundError)")
+        error.__context__ = FileNotFoundError("Dataset owner/set is not cached in None")
+        raise error
+
+    monkeypatch.setattr(datasets, "load_dataset", unreachable)
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"model: {tiny_model_dir}\ndata: {{path: 'hf://owner/set'}}\noutput_dir: {tmp_path / 'out'}\nseq_len: 64\n"
+    )
+    rc = main(["train", "--config", str(config), "--quiet"])
+    out, err = capfd.readouterr()
+    assert (rc, out) == (2, "")
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("huggingface_hub")] == []
+    assert err.splitlines() == [
+        "loading hf://owner/set:train from the Hugging Face hub (downloaded once, then read from the datasets cache)",
+        "tunelab train: error: hf://owner/set:train: cannot reach the Hugging Face hub (Couldn't reach 'owner/set' "
+        "on the Hub (LocalEntryNotFoundError)); check the connection, or set HF_HUB_OFFLINE=1 to use a cached copy, "
+        "or pass a local file",
+    ]

@@ -165,6 +165,13 @@ def test_resume_skips_a_truncated_latest_checkpoint(tiny_model_dir, data_file, t
     assert [m["step"] for m in read_metrics(out)] == list(range(1, 9))
 
 
+def test_resume_true_without_a_checkpoint_says_it_starts_over(tiny_model_dir, data_file, tmp_path, capsys):
+    out = tmp_path / "first"
+    summary = train(config(tiny_model_dir, data_file, out, "max_steps=2", "resume=true"))
+    assert f"resume: no checkpoint in {out / 'checkpoints'} yet; starting from step 0\n" in capsys.readouterr().out
+    assert summary["steps"] == 2
+
+
 def test_checkpoints_rotate(tiny_model_dir, data_file, tmp_path):
     out = tmp_path / "rot"
     train(
