@@ -121,6 +121,23 @@ def copy_model(env: Env, name: str, weights: bool = True) -> Path:
     return folder
 
 
+def foreign_adapter(env: Env, targets: list[str], config_targets: list[str] | None = None, **shape) -> Path:
+    """A real (untrained) LoRA adapter saved from a tiny Llama of another `shape`, in a run folder whose
+    config.yaml names the test's own tiny model: what a user gets pointing one run's adapter at another base."""
+    from peft import LoraConfig, get_peft_model
+
+    from conftest import make_tiny_llama
+
+    folder = env.adapter("foreign")
+    vocab = json.loads((env.model / "config.json").read_text())["vocab_size"]
+    model = get_peft_model(make_tiny_llama(vocab, **shape), LoraConfig(r=4, target_modules=targets))
+    model.save_pretrained(folder)
+    if config_targets is not None:  # as an adapter of a model with other module names records them
+        config = json.loads((folder / "adapter_config.json").read_text())
+        (folder / "adapter_config.json").write_text(json.dumps({**config, "target_modules": config_targets}))
+    return folder
+
+
 def damaged_adapter(env: Env, config: str, weights: bytes | None = None) -> Path:
     """A run folder whose adapter has `config` as adapter_config.json and `weights` as its safetensors file."""
     folder = env.adapter()
@@ -206,6 +223,7 @@ CASES = [
     # --- data files ---
     case("data-missing", lambda e: e.train({"data.path": str(e.tmp / "nope.jsonl")}), "nope.jsonl", "not found"),
     case("data-path-unset", lambda e: e.train({"data.path": None}), "data.path is not set"),
+    case("data-is-a-directory", lambda e: e.train({"data.path": str(e.tmp)}), "is a directory", "set data.path"),
     case(
         "eval-path-missing",
         lambda e: e.train({"eval.path": str(e.tmp / "nope.jsonl")}),
@@ -452,6 +470,7 @@ CASES = [
         "adapter_config.json",
     ),
     case("eval-data-missing", lambda e: ["eval", "--data", str(e.tmp / "nope.jsonl")], "nope.jsonl", "not found"),
+    case("eval-data-is-a-directory", lambda e: ["eval", "--data", str(e.tmp)], "is a directory", "--data"),
     case(
         "eval-row-without-answer",
         lambda e: ["eval", "--data", str(e.data("a.jsonl", raw=lines(good(), '{"instruction": "1", "output": "2"}')))],
@@ -533,6 +552,47 @@ CASES = [
             str(e.out),
         ],
         "no adapter_model.safetensors",
+    ),
+    case(
+        "eval-adapter-of-another-model",
+        lambda e: [
+            "eval",
+            "--data",
+            str(e.data("a.jsonl", raw=lines(good()))),
+            "--adapter",
+            str(foreign_adapter(e, ["q_proj"], hidden_size=32)),
+        ],
+        "foreign/adapter",
+        "does not fit model",
+        "q_proj.lora_A is [4, 32] in the adapter, [4, 64] in the model",
+        "--model",
+    ),
+    case(
+        "export-adapter-of-another-model",
+        lambda e: [
+            "export",
+            "--adapter",
+            str(foreign_adapter(e, ["q_proj"], hidden_size=32)),
+            "--merge",
+            "--out",
+            str(e.out),
+        ],
+        "foreign/adapter",
+        "does not fit model",
+        "--model",
+    ),
+    case(
+        "eval-adapter-of-layers-the-model-lacks",
+        lambda e: [
+            "eval",
+            "--data",
+            str(e.data("a.jsonl", raw=lines(good()))),
+            "--adapter",
+            str(foreign_adapter(e, ["q_proj"], ["wqkv"])),
+        ],
+        "foreign/adapter",
+        "does not fit model",
+        "wqkv",
     ),
     case("export-without-merge", lambda e: ["export", "--adapter", str(e.adapter()), "--out", str(e.out)], "--merge"),
     # --- bench ---

@@ -256,7 +256,7 @@ def score(cfg: cfgmod.TrainConfig, rows: list[dict], adapter: Path | None) -> di
     if adapter is not None:
         from ..model.adapters import load_adapter
 
-        model = load_adapter(model, adapter)
+        model = load_adapter(model, adapter, cfg.model)
     return evaluate(model, tokenizer, rows, cfg.data.format, cfg.data.template).summary()
 
 

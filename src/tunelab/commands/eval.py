@@ -76,6 +76,8 @@ def resolve_setup(adapter: str | None, model: str | None, fmt: str | None, templ
 
 def read_rows(path: Path, fmt: str, limit: int | None) -> list[dict]:
     """jsonl rows that can be prompted in `fmt` and carry a checkable `answer`; errors name the line."""
+    if path.is_dir():
+        raise TunelabError(f"{path}: is a directory; pass --data a .jsonl file")
     if not path.is_file():
         raise TunelabError(f"{path}: data file not found")
     rows = []
@@ -122,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     if args.adapter:
         from ..model.adapters import load_adapter
 
-        model = load_adapter(model, args.adapter)
+        model = load_adapter(model, args.adapter, setup.model)
     load_seconds = time.perf_counter() - started
     result = evaluate(model, tokenizer, rows, setup.format, setup.template, args.batch_size, args.max_new_tokens)
 

@@ -249,6 +249,8 @@ def read_rows(
     import datasets
 
     datasets.disable_progress_bars()
+    if path.is_dir():
+        raise TunelabError(f"{path}: is a directory; set {key} to a data file in it (.jsonl, .json, .csv, .parquet)")
     if not path.is_file():
         raise TunelabError(f"{path}: data file not found (set {key})")
     reader = READERS.get(path.suffix.lower())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,21 +145,48 @@ def check_adapter(folder: Path) -> None:
         ) from None
 
 
-def load_adapter(model: torch.nn.Module, path: str | Path) -> torch.nn.Module:
-    """A saved LoRA/DoRA adapter on `model`, computed as training computed it, for evaluation.
+def load_adapter(model: torch.nn.Module, path: str | Path, base: str) -> torch.nn.Module:
+    """A saved LoRA/DoRA adapter on `model` (loaded from `base`), computed as training computed it, for evaluation.
 
     Not merged: merging rounds base + delta to bf16. Not peft's forward either, which adds the delta to
     the bf16-rounded base output and so drops updates below half an ulp of it (see lora_linear.py): the
     fused layer scores the model that training's forward saw.
     """
-    from peft import PeftModel
-
     from .lora_linear import pack_for_inference, use_fused_lora
 
-    model = PeftModel.from_pretrained(model, str(path))
+    model = peft_from_pretrained(model, path, base)
     use_fused_lora(model)
     pack_for_inference(model)
     return model
+
+
+def peft_from_pretrained(model: torch.nn.Module, path: str | Path, base: str):
+    """`PeftModel.from_pretrained`, where an adapter trained on another model (other layer sizes, or layers the
+    model lacks) is one line naming the adapter, the model and the first layer that does not fit."""
+    from peft import PeftModel
+
+    try:
+        return PeftModel.from_pretrained(model, str(path))
+    except (RuntimeError, ValueError) as e:
+        text = str(e)
+        size = re.search(
+            r"size mismatch for (?:base_model\.model\.)?(?:model\.)?(\S+?)(?:\.default)?\.weight: copying a param with "
+            r"shape torch\.Size\((\[[^]]*\])\) from checkpoint, the shape in current model is torch\.Size\((\[[^]]*\])\)",
+            text,
+        )
+        if size is not None:
+            detail = f"{size[1]} is {size[2]} in the adapter, {size[3]} in the model"
+        elif "not found in the base model" in text:
+            detail = _first_line(text)
+        else:
+            raise
+        raise TunelabError(
+            f"{path}: the adapter does not fit model {base} ({detail}); pass the model it was trained on with --model"
+        ) from None
+
+
+def _first_line(text: str) -> str:
+    return (text.strip().splitlines() or [""])[0].rstrip(".")
 
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:

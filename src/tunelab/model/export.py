@@ -14,7 +14,7 @@ from ..config import load_config
 from ..errors import TunelabError
 from ..io import atomic_dir, check_output_dir
 from . import load as mload
-from .adapters import check_adapter
+from .adapters import check_adapter, peft_from_pretrained
 
 
 def base_model_ref(adapter: Path, override: str | None) -> str:
@@ -28,8 +28,6 @@ def base_model_ref(adapter: Path, override: str | None) -> str:
 
 
 def merge(adapter: Path, out: Path, model_ref: str | None, dtype: torch.dtype) -> Path:
-    from peft import PeftModel
-
     if not (adapter / "adapter_config.json").is_file():
         raise TunelabError(f"{adapter}: not a PEFT adapter dir (no adapter_config.json)")
     check_output_dir(out, "--out")
@@ -43,7 +41,7 @@ def merge(adapter: Path, out: Path, model_ref: str | None, dtype: torch.dtype) -
             "merging needs a real base model, pass one with --model"
         )
     base = mload.load_model(source, torch.float32, "none", torch.device("cpu"))
-    merged = PeftModel.from_pretrained(base, adapter).merge_and_unload()
+    merged = peft_from_pretrained(base, adapter, source.ref).merge_and_unload()
     merged.config.use_cache = True
     with atomic_dir(out) as tmp:
         merged.to(dtype).save_pretrained(tmp, safe_serialization=True)

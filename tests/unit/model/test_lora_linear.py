@@ -195,7 +195,7 @@ def test_saved_adapter_is_scored_through_the_fused_layer(tmp_path):
     _, fused = peft_pair(b_scale=5e-5)
     fused.save_pretrained(tmp_path)
     torch.manual_seed(0)  # the same base weights as peft_pair's
-    loaded = load_adapter(Block(), tmp_path)
+    loaded = load_adapter(Block(), tmp_path, "Block")
     for m in (fused, loaded):
         m.base_model.model.proj.base_layer.to(torch.bfloat16)
     assert isinstance(loaded.base_model.model.proj, LoraLinear)
