@@ -123,6 +123,11 @@ def device_memory_bytes(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def out_of_memory(e: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, or the CPU allocator refusing a tensor (a RuntimeError that says so)."""
+    return isinstance(e, torch.OutOfMemoryError) or (isinstance(e, RuntimeError) and "can't allocate memory" in str(e))
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for the device's queued work: timings read at a window's edge must include it (CPU ops are eager)."""
     if device.type == "cuda":

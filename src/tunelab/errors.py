@@ -8,3 +8,7 @@ and keeps its traceback.
 
 class TunelabError(Exception):
     """A user-facing error whose message names the file, line or key and what to do."""
+
+
+class OutOfMemory(TunelabError):
+    """The device ran out of memory for a run's settings: a sweep records such a point and goes on."""

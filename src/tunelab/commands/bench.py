@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .. import config as cfgmod
-from ..errors import TunelabError
+from ..errors import OutOfMemory, TunelabError
 from ..io import check_output_dir, check_output_file, gib, write_atomic
 from ..bench import calibrate, measure, store
 from ..bench.compare import compare
@@ -134,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
     configs = [point_config(args, extra, base_dir / (slug(label) or "run")) for label, extra in points]
     peaks: dict[str, measure.Peak] = {}
     records = []
+    # A sweep's points that ran out of memory (the limit it may be looking for): message, plan's peak memory.
+    failed: dict[str, tuple[str, int]] = {}
     for i, ((label, _), cfg) in enumerate(zip(points, configs), 1):
         if len(points) > 1 and not args.json:
             print(f"[{i}/{len(points)}] {label}", file=sys.stderr, flush=True)
@@ -141,7 +143,17 @@ def run(args: argparse.Namespace) -> int:
         check_length(prediction, args.warmup + steps)
         if args.profile:
             check_length(prediction, profile_length(args.warmup, min(steps, PROFILED_STEPS)))
-        summary = measure_point(cfg, args.warmup + steps, args.warmup)
+        try:
+            summary = measure_point(cfg, args.warmup + steps, args.warmup)
+        except OutOfMemory as e:
+            if len(points) == 1:
+                raise
+            failed[label] = (str(e), prediction.memory.total)
+            if args.json:
+                print(json.dumps({"label": label, "error": str(e)}), flush=True)
+            else:
+                print(f"[{i}/{len(points)}] {label}: {e}", file=sys.stderr, flush=True)
+            continue
         if summary["precision"] not in peaks:
             peaks[summary["precision"]] = device_peak(cfg.device, summary, args.catalog_gpu)
         rec = build_record(label, summary, peaks[summary["precision"]], prediction, args.warmup, cfg)
@@ -152,11 +164,13 @@ def run(args: argparse.Namespace) -> int:
         if args.profile:
             where = Path(args.profile) / (slug(label) if len(points) > 1 else "")
             show_profile(profile_point(cfg, args.warmup, min(steps, PROFILED_STEPS), where), where, args.json)
+    if not records:
+        raise TunelabError(f"every point of the sweep ran out of memory; the first: {next(iter(failed.values()))[0]}")
     if not args.json:
-        if len(records) == 1:
+        if len(points) == 1:
             show_single(records[0], db)
         else:
-            show_sweep(records, db)
+            show_sweep(records, db, [label for label, _ in points], failed)
     return 0
 
 
@@ -422,7 +436,8 @@ def show_comparison(rows: list[dict], db: Path) -> None:
     c.print(f"stored in {db}")
 
 
-def show_sweep(records: list[dict], db: Path) -> None:
+def show_sweep(records: list[dict], db: Path, labels: list[str], failed: dict[str, tuple[str, int]]) -> None:
+    """The sweep's points in their order; one that ran out of memory shows as such."""
     from rich.table import Table
 
     t = Table(title=f"sweep on {records[0]['device']}")
@@ -437,7 +452,12 @@ def show_sweep(records: list[dict], db: Path) -> None:
         "pred mem",
     ):
         t.add_column(col, justify="left" if col == "point" else "right")
-    for r in records:
+    measured = {r["label"]: r for r in records}
+    for label in labels:
+        if label in failed:
+            t.add_row(label, "out of memory", *[""] * 5, gib(failed[label][1]))
+            continue
+        r = measured[label]
         t.add_row(
             r["label"],
             f"{r['tokens_padded_per_s']:,.0f}",

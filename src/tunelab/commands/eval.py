@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     setup = resolve_setup(args.adapter, args.model, args.format, args.template)
     rows = read_rows(Path(args.data), setup.format, args.limit)
 
-    from ..device import pick_device, pick_precision
+    from ..device import device_name, out_of_memory, pick_device, pick_precision
     from ..model.adapters import check_adapter
     from ..model.load import load_model, load_tokenizer, resolve
     from ..eval.generate import evaluate
@@ -126,7 +126,15 @@ def run(args: argparse.Namespace) -> int:
 
         model = load_adapter(model, args.adapter, setup.model)
     load_seconds = time.perf_counter() - started
-    result = evaluate(model, tokenizer, rows, setup.format, setup.template, args.batch_size, args.max_new_tokens)
+    try:
+        result = evaluate(model, tokenizer, rows, setup.format, setup.template, args.batch_size, args.max_new_tokens)
+    except Exception as e:
+        if not out_of_memory(e):
+            raise
+        raise TunelabError(
+            f"out of memory on {device_name(device)} generating {args.batch_size} rows at a time; "
+            f"lower --batch-size (or --max-new-tokens)"
+        ) from None
 
     summary = {
         **result.summary(),

@@ -25,8 +25,16 @@ from ..data.packing import packing_efficiency
 from ..data.formats import use_default_chat_template
 from ..data.pipeline import TokenizedData, prepare_split
 from ..specs import data_spec, held_out_spec
-from ..device import Precision, device_memory_bytes, device_name, library_versions, pick_device, pick_precision
-from ..errors import TunelabError
+from ..device import (
+    Precision,
+    device_memory_bytes,
+    device_name,
+    library_versions,
+    out_of_memory,
+    pick_device,
+    pick_precision,
+)
+from ..errors import OutOfMemory, TunelabError
 from ..io import atomic_dir, disk_errors, link_tree, remove_stale_temps, write_atomic
 from ..memwatch import MemoryWatch
 from ..runtime import ACTIVATION_MEMORY_BUDGET
@@ -192,10 +200,35 @@ def train(
     trackers.check_available(cfg.report_to)
     procs = distributed.join(pick_device(cfg.device))
     if not procs.main:
-        return _train_locked(cfg, out, t0, False, stop_at, warmup_window, procs, on_step)
+        with memory_errors(cfg, procs.device, out, None):
+            return _train_locked(cfg, out, t0, False, stop_at, warmup_window, procs, on_step)
     check_output_dir(out)
-    with lock_output_dir(out):
+    with lock_output_dir(out), memory_errors(cfg, procs.device, out, None):
         return _train_locked(cfg, out, t0, show_progress, stop_at, warmup_window, procs, on_step)
+
+
+@contextmanager
+def memory_errors(cfg: TrainConfig, device: torch.device, out: Path, state: TrainState | None):
+    """Out of memory becomes one line: where, at which shape, and the settings that use less (the same levers
+    `tunelab plan` tries). `state` is the running loop's (None before it: loading the model and adapters)."""
+    try:
+        yield
+    except Exception as e:
+        if not out_of_memory(e):
+            raise
+        where = "before the first step (loading the model)" if state is None else f"in step {state.step + 1}"
+        levers = ["lower micro_batch (raise grad_accum to keep the batch)"]
+        if not cfg.grad_ckpt:
+            levers.append("grad_ckpt=true")
+        if cfg.method in ("lora", "dora") and cfgmod.effective_base_quant(cfg) == "none":
+            levers.append("method=qlora")
+        kept = checkpoint.list_checkpoints(out / "checkpoints") if state is not None else []
+        resume = f"; {kept[-1]} is kept: resume=true continues from it, with a smaller micro_batch too" if kept else ""
+        raise OutOfMemory(
+            f"out of memory on {device_name(device)} ({device_memory_bytes(device) / 2**30:.1f} GiB) {where}, "
+            f"method {cfg.method}, micro_batch {cfg.micro_batch} x seq_len {cfg.seq_len}; try {', '.join(levers)}; "
+            f"`tunelab plan --gpu local` with the same config shows which fit{resume}"
+        ) from None
 
 
 def _train_locked(
@@ -325,32 +358,33 @@ def _train_locked(
     tracking = trackers.setup(cfg.report_to, out, state.step) if procs.main else None
     with _tracking(accelerator, tracking, cfg, show_progress) as track:
         progress = ProgressView(prep.schedule.total_steps, state.step, enabled=show_progress)
-        result = loop.run(
-            loop.LoopContext(
-                accelerator,
-                wrapped,
-                optimizer,
-                scheduler,
-                prep.schedule,
-                optim_spec,
-                loop.LoopSpec(
-                    cfg.log_steps,
-                    cfg.save_steps,
-                    cfg.save_total_limit,
-                    warmup_window,
-                    stop_at,
-                    weights_identity(cfg),
-                    on_step,
-                ),
-                out if procs.main else None,
-                memwatch,
-                state,
-                progress,
-                _evaluation(cfg, prep, model, out, procs.main, gather),
-                track,
-                None if fsdp is None else functools.partial(distributed.gather_checkpoint, wrapped, optimizer),
+        with memory_errors(cfg, procs.device, out, state):
+            result = loop.run(
+                loop.LoopContext(
+                    accelerator,
+                    wrapped,
+                    optimizer,
+                    scheduler,
+                    prep.schedule,
+                    optim_spec,
+                    loop.LoopSpec(
+                        cfg.log_steps,
+                        cfg.save_steps,
+                        cfg.save_total_limit,
+                        warmup_window,
+                        stop_at,
+                        weights_identity(cfg),
+                        on_step,
+                    ),
+                    out if procs.main else None,
+                    memwatch,
+                    state,
+                    progress,
+                    _evaluation(cfg, prep, model, out, procs.main, gather),
+                    track,
+                    None if fsdp is None else functools.partial(distributed.gather_checkpoint, wrapped, optimizer),
+                )
             )
-        )
 
     finished = state.step >= prep.schedule.total_steps or result.stopped_early
     weights = gather() if finished and gather is not None else None  # every process takes part in gathering

@@ -233,3 +233,32 @@ def test_world_size_column_reaches_old_databases_as_one_process(tmp_path):
     store.insert(db, {"kind": "tunelab", "world_size": 4})
     store.insert(db, {"kind": "hf-trainer"})
     assert [r["world_size"] for r in store.read(db)] == [1, 4, 1]
+
+
+@pytest.mark.slow
+def test_a_sweep_point_out_of_memory_is_shown_and_the_sweep_goes_on(bench_args, monkeypatch, capsys):
+    """A sweep over micro_batch is how a user finds the largest that fits: the one that does not is a row saying
+    so (with plan's memory for it), not the end of the sweep. The point runs in a child process, whose error
+    comes back pickled."""
+    import pickle
+
+    from tunelab.commands import bench
+    from tunelab.errors import OutOfMemory
+
+    real = bench.measure_point
+
+    def measure_point(cfg, stop_at, warmup):
+        if cfg.micro_batch == 4:
+            raise pickle.loads(pickle.dumps(OutOfMemory("out of memory on cuda:0 (8.0 GiB) in step 1, ...")))
+        return real(cfg, stop_at, warmup)
+
+    monkeypatch.setattr(bench, "measure_point", measure_point)
+    monkeypatch.setenv("COLUMNS", "200")  # the table's rows on one line each
+    assert main(["bench", *bench_args, "--steps", "2", "--warmup", "1", "--sweep", "micro_batch=4,2"]) == 0
+    printed = capsys.readouterr()
+    assert "[1/2] micro_batch=4: out of memory on cuda:0 (8.0 GiB) in step 1, ..." in printed.err
+    rows = [line for line in printed.out.splitlines() if "micro_batch=" in line]
+    assert len(rows) == 2 and "out of memory" in rows[0] and "GiB" in rows[0] and "out of memory" not in rows[1]
+
+    assert main(["bench", *bench_args, "--steps", "2", "--warmup", "1", "--sweep", "micro_batch=4", "--json"]) == 2
+    assert "tunelab bench: error: out of memory on cuda:0" in capsys.readouterr().err

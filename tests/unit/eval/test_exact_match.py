@@ -317,3 +317,19 @@ def test_rows_of_one_batch_stop_independently(tokenizer):
     stop = stops(model, tokenizer, "chat")
     assert generate(model, tokenizer, prompts, [10, 10], 2, stop) == ["4", "abcd"]
     assert generate(model, tokenizer, prompts, [10, 10], 2) == ["4zzzzzzzz", "abcdzzzzz"]  # EOS only: run on
+
+
+def test_eval_out_of_memory_is_one_line_naming_the_batch(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    import tunelab.eval.generate as generate_module
+
+    def evaluate(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+
+    monkeypatch.setattr(generate_module, "evaluate", evaluate)
+    path = write_jsonl(tmp_path / "rows.jsonl", [{"instruction": "1 + 1", "output": "1 + 1 = 2", "answer": "2"}])
+    out = tmp_path / "eval.json"
+    argv = ["eval", "--data", str(path), "--model", str(tiny_model_dir), "--batch-size", "64", "--out", str(out)]
+    assert main(argv) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "out of memory on " in line and "generating 64 rows at a time; lower --batch-size" in line
+    assert not out.exists()

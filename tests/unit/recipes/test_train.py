@@ -57,3 +57,64 @@ def test_compiled_blocks_have_no_graph_break(tiny_model_dir, addition_rows, tmp_
         torch._dynamo.reset()
     assert graphs > 0, "nothing was compiled"
     assert not breaks, breaks
+
+
+def _oom_argv(tiny_model_dir, data, out, *extra) -> list[str]:
+    from tunelab.config import dump_yaml
+
+    config = out.parent / f"{out.name}.yaml"
+    config.write_text(dump_yaml(tiny_train_config(tiny_model_dir, data, out, *extra)))
+    return ["train", "--config", str(config), "--quiet"]
+
+
+def test_out_of_memory_in_a_step_is_one_line_with_the_levers_and_the_checkpoint_kept(
+    tiny_model_dir, addition_rows, tmp_path, monkeypatch, capsys
+):
+    """As a GPU fails a micro-batch too large for it: step 3 of a run that saved at step 2."""
+    from tunelab.cli import main
+
+    data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
+    calls, real_forward = [], loop.forward
+
+    def forward(model, batch, device):
+        calls.append(1)
+        if len(calls) == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real_forward(model, batch, device)
+
+    monkeypatch.setattr(loop, "forward", forward)
+    out = tmp_path / "out"
+    rc = main(_oom_argv(tiny_model_dir, data, out, "max_steps=4", "save_steps=2", "grad_accum=1"))
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert "tunelab train: error: out of memory on " in err
+    for part in ("in step 3,", "method lora, micro_batch", "lower micro_batch", "grad_ckpt=true", "method=qlora"):
+        assert part in err, err
+    assert (
+        f"{out / 'checkpoints' / 'step-0000002'} is kept: resume=true continues from it, with a smaller micro_batch too"
+        in err
+    )
+    assert not (out / "adapter").exists() and not (out / "summary.json").exists()
+
+
+def test_out_of_memory_while_loading_names_it_and_other_errors_keep_their_traceback(
+    tiny_model_dir, addition_rows, tmp_path, monkeypatch, capsys
+):
+    from tunelab.cli import main
+    from tunelab.model import load as mload
+
+    data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
+    refusal = "[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried to allocate 9"
+
+    def load_model(*args, **kwargs):
+        raise RuntimeError(refusal)
+
+    monkeypatch.setattr(mload, "load_model", load_model)
+    assert main(_oom_argv(tiny_model_dir, data, tmp_path / "a", "grad_ckpt=true", "method=full")) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "out of memory on" in line and "before the first step (loading the model)" in line
+    assert "grad_ckpt=true" not in line and "method=qlora" not in line and "is kept" not in line
+
+    refusal = "a bug, not memory"
+    with pytest.raises(RuntimeError, match="a bug, not memory"):
+        main(_oom_argv(tiny_model_dir, data, tmp_path / "b"))

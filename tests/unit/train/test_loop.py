@@ -149,6 +149,27 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_model_dir, data_file, tmp_
     assert [l for _, l in got] == pytest.approx([l for _, l in expected], rel=1e-6)
 
 
+def test_resume_with_a_smaller_micro_batch_and_the_same_rows_per_step_reproduces_the_run(
+    tiny_model_dir, data_file, tmp_path
+):
+    """What the out-of-memory line offers: resume from the last checkpoint at micro_batch 2 x grad_accum 4
+    instead of 4 x 2; each optimizer step sums the same rows, so the losses are an uninterrupted run's."""
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    train(config(tiny_model_dir, data_file, full, "max_steps=6", "micro_batch=4", "grad_accum=2"), show_progress=False)
+    shape = ("max_steps=6", "save_steps=3")
+    train(
+        config(tiny_model_dir, data_file, cut, *shape, "micro_batch=4", "grad_accum=2"), show_progress=False, stop_at=4
+    )
+    train(
+        config(tiny_model_dir, data_file, cut, *shape, "micro_batch=2", "grad_accum=4", "resume=true"),
+        show_progress=False,
+    )
+    expected = [(m["step"], m["loss"]) for m in read_metrics(full)]
+    got = [(m["step"], m["loss"]) for m in read_metrics(cut)]
+    assert [s for s, _ in got] == list(range(1, 7))
+    assert [l for _, l in got] == pytest.approx([l for _, l in expected], rel=1e-6)
+
+
 def test_resume_skips_a_truncated_latest_checkpoint(tiny_model_dir, data_file, tmp_path, capsys):
     out = tmp_path / "cut"
     train(config(tiny_model_dir, data_file, out, "max_steps=8", "save_steps=2"), show_progress=False, stop_at=6)
