@@ -55,3 +55,13 @@ def test_a_cut_recipe_keeps_enough_optimizer_steps_with_a_smaller_micro_batch():
     assert demo.smaller_micro_batch(16, steps=60) == 8
     assert demo.smaller_micro_batch(16, steps=5) == demo.MIN_MICRO_BATCH  # never below the floor
     assert demo.smaller_micro_batch(2, steps=5) == 2
+
+
+def test_an_earlier_runs_checkpoints_are_refused_before_any_data_is_written(tmp_path, capsys):
+    out = tmp_path / "run"
+    (out / "checkpoints" / "step-0000020").mkdir(parents=True)
+    (tmp_path / "c.yaml").write_text("")
+    code = demo.main([str(tmp_path / "c.yaml"), "--curve-every", "20", f"output_dir={out}"])
+    (line,) = capsys.readouterr().err.splitlines()
+    assert code == 2 and "holds checkpoints of an earlier run (newest step-0000020); resume=true" in line
+    assert not (out / "data").exists()

@@ -105,6 +105,10 @@ def run(args: argparse.Namespace, overrides: list[str]) -> None:
     console = Console()
     cfg = cfgmod.load_config(args.config, overrides)
     out = Path(cfg.output_dir)
+    if cfg.resume is False:  # before minutes of data and scoring, not after them
+        from ..train.checkpoint import refuse_earlier
+
+        refuse_earlier(out / "checkpoints", out)
     train_path, test_path = Path(cfg.data.path), out / "data" / "test.jsonl"
 
     # 1. Data: 1-8 digit additions, every digit-count pair equally likely; the test set shares no problem.

@@ -250,6 +250,8 @@ def _train_locked(
     resume_from = checkpoint.find(out / "checkpoints", cfg.resume)
     if resume_from is not None:
         checkpoint.check_identity(resume_from, weights_identity(cfg))
+    else:
+        checkpoint.refuse_earlier(out / "checkpoints", out)
     memwatch = MemoryWatch(procs.device)
     memwatch.start()  # before the model loads: CPU peak memory is relative to this RSS
 

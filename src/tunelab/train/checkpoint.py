@@ -153,6 +153,17 @@ def list_checkpoints(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_dir() and p.name.startswith(PREFIX))
 
 
+def refuse_earlier(folder: Path, out: Path) -> None:
+    """A run that does not resume starts where no earlier run left checkpoints: its saves would mix with them,
+    and a later `resume: true` could continue the earlier run under the new settings."""
+    earlier = list_checkpoints(folder)
+    if earlier:
+        raise TunelabError(
+            f"output_dir {out}: holds checkpoints of an earlier run (newest {earlier[-1].name}); resume=true "
+            f"continues it; to start over, delete {folder} or choose another output_dir"
+        )
+
+
 def find(folder: Path, resume: bool | str) -> Path | None:
     """`resume: true` takes the newest valid checkpoint in `folder` (None if there is none); a path takes that one.
 

@@ -9,6 +9,7 @@ from conftest import tiny_train_config as config
 from conftest import write_jsonl
 from tunelab.cli import main
 from tunelab.config import load_config
+from tunelab.errors import TunelabError
 from tunelab.recipes.train import train
 
 pytestmark = pytest.mark.slow  # every test here trains or compiles
@@ -168,6 +169,17 @@ def test_resume_with_a_smaller_micro_batch_and_the_same_rows_per_step_reproduces
     got = [(m["step"], m["loss"]) for m in read_metrics(cut)]
     assert [s for s, _ in got] == list(range(1, 7))
     assert [l for _, l in got] == pytest.approx([l for _, l in expected], rel=1e-6)
+
+
+def test_a_new_run_refuses_an_output_dir_holding_an_earlier_runs_checkpoints(tiny_model_dir, data_file, tmp_path):
+    """Otherwise its saves mix with the earlier run's: stopped after its own step-2, the earlier run's step-4
+    would be the newest, and resume=true would continue that run under this one's settings."""
+    out = tmp_path / "out"
+    train(config(tiny_model_dir, data_file, out, "max_steps=6", "save_steps=2"), show_progress=False)
+    before = sorted(p.name for p in (out / "checkpoints").iterdir())
+    with pytest.raises(TunelabError, match=r"holds checkpoints of an earlier run \(newest step-0000004\); resume=true"):
+        train(config(tiny_model_dir, data_file, out, "max_steps=4", "save_steps=2", "lr=1e-3"), show_progress=False)
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == before
 
 
 def test_resume_skips_a_truncated_latest_checkpoint(tiny_model_dir, data_file, tmp_path, capsys):
