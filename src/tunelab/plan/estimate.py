@@ -121,8 +121,9 @@ def estimate(
     mem = memory.breakdown(arch, setup)
     loss_per_row = w.loss_tokens_per_micro_batch / s.micro_batch
     biggest = memory.max_micro_batch(arch, setup, d.gpu.memory_bytes, loss_per_row)
+    local = d.gpu.id == "local"
     eff = timing.efficiency(
-        d.gpu.device_class, s.method, s.base_quant, d.calibration, s.compile, s.grad_ckpt, arch.total_params
+        d.gpu.device_class, s.method, s.base_quant, d.calibration, s.compile, s.grad_ckpt, arch.total_params, local
     )
     speed = timing.throughput(w.tokens_padded, f.hardware, d.gpu.peak_flops, eff.value, gpus, scaling)
     trainable = memory.trainable_params(arch, setup)

@@ -33,9 +33,11 @@ def efficiency(
     compile: bool = False,
     grad_ckpt: bool = False,
     params: int = 0,
+    local: bool = False,
 ) -> Efficiency:
     """The device's own calibration record first, then the class's suite measurements (catalog/measured.yaml),
-    then the class's assumed default times the method's factor; the label says which."""
+    then the class's assumed default times the method's factor; the label says which, and for the machine
+    at hand (`local`) how to calibrate it."""
     key = method_key(method, base_quant)
     if calibration is not None and key in calibration.efficiency:
         value = calibration.efficiency[key]
@@ -56,8 +58,10 @@ def efficiency(
     base, factor = catalog.class_efficiency(device_class), catalog.method_factor(key)
     value = base * factor
     detail = f" x {factor:g} for {key}" if factor != 1 else ""
+    how = "; `tunelab bench --calibrate` measures it here" if local else ""
     return Efficiency(
-        value, f"efficiency {value:.2f} (default {base:.2f} for class {device_class}{detail}, uncalibrated assumption)"
+        value,
+        f"efficiency {value:.2f} (default {base:.2f} for class {device_class}{detail}, uncalibrated assumption{how})",
     )
 
 

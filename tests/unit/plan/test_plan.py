@@ -227,7 +227,9 @@ def test_calibration_roundtrip_and_use(tmp_path, monkeypatch):
     e = timing.efficiency("datacenter-hopper", "lora", "none", back)
     assert e.value == 0.52 and "calibrated" in e.label
     d = timing.efficiency("datacenter-hopper", "qlora", "nf4", None)
-    assert "uncalibrated assumption" in d.label and "datacenter-hopper" in d.label
+    assert "uncalibrated assumption" in d.label and "datacenter-hopper" in d.label and "--calibrate" not in d.label
+    here = timing.efficiency("probe-gpu", "qlora", "nf4", None, local=True)
+    assert here.label.endswith("uncalibrated assumption; `tunelab bench --calibrate` measures it here)")
 
 
 def test_matmul_probe_is_short_and_positive():
