@@ -45,15 +45,25 @@ def _fsdp(config: Path, *overrides: str, accelerate_config: str = FSDP) -> subpr
     return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=180, cwd=REPO)
 
 
+def _fsdp_run(setup, method: str, accelerate_config: str = FSDP, name: str = "fsdp") -> Path:
+    """The output dir of `method`'s FSDP run on two processes with micro_batch 4, run once per module: the
+    shipped config's run is both a test's subject and the resume tests' uninterrupted run."""
+    tmp, config = setup
+    out = tmp / f"{method}-{name}"
+    if not (out / "summary.json").exists():
+        done = _fsdp(config, f"method={method}", f"output_dir={out}", accelerate_config=accelerate_config)
+        assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
 def _pair(setup, method: str, accelerate_config: str = FSDP, name: str = "fsdp") -> tuple[Path, Path]:
     """(one process with micro_batch 8, FSDP on two processes with micro_batch 4) output dirs for `method`."""
     from tunelab.config import load_config
     from tunelab.recipes.train import train
 
     tmp, config = setup
-    out1, out2 = tmp / f"{method}-one-{name}", tmp / f"{method}-{name}"
-    done = _fsdp(config, f"method={method}", f"output_dir={out2}", accelerate_config=accelerate_config)
-    assert done.returncode == 0, done.stderr[-3000:]
+    out1 = tmp / f"{method}-one-{name}"
+    out2 = _fsdp_run(setup, method, accelerate_config, name)
     train(load_config(config, [f"output_dir={out1}", "micro_batch=8", f"method={method}"]), show_progress=False)
     return out1, out2
 
@@ -151,11 +161,15 @@ if os.environ.get("FAIL_SAVE"):
     def fail(*args, **kwargs):
         raise TunelabError("checkpoint write failed")
     checkpoint.save = fail
+from tunelab.train.distributed import exit_launched
+
 stop = int(sys.argv[2])
 try:
     train(load_config(sys.argv[1], sys.argv[3:]), show_progress=False, stop_at=stop or None)
 except TunelabError as e:
     sys.exit(f"error: {e}")
+# As `tunelab train` does: a launched gloo process that reaches interpreter teardown can abort there.
+sys.exit(exit_launched())
 """
 
 
@@ -176,13 +190,11 @@ def _weights(out: Path, method: str) -> dict[str, torch.Tensor]:
 
 def _resumed_as_uninterrupted(setup, method: str) -> Path:
     """An FSDP run stopped at step 3 after a checkpoint at step 2, resumed to the end, against the same run
-    uninterrupted: per-step losses and final weights equal (fp32, same processes, same reduction order, and the
+    uninterrupted (`tunelab train --nproc 2`, _fsdp_run): per-step losses and final weights equal (fp32, same processes, same reduction order, and the
     checkpoint holds the exact fp32 values: measured bit-identical; the bound leaves room for nothing but that
     order, 1e-6 relative). Returns the checkpoint."""
     tmp, config = setup
-    whole, cut = tmp / f"{method}-whole", tmp / f"{method}-cut"
-    done = _launch(tmp, config, 0, f"method={method}", f"output_dir={whole}")
-    assert done.returncode == 0, done.stderr[-3000:]
+    whole, cut = _fsdp_run(setup, method), tmp / f"{method}-cut"
     done = _launch(tmp, config, 3, f"method={method}", f"output_dir={cut}", "save_steps=2")
     assert done.returncode == 0, done.stderr[-3000:]
     assert [p.name for p in (cut / "checkpoints").iterdir()] == ["step-0000002"]
@@ -234,7 +246,7 @@ def test_fsdp2_full_fine_tuning_resumes_from_a_checkpoint_as_if_never_stopped(se
         load_config(setup[1], [f"output_dir={one}", "micro_batch=8", "method=full", f"resume={path}"]),
         show_progress=False,
     )
-    fsdp = _losses(setup[0] / "full-whole")
+    fsdp = _losses(_fsdp_run(setup, "full"))
     got = _losses(one)
     assert sorted(got) == ["eval_loss@4", "loss@3", "loss@4"]
     for k in got:
