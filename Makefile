@@ -27,10 +27,12 @@ demo: install
 
 # pytest-xdist: one worker per core (at most 4), each test file on one worker so that its fixtures are built
 # once; much of a test's time is single-threaded (compiling, process start-up), which a second worker overlaps.
+# Files go out in collection order, which tests/conftest.py starts with the longest files (xdist's own order,
+# by test count, left a one-test file of 90 s for last).
 test: install
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/python -m pytest -q tests -n auto --maxprocesses=4 --dist loadfile --durations=15
+	$(BIN)/python -m pytest -q tests -n auto --maxprocesses=4 --dist loadfile --no-loadscope-reorder --durations=15
 
 # The fast tier while editing: no training, compiling or subprocess runs, no embedded model (pyproject markers).
 test-fast: install

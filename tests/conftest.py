@@ -62,7 +62,32 @@ def pytest_sessionfinish(session, exitstatus):
         shutil.rmtree(_OWN_INDUCTOR_CACHE, ignore_errors=True)
 
 
+# The test files that take longest, longest first (benchmarks/make-test_xeon-amx-2c_2026-11-25.md). With
+# `--dist loadfile --no-loadscope-reorder` (the Makefile's) pytest-xdist hands out whole files in collection
+# order as workers free up; a long file handed out last ran on one worker while the other sat idle for a
+# minute. Longest first, the short files fill in around them at the end.
+LONGEST_FIRST = (
+    "tests/unit/train/test_loop.py",
+    "tests/unit/plan/test_plan_memory_measured.py",
+    "tests/unit/train/test_fsdp.py",
+    "tests/unit/plan/test_plan_memory_saved.py",
+    "tests/integration/test_methods.py",
+    "tests/unit/bench/test_suite.py",
+    "tests/unit/bench/test_measure.py",
+    "tests/unit/model/test_flex_attention.py",
+    "tests/unit/train/test_distributed.py",
+    "tests/unit/train/test_kill.py",
+    "tests/unit/train/test_reference_loop.py",
+    "tests/unit/recipes/test_train.py",
+)
+_missing = [f for f in LONGEST_FIRST if not (REPO / f).is_file()]
+assert not _missing, f"conftest.LONGEST_FIRST names files that are gone: {_missing}"
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {f: i for i, f in enumerate(LONGEST_FIRST)}
+    # A stable sort keeps each file's tests together and in their own order.
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
