@@ -67,18 +67,18 @@ def pytest_sessionfinish(session, exitstatus):
 # order as workers free up; a long file handed out last ran on one worker while the other sat idle for a
 # minute. Longest first, the short files fill in around them at the end.
 LONGEST_FIRST = (
-    "tests/unit/train/test_loop.py",
     "tests/unit/plan/test_plan_memory_measured.py",
-    "tests/unit/train/test_fsdp.py",
-    "tests/unit/plan/test_plan_memory_saved.py",
     "tests/integration/test_methods.py",
+    "tests/unit/train/test_fsdp.py",
     "tests/unit/bench/test_suite.py",
+    "tests/unit/plan/test_plan_memory_saved.py",
+    "tests/unit/train/test_loop.py",
+    "tests/unit/train/test_reference_loop.py",
     "tests/unit/bench/test_measure.py",
-    "tests/unit/model/test_flex_attention.py",
     "tests/unit/train/test_distributed.py",
     "tests/unit/train/test_kill.py",
-    "tests/unit/train/test_reference_loop.py",
     "tests/unit/recipes/test_train.py",
+    "tests/integration/test_bench_embedded.py",
 )
 _missing = [f for f in LONGEST_FIRST if not (REPO / f).is_file()]
 assert not _missing, f"conftest.LONGEST_FIRST names files that are gone: {_missing}"
