@@ -174,8 +174,8 @@ def test_compiled_blocks_compile_once(tokenizer, device="cuda"):
     """LoRA over compiled blocks with attention=flex: four micro-batches of different document mixes, forward
     and backward; after the first, dynamo compiles nothing new (under LoRA the first block's input needs no
     grad and the later blocks' inputs do, two graphs, both in the first micro-batch). Then the same without
-    grad, where the blocks run the flex kernel itself. On CPU the training loop's own test covers this with
-    evaluation between steps (tests/unit/train/test_loop.py, test_a_compiled_run_compiles_nothing_after_its_first_steps)."""
+    grad, where the blocks run the flex kernel itself. On CPU the training loop's own test covers this, with
+    evaluations between steps (test_loop.py::test_a_compiled_run_compiles_nothing_after_its_first_steps)."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()

@@ -7,9 +7,10 @@ different shape, then every method's prediction (model + that overhead) must be 
 measured peak. Each run is a fresh spawned process (bench.points.measure_point), as a real `tunelab train`.
 
 The runs use compiled blocks, whose saved tensors the model counts exactly (test_plan_memory_saved.py):
-measured 477 / 483 / 852 MiB against 445 / 427 / 890 predicted (lora / qlora / full). With eager blocks the
-model's saved tensors are as exact, but the process holds more than they explain at larger batches, which an
-overhead calibrated on a smaller run does not carry: 615 / 632 / 1,240 MiB measured against 519 / 501 /
+measured 498 / 502 / 884 MiB against 496 / 478 / 942 predicted (lora / qlora / full) with a 270 MiB overhead
+from the half-depth model's run on the AMX class (benchmarks/make-test_xeon-amx-2c_2026-11-25.md). With eager
+blocks the model's saved tensors are as exact, but the process holds more than they explain at larger batches,
+which an overhead calibrated on a smaller run does not carry: 615 / 632 / 1,240 MiB measured against 519 / 501 /
 1,013 (16-21% short). On the quickstart, eager blocks grew RSS by 3.66 GiB in the first forward against
 3.30 GiB of saved tensors and logits, and by 0.96 against 0.96 at micro-batch 4 (benchmarks/quickstart_xeon-amx-2c_2026-11-22.md).
 
