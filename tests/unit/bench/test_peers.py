@@ -160,18 +160,8 @@ def test_seed_peer_pads_every_example_to_512_and_steps_over_four_micro_batches(t
     """The seed recipe keeps its own shape whatever tunelab's settings say: micro-batch 2 x 4 accumulated, every
     example padded to 512, fp32 on a CPU; one measured step is then exactly 2 x 4 x 512 fed tokens."""
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
-    rec = peers.run_peer(
-        "hf-trainer-seed",
-        str(tiny_model_dir),
-        str(data),
-        steps=2,
-        warmup=1,
-        seq_len=128,
-        micro_batch=4,
-        lora=peers.LoraSettings(8, 16.0, 0.0, "attn"),
-        template="compact",
-        device="cpu",
-    )
+    tunelabs = dict(seq_len=128, micro_batch=4, grad_accum=2)  # what the recipe ignores
+    rec = peers.run_peer("hf-trainer-seed", str(tiny_model_dir), str(data), 2, 1, device="cpu", **tunelabs)
     assert rec["kind"] == "hf-trainer-seed" and rec["steady_window_steps"] == 1
     assert (rec["micro_batch"], rec["seq_len"]) == (2, 512)
     assert rec["steady_tokens_padded"] == 2 * 4 * 512
