@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_train_config, write_jsonl
+from conftest import compile_without_inductor, tiny_train_config, write_jsonl
 from tunelab.recipes import train as recipe
 from tunelab.train import loop
 from tunelab.train.loss import CausalLMLoss
@@ -35,8 +35,7 @@ def test_compiled_blocks_have_no_graph_break(tiny_model_dir, addition_rows, tmp_
     On CUDA (the gpu tier) attention is FlexAttention's unless the row says otherwise."""
     from torch._dynamo.utils import counters
 
-    real_compile = torch.nn.Module.compile
-    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: real_compile(self, backend="aot_eager"))
+    compile_without_inductor(monkeypatch)
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
     cfg = tiny_train_config(
         tiny_model_dir, data, tmp_path / "run", "compile=true", "precision=bf16", f"device={device}", *extra

@@ -190,9 +190,9 @@ def _weights(out: Path, method: str) -> dict[str, torch.Tensor]:
 
 def _resumed_as_uninterrupted(setup, method: str) -> Path:
     """An FSDP run stopped at step 3 after a checkpoint at step 2, resumed to the end, against the same run
-    uninterrupted (`tunelab train --nproc 2`, _fsdp_run): per-step losses and final weights equal (fp32, same processes, same reduction order, and the
-    checkpoint holds the exact fp32 values: measured bit-identical; the bound leaves room for nothing but that
-    order, 1e-6 relative). Returns the checkpoint."""
+    uninterrupted (`tunelab train --nproc 2`, _fsdp_run): per-step losses and final weights equal (fp32, same
+    processes, same reduction order, and the checkpoint holds the exact fp32 values: measured bit-identical; the
+    bound leaves room for nothing but that order, 1e-6 relative). Returns the checkpoint."""
     tmp, config = setup
     whole, cut = _fsdp_run(setup, method), tmp / f"{method}-cut"
     done = _launch(tmp, config, 3, f"method={method}", f"output_dir={cut}", "save_steps=2")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import tiny_train_config as config
-from conftest import write_jsonl
+from conftest import compile_without_inductor, write_jsonl
 from tunelab.cli import main
 from tunelab.config import load_config
 from tunelab.errors import TunelabError
@@ -280,12 +280,7 @@ def test_compiled_blocks_save_less_for_backward_than_at_full_budget(tokenizer, m
     from tunelab.recipes import train as command
 
     monkeypatch.setattr(aot_config, "activation_memory_budget", aot_config.activation_memory_budget)  # restored after
-    # What is saved is the partitioner's choice, made before inductor builds anything: the backend that runs
-    # the partitioned graphs eagerly decides the same in seconds.
-    real_compile = torch.nn.Module.compile
-    monkeypatch.setattr(
-        torch.nn.Module, "compile", lambda self, **kw: real_compile(self, backend="aot_eager_decomp_partition")
-    )
+    compile_without_inductor(monkeypatch, "aot_eager_decomp_partition")  # what is saved is the partitioner's choice
     ids = torch.randint(3, len(tokenizer), (4, 64), generator=torch.Generator().manual_seed(0))
 
     def saved_bytes(budget: float) -> int:
@@ -369,8 +364,7 @@ def test_a_compiled_run_compiles_nothing_after_its_first_steps(
 
     from tunelab.train import loop
 
-    real_compile = torch.nn.Module.compile
-    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: real_compile(self, backend="aot_eager"))
+    compile_without_inductor(monkeypatch)
 
     graphs: list[tuple[bool, int]] = []
     evaluating = [False]
