@@ -52,10 +52,21 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.handler(args) or 0)
     except TunelabError as e:
         print(f"tunelab {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return _exit_status(2)
     except KeyboardInterrupt:
         print(f"tunelab {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _exit_status(status: int) -> int:
+    """`status`, or, in one process of a launched data-parallel run, an exit with it that leaves the process
+    group first (train/distributed.exit_launched says why); only a process that imported torch.distributed
+    can be one."""
+    if "torch.distributed" not in sys.modules:
+        return status
+    from .train.distributed import exit_launched
+
+    return exit_launched(status)
 
 
 def quiet_libraries() -> None:

@@ -233,24 +233,25 @@ def _by_name(state: dict, root: torch.nn.Module, optimizer: torch.optim.Optimize
     return {"state": {order[i]: s for i, s in state["state"].items()}, "param_groups": groups}
 
 
-def exit_launched() -> int:
-    """After a successful run: in a launched process of a data-parallel run (world > 1), leave the process group
-    and exit 0 without Python's interpreter teardown; elsewhere return 0. Under gloo, a process that reaches
-    interpreter teardown with the process group alive can abort there ("terminate called without an active
-    exception", SIGABRT) after a run that succeeded: gloo's worker threads still hold work whose tensors drop
-    Python references after the interpreter has gone (pytorch/pytorch#190489, #179291). No barrier first: the
-    other processes must not wait on the main one's final save (a large model's can outlast the group's timeout),
-    and leaving the group is each process's own business."""
+def exit_launched(status: int = 0) -> int:
+    """At the end of a run, successful or failed with tunelab's one-line error: in a launched process of a
+    data-parallel run (world > 1), leave the process group and exit with `status` without Python's interpreter
+    teardown; elsewhere return `status`. Under gloo, a process that reaches interpreter teardown with the
+    process group alive can abort there ("terminate called without an active exception", SIGABRT) after its
+    run ended well: gloo's worker threads still hold work whose tensors drop Python references after the
+    interpreter has gone (pytorch/pytorch#190489, #179291). No barrier first: the other processes must not wait
+    on the main one's final save (a large model's can outlast the group's timeout), and leaving the group is
+    each process's own business."""
     import sys
 
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return 0
+        return status
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(status)
 
 
 def is_main() -> bool:
