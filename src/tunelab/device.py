@@ -32,6 +32,18 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
 
 
+def to_device(array, device: torch.device) -> torch.Tensor:
+    """A host numpy array as a tensor on `device`, its copy queued on the device's stream. On CUDA the array is
+    first copied into page-locked memory, from torch's caching host allocator (no new allocation after the first
+    steps): only from page-locked memory does the device's copy engine read it while the host goes on; from
+    pageable memory the driver stages it through a buffer of its own on the host's time (the CUDA runtime's
+    "API synchronization behavior"; PyTorch's guide to non_blocking and pin_memory)."""
+    tensor = torch.from_numpy(array)
+    if device.type == "cuda":
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
+
+
 def pick_device(name: str = "auto") -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

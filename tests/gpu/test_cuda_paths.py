@@ -100,3 +100,28 @@ def test_no_host_sync_between_log_steps_on_cuda(tiny_model_dir, data_file, tmp_p
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert len(seen) == steps * accum
+
+
+def test_batches_reach_the_device_from_page_locked_memory(tiny_model_dir, data_file, tmp_path, monkeypatch):
+    """The host-to-device copies of a micro-batch inside a step, as CUDA's own activity records name them:
+    every one from pinned memory, none from pageable (device.to_device)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from tunelab.train import loop
+
+    forward, copies, profiled_calls = loop.forward, [], []
+
+    def profiled(*args, **kwargs):
+        if profiled_calls or not torch.is_grad_enabled():
+            return forward(*args, **kwargs)
+        profiled_calls.append(1)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            out = forward(*args, **kwargs)
+            torch.cuda.synchronize()
+        copies.extend(e.name for e in prof.events() if "HtoD" in e.name)
+        return out
+
+    monkeypatch.setattr(loop, "forward", profiled)
+    train(cuda_config(tiny_model_dir, data_file, tmp_path / "run", "max_steps=2"), show_progress=False)
+    # Kineto names them "Memcpy HtoD (Pinned -> Device)" or "(Pageable -> Device)".
+    assert copies and not any("Pageable" in name for name in copies), copies

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data.packing import SeqLayout
-from ..device import compute_dtype
+from ..device import compute_dtype, to_device
 from ..errors import TunelabError
 from ..runtime import MATH_MAX_LEN, attention_path, slot_products  # noqa: F401  (attention_path: callers' name)
 
@@ -224,7 +224,7 @@ def register(path: str = "slots") -> str:
 def layout_tensors(layout: SeqLayout, device: torch.device) -> dict[str, tuple[torch.Tensor, ...]]:
     """The kwarg `packed_attention` reads: the layout's maps both ways, moved to the device."""
     arrays = (layout.gather, layout.valid, layout.slot, layout.in_slot)
-    return {"seq_slots": tuple(torch.from_numpy(a).to(device, non_blocking=True) for a in arrays)}
+    return {"seq_slots": tuple(to_device(a, device) for a in arrays)}
 
 
 def document_block_mask(position_ids: torch.Tensor, window: int | None = None):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..device import synchronize
+from ..device import synchronize, to_device
 from ..memwatch import MemoryWatch
 from . import checkpoint
 from ..data.packing import Batch
@@ -169,10 +169,10 @@ class LoopContext:
 def forward(model: torch.nn.Module, batch: Batch, device: torch.device) -> torch.Tensor:
     """The summed loss of one micro-batch (train/loss.CausalLMLoss's inputs, copied to the device)."""
     return model(
-        torch.from_numpy(batch.input_ids).to(device, non_blocking=True),
-        None if batch.position_ids is None else torch.from_numpy(batch.position_ids).to(device, non_blocking=True),
-        torch.from_numpy(batch.loss_index).to(device, non_blocking=True),
-        torch.from_numpy(batch.loss_targets).to(device, non_blocking=True),
+        to_device(batch.input_ids, device),
+        None if batch.position_ids is None else to_device(batch.position_ids, device),
+        to_device(batch.loss_index, device),
+        to_device(batch.loss_targets, device),
         batch.layout,
     )
 
