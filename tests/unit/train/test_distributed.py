@@ -139,67 +139,49 @@ def test_resume_on_two_processes_reproduces_the_uninterrupted_run(setup, two_pro
         torch.testing.assert_close(b[k], a[k], rtol=REL, atol=ATOL)
 
 
-KILLER = """
+# `tunelab train` whose third forward (step 2's first micro-batch, after step 1's gradients went through the
+# process group) first runs `action`.
+DRIVER = """
 import os, signal, sys
+from tunelab.errors import TunelabError
 from tunelab.train import loop
 
 forward, calls = loop.forward, [0]
 
-def killing_forward(*args):
+def patched_forward(*args):
     calls[0] += 1
-    if os.environ.get("RANK") == "1" and calls[0] == 3:  # rank 1, mid-run (step 2's first micro-batch)
-        os.kill(os.getpid(), signal.SIGKILL)
+    if calls[0] == 3:
+        {action}
     return forward(*args)
 
-loop.forward = killing_forward
+loop.forward = patched_forward
 from tunelab.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
 
-def _launch_driver(script: Path, config: Path, out: Path) -> subprocess.CompletedProcess:
-    """`accelerate launch` of a driver script that patches tunelab and then runs `tunelab train` on 2 processes."""
+def _launch_driver(action: str, config: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    """`accelerate launch` on 2 processes of DRIVER doing `action`, output_dir tmp_path/out."""
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER.format(action=action))
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
     launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0"]
-    cmd = [*launch, str(script), "train", "--config", str(config), "--quiet", f"output_dir={out}"]
+    cmd = [*launch, str(script), "train", "--config", str(config), "--quiet", f"output_dir={tmp_path / 'out'}"]
     # A hang shows as TimeoutExpired; the surviving rank is stopped by the launcher long before.
     return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=120, cwd=REPO)
 
 
 def test_a_killed_rank_fails_the_launch_instead_of_hanging(setup, tmp_path):
     _, config = setup
-    script = tmp_path / "kill_rank_1.py"
-    script.write_text(KILLER)
-    done = _launch_driver(script, config, tmp_path / "out")
+    done = _launch_driver('if os.environ.get("RANK") == "1": os.kill(os.getpid(), signal.SIGKILL)', config, tmp_path)
     assert done.returncode != 0
     assert "Signal 9 (SIGKILL)" in done.stderr or "exitcode  : -9" in done.stderr, done.stderr[-3000:]
     assert not (tmp_path / "out" / "summary.json").exists()
 
 
-RAISER = """
-import sys
-from tunelab.errors import TunelabError
-from tunelab.train import loop
-
-forward, calls = loop.forward, [0]
-
-def failing_forward(*args):
-    calls[0] += 1
-    if calls[0] == 3:  # every rank, mid-run: after step 1's gradients went through the process group
-        raise TunelabError("step 2 cannot go on")
-    return forward(*args)
-
-loop.forward = failing_forward
-from tunelab.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-
 def test_a_user_error_mid_run_ends_every_rank_with_its_one_line_and_status_2(setup, tmp_path):
     _, config = setup
-    script = tmp_path / "raise_in_step_2.py"
-    script.write_text(RAISER)
-    done = _launch_driver(script, config, tmp_path / "out")
+    done = _launch_driver('raise TunelabError("step 2 cannot go on")', config, tmp_path)
     assert done.returncode != 0
     # Both ranks said what went wrong in one line and left with a usage error's status, not a signal.
     assert done.stderr.count("tunelab train: error: step 2 cannot go on\n") == 2, done.stderr[-3000:]
