@@ -141,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
         single = estimate(arch, lengths, s, device)
         multi = []
         if args.gpus > 1:
-            for strategy in SHARDINGS:
+            # FSDP (fsdp2.yaml, the zero3 row) shards floating-point weights only: no zero3 over an nf4/int8 base.
+            for strategy in SHARDINGS if s.base_quant == "none" else SHARDINGS[:2]:
                 multi.append(
                     estimate(arch, lengths, s, device, args.gpus, strategy, catalog.scaling_efficiency(strategy))
                 )

@@ -49,9 +49,9 @@ class Price:
     date: str
     source: str
 
-    @property
-    def per_gpu_hour(self) -> float:
-        return self.price_per_hour / self.gpus_per_instance
+    def instances(self, gpus: int) -> int:
+        """Instances are rented whole: a 1-GPU run on an 8-GPU instance pays for all 8."""
+        return -(-gpus // self.gpus_per_instance)
 
 
 def unknown(kind: str, name: str, known: list[str]) -> TunelabError:
@@ -157,7 +157,12 @@ def scaling_efficiency(strategy: str) -> float:
 
 
 def method_factor(key: str) -> float:
-    return float(read("gpus.yaml")["methods"][key])
+    """The efficiency multiplier of a plan.timing.method_key; DoRA over a quantized base is DoRA's factor times
+    that of LoRA over the same base."""
+    methods = read("gpus.yaml")["methods"]
+    if key in ("dora-nf4", "dora-int8"):
+        return float(methods["dora"]) * method_factor({"dora-nf4": "qlora", "dora-int8": "lora-int8"}[key])
+    return float(methods[key])
 
 
 def prices(gpu_id: str) -> list[Price]:

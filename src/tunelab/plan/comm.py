@@ -4,8 +4,10 @@
 Derivation (ring collectives over N ranks; Rajbhandari et al. 2020, arXiv 1910.02054, Sec. 7): a
 reduce-scatter or an all-gather of B bytes sends (N-1)/N·B per rank, an all-reduce is one of each,
 2·(N-1)/N·B. With G the trainable gradients' bytes (fp32: tunelab keeps trainable weights and their
-gradients in fp32), T the trainable weights' bytes and W all weights' bytes as stored (frozen base in the
-compute dtype or quantized, trainable weights in fp32), and `grad_accum` micro-batches per step:
+gradients in fp32), T the trainable weights' bytes and W all weights' bytes as FSDP2 gathers them (in the
+compute dtype: train/distributed.shard gives fully_shard a MixedPrecisionPolicy with param_dtype = the compute
+dtype and fp32 reductions; DeepSpeed's ZeRO-3 under configs/accelerate/zero3.yaml, mixed_precision 'no',
+gathers fp32 trainable weights instead), and `grad_accum` micro-batches per step:
 
 - DDP: gradients accumulate locally under `no_sync` and are all-reduced once, after the last micro-batch:
   2·(N-1)/N·G.
@@ -33,9 +35,9 @@ def step_bytes(arch: Arch, s: MemorySetup, grad_accum: int) -> float:
     share = (n - 1) / n
     trainable = trainable_params(arch, s) * TRAINABLE_BYTES
     if s.method == "full":
-        weights = arch.total_params * TRAINABLE_BYTES
+        weights = arch.total_params * s.compute_bytes
     else:
-        weights = frozen_weight_bytes(arch, s.base_quant, s.compute_bytes) + trainable
+        weights = frozen_weight_bytes(arch, s.base_quant, s.compute_bytes) + trainable_params(arch, s) * s.compute_bytes
     if s.sharding == "ddp":
         return 2 * share * trainable
     if s.sharding == "zero2":

@@ -116,7 +116,7 @@ def estimate(
     batching = workload.Batching(s.seq_len, s.micro_batch, s.grad_accum, s.packing, gpus, s.seed)
     w = workload.build(lengths, batching, s.epochs, s.max_steps)
     ckpt = workload.checkpoints(w.optimizer_steps, s.save_steps, s.save_total_limit)
-    f = flops_per_token(arch, s.method, s.targets, s.r, w.epoch.widest_row, s.grad_ckpt)
+    f = flops_per_token(arch, s.method, s.targets, s.r, w.epoch.widest_row, s.grad_ckpt, s.lora_dropout)
     setup = memory_setup(s, w, d, sharding, gpus)
     mem = memory.breakdown(arch, setup)
     loss_per_row = w.loss_tokens_per_micro_batch / s.micro_batch

@@ -18,6 +18,9 @@
   (docs/metrics.md; Korthikanti et al. 2022, arXiv 2205.05198, Sec. 6 define the same split).
 - QLoRA's dequantization and DoRA's weight-norm are memory-bound, not matmul FLOPs: they are modeled as
   efficiency factors (timing.py), not here.
+- DoRA with LoRA dropout in training: peft's layer computes the base product a second time, on the dropped
+  input (its magnitude scales W·drop(x), not the W·x already computed), so each adapted matrix adds
+  2·d_in·d_out forward and 2·d_in·d_out for that product's input gradient: 4·Σ d_in·d_out per layer.
 """
 
 from __future__ import annotations
@@ -55,7 +58,13 @@ def adapter_params(arch: Arch, targets: tuple[str, ...], r: int) -> int:
 
 
 def flops_per_token(
-    arch: Arch, method: str, targets: tuple[str, ...], r: int, attn_len: int, grad_ckpt: bool
+    arch: Arch,
+    method: str,
+    targets: tuple[str, ...],
+    r: int,
+    attn_len: int,
+    grad_ckpt: bool,
+    lora_dropout: float = 0.0,
 ) -> FlopsPerToken:
     """`attn_len`: the attention context length T (the fed row width: seq_len when packed)."""
     n = arch.matmul_params
@@ -65,8 +74,13 @@ def flops_per_token(
     else:
         a = adapter_params(arch, targets, r)
         dense, adapters, adapter_fwd = 4.0 * n, 6.0 * a, 2.0 * a
+    second_base = 0.0  # DoRA's base product on the dropped input (module docstring)
+    if method == "dora" and lora_dropout > 0:
+        shapes = arch.linears()
+        second_base = 2.0 * arch.layers * sum(shapes[t][0] * shapes[t][1] for t in targets)
+        dense += 2.0 * second_base
     # The LM head sits outside the checkpointed blocks, so its forward is not recomputed.
-    recompute = 2.0 * arch.block_linear_params + attn_fwd + adapter_fwd if grad_ckpt else 0.0
+    recompute = 2.0 * arch.block_linear_params + attn_fwd + adapter_fwd + second_base if grad_ckpt else 0.0
     return FlopsPerToken(dense=dense, attention=3.0 * attn_fwd, adapters=adapters, recompute=recompute)
 
 

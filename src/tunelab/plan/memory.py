@@ -43,15 +43,19 @@ Derivations (docs/formulas.md; per-parameter table of EleutherAI "Transformer Ma
   indices, int32) and the document ids (8·B·T) are one per micro-batch, shared by every layer, and left out.
   Gradient checkpointing keeps each layer's input (the residual stream) and one layer's activations.
 - Logits: tunelab's loss (train/loss.py) runs the LM head only on loss positions, in chunks of at most
-  `loss_chunk` rows; at the peak (the loss backward) one chunk holds the fp32 log-softmax output, its
-  gradient, the fp32 logits gradient (4 B each) and the 16-bit logits gradient (a).
+  `loss_chunk` rows, and computes its gradients in the forward, at the end of which every activation is
+  alive: two scratch buffers of one chunk's logits, fp32 and compute dtype (4 + a per element, kept across
+  steps; the softmax and its gradient are computed in place), the hidden states gathered at the loss
+  positions and their gradient (a each). Under full fine-tuning the head weight's fp32 gradient (4 B per
+  weight) is accumulated there too, each chunk's increment made in the compute dtype and then in fp32 (a + 4,
+  or 4 in fp32); its backward scales it into a new fp32 tensor, which this bound covers.
 - Runtime overhead (CUDA context, allocator caching): an assumption, or calibrated per device.
 - Multi-GPU: DDP replicates everything (+ a gradient bucket copy); ZeRO-2 / FSDP SHARD_GRAD_OP shards
   gradients and optimizer states over the world size; ZeRO-3 / FSDP FULL_SHARD shards the weights too,
   plus one gathered layer (ZeRO, Rajbhandari et al. 2020, arXiv 1910.02054, Sec. 5) and the gathered root
   unit (embeddings, final norm, LM head: tunelab's FSDP keeps it gathered through the step, as the fused loss
   reads the head's weight outside the head's forward); full fine-tuning also holds the LM head's unsharded
-  fp32 gradient from the start of backward to the root's reduce-scatter at its end.
+  fp32 gradient (counted with the logits) from the loss to the root's reduce-scatter at the end of backward.
 """
 
 from __future__ import annotations
@@ -139,12 +143,17 @@ def stream_bytes(s: MemorySetup) -> int:
 
 def _adapter_bytes(arch: Arch, s: MemorySetup) -> float:
     """Per token and layer: each adapter's A output, and with dropout its keep mask and (eager blocks) the
-    dropped copy of its input."""
+    dropped copy of its input. DoRA runs peft's own layer, whose output (m/‖W + sBA‖ - 1)·base + m/‖W + sBA‖·s·BAx
+    keeps the base product and the adapter's product (two d_out-wide tensors) for the trained magnitude's
+    gradient: measured exactly eager; compiled blocks kept 63% of it on tests/unit/plan/test_plan_memory_saved.py's
+    model, and plan stays above."""
     if s.method == "full":
         return 0.0
     shapes = arch.linears()
     adapted = [shapes[t][0] for t in s.targets]
     out = len(adapted) * s.compute_bytes * s.r
+    if s.method == "dora":
+        out += 2 * s.compute_bytes * sum(shapes[t][1] for t in s.targets)
     if s.lora_dropout > 0 and not s.compiled:
         out += sum(adapted) * (1 + s.compute_bytes)  # mask and dropped copy
     elif s.lora_dropout > 0 and s.dropout_mask_kept:
@@ -201,9 +210,13 @@ def activation_bytes(arch: Arch, s: MemorySetup) -> float:
 
 
 def logits_bytes(arch: Arch, s: MemorySetup) -> float:
+    """The loss's own memory at its peak, inside the forward (the module docstring)."""
+    a = s.compute_bytes
     rows = min(s.loss_rows, s.loss_chunk)
-    selected = s.loss_rows * arch.hidden * s.compute_bytes  # hidden states gathered at loss positions
-    return rows * arch.vocab * (12 + s.compute_bytes) + selected
+    out = rows * arch.vocab * (4 + a) + 2 * s.loss_rows * arch.hidden * a
+    if s.method == "full":
+        out += arch.vocab * arch.hidden * (4 + a + (4 if a < 4 else 0))
+    return out
 
 
 def breakdown(arch: Arch, s: MemorySetup) -> MemoryBreakdown:
@@ -226,17 +239,15 @@ def breakdown(arch: Arch, s: MemorySetup) -> MemoryBreakdown:
     elif s.sharding == "zero2":
         grads, states = grads / world, states / world
     elif s.sharding == "zero3":
-        per = TRAINABLE_BYTES if s.method == "full" else s.compute_bytes
-        gathered = (arch.block_linear_params / arch.layers + root_params(arch)) * per
+        # FSDP2 gathers in the compute dtype (plan/comm.py), full fine-tuning's fp32 master weights included.
+        gathered = (arch.block_linear_params / arch.layers + root_params(arch)) * s.compute_bytes
         if s.method == "full":
             weights = weights / world + gathered
         else:
             weights, adapters = weights / world + gathered, adapters / world
+        # Full fine-tuning's whole LM-head gradient, made by the loss (logits_bytes), waits for the root's
+        # reduce-scatter at the end of backward.
         grads, states = grads / world, states / world
-        if s.method == "full":
-            # The LM head's whole gradient, made at the start of backward, waits for the root's reduce-scatter
-            # at its end.
-            grads += (0 if arch.tied else arch.vocab * arch.hidden) * TRAINABLE_BYTES
     return MemoryBreakdown(
         weights=round(weights),
         adapters=round(adapters),

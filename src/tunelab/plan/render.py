@@ -25,7 +25,11 @@ class Result:
 
     def cost_usd(self, e: Estimate) -> dict[str, float]:
         hours = e.time_s / 3600
-        return {p.provider: round(timing.cost(hours, p.per_gpu_hour, e.gpus), 2) for p in self.prices}
+        return {p.provider: round(timing.cost(hours, p.price_per_hour, p.instances(e.gpus)), 2) for p in self.prices}
+
+    def idle_gpus(self, e: Estimate) -> dict[str, int]:
+        """GPUs paid for and not used, per provider: what a whole instance adds to a smaller run."""
+        return {p.provider: p.instances(e.gpus) * p.gpus_per_instance - e.gpus for p in self.prices}
 
 
 def activations_assumption(m: MemorySetup) -> str:
@@ -160,8 +164,10 @@ def table(results: list[Result]) -> str:
             f" largest micro-batch that fits: {e.max_micro_batch}",
             *breakdown_lines(e.memory),
         ]
+        idle = r.idle_gpus(e)
         for provider, usd in r.cost_usd(e).items():
-            lines.append(f"  cost: ${usd:,.2f} at {provider}")
+            paid = f" (the whole instance: {e.gpus + idle[provider]} GPUs for {e.gpus})" if idle[provider] else ""
+            lines.append(f"  cost: ${usd:,.2f} at {provider}{paid}")
         for m in r.multi:
             lines.append(
                 f"  x{m.gpus} {m.sharding}: {gib(m.memory.total)}/GPU ({'fits' if m.fits else 'does not fit'}),"
@@ -169,6 +175,11 @@ def table(results: list[Result]) -> str:
                 f" sends {gib(m.comm_bytes)}/GPU per step"
             )
         sharded = [m for m in r.multi if m.sharding == "zero3"]
+        if r.multi and not sharded:
+            lines.append(
+                f"  x{r.multi[0].gpus} zero3: none over a quantized base ({e.memory_setup.base_quant}; FSDP shards floating-point"
+                " weights only)"
+            )
         if sharded:
             load = memory.host_load_bytes(r.arch, sharded[0].memory_setup)
             lines.append(

@@ -22,7 +22,14 @@ class Efficiency:
 
 
 def method_key(method: str, base_quant: str) -> str:
-    return "lora-int8" if method in ("lora", "dora") and base_quant == "int8" else method
+    """The efficiency's key: the method and the base it trains over. LoRA over an nf4 base is QLoRA whatever
+    the config calls it, and DoRA over a quantized base pays for the quantization as LoRA does
+    (`dora-nf4`, `dora-int8`; catalog.method_factor composes their factors)."""
+    if method == "lora":
+        return {"none": "lora", "nf4": "qlora", "int8": "lora-int8"}[base_quant]
+    if method == "dora" and base_quant != "none":
+        return f"dora-{base_quant}"
+    return method
 
 
 def efficiency(
@@ -128,5 +135,6 @@ def evaluation_seconds(tokens_padded: int, forward_flops_per_token: float, peak_
     return tokens_padded * forward_flops_per_token / (peak_flops * eff)
 
 
-def cost(hours: float, per_gpu_hour: float, gpus: int) -> float:
-    return hours * per_gpu_hour * gpus
+def cost(hours: float, price_per_hour: float, instances: int) -> float:
+    """The price of `instances` whole instances (each billed at `price_per_hour`) for `hours`."""
+    return hours * price_per_hour * instances

@@ -56,6 +56,14 @@ def test_flops_llama2_7b_hand_count():
     assert lora.model == 4 * n + attn + 6 * adapters
     assert lora.recompute == 2 * 32 * per_layer + attn / 3 + 2 * adapters
     assert lora.hardware == lora.model + lora.recompute
+    # DoRA with dropout computes q's and v's base products again on the dropped input, and their input gradient.
+    dora = flops_per_token(a, "dora", ("q_proj", "v_proj"), 8, 512, grad_ckpt=True, lora_dropout=0.05)
+    again = 32 * 2 * (2 * 4096 * 4096)
+    assert dora.model == lora.model + 2 * again and dora.recompute == lora.recompute + again
+    assert (
+        flops_per_token(a, "dora", ("q_proj",), 8, 512, False).model
+        == flops_per_token(a, "lora", ("q_proj",), 8, 512, False).model
+    )  # without dropout DoRA reuses the base product
 
 
 def small_arch() -> archmod.Arch:
@@ -102,7 +110,8 @@ def test_memory_hand_count_lora():
     # + attention over whole rows: q, k, v, output 2x(2x64+2x32) + SDPA's log-sum-exp 4x4
     per = 512 + 768 + 128 + 32 + 400
     assert m.activations == 2 * per * 20 + 4 * 64 * 20
-    assert m.logits_loss == 5 * 100 * (12 + 2) + 5 * 64 * 2
+    # one chunk's fp32 and bf16 logits scratch, the gathered hidden states and their gradient
+    assert m.logits_loss == 5 * 100 * (4 + 2) + 2 * 5 * 64 * 2
 
 
 def test_memory_hand_count_compiled_blocks_with_attention_slots():
@@ -126,9 +135,11 @@ def test_memory_hand_count_llama2_qlora_and_full():
     f = memory.breakdown(a, setup(method="full", targets=()))
     assert f.weights == a.total_params * (4 + 2)  # fp32 master + autocast bf16 copies
     assert (f.gradients, f.optimizer_states) == (a.total_params * 4, a.total_params * 8)
+    head = 32000 * 4096  # the LM head: its fp32 gradient, accumulated in the loss's forward chunk by chunk
+    assert f.logits_loss == 5 * 32000 * (4 + 2) + 2 * 5 * 4096 * 2 + head * (4 + 2 + 4)
     z3 = memory.breakdown(a, setup(method="full", targets=(), sharding="zero3", world=4))
-    head = 32000 * 4096  # Llama-2's untied LM head, whose unsharded fp32 gradient lives through backward
-    assert z3.optimizer_states == a.total_params * 2 and z3.gradients == a.total_params + head * 4
+    assert z3.optimizer_states == a.total_params * 2 and z3.gradients == a.total_params
+    assert z3.logits_loss == f.logits_loss  # the whole head's gradient, until the root's reduce-scatter
 
 
 def test_zero3_counts_the_gathered_root_unit():
@@ -140,7 +151,7 @@ def test_zero3_counts_the_gathered_root_unit():
     layer = 4 * 4096**2 + 3 * 4096 * 11008
     assert memory.root_params(a) == root
     full = memory.breakdown(a, setup(method="full", targets=(), sharding="zero3", world=4))
-    assert full.weights == round(a.total_params * (4 + 2) / 4 + (layer + root) * 4)
+    assert full.weights == round(a.total_params * (4 + 2) / 4 + (layer + root) * 2)  # gathered in bf16
     lora = memory.breakdown(a, setup(sharding="zero3", world=4))
     assert lora.weights == round(a.total_params * 2 / 4 + (layer + root) * 2)
     assert lora.gradients == round(memory.trainable_params(a, setup()) * 4 / 4)  # no gradient for the frozen root
@@ -169,7 +180,15 @@ def test_catalog_rows_have_sources_and_dense_peaks():
         assert g.source and g.peak_flops > 0 and catalog.class_efficiency(g.device_class) > 0
     assert catalog.gpu("h100-sxm").peak_flops == 989e12  # dense, not the 1979 sparse figure
     aws = [p for p in catalog.prices("h100-sxm") if p.provider == "aws-p5.48xlarge"][0]
-    assert aws.per_gpu_hour == pytest.approx(98.32 / 8)
+    assert (aws.price_per_hour, aws.gpus_per_instance) == (98.32, 8)
+
+
+@pytest.mark.parametrize("gpus, instances", [(1, 1), (8, 1), (9, 2)])
+def test_cost_pays_for_whole_instances(gpus, instances):
+    """An 8-GPU instance costs its whole price for a 1-GPU run: no provider rents an eighth of one."""
+    aws = [p for p in catalog.prices("h100-sxm") if p.provider == "aws-p5.48xlarge"][0]
+    assert aws.instances(gpus) == instances
+    assert timing.cost(2.0, aws.price_per_hour, aws.instances(gpus)) == pytest.approx(2.0 * 98.32 * instances)
 
 
 def test_registry_covers_issue_models():
@@ -460,3 +479,18 @@ def test_a_run_that_does_not_fit_is_offered_a_smaller_micro_batch_at_equal_rows(
     (fitted,) = plan_json(capsys, *argv, "--gpu", "h100-sxm", "--micro-batch", "4", "--grad-accum", "2")
     assert fitted["fits"] and fitted["optimizer_steps"] == rec["optimizer_steps"]
     assert fitted["time_s"] == pytest.approx(rec["time_s"], rel=0.01)
+
+
+def test_the_efficiency_follows_the_base_the_adapters_train_over():
+    """LoRA over an nf4 base is a QLoRA run whatever the config calls it; DoRA over a quantized base pays for
+    the quantization as LoRA does."""
+
+    def eff(method, base_quant):
+        return timing.efficiency("datacenter-hopper", method, base_quant, None).value
+
+    assert (
+        eff("lora", "nf4") == eff("qlora", "nf4") == pytest.approx(eff("lora", "none") * catalog.method_factor("qlora"))
+    )
+    assert eff("dora", "nf4") == pytest.approx(eff("dora", "none") * catalog.method_factor("qlora"))
+    assert eff("dora", "int8") == pytest.approx(eff("dora", "none") * catalog.method_factor("lora-int8"))
+    assert timing.method_key("lora", "nf4") == "qlora" and timing.method_key("dora", "int8") == "dora-int8"

@@ -10,7 +10,8 @@ tiny model the small per-batch terms (the loss's gathered hidden states, RoPE ta
 more: measured 0.2% eager, 0.4% compiled LoRA and QLoRA, 3.8% compiled full, 0.3% with LoRA dropout eager (19%
 over while the model counted both the shared inputs and the adapters' dropped copies). Compiled with LoRA
 dropout, saved 4.52 MiB against 5.30 modeled: the partitioner recomputed the norms' 1/rms and attention's
-probabilities too, which the model does not follow, so that case checks an upper bound within 20%.
+probabilities too, which the model does not follow, so that case checks an upper bound within 20%. DoRA
+(peft's own layer): 17.12 MiB saved eager against 16.54 modeled; compiled 9.98 against 12.80, a bound within 30%.
 Compiled QLoRA had kept every
 dequantized bf16 weight (6.34 MiB saved here, 20% over) until train/command.compile_blocks turned
 common-subexpression elimination off for nf4 bases. The bound is 5%: one more or one fewer
@@ -89,6 +90,7 @@ def prediction_for(cfg):
 
 
 DROPOUT_COMPILED = ("method=lora", "compile=true", "lora.dropout=0.1")
+DORA_COMPILED = ("method=dora", "compile=true")
 
 
 @pytest.mark.parametrize(
@@ -102,6 +104,8 @@ DROPOUT_COMPILED = ("method=lora", "compile=true", "lora.dropout=0.1")
         DROPOUT_COMPILED,
         ("method=lora", "compile=false", "attention=flex"),
         ("method=lora", "compile=true", "attention=flex"),
+        ("method=dora", "compile=false"),
+        DORA_COMPILED,
     ],
     ids=[
         "lora-eager",
@@ -112,6 +116,8 @@ DROPOUT_COMPILED = ("method=lora", "compile=true", "lora.dropout=0.1")
         "dropout-compiled",
         "flex-eager",
         "flex-compiled",
+        "dora-eager",
+        "dora-compiled",
     ],
 )
 def test_activation_model_matches_saved_tensors(model_dir, addition_rows, tmp_path, extra):
@@ -145,5 +151,8 @@ def test_activation_model_matches_saved_tensors(model_dir, addition_rows, tmp_pa
     if extra == DROPOUT_COMPILED:
         # The partitioner recomputes more here than the model follows (plan/memory.py): an upper bound.
         assert measured <= modeled <= 1.2 * measured
+    elif extra == DORA_COMPILED:
+        # peft's DoRA layer compiled keeps part of the two products it keeps eager (plan/memory.py): a bound.
+        assert measured <= modeled <= 1.3 * measured
     else:
         assert modeled == pytest.approx(measured, rel=0.05)
