@@ -85,17 +85,31 @@ def load_model(
             kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
         kwargs["device_map"] = {"": device}
     try:
-        model = AutoModelForCausalLM.from_pretrained(source.path, **kwargs)
+        model, info = AutoModelForCausalLM.from_pretrained(source.path, output_loading_info=True, **kwargs)
     except TunelabError:
         raise
     except Exception as e:
         raise TunelabError(f"model {source.ref}: cannot load: {e}") from None
+    check_complete(source, info["missing_keys"])
     if source.gguf_file:
         drop_quantization_marker(model)
     if base_quant == "none":
         model.to(device)
     model.config.use_cache = False
     return model
+
+
+def check_complete(source: ModelSource, missing) -> None:
+    """Refuse a checkpoint that lacks weights its config describes: transformers would initialise them at
+    random, with its warning silenced here (cli.quiet_libraries), and the run would train a partly random model
+    (a config.json with more layers than the weights, or a model_type whose modules the weights do not name)."""
+    if not missing:
+        return
+    names = sorted(missing)
+    raise TunelabError(
+        f"model {source.ref}: the weights lack {len(names)} of the tensors its config describes (first: {names[0]}); "
+        "transformers would start them random: make config.json and the weight files match"
+    )
 
 
 def _from_config(source: ModelSource, dtype: torch.dtype, device: torch.device, attn: str | None):

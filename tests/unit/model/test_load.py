@@ -25,3 +25,36 @@ def test_a_meta_build_has_the_loaded_models_weights_without_their_values(tiny_mo
     trainable = {n for n, p in real.named_parameters() if p.requires_grad}
     assert {n for n, p in empty.named_parameters() if p.requires_grad} == trainable
     assert {n for n, _ in empty.named_buffers()} == {n for n, _ in real.named_buffers()}
+
+
+@pytest.mark.parametrize(
+    "change, first",
+    [
+        ({"num_hidden_layers": "+1"}, "model.layers.2."),  # the tiny model has 2 layers: a third from nowhere
+        ({"model_type": "mamba", "architectures": ["MambaForCausalLM"]}, "backbone."),  # modules the weights lack
+    ],
+    ids=["more-layers", "other-family"],
+)
+def test_weights_that_miss_tensors_of_the_config_are_one_line_and_nothing_trains(
+    tiny_model_dir, tmp_path, capsys, change, first
+):
+    """transformers would start the missing tensors random (its warning is silenced); train refuses instead."""
+    import json
+    import shutil
+
+    from conftest import small_run_config
+    from tunelab.cli import main
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["num_hidden_layers"] == 2
+    for key, value in change.items():
+        config[key] = config[key] + 1 if value == "+1" else value
+    (folder / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "run"
+    cfg = small_run_config(tmp_path, folder, f"output_dir: {out}\nmax_steps: 1\nmethod: full\n")
+    assert main(["train", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the weights lack" in err[0] and f"(first: {first}" in err[0], err
+    assert not out.exists()
