@@ -1,10 +1,14 @@
-"""docs/guide.md's config reference names every TrainConfig key, and only those."""
+"""docs/guide.md's config reference names every TrainConfig key, and only those; the plan commands the README and
+the guide show run as shown."""
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import shlex
 import typing
+
+import pytest
 
 from tunelab.config import TrainConfig
 from conftest import REPO
@@ -50,3 +54,27 @@ def test_guide_documents_every_config_key_and_no_other():
     assert not missing, f"docs/guide.md's config reference lacks: {', '.join(missing)}"
     assert not unknown, f"docs/guide.md's config reference names keys TrainConfig does not have: {', '.join(unknown)}"
     assert not repeated, f"docs/guide.md's config reference lists these keys twice: {', '.join(repeated)}"
+
+
+# Commands that read a config's dataset need it on disk: the quickstart's comes from `make demo`.
+NEEDS_A_RUN = "configs/quickstart.yaml"
+
+
+def plan_commands() -> list[str]:
+    """Every `tunelab plan` line in a code block of the README and the guide (comments and `$ ` cut)."""
+    lines = []
+    for doc in (REPO / "README.md", GUIDE):
+        for line in doc.read_text().splitlines():
+            line = line.strip().removeprefix("$ ").split("  #")[0].strip()
+            if line.startswith("tunelab plan ") and NEEDS_A_RUN not in line:
+                lines.append(line)
+    return lines
+
+
+@pytest.mark.parametrize("command", plan_commands())
+def test_the_plan_commands_the_docs_show_run(command, capsys, monkeypatch):
+    from tunelab.cli import main
+
+    monkeypatch.chdir(REPO)
+    assert main(shlex.split(command)[1:]) == 0, capsys.readouterr().err
+    assert "== " in capsys.readouterr().out
