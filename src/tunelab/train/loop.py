@@ -76,6 +76,9 @@ class LoopResult:
     steady_tokens_padded: int = 0
     steady_tokens_nonpad: int = 0
     steady_tokens_loss: int = 0
+    # "steady", or "all steps" for a run too short to have steps past the warm-up, whose rates then cover
+    # every step it ran, warm-up included.
+    rate_window: str = "steady"
     window_step_times: list[float] = field(default_factory=list)
     peak_memory_bytes: int = 0
     peak_reserved_bytes: int | None = None
@@ -92,6 +95,7 @@ class LoopResult:
             **step_statistics(self.window_step_times),
             "steady_window_steps": self.steady_steps,
             "steady_window_s": self.steady_s,
+            "rate_window": self.rate_window,
         }
 
 
@@ -238,12 +242,14 @@ def run(ctx: LoopContext) -> LoopResult:
     # Counted once from the batch plan (no collation): the ETA's numerator is this minus what was fed since.
     padded_to_feed = schedule.padded_tokens(range(state.step, stop)) + state.tokens_padded
     result = LoopResult(state=state, steps_run=0)
+    fed_before = (state.tokens_padded, state.tokens_nonpad, state.tokens_loss)
     metrics_file = (out_dir / "metrics.jsonl").open("a") if out_dir is not None else None
     loss_acc = torch.zeros((), device=device)
     loss_tokens = 0
     rate = _Window(time.perf_counter())
     steady_start = None
-    run_start = time.perf_counter() - state.elapsed_s
+    loop_start = time.perf_counter()
+    run_start = loop_start - state.elapsed_s
     model.train()
     frozen_before = gc.get_freeze_count()
     _freeze_heap()
@@ -266,6 +272,7 @@ def run(ctx: LoopContext) -> LoopResult:
             # Accelerate's clip would only read its norm back, a host sync every step.
             if optim.max_grad_norm > 0 and accelerator.distributed_type != "DEEPSPEED":
                 accelerator.clip_grad_norm_(model.parameters(), optim.max_grad_norm)
+            step_lr = scheduler.get_last_lr()[0]  # the rate this step trains at; scheduler.step() sets the next one
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -305,7 +312,7 @@ def run(ctx: LoopContext) -> LoopResult:
                 if rate.steady and rate.steps:
                     result.window_step_times.append(dt / rate.steps)
                 mem = memwatch.read()
-                lr = scheduler.get_last_lr()[0]
+                lr = step_lr
                 per_s = {k: (v / dt if dt > 0 and rate.steps else 0.0) for k, v in rate.tokens().items()}
                 record = {
                     "step": state.step,
@@ -353,6 +360,13 @@ def run(ctx: LoopContext) -> LoopResult:
     state.elapsed_s = end - run_start
     if steady_start is not None:
         result.steady_s = end - steady_start
+    if result.steady_steps == 0 and result.steps_run:
+        result.rate_window = "all steps"
+        result.steady_s, result.steady_steps = end - loop_start, result.steps_run
+        fed = (state.tokens_padded, state.tokens_nonpad, state.tokens_loss)
+        result.steady_tokens_padded, result.steady_tokens_nonpad, result.steady_tokens_loss = (
+            after - before for after, before in zip(fed, fed_before)
+        )
     mem = memwatch.read()
     result.peak_memory_bytes = mem.peak_bytes
     result.peak_reserved_bytes = mem.peak_reserved_bytes

@@ -106,6 +106,23 @@ def test_loss_goes_down(tiny_model_dir, data_file, tmp_path, extra):
     assert summary["loss_last"] < summary["loss_first"] - 0.3
 
 
+def test_a_run_shorter_than_the_warm_up_reports_its_whole_run_and_logs_the_rate_each_step_used(
+    tiny_model_dir, data_file, tmp_path
+):
+    """Two steps, both warm-up: the rates cover both (never a measured-looking 0), and the logged lr is the one the
+    step trained at (linear decay from 1e-2 without warm-up: 1e-2, then 5e-3), not the next step's."""
+    out = tmp_path / "short"
+    extra = ("max_steps=2", "lr_scheduler=linear", "warmup_ratio=0")
+    summary = train(config(tiny_model_dir, data_file, out, *extra), show_progress=False)
+    assert summary["rate_window"] == "all steps" and summary["steady_window_steps"] == 2
+    assert summary["tokens_nonpad_per_s"] == pytest.approx(summary["tokens_nonpad"] / summary["steady_window_s"])
+    assert 0 < summary["steady_window_s"] <= summary["train_s"]
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["lr"] for m in logged if "loss" in m] == pytest.approx([1e-2, 5e-3])
+    longer = train(config(tiny_model_dir, data_file, tmp_path / "longer", "max_steps=3"), show_progress=False)
+    assert longer["rate_window"] == "steady" and longer["steady_window_steps"] == 1
+
+
 @pytest.mark.parametrize("method", ["dora", "full", "qlora"])
 def test_other_methods_train(tiny_model_dir, data_file, tmp_path, method):
     extra = ["precision=bf16"] if method == "qlora" else []
