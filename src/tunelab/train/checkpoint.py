@@ -162,6 +162,12 @@ def refuse_earlier(folder: Path, out: Path) -> None:
             f"output_dir {out}: holds checkpoints of an earlier run (newest {earlier[-1].name}); resume=true "
             f"continues it; to start over, delete {folder} or choose another output_dir"
         )
+    # Its best/ would outlive this run (which rewrites it only when it evaluates) and be taken for this run's.
+    if (out / BEST).exists():
+        raise TunelabError(
+            f"output_dir {out}: holds {BEST}/, the best weights of an earlier run; to start over, delete "
+            f"{out / BEST} or choose another output_dir"
+        )
 
 
 def find(folder: Path, resume: bool | str) -> Path | None:

@@ -199,6 +199,16 @@ def test_a_new_run_refuses_an_output_dir_holding_an_earlier_runs_checkpoints(tin
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == before
 
 
+def test_a_new_run_refuses_an_output_dir_holding_an_earlier_runs_best_weights(tiny_model_dir, data_file, tmp_path):
+    """A run without evaluation never rewrites best/: the earlier run's would pass for this one's."""
+    out = tmp_path / "out"
+    (out / "best").mkdir(parents=True)
+    (out / "best" / "tunelab_best.json").write_text('{"step": 6, "eval_loss": 0.7}')
+    with pytest.raises(TunelabError, match=r"holds best/, the best weights of an earlier run"):
+        train(config(tiny_model_dir, data_file, out, "max_steps=1"), show_progress=False)
+    assert sorted(p.name for p in out.iterdir()) == ["best"]
+
+
 def test_resume_skips_a_truncated_latest_checkpoint(tiny_model_dir, data_file, tmp_path, capsys):
     out = tmp_path / "cut"
     train(config(tiny_model_dir, data_file, out, "max_steps=8", "save_steps=2"), show_progress=False, stop_at=6)
