@@ -131,8 +131,17 @@ def run(args: argparse.Namespace) -> int:
     gpu_ids = [g.strip() for g in args.gpu.split(",") if g.strip()]
     if not gpu_ids:
         raise TunelabError("--gpu is empty; name catalog ids like h100-sxm,rtx-4090 or `local`")
-    devices = [device_for(g, "auto") for g in gpu_ids]  # unknown ids fail before any slow work
+    for g in gpu_ids:  # unknown ids fail before any slow work (the local probe, reading a dataset)
+        if g != "local":
+            catalog.gpu(g)
     cfg = config_from_args(args)
+    # The local probe measures this machine in the run's own precision (fp16 on a CPU fails as train fails).
+    devices = [device_for(g, cfg.precision) for g in gpu_ids]
+    if args.gpus > 1 and any(d.gpu.device_type == "cpu" for d in devices):
+        raise TunelabError(
+            f"--gpus {args.gpus} with --gpu local on a CPU: the processes would share this machine's cores, so "
+            "nothing scales; --gpus predicts several GPUs (name catalog ids)"
+        )
     arch = archmod.resolve_arch(cfg.model)
     lengths = lengths_from(cfg, args)
     results = []

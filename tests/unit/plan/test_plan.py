@@ -4,6 +4,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from tunelab.cli import main
 from tunelab.config import load_config
@@ -494,3 +495,18 @@ def test_the_efficiency_follows_the_base_the_adapters_train_over():
     assert eff("dora", "nf4") == pytest.approx(eff("dora", "none") * catalog.method_factor("qlora"))
     assert eff("dora", "int8") == pytest.approx(eff("dora", "none") * catalog.method_factor("lora-int8"))
     assert timing.method_key("lora", "nf4") == "qlora" and timing.method_key("dora", "int8") == "dora-int8"
+
+
+def test_plan_local_measures_this_machine_in_the_runs_precision(capsys, monkeypatch):
+    """The local probe runs in the config's precision, so an fp32 run is planned at the fp32 rate and class,
+    fp16 on a CPU fails as train fails, and several processes on one CPU are refused (they share its cores)."""
+    seen = []
+    monkeypatch.setattr("tunelab.plan.calibration.load_calibration", lambda key: None)
+    monkeypatch.setattr("tunelab.bench.probe.matmul_peak", lambda dtype, dev: (seen.append(dtype), (1e12, 256))[1])
+    assert main(["plan", "--model", "smollm2-135m", "--examples", "100", "--gpu", "local", "--precision", "fp32"]) == 0
+    assert seen == [torch.float32] and "for class cpu-fp32" in capsys.readouterr().out
+    assert main(["plan", "--model", "smollm2-135m", "--examples", "100", "--gpu", "local", "--precision", "fp16"]) == 2
+    assert "precision fp16 needs a CUDA GPU" in capsys.readouterr().err
+    assert main(["plan", "--model", "smollm2-135m", "--examples", "100", "--gpu", "local", "--gpus", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "share this machine's cores" in err[0]
