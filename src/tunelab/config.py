@@ -125,16 +125,18 @@ class TrainConfig:
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:
     """Read a YAML file (or the defaults when `path` is None), apply `key=value` overrides, validate."""
     raw: dict[str, Any] = {}
-    source = "defaults"
+    origins = Origins("defaults")
     if path is not None:
         path = Path(path)
-        source = str(path)
+        origins = Origins(str(path))
         if path.is_dir():
             raise TunelabError(f"{path}: is a directory; pass the config's YAML file")
         if not path.is_file():
             raise TunelabError(f"{path}: config file not found")
         try:
-            loaded = yaml.safe_load(read_text(path))
+            loaded = yaml.load(read_text(path), Loader=UniqueKeyLoader)
+        except DuplicateKey as e:
+            raise TunelabError(f"{path}:{e.line}: key {e.key} appears twice; keep one") from None
         except yaml.YAMLError as e:
             raise TunelabError(_yaml_error(path, e)) from None
         if loaded is None:
@@ -143,10 +145,81 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
             raise TunelabError(f"{path}: the top level must be a mapping of keys to values")
         raw = loaded
     for item in overrides:
-        apply_override(raw, item)
-    cfg = from_dict(TrainConfig, raw, source=source, prefix="")
-    validate(cfg, source)
+        origins.set(apply_override(raw, item), item)
+    cfg = from_dict(TrainConfig, raw, source=origins, prefix="")
+    validate(cfg, origins)
     return cfg
+
+
+class DuplicateKey(Exception):
+    """A key given twice in one YAML mapping: `key` is its dotted path, `line` the 1-based line of the second."""
+
+    def __init__(self, key: str, line: int):
+        super().__init__(f"line {line}: key {key} appears twice")
+        self.key = key
+        self.line = line
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that raises DuplicateKey for a key given twice in one mapping, where PyYAML keeps the last.
+
+    The whole document is checked before it is built, so the error names the key by its dotted path (`lora.r`,
+    `data.mix[0].path`). A key that a `<<` merge brings in may be given again: that is how a merge is overridden.
+    """
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        self._check_unique(node, "", set())
+        return super().construct_document(node)
+
+    def _check_unique(self, node: yaml.Node, path: str, seen: set[int]) -> None:
+        if id(node) in seen:  # an alias: its node was checked where its anchor is, and may contain itself
+            return
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self._check_unique(item, f"{path}[{i}]", seen)
+        elif isinstance(node, yaml.MappingNode):
+            keys: set = set()
+            for key_node, value_node in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    self._check_unique(value_node, path, seen)
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                name = f"{path}.{key}" if path else str(key)
+                if isinstance(key, typing.Hashable):
+                    if key in keys:
+                        raise DuplicateKey(name, key_node.start_mark.line + 1)
+                    keys.add(key)
+                self._check_unique(value_node, name, seen)
+
+
+class Origins:
+    """Where each setting came from, as the prefix of an error about it: the `key=value` override that set it
+    (or a section holding it) last, else the config file, or `defaults` when there is none."""
+
+    def __init__(self, file: str):
+        self.file = file
+        self.overrides: dict[str, str] = {}
+
+    def set(self, key: str, item: str) -> None:
+        """Record override `item` as the origin of `key` and of everything under it."""
+        # An override replaces all that is under its key, so earlier overrides there set nothing that is left.
+        self.overrides = {k: v for k, v in self.overrides.items() if key not in _ancestors(k)}
+        self.overrides[key] = item
+
+    def __call__(self, *keys: str) -> str:
+        """The prefix for an error about `keys`: the override that set the first one an override set, else the file."""
+        for key in keys:
+            for k in _ancestors(key):
+                if k in self.overrides:
+                    return f"override {self.overrides[k]}"
+        return self.file
+
+
+def _ancestors(key: str) -> list[str]:
+    """`data.mix[0].path` -> [`data.mix[0].path`, `data.mix[0]`, `data.mix`, `data`]: the key, then its sections."""
+    parts = key.replace("[", ".[").split(".")
+    return [".".join(parts[:n]).replace(".[", "[") for n in range(len(parts), 0, -1)]
 
 
 def _yaml_error(path: Path, e: yaml.YAMLError) -> str:
@@ -158,8 +231,9 @@ def _yaml_error(path: Path, e: yaml.YAMLError) -> str:
     return f"{path}:{mark.line + 1}: not valid YAML ({problem} at line {mark.line + 1} column {mark.column + 1}); fix that line"
 
 
-def apply_override(raw: dict[str, Any], item: str) -> None:
-    """Set `a.b.c=value` in a nested dict; the value is parsed as YAML so `1e-4`, `true`, `[q_proj]` work."""
+def apply_override(raw: dict[str, Any], item: str) -> str:
+    """Set `a.b.c=value` in a nested dict and return the key `a.b.c`; the value is parsed as YAML so `1e-4`,
+    `true`, `[q_proj]` work."""
     key, sep, value = item.partition("=")
     if not sep or not key:
         raise TunelabError(f"override {item!r}: expected key=value, e.g. lora.r=16")
@@ -171,7 +245,10 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
             raise TunelabError(f"override {item!r}: {part!r} is not a section")
         node = child
     try:
-        parsed = yaml.safe_load(value) if value != "" else None
+        parsed = yaml.load(value, Loader=UniqueKeyLoader) if value != "" else None
+    except DuplicateKey as e:
+        nested = e.key if e.key.startswith("[") else f".{e.key}"
+        raise TunelabError(f"override {item}: key {'.'.join(parts)}{nested} appears twice; keep one") from None
     except yaml.YAMLError:
         parsed = value
     # `model=random:` or `data.path=a: b` read as YAML are one-key mappings nobody means on a command line
@@ -179,27 +256,31 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     if isinstance(parsed, dict) and not value.lstrip().startswith("{"):
         parsed = value
     node[parts[-1]] = parsed
+    return ".".join(parts)
 
 
-def from_dict(cls: type, raw: dict[str, Any], source: str, prefix: str) -> Any:
-    """Build dataclass `cls` from `raw`, failing on unknown keys (with a suggestion) and wrong types."""
+def from_dict(cls: type, raw: dict[str, Any], source: Origins, prefix: str) -> Any:
+    """Build dataclass `cls` from `raw`, failing on unknown keys (with a suggestion) and wrong types; `source`
+    names where each key came from."""
     if not isinstance(raw, dict):
-        raise TunelabError(f"{source}: {prefix.rstrip('.') or 'config'} must be a mapping")
+        raise TunelabError(f"{source(prefix.rstrip('.'))}: {prefix.rstrip('.') or 'config'} must be a mapping")
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
     for key, value in raw.items():
         if f"{prefix}{key}" in REMOVED:
-            raise TunelabError(f"{source}: key '{prefix}{key}' was removed ({REMOVED[f'{prefix}{key}']}); delete it")
+            raise TunelabError(
+                f"{source(f'{prefix}{key}')}: key '{prefix}{key}' was removed ({REMOVED[f'{prefix}{key}']}); delete it"
+            )
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.4)
             hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(names)}"
-            raise TunelabError(f"{source}: unknown key '{prefix}{key}'{hint}")
+            raise TunelabError(f"{source(f'{prefix}{key}')}: unknown key '{prefix}{key}'{hint}")
         kwargs[key] = _coerce(hints[key], value, source, f"{prefix}{key}")
     return cls(**kwargs)
 
 
-def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
+def _coerce(tp: Any, value: Any, source: Origins, key: str) -> Any:
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value if value is not None else {}, source, f"{key}.")
     origin = typing.get_origin(tp)
@@ -223,7 +304,7 @@ def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
             if value is None:
                 return []
             if not isinstance(value, list):
-                raise TunelabError(f"{source}: {key} must be a list of mappings, got {value!r}")
+                raise TunelabError(f"{source(key)}: {key} must be a list of mappings, got {value!r}")
             return [_coerce(item_tp, v, source, f"{key}[{i}]") for i, v in enumerate(value)]
         if not isinstance(value, list):
             raise _type_error(source, key, tp, value)
@@ -251,7 +332,7 @@ def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
             raise _type_error(source, key, tp, value)
         # nan and inf pass every range check (nan compares false) and fail deep in training instead.
         if not math.isfinite(number):
-            raise TunelabError(f"{source}: {key} must be a finite number, got {value!r}")
+            raise TunelabError(f"{source(key)}: {key} must be a finite number, got {value!r}")
         return number
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
@@ -260,20 +341,23 @@ def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
     raise TypeError(f"config type {tp} of {key} is not handled")  # a bug in this module, not user input
 
 
-def _type_error(source: str, key: str, tp: Any, value: Any) -> TunelabError:
+def _type_error(source: Origins, key: str, tp: Any, value: Any) -> TunelabError:
     name = getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-    return TunelabError(f"{source}: {key} must be {name}, got {value!r}")
+    return TunelabError(f"{source(key)}: {key} must be {name}, got {value!r}")
 
 
-def _choice(source: str, key: str, value: str, choices: Collection[str]) -> None:
+def _choice(source: Origins, key: str, value: str, choices: Collection[str]) -> None:
     if value not in choices:
         close = difflib.get_close_matches(value, choices, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise TunelabError(f"{source}: {key} must be one of {', '.join(choices)}; got {value!r}{hint}")
+        raise TunelabError(f"{source(key)}: {key} must be one of {', '.join(choices)}; got {value!r}{hint}")
 
 
-def validate(cfg: TrainConfig, source: str = "config") -> None:
-    """Every check that needs no model or data: impossible values and combinations fail here."""
+def validate(cfg: TrainConfig, source: Origins | str = "config") -> None:
+    """Every check that needs no model or data: impossible values and combinations fail here, each error named by
+    the origin of the setting it is about (`source`, or a file name for all settings)."""
+    if isinstance(source, str):
+        source = Origins(source)
     _choice(source, "method", cfg.method, METHODS)
     _choice(source, "precision", cfg.precision, PRECISIONS)
     _choice(source, "data.format", cfg.data.format, FORMATS)
@@ -285,7 +369,9 @@ def validate(cfg: TrainConfig, source: str = "config") -> None:
     if isinstance(cfg.lora.targets, str):
         _choice(source, "lora.targets", cfg.lora.targets, TARGET_PRESETS)
     elif not cfg.lora.targets:
-        raise TunelabError(f"{source}: lora.targets is empty; name modules (e.g. [q_proj, v_proj]) or a preset")
+        raise TunelabError(
+            f"{source('lora.targets')}: lora.targets is empty; name modules (e.g. [q_proj, v_proj]) or a preset"
+        )
     positive = {
         "micro_batch": cfg.micro_batch,
         "grad_accum": cfg.grad_accum,
@@ -295,79 +381,91 @@ def validate(cfg: TrainConfig, source: str = "config") -> None:
     }
     for key, value in positive.items():
         if value < 1:
-            raise TunelabError(f"{source}: {key} must be at least 1, got {value}")
+            raise TunelabError(f"{source(key)}: {key} must be at least 1, got {value}")
     if cfg.seq_len < 8:
-        raise TunelabError(f"{source}: seq_len must be at least 8, got {cfg.seq_len}")
+        raise TunelabError(f"{source('seq_len')}: seq_len must be at least 8, got {cfg.seq_len}")
     if cfg.epochs <= 0:
-        raise TunelabError(f"{source}: epochs must be positive, got {cfg.epochs}")
+        raise TunelabError(f"{source('epochs')}: epochs must be positive, got {cfg.epochs}")
     if cfg.max_steps is not None and cfg.max_steps < 1:
-        raise TunelabError(f"{source}: max_steps must be at least 1 (or null for a full run), got {cfg.max_steps}")
+        raise TunelabError(
+            f"{source('max_steps')}: max_steps must be at least 1 (or null for a full run), got {cfg.max_steps}"
+        )
     if cfg.lr <= 0:
-        raise TunelabError(f"{source}: lr must be positive, got {cfg.lr}")
+        raise TunelabError(f"{source('lr')}: lr must be positive, got {cfg.lr}")
     if cfg.lora.alpha <= 0:
         raise TunelabError(
-            f"{source}: lora.alpha must be positive (the adapter's scale is alpha / r), got {cfg.lora.alpha}"
+            f"{source('lora.alpha')}: lora.alpha must be positive (the adapter's scale is alpha / r), "
+            f"got {cfg.lora.alpha}"
         )
     if cfg.weight_decay < 0:
-        raise TunelabError(f"{source}: weight_decay must be 0 or positive, got {cfg.weight_decay}")
+        raise TunelabError(f"{source('weight_decay')}: weight_decay must be 0 or positive, got {cfg.weight_decay}")
     if cfg.max_grad_norm < 0:
-        raise TunelabError(f"{source}: max_grad_norm must be positive, or 0 for no clipping; got {cfg.max_grad_norm}")
+        raise TunelabError(
+            f"{source('max_grad_norm')}: max_grad_norm must be positive, or 0 for no clipping; got {cfg.max_grad_norm}"
+        )
     if not 0 <= cfg.seed < 2**32:
-        raise TunelabError(f"{source}: seed must be in [0, 2**32), as numpy's generators need; got {cfg.seed}")
+        raise TunelabError(f"{source('seed')}: seed must be in [0, 2**32), as numpy's generators need; got {cfg.seed}")
     if not cfg.output_dir.strip():
-        raise TunelabError(f"{source}: output_dir is empty; name the folder the run writes to")
+        raise TunelabError(f"{source('output_dir')}: output_dir is empty; name the folder the run writes to")
     if not 0 <= cfg.lora.dropout < 1:
-        raise TunelabError(f"{source}: lora.dropout must be in [0, 1), got {cfg.lora.dropout}")
+        raise TunelabError(f"{source('lora.dropout')}: lora.dropout must be in [0, 1), got {cfg.lora.dropout}")
     if not 0 <= cfg.warmup_ratio < 1:
-        raise TunelabError(f"{source}: warmup_ratio must be in [0, 1), got {cfg.warmup_ratio}")
+        raise TunelabError(f"{source('warmup_ratio')}: warmup_ratio must be in [0, 1), got {cfg.warmup_ratio}")
     if cfg.save_steps < 0:
-        raise TunelabError(f"{source}: save_steps must be 0 (only the final save) or positive")
+        raise TunelabError(f"{source('save_steps')}: save_steps must be 0 (only the final save) or positive")
     if cfg.data.max_examples is not None and cfg.data.max_examples < 1:
-        raise TunelabError(f"{source}: data.max_examples must be at least 1")
+        raise TunelabError(f"{source('data.max_examples')}: data.max_examples must be at least 1")
     _validate_eval(cfg, source)
     if cfg.method == "qlora" and cfg.base_quant == "int8":
         raise TunelabError(
-            f"{source}: method qlora quantizes the base to nf4; drop base_quant: int8 or use method lora"
+            f"{source('base_quant', 'method')}: method qlora quantizes the base to nf4; "
+            "drop base_quant: int8 or use method lora"
         )
     if cfg.model.startswith(RANDOM) and effective_base_quant(cfg) != "none":
         raise TunelabError(
-            f"{source}: model {cfg.model} has random weights, built unquantized; "
+            f"{source('model', 'method', 'base_quant')}: model {cfg.model} has random weights, built unquantized; "
             f"{effective_base_quant(cfg)} needs a real checkpoint, or use method lora with base_quant none"
         )
     if cfg.method == "full" and cfg.base_quant != "none":
         raise TunelabError(
-            f"{source}: full fine-tuning trains every weight; a quantized base (base_quant) cannot be trained"
+            f"{source('base_quant', 'method')}: full fine-tuning trains every weight; "
+            "a quantized base (base_quant) cannot be trained"
         )
     if cfg.data.format != "alpaca" and cfg.data.template != "alpaca":
         raise TunelabError(
-            f"{source}: data.template applies to the alpaca format only; drop it for {cfg.data.format!r}"
+            f"{source('data.template', 'data.format')}: data.template applies to the alpaca format only; "
+            f"drop it for {cfg.data.format!r}"
         )
     _validate_data(cfg, source)
 
 
-def _validate_data(cfg: TrainConfig, source: str) -> None:
+def _validate_data(cfg: TrainConfig, source: Origins) -> None:
     d = cfg.data
     if d.path is not None and d.mix:
         raise TunelabError(
-            f"{source}: data.path and data.mix are exclusive; train on one source or list them all under data.mix"
+            f"{source('data.path', 'data.mix')}: data.path and data.mix are exclusive; "
+            "train on one source or list them all under data.mix"
         )
     for key, path in (("data.path", d.path), ("eval.path", cfg.eval.path)):
         if hub.is_hub_data(path):
-            hub.parse_data(path, f"{source}: {key}")
+            hub.parse_data(path, f"{source(key)}: {key}")
     for i, part in enumerate(d.mix):
         key = f"data.mix[{i}]"
         if not part.path:
-            raise TunelabError(f"{source}: {key}.path is missing; each source needs a file or hf://owner/name")
+            raise TunelabError(
+                f"{source(f'{key}.path')}: {key}.path is missing; each source needs a file or hf://owner/name"
+            )
         if hub.is_hub_data(part.path):
-            hub.parse_data(part.path, f"{source}: {key}.path")
+            hub.parse_data(part.path, f"{source(f'{key}.path')}: {key}.path")
         if part.weight <= 0:
-            raise TunelabError(f"{source}: {key}.weight must be positive, got {part.weight:g}")
+            raise TunelabError(f"{source(f'{key}.weight')}: {key}.weight must be positive, got {part.weight:g}")
         fmt = part.format or d.format
         _choice(source, f"{key}.format", fmt, FORMATS)
         if part.template is not None:
             _choice(source, f"{key}.template", part.template, TEMPLATES)
             if fmt != "alpaca":
-                raise TunelabError(f"{source}: {key}.template applies to the alpaca format only; drop it for {fmt!r}")
+                where = source(f"{key}.template", f"{key}.format", "data.format")
+                raise TunelabError(f"{where}: {key}.template applies to the alpaca format only; drop it for {fmt!r}")
 
 
 def has_data(cfg: TrainConfig) -> bool:
@@ -382,15 +480,17 @@ def data_label(cfg: TrainConfig) -> str:
     return "mix of " + ", ".join(f"{m.path} (weight {m.weight:g})" for m in cfg.data.mix)
 
 
-def _validate_eval(cfg: TrainConfig, source: str) -> None:
+def _validate_eval(cfg: TrainConfig, source: Origins) -> None:
     e = cfg.eval
     if e.split is not None and e.path is not None:
         raise TunelabError(
-            f"{source}: eval.split and eval.path are exclusive; hold out a fraction or name a file, not both"
+            f"{source('eval.split', 'eval.path')}: eval.split and eval.path are exclusive; "
+            "hold out a fraction or name a file, not both"
         )
     if e.split is not None and not 0 < e.split <= 0.5:
         raise TunelabError(
-            f"{source}: eval.split must be in (0, 0.5] (the fraction of data.path held out), got {e.split}"
+            f"{source('eval.split')}: eval.split must be in (0, 0.5] (the fraction of data.path held out), "
+            f"got {e.split}"
         )
     for key, value in (
         ("eval.steps", e.steps),
@@ -398,7 +498,7 @@ def _validate_eval(cfg: TrainConfig, source: str) -> None:
         ("eval.early_stopping_patience", e.early_stopping_patience),
     ):
         if value is not None and value < 1:
-            raise TunelabError(f"{source}: {key} must be at least 1 (or null), got {value}")
+            raise TunelabError(f"{source(key)}: {key} must be at least 1 (or null), got {value}")
     if not eval_enabled(cfg):
         for key, value in (
             ("eval.steps", e.steps),
@@ -406,10 +506,11 @@ def _validate_eval(cfg: TrainConfig, source: str) -> None:
             ("eval.early_stopping_patience", e.early_stopping_patience),
         ):
             if value is not None:
-                raise TunelabError(f"{source}: {key} needs held-out data; set eval.split (e.g. 0.1) or eval.path")
+                raise TunelabError(f"{source(key)}: {key} needs held-out data; set eval.split (e.g. 0.1) or eval.path")
     elif e.steps is None and cfg.save_steps == 0 and e.early_stopping_patience is not None:
         raise TunelabError(
-            f"{source}: eval.early_stopping_patience needs evaluations during the run; set eval.steps (or save_steps)"
+            f"{source('eval.early_stopping_patience', 'eval.steps', 'save_steps')}: eval.early_stopping_patience "
+            "needs evaluations during the run; set eval.steps (or save_steps)"
         )
 
 

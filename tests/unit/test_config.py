@@ -117,6 +117,62 @@ def test_bad_yaml_names_the_file(tmp_path):
         load_config(tmp_path / "missing.yaml")
 
 
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("seq_len: 128\nlr: 1.0e-4\nseq_len: 64\n", "c.yaml:3: key seq_len appears twice; keep one"),
+        ("lora:\n  r: 8\n  alpha: 16\n  r: 4\n", "c.yaml:4: key lora.r appears twice; keep one"),
+        (
+            "data:\n  mix:\n    - path: a.jsonl\n      path: b.jsonl\n",
+            "c.yaml:4: key data.mix[0].path appears twice; keep one",
+        ),
+    ],
+)
+def test_a_key_given_twice_names_the_key_and_its_line(tmp_path, text, message):
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(TunelabError) as e:
+        load_config(f)
+    assert str(e.value) == f"{tmp_path}/{message}"
+
+
+def test_a_key_given_twice_in_an_override_value_names_the_override():
+    with pytest.raises(TunelabError) as e:
+        load_config(None, ["data.mix=[{path: a.jsonl, path: b.jsonl}]"])
+    assert str(e.value) == (
+        "override data.mix=[{path: a.jsonl, path: b.jsonl}]: key data.mix[0].path appears twice; keep one"
+    )
+
+
+def test_a_key_a_merge_brought_in_may_be_given_again(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("data:\n  mix:\n    - &a {path: a.jsonl, weight: 2}\n    - <<: *a\n      path: b.jsonl\n")
+    mix = load_config(f).data.mix
+    assert [(m.path, m.weight) for m in mix] == [("a.jsonl", 2.0), ("b.jsonl", 2.0)]
+
+
+@pytest.mark.parametrize(
+    "text, overrides, origin, message",
+    [
+        ("seq_len: 64\n", ["lr=-1"], "override lr=-1", "lr must be positive, got -1.0"),
+        ("lr: -1\n", ["seq_len=32"], "FILE", "lr must be positive, got -1.0"),
+        ("seq_len: 64\n", ["lr=abc"], "override lr=abc", "lr must be float, got 'abc'"),
+        ("lora:\n  r: 0\n", ["lora.alpha=8"], "FILE", "lora.r must be at least 1, got 0"),
+        ("seq_len: 64\n", ["lora={r: 0}"], "override lora={r: 0}", "lora.r must be at least 1, got 0"),
+        # The section override replaced the key override before it, so the value is the section's.
+        ("seq_len: 64\n", ["lora.r=0", "lora={r: 0}"], "override lora={r: 0}", "lora.r must be at least 1, got 0"),
+        ("method: qlora\n", ["base_quant=int8"], "override base_quant=int8", "method qlora quantizes the base"),
+        ("eval:\n  split: 0.1\n", ["eval.path=e.jsonl"], "override eval.path=e.jsonl", "eval.split and eval.path"),
+    ],
+)
+def test_an_error_names_the_override_or_the_file_that_set_the_value(tmp_path, text, overrides, origin, message):
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(TunelabError) as e:
+        load_config(f, overrides)
+    assert str(e.value).startswith(f"{f if origin == 'FILE' else origin}: {message}")
+
+
 def test_eval_section_defaults_and_overrides():
     cfg = load_config(None)
     assert (cfg.eval.split, cfg.eval.path, cfg.eval.steps, cfg.eval.keep_best) == (None, None, None, True)

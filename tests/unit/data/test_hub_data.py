@@ -128,7 +128,7 @@ def test_a_malformed_hub_path_fails_in_the_config(path):
     with pytest.raises(TunelabError) as e:
         load_config(None, [f"data.path='{path}'"])
     assert str(e.value) == (
-        f"defaults: data.path {path!r}: expected hf://owner/name, hf://owner/name:split or "
+        f"override data.path='{path}': data.path {path!r}: expected hf://owner/name, hf://owner/name:split or "
         "hf://owner/name/subset:split, with owner/name@revision to pin a branch, tag or commit"
     )
 
