@@ -14,6 +14,7 @@ predict the first token of the next.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import logging
@@ -33,6 +34,8 @@ IGNORE = -100
 BYTES_PER_TOKEN_LIMIT = 64
 MIN_LINE_LIMIT = 2**20
 READERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+# Text files are read as UTF-8 with an optional byte-order mark, which Windows editors (Notepad) write.
+TEXT_ENCODING = "utf-8-sig"
 # Bump when tokenization output changes, so old caches are not reused.
 CACHE_VERSION = "1"
 
@@ -265,7 +268,8 @@ def read_rows(
     level = datasets_logger.level
     datasets_logger.setLevel(logging.CRITICAL)
     try:
-        ds = datasets.load_dataset(reader, data_files=str(path), split="train")
+        text = {} if reader == "parquet" else {"encoding": TEXT_ENCODING}
+        ds = datasets.load_dataset(reader, data_files=str(path), split="train", **text)
     except Exception as e:
         raise TunelabError(f"{path}: cannot be read as {reader}: {_root_cause(e)}; fix or convert the file") from None
     finally:
@@ -301,17 +305,31 @@ def iter_jsonl(path: Path, fmt: str, max_line_bytes: int | None = None):
                 )
             if not line.strip():
                 continue
+            text = _decode(line, path, number).rstrip("\r\n")
             try:
-                row = json.loads(_decode(line, path, number))
+                row = json.loads(text)
             except json.JSONDecodeError as e:
-                raise TunelabError(f"{path}:{number}: not valid JSON ({e.args[0]}); fix or remove the line") from None
+                raise TunelabError(
+                    f"{path}:{number}: not valid JSON ({_json_problem(e)}); fix or remove the line"
+                ) from None
             if not isinstance(row, dict):
                 raise TunelabError(f"{path}:{number}: each line must be a JSON object")
             check_fields(fmt, row, f"{path}:{number}")
             yield number, row
 
 
+def _json_problem(e: json.JSONDecodeError) -> str:
+    """json's message placed by column within the one line parsed, not by json's own line and char counts."""
+    where = "the end of the line" if not e.doc[e.pos :].strip() else f"column {e.pos + 1}"
+    # Messages such as "Invalid control character at" already end in the word that introduces the place.
+    return f"{e.msg} {where}" if e.msg.endswith(" at") else f"{e.msg} at {where}"
+
+
 def _decode(line: bytes, path: Path, number: int) -> str:
+    """Line `number` of a text file as text; the first line may start with a byte-order mark, which is dropped."""
+    if number == 1 and line.startswith(codecs.BOM_UTF8):
+        # Dropped here rather than by the utf-8-sig codec, which would place a bad byte after it one byte early.
+        line = line[len(codecs.BOM_UTF8) :]
     try:
         return line.decode("utf-8")
     except UnicodeDecodeError as e:

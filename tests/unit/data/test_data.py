@@ -5,7 +5,7 @@ import torch
 from conftest import make_tiny_llama, write_jsonl
 from tunelab.data.formats import prompt_text
 from tunelab.data.packing import collate, epoch_micro_batches, epoch_rows
-from tunelab.data.pipeline import IGNORE, DataSpec, prepare
+from tunelab.data.pipeline import IGNORE, DataSpec, prepare, read_rows
 from tunelab.errors import TunelabError
 from tunelab.train.loss import CausalLMLoss
 
@@ -100,6 +100,40 @@ def test_bad_jsonl_names_file_and_line(tmp_path, tokenizer, content, message):
     path.write_text(content)
     with pytest.raises(TunelabError, match=message):
         prepare(spec(path), tokenizer)
+
+
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        # json would place this at "line 2 column 1": the newline ending the file's line 4.
+        ('{"instruction": "a", "output": \n', "Expecting value at the end of the line"),
+        ('{"instruction": "a" "output": "b"}\n', "Expecting ',' delimiter at column 21"),
+        ('{"instruction": "a\tb", "output": "b"}\n', "Invalid control character at column 19"),
+        ('{"instruction": "a", "output": "b"} x\n', "Extra data at column 37"),
+    ],
+)
+def test_bad_json_is_placed_by_the_files_line_and_a_column_in_it(tmp_path, line, problem):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"instruction": "a", "output": "b"}\n' * 2 + "\n" + line)
+    with pytest.raises(TunelabError) as e:
+        read_rows(path, "alpaca", None)
+    assert str(e.value) == f"{path}:4: not valid JSON ({problem}); fix or remove the line"
+
+
+@pytest.mark.parametrize(
+    "name, text",
+    [
+        ("rows.jsonl", '{"instruction": "a", "output": "b"}\n{"instruction": "c", "output": "d"}\n'),
+        ("rows.json", '[{"instruction": "a", "output": "b"}, {"instruction": "c", "output": "d"}]\n'),
+        ("rows.csv", "instruction,output\na,b\nc,d\n"),
+    ],
+)
+def test_a_file_saved_with_a_byte_order_mark_loads(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())  # the UTF-8 BOM Windows Notepad writes
+    ds = read_rows(path, "alpaca", None)
+    assert ds.column_names == ["instruction", "output"]
+    assert ds.to_list() == [{"instruction": "a", "output": "b"}, {"instruction": "c", "output": "d"}]
 
 
 def test_unknown_extension_and_missing_file(tmp_path, tokenizer):
