@@ -418,7 +418,9 @@ def _train_locked(
         "total_steps": prep.schedule.total_steps,
         "finished": finished,
         "early_stopped": result.stopped_early,
-        "loss_first": result.losses[0][1] if result.losses else None,
+        # A resumed run's first loss is the first one metrics.jsonl holds, logged before the interruption.
+        "loss_first": (_first_logged_loss(out / "metrics.jsonl") if resume_from is not None and procs.main else None)
+        or (result.losses[0][1] if result.losses else None),
         "loss_last": result.losses[-1][1] if result.losses else None,
         "tokens_padded": state.tokens_padded,
         "tokens_nonpad": state.tokens_nonpad,
@@ -560,6 +562,20 @@ def _truncate_metrics(path: Path, step: int) -> None:
         return
     keep = [line for line in path.read_text().splitlines() if _logged_step(line) <= step]
     write_atomic(path, (line + "\n" for line in keep))
+
+
+def _first_logged_loss(path: Path) -> float | None:
+    """The loss of the first training record in a metrics file (None without one)."""
+    if not path.is_file():
+        return None
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and "loss" in record:
+            return record["loss"]
+    return None
 
 
 def _logged_step(line: str) -> float:

@@ -157,7 +157,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_model_dir, data_file, tmp_
         stop_at=6,
     )  # dies at step 6, after the checkpoint at 4
     assert not (cut / "adapter").exists()  # an unfinished run leaves no final adapter
-    train(
+    resumed = train(
         config(tiny_model_dir, data_file, cut, "max_steps=8", "save_steps=4", "lora.dropout=0.1", "resume=true"),
         show_progress=False,
     )
@@ -165,6 +165,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_model_dir, data_file, tmp_
     got = [(m["step"], m["loss"]) for m in read_metrics(cut)]
     assert [s for s, _ in got] == list(range(1, 9))
     assert [l for _, l in got] == pytest.approx([l for _, l in expected], rel=1e-6)
+    assert resumed["loss_first"] == got[0][1]  # the run's first loss, logged before the interruption
 
 
 def test_resume_with_a_smaller_micro_batch_and_the_same_rows_per_step_reproduces_the_run(
