@@ -26,7 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--accelerate-config",
         metavar="FILE",
-        help="Accelerate config for --nproc (configs/accelerate/: ddp, fsdp2, zero2, zero3); default: plain DDP",
+        help="Accelerate config (configs/accelerate/: ddp, fsdp2, zero2, zero3), run with its num_processes unless "
+        "--nproc says otherwise; without one, --nproc runs plain DDP",
     )
     p.add_argument(
         "--offline",
