@@ -16,6 +16,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..errors import TunelabError
+
 # Rounding of a padded micro-batch's width (tunelab.data.packing.batch_width pads to a multiple of 8).
 PAD_MULTIPLE = 8
 
@@ -118,7 +120,14 @@ def epoch_counts(lengths: Lengths, b: Batching) -> EpochCounts:
     else:
         rows = n
         width = min(b.seq_len, math.ceil(L / PAD_MULTIPLE) * PAD_MULTIPLE)
-    loss = min(lengths.mean_loss_tokens, L)
+    # Truncation keeps an example's first seq_len tokens: the prompt comes first, the loss tokens after it.
+    loss = max(0.0, L - (lengths.mean_tokens - lengths.mean_loss_tokens))
+    if loss == 0:
+        raise TunelabError(
+            f"--mean-tokens {lengths.mean_tokens:g}: its prompt ({lengths.mean_tokens - lengths.mean_loss_tokens:g} "
+            f"tokens) fills seq_len {b.seq_len}, so truncation leaves no example a token to learn from; raise "
+            "seq_len or lower --mean-tokens"
+        )
     counts = EpochCounts(math.ceil(rows / b.micro_batch), rows, rows * width, round(n * L), round(n * loss), width)
     return _with_slots(counts, min(n, per_row * b.micro_batch) if b.packing else 0, math.ceil(L), b)
 
@@ -177,8 +186,6 @@ def split_assumed(lengths: Lengths, fraction: float) -> Lengths:
     """Assumed lengths with round(fraction x examples) held out for evaluation, as eval.split holds them out."""
     held = round(fraction * lengths.examples)
     if held < 1 or held >= lengths.examples:
-        from ..errors import TunelabError
-
         raise TunelabError(
             f"eval.split {fraction} of {lengths.examples} examples holds out {held}; both sides need at least one"
         )

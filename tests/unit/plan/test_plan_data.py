@@ -75,3 +75,14 @@ def test_dataset_and_examples_conflict(local_model, capsys):
         == 2
     )
     assert "data.path is set" in capsys.readouterr().err
+
+
+def test_assumed_examples_longer_than_seq_len_lose_their_response_first(capsys):
+    """Truncation keeps an example's first seq_len tokens, prompt first: 600 tokens of which 300 carry the loss
+    keep 212 of them at seq_len 512; a 2,000-token prompt keeps none, which train refuses, so plan does too."""
+    assert main(["plan", "--model", "smollm2-135m", "--examples", "10", "--mean-tokens", "600", "--json"]) == 0
+    rec = json.loads(capsys.readouterr().out)
+    assert rec["tokens_total_loss"] == 10 * 212 and rec["tokens_total_nonpad"] == 10 * 512
+    assert main(["plan", "--model", "smollm2-135m", "--examples", "10", "--mean-tokens", "4000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "truncation leaves no example a token to learn from" in err[0]
