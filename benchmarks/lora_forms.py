@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 
 import torch
@@ -127,7 +126,8 @@ def main() -> None:
         kind: {form: round(sum(layer[kind][form] for layer in layers.values()), 4) for form in forms}
         for kind, forms in (("forward_ms", FORWARD), ("backward_ms", BACKWARD))
     }
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    from tunelab.device import device_name, library_versions
+
     print(
         json.dumps(
             {
@@ -135,9 +135,8 @@ def main() -> None:
                 "tokens": args.tokens,
                 "rank": args.rank,
                 "dtype": "bf16",
-                "device": device_name,
-                "threads": torch.get_num_threads(),
-                "torch": torch.__version__,
+                "device": device_name(device),
+                "versions": library_versions(),
                 "layers": layers,
                 "per_layer_totals": totals,
             },
