@@ -51,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except TunelabError as e:
-        print(f"tunelab {args.command}: error: {e}", file=sys.stderr)
+        # One write, newline included: launched processes run unbuffered (PYTHONUNBUFFERED=1), where print's two
+        # writes let N processes' identical lines interleave, and the launcher's relay reads whole lines.
+        sys.stderr.write(f"tunelab {args.command}: error: {e}\n")
         return _exit_status(2)
     except KeyboardInterrupt:
         print(f"tunelab {args.command}: interrupted", file=sys.stderr)
