@@ -8,6 +8,7 @@ gated gate/up/down MLP, the Llama/Mistral/Qwen2/Gemma/SmolLM shape), the embeddi
 from __future__ import annotations
 
 import difflib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -185,10 +186,19 @@ def random_arch(ref: str) -> Arch:
     return arch
 
 
-def from_hf_config(name: str, cfg, source: str) -> Arch:
-    """From a transformers PretrainedConfig (read from config.json or GGUF metadata)."""
+def from_hf_config(name: str, cfg, source: str, written: set[str] | None = None) -> Arch:
+    """From a transformers PretrainedConfig (read from config.json or GGUF metadata). `written`: the keys the
+    config.json file itself holds, where there is one: a config class fills a key the file omits with its own
+    default (LlamaConfig's are a 7B's), which would describe some other model."""
     need = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
-    missing = [k for k in need if getattr(cfg, k, None) is None]
+    aliases = getattr(cfg, "attribute_map", {}) or {}
+
+    def given(key: str) -> bool:
+        if written is None:
+            return getattr(cfg, key, None) is not None
+        return key in written or any(alias in written for alias, canonical in aliases.items() if canonical == key)
+
+    missing = [k for k in need if not given(k)]
     if missing:
         raise TunelabError(
             f"model {name}: its config lacks {', '.join(missing)}; plan supports Llama-shaped decoders (Llama, Mistral, Qwen2, Gemma, SmolLM)"
@@ -234,7 +244,9 @@ def resolve_arch(ref: str) -> Arch:
         raise TunelabError(f"{e}; or use a model plan knows: {', '.join(registry_names())}") from None
     config = load.load_config(source)
     families.check(config, ref)
-    return from_hf_config(ref, config, f"{source.path}/config.json")
+    file = Path(source.path) / "config.json"
+    written = set(json.loads(file.read_text())) if file.is_file() else None
+    return from_hf_config(ref, config, str(file), written)
 
 
 def from_gguf(name: str, path: Path) -> Arch:

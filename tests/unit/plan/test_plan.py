@@ -510,3 +510,13 @@ def test_plan_local_measures_this_machine_in_the_runs_precision(capsys, monkeypa
     assert main(["plan", "--model", "smollm2-135m", "--examples", "100", "--gpu", "local", "--gpus", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "share this machine's cores" in err[0]
+
+
+def test_a_config_json_without_the_shape_is_refused_not_filled_with_a_default_7b(tmp_path, capsys):
+    """LlamaConfig fills every key the file omits with a 7B's value; plan must not present that as the file's."""
+    folder = tmp_path / "partial"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}')
+    assert main(["plan", "--model", str(folder), "--examples", "10"]) == 2
+    err = capsys.readouterr().err
+    assert "its config lacks hidden_size, num_hidden_layers" in err and len(err.strip().splitlines()) == 1
