@@ -124,9 +124,9 @@ def epoch_counts(lengths: Lengths, b: Batching) -> EpochCounts:
     loss = max(0.0, L - (lengths.mean_tokens - lengths.mean_loss_tokens))
     if loss == 0:
         raise TunelabError(
-            f"--mean-tokens {lengths.mean_tokens:g}: its prompt ({lengths.mean_tokens - lengths.mean_loss_tokens:g} "
-            f"tokens) fills seq_len {b.seq_len}, so truncation leaves no example a token to learn from; raise "
-            "seq_len or lower --mean-tokens"
+            f"the assumed examples of {lengths.mean_tokens:g} tokens (--mean-tokens) start with "
+            f"{lengths.mean_tokens - lengths.mean_loss_tokens:g} prompt tokens (--loss-fraction), which fill seq_len "
+            f"{b.seq_len}, so truncation leaves no example a token to learn from; raise seq_len or lower --mean-tokens"
         )
     counts = EpochCounts(math.ceil(rows / b.micro_batch), rows, rows * width, round(n * L), round(n * loss), width)
     return _with_slots(counts, min(n, per_row * b.micro_batch) if b.packing else 0, math.ceil(L), b)

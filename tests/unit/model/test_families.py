@@ -275,7 +275,8 @@ def test_supported_families_pass_the_check(family, vocab):
 def test_plan_reads_every_supported_family(family, vocab, tmp_path, capsys):
     """A supported family's config.json (no weights) is planned like any Llama-shaped decoder."""
     family_config(family, vocab).save_pretrained(tmp_path)
-    assert main(["plan", "--model", str(tmp_path), "--seq-len", "128", "--examples", "1000", "--json"]) == 0
+    argv = ["plan", "--model", str(tmp_path), "--seq-len", "128", "--examples", "1000", "--mean-tokens", "100"]
+    assert main([*argv, "--json"]) == 0
     shape = archmod.from_hf_config("m", family_config(family, vocab), "test")
     assert json.loads(capsys.readouterr().out)["memory_breakdown"]["weights"] == 2 * shape.total_params
 
