@@ -67,7 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--mean-tokens",
         type=float,
         default=None,
-        help=f"mean tokens per example without a dataset (default {DEFAULT_MEAN_TOKENS}, an assumption)",
+        help=f"mean tokens per example without a dataset (default {DEFAULT_MEAN_TOKENS} or seq_len if shorter, an "
+        "assumption)",
     )
     p.add_argument(
         "--loss-fraction",
@@ -104,7 +105,8 @@ def lengths_from(cfg: cfgmod.TrainConfig, args: argparse.Namespace) -> workload.
         raise TunelabError("no workload: set data.path (real token lengths) or give --examples N [--mean-tokens M]")
     if args.examples < 1:
         raise TunelabError(f"--examples must be at least 1, got {args.examples}")
-    mean = DEFAULT_MEAN_TOKENS if args.mean_tokens is None else args.mean_tokens
+    # The default assumption fits the run's rows: a shorter seq_len is read as shorter examples, not truncation.
+    mean = min(DEFAULT_MEAN_TOKENS, cfg.seq_len) if args.mean_tokens is None else args.mean_tokens
     if not 1 <= mean < math.inf:  # written so that nan, which compares false, fails too
         raise TunelabError(f"--mean-tokens must be at least 1, got {mean}")
     if not 0 < args.loss_fraction <= 1:

@@ -86,3 +86,10 @@ def test_assumed_examples_longer_than_seq_len_lose_their_response_first(capsys):
     assert main(["plan", "--model", "smollm2-135m", "--examples", "10", "--mean-tokens", "4000"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "truncation leaves no example a token to learn from" in err[0]
+
+
+def test_the_default_assumed_example_fits_a_short_seq_len(capsys):
+    """Without --mean-tokens the assumed 256 tokens shrink to seq_len 128, half of them with the loss."""
+    assert main(["plan", "--model", "smollm2-135m", "--examples", "10", "--seq-len", "128", "--json"]) == 0
+    rec = json.loads(capsys.readouterr().out)
+    assert (rec["tokens_total_nonpad"], rec["tokens_total_loss"]) == (10 * 128, 10 * 64)
