@@ -463,7 +463,8 @@ def _validate_data(cfg: TrainConfig, source: Origins) -> None:
         _choice(source, f"{key}.format", fmt, FORMATS)
         if part.template is not None:
             _choice(source, f"{key}.template", part.template, TEMPLATES)
-            if fmt != "alpaca":
+            # `alpaca`, data.template's default, is accepted with any format, as at the top level.
+            if fmt != "alpaca" and part.template != "alpaca":
                 where = source(f"{key}.template", f"{key}.format", "data.format")
                 raise TunelabError(f"{where}: {key}.template applies to the alpaca format only; drop it for {fmt!r}")
 

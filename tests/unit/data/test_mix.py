@@ -120,6 +120,12 @@ def test_a_mixture_of_a_file_and_a_hub_dataset_through_plan(files, tiny_model_di
     assert f"mix of {files[0]} (weight 3), hf://owner/set (weight 1)" in json.dumps(result)
 
 
+def test_a_mixture_part_takes_template_alpaca_with_any_format_as_the_top_level_does():
+    cfg = load_config(None, ["data.mix=[{path: a.jsonl, format: chat, template: alpaca}]"])
+    assert load_config(None, ["data.format=chat", "data.template=alpaca", "data.path=a.jsonl"]).data.format == "chat"
+    assert cfg.data.mix[0].template == "alpaca"
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [
