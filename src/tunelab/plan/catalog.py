@@ -72,7 +72,7 @@ def gpu(gpu_id: str) -> Gpu:
     return Gpu(
         id=gpu_id,
         name=row["name"],
-        memory_bytes=int(row["memory_gib"] * 2**30),
+        memory_bytes=int(row["memory_mib"] * 2**20) if "memory_mib" in row else int(row["memory_gib"] * 2**30),
         bandwidth_gbs=float(row["bandwidth_gbs"]),
         peak_flops=float(row["bf16_tflops"]) * 1e12,
         bf16=bool(row["bf16"]),

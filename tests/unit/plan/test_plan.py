@@ -182,6 +182,10 @@ def test_catalog_rows_have_sources_and_dense_peaks():
     assert catalog.gpu("h100-sxm").peak_flops == 989e12  # dense, not the 1979 sparse figure
     aws = [p for p in catalog.prices("h100-sxm") if p.provider == "aws-p5.48xlarge"][0]
     assert (aws.price_per_hour, aws.gpus_per_instance) == (98.32, 8)
+    # With ECC on an L40S shows 45 GiB of its marketed 48: plan's fit check takes what the device reports.
+    assert catalog.gpu("l40s").memory_bytes == 46068 * 2**20 < 48 * 2**30
+    rows = catalog.read("gpus.yaml")["gpus"]
+    assert all(row.get("memory_source") for row in rows.values() if "memory_mib" in row)
 
 
 @pytest.mark.parametrize("gpus, instances", [(1, 1), (8, 1), (9, 2)])
