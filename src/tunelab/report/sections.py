@@ -229,6 +229,16 @@ def _environment(runs: list[Run]) -> list[str]:
     return lines
 
 
+def _steps(rec: dict) -> str:
+    """Optimizer steps run, and in brackets those the rates were measured over: a train summary's `steps` are
+    all it ran; a bench record's are its measured window, after `warmup_steps`."""
+    if "steady_window_steps" in rec:
+        return f"{_num(rec.get('steps'))} ({_num(rec['steady_window_steps'])})"
+    if "warmup_steps" in rec and rec.get("steps") is not None:
+        return f"{_num(rec['warmup_steps'] + rec['steps'])} ({_num(rec['steps'])})"
+    return _num(rec.get("steps"))
+
+
 def _runs_table(runs: list[Run]) -> list[str]:
     header = [
         "run",
@@ -237,7 +247,7 @@ def _runs_table(runs: list[Run]) -> list[str]:
         "seq_len",
         "micro x accum",
         "packing",
-        "steps",
+        "steps (in window)",
         "non-pad tok/s",
         "padded tok/s",
         "loss tok/s",
@@ -258,7 +268,7 @@ def _runs_table(runs: list[Run]) -> list[str]:
                 _num(rec.get("seq_len")),
                 f"{_num(rec.get('micro_batch'))} x {_num(rec.get('grad_accum'))}",
                 _num(rec.get("packing")),
-                _num(rec.get("steps")),
+                _steps(rec),
                 _num(rec.get("tokens_nonpad_per_s")),
                 _num(rec.get("tokens_padded_per_s")),
                 _num(rec.get("tokens_loss_per_s")),

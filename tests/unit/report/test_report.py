@@ -30,6 +30,7 @@ def make_run_dir(path: Path, micro_batch: int, nonpad: float, predicted: dict | 
         "packing": True,
         "grad_ckpt": False,
         "steps": 6,
+        "steady_window_steps": 4,
         "tokens_padded_per_s": nonpad * 1.25,
         "tokens_nonpad_per_s": nonpad,
         "tokens_loss_per_s": nonpad / 10,
@@ -141,10 +142,14 @@ def test_report_writes_markdown_and_plots_with_the_inputs_numbers(tmp_path, inpu
     assert "torch 9.9.0" in md and "transformers 8.8.0" in md
     # Run dirs: their summaries, configs and eval results.
     assert (
-        "| run-a | tunelab | bf16 | 256 | 4 x 1 | yes | 6 | 1,000 | 1,250 | 100 | 0.750 | 3.00 GiB | n/a | 2.500 -> 1.250 |"
+        "| run-a | tunelab | bf16 | 256 | 4 x 1 | yes | 6 (4) | 1,000 | 1,250 | 100 | 0.750 | 3.00 GiB | n/a | 2.500 -> 1.250 |"
         in md
     )
     assert "lr=0.0003" in md and "eval: {accuracy: 0.875}" in md
+    # A bench record's steps are its measured window, after its warm-up steps: 2 + 3 run, 3 measured.
+    from tunelab.report.sections import _steps
+
+    assert _steps({"warmup_steps": 2, "steps": 3}) == "5 (3)"
     # Peer comparison: the tunelab rows interleaved with the peers (2000, 2200 -> mean 2100), not the 999 one.
     assert "| hf-trainer-seed | 1 / 2 | 500 | 2,100 | 4.20x | 4.20x | 4.20x | 0.62x |" in md
     assert "| hf-trainer-tuned | 1 / 2 | 1,050 | 2,100 | 2.00x |" in md
