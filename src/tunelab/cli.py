@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except TunelabError as e:
-        # One write, newline included: launched processes run unbuffered (PYTHONUNBUFFERED=1), where print's two
-        # writes let N processes' identical lines interleave, and the launcher's relay reads whole lines.
+        # One write, newline included: unbuffered (PYTHONUNBUFFERED=1 or -u, as in many containers and CI runners),
+        # print's two writes let the lines of launched processes sharing one stderr interleave; the relay reads lines.
         sys.stderr.write(f"tunelab {args.command}: error: {e}\n")
         return _exit_status(2)
     except KeyboardInterrupt:

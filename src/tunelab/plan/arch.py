@@ -51,6 +51,8 @@ class Arch:
     max_positions: int
     tied: bool
     source: str
+    # Final-logit soft-capping (Gemma-2's final_logit_softcapping): the loss keeps more per-chunk buffers.
+    logit_softcap: float = 0.0
 
     def linears(self) -> dict[str, tuple[int, int]]:
         """(d_in, d_out) of each linear layer in one decoder block, by the module names peft targets."""
@@ -136,6 +138,7 @@ def from_registry(ref: str) -> Arch | None:
         max_positions=row["max_positions"],
         tied=row["tied"],
         source=f"registry: {row['source']}",
+        logit_softcap=float(row.get("logit_softcap", 0.0)),
     )
 
 
@@ -216,6 +219,7 @@ def from_hf_config(name: str, cfg, source: str, written: set[str] | None = None)
         max_positions=getattr(cfg, "max_position_embeddings", None) or 0,
         tied=bool(getattr(cfg, "tie_word_embeddings", False)),
         source=source,
+        logit_softcap=float(getattr(cfg, "final_logit_softcapping", None) or 0.0),
     )
 
 
@@ -288,4 +292,5 @@ def from_gguf(name: str, path: Path) -> Arch:
         # llama.cpp stores no separate `output.weight` when the LM head shares the embedding.
         tied=not any(t.name == "output.weight" for t in reader.tensors),
         source=f"{path} (GGUF metadata)",
+        logit_softcap=float(value(f"{arch}.final_logit_softcapping", 0.0) or 0.0),
     )

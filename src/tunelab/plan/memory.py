@@ -7,8 +7,9 @@ Derivations (docs/formulas.md; per-parameter table of EleutherAI "Transformer Ma
   0.5 + 1/64 + 4/16384 B/param (4.127 bits). Embedding, LM head and norms stay in the compute dtype.
 - Trainable weights are fp32 (tunelab: peft keeps adapters fp32; full fine-tuning keeps fp32 master
   weights), so each trainable parameter costs 4 (weight) + 4 (grad) + 8 (AdamW's two fp32 states) B.
-  Under 16-bit autocast full fine-tuning also holds a 16-bit copy of every weight from the forward to
-  its backward (autocast caches casts of leaf tensors).
+  Under 16-bit autocast full fine-tuning also holds a 16-bit copy of every block weight from the forward to
+  its backward (autocast caches casts of leaf tensors); the embedding is gathered, not cast, and the loss casts
+  the head itself (logits). FSDP2 gathers weights in the compute dtype and runs no autocast: no copies.
 - Activations, per token and decoder layer, for the Llama block (RMSNorm in fp32, SwiGLU; no dropout),
   derived tensor by tensor from what autograd saves (a = compute-dtype bytes). Checked against the
   saved-tensor sums of the quickstart (SmolLM2-135M, 16 x 256 packed rows, LoRA r 32 on every linear, bf16),
@@ -42,13 +43,15 @@ Derivations (docs/formulas.md; per-parameter table of EleutherAI "Transformer Ma
   output and fp32 log-sum-exp per head and token; its BlockMask (B·T/128 block counts and B·(T/128)² block
   indices, int32) and the document ids (8·B·T) are one per micro-batch, shared by every layer, and left out.
   Gradient checkpointing keeps each layer's input (the residual stream) and one layer's activations.
-- Logits: tunelab's loss (train/loss.py) runs the LM head only on loss positions, in chunks of at most
-  `loss_chunk` rows, and computes its gradients in the forward, at the end of which every activation is
-  alive: two scratch buffers of one chunk's logits, fp32 and compute dtype (4 + a per element, kept across
-  steps; the softmax and its gradient are computed in place), the hidden states gathered at the loss
-  positions and their gradient (a each). Under full fine-tuning the head weight's fp32 gradient (4 B per
-  weight) is accumulated there too, each chunk's increment made in the compute dtype and then in fp32 (a + 4,
-  or 4 in fp32); its backward scales it into a new fp32 tensor, which this bound covers.
+- Logits: tunelab's loss (train/loss.py) runs the LM head only on loss positions, in chunks of `loss_chunk`
+  rows, and computes its gradients in the forward, at the end of which every activation is alive: two scratch
+  buffers of a whole chunk's logits, fp32 and compute dtype (4 + a per element, allocated at the full chunk
+  and kept across steps; the softmax and its gradient are computed in place), with final-logit soft-capping
+  three more fp32 ones (tanh(z/c), its square, one minus that), and the hidden states gathered at the loss
+  positions and their gradient (a each). Under full fine-tuning the loss also holds the head weight in the
+  compute dtype (a per weight; FSDP's gathered weight already is) and its fp32 gradient (4), accumulated chunk
+  by chunk from an increment made in the compute dtype and then in fp32 (a + 4, or 4 in fp32); its backward
+  scales the gradient into a new fp32 tensor, which this bound covers.
 - Runtime overhead (CUDA context, allocator caching): an assumption, or calibrated per device.
 - Multi-GPU: DDP replicates everything (+ a gradient bucket copy); ZeRO-2 / FSDP SHARD_GRAD_OP shards
   gradients and optimizer states over the world size; ZeRO-3 / FSDP FULL_SHARD shards the weights too,
@@ -212,10 +215,12 @@ def activation_bytes(arch: Arch, s: MemorySetup) -> float:
 def logits_bytes(arch: Arch, s: MemorySetup) -> float:
     """The loss's own memory at its peak, inside the forward (the module docstring)."""
     a = s.compute_bytes
-    rows = min(s.loss_rows, s.loss_chunk)
-    out = rows * arch.vocab * (4 + a) + 2 * s.loss_rows * arch.hidden * a
+    out = s.loss_chunk * arch.vocab * (4 + a) + 2 * s.loss_rows * arch.hidden * a
+    if arch.logit_softcap:
+        out += 3 * 4 * s.loss_chunk * arch.vocab
     if s.method == "full":
-        out += arch.vocab * arch.hidden * (4 + a + (4 if a < 4 else 0))
+        head_copy = a if a < 4 and s.sharding != "zero3" else 0
+        out += arch.vocab * arch.hidden * (head_copy + 4 + a + (4 if a < 4 else 0))
     return out
 
 
@@ -225,8 +230,10 @@ def breakdown(arch: Arch, s: MemorySetup) -> MemoryBreakdown:
     trainable = trainable_params(arch, s)
     if s.method == "full":
         weights = arch.total_params * TRAINABLE_BYTES
-        if s.compute_bytes < 4:
-            weights += arch.total_params * s.compute_bytes  # autocast's cached 16-bit copies
+        if s.compute_bytes < 4 and s.sharding != "zero3":
+            # autocast's cached 16-bit copies of the block weights (the module docstring)
+            embedding_and_head = arch.vocab * arch.hidden * (1 if arch.tied else 2)
+            weights += (arch.total_params - embedding_and_head) * s.compute_bytes
         adapters = 0
     else:
         weights = frozen_weight_bytes(arch, s.base_quant, s.compute_bytes)

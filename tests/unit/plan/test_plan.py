@@ -1,5 +1,6 @@
 """`tunelab plan`: the arithmetic pinned against hand counts, and the CLI end to end."""
 
+import dataclasses
 import json
 import math
 
@@ -111,8 +112,11 @@ def test_memory_hand_count_lora():
     # + attention over whole rows: q, k, v, output 2x(2x64+2x32) + SDPA's log-sum-exp 4x4
     per = 512 + 768 + 128 + 32 + 400
     assert m.activations == 2 * per * 20 + 4 * 64 * 20
-    # one chunk's fp32 and bf16 logits scratch, the gathered hidden states and their gradient
-    assert m.logits_loss == 5 * 100 * (4 + 2) + 2 * 5 * 64 * 2
+    # a whole chunk's fp32 and bf16 logits scratch (2048 rows, however few carry the loss), the gathered hidden
+    # states and their gradient
+    assert m.logits_loss == 2048 * 100 * (4 + 2) + 2 * 5 * 64 * 2
+    capped = memory.breakdown(dataclasses.replace(a, logit_softcap=30.0), setup())
+    assert capped.logits_loss == m.logits_loss + 3 * 4 * 2048 * 100  # tanh(z/c), its square, 1 - that
 
 
 def test_memory_hand_count_compiled_blocks_with_attention_slots():
@@ -134,13 +138,15 @@ def test_memory_hand_count_llama2_qlora_and_full():
     blocks = 6_476_005_376
     assert q.weights == round(blocks * (0.5 + 1 / 64 + 4 / 16384) + (a.total_params - blocks) * 2)
     f = memory.breakdown(a, setup(method="full", targets=()))
-    assert f.weights == a.total_params * (4 + 2)  # fp32 master + autocast bf16 copies
+    embedding_and_head = 2 * 32000 * 4096  # untied: neither is an autocast copy
+    assert f.weights == a.total_params * 4 + (a.total_params - embedding_and_head) * 2  # fp32 master + block copies
     assert (f.gradients, f.optimizer_states) == (a.total_params * 4, a.total_params * 8)
     head = 32000 * 4096  # the LM head: its fp32 gradient, accumulated in the loss's forward chunk by chunk
-    assert f.logits_loss == 5 * 32000 * (4 + 2) + 2 * 5 * 4096 * 2 + head * (4 + 2 + 4)
+    assert f.logits_loss == 2048 * 32000 * (4 + 2) + 2 * 5 * 4096 * 2 + head * (2 + 4 + 2 + 4)  # + the bf16 head
     z3 = memory.breakdown(a, setup(method="full", targets=(), sharding="zero3", world=4))
     assert z3.optimizer_states == a.total_params * 2 and z3.gradients == a.total_params
-    assert z3.logits_loss == f.logits_loss  # the whole head's gradient, until the root's reduce-scatter
+    # the whole head's gradient, until the root's reduce-scatter; FSDP's gathered head is bf16 already: no copy
+    assert z3.logits_loss == f.logits_loss - head * 2
 
 
 def test_zero3_counts_the_gathered_root_unit():
@@ -152,7 +158,7 @@ def test_zero3_counts_the_gathered_root_unit():
     layer = 4 * 4096**2 + 3 * 4096 * 11008
     assert memory.root_params(a) == root
     full = memory.breakdown(a, setup(method="full", targets=(), sharding="zero3", world=4))
-    assert full.weights == round(a.total_params * (4 + 2) / 4 + (layer + root) * 2)  # gathered in bf16
+    assert full.weights == round(a.total_params * 4 / 4 + (layer + root) * 2)  # gathered in bf16, no autocast
     lora = memory.breakdown(a, setup(sharding="zero3", world=4))
     assert lora.weights == round(a.total_params * 2 / 4 + (layer + root) * 2)
     assert lora.gradients == round(memory.trainable_params(a, setup()) * 4 / 4)  # no gradient for the frozen root
@@ -524,3 +530,14 @@ def test_a_config_json_without_the_shape_is_refused_not_filled_with_a_default_7b
     assert main(["plan", "--model", str(folder), "--examples", "10"]) == 2
     err = capsys.readouterr().err
     assert "its config lacks hidden_size, num_hidden_layers" in err and len(err.strip().splitlines()) == 1
+
+
+def test_gemma2_rows_and_configs_carry_their_final_logit_softcap():
+    assert archmod.resolve_arch("google/gemma-2-2b").logit_softcap == 30.0
+    assert archmod.resolve_arch(LLAMA2).logit_softcap == 0.0
+    from transformers import Gemma2Config
+
+    cfg = Gemma2Config(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128, vocab_size=100
+    )
+    assert archmod.from_hf_config("g", cfg, "test").logit_softcap == cfg.final_logit_softcapping == 30.0

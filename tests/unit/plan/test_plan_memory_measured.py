@@ -7,10 +7,10 @@ different shape, then every method's prediction (model + that overhead) must be 
 measured peak. Each run is a fresh spawned process (bench.points.measure_point), as a real `tunelab train`.
 
 The runs use compiled blocks, whose saved tensors the model counts exactly (test_plan_memory_saved.py):
-measured 465 / 468 / 849 MiB against 467 / 449 / 993 predicted (lora / qlora / full) with a 272 MiB overhead
-from the half-depth model's run on the AMX class. Full fine-tuning's prediction holds the LM head's fp32
-gradient and the two per-chunk increments the loss makes of it (plan/memory.logits_bytes: 10 B per head weight,
-80 MiB here), which this process's measured peak shows only in part. With eager
+measured 457 / 466 / 865 MiB against 463 / 445 / 973 predicted (lora / qlora / full) with a 268 MiB overhead
+from the half-depth model's run on the AMX class. Full fine-tuning's prediction holds the LM head in bf16, its
+fp32 gradient and the two per-chunk increments the loss makes of it (plan/memory.logits_bytes: 12 B per head
+weight, 96 MiB here), which this process's measured peak shows only in part. With eager
 blocks the model's saved tensors are as exact, but the process holds more than they explain at larger batches,
 which an overhead calibrated on a smaller run does not carry: 615 / 632 / 1,240 MiB measured against 519 / 501 /
 1,013 (16-21% short). On the quickstart, eager blocks grew RSS by 3.66 GiB in the first forward against
