@@ -343,11 +343,12 @@ def _train_locked(
         state = distributed.load_checkpoint(resume_from, wrapped, optimizer, scheduler)
     elif resume_from is not None:  # every rank loads the same checkpoint
         state = checkpoint.load(resume_from, model, optimizer, scheduler)
+    logged_first_loss = None  # a resumed run's first loss, logged before the interruption
     if procs.main:
         out.mkdir(parents=True, exist_ok=True)
         if resume_from is not None:
             restore_best(resume_from, out, state)
-            _truncate_metrics(out / "metrics.jsonl", state.step)
+            logged_first_loss = _truncate_metrics(out / "metrics.jsonl", state.step)
             if show_progress:
                 print(f"resumed from {resume_from} at step {state.step}", flush=True)
         else:
@@ -418,9 +419,9 @@ def _train_locked(
         "total_steps": prep.schedule.total_steps,
         "finished": finished,
         "early_stopped": result.stopped_early,
-        # A resumed run's first loss is the first one metrics.jsonl holds, logged before the interruption.
-        "loss_first": (_first_logged_loss(out / "metrics.jsonl") if resume_from is not None and procs.main else None)
-        or (result.losses[0][1] if result.losses else None),
+        "loss_first": logged_first_loss
+        if logged_first_loss is not None
+        else (result.losses[0][1] if result.losses else None),
         "loss_last": result.losses[-1][1] if result.losses else None,
         "tokens_padded": state.tokens_padded,
         "tokens_nonpad": state.tokens_nonpad,
@@ -556,26 +557,14 @@ def _after_disk_error(out: Path) -> str:
     return "free space or choose another output_dir, then run again (save_steps keeps checkpoints to resume from)"
 
 
-def _truncate_metrics(path: Path, step: int) -> None:
-    """After a resume, drop log lines past the checkpoint: they are about to be produced again."""
+def _truncate_metrics(path: Path, step: int) -> float | None:
+    """After a resume, drop log lines past the checkpoint: they are about to be produced again. Returns the first
+    training loss the kept lines hold (None without one)."""
     if not path.exists():
-        return
+        return None
     keep = [line for line in path.read_text().splitlines() if _logged_step(line) <= step]
     write_atomic(path, (line + "\n" for line in keep))
-
-
-def _first_logged_loss(path: Path) -> float | None:
-    """The loss of the first training record in a metrics file (None without one)."""
-    if not path.is_file():
-        return None
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and "loss" in record:
-            return record["loss"]
-    return None
+    return next((record["loss"] for record in map(json.loads, keep) if "loss" in record), None)
 
 
 def _logged_step(line: str) -> float:
