@@ -33,11 +33,12 @@ def step_bytes(arch: Arch, s: MemorySetup, grad_accum: int) -> float:
     if n == 1 or s.sharding == "single":
         return 0.0
     share = (n - 1) / n
-    trainable = trainable_params(arch, s) * TRAINABLE_BYTES
+    params = trainable_params(arch, s)
+    trainable = params * TRAINABLE_BYTES
     if s.method == "full":
         weights = arch.total_params * s.compute_bytes
     else:
-        weights = frozen_weight_bytes(arch, s.base_quant, s.compute_bytes) + trainable_params(arch, s) * s.compute_bytes
+        weights = frozen_weight_bytes(arch, s.base_quant, s.compute_bytes) + params * s.compute_bytes
     if s.sharding == "ddp":
         return 2 * share * trainable
     if s.sharding == "zero2":

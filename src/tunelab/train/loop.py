@@ -312,12 +312,11 @@ def run(ctx: LoopContext) -> LoopResult:
                 if rate.steady and rate.steps:
                     result.window_step_times.append(dt / rate.steps)
                 mem = memwatch.read()
-                lr = step_lr
                 per_s = {k: (v / dt if dt > 0 and rate.steps else 0.0) for k, v in rate.tokens().items()}
                 record = {
                     "step": state.step,
                     "loss": loss,
-                    "lr": lr,
+                    "lr": step_lr,
                     "tokens_padded": state.tokens_padded,
                     "tokens_nonpad": state.tokens_nonpad,
                     "tokens_loss": state.tokens_loss,
@@ -330,7 +329,9 @@ def run(ctx: LoopContext) -> LoopResult:
                 padded_rate = per_s["tokens_padded"]
                 eta = (padded_to_feed - state.tokens_padded) / padded_rate if padded_rate else 0.0
                 progress.update(
-                    LogLine(state.step, schedule.total_steps, loss, lr, per_s["tokens_nonpad"], mem.peak_bytes, eta)
+                    LogLine(
+                        state.step, schedule.total_steps, loss, step_lr, per_s["tokens_nonpad"], mem.peak_bytes, eta
+                    )
                 )
                 loss_acc.zero_()
                 loss_tokens = 0
