@@ -32,6 +32,17 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 REPO = Path(__file__).resolve().parents[1]
 
+
+def hub_http_library():
+    """The HTTP library huggingface_hub itself uses (httpx under 1.x, httpx2 under 2.x), to build the responses
+    its errors take: importing either by name fails to collect on hosts with the other hub version."""
+    import importlib
+
+    import huggingface_hub
+
+    return importlib.import_module(type(huggingface_hub.get_session()).__module__.partition(".")[0])
+
+
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"

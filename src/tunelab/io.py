@@ -32,6 +32,15 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.2f} h"
 
 
+# What a file name tunelab writes may hold: some file transfers (a GPU host's among them) refuse anything else.
+SAFE_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def safe_name(text: str) -> str:
+    """`text` as a file name of letters, digits, `.`, `_` and `-` only: each run of anything else becomes `_`."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
+
+
 def read_text(path: Path) -> str:
     """A text file's content; a byte that is not UTF-8 fails naming its line and column."""
     data = path.read_bytes()

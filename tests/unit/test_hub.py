@@ -10,14 +10,15 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx2
 import pytest
 from huggingface_hub import errors as hf
 
-from conftest import REPO, write_jsonl
+from conftest import REPO, write_jsonl, hub_http_library
 from tunelab import hub, sources
 from tunelab.cli import main
 from tunelab.errors import TunelabError
+
+http = hub_http_library()
 
 REPO_ID = "owner/tiny"
 COMMIT = "c0ffee" + "0" * 34
@@ -80,8 +81,8 @@ def raising(error: BaseException):
     return fake
 
 
-def response(status: int) -> httpx2.Response:
-    return httpx2.Response(status, request=httpx2.Request("GET", f"https://huggingface.co/api/models/{REPO_ID}"))
+def response(status: int) -> http.Response:
+    return http.Response(status, request=http.Request("GET", f"https://huggingface.co/api/models/{REPO_ID}"))
 
 
 def cache_snapshot(cache: Path, source: Path, names: list[str]) -> Path:
@@ -267,7 +268,7 @@ def test_each_hub_failure_is_one_line_naming_the_repo_and_what_to_do(
     error, message, hub_cache, tmp_path, capsys, monkeypatch
 ):
     if isinstance(error, hf.DryRunError):  # how snapshot_download reports a refused connection
-        error.__cause__ = httpx2.ConnectError("connection refused")
+        error.__cause__ = http.ConnectError("connection refused")
     monkeypatch.setattr("huggingface_hub.snapshot_download", raising(error))
     rc, out, err = run_cli(train_argv(tmp_path), capsys)
     assert (rc, out) == (2, "")

@@ -3,11 +3,11 @@ its record beside plan's prediction; `tunelab bench` and bench suites both measu
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict
 
 from .. import config as cfgmod
 from ..errors import TunelabError
+from ..io import safe_name
 from . import measure, store
 
 KIND = "tunelab"
@@ -44,7 +44,8 @@ def _peer_in_child(name: str, cfg: cfgmod.TrainConfig, steps: int, warmup: int) 
 
 
 def slug(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", label.replace(" ", "__"))
+    """A point's label (`lora.r=16 micro_batch=4`) as a directory name that any file transfer keeps."""
+    return safe_name(label.replace(" ", "__"))
 
 
 # ---- against plan's prediction (recipes/predict.local_prediction) ---------------------------------------------

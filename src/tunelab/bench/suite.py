@@ -26,7 +26,7 @@ import yaml
 
 from .. import config as cfgmod
 from ..errors import TunelabError
-from ..io import read_text, write_atomic
+from ..io import read_text, safe_name, write_atomic
 from ..plan import arch as archmod
 from ..plan.arch import RANDOM
 from ..recipes.predict import local_prediction
@@ -386,13 +386,10 @@ def run(args: argparse.Namespace, base_dir: Path, db: Path) -> int:
     results: list[dict] = []
     peak_by_precision: dict = {}
     checkpoints: dict[str, Path] = {}
-    part = "" if suite.rows == full.rows else "-" + "+".join(r.name for r in suite.rows)
     # Named once, by the day the run started: its partial writes and its last one go to the same files, and a
     # second run of the same rows on the same day writes beside the first instead of over it.
     date, device = datetime.date.today().isoformat(), environment()
-    json_path, md_path = output_paths(
-        Path(args.out or DEFAULT_OUT), f"{suite.name}{part}_{device_slug(device['name'])}_{date}"
-    )
+    json_path, md_path = output_paths(Path(args.out or DEFAULT_OUT), results_stem(suite, full, device["name"], date))
 
     def write(complete: bool) -> tuple[Path, Path, str]:
         doc = document(args, suite, data, results, time.time() - started, complete, date, device)
@@ -416,6 +413,13 @@ def run(args: argparse.Namespace, base_dir: Path, db: Path) -> int:
     print(md)
     print(f"wrote {json_path} and {md_path}; records also in {db}", file=sys.stderr, flush=True)
     return 0
+
+
+def results_stem(suite, full, device_name: str, date: str) -> str:
+    """`<suite>[-<row>.<row>...]_<device>_<date>`: rows joined by `.`, and nothing but letters, digits, `.`, `_`
+    and `-`, the only names a GPU host's file transfer brings back."""
+    part = "" if suite.rows == full.rows else "-" + ".".join(r.name for r in suite.rows)
+    return safe_name(f"{suite.name}{part}_{device_slug(device_name)}_{date}")
 
 
 def output_paths(out_dir: Path, stem: str) -> tuple[Path, Path]:

@@ -208,6 +208,22 @@ def test_a_stopped_suite_leaves_what_it_measured_and_parts_have_their_own_files(
     assert "--suite-rows third" in doc["command"]
 
 
+def test_a_suite_names_its_files_with_letters_digits_dots_underscores_and_hyphens_only():
+    """A GPU host's file transfer brings back only such names; a `+` between rows lost a whole suite's results."""
+    gpu = suitemod.load_suite("gpu")
+    part = suitemod.select_rows(gpu, "1b-lora,1b-lora-compiled,8b-lora")
+    stem = suitemod.results_stem(part, gpu, "NVIDIA H200 (141 GB) + MIG 1g", "2026-11-26")
+    assert stem == "gpu-1b-lora.1b-lora-compiled.8b-lora_nvidia-h200-mig-1g_2026-11-26"
+    assert (
+        suitemod.results_stem(gpu, gpu, "NVIDIA H100 80GB HBM3", "2026-11-26") == "gpu_nvidia-h100-80gb-hbm3_2026-11-26"
+    )
+    from tunelab.bench.points import slug
+    from tunelab.io import SAFE_NAME
+
+    for label in ("lora.r=16 micro_batch=4", "compile=true+packing", 'llama-3.1-8b-{"layers": 2}'):
+        assert SAFE_NAME.fullmatch(slug(label)), slug(label)
+
+
 def test_a_second_run_of_the_same_rows_on_one_day_writes_beside_the_first(tmp_path):
     output_paths = suitemod.output_paths
     stem = "gpu-8b-lora_nvidia-h100_2026-11-25"

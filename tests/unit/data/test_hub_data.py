@@ -5,19 +5,20 @@ test reaches the network."""
 from __future__ import annotations
 
 import datasets
-import httpx2
 import numpy as np
 import pytest
 from datasets.exceptions import DatasetNotFoundError
 from huggingface_hub import errors as hf
 
-from conftest import write_jsonl
+from conftest import write_jsonl, hub_http_library
 from tunelab import hub
 from tunelab.cli import main
 from tunelab.config import load_config
 from tunelab.data import pipeline
 from tunelab.data.pipeline import DataSpec, prepare
 from tunelab.errors import TunelabError
+
+http = hub_http_library()
 
 ROWS = [{"instruction": f"{i} + 1", "output": str(i + 1)} for i in range(12)]
 REAL_LOAD = datasets.load_dataset
@@ -171,9 +172,7 @@ def test_the_revision_reaches_load_dataset(fake_load, tokenizer, capsys):
 
 
 def test_an_unknown_revision_is_one_line_naming_it(hub_cache, monkeypatch):
-    cause = hf.RevisionNotFoundError(
-        "404", response=httpx2.Response(404, request=httpx2.Request("GET", "https://hf.co"))
-    )
+    cause = hf.RevisionNotFoundError("404", response=http.Response(404, request=http.Request("GET", "https://hf.co")))
     error = DatasetNotFoundError("Revision 'v9' doesn't exist for dataset 'owner/set' on the Hub.")
     error.__cause__ = cause
 
@@ -189,16 +188,14 @@ def test_an_unknown_revision_is_one_line_naming_it(hub_cache, monkeypatch):
 
 
 def gated() -> Exception:
-    cause = hf.GatedRepoError("403", response=httpx2.Response(403, request=httpx2.Request("GET", "https://hf.co")))
+    cause = hf.GatedRepoError("403", response=http.Response(403, request=http.Request("GET", "https://hf.co")))
     error = DatasetNotFoundError("Dataset 'owner/set' is a gated dataset on the Hub.")
     error.__cause__ = cause
     return error
 
 
 def not_found() -> Exception:
-    cause = hf.RepositoryNotFoundError(
-        "404", response=httpx2.Response(404, request=httpx2.Request("GET", "https://hf.co"))
-    )
+    cause = hf.RepositoryNotFoundError("404", response=http.Response(404, request=http.Request("GET", "https://hf.co")))
     error = DatasetNotFoundError("Dataset 'owner/set' doesn't exist on the Hub or cannot be accessed.")
     error.__cause__ = cause
     return error
