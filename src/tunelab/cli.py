@@ -9,7 +9,7 @@ import argparse
 import importlib
 import sys
 
-from .errors import TunelabError
+from .errors import Terminated, TunelabError
 
 # subcommand -> (module, one-line help). Modules are imported only when their command runs: `tunelab plan`
 # must not pay for importing the training stack.
@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"tunelab {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        # The launcher ended this process because another one failed: that one has said why.
+        return _exit_status(143)
 
 
 def _exit_status(status: int) -> int:

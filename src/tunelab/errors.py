@@ -12,3 +12,9 @@ class TunelabError(Exception):
 
 class OutOfMemory(TunelabError):
     """The device ran out of memory for a run's settings: a sweep records such a point and goes on."""
+
+
+class Terminated(BaseException):
+    """The launcher ended this process (SIGTERM, as torchrun ends the others when one process fails): raised where
+    the process is, so that what it holds (the output directory it created, its lock) is released on the way out.
+    A BaseException, like KeyboardInterrupt, so that no `except Exception` swallows it."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from .. import config as cfgmod
 from .. import hub
@@ -63,6 +64,7 @@ def _launch(args: argparse.Namespace) -> int:
         read_accelerate_config,
         run_launcher,
     )
+    from ..train.lock import removed_if_abandoned
 
     cfg = cfgmod.load_config(args.config, args.overrides)  # a bad config fails here with one line, not N times
     launch = None if args.accelerate_config is None else read_accelerate_config(args.accelerate_config)
@@ -72,4 +74,6 @@ def _launch(args: argparse.Namespace) -> int:
         check_deepspeed_run(cfg, args.config)
     argv = ["train", "--config", args.config, *args.overrides]
     argv += (["--quiet"] if args.quiet else []) + (["--offline"] if args.offline else [])
-    return run_launcher(launch_command(args.nproc, args.accelerate_config, argv))
+    command = launch_command(args.nproc, args.accelerate_config, argv)
+    with removed_if_abandoned(Path(cfg.output_dir)):  # a process the launcher killed leaves what it created
+        return run_launcher(command)

@@ -46,7 +46,7 @@ from ..model.lora_linear import has_lora_dropout, has_nf4_base, nf4_layers
 from ..train import checkpoint, distributed, loop, trackers
 from ..train.batches import BatchSpec, EvalBatches, Schedule
 from ..train.checkpoint import TrainState
-from ..train.lock import lock_output_dir
+from ..train.lock import PROBE_PREFIX, lock_output_dir
 from ..train.loss import CausalLMLoss
 from ..train.progress import ProgressView
 
@@ -100,7 +100,7 @@ def check_output_dir(path: Path) -> None:
     created = [p for p in (path, *path.parents) if not p.exists()]
     try:
         path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".tmp-probe-"):
+        with tempfile.NamedTemporaryFile(dir=path, prefix=PROBE_PREFIX):
             pass
     except OSError as e:
         raise TunelabError(f"output_dir {path}: cannot write there ({e.strerror}); choose another output_dir") from None

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import TunelabError
+from ..errors import Terminated, TunelabError
 
 # A collective that waits longer than this fails the run instead of hanging it. Long enough for the main
 # process to write a checkpoint or best/ while the others wait at the next collective.
@@ -45,8 +45,21 @@ def join(device: torch.device) -> Processes:
     state = PartialState(cpu=device.type == "cpu", **kwargs)
     if state.num_processes == 1:
         return Processes(0, 1, device)
+    end_on_sigterm()
     # Under a launcher each rank owns one accelerator (cuda:LOCAL_RANK), whatever `device` named.
     return Processes(state.process_index, state.num_processes, device if device.type == "cpu" else state.device)
+
+
+def end_on_sigterm() -> None:
+    """In a launched process, SIGTERM raises errors.Terminated where the process is, instead of ending it on the
+    spot: torchrun sends it to every other process when one fails, and a main process ended on the spot keeps
+    the output directory it had just created (and its lock) instead of removing them on the way out."""
+    import signal
+
+    def terminated(signum, frame):
+        raise Terminated(f"ended by signal {signum}")
+
+    signal.signal(signal.SIGTERM, terminated)
 
 
 def fsdp_plugin():

@@ -19,6 +19,8 @@ from pathlib import Path
 from ..errors import TunelabError
 
 LOCK = ".tunelab.lock"
+# The prefix of the file a run writes and removes to learn that output_dir is writable (recipes/train.py).
+PROBE_PREFIX = ".tmp-probe-"
 
 
 @contextmanager
@@ -54,6 +56,31 @@ def lock_output_dir(path: Path) -> Iterator[None]:
                     break
         if fd is not None:
             os.close(fd)
+
+
+@contextmanager
+def removed_if_abandoned(path: Path) -> Iterator[None]:
+    """For the process that launches a data-parallel run: `path`, and the parents this call finds missing, are
+    removed afterwards if they hold nothing but what a run's start writes (its lock file, a write probe).
+
+    The launched processes clean up after themselves when they fail (lock_output_dir), but not when the launcher
+    kills them: torchrun ends every other process once one fails (SIGTERM, then SIGKILL), and the main process
+    may be anywhere between creating `path` and removing it. The launching process outlives them all, so its
+    check comes after the last of them has exited, whatever order they failed in."""
+    created = [p for p in (path, *path.parents) if not p.exists()]
+    try:
+        yield
+    finally:
+        for folder in created:  # deepest first
+            if not folder.is_dir():
+                break
+            left = list(folder.iterdir())
+            startup_only = all(e.name == LOCK or e.name.startswith(PROBE_PREFIX) for e in left)
+            if not (left == [] or (folder == path and startup_only)):
+                break
+            for entry in left:
+                entry.unlink()
+            folder.rmdir()
 
 
 def _acquire(file: Path, folder: Path) -> int | None:

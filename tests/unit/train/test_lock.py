@@ -9,8 +9,9 @@ import sys
 import pytest
 
 from tunelab.cli import main
-from tunelab.errors import TunelabError
-from tunelab.train.lock import LOCK, lock_output_dir
+from tunelab.errors import Terminated, TunelabError
+from tunelab.train.distributed import end_on_sigterm
+from tunelab.train.lock import LOCK, PROBE_PREFIX, lock_output_dir, removed_if_abandoned
 
 
 def test_a_second_holder_fails_naming_the_first(tmp_path):
@@ -65,3 +66,42 @@ def test_train_on_a_dir_locked_by_another_process_fails_at_once_and_kill_9_frees
         holder.wait()
     with lock_output_dir(out):  # the kernel dropped the dead process's lock
         pass
+
+
+def test_a_launcher_removes_what_a_killed_run_left_at_its_start(tmp_path):
+    """torchrun ends the other processes once one fails; a main process killed between creating output_dir and
+    removing it leaves the folder with its lock (and perhaps a write probe): the launching process removes it."""
+    out = tmp_path / "new" / "out"
+    with removed_if_abandoned(out):
+        out.mkdir(parents=True)
+        (out / LOCK).write_text('{"pid": 1}')
+        (out / f"{PROBE_PREFIX}abc").write_text("")
+    assert not (tmp_path / "new").exists()
+
+    kept = tmp_path / "kept"
+    with removed_if_abandoned(kept):
+        kept.mkdir()
+        (kept / LOCK).write_text("")
+        (kept / "metrics.jsonl").write_text("{}\n")  # the run got going: its output stays
+    assert sorted(p.name for p in kept.iterdir()) == [LOCK, "metrics.jsonl"]
+
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    with removed_if_abandoned(existing):
+        (existing / LOCK).write_text("")
+    assert existing.is_dir()  # the user's folder, not the run's to remove
+
+
+def test_sigterm_in_a_launched_process_releases_a_new_output_dir(tmp_path):
+    """What torchrun sends a process when another one failed ends it where it is, through its cleanup."""
+    previous = signal.getsignal(signal.SIGTERM)
+    out = tmp_path / "out"
+    try:
+        end_on_sigterm()
+        with pytest.raises(Terminated), lock_output_dir(out):
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # the handler runs between bytecodes, at the latest in this loop
+                pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert not out.exists()
