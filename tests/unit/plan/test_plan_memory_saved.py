@@ -1,30 +1,27 @@
 """plan's activation memory against the bytes the training forward actually saves for backward.
 
 tunelab's model, built as `train` builds it (bf16 frozen weights, fused LoRA layers, per-sequence attention
-slots, optionally compiled blocks), runs one packed micro-batch under `saved_tensors_hooks`; every tensor
-autograd keeps (parameters left out, each storage counted once) is summed and compared with
-`plan.memory.activation_bytes` for the same config as `plan --gpu local` sets it up. This is the term that
-depends on how the forward is written, so a change to the block, the attention or the compile settings that
-changes what is saved fails here. The quickstart's sums (benchmarks/quickstart_xeon-amx-2c_2026-11-22.md) agree to within 1%; on this
-tiny model the small per-batch terms (the loss's gathered hidden states, RoPE tables, slot indices) weigh
-more: measured 0.2% eager, 0.4% compiled LoRA and QLoRA, 3.8% compiled full, 0.3% with LoRA dropout eager (19%
-over while the model counted both the shared inputs and the adapters' dropped copies). Compiled with LoRA
-dropout, saved 4.52 MiB against 5.30 modeled: the partitioner recomputed the norms' 1/rms and attention's
-probabilities too, which the model does not follow, so that case checks an upper bound within 20%. DoRA
-(peft's own layer): 17.12 MiB saved eager against 16.54 modeled; compiled 9.98 against 12.80, a bound within 30%.
-Compiled QLoRA had kept every
-dequantized bf16 weight (6.34 MiB saved here, 20% over) until train/command.compile_blocks turned
-common-subexpression elimination off for nf4 bases. The bound is 5%: one more or one fewer
-intermediate-sized tensor per layer moves the sum by ~20% here, an h-sized one by ~7%.
-attention=flex (plan's model for CUDA's default): FlexAttention has no backward on CPU, so training's forward
-runs SDPA under the dense expansion of flex's mask_mod, which keeps what flex keeps (q, k, v, output and an
-fp32 log-sum-exp per head and token) plus the one mask; measured 0.3% eager, 0.4% compiled.
+slots, optionally compiled blocks), runs one packed micro-batch under `saved_tensors_hooks`; the storages of
+the tensors autograd saved that are still alive at the end of the forward, with its output held (parameters
+left out, each storage once), are summed and compared with `plan.memory.activation_bytes` for the same config
+as `plan --gpu local` sets it up. A tensor saved by a graph that the forward drops (peft's DoRA builds its
+adapter weight with autograd and keeps only a detached copy) is freed before backward and not counted. This is
+the term that depends on how the forward is written, so a change to the block, the attention or the compile
+settings that changes what is saved fails here. The bound is 5%: one more or one fewer intermediate-sized
+tensor per layer moves the sum by ~20% on this model, an h-sized one by ~7%. Two cases check an upper bound
+instead, as plan/memory.py says: compiled with LoRA dropout (the partitioner recomputes the norms' 1/rms and
+attention's probabilities, which the model does not follow) and compiled DoRA (the compiled layer keeps part
+of the two products it keeps eager). attention=flex: FlexAttention has no backward on CPU, so training's
+forward runs SDPA under the dense expansion of flex's mask_mod, which keeps what flex keeps (q, k, v, output
+and an fp32 log-sum-exp per head and token) plus the one mask. The figures of each case:
+benchmarks/make-test_xeon-amx-2c_2026-11-26.md.
 """
 
 from dataclasses import replace
 
 import pytest
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from conftest import make_tiny_llama, write_jsonl
 from tunelab.config import load_config
@@ -60,25 +57,31 @@ def saved_bytes(cfg) -> int:
     wrapped = CausalLMLoss(command.build_model(cfg, prep))
     wrapped.train()
     params = {p.untyped_storage().data_ptr() for p in wrapped.parameters()}
-    saved: dict[int, int] = {}
+    # Weak references: a tensor saved by a graph that the forward then drops (peft's DoRA builds its adapter
+    # weight with autograd and uses only a detached copy) is freed before backward and is not memory the step
+    # holds; and its address can be reused by a later saved tensor, so counting by address at save time
+    # depended on the allocator (17.12 MiB on one CPU class, 17.59 on another, for the same forward).
+    saved: list[tuple[StorageWeakRef, int, int]] = []
 
     def keep(t):
         storage = t.untyped_storage()
-        if storage.data_ptr() not in params:
-            saved[storage.data_ptr()] = storage.nbytes()
+        saved.append((StorageWeakRef(storage), storage.data_ptr(), storage.nbytes()))
         return t
 
     b = prep.schedule.step_batches(0)[0]
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t), torch.autocast("cpu", torch.bfloat16):
-        wrapped(
+        loss = wrapped(  # held while counting: its graph keeps what backward will read
             torch.from_numpy(b.input_ids),
             torch.from_numpy(b.position_ids),
             torch.from_numpy(b.loss_index),
             torch.from_numpy(b.loss_targets),
             b.layout,
         )
+    # Storages alive at the end of the forward: their addresses are distinct, each counted once.
+    alive = {ptr: nbytes for ref, ptr, nbytes in saved if not ref.expired() and ptr not in params}
+    del loss
     torch._dynamo.reset()
-    return sum(saved.values())
+    return sum(alive.values())
 
 
 def prediction_for(cfg):
