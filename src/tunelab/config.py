@@ -22,7 +22,7 @@ from . import hub
 from .data.formats import TEMPLATES
 from .errors import TunelabError
 from .io import read_text
-from .plan.arch import EMBEDDED, RANDOM
+from .modelref import EMBEDDED, RANDOM
 
 METHODS = ("lora", "dora", "qlora", "full")
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")

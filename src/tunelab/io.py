@@ -13,6 +13,12 @@ from pathlib import Path
 
 from .errors import TunelabError
 
+
+def tunelab_cache() -> Path:
+    """Where tunelab keeps what it derives once (the embedded model's HF directory, calibration records)."""
+    return Path(os.environ.get("TUNELAB_CACHE", Path.home() / ".cache" / "tunelab"))
+
+
 GIB = 2**30
 # A full disk, a quota, or a failing device: the user can act on these, so they end a run with one line.
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO)

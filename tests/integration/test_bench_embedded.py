@@ -59,9 +59,9 @@ def test_calibration_makes_plan_predict_the_measured_rate(data, tmp_path, monkey
 
 def _cache_with_model(tmp_path):
     """A fresh calibration directory, with the embedded model's converted copy linked in so it is not rebuilt."""
-    from tunelab.model.load import cache_dir
+    from tunelab.io import tunelab_cache
 
-    real = cache_dir()
+    real = tunelab_cache()
     cache = tmp_path / "cache"
     cache.mkdir()
     for entry in real.iterdir() if real.is_dir() else []:

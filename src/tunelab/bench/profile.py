@@ -43,12 +43,12 @@ def profile_point(cfg: cfgmod.TrainConfig, warmup: int, steps: int, out: Path) -
     import tempfile
     from dataclasses import replace
 
-    from .points import _in_fresh_process
+    from .points import in_fresh_process
 
     scratch = Path(tempfile.mkdtemp(prefix="tunelab-profile-"))
     try:
         cfg = replace(cfg, output_dir=str(scratch / "run"))
-        return _in_fresh_process(_profile_in_child, cfg, profile_length(warmup, 0), steps, str(out))
+        return in_fresh_process(_profile_in_child, cfg, profile_length(warmup, 0), steps, str(out))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -56,7 +56,7 @@ def profile_point(cfg: cfgmod.TrainConfig, warmup: int, steps: int, out: Path) -
 def _profile_in_child(cfg: cfgmod.TrainConfig, warmup: int, steps: int, out: str) -> dict:
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    from ..cli import quiet_libraries
+    from ..libraries import quiet_libraries
     from ..device import pick_device
     from ..recipes.train import train
 

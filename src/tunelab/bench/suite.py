@@ -27,8 +27,9 @@ import yaml
 from .. import config as cfgmod
 from ..errors import TunelabError
 from ..io import read_text, write_atomic
-from ..plan import arch as archmod
-from ..plan.arch import RANDOM
+from ..markdown import gib_cell, num, table
+from ..sources import resolve_arch
+from ..modelref import EMBEDDED, RANDOM
 from ..recipes.predict import local_prediction
 from . import points, store
 from .compare import compare
@@ -253,7 +254,7 @@ def check_configs(suite: Suite, extra: list[str], work: Path) -> None:
         if row.skip_reason:
             continue
         # A row saved as a checkpoint first runs from a local directory, which validation treats as any model.
-        model = cfgmod.EMBEDDED if needs_checkpoint(row) else row.model
+        model = EMBEDDED if needs_checkpoint(row) else row.model
         mb = row.micro_batch_cap if row.micro_batch == AUTO else row.micro_batch
         try:
             row_config(suite, row, model, work / "data.jsonl", work / points.slug(row.name), extra, mb)
@@ -464,7 +465,7 @@ def run_row(
         )
         prediction = local_prediction(cfg)
         if row.micro_batch == AUTO:
-            mb = auto_micro_batch(prediction, archmod.resolve_arch(cfg.model), row.micro_batch_cap)
+            mb = auto_micro_batch(prediction, resolve_arch(cfg.model), row.micro_batch_cap)
             if mb != cfg.micro_batch:
                 cfg = row_config(suite, row, model, data_path, out, args.overrides, mb)
                 prediction = local_prediction(cfg)
@@ -512,7 +513,7 @@ def run_peers(suite: Suite, row: Row, ours: dict, cfg: cfgmod.TrainConfig | None
                 cfg.grad_accum,
             )
             print(f"{head}: against {row.name}, {row.warmup} + {row.steps} steps", file=sys.stderr, flush=True)
-            rec = points._in_fresh_process(points._peer_in_child, name, cfg, row.warmup + row.steps, row.warmup)
+            rec = points.measure_peer(name, cfg, row.warmup + row.steps, row.warmup)
             store.insert(db, peers.store_record(rec, f"peer {name}"))
             rec = {
                 **rec,
@@ -617,8 +618,6 @@ def document(
 
 
 def markdown(doc: dict) -> str:
-    from ..report.sections import _gib, _num, _table
-
     dev = doc["device"]
     env = ", ".join(f"{k} {v}" for k, v in doc["versions"].items())
     cuda = f", CUDA {dev['cuda']}, driver {dev.get('driver') or 'unknown'}" if dev["type"] == "cuda" else ""
@@ -649,18 +648,18 @@ def markdown(doc: dict) -> str:
             )
             continue
         pred = r.get("predicted_tokens_nonpad_per_s")
-        steps = " / ".join(_num(r.get(k), 3) for k in ("step_time_median_s", "step_time_p90_s", "step_time_max_s"))
+        steps = " / ".join(num(r.get(k), 3) for k in ("step_time_median_s", "step_time_p90_s", "step_time_max_s"))
         note = f"mb {r.get('micro_batch')}"
         if "comparison" in r:
             note += f"; tunelab ({r['against']}) / peer: {r['comparison']['tokens_nonpad_ratio']:.2f}x"
         rows.append(
             [
                 r["label"],
-                _num(r["tokens_nonpad_per_s"]),
+                num(r["tokens_nonpad_per_s"]),
                 "" if r.get("mfu") is None else f"{r['mfu']:.1%}",
                 steps,
-                _gib(r.get("peak_memory_bytes")),
-                "" if pred is None else f"{_num(pred)}, {_gib(r.get('predicted_peak_memory_bytes'))}",
+                gib_cell(r.get("peak_memory_bytes")),
+                "" if pred is None else f"{num(pred)}, {gib_cell(r.get('predicted_peak_memory_bytes'))}",
                 "" if not pred else f"{r['tokens_nonpad_per_s'] / pred:.2f}",
                 note,
             ]
@@ -669,7 +668,7 @@ def markdown(doc: dict) -> str:
     lines = [
         f"# tunelab bench --suite {doc['suite']}: {dev['name']}, {doc['date']}",
         "",
-        f"- device: {dev['name']}, {_gib(dev['memory_bytes'])}{cuda}",
+        f"- device: {dev['name']}, {gib_cell(dev['memory_bytes'])}{cuda}",
         f"- versions: {env}",
         f"- command: `{doc['command']}`; "
         + (
@@ -682,6 +681,7 @@ def markdown(doc: dict) -> str:
         f"{doc['data']['response_tokens']} tokens ({doc['data']['dist']}, seed {doc['data']['seed']})",
         f"- rates: {doc['rate_basis']}",
         "",
-        *_table(header, rows),
+        *table(header, rows),
+        "",
     ]
     return "\n".join(lines)

@@ -22,12 +22,11 @@ from ..bench.compare import compare
 from ..bench.profile import PROFILED_STEPS, profile_length, profile_point
 from ..bench.points import (
     FORCED,
-    _in_fresh_process,
-    _peer_in_child,
     build_record,
     check_length,
     device_peak,
     json_view,
+    measure_peer,
     measure_point,
     slug,
     step_stats,
@@ -226,7 +225,7 @@ def run_peers(args: argparse.Namespace, steps: int, base_dir: Path, db: Path) ->
         records.append(rec)
         for name in names:
             print(f"[round {round_}/{args.rounds}] {name}", file=sys.stderr, flush=True)
-            peer_rec = _in_fresh_process(_peer_in_child, name, cfg, args.warmup + steps, args.warmup)
+            peer_rec = measure_peer(name, cfg, args.warmup + steps, args.warmup)
             store.insert(db, peers.store_record(peer_rec, f"peer {name} round {round_}"))
             records.append(peer_rec)
     rows = compare(records)

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         reexec_with_jemalloc()
     if args.curve_every:
         overrides = [*overrides, f"save_steps={args.curve_every}", "save_total_limit=1000"]
-    from ..cli import quiet_libraries
+    from ..libraries import quiet_libraries
 
     quiet_libraries()
     try:

@@ -13,7 +13,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..config import EMBEDDED, FORMATS, TEMPLATES, load_config
+from ..config import FORMATS, TEMPLATES, load_config
+from ..modelref import EMBEDDED
 from ..io import check_output_file, write_atomic
 from ..data.pipeline import iter_jsonl
 from ..errors import TunelabError

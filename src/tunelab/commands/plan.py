@@ -12,7 +12,7 @@ from dataclasses import replace
 from .. import config as cfgmod
 from .. import hub
 from ..errors import TunelabError
-from ..plan import arch as archmod
+from ..sources import resolve_arch
 from ..plan import catalog, render, workload
 from ..plan.estimate import Device, estimate, suggestions
 from ..recipes.predict import dataset_lengths, eval_file_lengths, local_device, settings_from_config
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
             f"--gpus {args.gpus} with --gpu local on a CPU: the processes would share this machine's cores, so "
             "nothing scales; --gpus predicts several GPUs (name catalog ids)"
         )
-    arch = archmod.resolve_arch(cfg.model)
+    arch = resolve_arch(cfg.model)
     lengths = lengths_from(cfg, args)
     results = []
     for device in devices:

@@ -25,7 +25,6 @@ from ..sources import (  # noqa: F401
     EMBEDDED_PACKAGE,
     WEIGHT_SUFFIXES,
     ModelSource,
-    cache_dir,
     drop_quantization_marker,
     embedded_gguf,
     embedded_tokenizer,
@@ -101,7 +100,7 @@ def load_model(
 
 def check_complete(source: ModelSource, missing) -> None:
     """Refuse a checkpoint that lacks weights its config describes: transformers would initialise them at
-    random, with its warning silenced here (cli.quiet_libraries), and the run would train a partly random model
+    random, with its warning silenced here (libraries.quiet_libraries), and the run would train a partly random model
     (a config.json with more layers than the weights, or a model_type whose modules the weights do not name)."""
     if not missing:
         return

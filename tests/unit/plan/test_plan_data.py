@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tunelab.cli import main
-from tunelab.plan import arch as archmod
+from tunelab.sources import resolve_arch
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def local_model(tmp_path_factory):
 
 
 def test_arch_from_config_dir(local_model):
-    a = archmod.resolve_arch(str(local_model / "model"))
+    a = resolve_arch(str(local_model / "model"))
     assert (a.hidden, a.layers, a.kv_heads, a.max_positions) == (128, 2, 2, 256)
     assert a.source.endswith("config.json")
 
