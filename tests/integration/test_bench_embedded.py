@@ -29,7 +29,7 @@ def data(tmp_path):
 def test_calibration_makes_plan_predict_the_measured_rate(data, tmp_path, monkeypatch, capsys):
     """`bench --calibrate` then `plan --gpu local`: plan's fed tokens/s for the calibrated config is the rate the
     calibration run measured, and its label says where the efficiency came from. How close a calibrated plan
-    comes to a run of another length is a wall-clock figure, measured by benchmarks/calibration.py."""
+    comes to a run of another length is a wall-clock figure, measured by benchmarks/scripts/calibration.py."""
     common = [f"data.path={data}", *SHAPE]
     monkeypatch.setenv("TUNELAB_CACHE", str(_cache_with_model(tmp_path)))
     capsys.readouterr()

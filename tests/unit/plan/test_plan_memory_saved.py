@@ -5,7 +5,7 @@ slots, optionally compiled blocks), runs one packed micro-batch under `saved_ten
 autograd keeps (parameters left out, each storage counted once) is summed and compared with
 `plan.memory.activation_bytes` for the same config as `plan --gpu local` sets it up. This is the term that
 depends on how the forward is written, so a change to the block, the attention or the compile settings that
-changes what is saved fails here. The quickstart's sums (benchmarks/quickstart_xeon-amx-2c_2026-11-22.md) agree to within 1%; on this
+changes what is saved fails here. The quickstart's sums (benchmarks/quickstart/quickstart_xeon-amx-2c_2026-11-22.md) agree to within 1%; on this
 tiny model the small per-batch terms (the loss's gathered hidden states, RoPE tables, slot indices) weigh
 more: measured 0.2% eager, 0.4% compiled LoRA and QLoRA, 3.8% compiled full, 0.3% with LoRA dropout eager (19%
 over while the model counted both the shared inputs and the adapters' dropped copies). Compiled with LoRA
