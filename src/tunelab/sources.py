@@ -11,17 +11,15 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-import os
 import shutil
 import struct
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import families, hub
 from .errors import TunelabError
-from .io import tunelab_cache
+from .io import first_complete_dir, tunelab_cache
 from .modelref import EMBEDDED, is_random
 from .plan import arch as archmod
 from .plan import catalog
@@ -110,17 +108,10 @@ def _embedded_hf_dir() -> Path:
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     drop_quantization_marker(model)
-    target.parent.mkdir(parents=True, exist_ok=True)
     # Temp dir + rename: a half-written cache after a crash must never look complete.
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
-    try:
+    with first_complete_dir(target, _has_config) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        os.replace(tmp, target)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (target / "config.json").is_file():  # another process may have won the race
-            raise
     return target
 
 
@@ -135,18 +126,15 @@ def embedded_tokenizer_dir() -> Path:
     if (target / "config.json").is_file():
         return target
     full = _embedded_hf_dir()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
-    try:
+    with first_complete_dir(target, _has_config) as tmp:
         for item in full.iterdir():
             if item.is_file() and item.suffix not in WEIGHT_SUFFIXES:
                 shutil.copy2(item, tmp / item.name)
-        os.replace(tmp, target)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (target / "config.json").is_file():  # another process may have won the race
-            raise
     return target
+
+
+def _has_config(folder: Path) -> bool:
+    return (folder / "config.json").is_file()
 
 
 # Files that hold weights: a tokenizer-only folder copies everything else.
@@ -166,7 +154,7 @@ def drop_quantization_marker(model) -> None:
     model.is_quantized = False
 
 
-def load_config(source: ModelSource):
+def model_config(source: ModelSource):
     """The architecture only (no weights): enough for validation and for `plan`."""
     from transformers import AutoConfig
 
@@ -257,7 +245,7 @@ def resolve_arch(ref: str) -> Arch:
         if path.exists():
             raise
         raise TunelabError(f"{e}; or use a model plan knows: {', '.join(archmod.registry_names())}") from None
-    config = load_config(source)
+    config = model_config(source)
     families.check(config, ref)
     file = Path(source.path) / "config.json"
     written = set(json.loads(file.read_text())) if file.is_file() else None

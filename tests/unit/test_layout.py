@@ -185,3 +185,12 @@ def test_unit_tests_mirror_the_package():
     assert folders <= packages, f"tests/unit folders with no tunelab package: {sorted(folders - packages)}"
     names = [p.name for p in unit.rglob("test_*.py")]
     assert len(names) == len(set(names)), "two test files share a name (pytest imports them by basename)"
+
+
+def test_python_dash_m_tunelab_runs_the_cli():
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    out = subprocess.run(
+        [sys.executable, "-m", "tunelab", "plan", "--help"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: tunelab plan")

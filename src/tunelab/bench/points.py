@@ -104,9 +104,10 @@ def in_fresh_process(fn, *args):
 def _train_in_child(cfg: cfgmod.TrainConfig, stop_at: int, warmup: int) -> dict:
     from ..libraries import quiet_libraries
     from ..recipes.train import train
+    from ..train.loop import Measurement
 
     quiet_libraries()
-    return train(cfg, show_progress=False, stop_at=stop_at, warmup_window=warmup)
+    return train(cfg, show_progress=False, measure=Measurement(stop_at=stop_at, warmup_window=warmup))
 
 
 def device_peak(device_ref: str, summary: dict, catalog_gpu: str | None) -> measure.Peak:

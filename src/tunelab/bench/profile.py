@@ -59,6 +59,7 @@ def _profile_in_child(cfg: cfgmod.TrainConfig, warmup: int, steps: int, out: str
     from ..libraries import quiet_libraries
     from ..device import pick_device
     from ..recipes.train import train
+    from ..train.loop import Measurement
 
     quiet_libraries()
     cuda = pick_device(cfg.device).type == "cuda"
@@ -77,7 +78,9 @@ def _profile_in_child(cfg: cfgmod.TrainConfig, warmup: int, steps: int, out: str
             stamps[step] = time.perf_counter()
             prof.step()
 
-        train(cfg, show_progress=False, stop_at=warmup + steps, warmup_window=warmup, on_step=on_step)
+        train(
+            cfg, show_progress=False, measure=Measurement(stop_at=warmup + steps, warmup_window=warmup, on_step=on_step)
+        )
     return found
 
 

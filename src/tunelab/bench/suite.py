@@ -10,6 +10,7 @@ record (`points.build_record`: window rates, step-time statistics, MFU, plan's p
 
 from __future__ import annotations
 
+from .. import sources
 import argparse
 import datetime
 import json
@@ -25,6 +26,7 @@ from typing import Any
 import yaml
 
 from .. import config as cfgmod
+from .. import methods
 from ..errors import TunelabError
 from ..io import read_text, write_atomic
 from ..markdown import gib_cell, num, table
@@ -36,8 +38,8 @@ from .compare import compare
 
 AUTO = "auto"
 DEFAULT_OUT = "benchmarks"
-# `auto` micro-batches fill this share of the device's memory by plan's count: plan's memory came within
-# +-10% of the allocator's peak on every H100 baseline run, so the margin keeps a 10% underestimate from OOM.
+# `auto` micro-batches fill this share of the device's memory by plan's count: the margin keeps an underestimate
+# of plan's memory of up to 10% from running out of memory.
 AUTO_MEMORY_SHARE = 0.9
 DEFAULT_CAP = 8
 ROW_KEYS = {
@@ -269,7 +271,6 @@ def check_configs(suite: Suite, extra: list[str], work: Path) -> None:
 def write_data(suite: Suite, path: Path) -> dict:
     """The suite's synthetic rows (data/synthetic.py), generated once per run; returns their parameters."""
     from ..data import synthetic as sy
-    from ..model import load
 
     d = suite.data
     params = {
@@ -285,7 +286,7 @@ def write_data(suite: Suite, path: Path) -> dict:
         sy.parse_range(params["response_tokens"], "data.response_tokens"),
         params["dist"],
         params["seed"],
-        load.embedded_tokenizer(),
+        sources.embedded_tokenizer(),
     )
     write_atomic(path, (json.dumps(r) + "\n" for r in rows))
     return params
@@ -295,7 +296,9 @@ def needs_checkpoint(row: Row) -> bool:
     """transformers quantizes weights as it loads a checkpoint, and a shape override is no catalog row: either
     way a `random:` model must exist as a local checkpoint first."""
     return row.model.startswith(RANDOM) and (
-        bool(row.shape) or row.method == "qlora" or row.config.get("base_quant", "none") != "none"
+        bool(row.shape)
+        or methods.get(row.method).base_quant is not None
+        or row.config.get("base_quant", "none") != "none"
     )
 
 
@@ -307,13 +310,12 @@ def materialize(ref: str, shape: dict, folder: Path, device_ref: str) -> Path:
 
     from ..device import pick_device
     from ..io import atomic_dir
-    from ..model import load
 
     target = folder / points.slug(f"{ref.removeprefix(RANDOM)}-{json.dumps(shape, sort_keys=True)}")
     if (target / "config.json").is_file():
         return target
-    source = load.resolve(ref)
-    config = load.random_config(source)
+    source = sources.resolve(ref)
+    config = sources.random_config(source)
     for key, value in shape.items():
         if not hasattr(config, key):
             raise TunelabError(f"shape key {key!r} is not a field of {type(config).__name__}")
@@ -323,7 +325,7 @@ def materialize(ref: str, shape: dict, folder: Path, device_ref: str) -> Path:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     with atomic_dir(target) as tmp:
         model.save_pretrained(tmp)
-        load.load_tokenizer(source).save_pretrained(tmp)
+        sources.load_tokenizer(source).save_pretrained(tmp)
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the measured rows run in other processes and need this memory

@@ -109,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ..device import device_name, out_of_memory, pick_device, pick_precision
     from ..model.adapters import check_adapter
-    from ..model.load import load_model, load_tokenizer, resolve
+    from ..model.load import load_model
+    from ..sources import load_tokenizer, resolve
     from ..eval.generate import evaluate
 
     if args.adapter:

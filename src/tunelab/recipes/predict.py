@@ -52,10 +52,10 @@ def settings_from_config(cfg: cfgmod.TrainConfig, arch: archmod.Arch, device: De
 
 
 def _tokenizer(cfg: cfgmod.TrainConfig, tokenizer_ref: str | None):
-    from .. import sources as load
+    from .. import sources
 
     try:
-        return load.load_tokenizer(load.resolve(tokenizer_ref or cfg.model, weights=False))
+        return sources.load_tokenizer(sources.resolve(tokenizer_ref or cfg.model, weights=False))
     except TunelabError as e:
         raise TunelabError(
             f"{e} (plan needs the tokenizer to measure data.path; pass --tokenizer MODEL to measure with another local one)"

@@ -10,7 +10,6 @@ place, performance.md last, so a reader never sees a report that points at a mis
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import tempfile
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import Any
 import yaml
 
 from ..errors import TunelabError
+from ..io import move_files
 from ..markdown import gib_cell, num, table
 from . import plots
 from ..bench import store
@@ -566,11 +566,7 @@ def write_report(runs: list[Run], out: Path, title: str = "Performance report") 
     try:
         text, files = render(runs, scratch, title)
         (scratch / "performance.md").write_text(text)
-        written = []
-        for name in [*files, "performance.md"]:
-            os.replace(scratch / name, out / name)
-            written.append(out / name)
-        return written
+        return move_files(scratch, out, [*files, "performance.md"])
     finally:
         for leftover in scratch.iterdir():
             leftover.unlink()

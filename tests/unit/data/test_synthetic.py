@@ -1,5 +1,6 @@
 """`tunelab data synthetic`: alpaca rows whose SmolLM2 token lengths follow a distribution within a range."""
 
+from tunelab import sources
 import json
 import math
 import statistics
@@ -15,9 +16,8 @@ PROMPT, RESPONSE = (20, 120), (5, 60)
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from tunelab.model import load
 
-    return load.load_tokenizer(load.resolve(load.EMBEDDED))
+    return sources.load_tokenizer(sources.resolve(sources.EMBEDDED))
 
 
 @pytest.mark.parametrize("dist", sy.DISTS)

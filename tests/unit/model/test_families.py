@@ -9,6 +9,7 @@ Comparisons are fp32: the paths differ from transformers' eager attention only i
 
 from __future__ import annotations
 
+from tunelab import sources
 import json
 
 
@@ -316,7 +317,9 @@ def test_loads_outside_training_pick_an_attention_the_family_supports(vocab, tmp
 
     for family, expected in (("gemma2", None), ("qwen3", "sdpa")):
         build(family, vocab, "eager").save_pretrained(tmp_path / family)
-        model = load.load_model(load.ModelSource(family, tmp_path / family), torch.float32, "none", torch.device("cpu"))
+        model = load.load_model(
+            sources.ModelSource(family, tmp_path / family), torch.float32, "none", torch.device("cpu")
+        )
         if expected is None:  # the installed transformers' own choice
             expected = AutoModelForCausalLM.from_pretrained(tmp_path / family).config._attn_implementation
         assert model.config._attn_implementation == expected

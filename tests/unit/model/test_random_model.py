@@ -15,6 +15,7 @@ from tunelab.cli import main
 from tunelab.config import load_config
 from tunelab.errors import TunelabError
 from tunelab.plan import arch as archmod
+from tunelab import sources
 from tunelab.sources import resolve_arch
 from tunelab.plan import catalog
 
@@ -66,7 +67,7 @@ def test_unbuildable_ids_are_one_line_errors(ref, message):
 
 
 def test_tokenizer_vocab_constant_is_the_embedded_tokenizers_size(load):
-    assert len(load.load_tokenizer(load.resolve("embedded"))) == archmod.TOKENIZER_VOCAB
+    assert len(sources.load_tokenizer(sources.resolve("embedded"))) == archmod.TOKENIZER_VOCAB
 
 
 def test_quantized_base_is_refused_before_anything_loads():
@@ -86,7 +87,7 @@ def test_built_on_the_target_device_in_the_compute_dtype(load, monkeypatch, caps
         return build(*args, **kwargs)
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_config", spy)
-    source = load.resolve("random:llama-3.2-1b")
+    source = sources.resolve("random:llama-3.2-1b")
     model = load.load_model(source, torch.bfloat16, "none", torch.device("meta"))
     assert seen == [torch.device("meta")]
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
@@ -102,7 +103,7 @@ def test_built_on_the_target_device_in_the_compute_dtype(load, monkeypatch, caps
 
 def test_qwen_rows_build_as_qwen2(load):
     """Qwen2's q/k/v projections carry biases, which plan's parameter count leaves out."""
-    model = load.load_model(load.resolve("random:qwen2.5-0.5b"), torch.bfloat16, "none", torch.device("meta"))
+    model = load.load_model(sources.resolve("random:qwen2.5-0.5b"), torch.bfloat16, "none", torch.device("meta"))
     shape = resolve_arch("random:qwen2.5-0.5b")
     biases = shape.layers * (shape.heads + 2 * shape.kv_heads) * shape.head_dim
     assert model.config.model_type == "qwen2"
@@ -178,7 +179,7 @@ def test_random_model_and_synthetic_data_need_only_the_tokenizer_folder(load, tm
 
     from tunelab import sources
 
-    folder = load.resolve("random:llama-3.2-1b").path
+    folder = sources.resolve("random:llama-3.2-1b").path
     assert (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file()
     assert not [f for f in folder.iterdir() if f.suffix in sources.WEIGHT_SUFFIXES]
     monkeypatch.setenv("TUNELAB_CACHE", str(tmp_path))
@@ -188,11 +189,11 @@ def test_random_model_and_synthetic_data_need_only_the_tokenizer_folder(load, tm
         raise AssertionError("the embedded package was needed")
 
     monkeypatch.setattr(sources, "embedded_gguf", no_package)
-    source = load.resolve("random:llama-3.2-1b")
+    source = sources.resolve("random:llama-3.2-1b")
     assert source.path == tmp_path / folder.name
-    config = load.load_config(source)
+    config = sources.model_config(source)
     assert config.num_hidden_layers == resolve_arch("random:llama-3.2-1b").layers
-    assert load.load_tokenizer(source)("1 + 2").input_ids
+    assert sources.load_tokenizer(source)("1 + 2").input_ids
 
     from tunelab.cli import main
 
@@ -204,7 +205,7 @@ def test_random_model_and_synthetic_data_need_only_the_tokenizer_folder(load, tm
 
 def test_qwen3_rows_build_as_qwen3(load):
     """Qwen3 has no q/k/v biases but RMSNorms on q and k per head, which plan's parameter count leaves out."""
-    model = load.load_model(load.resolve("random:qwen3-8b"), torch.bfloat16, "none", torch.device("meta"))
+    model = load.load_model(sources.resolve("random:qwen3-8b"), torch.bfloat16, "none", torch.device("meta"))
     shape = resolve_arch("random:qwen3-8b")
     assert model.config.model_type == "qwen3"
     assert sum(p.numel() for p in model.parameters()) == shape.total_params + shape.layers * 2 * shape.head_dim

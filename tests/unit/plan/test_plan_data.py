@@ -1,5 +1,6 @@
 """`plan` on a real dataset and a local model directory (config.json only, no weights)."""
 
+from tunelab import sources
 import json
 
 import pytest
@@ -41,11 +42,10 @@ def test_arch_from_config_dir(local_model):
 
 def test_plan_uses_real_token_lengths(local_model, capsys):
     from tunelab.data.pipeline import DataSpec, prepare
-    from tunelab.model import load
 
     model = str(local_model / "model")
     data = str(local_model / "data.jsonl")
-    tok = load.load_tokenizer(load.resolve(model))
+    tok = sources.load_tokenizer(sources.resolve(model))
     real = prepare(DataSpec(data, "completion", "alpaca", False, 64), tok)
     argv = [
         "plan",

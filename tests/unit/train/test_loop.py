@@ -350,7 +350,7 @@ def test_optimizer_is_fused_adamw_and_falls_back_per_device(monkeypatch):
         return real(params, **kwargs)
 
     monkeypatch.setattr(torch.optim, "AdamW", no_fused)
-    # foreach is the slowest of the three on CPU (measured: benchmarks/quickstart_xeon-amx-2c_2026-11-22.md), the fastest fallback on GPUs.
+    # foreach is the slowest of the three on CPU (measured: benchmarks/quickstart/quickstart_xeon-amx-2c_2026-11-22.md), the fastest fallback on GPUs.
     assert loop.build_optimizer(model, spec, torch.device("cpu")).defaults["foreach"] is False
     assert loop.build_optimizer(model, spec, torch.device("cuda")).defaults["foreach"] is True
 
@@ -396,7 +396,7 @@ def test_a_compiled_run_compiles_nothing_after_its_first_steps(
 
     graphs: list[tuple[bool, int]] = []
     evaluating = [False]
-    real_forward, real_evaluate = loop.forward, loop.evaluate
+    real_forward, real_evaluate = loop.forward, loop.eval_loss
 
     def counting_forward(model, batch, device):
         out = real_forward(model, batch, device)
@@ -414,7 +414,7 @@ def test_a_compiled_run_compiles_nothing_after_its_first_steps(
         return out
 
     monkeypatch.setattr(loop, "forward", counting_forward)
-    monkeypatch.setattr(loop, "evaluate", counting_evaluate)
+    monkeypatch.setattr(loop, "eval_loss", counting_evaluate)
     torch._dynamo.reset()
     counters.clear()
     try:
