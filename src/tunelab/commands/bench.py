@@ -260,6 +260,7 @@ def measure_points(args: argparse.Namespace, steps: int, points: list, configs: 
 
 def run_suite(args: argparse.Namespace) -> int:
     from ..bench import suite
+    from ..bench.suite_schema import SuiteOptions
 
     clashing = [
         flag
@@ -280,7 +281,8 @@ def run_suite(args: argparse.Namespace) -> int:
     base_dir = Path(output_dir(args.overrides))
     db = database(args, base_dir)
     store.check(db)
-    return suite.run(args, base_dir, db)
+    options = SuiteOptions(args.suite, args.suite_rows, args.out, tuple(args.overrides), args.catalog_gpu)
+    return suite.run(options, base_dir, db)
 
 
 def run_peers(args: argparse.Namespace, steps: int, base_dir: Path, db: Path) -> int:
