@@ -200,6 +200,47 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines).rstrip()
 
 
+def _comparison_table(results: list[Result]) -> list[str]:
+    rows = []
+    for r in results:
+        e = r.single
+        costs = r.cost_usd(e)
+        cheapest = min(costs.items(), key=lambda kv: kv[1]) if costs else None
+        rows.append(
+            [
+                e.device.gpu.name,
+                f"{e.device.gpu.peak_flops / 1e12:.1f}",
+                f"{e.efficiency.value:.2f}",
+                f"{e.speed.tokens_per_s:,.0f}",
+                duration(e.speed.train_s),
+                duration(e.time_s),
+                gib(e.memory.total),
+                "yes" if e.fits else "no",
+                str(e.max_micro_batch),
+                f"${cheapest[1]:,.2f} ({cheapest[0]})" if cheapest else "no price",
+            ]
+        )
+    header = "GPU, dense TFLOP/s, efficiency, tokens/s, train, total, peak memory, fits, max micro-batch, cheapest cost"
+    return markdown_table(header.split(", "), rows)
+
+
+def _multi_gpu_table(results: list[Result]) -> list[str]:
+    multi_rows = [
+        [
+            m.device.gpu.name,
+            m.sharding,
+            gib(m.memory.total),
+            "yes" if m.fits else "no",
+            duration(m.time_s),
+            gib(m.comm_bytes),
+        ]
+        for r in results
+        for m in r.multi
+    ]
+    header = ["GPU", "strategy", "memory per GPU", "fits", "total time", "sent per GPU per step"]
+    return markdown_table(header, multi_rows)
+
+
 def markdown(results: list[Result], title: str) -> str:
     first = results[0]
     e0 = first.single
@@ -223,27 +264,7 @@ def markdown(results: list[Result], title: str) -> str:
         "## GPU comparison",
         "",
     ]
-    rows = []
-    for r in results:
-        e = r.single
-        costs = r.cost_usd(e)
-        cheapest = min(costs.items(), key=lambda kv: kv[1]) if costs else None
-        rows.append(
-            [
-                e.device.gpu.name,
-                f"{e.device.gpu.peak_flops / 1e12:.1f}",
-                f"{e.efficiency.value:.2f}",
-                f"{e.speed.tokens_per_s:,.0f}",
-                duration(e.speed.train_s),
-                duration(e.time_s),
-                gib(e.memory.total),
-                "yes" if e.fits else "no",
-                str(e.max_micro_batch),
-                f"${cheapest[1]:,.2f} ({cheapest[0]})" if cheapest else "no price",
-            ]
-        )
-    header = "GPU, dense TFLOP/s, efficiency, tokens/s, train, total, peak memory, fits, max micro-batch, cheapest cost"
-    out += markdown_table(header.split(", "), rows)
+    out += _comparison_table(results)
     if any(r.scenarios for r in results):
         sizes = [n for n, _ in results[0].scenarios]
         out += [
@@ -277,20 +298,7 @@ def markdown(results: list[Result], title: str) -> str:
             f"## Multi-GPU (x{results[0].multi[0].gpus})",
             "",
         ]
-        multi_rows = [
-            [
-                m.device.gpu.name,
-                m.sharding,
-                gib(m.memory.total),
-                "yes" if m.fits else "no",
-                duration(m.time_s),
-                gib(m.comm_bytes),
-            ]
-            for r in results
-            for m in r.multi
-        ]
-        header = ["GPU", "strategy", "memory per GPU", "fits", "total time", "sent per GPU per step"]
-        out += markdown_table(header, multi_rows)
+        out += _multi_gpu_table(results)
     out += ["", "## Recommendations", ""]
     for r in results:
         for sug in r.suggestions:

@@ -52,7 +52,7 @@ from .strategy import Strategy, Trainee, pick_strategy
 from .summary import RunSummary
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Prepared:
     """What a run needs before the model loads; `plan` and `bench` reuse it."""
 
@@ -90,7 +90,18 @@ def prepare_run(cfg: TrainConfig, procs: distributed.Processes | None = None) ->
     batch = BatchSpec(cfg.seq_len, cfg.micro_batch, cfg.grad_accum, cfg.packing, cfg.seed, tokenizer.pad_token_id)
     schedule = Schedule(data, batch, cfg.epochs, cfg.max_steps, rank, world)
     eval_batches = None if eval_data is None else EvalBatches(eval_data, batch, schedule.slots, rank, world)
-    return Prepared(device, precision, source, model_config, tokenizer, data, schedule, eval_data, eval_batches, notes)
+    return Prepared(
+        device=device,
+        precision=precision,
+        source=source,
+        model_config=model_config,
+        tokenizer=tokenizer,
+        data=data,
+        schedule=schedule,
+        eval_data=eval_data,
+        eval_batches=eval_batches,
+        notes=notes,
+    )
 
 
 def check_writable_dir(path: Path) -> None:
@@ -294,7 +305,13 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes, show_progre
         project_dir=str(out) if tracked else None,  # Accelerate's logging_dir: TensorBoard writes under it
     )
     strategy = pick_strategy(accelerator, procs, cfg)
-    optim = loop.OptimSpec(cfg.lr, cfg.weight_decay, cfg.lr_scheduler, cfg.warmup_ratio, cfg.max_grad_norm)
+    optim = loop.OptimSpec(
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        scheduler=cfg.lr_scheduler,
+        warmup_ratio=cfg.warmup_ratio,
+        max_grad_norm=cfg.max_grad_norm,
+    )
     trainee = strategy.setup(
         accelerator, lambda device, meta: build_model(cfg, prep, device, meta=meta), optim, cfg, prep
     )
@@ -522,10 +539,10 @@ def _evaluation(
             record = {"step": state.best_step, "eval_loss": state.best_eval_loss}
             save_pretrained(model, prep.tokenizer, out / BEST, out, cfg.method, record, weights)
 
-    spec = loop.EvalSpec(cfgmod.eval_every(cfg), cfg.eval.early_stopping_patience)
+    spec = loop.EvalSpec(every=cfgmod.eval_every(cfg), patience=cfg.eval.early_stopping_patience)
     if not (cfg.eval.keep_best and (writer or gather is not None)):
         return loop.Evaluation(prep.eval_batches, spec)
-    return loop.Evaluation(prep.eval_batches, spec, save_best, out / BEST if writer else None)
+    return loop.Evaluation(prep.eval_batches, spec, save_best=save_best, best_dir=out / BEST if writer else None)
 
 
 def restore_best(checkpoint_dir: Path, out: Path, state: TrainState) -> None:
