@@ -98,7 +98,7 @@ def pytest_collection_modifyitems(config, items):
 
 def make_tokenizer():
     """Character-level fast tokenizer: every digit is its own token, as in SmolLM2/Llama-3 tokenizers."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     specials = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]

@@ -29,11 +29,12 @@ def main() -> int:
     args, overrides = p.parse_known_args()
     work = Path(tempfile.mkdtemp(prefix="tunelab-calibration-"))
     os.environ["TUNELAB_CACHE"] = str(work / "cache")
-    from tunelab.cli import main as cli
-    from tunelab.libraries import quiet_libraries
-    from tunelab.config import load_config
     from tunelab.plan.command import local_prediction
     from tunelab.train.command import train
+
+    from tunelab.cli import main as cli
+    from tunelab.config import load_config
+    from tunelab.libraries import quiet_libraries
 
     quiet_libraries()
     r = random.Random(0)

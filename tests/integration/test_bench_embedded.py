@@ -4,8 +4,8 @@ import json
 import random
 
 import pytest
-
 from conftest import write_jsonl
+
 from tunelab.cli import main
 from tunelab.config import load_config
 from tunelab.recipes.predict import local_prediction

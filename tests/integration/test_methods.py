@@ -3,10 +3,9 @@
 import json
 
 import pytest
-
+from conftest import REPO, write_jsonl
 from safetensors.torch import load_file
 
-from conftest import REPO, write_jsonl
 from tunelab.cli import main
 from tunelab.sources import resolve_arch
 

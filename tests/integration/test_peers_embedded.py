@@ -6,8 +6,8 @@ import functools
 import importlib.util
 
 import pytest
-
 from conftest import write_jsonl
+
 from tunelab.bench import peers
 from tunelab.bench.points import in_fresh_process
 

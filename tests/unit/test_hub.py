@@ -12,9 +12,9 @@ from pathlib import Path
 
 import httpx2
 import pytest
+from conftest import REPO, write_jsonl
 from huggingface_hub import errors as hf
 
-from conftest import REPO, write_jsonl
 from tunelab import hub, sources
 from tunelab.cli import main
 from tunelab.errors import TunelabError

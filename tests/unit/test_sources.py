@@ -1,10 +1,10 @@
 """Code shipped with a model runs only when the config says so, and then with a warning."""
 
-from tunelab import sources
 import pytest
 import torch
-
 from conftest import tiny_train_config, write_jsonl
+
+from tunelab import sources
 from tunelab.model import load
 from tunelab.recipes.train import prepare_run
 

@@ -24,7 +24,6 @@ memory comes from a `MemoryWatch` started before the model loads.
 
 from __future__ import annotations
 
-from .. import sources
 import dataclasses
 import importlib.util
 import shutil
@@ -36,6 +35,7 @@ from typing import Any
 
 import torch
 
+from .. import sources
 from ..data.formats import render
 from ..data.pipeline import IGNORE, read_rows
 from ..device import (

@@ -56,8 +56,8 @@ def profile_point(cfg: cfgmod.TrainConfig, warmup: int, steps: int, out: Path) -
 def _profile_in_child(cfg: cfgmod.TrainConfig, warmup: int, steps: int, out: str) -> dict:
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    from ..libraries import quiet_libraries
     from ..device import pick_device
+    from ..libraries import quiet_libraries
     from ..recipes.train import train
     from ..train.loop import Measurement
 

@@ -11,7 +11,6 @@ This module runs the rows; suite_schema.py reads the suites, suite_report.py wri
 
 from __future__ import annotations
 
-from .. import sources
 import datetime
 import json
 import shutil
@@ -19,14 +18,13 @@ import sys
 import time
 from pathlib import Path
 
-
 from .. import config as cfgmod
-from .. import methods
+from .. import methods, sources
 from ..errors import TunelabError
 from ..io import write_atomic
-from ..sources import resolve_arch
 from ..modelref import EMBEDDED, RANDOM
 from ..recipes.predict import local_prediction
+from ..sources import resolve_arch
 from . import points, store
 from .compare import compare
 from .suite_report import device_slug, document, environment, markdown

@@ -15,11 +15,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .. import config as cfgmod
-from ..errors import OutOfMemory, TunelabError
-from ..io import check_output_dir, check_output_file, gib, write_atomic
 from ..bench import calibrate, measure, store
 from ..bench.compare import compare
-from ..bench.profile import PROFILED_STEPS, profile_length, profile_point
 from ..bench.points import (
     FORCED,
     build_record,
@@ -31,6 +28,9 @@ from ..bench.points import (
     slug,
     step_stats,
 )
+from ..bench.profile import PROFILED_STEPS, profile_length, profile_point
+from ..errors import OutOfMemory, TunelabError
+from ..io import check_output_dir, check_output_file, gib, write_atomic
 from ..recipes.predict import local_prediction
 
 DEFAULT_STEPS = 5

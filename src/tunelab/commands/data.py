@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from .. import sources
 import argparse
 import json
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from ..errors import TunelabError
-from ..io import check_output_file, write_atomic
+from .. import sources
 from ..data import arithmetic as ar
 from ..data import synthetic as sy
+from ..errors import TunelabError
+from ..io import check_output_file, write_atomic
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

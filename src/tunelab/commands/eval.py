@@ -14,12 +14,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..config import FORMATS, TEMPLATES, load_config
-from ..modelref import EMBEDDED
-from ..io import check_output_file, write_atomic
 from ..data.pipeline import iter_jsonl
 from ..errors import TunelabError
 from ..eval.exact_match import EvalResult, parse_answer
 from ..eval.generate import DEFAULT_BATCH_SIZE
+from ..io import check_output_file, write_atomic
+from ..modelref import EMBEDDED
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -108,10 +108,10 @@ def run(args: argparse.Namespace) -> int:
     rows = read_rows(Path(args.data), setup.format, args.limit)
 
     from ..device import device_name, out_of_memory, pick_device, pick_precision
+    from ..eval.generate import evaluate
     from ..model.adapters import check_adapter
     from ..model.load import load_model
     from ..sources import load_tokenizer, resolve
-    from ..eval.generate import evaluate
 
     if args.adapter:
         check_adapter(Path(args.adapter))

@@ -12,10 +12,10 @@ from dataclasses import replace
 from .. import config as cfgmod
 from .. import hub
 from ..errors import TunelabError
-from ..sources import resolve_arch
 from ..plan import catalog, render, workload
 from ..plan.estimate import Device, estimate, suggestions
 from ..recipes.predict import dataset_lengths, eval_file_lengths, local_device, settings_from_config
+from ..sources import resolve_arch
 
 DEFAULT_GPU = "h100-sxm"
 # Without a dataset: every example is assumed this many tokens long, half of them with a loss target.

@@ -6,11 +6,11 @@ loads without peft. Merging happens in fp32 and is saved in the dtype asked for 
 
 from __future__ import annotations
 
-from .. import sources
 from pathlib import Path
 
 import torch
 
+from .. import sources
 from ..config import load_config
 from ..errors import TunelabError
 from ..io import atomic_dir, check_output_dir

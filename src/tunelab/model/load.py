@@ -17,7 +17,6 @@ import sys
 import torch
 
 from ..errors import TunelabError
-
 from ..sources import WEIGHT_SUFFIXES, ModelSource, drop_quantization_marker, model_config
 
 

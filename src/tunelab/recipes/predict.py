@@ -103,8 +103,8 @@ def eval_file_lengths(cfg: cfgmod.TrainConfig, tokenizer_ref: str | None) -> wor
 def local_device(precision: str) -> Device:
     """The present machine: its peak from a calibration record, else a short matmul probe."""
     from ..device import cpu_class, device_memory_bytes, device_name, pick_device, pick_precision
-    from ..probe import matmul_peak
     from ..plan.calibration import device_key, load_calibration
+    from ..probe import matmul_peak
 
     dev = pick_device("auto")
     prec = pick_precision(precision, dev)

@@ -7,7 +7,6 @@ the first byte is written to the output dir, so a failed start leaves nothing ha
 
 from __future__ import annotations
 
-from .. import sources
 import json
 import shutil
 import tempfile
@@ -19,12 +18,11 @@ from pathlib import Path
 import torch
 
 from .. import config as cfgmod
-from .. import methods
+from .. import families, methods, sources
 from ..config import TrainConfig
-from ..data.packing import packing_efficiency
 from ..data.formats import use_default_chat_template
+from ..data.packing import packing_efficiency
 from ..data.pipeline import TokenizedData, prepare_split
-from ..specs import data_spec, held_out_spec
 from ..device import (
     Precision,
     device_memory_bytes,
@@ -37,12 +35,12 @@ from ..device import (
 from ..errors import OutOfMemory, TunelabError
 from ..io import atomic_dir, disk_errors, link_tree, remove_stale_temps, write_atomic
 from ..memwatch import MemoryWatch
-from ..runtime import ACTIVATION_MEMORY_BUDGET, attention_path
-from .. import families
 from ..model import attention
 from ..model import load as mload
 from ..model.adapters import AdapterSpec, apply_adapter
 from ..model.lora_linear import has_lora_dropout, has_nf4_base, nf4_layers
+from ..runtime import ACTIVATION_MEMORY_BUDGET, attention_path
+from ..specs import data_spec, held_out_spec
 from ..train import checkpoint, distributed, loop, trackers
 from ..train.batches import BatchSpec, EvalBatches, Schedule
 from ..train.checkpoint import TrainState

@@ -18,12 +18,12 @@ from typing import Any
 
 import yaml
 
+from ..bench import store
+from ..bench.compare import compare
 from ..errors import TunelabError
 from ..io import move_files
 from ..markdown import gib_cell, num, table
 from . import plots
-from ..bench import store
-from ..bench.compare import compare
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 # Config keys a sweep varies; records that agree on all but one of them form a sweep over that one.

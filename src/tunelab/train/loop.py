@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
+from ..data.packing import Batch
 from ..device import synchronize, to_device
 from ..memwatch import MemoryWatch
 from . import checkpoint
-from ..data.packing import Batch
 from .batches import EvalBatches, Schedule
 from .checkpoint import TrainState
 from .progress import LogLine, ProgressView

@@ -8,10 +8,10 @@ import datasets
 import httpx2
 import numpy as np
 import pytest
+from conftest import write_jsonl
 from datasets.exceptions import DatasetNotFoundError
 from huggingface_hub import errors as hf
 
-from conftest import write_jsonl
 from tunelab import hub
 from tunelab.cli import main
 from tunelab.config import load_config

@@ -1,12 +1,12 @@
 """`tunelab data synthetic`: alpaca rows whose SmolLM2 token lengths follow a distribution within a range."""
 
-from tunelab import sources
 import json
 import math
 import statistics
 
 import pytest
 
+from tunelab import sources
 from tunelab.cli import main
 from tunelab.data import synthetic as sy
 from tunelab.errors import TunelabError

@@ -9,18 +9,16 @@ Comparisons are fp32: the paths differ from transformers' eager attention only i
 
 from __future__ import annotations
 
-from tunelab import sources
 import json
-
 
 import pytest
 import torch
-
 from conftest import make_tokenizer, write_jsonl
+
+from tunelab import families, sources
 from tunelab.cli import main
 from tunelab.data.packing import layout_from_lengths
 from tunelab.errors import TunelabError
-from tunelab import families
 from tunelab.model import attention
 from tunelab.plan import arch as archmod
 from tunelab.train.loss import CausalLMLoss
@@ -288,6 +286,7 @@ def test_trains_end_to_end_with_lora(family, vocab, tmp_path, addition_rows):
     """`tunelab train` on a saved tiny model of the family: loaded with tunelab's attention, LoRA on every
     linear layer of its blocks (Phi-3's fused qkv_proj and gate_up_proj included), two steps, an adapter saved."""
     from conftest import tiny_train_config
+
     from tunelab.recipes.train import train
 
     model_dir = tmp_path / family

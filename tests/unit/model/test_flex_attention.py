@@ -13,9 +13,9 @@ import inspect
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import make_tiny_llama
 from torch.nn.attention.flex_attention import BlockMask, create_mask
 
-from conftest import make_tiny_llama
 from tunelab.model import attention
 from tunelab.model.adapters import AdapterSpec, apply_adapter
 from tunelab.recipes.train import compile_blocks

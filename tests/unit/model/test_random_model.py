@@ -9,15 +9,15 @@ import math
 
 import pytest
 import torch
-
 from conftest import write_jsonl
+
+from tunelab import sources
 from tunelab.cli import main
 from tunelab.config import load_config
 from tunelab.errors import TunelabError
 from tunelab.plan import arch as archmod
-from tunelab import sources
-from tunelab.sources import resolve_arch
 from tunelab.plan import catalog
+from tunelab.sources import resolve_arch
 
 TINY_ROW = {
     "hidden": 64,

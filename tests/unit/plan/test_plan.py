@@ -9,11 +9,10 @@ import torch
 
 from tunelab.cli import main
 from tunelab.config import load_config
-
 from tunelab.plan import arch as archmod
-from tunelab.sources import resolve_arch
 from tunelab.plan import calibration, catalog, memory, timing, workload
 from tunelab.plan.flops import flops_per_token
+from tunelab.sources import resolve_arch
 
 LLAMA2 = "meta-llama/Llama-2-7b-hf"
 

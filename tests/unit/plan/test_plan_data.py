@@ -1,10 +1,10 @@
 """`plan` on a real dataset and a local model directory (config.json only, no weights)."""
 
-from tunelab import sources
 import json
 
 import pytest
 
+from tunelab import sources
 from tunelab.cli import main
 from tunelab.sources import resolve_arch
 

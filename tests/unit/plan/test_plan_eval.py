@@ -2,19 +2,20 @@
 tiny run measured."""
 
 import json
-import pytest
 
+import pytest
 from conftest import tiny_train_config as config
 from conftest import write_jsonl
+
 from tunelab.cli import main
 from tunelab.plan import arch as archmod
-from tunelab.sources import resolve_arch
 from tunelab.plan import catalog, timing, workload
 from tunelab.plan.calibration import CalibrationRecord
 from tunelab.plan.estimate import Device, estimate
 from tunelab.plan.flops import flops_per_token, forward_flops_per_token
 from tunelab.recipes.predict import dataset_lengths, settings_from_config
 from tunelab.recipes.train import train
+from tunelab.sources import resolve_arch
 
 LLAMA2 = "meta-llama/Llama-2-7b-hf"
 

@@ -22,8 +22,8 @@ Integration-marked: four training processes of a 512-wide model take minutes on 
 import random
 
 import pytest
-
 from conftest import make_tiny_llama, make_tokenizer, write_jsonl
+
 from tunelab.bench import points as command
 from tunelab.config import load_config
 from tunelab.device import cpu_has_fast_bf16

@@ -25,14 +25,14 @@ from dataclasses import replace
 
 import pytest
 import torch
-
 from conftest import make_tiny_llama, write_jsonl
+
 from tunelab.config import load_config
 from tunelab.plan import memory
-from tunelab.sources import resolve_arch
-from tunelab.recipes.predict import dataset_lengths, local_device, settings_from_config
 from tunelab.plan.estimate import estimate
 from tunelab.recipes import train as command
+from tunelab.recipes.predict import dataset_lengths, local_device, settings_from_config
+from tunelab.sources import resolve_arch
 from tunelab.train.loss import CausalLMLoss
 
 pytestmark = pytest.mark.slow  # every test here trains or compiles

@@ -5,10 +5,10 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import tiny_train_config as config
 from conftest import write_jsonl
+from safetensors.torch import load_file
+
 from tunelab.data.pipeline import IGNORE, prepare_split
 from tunelab.recipes.train import train
 from tunelab.specs import data_spec, held_out_spec

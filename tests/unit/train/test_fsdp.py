@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO, small_run_config
 
 pytestmark = pytest.mark.slow

@@ -4,9 +4,9 @@ import json
 
 import pytest
 import torch
-
-from conftest import tiny_train_config as config
 from conftest import compile_without_inductor, write_jsonl
+from conftest import tiny_train_config as config
+
 from tunelab.cli import main
 from tunelab.config import load_config
 from tunelab.errors import TunelabError
@@ -312,6 +312,7 @@ def test_compiled_blocks_save_less_for_backward_than_at_full_budget(tokenizer, m
     bytes for backward (it recomputes cheap element-wise results) than at a budget of 1.0."""
     import torch._functorch.config as aot_config
     from conftest import make_tiny_llama
+
     from tunelab.recipes import train as command
 
     monkeypatch.setattr(aot_config, "activation_memory_budget", aot_config.activation_memory_budget)  # restored after

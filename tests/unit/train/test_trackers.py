@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import tiny_train_config, write_jsonl
+
 from tunelab.cli import main
 from tunelab.config import load_config
 from tunelab.errors import TunelabError
