@@ -73,7 +73,7 @@ def pytest_sessionfinish(session, exitstatus):
         shutil.rmtree(_OWN_INDUCTOR_CACHE, ignore_errors=True)
 
 
-# The test files that take longest, longest first (benchmarks/make-test_xeon-amx-2c_2026-11-25.md). With
+# The test files that take longest, longest first (benchmarks/test-suite/make-test_xeon-amx-2c_2026-11-25.md). With
 # `--dist loadfile --no-loadscope-reorder` (the Makefile's) pytest-xdist hands out whole files in collection
 # order as workers free up; a long file handed out last ran on one worker while the other sat idle for a
 # minute. Longest first, the short files fill in around them at the end.
@@ -109,7 +109,7 @@ def pytest_collection_modifyitems(config, items):
 
 def make_tokenizer():
     """Character-level fast tokenizer: every digit is its own token, as in SmolLM2/Llama-3 tokenizers."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     specials = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]

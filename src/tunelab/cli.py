@@ -10,6 +10,7 @@ import importlib
 import sys
 
 from .errors import Terminated, TunelabError
+from .libraries import quiet_libraries
 
 # subcommand -> (module, one-line help). Modules are imported only when their command runs: `tunelab plan`
 # must not pay for importing the training stack.
@@ -72,26 +73,6 @@ def _exit_status(status: int) -> int:
     from .train.distributed import exit_launched
 
     return exit_launched(status)
-
-
-def quiet_libraries() -> None:
-    """tunelab prints its own progress; library progress bars and deprecation chatter would bury it."""
-    import logging
-    import warnings
-
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=UserWarning, module=r"(torch|transformers|peft|accelerate)\.")
-    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-        from huggingface_hub.utils import logging as hub_logging
-
-        hub_logging.set_verbosity_error()  # its retry warnings, two lines per attempt, before one failure line
-    except ImportError:
-        pass
 
 
 def _import(module_name: str, name: str):

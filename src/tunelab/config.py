@@ -14,17 +14,17 @@ import typing
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 import yaml
 
-from . import hub
+from . import hub, methods
 from .data.formats import TEMPLATES
 from .errors import TunelabError
 from .io import read_text
-from .plan.arch import EMBEDDED, RANDOM
+from .modelref import EMBEDDED, RANDOM
 
-METHODS = ("lora", "dora", "qlora", "full")
+METHODS = methods.NAMES
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 FORMATS = ("alpaca", "chat", "sharegpt", "completion", "text")
 SCHEDULERS = ("cosine", "linear", "constant")
@@ -32,6 +32,16 @@ TARGET_PRESETS = ("attn", "mlp", "all-linear")
 BASE_QUANTS = ("none", "int8", "nf4")
 ATTENTIONS = ("auto", "flex", "slots", "sdpa")
 REPORT_TO = ("none", "tensorboard", "wandb")
+# The choice fields' types: `from_dict` checks a value against its field's choices where it is read, naming the
+# key (and the closest choice) as validate() did.
+Method = Literal[METHODS]
+Precision = Literal[PRECISIONS]
+Format = Literal[FORMATS]
+Template = Literal[tuple(TEMPLATES)]
+Scheduler = Literal[SCHEDULERS]
+BaseQuant = Literal[BASE_QUANTS]
+Attention = Literal[ATTENTIONS]
+ReportTo = Literal[REPORT_TO]
 # Keys that configs once had, with why they went: an old config fails naming the key and what to do.
 REMOVED = {"data.shuffle": "batches are always shuffled, by `seed`"}
 
@@ -42,8 +52,8 @@ class MixSource:
 
     path: str | None = None
     weight: float = 1.0
-    format: str | None = None
-    template: str | None = None
+    format: Format | None = None
+    template: Template | None = None
 
 
 @dataclass
@@ -52,9 +62,9 @@ class DataConfig:
     path: str | None = None
     # Several sources drawn by weight instead of one path (data/pipeline.py: mix).
     mix: list[MixSource] = field(default_factory=list)
-    format: str = "alpaca"
+    format: Format = "alpaca"
     # Prompt template of the alpaca format; `compact` drops Alpaca's 30-token preamble.
-    template: str = "alpaca"
+    template: Template = "alpaca"
     train_on_inputs: bool = False
     max_examples: int | None = None
 
@@ -87,35 +97,35 @@ class TrainConfig:
     # Let transformers import Python files shipped with the model (custom architectures). That code runs with
     # the user's permissions, so only a config that names a model it trusts turns this on.
     trust_remote_code: bool = False
-    method: str = "lora"
+    method: Method = "lora"
     data: DataConfig = field(default_factory=DataConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     # Quantization of the frozen base: qlora implies nf4; goat-style recipes use int8 under plain LoRA.
-    base_quant: str = "none"
+    base_quant: BaseQuant = "none"
     seq_len: int = 512
     micro_batch: int = 8
     grad_accum: int = 1
     epochs: float = 1.0
     max_steps: int | None = None
     lr: float = 2e-4
-    lr_scheduler: str = "cosine"
+    lr_scheduler: Scheduler = "cosine"
     warmup_ratio: float = 0.03
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
-    precision: str = "auto"
+    precision: Precision = "auto"
     packing: bool = True
     grad_ckpt: bool = False
     # torch.compile each decoder block (recipes/train.py: compile_blocks): fused element-wise passes.
     compile: bool = False
     # Packed-row attention (model/attention.py): auto is flex on CUDA (flash-attn's varlen kernels where
     # installed) and per-sequence slots on CPU; sdpa is transformers' own, with a block-diagonal mask.
-    attention: str = "auto"
+    attention: Attention = "auto"
     save_steps: int = 0
     save_total_limit: int = 2
     log_steps: int = 10
     # Also send metrics.jsonl's records to an experiment tracker (train/trackers.py).
-    report_to: str = "none"
+    report_to: ReportTo = "none"
     output_dir: str = "runs/default"
     resume: Union[bool, str] = False
     seed: int = 42
@@ -284,31 +294,51 @@ def _coerce(tp: Any, value: Any, source: Origins, key: str) -> Any:
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value if value is not None else {}, source, f"{key}.")
     origin = typing.get_origin(tp)
+    if origin is Literal:
+        text = _coerce(str, value, source, key)
+        _choice(source, key, text, typing.get_args(tp))
+        return text
     if origin in (Union, types.UnionType):
-        options = typing.get_args(tp)
-        if value is None and type(None) in options:
-            return None
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return _coerce(option, value, source, key)
-            except TunelabError:
-                continue
-        raise _type_error(source, key, tp, value)
+        return _coerce_union(tp, value, source, key)
     if origin is list:
-        (item_tp,) = typing.get_args(tp)
-        if isinstance(value, str) and "," in value:  # `lora.targets=q_proj,v_proj` on the command line
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if dataclasses.is_dataclass(item_tp):  # a list of sections (data.mix): each named by its index
-            if value is None:
-                return []
-            if not isinstance(value, list):
-                raise TunelabError(f"{source(key)}: {key} must be a list of mappings, got {value!r}")
-            return [_coerce(item_tp, v, source, f"{key}[{i}]") for i, v in enumerate(value)]
+        return _coerce_list(tp, value, source, key)
+    return _coerce_scalar(tp, value, source, key)
+
+
+def _coerce_union(tp: Any, value: Any, source: Origins, key: str) -> Any:
+    """The first of the union's types that takes `value`; an optional choice (`Format | None`) keeps its own error."""
+    options = typing.get_args(tp)
+    if value is None and type(None) in options:
+        return None
+    choices = [o for o in options if typing.get_origin(o) is Literal]
+    if choices and len(options) == 2 and type(None) in options:
+        return _coerce(choices[0], value, source, key)
+    for option in options:
+        if option is type(None):
+            continue
+        try:
+            return _coerce(option, value, source, key)
+        except TunelabError:
+            continue
+    raise _type_error(source, key, tp, value)
+
+
+def _coerce_list(tp: Any, value: Any, source: Origins, key: str) -> list:
+    (item_tp,) = typing.get_args(tp)
+    if isinstance(value, str) and "," in value:  # `lora.targets=q_proj,v_proj` on the command line
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if dataclasses.is_dataclass(item_tp):  # a list of sections (data.mix): each named by its index
+        if value is None:
+            return []
         if not isinstance(value, list):
-            raise _type_error(source, key, tp, value)
-        return [_coerce(item_tp, v, source, key) for v in value]
+            raise TunelabError(f"{source(key)}: {key} must be a list of mappings, got {value!r}")
+        return [_coerce(item_tp, v, source, f"{key}[{i}]") for i, v in enumerate(value)]
+    if not isinstance(value, list):
+        raise _type_error(source, key, tp, value)
+    return [_coerce(item_tp, v, source, key) for v in value]
+
+
+def _coerce_scalar(tp: Any, value: Any, source: Origins, key: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -320,25 +350,29 @@ def _coerce(tp: Any, value: Any, source: Origins, key: str) -> Any:
             return int(value)
         raise _type_error(source, key, tp, value)
     if tp is float:
-        number = None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            number = float(value)
-        elif isinstance(value, str):
-            try:  # YAML 1.1 reads `1e-4` as a string
-                number = float(value)
-            except ValueError:
-                pass
-        if number is None:
-            raise _type_error(source, key, tp, value)
-        # nan and inf pass every range check (nan compares false) and fail deep in training instead.
-        if not math.isfinite(number):
-            raise TunelabError(f"{source(key)}: {key} must be a finite number, got {value!r}")
-        return number
+        return _coerce_float(value, source, key)
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
         raise _type_error(source, key, tp, value)
     raise TypeError(f"config type {tp} of {key} is not handled")  # a bug in this module, not user input
+
+
+def _coerce_float(value: Any, source: Origins, key: str) -> float:
+    number = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str):
+        try:  # YAML 1.1 reads `1e-4` as a string
+            number = float(value)
+        except ValueError:
+            pass
+    if number is None:
+        raise _type_error(source, key, float, value)
+    # nan and inf pass every range check (nan compares false) and fail deep in training instead.
+    if not math.isfinite(number):
+        raise TunelabError(f"{source(key)}: {key} must be a finite number, got {value!r}")
+    return number
 
 
 def _type_error(source: Origins, key: str, tp: Any, value: Any) -> TunelabError:
@@ -358,20 +392,32 @@ def validate(cfg: TrainConfig, source: Origins | str = "config") -> None:
     the origin of the setting it is about (`source`, or a file name for all settings)."""
     if isinstance(source, str):
         source = Origins(source)
-    _choice(source, "method", cfg.method, METHODS)
-    _choice(source, "precision", cfg.precision, PRECISIONS)
-    _choice(source, "data.format", cfg.data.format, FORMATS)
-    _choice(source, "data.template", cfg.data.template, TEMPLATES)
-    _choice(source, "lr_scheduler", cfg.lr_scheduler, SCHEDULERS)
-    _choice(source, "base_quant", cfg.base_quant, BASE_QUANTS)
-    _choice(source, "attention", cfg.attention, ATTENTIONS)
-    _choice(source, "report_to", cfg.report_to, REPORT_TO)
     if isinstance(cfg.lora.targets, str):
         _choice(source, "lora.targets", cfg.lora.targets, TARGET_PRESETS)
     elif not cfg.lora.targets:
         raise TunelabError(
             f"{source('lora.targets')}: lora.targets is empty; name modules (e.g. [q_proj, v_proj]) or a preset"
         )
+    _validate_ranges(cfg, source)
+    _validate_eval(cfg, source)
+    method = methods.get(cfg.method)
+    if cfg.base_quant in method.refused_base_quants:
+        raise TunelabError(f"{source('base_quant', 'method')}: {method.refusal}")
+    if cfg.model.startswith(RANDOM) and effective_base_quant(cfg) != "none":
+        raise TunelabError(
+            f"{source('model', 'method', 'base_quant')}: model {cfg.model} has random weights, built unquantized; "
+            f"{effective_base_quant(cfg)} needs a real checkpoint, or use method lora with base_quant none"
+        )
+    if cfg.data.format != "alpaca" and cfg.data.template != "alpaca":
+        raise TunelabError(
+            f"{source('data.template', 'data.format')}: data.template applies to the alpaca format only; "
+            f"drop it for {cfg.data.format!r}"
+        )
+    _validate_data(cfg, source)
+
+
+def _validate_ranges(cfg: TrainConfig, source: Origins) -> None:
+    """Each number within its range (one field at a time)."""
     positive = {
         "micro_batch": cfg.micro_batch,
         "grad_accum": cfg.grad_accum,
@@ -403,6 +449,10 @@ def validate(cfg: TrainConfig, source: Origins | str = "config") -> None:
         raise TunelabError(
             f"{source('max_grad_norm')}: max_grad_norm must be positive, or 0 for no clipping; got {cfg.max_grad_norm}"
         )
+    _validate_more_ranges(cfg, source)
+
+
+def _validate_more_ranges(cfg: TrainConfig, source: Origins) -> None:
     if not 0 <= cfg.seed < 2**32:
         raise TunelabError(f"{source('seed')}: seed must be in [0, 2**32), as numpy's generators need; got {cfg.seed}")
     if not cfg.output_dir.strip():
@@ -415,28 +465,6 @@ def validate(cfg: TrainConfig, source: Origins | str = "config") -> None:
         raise TunelabError(f"{source('save_steps')}: save_steps must be 0 (only the final save) or positive")
     if cfg.data.max_examples is not None and cfg.data.max_examples < 1:
         raise TunelabError(f"{source('data.max_examples')}: data.max_examples must be at least 1")
-    _validate_eval(cfg, source)
-    if cfg.method == "qlora" and cfg.base_quant == "int8":
-        raise TunelabError(
-            f"{source('base_quant', 'method')}: method qlora quantizes the base to nf4; "
-            "drop base_quant: int8 or use method lora"
-        )
-    if cfg.model.startswith(RANDOM) and effective_base_quant(cfg) != "none":
-        raise TunelabError(
-            f"{source('model', 'method', 'base_quant')}: model {cfg.model} has random weights, built unquantized; "
-            f"{effective_base_quant(cfg)} needs a real checkpoint, or use method lora with base_quant none"
-        )
-    if cfg.method == "full" and cfg.base_quant != "none":
-        raise TunelabError(
-            f"{source('base_quant', 'method')}: full fine-tuning trains every weight; "
-            "a quantized base (base_quant) cannot be trained"
-        )
-    if cfg.data.format != "alpaca" and cfg.data.template != "alpaca":
-        raise TunelabError(
-            f"{source('data.template', 'data.format')}: data.template applies to the alpaca format only; "
-            f"drop it for {cfg.data.format!r}"
-        )
-    _validate_data(cfg, source)
 
 
 def _validate_data(cfg: TrainConfig, source: Origins) -> None:
@@ -460,9 +488,7 @@ def _validate_data(cfg: TrainConfig, source: Origins) -> None:
         if part.weight <= 0:
             raise TunelabError(f"{source(f'{key}.weight')}: {key}.weight must be positive, got {part.weight:g}")
         fmt = part.format or d.format
-        _choice(source, f"{key}.format", fmt, FORMATS)
         if part.template is not None:
-            _choice(source, f"{key}.template", part.template, TEMPLATES)
             # `alpaca`, data.template's default, is accepted with any format, as at the top level.
             if fmt != "alpaca" and part.template != "alpaca":
                 where = source(f"{key}.template", f"{key}.format", "data.format")
@@ -526,7 +552,7 @@ def eval_every(cfg: TrainConfig) -> int:
 
 def effective_base_quant(cfg: TrainConfig) -> str:
     """qlora means an nf4 base whatever base_quant says; other methods use base_quant as given."""
-    return "nf4" if cfg.method == "qlora" else cfg.base_quant
+    return methods.effective_base_quant(cfg.method, cfg.base_quant)
 
 
 def to_dict(cfg: TrainConfig) -> dict[str, Any]:

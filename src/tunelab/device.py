@@ -10,7 +10,6 @@ from pathlib import Path
 import torch
 
 from .errors import TunelabError
-from .runtime import hashed_dropout  # noqa: F401  (model/lora_linear.py imports it from here)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

@@ -7,11 +7,17 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import TunelabError
+
+
+def tunelab_cache() -> Path:
+    """Where tunelab keeps what it derives once (the embedded model's HF directory, calibration records)."""
+    return Path(os.environ.get("TUNELAB_CACHE", Path.home() / ".cache" / "tunelab"))
+
 
 GIB = 2**30
 # A full disk, a quota, or a failing device: the user can act on these, so they end a run with one line.
@@ -113,6 +119,32 @@ def atomic_dir(path: Path) -> Iterator[Path]:
             os.replace(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def first_complete_dir(path: Path, complete: Callable[[Path], bool]) -> Iterator[Path]:
+    """Yield a temp dir beside `path` to fill; it then becomes `path` by one rename. For a cache that processes
+    may fill at once: when the fill or the rename fails and `complete(path)` says another process made `path`
+    meanwhile, that copy stands (never replaced under its readers) and the failure is dropped."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=".tmp-"))
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not complete(path):
+            raise
+
+
+def move_files(src: Path, dst: Path, names: Iterable[str]) -> list[Path]:
+    """Rename each of `names` from folder `src` into folder `dst`, in the order given (each rename is atomic, so
+    a reader of `dst` sees each file whole; the last one named can mark the set complete)."""
+    moved = []
+    for name in names:
+        os.replace(src / name, dst / name)
+        moved.append(dst / name)
+    return moved
 
 
 def remove_stale_temps(folder: Path) -> None:

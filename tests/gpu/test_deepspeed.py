@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, small_run_config
 
 pytestmark = pytest.mark.gpu

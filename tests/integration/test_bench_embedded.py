@@ -4,8 +4,8 @@ import json
 import random
 
 import pytest
-
 from conftest import write_jsonl
+
 from tunelab.cli import main
 from tunelab.config import load_config
 from tunelab.recipes.predict import local_prediction
@@ -29,7 +29,7 @@ def data(tmp_path):
 def test_calibration_makes_plan_predict_the_measured_rate(data, tmp_path, monkeypatch, capsys):
     """`bench --calibrate` then `plan --gpu local`: plan's fed tokens/s for the calibrated config is the rate the
     calibration run measured, and its label says where the efficiency came from. How close a calibrated plan
-    comes to a run of another length is a wall-clock figure, measured by benchmarks/calibration.py."""
+    comes to a run of another length is a wall-clock figure, measured by benchmarks/scripts/calibration.py."""
     common = [f"data.path={data}", *SHAPE]
     monkeypatch.setenv("TUNELAB_CACHE", str(_cache_with_model(tmp_path)))
     capsys.readouterr()
@@ -59,9 +59,9 @@ def test_calibration_makes_plan_predict_the_measured_rate(data, tmp_path, monkey
 
 def _cache_with_model(tmp_path):
     """A fresh calibration directory, with the embedded model's converted copy linked in so it is not rebuilt."""
-    from tunelab.model.load import cache_dir
+    from tunelab.io import tunelab_cache
 
-    real = cache_dir()
+    real = tunelab_cache()
     cache = tmp_path / "cache"
     cache.mkdir()
     for entry in real.iterdir() if real.is_dir() else []:

@@ -7,7 +7,8 @@ import torch
 
 from tunelab.cli import main
 from tunelab.config import TrainConfig, dump_yaml
-from tunelab.model.load import load_model, resolve
+from tunelab.model.load import load_model
+from tunelab.sources import resolve
 
 pytestmark = pytest.mark.integration
 

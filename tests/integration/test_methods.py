@@ -3,12 +3,11 @@
 import json
 
 import pytest
-
+from conftest import REPO, write_jsonl
 from safetensors.torch import load_file
 
-from conftest import REPO, write_jsonl
 from tunelab.cli import main
-from tunelab.plan import arch as archmod
+from tunelab.sources import resolve_arch
 
 pytestmark = pytest.mark.integration
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
@@ -57,7 +56,7 @@ def test_method_trains_from_the_cli(method, rows_file, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["precision"] in ("bf16", "fp32") and summary["finished"]
     assert summary["base_quant"] == ("nf4" if method == "qlora" else "none")
-    dense = archmod.resolve_arch("embedded").total_params
+    dense = resolve_arch("embedded").total_params
     frozen = summary["params_total"] - summary["params_trainable"]
     if method == "full":
         assert summary["params_trainable"] == dense and frozen == 0

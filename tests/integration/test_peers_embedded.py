@@ -6,10 +6,10 @@ import functools
 import importlib.util
 
 import pytest
-
 from conftest import write_jsonl
+
 from tunelab.bench import peers
-from tunelab.bench.points import _in_fresh_process
+from tunelab.bench.points import in_fresh_process
 
 pytestmark = pytest.mark.integration
 
@@ -23,7 +23,7 @@ def test_peer_on_embedded_model(name, tmp_path, addition_rows):
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
     # In a fresh process, as bench runs peers: peak memory on CPU is RSS growth over the run, and in this
     # long-lived test process pages freed by earlier tests can hold a small run entirely (measured: 0 bytes).
-    rec = _in_fresh_process(
+    rec = in_fresh_process(
         functools.partial(
             peers.run_peer,
             name,

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import tiny_train_config, write_jsonl
 from safetensors import SafetensorError
 
-from conftest import tiny_train_config, write_jsonl
 from tunelab.cli import main
 from tunelab.train import checkpoint
 
@@ -124,9 +124,8 @@ def copy_model(env: Env, name: str, weights: bool = True) -> Path:
 def foreign_adapter(env: Env, targets: list[str], config_targets: list[str] | None = None, **shape) -> Path:
     """A real (untrained) LoRA adapter saved from a tiny Llama of another `shape`, in a run folder whose
     config.yaml names the test's own tiny model: what a user gets pointing one run's adapter at another base."""
-    from peft import LoraConfig, get_peft_model
-
     from conftest import make_tiny_llama
+    from peft import LoraConfig, get_peft_model
 
     folder = env.adapter("foreign")
     vocab = json.loads((env.model / "config.json").read_text())["vocab_size"]
@@ -665,11 +664,12 @@ CASES = [
 def trained_checkpoint(tmp_path_factory, tiny_model_dir) -> Path:
     """One step of a tiny LoRA run (r 4) with its checkpoint: what a resume from another config points at."""
     from tunelab.recipes.train import train
+    from tunelab.train.loop import Measurement
 
     folder = tmp_path_factory.mktemp("ckpt")
     data = write_jsonl(folder / "d.jsonl", ROWS)
     cfg = tiny_train_config(tiny_model_dir, data, folder / "run", "lora.r=4", "save_steps=1", "max_steps=2")
-    train(cfg, show_progress=False, stop_at=1)
+    train(cfg, show_progress=False, measure=Measurement(stop_at=1))
     (step,) = checkpoint.list_checkpoints(folder / "run" / "checkpoints")
     return step
 

@@ -1,8 +1,8 @@
 import pytest
+from conftest import REPO
 
 from tunelab.config import TrainConfig, load_config
 from tunelab.errors import TunelabError
-from conftest import REPO
 
 CONFIGS = sorted(REPO.joinpath("configs").glob("*.yaml"))
 

@@ -9,9 +9,9 @@ import shlex
 import typing
 
 import pytest
+from conftest import REPO
 
 from tunelab.config import TrainConfig
-from conftest import REPO
 
 GUIDE = REPO / "docs" / "guide.md"
 SECTION = "## Config reference"

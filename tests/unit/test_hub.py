@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import REPO, hub_http_library, write_jsonl
 from huggingface_hub import errors as hf
 
-from conftest import REPO, write_jsonl, hub_http_library
 from tunelab import hub, sources
 from tunelab.cli import main
 from tunelab.errors import TunelabError

@@ -51,10 +51,7 @@ def test_plan_for_a_catalog_gpu_does_not_import_torch():
 
 def test_plan_imports_neither_train_nor_model():
     offenders = {
-        f"{p.name}: {m}"
-        for p in modules_under("plan")
-        for m in imported_modules(p)
-        if m.startswith(("tunelab.train", "tunelab.model"))
+        f"{p.name}: {m}" for p in modules_under("plan") for m in imported_modules(p) if unit_of(m) in ("train", "model")
     }
     assert not offenders
 
@@ -70,11 +67,99 @@ def test_commands_never_import_each_other():
 
 
 def test_the_scan_sees_relative_and_function_level_imports():
-    """The scan itself reads relative imports and those inside functions (resolve_arch's)."""
-    probe = PACKAGE / "plan" / "arch.py"
-    found = imported_modules(probe)
+    """The scan itself reads relative imports and those inside functions (calibration_dir's)."""
+    found = imported_modules(PACKAGE / "plan" / "arch.py")
     assert "tunelab.plan.catalog" in found and "tunelab.errors" in found
-    assert "tunelab.sources" in found  # resolve_arch's function-level import
+    assert "tunelab.io" in imported_modules(
+        PACKAGE / "plan" / "calibration.py"
+    )  # calibration_dir's function-level import
+
+
+def unit_of(module: str) -> str:
+    """The package or top-level module of tunelab that `module` belongs to (tunelab.plan.arch -> plan)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def package_graph() -> dict[str, set[str]]:
+    """Which of tunelab's packages and top-level modules import which, every import counted (also in functions)."""
+    graph: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE)
+        me = rel.parts[0].removesuffix(".py")
+        for module in imported_modules(path):
+            other = unit_of(module)
+            # `from tunelab import x` names module x; the package root itself is no unit.
+            if other and other != me and ((PACKAGE / other).is_dir() or (PACKAGE / f"{other}.py").is_file()):
+                graph.setdefault(me, set()).add(other)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every set of units that import each other, directly or round a loop (strongly connected, size > 1)."""
+    found, seen = [], set()
+    for start in sorted(graph):
+        if start in seen:
+            continue
+        reach = {start}
+        frontier = [start]
+        while frontier:
+            for nxt in graph.get(frontier.pop(), ()):
+                if nxt not in reach:
+                    reach.add(nxt)
+                    frontier.append(nxt)
+        loop = sorted(u for u in reach if u == start or _reaches(graph, u, start))
+        if len(loop) > 1:
+            found.append(loop)
+            seen.update(loop)
+    return found
+
+
+def _reaches(graph: dict[str, set[str]], a: str, b: str) -> bool:
+    todo, done = [a], set()
+    while todo:
+        u = todo.pop()
+        if u == b:
+            return True
+        if u not in done:
+            done.add(u)
+            todo.extend(graph.get(u, ()))
+    return False
+
+
+def test_packages_import_each_other_in_one_direction_only():
+    """No import cycle between packages (sources <-> plan, bench <-> recipes, ...): each layer builds on those below."""
+    assert not cycles(package_graph())
+
+
+def test_the_cycle_check_finds_a_loop():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert not cycles({"a": {"b"}, "b": {"c"}})
+
+
+def test_no_package_imports_another_packages_private_names():
+    """A `_name` is its package's own: another package that needs it asks for a public name."""
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        me = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+        package = ("tunelab." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts)).rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = package.split(".")
+            module = (
+                ".".join(base[: len(base) - (node.level - 1)] + ([node.module] if node.module else []))
+                if node.level
+                else node.module or ""
+            )
+            if not module.startswith("tunelab") or unit_of(module) in ("", me):
+                continue
+            offenders += [
+                f"{path.relative_to(PACKAGE)}:{node.lineno} {a.name}"
+                for a in node.names
+                if a.name.startswith("_") and not a.name.startswith("__")
+            ]
+    assert not offenders
 
 
 def test_report_reads_records_without_the_training_stack():
@@ -100,3 +185,12 @@ def test_unit_tests_mirror_the_package():
     assert folders <= packages, f"tests/unit folders with no tunelab package: {sorted(folders - packages)}"
     names = [p.name for p in unit.rglob("test_*.py")]
     assert len(names) == len(set(names)), "two test files share a name (pytest imports them by basename)"
+
+
+def test_python_dash_m_tunelab_runs_the_cli():
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    out = subprocess.run(
+        [sys.executable, "-m", "tunelab", "plan", "--help"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: tunelab plan")

@@ -2,8 +2,9 @@
 
 import pytest
 import torch
-
 from conftest import tiny_train_config, write_jsonl
+
+from tunelab import sources
 from tunelab.model import load
 from tunelab.recipes.train import prepare_run
 
@@ -36,8 +37,8 @@ def test_the_default_config_passes_false_to_every_load(tiny_model_dir, tmp_path,
 
 
 def test_true_is_passed_on_with_a_one_line_warning(tiny_model_dir, calls, capsys):
-    source = load.resolve(str(tiny_model_dir), trust_remote_code=True)
-    load.load_config(source)
+    source = sources.resolve(str(tiny_model_dir), trust_remote_code=True)
+    sources.model_config(source)
     assert calls == [("AutoConfig", True)]
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"model {tiny_model_dir}: trust_remote_code is on" in err

@@ -65,9 +65,9 @@ def suite_efficiencies(doc: dict, source: str) -> tuple[dict[str, list[dict]], l
     row per tunelab record that ran against a catalog peak, its efficiency fitted as `fit` fits a calibration
     (the measured padded rate times the record's hardware FLOPs per token over the peak). Returns the rows by
     class and one line for each record left out and why (a failed row, a peer, a probe peak)."""
-    from ..plan import arch as archmod
     from ..plan import catalog
     from ..plan.timing import method_key
+    from ..sources import resolve_arch
 
     by_class: dict[str, list[dict]] = {}
     left_out = []
@@ -94,7 +94,7 @@ def suite_efficiencies(doc: dict, source: str) -> tuple[dict[str, list[dict]], l
                 "method": method_key(rec["method"], rec["config"].get("base_quant", "none")),
                 "compile": bool(rec["config"].get("compile", False)),
                 "grad_ckpt": bool(rec["grad_ckpt"]),
-                "params": archmod.resolve_arch(rec["model"]).total_params,
+                "params": resolve_arch(rec["model"]).total_params,
                 "micro_batch": rec["micro_batch"],
                 "efficiency": round(efficiency, 4),
                 "source": f"{source} row {label} ({rec['device']}, {doc['date']})",

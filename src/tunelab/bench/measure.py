@@ -16,7 +16,7 @@ import torch
 
 from ..plan import catalog
 from ..plan.flops import FlopsPerToken
-from .probe import matmul_peak
+from ..probe import matmul_peak
 
 # Name tokens that mark a variant NVIDIA's driver spells out in the device name ("NVIDIA H100 PCIe",
 # "NVIDIA H100 NVL"); a device name without them is the SXM/default part.

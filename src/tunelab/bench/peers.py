@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from .. import sources
 from ..data.formats import render
 from ..data.pipeline import IGNORE, read_rows
 from ..device import (
@@ -409,8 +410,8 @@ def run_peer(
 
     memwatch = MemoryWatch(dev)
     memwatch.start()  # before the model loads, as tunelab's train does
-    source = mload.resolve(model_ref)
-    tokenizer = mload.load_tokenizer(source)
+    source = sources.resolve(model_ref)
+    tokenizer = sources.load_tokenizer(source)
     rows = read_rows(Path(data_path), data_format, max_examples)
     set_seed(seed)
     model = mload.load_model(source, setup.precision.compute, "none", dev)

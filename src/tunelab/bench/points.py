@@ -18,7 +18,7 @@ STEP_KEYS = ("step_time_s", "step_time_median_s", "step_time_p90_s", "step_time_
 
 
 def _peer_in_child(name: str, cfg: cfgmod.TrainConfig, steps: int, warmup: int) -> dict:
-    from ..cli import quiet_libraries
+    from ..libraries import quiet_libraries
     from ..recipes.train import adapter_spec
     from . import peers
 
@@ -85,10 +85,16 @@ def measure_point(cfg: cfgmod.TrainConfig, stop_at: int, warmup: int) -> dict:
     trained (or ran a probe), allocator and oneDNN arenas are resident, and every later point would read
     low. Spawned, not forked: forking a process whose OpenMP threads exist can deadlock.
     """
-    return _in_fresh_process(_train_in_child, cfg, stop_at, warmup)
+    return in_fresh_process(_train_in_child, cfg, stop_at, warmup)
 
 
-def _in_fresh_process(fn, *args):
+def measure_peer(name: str, cfg: cfgmod.TrainConfig, steps: int, warmup: int) -> dict:
+    """The peer recipe `name` for `steps` optimizer steps (`warmup` of them unmeasured) in a fresh spawned
+    process, for the reasons measure_point gives; its record."""
+    return in_fresh_process(_peer_in_child, name, cfg, steps, warmup)
+
+
+def in_fresh_process(fn, *args):
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -97,11 +103,12 @@ def _in_fresh_process(fn, *args):
 
 
 def _train_in_child(cfg: cfgmod.TrainConfig, stop_at: int, warmup: int) -> dict:
-    from ..cli import quiet_libraries
+    from ..libraries import quiet_libraries
     from ..recipes.train import train
+    from ..train.loop import Measurement
 
     quiet_libraries()
-    return train(cfg, show_progress=False, stop_at=stop_at, warmup_window=warmup)
+    return train(cfg, show_progress=False, measure=Measurement(stop_at=stop_at, warmup_window=warmup))
 
 
 def device_peak(device_ref: str, summary: dict, catalog_gpu: str | None) -> measure.Peak:

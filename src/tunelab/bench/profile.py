@@ -43,12 +43,12 @@ def profile_point(cfg: cfgmod.TrainConfig, warmup: int, steps: int, out: Path) -
     import tempfile
     from dataclasses import replace
 
-    from .points import _in_fresh_process
+    from .points import in_fresh_process
 
     scratch = Path(tempfile.mkdtemp(prefix="tunelab-profile-"))
     try:
         cfg = replace(cfg, output_dir=str(scratch / "run"))
-        return _in_fresh_process(_profile_in_child, cfg, profile_length(warmup, 0), steps, str(out))
+        return in_fresh_process(_profile_in_child, cfg, profile_length(warmup, 0), steps, str(out))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -56,9 +56,10 @@ def profile_point(cfg: cfgmod.TrainConfig, warmup: int, steps: int, out: Path) -
 def _profile_in_child(cfg: cfgmod.TrainConfig, warmup: int, steps: int, out: str) -> dict:
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    from ..cli import quiet_libraries
     from ..device import pick_device
+    from ..libraries import quiet_libraries
     from ..recipes.train import train
+    from ..train.loop import Measurement
 
     quiet_libraries()
     cuda = pick_device(cfg.device).type == "cuda"
@@ -77,7 +78,9 @@ def _profile_in_child(cfg: cfgmod.TrainConfig, warmup: int, steps: int, out: str
             stamps[step] = time.perf_counter()
             prof.step()
 
-        train(cfg, show_progress=False, stop_at=warmup + steps, warmup_window=warmup, on_step=on_step)
+        train(
+            cfg, show_progress=False, measure=Measurement(stop_at=warmup + steps, warmup_window=warmup, on_step=on_step)
+        )
     return found
 
 

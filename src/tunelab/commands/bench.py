@@ -15,23 +15,22 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .. import config as cfgmod
-from ..errors import OutOfMemory, TunelabError
-from ..io import check_output_dir, check_output_file, gib, write_atomic
 from ..bench import calibrate, measure, store
 from ..bench.compare import compare
-from ..bench.profile import PROFILED_STEPS, profile_length, profile_point
 from ..bench.points import (
     FORCED,
-    _in_fresh_process,
-    _peer_in_child,
     build_record,
     check_length,
     device_peak,
     json_view,
+    measure_peer,
     measure_point,
     slug,
     step_stats,
 )
+from ..bench.profile import PROFILED_STEPS, profile_length, profile_point
+from ..errors import OutOfMemory, TunelabError
+from ..io import check_output_dir, check_output_file, gib, write_atomic
 from ..recipes.predict import local_prediction
 
 DEFAULT_STEPS = 5
@@ -39,8 +38,79 @@ CALIBRATE_STEPS = 3  # short windows: calibration must stay within ~60-90 s on a
 DEFAULT_OUTPUT = "runs/bench"
 
 
+class _Modes(argparse._SubParsersAction):
+    """bench's modes as subcommands; a first positional that names no mode is a KEY=VALUE override of the flag
+    form (`tunelab bench micro_batch=8 --sweep ...`), and the arguments after it are bench's own again."""
+
+    class _AnyFirst(dict):
+        """argparse's choice check of the first positional: every one passes (one that names no mode is an override)."""
+
+        def __contains__(self, key) -> bool:
+            return True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.choices = self._AnyFirst()
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if values[0] in self._name_parser_map:
+            return super().__call__(parser, namespace, values, option_string)
+        namespace.overrides = [*namespace.overrides, values[0]]
+        _, extra = parser.parse_known_args(values[1:], namespace)
+        if extra:  # argparse's own place for them: parse_known_args returns them to the caller
+            namespace._unrecognized_args = [*getattr(namespace, "_unrecognized_args", []), *extra]
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides, e.g. micro_batch=8")
+    """`bench run|sweep|calibrate|peers|suite|profile|export`, each with its own options; the flag form
+    (`bench --sweep ...`, `bench --suite gpu`) still works. KEY=VALUE overrides go anywhere."""
+    p.set_defaults(overrides=[], mode=None)
+    _flag_form(p)
+    modes = p.add_subparsers(dest="mode", metavar="MODE", action=_Modes)
+    common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    common.add_argument("--config", help="training config YAML (the same file `tunelab train` reads)")
+    common.add_argument("--warmup", type=int, help="steps excluded from the steady-state window (default 2)")
+    common.add_argument("--json", action="store_true", help="one JSON line per measured point")
+    common.add_argument(
+        "--db", help=f"results database (default <output_dir>/bench.sqlite; output_dir {DEFAULT_OUTPUT})"
+    )
+    common.add_argument("--catalog-gpu", help="GPU catalog id whose dense peak applies, when the device matches none")
+    steps = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    steps.add_argument("--steps", type=int, help=f"measured optimizer steps after warm-up (default {DEFAULT_STEPS})")
+
+    def mode(name: str, help_text: str, *parents: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        return modes.add_parser(
+            name, help=help_text, description=help_text, parents=list(parents), argument_default=argparse.SUPPRESS
+        )
+
+    mode("run", "measure the config's training at its own settings", common, steps)
+    sweep = mode("sweep", "measure a grid of settings", common, steps)
+    sweep.add_argument(
+        "--axis", dest="sweep", action="append", required=True, metavar="KEY=V1,V2", help="a key and its values; repeat"
+    )
+    calibrate = mode("calibrate", "fit this device's efficiency per method for `plan --gpu local`", common)
+    calibrate.add_argument("--steps", type=int, help=f"measured steps per method (default {CALIBRATE_STEPS})")
+    calibrate.add_argument("--methods", help="methods to measure, comma-separated (default: the config's and full)")
+    calibrate.set_defaults(calibrate=True)
+    peers = mode("peers", "run peer recipes side by side, interleaved with tunelab", common, steps)
+    peers.add_argument(
+        "names", metavar="NAME[,NAME]", help="hf-trainer-seed, hf-trainer-tuned, hf-trainer-liger, trl-sft"
+    )
+    peers.add_argument("--rounds", type=int, help="interleaved rounds (tunelab, peers, tunelab, ...; default 2)")
+    suite = mode("suite", "run a benchmark suite of bench/suites.yaml (gpu, cpu) or of a suites file")
+    suite.add_argument("suite", metavar="NAME|FILE.yaml")
+    suite.add_argument("--rows", dest="suite_rows", metavar="NAME[,NAME]", help="run only these rows")
+    suite.add_argument("--out", help="the folder for its files (default benchmarks)")
+    suite.add_argument("--db", help="results database")
+    profile = mode("profile", "measure, then profile a few steps of another run into DIR", common, steps)
+    profile.add_argument("profile", metavar="DIR")
+    export = mode("export", "print (or --out) the stored runs instead of measuring")
+    export.add_argument("export", choices=("csv", "json"))
+    export.add_argument("--out", help="write to this file (atomically) instead of stdout")
+    export.add_argument("--db", help="results database")
+
+
+def _flag_form(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="training config YAML (the same file `tunelab train` reads)")
     p.add_argument(
         "--steps",
@@ -104,6 +174,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.mode == "peers":
+        args.peer = args.names
     if args.export:
         return export(args)
     if args.suite:
@@ -130,8 +202,27 @@ def run(args: argparse.Namespace) -> int:
         if args.sweep:
             raise TunelabError("--peer compares at the config's own settings; drop --sweep")
         return run_peers(args, steps, base_dir, db)
+    return run_points(args, steps, base_dir, db)
+
+
+def run_points(args: argparse.Namespace, steps: int, base_dir: Path, db: Path) -> int:
+    """A plain bench (one point) or a sweep's grid, each point measured, stored and shown; with --profile, each
+    profiled too."""
     points = sweep_points(args.sweep or [])
     configs = [point_config(args, extra, base_dir / (slug(label) or "run")) for label, extra in points]
+    records, failed = measure_points(args, steps, points, configs, db)
+    if not records:
+        raise TunelabError(f"every point of the sweep ran out of memory; the first: {next(iter(failed.values()))[0]}")
+    if not args.json:
+        if len(points) == 1:
+            show_single(records[0], db)
+        else:
+            show_sweep(records, db, [label for label, _ in points], failed)
+    return 0
+
+
+def measure_points(args: argparse.Namespace, steps: int, points: list, configs: list, db: Path):
+    """(records, the points that ran out of memory: label -> (message, plan's peak memory))."""
     peaks: dict[str, measure.Peak] = {}
     records = []
     # A sweep's points that ran out of memory (the limit it may be looking for): message, plan's peak memory.
@@ -164,18 +255,12 @@ def run(args: argparse.Namespace) -> int:
         if args.profile:
             where = Path(args.profile) / (slug(label) if len(points) > 1 else "")
             show_profile(profile_point(cfg, args.warmup, min(steps, PROFILED_STEPS), where), where, args.json)
-    if not records:
-        raise TunelabError(f"every point of the sweep ran out of memory; the first: {next(iter(failed.values()))[0]}")
-    if not args.json:
-        if len(points) == 1:
-            show_single(records[0], db)
-        else:
-            show_sweep(records, db, [label for label, _ in points], failed)
-    return 0
+    return records, failed
 
 
 def run_suite(args: argparse.Namespace) -> int:
     from ..bench import suite
+    from ..bench.suite_schema import SuiteOptions
 
     clashing = [
         flag
@@ -196,7 +281,8 @@ def run_suite(args: argparse.Namespace) -> int:
     base_dir = Path(output_dir(args.overrides))
     db = database(args, base_dir)
     store.check(db)
-    return suite.run(args, base_dir, db)
+    options = SuiteOptions(args.suite, args.suite_rows, args.out, tuple(args.overrides), args.catalog_gpu)
+    return suite.run(options, base_dir, db)
 
 
 def run_peers(args: argparse.Namespace, steps: int, base_dir: Path, db: Path) -> int:
@@ -226,7 +312,7 @@ def run_peers(args: argparse.Namespace, steps: int, base_dir: Path, db: Path) ->
         records.append(rec)
         for name in names:
             print(f"[round {round_}/{args.rounds}] {name}", file=sys.stderr, flush=True)
-            peer_rec = _in_fresh_process(_peer_in_child, name, cfg, args.warmup + steps, args.warmup)
+            peer_rec = measure_peer(name, cfg, args.warmup + steps, args.warmup)
             store.insert(db, peers.store_record(peer_rec, f"peer {name} round {round_}"))
             records.append(peer_rec)
     rows = compare(records)

@@ -7,10 +7,11 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from ..errors import TunelabError
-from ..io import check_output_file, write_atomic
+from .. import sources
 from ..data import arithmetic as ar
 from ..data import synthetic as sy
+from ..errors import TunelabError
+from ..io import check_output_file, write_atomic
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -114,13 +115,12 @@ def _add_synthetic(p: argparse.ArgumentParser) -> None:
 
 
 def _synthetic(args: argparse.Namespace) -> int:
-    from ..model import load
 
     check_output_file(Path(args.out), "--out")
     prompt = sy.parse_range(args.prompt_tokens, "--prompt-tokens")
     response = sy.parse_range(args.response_tokens, "--response-tokens")
     sy.check(args.rows, args.dist)  # before the tokenizer's seconds of loading
-    rows = sy.generate(args.rows, prompt, response, args.dist, args.seed, load.embedded_tokenizer())
+    rows = sy.generate(args.rows, prompt, response, args.dist, args.seed, sources.embedded_tokenizer())
     try:
         write_atomic(Path(args.out), _jsonl(rows))
     except OSError as e:

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=arithmetic.RESPONSES,
         help="response form of the rows (tunelab data arithmetic --response); aligned: 90.2%% exact "
         "match against 73.8%% for Goat's expression on the same 18,000 rows "
-        "(benchmarks/quickstart_xeon-amx-2c_2026-11-22.md)",
+        "(benchmarks/quickstart/quickstart_xeon-amx-2c_2026-11-22.md)",
     )
     p.add_argument("--skip-base", action="store_true", help="skip scoring the base model")
     p.add_argument(
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         reexec_with_jemalloc()
     if args.curve_every:
         overrides = [*overrides, f"save_steps={args.curve_every}", "save_total_limit=1000"]
-    from ..cli import quiet_libraries
+    from ..libraries import quiet_libraries
 
     quiet_libraries()
     try:
@@ -109,20 +109,9 @@ def run(args: argparse.Namespace, overrides: list[str]) -> None:
         from ..train.checkpoint import refuse_earlier
 
         refuse_earlier(out / "checkpoints", out)
-    train_path, test_path = Path(cfg.data.path), out / "data" / "test.jsonl"
-
-    # 1. Data: 1-8 digit additions, every digit-count pair equally likely; the test set shares no problem.
-    digits = arithmetic.parse_digit_range(args.digits)
-    cells = arithmetic.grid(["add"], digits, digits)
-    train_rows = arithmetic.sample(cells, args.train_rows, TEST_TEMPLATES, cfg.seed, args.response)
-    test_rows = arithmetic.held_out(cells, args.test_rows, TEST_TEMPLATES, cfg.seed, train_rows, args.response)
-    for path, rows in ((train_path, train_rows), (test_path, test_rows)):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, (json.dumps(r) + "\n" for r in rows))
-    console.print(
-        f"[bold]data[/]: {len(train_rows):,} training and {len(test_rows)} held-out additions "
-        f"({args.digits} digits) in {train_path.parent}"
-    )
+    train_path = Path(cfg.data.path)
+    # 1. Data.
+    train_rows, test_rows = write_data(args, cfg, console)
 
     # 2. What plan predicts for the recipe on this machine.
     from ..device import cpu_class, device_name, pick_device, pick_precision
@@ -146,6 +135,49 @@ def run(args: argparse.Namespace, overrides: list[str]) -> None:
     # same prompts; a tuned model stops at its EOS, the base model runs to each batch's budget).
     scoring_s = base["seconds"] if base is not None else SCORING_RESERVE_S
     left_s = args.minutes * 60 - (time.perf_counter() - started) - scoring_s
+    cfg, prediction = fit_budget(args, cfg, console, train_rows, train_path, prediction, left_s)
+    predicted_train_s = train_s(prediction)
+
+    # 4. Train.
+    from ..recipes.train import train
+
+    summary = train(cfg)
+
+    # 5. Tuned accuracy, stored beside the adapter.
+    tuned = score(cfg, test_rows, adapter=out / "adapter")
+    write_atomic(out / "eval.json", [json.dumps(results(base, tuned, summary, prediction), indent=2) + "\n"])
+    show(console, base, tuned, summary, prediction, predicted_train_s)
+    console.print(f"[bold]demo[/]: {(time.perf_counter() - started) / 60:.1f} min from data generation to this table")
+
+    # 6. Optionally, the accuracy-against-time curve from the kept checkpoints.
+    if args.curve_every:
+        curve(args, cfg, console, test_rows, base, tuned, summary)
+
+
+def write_data(args: argparse.Namespace, cfg, console) -> tuple[list[dict], list[dict]]:
+    """1-8 digit additions, every digit-count pair equally likely; the test set shares no problem."""
+    train_path, test_path = Path(cfg.data.path), Path(cfg.output_dir) / "data" / "test.jsonl"
+    digits = arithmetic.parse_digit_range(args.digits)
+    cells = arithmetic.grid(["add"], digits, digits)
+    train_rows = arithmetic.sample(cells, args.train_rows, TEST_TEMPLATES, cfg.seed, args.response)
+    test_rows = arithmetic.held_out(cells, args.test_rows, TEST_TEMPLATES, cfg.seed, train_rows, args.response)
+    for path, rows in ((train_path, train_rows), (test_path, test_rows)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, (json.dumps(r) + "\n" for r in rows))
+    console.print(
+        f"[bold]data[/]: {len(train_rows):,} training and {len(test_rows)} held-out additions "
+        f"({args.digits} digits) in {train_path.parent}"
+    )
+    return train_rows, test_rows
+
+
+def fit_budget(
+    args: argparse.Namespace, cfg, console, train_rows: list[dict], train_path: Path, prediction, left_s: float
+):
+    """(config, prediction) for as many of the first training rows as plan says fit `left_s` of training; the
+    rows file is cut to them and the micro-batch lowered to keep enough optimizer steps."""
+    from ..recipes.predict import local_prediction
+
     rows = fitted_rows(len(train_rows), train_s(prediction), prediction.overheads.compile_s, left_s * (1 - TIME_MARGIN))
     if rows < len(train_rows):
         if rows < MIN_TRAIN_ROWS:
@@ -174,16 +206,12 @@ def run(args: argparse.Namespace, overrides: list[str]) -> None:
             cfg = dataclasses.replace(cfg, micro_batch=micro_batch)
         prediction = local_prediction(cfg)
         console.print(f"[bold]plan[/] for {rows:,} rows: {describe(prediction)}")
-    predicted_train_s = train_s(prediction)
+    return cfg, prediction
 
-    # 4. Train.
-    from ..recipes.train import train
 
-    summary = train(cfg)
-
-    # 5. Tuned accuracy, stored beside the adapter.
-    tuned = score(cfg, test_rows, adapter=out / "adapter")
-    result = {
+def results(base: dict | None, tuned: dict, summary: dict, prediction) -> dict:
+    """eval.json: both accuracies, what training measured and what plan predicted."""
+    return {
         "base": base,
         "tuned": tuned,
         "train": {
@@ -200,25 +228,24 @@ def run(args: argparse.Namespace, overrides: list[str]) -> None:
             )
         },
         "predicted": {
-            "train_s": predicted_train_s,
+            "train_s": train_s(prediction),
             "tokens_padded_per_s": prediction.speed.tokens_per_s,
             "peak_memory_bytes": prediction.memory.total,
         },
     }
-    write_atomic(out / "eval.json", [json.dumps(result, indent=2) + "\n"])
-    show(console, base, tuned, summary, prediction, predicted_train_s)
-    console.print(f"[bold]demo[/]: {(time.perf_counter() - started) / 60:.1f} min from data generation to this table")
 
-    # 6. Optionally, the accuracy-against-time curve from the kept checkpoints.
-    if args.curve_every:
-        points = [(0.0, base["accuracy"])] if base is not None else []
-        points += [(s.elapsed_s / 60, acc) for s, acc in score_checkpoints(cfg, test_rows, out / "checkpoints")]
-        points.append((summary["train_s"] / 60, tuned["accuracy"]))
-        write_atomic(out / "curve.json", [json.dumps([{"train_minutes": m, "accuracy": a} for m, a in points]) + "\n"])
-        from ..report.plots import accuracy_curve
 
-        accuracy_curve({f"{cfg.method} r {cfg.lora.r}, {args.train_rows:,} rows": points}, out / "curve.png")
-        console.print("[bold]curve[/]: " + ", ".join(f"{a:.1%} at {m:.1f} min" for m, a in points))
+def curve(args: argparse.Namespace, cfg, console, test_rows: list[dict], base, tuned: dict, summary: dict) -> None:
+    """curve.json and curve.png: accuracy against training minutes, from the base, each kept checkpoint, the end."""
+    out = Path(cfg.output_dir)
+    points = [(0.0, base["accuracy"])] if base is not None else []
+    points += [(s.elapsed_s / 60, acc) for s, acc in score_checkpoints(cfg, test_rows, out / "checkpoints")]
+    points.append((summary["train_s"] / 60, tuned["accuracy"]))
+    write_atomic(out / "curve.json", [json.dumps([{"train_minutes": m, "accuracy": a} for m, a in points]) + "\n"])
+    from ..report.plots import accuracy_curve
+
+    accuracy_curve({f"{cfg.method} r {cfg.lora.r}, {args.train_rows:,} rows": points}, out / "curve.png")
+    console.print("[bold]curve[/]: " + ", ".join(f"{a:.1%} at {m:.1f} min" for m, a in points))
 
 
 def train_s(prediction) -> float:
@@ -268,8 +295,8 @@ def score_checkpoints(cfg: cfgmod.TrainConfig, rows: list[dict], folder: Path) -
     """(counters, exact match) of every kept checkpoint, each loaded into one model and scored like the final adapter."""
     from ..eval.generate import evaluate
     from ..model.adapters import apply_adapter
-    from ..train.checkpoint import list_checkpoints, load_weights
     from ..recipes.train import adapter_spec
+    from ..train.checkpoint import list_checkpoints, load_weights
 
     model, tokenizer = _base_for_eval(cfg)
     model = apply_adapter(model, adapter_spec(cfg))
@@ -284,7 +311,8 @@ def _base_for_eval(cfg: cfgmod.TrainConfig):
     """The base model in the compute dtype with transformers' default attention (left-padded generation), and
     its tokenizer."""
     from ..device import pick_device, pick_precision
-    from ..model.load import load_model, load_tokenizer, resolve
+    from ..model.load import load_model
+    from ..sources import load_tokenizer, resolve
 
     device = pick_device(cfg.device)
     source = resolve(cfg.model)

@@ -13,12 +13,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..config import EMBEDDED, FORMATS, TEMPLATES, load_config
-from ..io import check_output_file, write_atomic
+from ..config import FORMATS, TEMPLATES, load_config
 from ..data.pipeline import iter_jsonl
 from ..errors import TunelabError
 from ..eval.exact_match import EvalResult, parse_answer
 from ..eval.generate import DEFAULT_BATCH_SIZE
+from ..io import check_output_file, write_atomic
+from ..modelref import EMBEDDED
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,9 +108,10 @@ def run(args: argparse.Namespace) -> int:
     rows = read_rows(Path(args.data), setup.format, args.limit)
 
     from ..device import device_name, out_of_memory, pick_device, pick_precision
-    from ..model.adapters import check_adapter
-    from ..model.load import load_model, load_tokenizer, resolve
     from ..eval.generate import evaluate
+    from ..model.adapters import check_adapter
+    from ..model.load import load_model
+    from ..sources import load_tokenizer, resolve
 
     if args.adapter:
         check_adapter(Path(args.adapter))

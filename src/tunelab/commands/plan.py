@@ -12,10 +12,10 @@ from dataclasses import replace
 from .. import config as cfgmod
 from .. import hub
 from ..errors import TunelabError
-from ..plan import arch as archmod
 from ..plan import catalog, render, workload
 from ..plan.estimate import Device, estimate, suggestions
 from ..recipes.predict import dataset_lengths, eval_file_lengths, local_device, settings_from_config
+from ..sources import resolve_arch
 
 DEFAULT_GPU = "h100-sxm"
 # Without a dataset: every example is assumed this many tokens long, half of them with a loss target.
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
             f"--gpus {args.gpus} with --gpu local on a CPU: the processes would share this machine's cores, so "
             "nothing scales; --gpus predicts several GPUs (name catalog ids)"
         )
-    arch = archmod.resolve_arch(cfg.model)
+    arch = resolve_arch(cfg.model)
     lengths = lengths_from(cfg, args)
     results = []
     for device in devices:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from .. import methods
 from ..errors import TunelabError
 
 
@@ -66,7 +67,7 @@ def resolve_targets(model: torch.nn.Module, targets: str | tuple[str, ...]) -> l
 
 def apply_adapter(model: torch.nn.Module, spec: AdapterSpec) -> torch.nn.Module:
     """Wrap `model` for training. Trainable weights are fp32 whatever the base dtype (peft casts adapters)."""
-    if spec.method == "full":
+    if methods.get(spec.method).trains_base:
         model.float()  # trainable weights and their optimizer states stay fp32; compute runs under autocast
         for p in model.parameters():
             p.requires_grad_(True)
@@ -80,12 +81,12 @@ def apply_adapter(model: torch.nn.Module, spec: AdapterSpec) -> torch.nn.Module:
         lora_alpha=spec.alpha,
         lora_dropout=spec.dropout,
         target_modules=resolve_targets(model, spec.targets),
-        use_dora=spec.method == "dora",
+        use_dora=methods.get(spec.method).magnitude,
         bias="none",
         task_type="CAUSAL_LM",
     )
     peft_model = get_peft_model(model, config, autocast_adapter_dtype=True)
-    if spec.method == "dora":
+    if methods.get(spec.method).magnitude:
         _traceable_dora_weight()
     # peft casts every adapter input to the adapter's fp32 dtype: with a bf16 base that is two full copies
     # of each activation per adapted layer (to fp32, and back to bf16 under autocast), ~1000 copies a step

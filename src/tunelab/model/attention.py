@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from ..data.packing import SeqLayout
 from ..device import compute_dtype, to_device
 from ..errors import TunelabError
-from ..runtime import MATH_MAX_LEN, attention_path, slot_products  # noqa: F401  (attention_path: callers' name)
+from ..runtime import slot_products
 
 NAME = "tunelab_packed"
 FLEX_NAME = "tunelab_flex"
@@ -164,7 +164,7 @@ class _SlotAttention(torch.autograd.Function):
     the bf16-rounded dP it is subtracted from, not from flash-attention's rowsum(dO * O) (equal in exact
     arithmetic): the rounding errors of dP then cancel, a row with one key gets exactly zero gradient, and the
     output need not be kept. It cut the bf16 dq and dk errors against an fp32 reference, for one L-wide
-    reduction instead of a D-wide one (benchmarks/slot-attention-correction_epyc-avx512bf16-2c_2026-11-25.md).
+    reduction instead of a D-wide one (benchmarks/attention/slot-attention-correction_epyc-avx512bf16-2c_2026-11-25.md).
 
     Grouped-query heads are folded instead of copying K and V per query head: query heads kv*G..kv*G+G-1
     share KV head kv (transformers' repeat_kv), so (S, H, L, D) viewed as (S, KV, G*L, D) multiplies each

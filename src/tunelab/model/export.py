@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from .. import sources
 from ..config import load_config
 from ..errors import TunelabError
 from ..io import atomic_dir, check_output_dir
@@ -34,7 +35,7 @@ def merge(adapter: Path, out: Path, model_ref: str | None, dtype: torch.dtype) -
     if out.exists() and any(out.iterdir()):
         raise TunelabError(f"{out}: exists and is not empty; choose a new --out")
     check_adapter(adapter)
-    source = mload.resolve(base_model_ref(adapter, model_ref))
+    source = sources.resolve(base_model_ref(adapter, model_ref))
     if source.random_key:
         raise TunelabError(
             f"{adapter}: its base {source.ref} has random weights that were never saved; "
@@ -45,5 +46,5 @@ def merge(adapter: Path, out: Path, model_ref: str | None, dtype: torch.dtype) -
     merged.config.use_cache = True
     with atomic_dir(out) as tmp:
         merged.to(dtype).save_pretrained(tmp, safe_serialization=True)
-        mload.load_tokenizer(source).save_pretrained(tmp)
+        sources.load_tokenizer(source).save_pretrained(tmp)
     return out

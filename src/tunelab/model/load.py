@@ -17,24 +17,7 @@ import sys
 import torch
 
 from ..errors import TunelabError
-
-# Resolution and everything readable without torch live in sources.py; imported here for the callers that load.
-from ..sources import (  # noqa: F401
-    EMBEDDED,
-    EMBEDDED_NAME,
-    EMBEDDED_PACKAGE,
-    WEIGHT_SUFFIXES,
-    ModelSource,
-    cache_dir,
-    drop_quantization_marker,
-    embedded_gguf,
-    embedded_tokenizer,
-    load_config,
-    load_tokenizer,
-    max_positions,
-    random_config,
-    resolve,
-)
+from ..sources import WEIGHT_SUFFIXES, ModelSource, drop_quantization_marker, model_config
 
 
 def check_weights(source: ModelSource) -> None:
@@ -101,7 +84,7 @@ def load_model(
 
 def check_complete(source: ModelSource, missing) -> None:
     """Refuse a checkpoint that lacks weights its config describes: transformers would initialise them at
-    random, with its warning silenced here (cli.quiet_libraries), and the run would train a partly random model
+    random, with its warning silenced here (libraries.quiet_libraries), and the run would train a partly random model
     (a config.json with more layers than the weights, or a model_type whose modules the weights do not name)."""
     if not missing:
         return
@@ -118,7 +101,7 @@ def _from_config(source: ModelSource, dtype: torch.dtype, device: torch.device, 
 
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(
-            load_config(source), dtype=dtype, attn_implementation=attn, trust_remote_code=source.trust_remote_code
+            model_config(source), dtype=dtype, attn_implementation=attn, trust_remote_code=source.trust_remote_code
         )
     model.config.use_cache = False
     return model

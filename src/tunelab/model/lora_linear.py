@@ -35,7 +35,8 @@ import functools
 import torch
 from peft.tuners.lora import Linear as PeftLoraLinear
 
-from ..device import compute_dtype, hashed_dropout
+from ..device import compute_dtype
+from ..runtime import hashed_dropout
 
 
 def _fused_product(

@@ -8,17 +8,13 @@ gated gate/up/down MLP, the Llama/Mistral/Qwen2/Gemma/SmolLM shape), the embeddi
 from __future__ import annotations
 
 import difflib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import TunelabError
-from .. import families
+from ..modelref import RANDOM
 from . import catalog
 
-EMBEDDED = "embedded"  # the `model` that names the built-in SmolLM2-135M-Instruct (sources.py)
-# `random:<id>`: a catalog shape with random weights and the embedded SmolLM2 tokenizer (model/load.py builds it).
-RANDOM = "random:"
 # The embedded SmolLM2 tokenizer's size; a random model's embedding must hold every id it produces.
 # A unit test compares it with the tokenizer itself, so plan can check it without loading one.
 TOKENIZER_VOCAB = 49152
@@ -221,36 +217,6 @@ def from_hf_config(name: str, cfg, source: str, written: set[str] | None = None)
         source=source,
         logit_softcap=float(getattr(cfg, "final_logit_softcapping", None) or 0.0),
     )
-
-
-def resolve_arch(ref: str) -> Arch:
-    """Registry first (no I/O), then local files, then the hub (config.json only); otherwise list what is known."""
-    arch = from_registry(ref)
-    if arch is not None:
-        return arch
-    if ref.startswith(RANDOM):
-        return random_arch(ref)
-    from .. import sources as load
-
-    if ref == EMBEDDED:
-        # Its metadata, without the one-off conversion to an HF directory that `train` does.
-        return from_gguf(ref, load.embedded_gguf())
-    path = Path(ref).expanduser()
-    if path.suffix == ".gguf" and path.is_file():
-        return from_gguf(ref, path)
-    if not path.exists() and ref.count("/") != 1:
-        raise catalog.unknown("model", ref, registry_names() + [EMBEDDED, "<dir with config.json>", "<file.gguf>"])
-    try:
-        source = load.resolve(ref, weights=False)  # plan reads shapes, never weights
-    except TunelabError as e:
-        if path.exists():
-            raise
-        raise TunelabError(f"{e}; or use a model plan knows: {', '.join(registry_names())}") from None
-    config = load.load_config(source)
-    families.check(config, ref)
-    file = Path(source.path) / "config.json"
-    written = set(json.loads(file.read_text())) if file.is_file() else None
-    return from_hf_config(ref, config, str(file), written)
 
 
 def from_gguf(name: str, path: Path) -> Arch:

@@ -39,9 +39,9 @@ def device_key(name: str) -> str:
 
 
 def calibration_dir() -> Path:
-    from ..sources import cache_dir
+    from ..io import tunelab_cache
 
-    return cache_dir() / "calibration"
+    return tunelab_cache() / "calibration"
 
 
 def save_calibration(record: CalibrationRecord) -> Path:

@@ -23,6 +23,7 @@ Latency terms and overlap with compute are not modeled: this is volume, not time
 
 from __future__ import annotations
 
+from .. import methods
 from .arch import Arch
 from .memory import TRAINABLE_BYTES, MemorySetup, frozen_weight_bytes, trainable_params
 
@@ -35,7 +36,7 @@ def step_bytes(arch: Arch, s: MemorySetup, grad_accum: int) -> float:
     share = (n - 1) / n
     params = trainable_params(arch, s)
     trainable = params * TRAINABLE_BYTES
-    if s.method == "full":
+    if methods.get(s.method).trains_base:
         weights = arch.total_params * s.compute_bytes
     else:
         weights = frozen_weight_bytes(arch, s.base_quant, s.compute_bytes) + params * s.compute_bytes

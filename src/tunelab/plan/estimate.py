@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .. import methods
 from ..runtime import LOGIT_CHUNK, attention_path, hashed_dropout, slot_products
 from . import comm, memory, timing, workload
 from .arch import Arch
@@ -177,8 +178,11 @@ def suggestions(arch: Arch, lengths: workload.Lengths, base: Estimate) -> list[S
                 replace(s, seq_len=shorter),
             )
         )
-    if not base.fits and s.method in ("lora", "dora") and s.base_quant == "none":
-        variants.append(("QLoRA (nf4 base) for memory", replace(s, method="qlora", base_quant="nf4")))
+    if not base.fits and methods.get(s.method).quantized is not None and s.base_quant == "none":
+        quantized = methods.get(methods.get(s.method).quantized)
+        variants.append(
+            ("QLoRA (nf4 base) for memory", replace(s, method=quantized.name, base_quant=quantized.base_quant))
+        )
     if not base.fits and not s.grad_ckpt:
         variants.append(("gradient checkpointing on, for memory", replace(s, grad_ckpt=True)))
     out = []

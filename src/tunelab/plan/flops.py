@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import methods
 from .arch import Arch
 
 
@@ -69,13 +70,13 @@ def flops_per_token(
     """`attn_len`: the attention context length T (the fed row width: seq_len when packed)."""
     n = arch.matmul_params
     attn_fwd = attention_forward(arch, attn_len)
-    if method == "full":
+    if methods.get(method).trains_base:
         dense, adapters, adapter_fwd = 6.0 * n, 0.0, 0.0
     else:
         a = adapter_params(arch, targets, r)
         dense, adapters, adapter_fwd = 4.0 * n, 6.0 * a, 2.0 * a
     second_base = 0.0  # DoRA's base product on the dropped input (module docstring)
-    if method == "dora" and lora_dropout > 0:
+    if methods.get(method).magnitude and lora_dropout > 0:
         shapes = arch.linears()
         second_base = 2.0 * arch.layers * sum(shapes[t][0] * shapes[t][1] for t in targets)
         dense += 2.0 * second_base
@@ -95,5 +96,5 @@ def forward_flops_per_token(arch: Arch, method: str, targets: tuple[str, ...], r
     A full fine-tuning forward is therefore exactly 1/3 of its step (6N + 12·L·H·Q·T + 0); a LoRA forward
     is (2N + 4LHQT + 2A) / (4N + 12LHQT + 6A), about 1/2 of its step when the adapters A are small beside N.
     """
-    adapters = 0.0 if method == "full" else 2.0 * adapter_params(arch, targets, r)
+    adapters = 0.0 if methods.get(method).trains_base else 2.0 * adapter_params(arch, targets, r)
     return 2.0 * arch.matmul_params + attention_forward(arch, attn_len) + adapters

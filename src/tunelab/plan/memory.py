@@ -1,70 +1,14 @@
 """Peak memory of one training process, by component, in bytes.
 
-Derivations (docs/formulas.md; per-parameter table of EleutherAI "Transformer Math 101"):
-- Frozen base weights live in the compute dtype (2 B for bf16/fp16). int8 (LLM.int8(), arXiv 2208.07339)
-  is 1 B/param plus one fp32 absmax per output row. NF4 with double quantization (QLoRA, arXiv
-  2305.14314, Sec. 3) is 4 bits + an 8-bit absmax per 64 weights + an fp32 absmax per 256 such blocks =
-  0.5 + 1/64 + 4/16384 B/param (4.127 bits). Embedding, LM head and norms stay in the compute dtype.
-- Trainable weights are fp32 (tunelab: peft keeps adapters fp32; full fine-tuning keeps fp32 master
-  weights), so each trainable parameter costs 4 (weight) + 4 (grad) + 8 (AdamW's two fp32 states) B.
-  Under 16-bit autocast full fine-tuning also holds a 16-bit copy of every block weight from the forward to
-  its backward (autocast caches casts of leaf tensors); the embedding is gathered, not cast, and the loss casts
-  the head itself (logits). FSDP2 gathers weights in the compute dtype and runs no autocast: no copies.
-- Activations, per token and decoder layer, for the Llama block (RMSNorm in fp32, SwiGLU; no dropout),
-  derived tensor by tensor from what autograd saves (a = compute-dtype bytes). Checked against the
-  saved-tensor sums of the quickstart (SmolLM2-135M, 16 x 256 packed rows, LoRA r 32 on every linear, bf16),
-  eager and compiled; compiled full fine-tuning also holds an fp32 copy of the embedding matrix, not modeled
-  (benchmarks/design-decisions_cpu_2026-11-22.md#activation-count-against-saved-tensors).
-  Eager:
-    RMSNorm x2: the fp32 input (4h each); with a trained norm weight also the normalized fp32 (4h each)
-    MLP: gate output (silu's input), silu output and up output: 3·a·I
-    linear inputs: a trained weight saves its input for the weight gradient. Full fine-tuning under
-      autocast casts each linear's fp32 input on its own (q, k, v do not share). LoRA's frozen base weights
-      are in the compute dtype, so the block's activations already are, and linears reading the same input
-      share it (q/k/v, gate/up). A LoRA adapter also saves A's output (a·r); a frozen base weight alone
-      saves nothing (its input gradient needs only W).
-    LoRA dropout > 0: each adapter saves its keep mask (1 B) and the dropped copy of its input (a) instead of
-      the input (model/lora_linear.py), so a shared input is no longer kept for them.
-  Compiled (recipes/train.compile_blocks, activation memory budget 0.9): the partitioner keeps the block's
-  input (the residual stream: fp32 for full fine-tuning, whose master weights make it fp32), one more
-  hidden-sized tensor in the compute dtype (o_proj's input or the residual after attention; the sums do
-  not tell which), the gate and up outputs, the two norms' fp32 1/rms and A's outputs, and recomputes the
-  norm outputs and SiLU·up in backward. With LoRA dropout masks from torch.rand it keeps each adapter's
-  keep mask (1 B) and recomputes the dropped copies (measured on CPU; on GPUs, where the masks come from
-  torch.rand, an assumption); on CPU backward draws the mask again from its seed and nothing is added
-  (the partitioner then also recomputed the norms' 1/rms and attention's probabilities on the test model
-  of tests/unit/plan/test_plan_memory_saved.py, 15% below this model; not modeled, so plan stays above).
-  Attention, per attention position (a slot position when packed sequences run in per-sequence slots,
-  data.packing; padding slots and slot-length rounding included): q, k, v and its output (a·(2·H·Q +
-  2·KV·Q); the output not on the eager slot path, whose backward does without it), plus either the
-  probabilities (a·H·L for slots of length L: tunelab's CPU slot path, model/attention.py) or SDPA's fp32
-  log-sum-exp (4·H; flash/efficient kernels keep no T×T matrix, Korthikanti et al. 2022's 5·a·s/h term
-  is gone). FlexAttention (attention=flex, auto on CUDA) runs over whole rows and keeps the same q, k, v,
-  output and fp32 log-sum-exp per head and token; its BlockMask (B·T/128 block counts and B·(T/128)² block
-  indices, int32) and the document ids (8·B·T) are one per micro-batch, shared by every layer, and left out.
-  Gradient checkpointing keeps each layer's input (the residual stream) and one layer's activations.
-- Logits: tunelab's loss (train/loss.py) runs the LM head only on loss positions, in chunks of `loss_chunk`
-  rows, and computes its gradients in the forward, at the end of which every activation is alive: two scratch
-  buffers of a whole chunk's logits, fp32 and compute dtype (4 + a per element, allocated at the full chunk
-  and kept across steps; the softmax and its gradient are computed in place), with final-logit soft-capping
-  three more fp32 ones (tanh(z/c), its square, one minus that), and the hidden states gathered at the loss
-  positions and their gradient (a each). Under full fine-tuning the loss also holds the head weight in the
-  compute dtype (a per weight; FSDP's gathered weight already is) and its fp32 gradient (4), accumulated chunk
-  by chunk from an increment made in the compute dtype and then in fp32 (a + 4, or 4 in fp32); its backward
-  scales the gradient into a new fp32 tensor, which this bound covers.
-- Runtime overhead (CUDA context, allocator caching): an assumption, or calibrated per device.
-- Multi-GPU: DDP replicates everything (+ a gradient bucket copy); ZeRO-2 / FSDP SHARD_GRAD_OP shards
-  gradients and optimizer states over the world size; ZeRO-3 / FSDP FULL_SHARD shards the weights too,
-  plus one gathered layer (ZeRO, Rajbhandari et al. 2020, arXiv 1910.02054, Sec. 5) and the gathered root
-  unit (embeddings, final norm, LM head: tunelab's FSDP keeps it gathered through the step, as the fused loss
-  reads the head's weight outside the head's forward); full fine-tuning also holds the LM head's unsharded
-  fp32 gradient (counted with the logits) from the loss to the root's reduce-scatter at the end of backward.
+Each term is derived in docs/formulas.md ("Memory: the derivation, term by term"); the functions below keep one
+line of why each.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from .. import methods
 from .arch import Arch
 from .flops import adapter_params
 
@@ -93,8 +37,8 @@ class MemorySetup:
     slots: int = 0  # attention slots per micro-batch (plan.workload.EpochCounts); 0: attention over whole rows
     slot_len: int = 0
     attention_probs: bool = False  # attention keeps its probabilities (tunelab's CPU slot path)
-    attention: str = "slots"  # model/attention.attention_path: flex | slots | sdpa | flash
-    dropout_mask_kept: bool = True  # LoRA dropout's mask is kept for backward (not drawn again: device.hashed_dropout)
+    attention: str = "slots"  # runtime.attention_path: flex | slots | sdpa | flash
+    dropout_mask_kept: bool = True  # LoRA dropout's mask is kept for backward (not drawn again: runtime.hashed_dropout)
 
 
 @dataclass(frozen=True)
@@ -129,10 +73,10 @@ def frozen_weight_bytes(arch: Arch, base_quant: str, compute_bytes: int) -> floa
 
 
 def trainable_params(arch: Arch, s: MemorySetup) -> int:
-    if s.method == "full":
+    if methods.get(s.method).trains_base:
         return arch.total_params
     extra = 0
-    if s.method == "dora":  # one fp32 magnitude per output feature of each adapted matrix
+    if methods.get(s.method).magnitude:  # one fp32 magnitude per output feature of each adapted matrix
         shapes = arch.linears()
         extra = arch.layers * sum(shapes[t][1] for t in s.targets)
     return adapter_params(arch, s.targets, s.r) + extra
@@ -141,7 +85,7 @@ def trainable_params(arch: Arch, s: MemorySetup) -> int:
 def stream_bytes(s: MemorySetup) -> int:
     """Bytes per element of the residual stream: fp32 under full fine-tuning (fp32 master weights make the
     embedding output fp32), else the compute dtype (frozen weights are stored in it)."""
-    return 4 if s.method == "full" else s.compute_bytes
+    return 4 if methods.get(s.method).trains_base else s.compute_bytes
 
 
 def _adapter_bytes(arch: Arch, s: MemorySetup) -> float:
@@ -150,12 +94,12 @@ def _adapter_bytes(arch: Arch, s: MemorySetup) -> float:
     keeps the base product and the adapter's product (two d_out-wide tensors) for the trained magnitude's
     gradient: measured exactly eager; compiled blocks kept 63% of it on tests/unit/plan/test_plan_memory_saved.py's
     model, and plan stays above."""
-    if s.method == "full":
+    if methods.get(s.method).trains_base:
         return 0.0
     shapes = arch.linears()
     adapted = [shapes[t][0] for t in s.targets]
     out = len(adapted) * s.compute_bytes * s.r
-    if s.method == "dora":
+    if methods.get(s.method).magnitude:
         out += 2 * s.compute_bytes * sum(shapes[t][1] for t in s.targets)
     if s.lora_dropout > 0 and not s.compiled:
         out += sum(adapted) * (1 + s.compute_bytes)  # mask and dropped copy
@@ -165,12 +109,12 @@ def _adapter_bytes(arch: Arch, s: MemorySetup) -> float:
 
 
 def row_bytes_per_token_layer(arch: Arch, s: MemorySetup) -> float:
-    """What a decoder layer saves per token outside attention's own tensors (the module docstring)."""
+    """What a decoder layer saves per token outside attention's own tensors (docs/formulas.md, memory derivation)."""
     a, h, i = s.compute_bytes, arch.hidden, arch.intermediate
     if s.compiled:
         return stream_bytes(s) * h + a * arch.heads * arch.head_dim + 2 * a * i + 2 * 4 + _adapter_bytes(arch, s)
     shapes = arch.linears()
-    full = s.method == "full"
+    full = methods.get(s.method).trains_base
     norms = 2 * 4 * h * (2 if full else 1)
     mlp = 3 * a * i
     groups = {
@@ -191,7 +135,7 @@ def row_bytes_per_token_layer(arch: Arch, s: MemorySetup) -> float:
 
 def attention_bytes_per_position(arch: Arch, s: MemorySetup) -> float:
     """What attention saves per query position and layer: q, k, v, its output, and the probabilities or
-    SDPA's log-sum-exp (the module docstring)."""
+    SDPA's log-sum-exp (docs/formulas.md, memory derivation)."""
     a = s.compute_bytes
     q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
     kept = a * arch.heads * s.slot_len if s.attention_probs else 4 * arch.heads
@@ -213,12 +157,12 @@ def activation_bytes(arch: Arch, s: MemorySetup) -> float:
 
 
 def logits_bytes(arch: Arch, s: MemorySetup) -> float:
-    """The loss's own memory at its peak, inside the forward (the module docstring)."""
+    """The loss's own memory at its peak, inside the forward (docs/formulas.md, memory derivation)."""
     a = s.compute_bytes
     out = s.loss_chunk * arch.vocab * (4 + a) + 2 * s.loss_rows * arch.hidden * a
     if arch.logit_softcap:
         out += 3 * 4 * s.loss_chunk * arch.vocab
-    if s.method == "full":
+    if methods.get(s.method).trains_base:
         head_copy = a if a < 4 and s.sharding != "zero3" else 0
         out += arch.vocab * arch.hidden * (head_copy + 4 + a + (4 if a < 4 else 0))
     return out
@@ -228,10 +172,10 @@ def breakdown(arch: Arch, s: MemorySetup) -> MemoryBreakdown:
     """Peak memory per process (per GPU when sharded): everything alive at the start of the last backward
     of an optimizer step, when all activations and the logits are alive and the states exist."""
     trainable = trainable_params(arch, s)
-    if s.method == "full":
+    if methods.get(s.method).trains_base:
         weights = arch.total_params * TRAINABLE_BYTES
         if s.compute_bytes < 4 and s.sharding != "zero3":
-            # autocast's cached 16-bit copies of the block weights (the module docstring)
+            # autocast's cached 16-bit copies of the block weights (docs/formulas.md, memory derivation)
             embedding_and_head = arch.vocab * arch.hidden * (1 if arch.tied else 2)
             weights += (arch.total_params - embedding_and_head) * s.compute_bytes
         adapters = 0
@@ -248,7 +192,7 @@ def breakdown(arch: Arch, s: MemorySetup) -> MemoryBreakdown:
     elif s.sharding == "zero3":
         # FSDP2 gathers in the compute dtype (plan/comm.py), full fine-tuning's fp32 master weights included.
         gathered = (arch.block_linear_params / arch.layers + root_params(arch)) * s.compute_bytes
-        if s.method == "full":
+        if methods.get(s.method).trains_base:
             weights = weights / world + gathered
         else:
             weights, adapters = weights / world + gathered, adapters / world
@@ -273,7 +217,7 @@ def host_load_bytes(arch: Arch, s: MemorySetup) -> float:
     one tensor at a time before sharding (model/adapters.apply_adapter), so 4 B per parameter at the peak. With
     fsdp_cpu_ram_efficient_loading (configs/accelerate/fsdp2.yaml) only the main process holds this; without,
     every process does."""
-    per = 4 if s.method == "full" else s.compute_bytes
+    per = 4 if methods.get(s.method).trains_base else s.compute_bytes
     return arch.total_params * per
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ..io import GIB, duration, gib  # noqa: F401  (GIB: render's callers)
+from ..io import duration, gib
+from ..markdown import table as markdown_table
 from . import catalog, memory, timing
 from .arch import Arch
 from .catalog import Price
@@ -199,6 +200,47 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines).rstrip()
 
 
+def _comparison_table(results: list[Result]) -> list[str]:
+    rows = []
+    for r in results:
+        e = r.single
+        costs = r.cost_usd(e)
+        cheapest = min(costs.items(), key=lambda kv: kv[1]) if costs else None
+        rows.append(
+            [
+                e.device.gpu.name,
+                f"{e.device.gpu.peak_flops / 1e12:.1f}",
+                f"{e.efficiency.value:.2f}",
+                f"{e.speed.tokens_per_s:,.0f}",
+                duration(e.speed.train_s),
+                duration(e.time_s),
+                gib(e.memory.total),
+                "yes" if e.fits else "no",
+                str(e.max_micro_batch),
+                f"${cheapest[1]:,.2f} ({cheapest[0]})" if cheapest else "no price",
+            ]
+        )
+    header = "GPU, dense TFLOP/s, efficiency, tokens/s, train, total, peak memory, fits, max micro-batch, cheapest cost"
+    return markdown_table(header.split(", "), rows)
+
+
+def _multi_gpu_table(results: list[Result]) -> list[str]:
+    multi_rows = [
+        [
+            m.device.gpu.name,
+            m.sharding,
+            gib(m.memory.total),
+            "yes" if m.fits else "no",
+            duration(m.time_s),
+            gib(m.comm_bytes),
+        ]
+        for r in results
+        for m in r.multi
+    ]
+    header = ["GPU", "strategy", "memory per GPU", "fits", "total time", "sent per GPU per step"]
+    return markdown_table(header, multi_rows)
+
+
 def markdown(results: list[Result], title: str) -> str:
     first = results[0]
     e0 = first.single
@@ -221,18 +263,8 @@ def markdown(results: list[Result], title: str) -> str:
         "",
         "## GPU comparison",
         "",
-        "| GPU | dense TFLOP/s | efficiency | tokens/s | train | total | peak memory | fits | max micro-batch | cheapest cost |",
-        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in results:
-        e = r.single
-        costs = r.cost_usd(e)
-        cheapest = min(costs.items(), key=lambda kv: kv[1]) if costs else None
-        out.append(
-            f"| {e.device.gpu.name} | {e.device.gpu.peak_flops / 1e12:.1f} | {e.efficiency.value:.2f} | {e.speed.tokens_per_s:,.0f}"
-            f" | {duration(e.speed.train_s)} | {duration(e.time_s)} | {gib(e.memory.total)} | {'yes' if e.fits else 'no'}"
-            f" | {e.max_micro_batch} | {f'${cheapest[1]:,.2f} ({cheapest[0]})' if cheapest else 'no price'} |"
-        )
+    out += _comparison_table(results)
     if any(r.scenarios for r in results):
         sizes = [n for n, _ in results[0].scenarios]
         out += [
@@ -241,17 +273,13 @@ def markdown(results: list[Result], title: str) -> str:
             "",
             "Same settings and mean example length, different dataset sizes (total time including overheads).",
             "",
-            "| GPU | " + " | ".join(f"{n:,} examples" for n in sizes) + " |",
-            "|---|" + "---|" * len(sizes),
         ]
-        for r in results:
-            out.append(
-                f"| {r.single.device.gpu.name} | "
-                + " | ".join(
-                    f"{duration(e.time_s)} ({e.work.tokens_padded / 1e6:.2f}M tokens fed)" for _, e in r.scenarios
-                )
-                + " |"
-            )
+        scenario_rows = [
+            [r.single.device.gpu.name]
+            + [f"{duration(e.time_s)} ({e.work.tokens_padded / 1e6:.2f}M tokens fed)" for _, e in r.scenarios]
+            for r in results
+        ]
+        out += markdown_table(["GPU", *(f"{n:,} examples" for n in sizes)], scenario_rows)
     f = e0.flops
     out += [
         "",
@@ -269,14 +297,8 @@ def markdown(results: list[Result], title: str) -> str:
             "",
             f"## Multi-GPU (x{results[0].multi[0].gpus})",
             "",
-            "| GPU | strategy | memory per GPU | fits | total time | sent per GPU per step |",
-            "|---|---|---|---|---|---|",
         ]
-        for r in results:
-            for m in r.multi:
-                out.append(
-                    f"| {m.device.gpu.name} | {m.sharding} | {gib(m.memory.total)} | {'yes' if m.fits else 'no'} | {duration(m.time_s)} | {gib(m.comm_bytes)} |"
-                )
+        out += _multi_gpu_table(results)
     out += ["", "## Recommendations", ""]
     for r in results:
         for sug in r.suggestions:

@@ -9,6 +9,7 @@ from ..errors import TunelabError
 from ..plan import arch as archmod
 from ..plan import catalog, workload
 from ..plan.estimate import Device, Settings, estimate
+from ..sources import resolve_arch
 
 
 def run_precision(precision: str, device: Device) -> str:
@@ -51,10 +52,10 @@ def settings_from_config(cfg: cfgmod.TrainConfig, arch: archmod.Arch, device: De
 
 
 def _tokenizer(cfg: cfgmod.TrainConfig, tokenizer_ref: str | None):
-    from .. import sources as load
+    from .. import sources
 
     try:
-        return load.load_tokenizer(load.resolve(tokenizer_ref or cfg.model, weights=False))
+        return sources.load_tokenizer(sources.resolve(tokenizer_ref or cfg.model, weights=False))
     except TunelabError as e:
         raise TunelabError(
             f"{e} (plan needs the tokenizer to measure data.path; pass --tokenizer MODEL to measure with another local one)"
@@ -102,8 +103,8 @@ def eval_file_lengths(cfg: cfgmod.TrainConfig, tokenizer_ref: str | None) -> wor
 def local_device(precision: str) -> Device:
     """The present machine: its peak from a calibration record, else a short matmul probe."""
     from ..device import cpu_class, device_memory_bytes, device_name, pick_device, pick_precision
-    from ..bench.probe import matmul_peak
     from ..plan.calibration import device_key, load_calibration
+    from ..probe import matmul_peak
 
     dev = pick_device("auto")
     prec = pick_precision(precision, dev)
@@ -127,6 +128,6 @@ def local_device(precision: str) -> Device:
 def local_prediction(cfg: cfgmod.TrainConfig):
     """plan's estimate for a training config on the present device, as `plan --gpu local` computes it: what
     `bench` and the demo put beside their measurements."""
-    arch = archmod.resolve_arch(cfg.model)
+    arch = resolve_arch(cfg.model)
     device = local_device(cfg.precision)
     return estimate(arch, dataset_lengths(cfg, None), settings_from_config(cfg, arch, device), device)

@@ -7,24 +7,22 @@ the first byte is written to the output dir, so a failed start leaves nothing ha
 
 from __future__ import annotations
 
-import functools
 import json
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .. import config as cfgmod
+from .. import families, methods, sources
 from ..config import TrainConfig
-from ..data.packing import packing_efficiency
 from ..data.formats import use_default_chat_template
+from ..data.packing import packing_efficiency
 from ..data.pipeline import TokenizedData, prepare_split
-from ..specs import data_spec, held_out_spec
 from ..device import (
     Precision,
     device_memory_bytes,
@@ -37,27 +35,28 @@ from ..device import (
 from ..errors import OutOfMemory, TunelabError
 from ..io import atomic_dir, disk_errors, link_tree, remove_stale_temps, write_atomic
 from ..memwatch import MemoryWatch
-from ..runtime import ACTIVATION_MEMORY_BUDGET
-from .. import families
 from ..model import attention
 from ..model import load as mload
-from ..model.adapters import AdapterSpec, apply_adapter, count_parameters
+from ..model.adapters import AdapterSpec, apply_adapter
 from ..model.lora_linear import has_lora_dropout, has_nf4_base, nf4_layers
+from ..runtime import ACTIVATION_MEMORY_BUDGET, attention_path
+from ..specs import data_spec, held_out_spec
 from ..train import checkpoint, distributed, loop, trackers
 from ..train.batches import BatchSpec, EvalBatches, Schedule
 from ..train.checkpoint import TrainState
 from ..train.lock import PROBE_PREFIX, lock_output_dir
-from ..train.loss import CausalLMLoss
 from ..train.progress import ProgressView
+from .strategy import Strategy, Trainee, pick_strategy
+from .summary import RunSummary
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Prepared:
     """What a run needs before the model loads; `plan` and `bench` reuse it."""
 
     device: torch.device
     precision: Precision
-    source: mload.ModelSource
+    source: sources.ModelSource
     model_config: object
     tokenizer: object
     data: TokenizedData
@@ -72,27 +71,38 @@ def prepare_run(cfg: TrainConfig, procs: distributed.Processes | None = None) ->
     device = pick_device(cfg.device) if procs is None else procs.device
     rank, world = (0, 1) if procs is None else (procs.rank, procs.world)
     precision = pick_precision(cfg.precision, device)
-    source = mload.resolve(cfg.model, cfg.trust_remote_code)
-    model_config = mload.load_config(source)
+    source = sources.resolve(cfg.model, cfg.trust_remote_code)
+    model_config = sources.model_config(source)
     families.check(model_config, cfg.model, cfg.attention)
     mload.check_weights(source)
-    limit = mload.max_positions(model_config)
+    limit = sources.max_positions(model_config)
     if limit is not None and cfg.seq_len > limit:
         raise TunelabError(f"seq_len {cfg.seq_len} is over the model's limit of {limit} positions; lower seq_len")
     if not cfgmod.has_data(cfg):
         raise TunelabError(
             "data.path is not set; point it at a .jsonl/.json/.csv/.parquet file or hf://owner/name (or set data.mix)"
         )
-    tokenizer = mload.load_tokenizer(source)
+    tokenizer = sources.load_tokenizer(source)
     notes = tuple(n for n in (use_default_chat_template(tokenizer, cfg.data.format, cfg.model),) if n)
     data, eval_data = prepare_split(data_spec(cfg), held_out_spec(cfg), tokenizer)
     batch = BatchSpec(cfg.seq_len, cfg.micro_batch, cfg.grad_accum, cfg.packing, cfg.seed, tokenizer.pad_token_id)
     schedule = Schedule(data, batch, cfg.epochs, cfg.max_steps, rank, world)
     eval_batches = None if eval_data is None else EvalBatches(eval_data, batch, schedule.slots, rank, world)
-    return Prepared(device, precision, source, model_config, tokenizer, data, schedule, eval_data, eval_batches, notes)
+    return Prepared(
+        device=device,
+        precision=precision,
+        source=source,
+        model_config=model_config,
+        tokenizer=tokenizer,
+        data=data,
+        schedule=schedule,
+        eval_data=eval_data,
+        eval_batches=eval_batches,
+        notes=notes,
+    )
 
 
-def check_output_dir(path: Path) -> None:
+def check_writable_dir(path: Path) -> None:
     """Fail before training if the output dir cannot be written: create it and a probe file, then undo that.
 
     A real write is the only reliable test (root passes every permission check; /proc refuses anyway).
@@ -111,11 +121,11 @@ def check_output_dir(path: Path) -> None:
 
 
 def training_attention(device: torch.device, choice: str = "auto") -> str:
-    """The `attn_implementation` for the `attention` setting on `device` (model/attention.attention_path)."""
+    """The `attn_implementation` for the `attention` setting on `device` (runtime.attention_path)."""
     import importlib.util
 
     flash = device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None
-    path = attention.attention_path(choice, device.type, flash)
+    path = attention_path(choice, device.type, flash)
     if path == "flash":
         return "flash_attention_2"
     return "sdpa" if path == "sdpa" else attention.register(path)
@@ -181,15 +191,9 @@ def compile_blocks(model: torch.nn.Module) -> None:
         decoder.norm.compile()
 
 
-def train(
-    cfg: TrainConfig,
-    show_progress: bool = True,
-    stop_at: int | None = None,
-    warmup_window: int = 2,
-    on_step: Callable[[int], None] | None = None,
-) -> dict:
-    """Run one training job and return its summary (also written to output_dir/summary.json). `on_step` is
-    called with the step number after each optimizer step (bench's profiler counts steps with it).
+def train(cfg: TrainConfig, show_progress: bool = True, measure: loop.Measurement | None = None) -> dict:
+    """Run one training job and return its summary (also written to output_dir/summary.json). `measure`: what a
+    measuring caller (bench, tests) asks of the run (stop early, the warm-up window, a per-step callback).
 
     The job holds output_dir's lock (train/lock.py) throughout: a second job there fails at once. Under
     `accelerate launch` every process trains its share of each step and only the main process touches
@@ -197,14 +201,15 @@ def train(
     """
     t0 = time.perf_counter()
     out = Path(cfg.output_dir)
+    measure = measure or loop.Measurement()
     trackers.check_available(cfg.report_to)
     procs = distributed.join(pick_device(cfg.device))
     if not procs.main:
         with memory_errors(cfg, procs.device, out, None):
-            return _train_locked(cfg, out, t0, False, stop_at, warmup_window, procs, on_step)
-    check_output_dir(out)
+            return _train_locked(cfg, out, t0, False, measure, procs)
+    check_writable_dir(out)
     with lock_output_dir(out), memory_errors(cfg, procs.device, out, None):
-        return _train_locked(cfg, out, t0, show_progress, stop_at, warmup_window, procs, on_step)
+        return _train_locked(cfg, out, t0, show_progress, measure, procs)
 
 
 @contextmanager
@@ -220,8 +225,9 @@ def memory_errors(cfg: TrainConfig, device: torch.device, out: Path, state: Trai
         levers = ["lower micro_batch (raise grad_accum to keep the batch)"]
         if not cfg.grad_ckpt:
             levers.append("grad_ckpt=true")
-        if cfg.method in ("lora", "dora") and cfgmod.effective_base_quant(cfg) == "none":
-            levers.append("method=qlora")
+        quantized = methods.get(cfg.method).quantized
+        if quantized is not None and cfgmod.effective_base_quant(cfg) == "none":
+            levers.append(f"method={quantized}")
         kept = checkpoint.list_checkpoints(out / "checkpoints") if state is not None else []
         resume = f"; {kept[-1]} is kept: resume=true continues from it, with a smaller micro_batch too" if kept else ""
         raise OutOfMemory(
@@ -231,18 +237,43 @@ def memory_errors(cfg: TrainConfig, device: torch.device, out: Path, state: Trai
         ) from None
 
 
+@dataclass(kw_only=True)
+class Run:
+    """One job once set up: what `fit` trains and `summarize` reports."""
+
+    cfg: TrainConfig
+    out: Path
+    procs: distributed.Processes
+    prep: Prepared
+    packing_efficiency: float
+    memwatch: MemoryWatch
+    accelerator: object
+    strategy: Strategy
+    trainee: Trainee
+    optim: loop.OptimSpec
+    state: TrainState
+    logged_first_loss: float | None  # a resumed run's first loss, logged before the interruption
+    show_progress: bool
+
+
 def _train_locked(
-    cfg: TrainConfig,
-    out: Path,
-    t0: float,
-    show_progress: bool,
-    stop_at: int | None,
-    warmup_window: int,
-    procs: distributed.Processes,
-    on_step: Callable[[int], None] | None = None,
+    cfg: TrainConfig, out: Path, t0: float, show_progress: bool, measure: loop.Measurement, procs: distributed.Processes
 ) -> dict:
+    run = setup(cfg, out, procs, show_progress)
+    result = fit(run, measure)
+    summary = summarize(run, result, t0).as_dict()
+    if not procs.main:
+        return summary
+    text = json.dumps(summary, indent=2)
+    with disk_errors(str(out / "summary.json"), out, len(text), _after_disk_error(out)):
+        write_atomic(out / "summary.json", [text])
+    return summary
+
+
+def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes, show_progress: bool) -> Run:
+    """Everything before the first step: checkpoint to resume from, data, model, its wrapping, resumed state."""
     from accelerate import Accelerator
-    from accelerate.utils import DistributedType, set_seed
+    from accelerate.utils import set_seed
 
     # Under the lock no other run writes here: temp entries are what a killed run left mid-write.
     for folder in (out, out / "checkpoints") if procs.main else ():
@@ -256,26 +287,9 @@ def _train_locked(
     memwatch.start()  # before the model loads: CPU peak memory is relative to this RSS
 
     prep = prepare_run(cfg, procs)
-    stats = prep.data.stats
     efficiency = packing_efficiency(prep.data.lengths, cfg.seq_len, cfg.micro_batch, cfg.packing, cfg.seed)
     if show_progress:
-        for note in prep.notes:
-            print(note, flush=True)
-        print(
-            f"data: {stats.rows} rows -> {stats.examples} examples ({stats.truncated} truncated, {stats.dropped} dropped), "
-            f"{stats.tokens_nonpad:,} tokens, {stats.tokens_loss:,} with loss, "
-            f"{'packed' if cfg.packing else 'padded'} efficiency {efficiency:.1%}, {prep.schedule.total_steps} steps",
-            flush=True,
-        )
-        if prep.eval_data is not None:
-            every = cfgmod.eval_every(cfg)
-            e = prep.eval_data.stats
-            print(
-                f"eval: {e.examples} examples ({'held out of data.path' if cfg.eval.path is None else cfg.eval.path}), "
-                f"{e.tokens_loss:,} tokens with loss, "
-                + (f"every {every} steps and at the end" if every else "at the end"),
-                flush=True,
-            )
+        _print_data(cfg, prep, efficiency)
 
     set_seed(cfg.seed)
     mixed = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[prep.precision.name]
@@ -288,159 +302,169 @@ def _train_locked(
         log_with=cfg.report_to if tracked else None,
         project_dir=str(out) if tracked else None,  # Accelerate's logging_dir: TensorBoard writes under it
     )
-    fsdp = distributed.fsdp_plugin() if procs.world > 1 else None
-    if fsdp is not None:
-        distributed.check_fsdp(distributed.plugin_settings(fsdp), "the Accelerate config")
-        distributed.check_fsdp_run(cfg, "config")
-    deepspeed = (
-        accelerator.state.deepspeed_plugin if accelerator.distributed_type == DistributedType.DEEPSPEED else None
+    strategy = pick_strategy(accelerator, procs, cfg)
+    optim = loop.OptimSpec(
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        scheduler=cfg.lr_scheduler,
+        warmup_ratio=cfg.warmup_ratio,
+        max_grad_norm=cfg.max_grad_norm,
     )
-    if deepspeed is None and distributed.asks_for_deepspeed():
-        raise TunelabError(
-            "the Accelerate config asks for DeepSpeed, which Accelerate runs on GPUs only; on CPU use "
-            "configs/accelerate/fsdp2.yaml or ddp.yaml"
+    trainee = strategy.setup(
+        accelerator, lambda device, meta: build_model(cfg, prep, device, meta=meta), optim, cfg, prep
+    )
+    state = TrainState() if resume_from is None else strategy.load_checkpoint(resume_from, trainee)
+    logged_first_loss = _prepare_output_dir(cfg, out, procs, resume_from, state, show_progress)
+    return Run(
+        cfg=cfg,
+        out=out,
+        procs=procs,
+        prep=prep,
+        packing_efficiency=efficiency,
+        memwatch=memwatch,
+        accelerator=accelerator,
+        strategy=strategy,
+        trainee=trainee,
+        optim=optim,
+        state=state,
+        logged_first_loss=logged_first_loss,
+        show_progress=show_progress,
+    )
+
+
+def _print_data(cfg: TrainConfig, prep: Prepared, efficiency: float) -> None:
+    stats = prep.data.stats
+    for note in prep.notes:
+        print(note, flush=True)
+    print(
+        f"data: {stats.rows} rows -> {stats.examples} examples ({stats.truncated} truncated, {stats.dropped} dropped), "
+        f"{stats.tokens_nonpad:,} tokens, {stats.tokens_loss:,} with loss, "
+        f"{'packed' if cfg.packing else 'padded'} efficiency {efficiency:.1%}, {prep.schedule.total_steps} steps",
+        flush=True,
+    )
+    if prep.eval_data is not None:
+        every = cfgmod.eval_every(cfg)
+        e = prep.eval_data.stats
+        print(
+            f"eval: {e.examples} examples ({'held out of data.path' if cfg.eval.path is None else cfg.eval.path}), "
+            f"{e.tokens_loss:,} tokens with loss, "
+            + (f"every {every} steps and at the end" if every else "at the end"),
+            flush=True,
         )
-    if deepspeed is not None:
-        distributed.check_deepspeed_run(cfg, "config")
-    # Under FSDP the model loads into CPU memory and sharding moves each process's shards to its device, so
-    # that the whole model never has to fit one GPU; with fsdp_cpu_ram_efficient_loading only the main process
-    # reads the weights and the others build empty (meta) modules.
-    once = distributed.loads_once(fsdp)
-    # Accelerate hands transformers a ZeRO-3 config whatever zero3_init_flag says, and transformers would then
-    # load every weight partitioned (empty here) under zero.Init; the engine partitions the whole model later.
-    loading = deepspeed.zero3_init_context_manager(enable=False) if deepspeed is not None else nullcontext()
-    with loading:
-        model = build_model(cfg, prep, torch.device("cpu") if fsdp is not None else None, meta=once and not procs.main)
-    trainable, total = count_parameters(model)
-    wrapped = CausalLMLoss(model)
-    if fsdp is not None:  # before the optimizer, which must hold the sharded parameters
-        weights = wrapped.state_dict() if once and procs.main else {}
-        distributed.shard(wrapped, fsdp, prep.precision.compute, prep.device, procs.world)
-        if once:
-            distributed.broadcast_weights(wrapped, weights, prep.device)
-            del weights
-    optim_spec = loop.OptimSpec(cfg.lr, cfg.weight_decay, cfg.lr_scheduler, cfg.warmup_ratio, cfg.max_grad_norm)
-    optimizer = loop.build_optimizer(wrapped, optim_spec, prep.device)
-    scheduler = loop.build_scheduler(optimizer, optim_spec, prep.schedule.total_steps)
-    # The stage as DeepSpeed runs it, a deepspeed_config_file's included.
-    root, zero = wrapped, deepspeed.zero_stage if deepspeed is not None else None
-    if fsdp is not None and accelerator.distributed_type != DistributedType.FSDP:
-        # CPU processes: Accelerate would wrap the sharded model in DDP, so it gets only the optimizer; FSDP
-        # syncs the gradients itself.
-        optimizer = accelerator.prepare_optimizer(optimizer)
+
+
+def _prepare_output_dir(
+    cfg: TrainConfig,
+    out: Path,
+    procs: distributed.Processes,
+    resume_from: Path | None,
+    state: TrainState,
+    show_progress: bool,
+) -> float | None:
+    """The main process readies output_dir: best/ and metrics.jsonl as at the checkpoint resumed from (or a fresh
+    metrics.jsonl), and config.yaml. Returns the first training loss a resumed run logged before."""
+    if not procs.main:
+        return None
+    logged_first_loss = None
+    out.mkdir(parents=True, exist_ok=True)
+    if resume_from is not None:
+        restore_best(resume_from, out, state)
+        logged_first_loss = _truncate_metrics(out / "metrics.jsonl", state.step)
+        if show_progress:
+            print(f"resumed from {resume_from} at step {state.step}", flush=True)
     else:
-        # On GPUs Accelerate takes an already sharded model as it is (accelerate.utils.fsdp2_prepare_model)
-        # and registers it, which its gradient clipping under fp16 loss scaling needs.
-        if deepspeed is not None:
-            distributed.prepare_deepspeed(deepspeed.deepspeed_config, root, cfg.micro_batch, zero, cfg.max_grad_norm)
-        wrapped, optimizer = accelerator.prepare(wrapped, optimizer)
-    gather = None if fsdp is None else functools.partial(distributed.full_state_dict, wrapped, cfg.method != "full")
-    if zero == 3:  # the final and best saves gather ZeRO-3's partitioned weights
-        gather = functools.partial(distributed.zero3_state_dict, root, cfg.method != "full")
+        if cfg.resume is True and show_progress:  # a re-run of the same command after a crash, the first time
+            print(f"resume: no checkpoint in {out / 'checkpoints'} yet; starting from step 0", flush=True)
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+    write_atomic(out / "config.yaml", [cfgmod.dump_yaml(cfg)])
+    return logged_first_loss
 
-    state = TrainState()
-    if resume_from is not None and fsdp is not None:
-        state = distributed.load_checkpoint(resume_from, wrapped, optimizer, scheduler)
-    elif resume_from is not None:  # every rank loads the same checkpoint
-        state = checkpoint.load(resume_from, model, optimizer, scheduler)
-    logged_first_loss = None  # a resumed run's first loss, logged before the interruption
-    if procs.main:
-        out.mkdir(parents=True, exist_ok=True)
-        if resume_from is not None:
-            restore_best(resume_from, out, state)
-            logged_first_loss = _truncate_metrics(out / "metrics.jsonl", state.step)
-            if show_progress:
-                print(f"resumed from {resume_from} at step {state.step}", flush=True)
-        else:
-            if cfg.resume is True and show_progress:  # a re-run of the same command after a crash, the first time
-                print(f"resume: no checkpoint in {out / 'checkpoints'} yet; starting from step 0", flush=True)
-            (out / "metrics.jsonl").unlink(missing_ok=True)
-        write_atomic(out / "config.yaml", [cfgmod.dump_yaml(cfg)])
 
+def fit(run: Run, measure: loop.Measurement) -> loop.LoopResult:
+    """The training loop, with its trackers, then the final save of a finished run."""
+    cfg, out, procs, state, trainee = run.cfg, run.out, run.procs, run.state, run.trainee
+    gather = run.strategy.gather(trainee, methods.get(cfg.method).adapter)
     # Trackers log from the main process only, as metrics.jsonl is written.
     tracking = trackers.setup(cfg.report_to, out, state.step) if procs.main else None
-    with _tracking(accelerator, tracking, cfg, show_progress) as track:
-        progress = ProgressView(prep.schedule.total_steps, state.step, enabled=show_progress)
+    with _tracking(run.accelerator, tracking, cfg, run.show_progress) as track:
+        progress = ProgressView(run.prep.schedule.total_steps, state.step, enabled=run.show_progress)
         with memory_errors(cfg, procs.device, out, state):
             result = loop.run(
                 loop.LoopContext(
-                    accelerator,
-                    wrapped,
-                    optimizer,
-                    scheduler,
-                    prep.schedule,
-                    optim_spec,
-                    loop.LoopSpec(
-                        cfg.log_steps,
-                        cfg.save_steps,
-                        cfg.save_total_limit,
-                        warmup_window,
-                        stop_at,
-                        weights_identity(cfg),
-                        on_step,
+                    accelerator=run.accelerator,
+                    model=trainee.wrapped,
+                    optimizer=trainee.optimizer,
+                    scheduler=trainee.scheduler,
+                    schedule=run.prep.schedule,
+                    optim=run.optim,
+                    spec=loop.LoopSpec(
+                        log_steps=cfg.log_steps,
+                        save_steps=cfg.save_steps,
+                        save_total_limit=cfg.save_total_limit,
+                        identity=weights_identity(cfg),
                     ),
-                    out if procs.main else None,
-                    memwatch,
-                    state,
-                    progress,
-                    _evaluation(cfg, prep, model, out, procs.main, gather),
-                    track,
-                    None if fsdp is None else functools.partial(distributed.gather_checkpoint, wrapped, optimizer),
+                    measure=measure,
+                    out_dir=out if procs.main else None,
+                    memwatch=run.memwatch,
+                    state=state,
+                    progress=progress,
+                    evaluation=_evaluation(cfg, run.prep, trainee.model, out, procs.main, gather),
+                    track=track,
+                    gather_checkpoint=run.strategy.checkpoint_gatherer(trainee),
                 )
             )
 
-    finished = state.step >= prep.schedule.total_steps or result.stopped_early
+    finished = state.step >= run.prep.schedule.total_steps or result.stopped_early
     weights = gather() if finished and gather is not None else None  # every process takes part in gathering
     if finished and procs.main:
-        save_final(model, prep.tokenizer, out, cfg.method, weights)
-    if show_progress and state.best_step is not None:
+        save_final(trainee.model, run.prep.tokenizer, out, cfg.method, weights)
+    if run.show_progress and state.best_step is not None:
         kept = f"; weights in {out / BEST}" if cfg.eval.keep_best else ""
         print(f"best: step {state.best_step}, eval loss {state.best_eval_loss:.4f}{kept}", flush=True)
-    summary = {
-        "output_dir": str(out),
-        "model": cfg.model,
-        "method": cfg.method,
-        "base_quant": cfgmod.effective_base_quant(cfg),
-        "nf4_layers": nf4_layers(model),
-        "device": device_name(prep.device),
-        "device_memory_bytes": device_memory_bytes(prep.device),
-        "precision": prep.precision.name,
-        "params_trainable": trainable,
-        "params_total": total,
-        "params_local": distributed.local_numel(wrapped),
-        "seq_len": cfg.seq_len,
-        "micro_batch": cfg.micro_batch,
-        "grad_accum": cfg.grad_accum,
-        "packing": cfg.packing,
-        "grad_ckpt": cfg.grad_ckpt,
-        "world_size": procs.world,
-        "data": {**stats.as_dict(), "packing_efficiency": efficiency},
-        "steps": state.step,
-        "total_steps": prep.schedule.total_steps,
-        "finished": finished,
-        "early_stopped": result.stopped_early,
-        "loss_first": logged_first_loss
-        if logged_first_loss is not None
+    return result
+
+
+def summarize(run: Run, result: loop.LoopResult, t0: float) -> RunSummary:
+    cfg, prep, state = run.cfg, run.prep, run.state
+    return RunSummary(
+        output_dir=str(run.out),
+        model=cfg.model,
+        method=cfg.method,
+        base_quant=cfgmod.effective_base_quant(cfg),
+        nf4_layers=nf4_layers(run.trainee.model),
+        device=device_name(prep.device),
+        device_memory_bytes=device_memory_bytes(prep.device),
+        precision=prep.precision.name,
+        params_trainable=run.trainee.params_trainable,
+        params_total=run.trainee.params_total,
+        params_local=distributed.local_numel(run.trainee.wrapped),
+        seq_len=cfg.seq_len,
+        micro_batch=cfg.micro_batch,
+        grad_accum=cfg.grad_accum,
+        packing=cfg.packing,
+        grad_ckpt=cfg.grad_ckpt,
+        world_size=run.procs.world,
+        data={**prep.data.stats.as_dict(), "packing_efficiency": run.packing_efficiency},
+        steps=state.step,
+        total_steps=prep.schedule.total_steps,
+        finished=state.step >= prep.schedule.total_steps or result.stopped_early,
+        early_stopped=result.stopped_early,
+        loss_first=run.logged_first_loss
+        if run.logged_first_loss is not None
         else (result.losses[0][1] if result.losses else None),
-        "loss_last": result.losses[-1][1] if result.losses else None,
-        "tokens_padded": state.tokens_padded,
-        "tokens_nonpad": state.tokens_nonpad,
-        "tokens_loss": state.tokens_loss,
+        loss_last=result.losses[-1][1] if result.losses else None,
+        tokens_padded=state.tokens_padded,
+        tokens_nonpad=state.tokens_nonpad,
+        tokens_loss=state.tokens_loss,
         **result.rates(),
         **_eval_summary(prep, state),
-        "peak_memory_bytes": result.peak_memory_bytes,
-        "peak_memory_reserved_bytes": result.peak_reserved_bytes,
-        "peak_memory_absolute_bytes": result.peak_absolute_bytes,
-        "train_s": state.elapsed_s,
-        "elapsed_s": time.perf_counter() - t0,
-        "versions": library_versions(),
-    }
-    if not procs.main:
-        return summary
-    text = json.dumps(summary, indent=2)
-    with disk_errors(str(out / "summary.json"), out, len(text), _after_disk_error(out)):
-        write_atomic(out / "summary.json", [text])
-    return summary
+        peak_memory_bytes=result.peak_memory_bytes,
+        peak_memory_reserved_bytes=result.peak_reserved_bytes,
+        peak_memory_absolute_bytes=result.peak_absolute_bytes,
+        train_s=state.elapsed_s,
+        elapsed_s=time.perf_counter() - t0,
+        versions=library_versions(),
+    )
 
 
 @contextmanager
@@ -465,7 +489,7 @@ def _tracking(accelerator, tracking: trackers.TrackerSetup | None, cfg: TrainCon
 def weights_identity(cfg: TrainConfig) -> dict:
     """The settings that decide which weights are trained and their shapes: a checkpoint resumes only under them."""
     identity = {"model": cfg.model, "method": cfg.method, "base_quant": cfgmod.effective_base_quant(cfg)}
-    if cfg.method != "full":
+    if methods.get(cfg.method).adapter:
         targets = cfg.lora.targets if isinstance(cfg.lora.targets, str) else list(cfg.lora.targets)
         identity.update({"lora.r": cfg.lora.r, "lora.alpha": cfg.lora.alpha, "lora.targets": targets})
     return identity
@@ -474,7 +498,7 @@ def weights_identity(cfg: TrainConfig) -> dict:
 def save_final(model, tokenizer, out: Path, method: str, weights: dict | None = None) -> Path:
     """`adapter/` (PEFT format) for adapter methods, `model/` (HF format) for full fine-tuning; atomic.
     `weights`: the model's state dict gathered from an FSDP run, whose own parameters are shards."""
-    final = out / ("model" if method == "full" else "adapter")
+    final = out / methods.get(method).saves
     save_pretrained(model, tokenizer, final, out, method, weights=weights)
     return final
 
@@ -489,7 +513,7 @@ def save_pretrained(
     """The weights as the final save writes them (adapter or full model) plus the tokenizer, atomically;
     `record` goes beside them as BEST_RECORD. A full disk mid-save leaves the previous files as they were and
     ends the run with one line."""
-    params = [p for p in model.parameters() if method == "full" or p.requires_grad]
+    params = [p for p in model.parameters() if methods.get(method).trains_base or p.requires_grad]
     needed = sum(p.numel() * p.element_size() for p in params)
     with disk_errors(str(path), out, needed, _after_disk_error(out)), atomic_dir(path) as tmp:
         model.save_pretrained(tmp, **({} if weights is None else {"state_dict": weights}))
@@ -513,10 +537,10 @@ def _evaluation(
             record = {"step": state.best_step, "eval_loss": state.best_eval_loss}
             save_pretrained(model, prep.tokenizer, out / BEST, out, cfg.method, record, weights)
 
-    spec = loop.EvalSpec(cfgmod.eval_every(cfg), cfg.eval.early_stopping_patience)
+    spec = loop.EvalSpec(every=cfgmod.eval_every(cfg), patience=cfg.eval.early_stopping_patience)
     if not (cfg.eval.keep_best and (writer or gather is not None)):
         return loop.Evaluation(prep.eval_batches, spec)
-    return loop.Evaluation(prep.eval_batches, spec, save_best, out / BEST if writer else None)
+    return loop.Evaluation(prep.eval_batches, spec, save_best=save_best, best_dir=out / BEST if writer else None)
 
 
 def restore_best(checkpoint_dir: Path, out: Path, state: TrainState) -> None:

@@ -10,8 +10,6 @@ place, performance.md last, so a reader never sees a report that points at a mis
 from __future__ import annotations
 
 import json
-import math
-import os
 import statistics
 import tempfile
 from dataclasses import dataclass, field
@@ -20,11 +18,12 @@ from typing import Any
 
 import yaml
 
-from ..errors import TunelabError
-from ..io import gib
-from . import plots
 from ..bench import store
 from ..bench.compare import compare
+from ..errors import TunelabError
+from ..io import move_files
+from ..markdown import gib_cell, num, table
+from . import plots
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 # Config keys a sweep varies; records that agree on all but one of them form a sweep over that one.
@@ -186,29 +185,6 @@ def _unique_labels(runs: list[Run]) -> None:
 # ---------------------------------------------------------------- formatting
 
 
-def _num(value: Any, digits: int = 0) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, (int, float)):
-        return f"{value:,.{digits}f}"
-    return str(value)
-
-
-def _gib(value: Any) -> str:
-    return "n/a" if value is None else gib(value)
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return [
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
-        *("| " + " | ".join(r) + " |" for r in rows),
-        "",
-    ]
-
-
 def _has_rates(r: Run) -> bool:
     return all(isinstance(r.record.get(f"{k}_per_s"), (int, float)) for k, _ in plots.TOKEN_KINDS)
 
@@ -220,7 +196,7 @@ def _environment(runs: list[Run]) -> list[str]:
     lines = ["## Environment", ""]
     devices = dict.fromkeys((r.record.get("device"), r.record.get("device_memory_bytes")) for r in runs)
     for name, memory in devices:
-        lines.append(f"- device: {name or 'not recorded'}" + (f", {_gib(memory)} memory" if memory else ""))
+        lines.append(f"- device: {name or 'not recorded'}" + (f", {gib_cell(memory)} memory" if memory else ""))
     stacks = dict.fromkeys(json.dumps(r.versions, sort_keys=True) for r in runs)
     for stack in stacks:
         versions = json.loads(stack)
@@ -233,10 +209,10 @@ def _steps(rec: dict) -> str:
     """Optimizer steps run, and in brackets those the rates were measured over: a train summary's `steps` are
     all it ran; a bench record's are its measured window, after `warmup_steps`."""
     if "steady_window_steps" in rec:
-        return f"{_num(rec.get('steps'))} ({_num(rec['steady_window_steps'])})"
+        return f"{num(rec.get('steps'))} ({num(rec['steady_window_steps'])})"
     if "warmup_steps" in rec and rec.get("steps") is not None:
-        return f"{_num(rec['warmup_steps'] + rec['steps'])} ({_num(rec['steps'])})"
-    return _num(rec.get("steps"))
+        return f"{num(rec['warmup_steps'] + rec['steps'])} ({num(rec['steps'])})"
+    return num(rec.get("steps"))
 
 
 def _runs_table(runs: list[Run]) -> list[str]:
@@ -264,18 +240,18 @@ def _runs_table(runs: list[Run]) -> list[str]:
             [
                 r.label,
                 r.kind,
-                _num(rec.get("precision")),
-                _num(rec.get("seq_len")),
-                f"{_num(rec.get('micro_batch'))} x {_num(rec.get('grad_accum'))}",
-                _num(rec.get("packing")),
+                num(rec.get("precision")),
+                num(rec.get("seq_len")),
+                f"{num(rec.get('micro_batch'))} x {num(rec.get('grad_accum'))}",
+                num(rec.get("packing")),
                 _steps(rec),
-                _num(rec.get("tokens_nonpad_per_s")),
-                _num(rec.get("tokens_padded_per_s")),
-                _num(rec.get("tokens_loss_per_s")),
-                _num(rec.get("step_time_s"), 3),
-                _gib(rec.get("peak_memory_bytes")),
+                num(rec.get("tokens_nonpad_per_s")),
+                num(rec.get("tokens_padded_per_s")),
+                num(rec.get("tokens_loss_per_s")),
+                num(rec.get("step_time_s"), 3),
+                gib_cell(rec.get("peak_memory_bytes")),
                 "n/a" if mfu is None else f"{mfu:.1%}",
-                f"{_num(rec.get('loss_first'), 3)} -> {_num(rec.get('loss_last'), 3)}",
+                f"{num(rec.get('loss_first'), 3)} -> {num(rec.get('loss_last'), 3)}",
             ]
         )
     return [
@@ -284,7 +260,8 @@ def _runs_table(runs: list[Run]) -> list[str]:
         "Throughput over the steady-state window (optimizer steps after the warm-up steps, docs/metrics.md): "
         "padded counts every position fed, non-padding only real tokens, loss only tokens with a target.",
         "",
-        *_table(header, rows),
+        *table(header, rows),
+        "",
     ]
 
 
@@ -381,8 +358,8 @@ def _peer_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str, Path
             [
                 c["kind"],
                 f"{c['runs']} / {c['tunelab_runs']}",
-                _num(c["tokens_nonpad_per_s"]),
-                _num(c["tunelab_tokens_nonpad_per_s"]),
+                num(c["tokens_nonpad_per_s"]),
+                num(c["tunelab_tokens_nonpad_per_s"]),
                 f"{c['tokens_nonpad_ratio']:.2f}x",
                 f"{c['tokens_padded_ratio']:.2f}x",
                 f"{c['tokens_loss_ratio']:.2f}x",
@@ -397,7 +374,7 @@ def _peer_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str, Path
             "Same model, data file, machine and step counts; means over the interleaved runs. Ratios are "
             "tunelab / peer: above 1 tunelab is faster; for memory, below 1 tunelab needs less.",
             "",
-            *_table(
+            *table(
                 [
                     "peer",
                     "runs (peer / tunelab)",
@@ -410,6 +387,7 @@ def _peer_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str, Path
                 ],
                 rows,
             ),
+            "",
             *notes,
             *([""] if notes else []),
             f"![Throughput and memory by trainer]({name})",
@@ -458,10 +436,11 @@ def _sweep_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str, Pat
             "",
             "Held fixed: " + ", ".join(f"{k}={_flat(v)}" for k, v in fixed.items()),
             "",
-            *_table(
+            *table(
                 [key, "runs", "non-pad tok/s (mean)", "peak memory (mean)"],
-                [[v, str(len(values[v])), _num(t), _gib(p)] for v, t, p in zip(names, rate, peak)],
+                [[v, str(len(values[v])), num(t), gib_cell(p)] for v, t, p in zip(names, rate, peak)],
             ),
+            "",
             f"![Throughput and memory vs {key}]({name})",
             "",
         ]
@@ -475,12 +454,12 @@ def _prediction_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str
     rows = [
         [
             r.label,
-            _num(p.step_time_s, 3),
-            _num(r.record["step_time_s"], 3),
-            _num(p.tokens_nonpad_per_s),
-            _num(r.record.get("tokens_nonpad_per_s")),
-            _gib(p.peak_memory_bytes),
-            _gib(r.record.get("peak_memory_bytes")),
+            num(p.step_time_s, 3),
+            num(r.record["step_time_s"], 3),
+            num(p.tokens_nonpad_per_s),
+            num(r.record.get("tokens_nonpad_per_s")),
+            gib_cell(p.peak_memory_bytes),
+            gib_cell(r.record.get("peak_memory_bytes")),
             f"{r.record['step_time_s'] / p.step_time_s:.2f}",
         ]
         for r, p in usable
@@ -506,7 +485,7 @@ def _prediction_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str
         f"Predicted step time is plan's (train time over optimizer steps); measured is the median step of the "
         f"steady-state window. Memory: {memory_label}.",
         "",
-        *_table(
+        *table(
             [
                 "run",
                 "predicted s/step",
@@ -519,6 +498,7 @@ def _prediction_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str
             ],
             rows,
         ),
+        "",
         "![Predicted vs measured](predicted_vs_measured.png)",
         "",
     ]
@@ -586,11 +566,7 @@ def write_report(runs: list[Run], out: Path, title: str = "Performance report") 
     try:
         text, files = render(runs, scratch, title)
         (scratch / "performance.md").write_text(text)
-        written = []
-        for name in [*files, "performance.md"]:
-            os.replace(scratch / name, out / name)
-            written.append(out / name)
-        return written
+        return move_files(scratch, out, [*files, "performance.md"])
     finally:
         for leftover in scratch.iterdir():
             leftover.unlink()

@@ -139,7 +139,7 @@ def shard(items: list, rank: int, world: int) -> list:
 class EvalBatches:
     """The evaluation set's micro-batches, batched as training batches are (packing, widths, slot count), fixed
     for the run: every evaluation sees the same batches. With several ranks each iterates its interleaved share
-    (train/loop.evaluate sums the loss and token counts over ranks)."""
+    (train/loop.eval_loss sums the loss and token counts over ranks)."""
 
     def __init__(self, data: TokenizedData, spec: BatchSpec, min_slots: int = 0, rank: int = 0, world: int = 1):
         self.data, self.spec, self.rank, self.world = data, spec, rank, world

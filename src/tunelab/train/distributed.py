@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from .. import methods
 from ..errors import Terminated, TunelabError
 
 # A collective that waits longer than this fails the run instead of hanging it. Long enough for the main
@@ -115,7 +116,7 @@ def broadcast_weights(root: torch.nn.Module, weights: dict[str, torch.Tensor], d
 
 def check_fsdp_run(cfg, source: str) -> None:
     """Refuse run settings that FSDP's sharding cannot honour."""
-    quant = "nf4" if cfg.method == "qlora" else cfg.base_quant
+    quant = methods.effective_base_quant(cfg.method, cfg.base_quant)
     if quant != "none":
         # fully_shard shards floating-point parameters only, not the integer storage of quantized ones.
         raise TunelabError(

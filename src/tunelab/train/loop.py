@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
+from ..data.packing import Batch
 from ..device import synchronize, to_device
 from ..memwatch import MemoryWatch
 from . import checkpoint
-from ..data.packing import Batch
 from .batches import EvalBatches, Schedule
 from .checkpoint import TrainState
 from .progress import LogLine, ProgressView
@@ -36,17 +36,23 @@ class OptimSpec:
     max_grad_norm: float = 1.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LoopSpec:
     log_steps: int = 10
     save_steps: int = 0
     save_total_limit: int = 2
-    # Steps excluded from the steady-state window (first-step allocation, lazy init, compile).
-    warmup_window: int = 2
-    # Stop before the schedule's end (bench windows, tests of resume) without changing the schedule.
-    stop_at: int | None = None
     # Settings that shape the trainable weights, stored in each checkpoint (checkpoint.check_identity).
     identity: dict | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measurement:
+    """What a measuring caller (bench, tests) asks of a run beyond training it; a plain run uses the defaults."""
+
+    # Stop before the schedule's end (bench windows, tests of resume) without changing the schedule.
+    stop_at: int | None = None
+    # Steps excluded from the steady-state window (first-step allocation, lazy init, compile).
+    warmup_window: int = 2
     # Called with the step number after each optimizer step, its log and evaluation included.
     on_step: Callable[[int], None] | None = None
 
@@ -147,7 +153,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, spec: OptimSpec, total_ste
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LoopContext:
     """What one run of the loop works with: built by recipes/train.py, read by `run`."""
 
@@ -158,6 +164,7 @@ class LoopContext:
     schedule: Schedule
     optim: OptimSpec
     spec: LoopSpec
+    measure: Measurement = Measurement()
     out_dir: Path | None  # metrics.jsonl and checkpoints go here; None writes nothing (every rank but the main one)
     memwatch: MemoryWatch
     state: TrainState  # advanced in place
@@ -181,7 +188,7 @@ def forward(model: torch.nn.Module, batch: Batch, device: torch.device) -> torch
     )
 
 
-def evaluate(
+def eval_loss(
     model: torch.nn.Module, batches: Iterable[Batch], device: torch.device, accelerator=None
 ) -> tuple[float, int]:
     """(token-mean loss, loss tokens) over `batches`: no gradients, dropout off, and the loss counted as training
@@ -228,151 +235,221 @@ def _evaluation_due(step: int, every: int, total_steps: int) -> bool:
     return step == total_steps or (every > 0 and step % every == 0)
 
 
+class ThroughputMeter:
+    """The loop's clocks: each log window's token rates, the steady-state window that starts after the warm-up
+    steps (the rates a summary and bench report), and the run's elapsed time. Evaluation is kept out of both
+    windows (`paused`): tokens/s are training's own; checkpoint saves stay in, they are part of what a run costs."""
+
+    def __init__(self, state: TrainState, result: LoopResult, warm_until: int, padded_to_feed: int):
+        self.state, self.result, self.warm_until = state, result, warm_until
+        # Counted once from the batch plan (no collation): the ETA's numerator is this minus what was fed since.
+        self.padded_to_feed = padded_to_feed
+        self.fed_before = (state.tokens_padded, state.tokens_nonpad, state.tokens_loss)
+        self.window = _Window(time.perf_counter())
+        self.steady_start: float | None = None
+        self.loop_start = time.perf_counter()
+        self.run_start = self.loop_start - state.elapsed_s
+
+    def add(self, padded: int, nonpad: int, loss: int) -> None:
+        """One optimizer step's tokens (over all ranks)."""
+        self.window.add(padded, nonpad, loss)
+        if self.steady_start is not None:
+            r = self.result
+            r.steady_steps += 1
+            r.steady_tokens_padded += padded
+            r.steady_tokens_nonpad += nonpad
+            r.steady_tokens_loss += loss
+
+    @contextmanager
+    def paused(self):
+        start = time.perf_counter()
+        yield
+        spent = time.perf_counter() - start
+        self.window.start += spent
+        if self.steady_start is not None:
+            self.steady_start += spent
+
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.run_start
+
+    def close_window(self) -> dict[str, float]:
+        """The window's token rates (per second, by kind), its per-step time kept when steady; a new window
+        starts with the next call to `open_window`."""
+        now = time.perf_counter()
+        self.state.elapsed_s = now - self.run_start
+        w = self.window
+        dt = now - w.start
+        if w.steady and w.steps:
+            self.result.window_step_times.append(dt / w.steps)
+        return {k: (v / dt if dt > 0 and w.steps else 0.0) for k, v in w.tokens().items()}
+
+    def open_window(self) -> None:
+        self.window = _Window(time.perf_counter(), steady=self.steady_start is not None)
+
+    def eta_s(self, padded_per_s: float) -> float:
+        return (self.padded_to_feed - self.state.tokens_padded) / padded_per_s if padded_per_s else 0.0
+
+    def warmed_up(self, step: int) -> bool:
+        return step == self.warm_until and self.steady_start is None
+
+    def start_steady(self, device: torch.device) -> None:
+        synchronize(device)
+        self.steady_start = time.perf_counter()
+        self.window = _Window(self.steady_start, steady=True)
+
+    def finish(self, device: torch.device) -> None:
+        """The run's end: its elapsed time and the steady window's; a run too short to get past the warm-up
+        reports every step it ran instead."""
+        synchronize(device)
+        end = time.perf_counter()
+        state, result = self.state, self.result
+        state.elapsed_s = end - self.run_start
+        if self.steady_start is not None:
+            result.steady_s = end - self.steady_start
+        if result.steady_steps == 0 and result.steps_run:
+            result.rate_window = "all steps"
+            result.steady_s, result.steady_steps = end - self.loop_start, result.steps_run
+            fed = (state.tokens_padded, state.tokens_nonpad, state.tokens_loss)
+            result.steady_tokens_padded, result.steady_tokens_nonpad, result.steady_tokens_loss = (
+                after - before for after, before in zip(fed, self.fed_before)
+            )
+
+
+class HeapFreeze:
+    """The loop's garbage-collection policy: the heap is frozen on entry and again once the warm-up steps are
+    done (what compilation and the first steps built stays too), and unfrozen on exit unless the caller had
+    frozen it already (see `freeze_heap`)."""
+
+    def __enter__(self) -> HeapFreeze:
+        self.frozen_before = gc.get_freeze_count()
+        freeze_heap()
+        return self
+
+    def refreeze(self) -> None:
+        freeze_heap()
+
+    def __exit__(self, *exc) -> None:
+        if not self.frozen_before:  # a caller's own freeze stays
+            gc.unfreeze()
+
+
 def run(ctx: LoopContext) -> LoopResult:
-    """Train from `state.step` to the schedule's end (or `spec.stop_at`). `model` returns a summed loss."""
-    accelerator, model, optimizer, scheduler = ctx.accelerator, ctx.model, ctx.optimizer, ctx.scheduler
-    schedule, optim, spec, out_dir = ctx.schedule, ctx.optim, ctx.spec, ctx.out_dir
-    memwatch, state, progress = ctx.memwatch, ctx.state, ctx.progress
+    """Train from `state.step` to the schedule's end (or `measure.stop_at`). `model` returns a summed loss."""
+    accelerator, schedule, spec, state = ctx.accelerator, ctx.schedule, ctx.spec, ctx.state
     device = accelerator.device
     # Data-parallel wrappers (DDP, FSDP, DeepSpeed) average gradients over ranks; each rank's loss is scaled
     # by the world size so the average is the one-process step's sum over all ranks' tokens.
     world = accelerator.num_processes
-    stop = min(schedule.total_steps, spec.stop_at or schedule.total_steps)
-    warm_until = min(state.step + spec.warmup_window, stop)
-    # Counted once from the batch plan (no collation): the ETA's numerator is this minus what was fed since.
-    padded_to_feed = schedule.padded_tokens(range(state.step, stop)) + state.tokens_padded
+    stop = min(schedule.total_steps, ctx.measure.stop_at or schedule.total_steps)
     result = LoopResult(state=state, steps_run=0)
-    fed_before = (state.tokens_padded, state.tokens_nonpad, state.tokens_loss)
-    metrics_file = (out_dir / "metrics.jsonl").open("a") if out_dir is not None else None
-    loss_acc = torch.zeros((), device=device)
-    loss_tokens = 0
-    rate = _Window(time.perf_counter())
-    steady_start = None
-    loop_start = time.perf_counter()
-    run_start = loop_start - state.elapsed_s
-    model.train()
-    frozen_before = gc.get_freeze_count()
-    _freeze_heap()
-    try:
-        for step, batches in schedule.iterate(state.step, stop):
-            # Over all ranks, from the batch plan: no communication.
-            padded, nonpad, step_loss_tokens = schedule.step_tokens(step)
-            scale = world / float(max(step_loss_tokens, 1))
-            for i, batch in enumerate(batches):
-                last = i == len(batches) - 1
-                # Accumulation boundary for DeepSpeed, whose engine steps inside `backward` when it is set.
-                accelerator.sync_gradients = last
-                with nullcontext() if last else no_sync(accelerator, model):
-                    loss_sum = forward(model, batch, device)
-                    # Normalise by the step's loss tokens, not per micro-batch: packed micro-batches hold
-                    # different numbers of targets, and a per-micro-batch mean would weight them unequally.
-                    accelerator.backward(loss_sum * scale)
-                loss_acc += loss_sum.detach()
-            # DeepSpeed clips inside its own step (train/distributed.prepare_deepspeed gives it max_grad_norm);
-            # Accelerate's clip would only read its norm back, a host sync every step.
-            if optim.max_grad_norm > 0 and accelerator.distributed_type != "DEEPSPEED":
-                accelerator.clip_grad_norm_(model.parameters(), optim.max_grad_norm)
-            step_lr = scheduler.get_last_lr()[0]  # the rate this step trains at; scheduler.step() sets the next one
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-
-            state.step = step + 1
-            result.steps_run += 1
-            state.tokens_padded += padded
-            state.tokens_nonpad += nonpad
-            state.tokens_loss += step_loss_tokens
-            loss_tokens += step_loss_tokens
-            rate.add(padded, nonpad, step_loss_tokens)
-            if steady_start is not None:
-                result.steady_steps += 1
-                result.steady_tokens_padded += padded
-                result.steady_tokens_nonpad += nonpad
-                result.steady_tokens_loss += step_loss_tokens
-
-            stopping = False
-            if ctx.evaluation is not None and _evaluation_due(
-                state.step, ctx.evaluation.spec.every, schedule.total_steps
-            ):
-                t_eval = time.perf_counter()
-                stopping = _evaluate_step(ctx, metrics_file)
-                # Evaluation stays out of the timing windows: tokens/s are training's own.
-                spent = time.perf_counter() - t_eval
-                rate.start += spent
-                if steady_start is not None:
-                    steady_start += spent
-                result.stopped_early = stopping
-
-            if state.step % spec.log_steps == 0 or state.step == stop or stopping:
-                summed = accelerator.reduce(loss_acc, "sum") if world > 1 else loss_acc
-                loss = summed.item() / max(loss_tokens, 1)  # the one sync per log window
-                now = time.perf_counter()
-                state.elapsed_s = now - run_start
-                dt = now - rate.start
-                if rate.steady and rate.steps:
-                    result.window_step_times.append(dt / rate.steps)
-                mem = memwatch.read()
-                per_s = {k: (v / dt if dt > 0 and rate.steps else 0.0) for k, v in rate.tokens().items()}
-                record = {
-                    "step": state.step,
-                    "loss": loss,
-                    "lr": step_lr,
-                    "tokens_padded": state.tokens_padded,
-                    "tokens_nonpad": state.tokens_nonpad,
-                    "tokens_loss": state.tokens_loss,
-                    "elapsed_s": state.elapsed_s,
-                    **{f"{k}_per_s": v for k, v in per_s.items()},
-                    "peak_memory_bytes": mem.peak_bytes,
-                }
-                result.losses.append((state.step, loss))
-                _record(ctx, metrics_file, record)
-                padded_rate = per_s["tokens_padded"]
-                eta = (padded_to_feed - state.tokens_padded) / padded_rate if padded_rate else 0.0
-                progress.update(
-                    LogLine(
-                        state.step, schedule.total_steps, loss, step_lr, per_s["tokens_nonpad"], mem.peak_bytes, eta
-                    )
-                )
-                loss_acc.zero_()
-                loss_tokens = 0
-                rate = _Window(time.perf_counter(), steady=steady_start is not None)
-            else:
-                progress.advance(state.step)
-            if state.step == warm_until and steady_start is None:
-                # After the log (whose window it would otherwise empty): the steady window starts here.
-                _freeze_heap()  # what compilation and the first steps built stays too
-                synchronize(device)
-                steady_start = time.perf_counter()
-                rate = _Window(steady_start, steady=True)
-            if spec.on_step is not None:
-                spec.on_step(state.step)
-            if stopping:
-                break
-            if spec.save_steps and state.step % spec.save_steps == 0 and state.step < schedule.total_steps:
-                _save_checkpoint(ctx, time.perf_counter() - run_start)
-    finally:
-        if not frozen_before:  # a caller's own freeze stays
-            gc.unfreeze()
-        if metrics_file is not None:
-            metrics_file.close()
-        progress.close()
-    synchronize(device)
-    end = time.perf_counter()
-    state.elapsed_s = end - run_start
-    if steady_start is not None:
-        result.steady_s = end - steady_start
-    if result.steady_steps == 0 and result.steps_run:
-        result.rate_window = "all steps"
-        result.steady_s, result.steady_steps = end - loop_start, result.steps_run
-        fed = (state.tokens_padded, state.tokens_nonpad, state.tokens_loss)
-        result.steady_tokens_padded, result.steady_tokens_nonpad, result.steady_tokens_loss = (
-            after - before for after, before in zip(fed, fed_before)
-        )
-    mem = memwatch.read()
+    padded_to_feed = schedule.padded_tokens(range(state.step, stop)) + state.tokens_padded
+    meter = ThroughputMeter(state, result, min(state.step + ctx.measure.warmup_window, stop), padded_to_feed)
+    losses = _LossWindow(torch.zeros((), device=device))
+    metrics_file = (ctx.out_dir / "metrics.jsonl").open("a") if ctx.out_dir is not None else None
+    ctx.model.train()
+    with HeapFreeze() as heap:
+        try:
+            for step, batches in schedule.iterate(state.step, stop):
+                # Over all ranks, from the batch plan: no communication.
+                padded, nonpad, step_loss_tokens = schedule.step_tokens(step)
+                step_lr = _optimizer_step(ctx, batches, world / float(max(step_loss_tokens, 1)), losses)
+                state.step = step + 1
+                result.steps_run += 1
+                state.tokens_padded += padded
+                state.tokens_nonpad += nonpad
+                state.tokens_loss += step_loss_tokens
+                losses.tokens += step_loss_tokens
+                meter.add(padded, nonpad, step_loss_tokens)
+                stopping = False
+                if ctx.evaluation is not None and _evaluation_due(
+                    state.step, ctx.evaluation.spec.every, schedule.total_steps
+                ):
+                    with meter.paused():
+                        stopping = result.stopped_early = _evaluate_step(ctx, metrics_file)
+                if state.step % spec.log_steps == 0 or state.step == stop or stopping:
+                    _log_step(ctx, metrics_file, meter, losses, step_lr, world)
+                else:
+                    ctx.progress.advance(state.step)
+                if meter.warmed_up(state.step):  # after the log, whose window it would otherwise empty
+                    heap.refreeze()
+                    meter.start_steady(device)
+                if ctx.measure.on_step is not None:
+                    ctx.measure.on_step(state.step)
+                if stopping:
+                    break
+                if spec.save_steps and state.step % spec.save_steps == 0 and state.step < schedule.total_steps:
+                    _save_checkpoint(ctx, meter.elapsed_s())
+        finally:
+            if metrics_file is not None:
+                metrics_file.close()
+            ctx.progress.close()
+    meter.finish(device)
+    mem = ctx.memwatch.read()
     result.peak_memory_bytes = mem.peak_bytes
     result.peak_reserved_bytes = mem.peak_reserved_bytes
     result.peak_absolute_bytes = mem.peak_absolute_bytes
     return result
+
+
+@dataclass
+class _LossWindow:
+    """The summed training loss and its token count since the last log line (summed on the device: no sync)."""
+
+    total: torch.Tensor
+    tokens: int = 0
+
+
+def _optimizer_step(ctx: LoopContext, batches: list[Batch], scale: float, losses: _LossWindow) -> float:
+    """Accumulate the step's micro-batches, clip, step; returns the learning rate the step trained at."""
+    accelerator, model, optimizer, scheduler = ctx.accelerator, ctx.model, ctx.optimizer, ctx.scheduler
+    for i, batch in enumerate(batches):
+        last = i == len(batches) - 1
+        # Accumulation boundary for DeepSpeed, whose engine steps inside `backward` when it is set.
+        accelerator.sync_gradients = last
+        with nullcontext() if last else no_sync(accelerator, model):
+            loss_sum = forward(model, batch, accelerator.device)
+            # Normalise by the step's loss tokens, not per micro-batch: packed micro-batches hold
+            # different numbers of targets, and a per-micro-batch mean would weight them unequally.
+            accelerator.backward(loss_sum * scale)
+        losses.total += loss_sum.detach()
+    # DeepSpeed clips inside its own step (train/distributed.prepare_deepspeed gives it max_grad_norm);
+    # Accelerate's clip would only read its norm back, a host sync every step.
+    if ctx.optim.max_grad_norm > 0 and accelerator.distributed_type != "DEEPSPEED":
+        accelerator.clip_grad_norm_(model.parameters(), ctx.optim.max_grad_norm)
+    step_lr = scheduler.get_last_lr()[0]  # the rate this step trains at; scheduler.step() sets the next one
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return step_lr
+
+
+def _log_step(ctx: LoopContext, metrics_file, meter: ThroughputMeter, losses: _LossWindow, lr: float, world: int):
+    """The log line at `state.step`: the window's mean loss (the one host sync per log window), rates, memory."""
+    state = ctx.state
+    summed = ctx.accelerator.reduce(losses.total, "sum") if world > 1 else losses.total
+    loss = summed.item() / max(losses.tokens, 1)
+    per_s = meter.close_window()
+    mem = ctx.memwatch.read()
+    record = {
+        "step": state.step,
+        "loss": loss,
+        "lr": lr,
+        "tokens_padded": state.tokens_padded,
+        "tokens_nonpad": state.tokens_nonpad,
+        "tokens_loss": state.tokens_loss,
+        "elapsed_s": state.elapsed_s,
+        **{f"{k}_per_s": v for k, v in per_s.items()},
+        "peak_memory_bytes": mem.peak_bytes,
+    }
+    meter.result.losses.append((state.step, loss))
+    _record(ctx, metrics_file, record)
+    eta = meter.eta_s(per_s["tokens_padded"])
+    ctx.progress.update(
+        LogLine(state.step, ctx.schedule.total_steps, loss, lr, per_s["tokens_nonpad"], mem.peak_bytes, eta)
+    )
+    losses.total.zero_()
+    losses.tokens = 0
+    meter.open_window()
 
 
 def _save_checkpoint(ctx: LoopContext, elapsed_s: float) -> None:
@@ -398,7 +475,7 @@ def _save_checkpoint(ctx: LoopContext, elapsed_s: float) -> None:
         ctx.accelerator.wait_for_everyone()
 
 
-def _freeze_heap() -> None:
+def freeze_heap() -> None:
     """Move every object alive now (model, optimizer, libraries, compiled graphs) out of the garbage
     collector's reach, after one full collection. Python's full collections scan the whole heap, a quarter of
     a second per collection with the embedded model loaded, stalling whichever step they land in
@@ -422,7 +499,7 @@ def _evaluate_step(ctx: LoopContext, metrics_file) -> bool:
     ev, state, device = ctx.evaluation, ctx.state, ctx.accelerator.device
     synchronize(device)
     start = time.perf_counter()
-    loss, tokens = evaluate(ctx.model, ev.batches, device, ctx.accelerator)
+    loss, tokens = eval_loss(ctx.model, ev.batches, device, ctx.accelerator)
     seconds = time.perf_counter() - start
     state.evaluations += 1
     state.eval_s += seconds

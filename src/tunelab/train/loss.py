@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import torch
 
+from .. import families
 from ..data.packing import SeqLayout
 from ..errors import TunelabError
-from .. import families
 from ..model import attention
 from ..runtime import LOGIT_CHUNK
-
 
 _SCRATCH: dict[tuple, torch.Tensor] = {}
 

@@ -6,16 +6,16 @@ import io
 import json
 
 import pytest
-
 from conftest import write_jsonl
+
 from tunelab.bench import calibrate, measure, store
-from tunelab.commands import bench as command
 from tunelab.cli import main
+from tunelab.commands import bench as command
 from tunelab.errors import TunelabError
 from tunelab.plan import catalog
 from tunelab.plan.calibration import load_calibration
-from tunelab.recipes.predict import local_prediction
 from tunelab.plan.flops import FlopsPerToken
+from tunelab.recipes.predict import local_prediction
 
 
 def test_store_roundtrip_filters_and_export(tmp_path):

@@ -8,8 +8,8 @@ import math
 
 import pytest
 import torch
-
 from conftest import write_jsonl
+
 from tunelab.bench import peers
 from tunelab.bench.compare import compare
 from tunelab.data.formats import prompt_text

@@ -5,8 +5,8 @@ import json
 from types import SimpleNamespace
 
 import pytest
-
 from conftest import write_jsonl
+
 from tunelab.bench import store
 from tunelab.bench.profile import summarize
 from tunelab.cli import main

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from tunelab.bench import suite as suitemod
+from tunelab.bench import suite_schema as schema
 from tunelab.cli import main
 from tunelab.errors import TunelabError
 from tunelab.train.loop import step_statistics
@@ -30,13 +31,13 @@ def test_step_statistics_median_p90_max():
 
 
 # ids other than the bare names: a "gpu" keyword would mark the test as needing CUDA (conftest).
-@pytest.mark.parametrize("name", list(suitemod.builtin_suites()), ids=lambda n: f"suite-{n}")
+@pytest.mark.parametrize("name", list(schema.builtin_suites()), ids=lambda n: f"suite-{n}")
 def test_builtin_suite_rows_load_as_valid_configs(name, tiny_model_dir, tmp_path):
-    suite = suitemod.load_suite(name)
+    suite = schema.load_suite(name)
     for row in suite.rows:
         # A row the suite saves as a checkpoint first (a shape override, a quantized base) runs from a directory.
         model = str(tiny_model_dir) if suitemod.needs_checkpoint(row) else row.model
-        mb = row.micro_batch_cap if row.micro_batch == suitemod.AUTO else row.micro_batch
+        mb = row.micro_batch_cap if row.micro_batch == schema.AUTO else row.micro_batch
         cfg = suitemod.row_config(suite, row, model, tmp_path / "data.jsonl", tmp_path / row.name, micro_batch=mb)
         assert (cfg.method, cfg.compile, cfg.grad_ckpt, cfg.micro_batch) == (row.method, row.compile, row.grad_ckpt, mb)
         assert cfg.packing and cfg.lora.r == 16 and cfg.lora.alpha == 32 and cfg.lora.targets == "all-linear"
@@ -45,7 +46,7 @@ def test_builtin_suite_rows_load_as_valid_configs(name, tiny_model_dir, tmp_path
 
 
 def test_gpu_suite_shape():
-    suite = suitemod.load_suite("gpu")
+    suite = schema.load_suite("gpu")
     assert suite.config["seq_len"] == 2048
     kinds = {(r.model, r.method, r.compile, r.grad_ckpt) for r in suite.rows}
     assert ("random:llama-3.2-1b", "lora", True, False) in kinds and (
@@ -80,10 +81,10 @@ def write_suite(path, rows, **extra):
 
 def test_suite_file_errors_are_one_line(tmp_path):
     with pytest.raises(TunelabError, match="known suites are"):
-        suitemod.load_suite("nope")
+        schema.load_suite("nope")
     bad = write_suite(tmp_path / "s.yaml", [{"name": "a", "model": "x", "method": "lora", "steps": 1, "stepz": 2}])
     with pytest.raises(TunelabError, match="unknown keys stepz") as e:
-        suitemod.load_suite(str(bad))
+        schema.load_suite(str(bad))
     assert "\n" not in str(e.value)
     assert main(["bench", "--suite", "cpu", "--sweep", "micro_batch=1,2"]) == 2
 
@@ -111,7 +112,7 @@ def test_cpu_suite_end_to_end(tmp_path):
     out = tmp_path / "bench-out"
     assert main(["bench", "--suite", "cpu", "--out", str(out), f"output_dir={tmp_path / 'runs'}"]) == 0
     doc, records, md = _records(out)
-    suite = suitemod.load_suite("cpu")
+    suite = schema.load_suite("cpu")
     assert doc["suite"] == "cpu" and doc["device"]["name"] and doc["versions"]["torch"] and doc["versions"]["peft"]
     assert doc["definition"]["rows"] and doc["data"]["rows"] == suite.data["rows"] and "--suite cpu" in doc["command"]
     for row in suite.rows:
@@ -165,15 +166,15 @@ def test_a_failing_row_is_recorded_and_the_rest_run(tmp_path):
 
 
 def test_suite_rows_select_rows_and_their_peers():
-    gpu = suitemod.load_suite("gpu")
-    part = suitemod.select_rows(gpu, "8b-qlora, 1b-lora")
+    gpu = schema.load_suite("gpu")
+    part = schema.select_rows(gpu, "8b-qlora, 1b-lora")
     assert [r.name for r in part.rows] == ["1b-lora", "8b-qlora"]  # the suite's order
     assert part.peers_after == "1b-lora" and part.peer_names == gpu.peer_names
-    alone = suitemod.select_rows(gpu, "8b-lora")
+    alone = schema.select_rows(gpu, "8b-lora")
     assert alone.peers_after is None and alone.peer_names == []
-    assert suitemod.select_rows(gpu, None) is gpu
+    assert schema.select_rows(gpu, None) is gpu
     with pytest.raises(TunelabError, match=r"--suite-rows 8b,1b-lora: 8b: suite gpu has rows 1b-lora, ") as e:
-        suitemod.select_rows(gpu, "8b,1b-lora")
+        schema.select_rows(gpu, "8b,1b-lora")
     assert "\n" not in str(e.value)
     assert main(["bench", "--suite-rows", "1b-lora"]) == 2  # only with --suite
 

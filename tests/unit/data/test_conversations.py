@@ -7,8 +7,8 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import make_tokenizer, write_jsonl
+
 from tunelab.config import load_config
 from tunelab.data.formats import CHATML_TEMPLATE, prompt_text, use_default_chat_template
 from tunelab.data.pipeline import IGNORE, DataSpec, prepare

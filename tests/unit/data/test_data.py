@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 import torch
-
 from conftest import make_tiny_llama, write_jsonl
+
 from tunelab.data.formats import prompt_text
 from tunelab.data.packing import collate, epoch_micro_batches, epoch_rows
 from tunelab.data.pipeline import IGNORE, DataSpec, prepare, read_rows

@@ -7,10 +7,10 @@ from __future__ import annotations
 import datasets
 import numpy as np
 import pytest
+from conftest import hub_http_library, write_jsonl
 from datasets.exceptions import DatasetNotFoundError
 from huggingface_hub import errors as hf
 
-from conftest import write_jsonl, hub_http_library
 from tunelab import hub
 from tunelab.cli import main
 from tunelab.config import load_config

@@ -9,8 +9,8 @@ from collections import Counter
 import datasets
 import numpy as np
 import pytest
-
 from conftest import write_jsonl
+
 from tunelab.cli import main
 from tunelab.config import load_config
 from tunelab.data.pipeline import HeldOutSpec, prepare, prepare_split

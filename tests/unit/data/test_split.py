@@ -3,8 +3,8 @@ training examples are; eval.path reads a file of its own."""
 
 import numpy as np
 import pytest
-
 from conftest import write_jsonl
+
 from tunelab.data.pipeline import DataSpec, HeldOutSpec, prepare, prepare_split
 from tunelab.errors import TunelabError
 

@@ -6,6 +6,7 @@ import statistics
 
 import pytest
 
+from tunelab import sources
 from tunelab.cli import main
 from tunelab.data import synthetic as sy
 from tunelab.errors import TunelabError
@@ -15,9 +16,8 @@ PROMPT, RESPONSE = (20, 120), (5, 60)
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from tunelab.model import load
 
-    return load.load_tokenizer(load.resolve(load.EMBEDDED))
+    return sources.load_tokenizer(sources.resolve(sources.EMBEDDED))
 
 
 @pytest.mark.parametrize("dist", sy.DISTS)

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import json
 
-
 import pytest
 import torch
-
 from conftest import make_tokenizer, write_jsonl
+
+from tunelab import families, sources
 from tunelab.cli import main
 from tunelab.data.packing import layout_from_lengths
 from tunelab.errors import TunelabError
-from tunelab import families
 from tunelab.model import attention
 from tunelab.plan import arch as archmod
 from tunelab.train.loss import CausalLMLoss
@@ -287,6 +286,7 @@ def test_trains_end_to_end_with_lora(family, vocab, tmp_path, addition_rows):
     """`tunelab train` on a saved tiny model of the family: loaded with tunelab's attention, LoRA on every
     linear layer of its blocks (Phi-3's fused qkv_proj and gate_up_proj included), two steps, an adapter saved."""
     from conftest import tiny_train_config
+
     from tunelab.recipes.train import train
 
     model_dir = tmp_path / family
@@ -316,7 +316,9 @@ def test_loads_outside_training_pick_an_attention_the_family_supports(vocab, tmp
 
     for family, expected in (("gemma2", None), ("qwen3", "sdpa")):
         build(family, vocab, "eager").save_pretrained(tmp_path / family)
-        model = load.load_model(load.ModelSource(family, tmp_path / family), torch.float32, "none", torch.device("cpu"))
+        model = load.load_model(
+            sources.ModelSource(family, tmp_path / family), torch.float32, "none", torch.device("cpu")
+        )
         if expected is None:  # the installed transformers' own choice
             expected = AutoModelForCausalLM.from_pretrained(tmp_path / family).config._attn_implementation
         assert model.config._attn_implementation == expected

@@ -13,12 +13,13 @@ import inspect
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import make_tiny_llama
 from torch.nn.attention.flex_attention import BlockMask, create_mask
 
-from conftest import make_tiny_llama
 from tunelab.model import attention
 from tunelab.model.adapters import AdapterSpec, apply_adapter
 from tunelab.recipes.train import compile_blocks
+from tunelab.runtime import attention_path
 from tunelab.train.loss import CausalLMLoss
 
 WIDTH = 128
@@ -206,10 +207,10 @@ def test_compiled_blocks_compile_once(tokenizer, device="cuda"):
 
 
 def test_auto_is_flex_on_cuda_and_slots_on_cpu():
-    assert attention.attention_path("auto", "cuda") == "flex"
-    assert attention.attention_path("auto", "cuda", flash_attn=True) == "flash"
-    assert attention.attention_path("auto", "cpu") == "slots"
-    assert attention.attention_path("sdpa", "cuda") == "sdpa"
+    assert attention_path("auto", "cuda") == "flex"
+    assert attention_path("auto", "cuda", flash_attn=True) == "flash"
+    assert attention_path("auto", "cpu") == "slots"
+    assert attention_path("sdpa", "cuda") == "sdpa"
 
 
 def test_attention_key_is_validated():

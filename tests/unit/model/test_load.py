@@ -43,6 +43,7 @@ def test_weights_that_miss_tensors_of_the_config_are_one_line_and_nothing_trains
     import shutil
 
     from conftest import small_run_config
+
     from tunelab.cli import main
 
     folder = tmp_path / "model"

@@ -9,13 +9,15 @@ import math
 
 import pytest
 import torch
-
 from conftest import write_jsonl
+
+from tunelab import sources
 from tunelab.cli import main
 from tunelab.config import load_config
 from tunelab.errors import TunelabError
 from tunelab.plan import arch as archmod
 from tunelab.plan import catalog
+from tunelab.sources import resolve_arch
 
 TINY_ROW = {
     "hidden": 64,
@@ -47,7 +49,7 @@ def test_short_ids_are_unique_and_lowercase_last_components():
 
 @pytest.mark.parametrize("ref", ["random:llama-3.1-8b", "random:meta-llama/Llama-3.1-8B", "random:LLAMA-3.1-8B"])
 def test_random_id_names_the_catalog_row(ref):
-    assert archmod.resolve_arch(ref) == archmod.resolve_arch("meta-llama/Llama-3.1-8B")
+    assert resolve_arch(ref) == resolve_arch("meta-llama/Llama-3.1-8B")
 
 
 @pytest.mark.parametrize(
@@ -60,12 +62,12 @@ def test_random_id_names_the_catalog_row(ref):
 )
 def test_unbuildable_ids_are_one_line_errors(ref, message):
     with pytest.raises(TunelabError, match=message) as e:
-        archmod.resolve_arch(ref)
+        resolve_arch(ref)
     assert "\n" not in str(e.value)
 
 
 def test_tokenizer_vocab_constant_is_the_embedded_tokenizers_size(load):
-    assert len(load.load_tokenizer(load.resolve("embedded"))) == archmod.TOKENIZER_VOCAB
+    assert len(sources.load_tokenizer(sources.resolve("embedded"))) == archmod.TOKENIZER_VOCAB
 
 
 def test_quantized_base_is_refused_before_anything_loads():
@@ -85,12 +87,12 @@ def test_built_on_the_target_device_in_the_compute_dtype(load, monkeypatch, caps
         return build(*args, **kwargs)
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_config", spy)
-    source = load.resolve("random:llama-3.2-1b")
+    source = sources.resolve("random:llama-3.2-1b")
     model = load.load_model(source, torch.bfloat16, "none", torch.device("meta"))
     assert seen == [torch.device("meta")]
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert {p.device.type for p in model.parameters()} == {"meta"}
-    shape = archmod.resolve_arch("random:llama-3.2-1b")
+    shape = resolve_arch("random:llama-3.2-1b")
     assert sum(p.numel() for p in model.parameters()) == shape.total_params
     assert model.config.vocab_size == shape.vocab and model.config.num_key_value_heads == shape.kv_heads
     assert (
@@ -101,8 +103,8 @@ def test_built_on_the_target_device_in_the_compute_dtype(load, monkeypatch, caps
 
 def test_qwen_rows_build_as_qwen2(load):
     """Qwen2's q/k/v projections carry biases, which plan's parameter count leaves out."""
-    model = load.load_model(load.resolve("random:qwen2.5-0.5b"), torch.bfloat16, "none", torch.device("meta"))
-    shape = archmod.resolve_arch("random:qwen2.5-0.5b")
+    model = load.load_model(sources.resolve("random:qwen2.5-0.5b"), torch.bfloat16, "none", torch.device("meta"))
+    shape = resolve_arch("random:qwen2.5-0.5b")
     biases = shape.layers * (shape.heads + 2 * shape.kv_heads) * shape.head_dim
     assert model.config.model_type == "qwen2"
     assert sum(p.numel() for p in model.parameters()) == shape.total_params + biases
@@ -177,7 +179,7 @@ def test_random_model_and_synthetic_data_need_only_the_tokenizer_folder(load, tm
 
     from tunelab import sources
 
-    folder = load.resolve("random:llama-3.2-1b").path
+    folder = sources.resolve("random:llama-3.2-1b").path
     assert (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file()
     assert not [f for f in folder.iterdir() if f.suffix in sources.WEIGHT_SUFFIXES]
     monkeypatch.setenv("TUNELAB_CACHE", str(tmp_path))
@@ -187,11 +189,11 @@ def test_random_model_and_synthetic_data_need_only_the_tokenizer_folder(load, tm
         raise AssertionError("the embedded package was needed")
 
     monkeypatch.setattr(sources, "embedded_gguf", no_package)
-    source = load.resolve("random:llama-3.2-1b")
+    source = sources.resolve("random:llama-3.2-1b")
     assert source.path == tmp_path / folder.name
-    config = load.load_config(source)
-    assert config.num_hidden_layers == archmod.resolve_arch("random:llama-3.2-1b").layers
-    assert load.load_tokenizer(source)("1 + 2").input_ids
+    config = sources.model_config(source)
+    assert config.num_hidden_layers == resolve_arch("random:llama-3.2-1b").layers
+    assert sources.load_tokenizer(source)("1 + 2").input_ids
 
     from tunelab.cli import main
 
@@ -203,8 +205,8 @@ def test_random_model_and_synthetic_data_need_only_the_tokenizer_folder(load, tm
 
 def test_qwen3_rows_build_as_qwen3(load):
     """Qwen3 has no q/k/v biases but RMSNorms on q and k per head, which plan's parameter count leaves out."""
-    model = load.load_model(load.resolve("random:qwen3-8b"), torch.bfloat16, "none", torch.device("meta"))
-    shape = archmod.resolve_arch("random:qwen3-8b")
+    model = load.load_model(sources.resolve("random:qwen3-8b"), torch.bfloat16, "none", torch.device("meta"))
+    shape = resolve_arch("random:qwen3-8b")
     assert model.config.model_type == "qwen3"
     assert sum(p.numel() for p in model.parameters()) == shape.total_params + shape.layers * 2 * shape.head_dim
 
@@ -212,4 +214,4 @@ def test_qwen3_rows_build_as_qwen3(load):
 @pytest.mark.parametrize("ref", ["random:gemma-3-1b-pt", "random:phi-3-mini-4k-instruct"])
 def test_families_the_catalog_cannot_describe_are_refused(ref):
     with pytest.raises(TunelabError, match="family cannot be built faithfully"):
-        archmod.resolve_arch(ref)
+        resolve_arch(ref)

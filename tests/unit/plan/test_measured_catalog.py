@@ -7,8 +7,8 @@ import sys
 
 import pytest
 import yaml
-
 from conftest import REPO
+
 from tunelab.cli import main
 from tunelab.plan import catalog, timing
 from tunelab.plan.calibration import CalibrationRecord

@@ -9,10 +9,10 @@ import torch
 
 from tunelab.cli import main
 from tunelab.config import load_config
-
 from tunelab.plan import arch as archmod
 from tunelab.plan import calibration, catalog, memory, timing, workload
 from tunelab.plan.flops import flops_per_token
+from tunelab.sources import resolve_arch
 
 LLAMA2 = "meta-llama/Llama-2-7b-hf"
 
@@ -45,7 +45,7 @@ def test_seed_padded_upper_bound_and_real_padding():
 
 
 def test_flops_llama2_7b_hand_count():
-    a = archmod.resolve_arch(LLAMA2)
+    a = resolve_arch(LLAMA2)
     per_layer = 4 * 4096 * 4096 + 3 * 4096 * 11008
     n = 32 * per_layer + 32000 * 4096
     assert a.matmul_params == n == 6_607_077_376
@@ -133,7 +133,7 @@ def test_memory_hand_count_compiled_blocks_with_attention_slots():
 
 
 def test_memory_hand_count_llama2_qlora_and_full():
-    a = archmod.resolve_arch(LLAMA2)
+    a = resolve_arch(LLAMA2)
     q = memory.breakdown(a, setup(method="qlora", base_quant="nf4"))
     blocks = 6_476_005_376
     assert q.weights == round(blocks * (0.5 + 1 / 64 + 4 / 16384) + (a.total_params - blocks) * 2)
@@ -153,7 +153,7 @@ def test_zero3_counts_the_gathered_root_unit():
     """tunelab's FSDP root (embeddings, final norm, LM head) stays gathered for the whole step, beside one
     gathered decoder layer. Llama-2 7B by hand: 32000 x 4096 embeddings and head, a 4096 final norm; a layer's
     linears are 4 x 4096² + 3 x 4096 x 11008."""
-    a = archmod.resolve_arch(LLAMA2)
+    a = resolve_arch(LLAMA2)
     root = 2 * 32000 * 4096 + 4096
     layer = 4 * 4096**2 + 3 * 4096 * 11008
     assert memory.root_params(a) == root
@@ -165,7 +165,7 @@ def test_zero3_counts_the_gathered_root_unit():
 
 
 def test_max_micro_batch_is_largest_that_fits():
-    a = archmod.resolve_arch(LLAMA2)
+    a = resolve_arch(LLAMA2)
     s = setup(row_len=512, loss_rows=256)
     cap = 24 * 2**30
     b = memory.max_micro_batch(a, s, cap, loss_per_row=128)
@@ -225,8 +225,8 @@ def test_registry_covers_issue_models():
         "HuggingFaceTB/SmolLM2-360M",
         "HuggingFaceTB/SmolLM2-1.7B",
     ]:
-        assert archmod.resolve_arch(name).total_params > 0
-    assert round(archmod.resolve_arch("meta-llama/Llama-3.1-8B").total_params / 1e6) == 8030
+        assert resolve_arch(name).total_params > 0
+    assert round(resolve_arch("meta-llama/Llama-3.1-8B").total_params / 1e6) == 8030
 
 
 @pytest.mark.parametrize(
@@ -242,7 +242,7 @@ def test_registry_covers_issue_models():
     ],
 )
 def test_family_rows_count_the_released_parameters(name, extra_per_layer, published):
-    a = archmod.resolve_arch(name)
+    a = resolve_arch(name)
     assert a.total_params + a.layers * extra_per_layer(a) == published
 
 
@@ -267,7 +267,7 @@ def test_matmul_probe_is_short_and_positive():
 
     import torch
 
-    from tunelab.bench import probe
+    from tunelab import probe
 
     start = time.perf_counter()
     flops, n = probe.measure_matmul_peak(torch.float32, torch.device("cpu"), seconds=0.2, max_n=512)
@@ -280,7 +280,7 @@ def test_matmul_probe_stays_small_where_a_product_is_slow(monkeypatch):
     doubling once the next product would not fit twice into a window."""
     import torch
 
-    from tunelab.bench import probe
+    from tunelab import probe
 
     sizes = []
 
@@ -512,7 +512,7 @@ def test_plan_local_measures_this_machine_in_the_runs_precision(capsys, monkeypa
     fp16 on a CPU fails as train fails, and several processes on one CPU are refused (they share its cores)."""
     seen = []
     monkeypatch.setattr("tunelab.plan.calibration.load_calibration", lambda key: None)
-    monkeypatch.setattr("tunelab.bench.probe.matmul_peak", lambda dtype, dev: (seen.append(dtype), (1e12, 256))[1])
+    monkeypatch.setattr("tunelab.probe.matmul_peak", lambda dtype, dev: (seen.append(dtype), (1e12, 256))[1])
     assert main(["plan", "--model", "smollm2-135m", "--examples", "100", "--gpu", "local", "--precision", "fp32"]) == 0
     assert seen == [torch.float32] and "for class cpu-fp32" in capsys.readouterr().out
     assert main(["plan", "--model", "smollm2-135m", "--examples", "100", "--gpu", "local", "--precision", "fp16"]) == 2
@@ -533,8 +533,8 @@ def test_a_config_json_without_the_shape_is_refused_not_filled_with_a_default_7b
 
 
 def test_gemma2_rows_and_configs_carry_their_final_logit_softcap():
-    assert archmod.resolve_arch("google/gemma-2-2b").logit_softcap == 30.0
-    assert archmod.resolve_arch(LLAMA2).logit_softcap == 0.0
+    assert resolve_arch("google/gemma-2-2b").logit_softcap == 30.0
+    assert resolve_arch(LLAMA2).logit_softcap == 0.0
     from transformers import Gemma2Config
 
     cfg = Gemma2Config(

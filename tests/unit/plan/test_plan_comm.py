@@ -1,10 +1,9 @@
 """Bytes sent per GPU per optimizer step (plan/comm.py), counted by hand on the toy architecture."""
 
 import pytest
+from test_plan import LLAMA2, plan_json, setup, small_arch
 
 from tunelab.plan import comm, memory
-
-from test_plan import LLAMA2, plan_json, setup, small_arch
 
 
 def test_hand_count_per_sharding():

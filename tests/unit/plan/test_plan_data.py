@@ -4,8 +4,9 @@ import json
 
 import pytest
 
+from tunelab import sources
 from tunelab.cli import main
-from tunelab.plan import arch as archmod
+from tunelab.sources import resolve_arch
 
 
 @pytest.fixture(scope="module")
@@ -34,18 +35,17 @@ def local_model(tmp_path_factory):
 
 
 def test_arch_from_config_dir(local_model):
-    a = archmod.resolve_arch(str(local_model / "model"))
+    a = resolve_arch(str(local_model / "model"))
     assert (a.hidden, a.layers, a.kv_heads, a.max_positions) == (128, 2, 2, 256)
     assert a.source.endswith("config.json")
 
 
 def test_plan_uses_real_token_lengths(local_model, capsys):
     from tunelab.data.pipeline import DataSpec, prepare
-    from tunelab.model import load
 
     model = str(local_model / "model")
     data = str(local_model / "data.jsonl")
-    tok = load.load_tokenizer(load.resolve(model))
+    tok = sources.load_tokenizer(sources.resolve(model))
     real = prepare(DataSpec(data, "completion", "alpaca", False, 64), tok)
     argv = [
         "plan",

@@ -2,10 +2,11 @@
 tiny run measured."""
 
 import json
-import pytest
 
+import pytest
 from conftest import tiny_train_config as config
 from conftest import write_jsonl
+
 from tunelab.cli import main
 from tunelab.plan import arch as archmod
 from tunelab.plan import catalog, timing, workload
@@ -14,12 +15,13 @@ from tunelab.plan.estimate import Device, estimate
 from tunelab.plan.flops import flops_per_token, forward_flops_per_token
 from tunelab.recipes.predict import dataset_lengths, settings_from_config
 from tunelab.recipes.train import train
+from tunelab.sources import resolve_arch
 
 LLAMA2 = "meta-llama/Llama-2-7b-hf"
 
 
 def test_forward_flops_are_the_forward_part_of_each_step_term():
-    a = archmod.resolve_arch(LLAMA2)
+    a = resolve_arch(LLAMA2)
     n = a.matmul_params
     attn_fwd = 4 * 32 * 32 * 128 * 512
     # Full fine-tuning: a forward is exactly a third of a training step.
@@ -52,7 +54,7 @@ def test_evaluation_seconds_and_plan_output_only_with_eval(capsys):
     rec = json.loads(capsys.readouterr().out)
     assert rec["examples"] == 800 and rec["optimizer_steps"] == 50 and rec["evaluations"] == 5
     assert rec["eval_tokens_padded"] == 200 * 256  # 2 examples of 256 tokens per 512-token row
-    a = archmod.resolve_arch(LLAMA2)
+    a = resolve_arch(LLAMA2)
     fwd = forward_flops_per_token(a, "lora", archmod.adapter_targets(a, "all-linear"), 16, 512)
     expected = 5 * 200 * 256 * fwd / (rec["peak_flops"] * rec["efficiency"])
     assert rec["overheads_s"]["evaluation"] == pytest.approx(expected)
@@ -70,7 +72,7 @@ def test_predicted_eval_time_beside_a_measured_run(tiny_model_dir, tmp_path, add
     cfg = config(tiny_model_dir, data, tmp_path / "run", "epochs=2", "eval.split=0.25", "eval.steps=3")
     summary = train(cfg, show_progress=False)
 
-    arch = archmod.resolve_arch(cfg.model)
+    arch = resolve_arch(cfg.model)
     peak = 1e12
     gpu = catalog.Gpu("local", "cpu", 2**34, 0.0, peak, False, "cpu-fp32", source="test")
     first = Device(gpu, 0, None)

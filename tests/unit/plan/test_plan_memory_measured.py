@@ -14,7 +14,7 @@ weight, 96 MiB here), which this process's measured peak shows only in part. Wit
 blocks the model's saved tensors are as exact, but the process holds more than they explain at larger batches,
 which an overhead calibrated on a smaller run does not carry: 615 / 632 / 1,240 MiB measured against 519 / 501 /
 1,013 (16-21% short). On the quickstart, eager blocks grew RSS by 3.66 GiB in the first forward against
-3.30 GiB of saved tensors and logits, and by 0.96 against 0.96 at micro-batch 4 (benchmarks/quickstart_xeon-amx-2c_2026-11-22.md).
+3.30 GiB of saved tensors and logits, and by 0.96 against 0.96 at micro-batch 4 (benchmarks/quickstart/quickstart_xeon-amx-2c_2026-11-22.md).
 
 Integration-marked: four training processes of a 512-wide model take minutes on a shared 2-core CPU.
 """
@@ -22,8 +22,8 @@ Integration-marked: four training processes of a 512-wide model take minutes on 
 import random
 
 import pytest
-
 from conftest import make_tiny_llama, make_tokenizer, write_jsonl
+
 from tunelab.bench import points as command
 from tunelab.config import load_config
 from tunelab.device import cpu_has_fast_bf16

@@ -14,22 +14,22 @@ attention's probabilities, which the model does not follow) and compiled DoRA (t
 of the two products it keeps eager). attention=flex: FlexAttention has no backward on CPU, so training's
 forward runs SDPA under the dense expansion of flex's mask_mod, which keeps what flex keeps (q, k, v, output
 and an fp32 log-sum-exp per head and token) plus the one mask. The figures of each case:
-benchmarks/make-test_xeon-amx-2c_2026-11-26.md.
+benchmarks/test-suite/make-test_xeon-amx-2c_2026-11-26.md.
 """
 
 from dataclasses import replace
 
 import pytest
 import torch
+from conftest import make_tiny_llama, write_jsonl
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from conftest import make_tiny_llama, write_jsonl
 from tunelab.config import load_config
 from tunelab.plan import memory
-from tunelab.plan.arch import resolve_arch
-from tunelab.recipes.predict import dataset_lengths, local_device, settings_from_config
 from tunelab.plan.estimate import estimate
 from tunelab.recipes import train as command
+from tunelab.recipes.predict import dataset_lengths, local_device, settings_from_config
+from tunelab.sources import resolve_arch
 from tunelab.train.loss import CausalLMLoss
 
 pytestmark = pytest.mark.slow  # every test here trains or compiles

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tunelab import device as devmod
-from tunelab.bench import probe
+from tunelab import probe
 from tunelab.plan import calibration
 from tunelab.recipes.predict import local_device
 

@@ -9,8 +9,8 @@ import random
 
 import pytest
 import torch
-
 from conftest import REPO, make_tokenizer, write_jsonl
+
 from tunelab.cli import main
 from tunelab.config import load_config
 from tunelab.data.formats import CHATML_TEMPLATE

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import compile_without_inductor, tiny_train_config, write_jsonl
+
 from tunelab.recipes import train as recipe
 from tunelab.train import loop
 from tunelab.train.loss import CausalLMLoss

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tunelab.report import sections as report
 from tunelab.cli import main
 from tunelab.errors import TunelabError
+from tunelab.report import sections as report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 VERSIONS = {"torch": "9.9.0", "transformers": "8.8.0", "peft": "7.7.0", "accelerate": "6.6.0"}

@@ -6,8 +6,8 @@ import re
 import sys
 
 import pytest
-
 from conftest import REPO
+
 from tunelab.errors import TunelabError
 from tunelab.train import distributed
 

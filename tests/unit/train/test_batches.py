@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 import torch
-
 from conftest import make_tiny_llama, write_jsonl
+
 from tunelab.data.pipeline import DataSpec, prepare
 from tunelab.train.batches import BatchSpec, EvalBatches, Schedule, shard
 from tunelab.train.loop import forward

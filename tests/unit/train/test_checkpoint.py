@@ -7,8 +7,8 @@ import re
 
 import pytest
 import torch
-
 from conftest import tiny_optimizer_run
+
 from tunelab.errors import TunelabError
 from tunelab.train import checkpoint
 from tunelab.train.checkpoint import TrainState

@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import REPO, small_run_config
+from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow
 

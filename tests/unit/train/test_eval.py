@@ -5,10 +5,10 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import tiny_train_config as config
 from conftest import write_jsonl
+from safetensors.torch import load_file
+
 from tunelab.data.pipeline import IGNORE, prepare_split
 from tunelab.recipes.train import train
 from tunelab.specs import data_spec, held_out_spec
@@ -31,13 +31,13 @@ def eval_records(out):
 
 
 def fake_evaluate(monkeypatch, losses):
-    """loop.evaluate returning `losses` in turn (with the real loss-token count): a run whose eval loss is chosen."""
+    """loop.eval_loss returning `losses` in turn (with the real loss-token count): a run whose eval loss is chosen."""
     queue = list(losses)
 
     def fake(model, batches, device, accelerator=None):
         return queue.pop(0), batches.tokens_loss
 
-    monkeypatch.setattr(loop, "evaluate", fake)
+    monkeypatch.setattr(loop, "eval_loss", fake)
 
 
 def test_eval_loss_is_the_token_mean_over_the_held_out_rows(tiny_model_dir, data_file, tmp_path, tokenizer):
@@ -133,7 +133,7 @@ def test_resume_keeps_best_loss_patience_and_best_dir(tiny_model_dir, data_file,
     args = ["max_steps=8", "save_steps=1", "save_total_limit=5", "eval.split=0.25", "eval.steps=1"]
     args.append("eval.early_stopping_patience=2")
     fake_evaluate(monkeypatch, [1.0, 1.2, 0.5])
-    train(config(tiny_model_dir, data_file, out, *args), show_progress=False, stop_at=3)
+    train(config(tiny_model_dir, data_file, out, *args), show_progress=False, measure=loop.Measurement(stop_at=3))
     assert json.loads((out / "best" / "tunelab_best.json").read_text())["step"] == 3
     fake_evaluate(monkeypatch, [1.1])
     resume = f"resume={out / 'checkpoints' / 'step-0000002'}"

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO, small_run_config
 
 pytestmark = pytest.mark.slow
@@ -156,6 +155,7 @@ from tunelab.config import load_config
 from tunelab.errors import TunelabError
 from tunelab.recipes.train import train
 from tunelab.train import checkpoint
+from tunelab.train.loop import Measurement
 
 if os.environ.get("FAIL_SAVE"):
     def fail(*args, **kwargs):
@@ -165,7 +165,7 @@ from tunelab.train.distributed import exit_launched
 
 stop = int(sys.argv[2])
 try:
-    train(load_config(sys.argv[1], sys.argv[3:]), show_progress=False, stop_at=stop or None)
+    train(load_config(sys.argv[1], sys.argv[3:]), show_progress=False, measure=Measurement(stop_at=stop or None))
 except TunelabError as e:
     sys.exit(f"error: {e}")
 # As `tunelab train` does: a launched gloo process that reaches interpreter teardown can abort there.

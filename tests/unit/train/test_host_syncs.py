@@ -20,9 +20,8 @@ import traceback
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
-
 from conftest import tiny_train_config, write_jsonl
+from torch.overrides import TorchFunctionMode
 
 pytestmark = pytest.mark.slow
 

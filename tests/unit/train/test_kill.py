@@ -1,18 +1,17 @@
 """kill -9 during a checkpoint write and during the final save, then resume: the same losses and weights as a
-run never killed, and no half-written file. benchmarks/faults.py runs the same check at 20 seeded moments."""
+run never killed, and no half-written file. benchmarks/scripts/faults.py runs the same check at 20 seeded moments."""
 
 import importlib.util
 import json
 
 import pytest
-
 from conftest import REPO
 
 pytestmark = pytest.mark.slow
 
 
 def _faults():
-    spec = importlib.util.spec_from_file_location("faults", REPO / "benchmarks" / "faults.py")
+    spec = importlib.util.spec_from_file_location("faults", REPO / "benchmarks" / "scripts" / "faults.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

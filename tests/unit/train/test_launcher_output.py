@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
+
 from tunelab.train.distributed import LauncherOutput
 
 # What `accelerate launch` wrote to stderr when both processes of a run stopped at a missing data file.

@@ -4,13 +4,14 @@ import json
 
 import pytest
 import torch
-
-from conftest import tiny_train_config as config
 from conftest import compile_without_inductor, write_jsonl
+from conftest import tiny_train_config as config
+
 from tunelab.cli import main
 from tunelab.config import load_config
 from tunelab.errors import TunelabError
 from tunelab.recipes.train import train
+from tunelab.train.loop import Measurement
 
 pytestmark = pytest.mark.slow  # every test here trains or compiles
 
@@ -154,7 +155,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_model_dir, data_file, tmp_
     train(
         config(tiny_model_dir, data_file, cut, "max_steps=8", "save_steps=4", "lora.dropout=0.1"),
         show_progress=False,
-        stop_at=6,
+        measure=Measurement(stop_at=6),
     )  # dies at step 6, after the checkpoint at 4
     assert not (cut / "adapter").exists()  # an unfinished run leaves no final adapter
     resumed = train(
@@ -177,7 +178,9 @@ def test_resume_with_a_smaller_micro_batch_and_the_same_rows_per_step_reproduces
     train(config(tiny_model_dir, data_file, full, "max_steps=6", "micro_batch=4", "grad_accum=2"), show_progress=False)
     shape = ("max_steps=6", "save_steps=3")
     train(
-        config(tiny_model_dir, data_file, cut, *shape, "micro_batch=4", "grad_accum=2"), show_progress=False, stop_at=4
+        config(tiny_model_dir, data_file, cut, *shape, "micro_batch=4", "grad_accum=2"),
+        show_progress=False,
+        measure=Measurement(stop_at=4),
     )
     train(
         config(tiny_model_dir, data_file, cut, *shape, "micro_batch=2", "grad_accum=4", "resume=true"),
@@ -212,7 +215,11 @@ def test_a_new_run_refuses_an_output_dir_holding_an_earlier_runs_best_weights(ti
 
 def test_resume_skips_a_truncated_latest_checkpoint(tiny_model_dir, data_file, tmp_path, capsys):
     out = tmp_path / "cut"
-    train(config(tiny_model_dir, data_file, out, "max_steps=8", "save_steps=2"), show_progress=False, stop_at=6)
+    train(
+        config(tiny_model_dir, data_file, out, "max_steps=8", "save_steps=2"),
+        show_progress=False,
+        measure=Measurement(stop_at=6),
+    )
     previous, latest = sorted((out / "checkpoints").iterdir())
     weights = latest / "trainable.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])  # as a crash or a full disk mid-write would leave it
@@ -305,6 +312,7 @@ def test_compiled_blocks_save_less_for_backward_than_at_full_budget(tokenizer, m
     bytes for backward (it recomputes cheap element-wise results) than at a budget of 1.0."""
     import torch._functorch.config as aot_config
     from conftest import make_tiny_llama
+
     from tunelab.recipes import train as command
 
     monkeypatch.setattr(aot_config, "activation_memory_budget", aot_config.activation_memory_budget)  # restored after
@@ -350,7 +358,7 @@ def test_optimizer_is_fused_adamw_and_falls_back_per_device(monkeypatch):
         return real(params, **kwargs)
 
     monkeypatch.setattr(torch.optim, "AdamW", no_fused)
-    # foreach is the slowest of the three on CPU (measured: benchmarks/quickstart_xeon-amx-2c_2026-11-22.md), the fastest fallback on GPUs.
+    # foreach is the slowest of the three on CPU (measured: benchmarks/quickstart/quickstart_xeon-amx-2c_2026-11-22.md), the fastest fallback on GPUs.
     assert loop.build_optimizer(model, spec, torch.device("cpu")).defaults["foreach"] is False
     assert loop.build_optimizer(model, spec, torch.device("cuda")).defaults["foreach"] is True
 
@@ -396,7 +404,7 @@ def test_a_compiled_run_compiles_nothing_after_its_first_steps(
 
     graphs: list[tuple[bool, int]] = []
     evaluating = [False]
-    real_forward, real_evaluate = loop.forward, loop.evaluate
+    real_forward, real_evaluate = loop.forward, loop.eval_loss
 
     def counting_forward(model, batch, device):
         out = real_forward(model, batch, device)
@@ -414,7 +422,7 @@ def test_a_compiled_run_compiles_nothing_after_its_first_steps(
         return out
 
     monkeypatch.setattr(loop, "forward", counting_forward)
-    monkeypatch.setattr(loop, "evaluate", counting_evaluate)
+    monkeypatch.setattr(loop, "eval_loss", counting_evaluate)
     torch._dynamo.reset()
     counters.clear()
     try:

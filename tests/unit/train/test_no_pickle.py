@@ -8,9 +8,9 @@ import zipfile
 
 import numpy as np
 import torch
+from conftest import REPO, tiny_optimizer_run
 from safetensors.torch import load_file
 
-from conftest import REPO, tiny_optimizer_run
 from tunelab.train import checkpoint
 from tunelab.train.checkpoint import TrainState
 

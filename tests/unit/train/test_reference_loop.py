@@ -16,8 +16,8 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import write_jsonl
+
 from tunelab.config import load_config
 from tunelab.recipes.train import prepare_run, train
 
@@ -64,8 +64,7 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]  # on CUDA tunela
 
 def reference_losses(cfg) -> list[float]:
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, get_scheduler
-    from transformers import set_seed
+    from transformers import AutoModelForCausalLM, get_scheduler, set_seed
 
     prep = prepare_run(cfg)  # the same batches: the schedule is a pure function of data and settings
     set_seed(cfg.seed)

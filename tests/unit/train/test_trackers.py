@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import tiny_train_config, write_jsonl
+
 from tunelab.cli import main
 from tunelab.config import load_config
 from tunelab.errors import TunelabError
@@ -134,11 +134,12 @@ def test_a_resumed_run_shows_each_step_once(tiny_model_dir, tmp_path, addition_r
     them, so TensorBoard reads the resumed run's values."""
     pytest.importorskip("tensorboard")
     from tunelab.recipes.train import train
+    from tunelab.train.loop import Measurement
 
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
     out = tmp_path / "run"
     args = ("max_steps=6", "log_steps=1", "save_steps=2", "report_to=tensorboard", "lr_scheduler=constant")
-    train(tiny_train_config(tiny_model_dir, data, out, *args), show_progress=False, stop_at=3)
+    train(tiny_train_config(tiny_model_dir, data, out, *args), show_progress=False, measure=Measurement(stop_at=3))
     assert [s for s, _ in jsonl_scalars(out)["loss"]] == [1, 2, 3]
     train(tiny_train_config(tiny_model_dir, data, out, *args, "resume=true", "seed=7"), show_progress=False)
     jl = jsonl_scalars(out)

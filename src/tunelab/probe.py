@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from ..device import synchronize
+from .device import synchronize
 
 # A CPU reaches its matmul plateau (oneDNN, AMX) by 2048³; a GPU needs 8192³ (docs/formulas.md's H100/H200 figures).
 CPU_MAX_N = 2048

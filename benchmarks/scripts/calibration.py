@@ -1,7 +1,7 @@
 """Does a calibrated plan predict a real run's training time? `bench --calibrate` on the present device, then
 `tunelab train` for a run of another length, with plan's predicted time beside the measured one.
 
-    .venv/bin/python benchmarks/calibration.py [--steps 60] [--out FILE.json] [key=value ...]
+    .venv/bin/python benchmarks/scripts/calibration.py [--steps 60] [--out FILE.json] [key=value ...]
 
 The workload is the embedded SmolLM2-135M on 400 additions; overrides change it (e.g. `model=random:llama-3.2-1b
 seq_len=2048` on a GPU). The calibration record goes to a temporary cache, so the user's is left alone.
@@ -29,10 +29,12 @@ def main() -> int:
     args, overrides = p.parse_known_args()
     work = Path(tempfile.mkdtemp(prefix="tunelab-calibration-"))
     os.environ["TUNELAB_CACHE"] = str(work / "cache")
-    from tunelab.cli import main as cli, quiet_libraries
-    from tunelab.config import load_config
     from tunelab.plan.command import local_prediction
     from tunelab.train.command import train
+
+    from tunelab.cli import main as cli
+    from tunelab.config import load_config
+    from tunelab.libraries import quiet_libraries
 
     quiet_libraries()
     r = random.Random(0)

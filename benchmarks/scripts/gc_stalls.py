@@ -4,7 +4,7 @@ Runs the same short training twice in one process, interleaved per round, and re
 starts while `loop.run` is running: its generation and duration. Full (generation 2) collections scan every
 tracked object, so with a model and its libraries loaded one lands as a stall in whichever step it hits.
 
-    PYTHONPATH=src python benchmarks/gc_stalls.py --rounds 2 [key=value ...] > result.json
+    PYTHONPATH=src python benchmarks/scripts/gc_stalls.py --rounds 2 [key=value ...] > result.json
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def main() -> None:
         elif in_loop[0]:
             events.append((info["generation"], time.perf_counter() - started[-1]))
 
-    real_run, real_freeze = loop.run, loop._freeze_heap
+    real_run, real_freeze = loop.run, loop.freeze_heap
 
     def timed_run(ctx):
         in_loop[0] = True
@@ -54,7 +54,7 @@ def main() -> None:
     rows = []
     for r in range(args.rounds):
         for frozen in (True, False):
-            loop._freeze_heap = real_freeze if frozen else (lambda: None)
+            loop.freeze_heap = real_freeze if frozen else (lambda: None)
             events.clear()
             with TemporaryDirectory() as out:
                 cfg = load_config(args.config, [*overrides, f"output_dir={out}"])

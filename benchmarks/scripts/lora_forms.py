@@ -15,7 +15,7 @@ for each adapted layer of a model at T tokens per micro-batch:
   compiled with a pointwise consumer (y·2), where inductor may move an addmm's add into the consumer's kernel
   and so round twice.
 
-    PYTHONPATH=src python benchmarks/lora_forms.py --model smollm2-135m --tokens 4096 [--compile] > out.json
+    PYTHONPATH=src python benchmarks/scripts/lora_forms.py --model smollm2-135m --tokens 4096 [--compile] > out.json
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch
 
 def layer_shapes(model: str) -> dict[str, tuple[int, int]]:
     """(d_in, d_out) of each all-linear LoRA target of a catalog model's decoder layer."""
-    from tunelab.plan.arch import resolve_arch
+    from tunelab.sources import resolve_arch
 
     a = resolve_arch(model)
     q, kv = a.heads * a.head_dim, a.kv_heads * a.head_dim

@@ -2,7 +2,7 @@
 flash-attention's rowsum(dO * O). Prints each form's largest error against an fp32 reference next to bf16
 SDPA's, and the fastest of 40 interleaved eager forward + backward passes at three slot lengths.
 
-    python benchmarks/slot_attention_correction.py
+    python benchmarks/scripts/slot_attention_correction.py
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """kill -9 at seeded moments of a training run, then resume: nothing lost, nothing half-written.
 
-    python benchmarks/faults.py [--kills 20] [--seed 0] [--out benchmarks/faults_<device>_<date>]
+    python benchmarks/scripts/faults.py [--kills 20] [--seed 0] [--out benchmarks/faults_<device>_<date>]
 
 A census run (uninterrupted, instrumented) counts the run's events; each kill then picks one event at random
 (seeded) and SIGKILLs the training process there:
@@ -327,7 +327,7 @@ def write_results(out: Path, census: dict, wall: float, results: list[dict]) -> 
 
     meta = {
         "date": time.strftime("%Y-%m-%d"),
-        "command": "python benchmarks/faults.py " + " ".join(sys.argv[1:]),
+        "command": "python benchmarks/scripts/faults.py " + " ".join(sys.argv[1:]),
         "machine": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,

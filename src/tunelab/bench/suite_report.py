@@ -1,0 +1,156 @@
+"""What `tunelab bench suite` writes: the results document (`<suite>_<device>_<date>.json`) and its markdown
+table, with the device and library versions it ran on."""
+
+from __future__ import annotations
+
+import datetime
+import re
+
+from ..markdown import gib_cell, num, table
+from .suite_schema import Suite, SuiteOptions
+
+
+def device_slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", re.sub(r"\(.*?\)", "", name).lower()).strip("-") or "device"
+
+
+def environment() -> dict:
+    """The device this process sees, and the CUDA runtime and driver where there is one."""
+    import torch
+
+    from ..device import device_memory_bytes, device_name, pick_device
+
+    device = pick_device("auto")
+    env = {"name": device_name(device), "type": device.type, "memory_bytes": device_memory_bytes(device)}
+    if device.type == "cuda":
+        env["cuda"] = torch.version.cuda
+        env["driver"] = _driver_version()
+    return env
+
+
+def _driver_version() -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+
+
+def document(
+    options: SuiteOptions,
+    suite: Suite,
+    data: dict,
+    results: list[dict],
+    elapsed: float,
+    complete: bool,
+    date: str,
+    device: dict,
+) -> dict:
+    from ..device import library_versions
+
+    rows = options.rows
+    return {
+        "suite": suite.name,
+        # False while the suite runs: a file left with it false is what a stopped run had measured.
+        "complete": complete,
+        "source": suite.source,
+        "date": date,
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(
+            [
+                "tunelab",
+                "bench",
+                "--suite",
+                options.suite,
+                *(["--suite-rows", rows] if rows else []),
+                *(["--out", options.out] if options.out else []),
+                *options.overrides,
+            ]
+        ),
+        "device": device,
+        "versions": library_versions(),
+        "elapsed_s": elapsed,
+        "budget_s": suite.budget_s,
+        "rate_basis": "tokens_*_per_s: tokens over the steady-state window's wall time (synchronized at its edges); "
+        "step_time_median_s/p90/max: per optimizer step in that window",
+        "definition": suite.definition,
+        "data": data,
+        "records": results,
+    }
+
+
+def markdown(doc: dict) -> str:
+    dev = doc["device"]
+    env = ", ".join(f"{k} {v}" for k, v in doc["versions"].items())
+    cuda = f", CUDA {dev['cuda']}, driver {dev.get('driver') or 'unknown'}" if dev["type"] == "cuda" else ""
+    header = [
+        "row",
+        "non-pad tok/s (window)",
+        "MFU",
+        "step median / p90 / max (s)",
+        "peak memory",
+        "plan tok/s, memory",
+        "measured / plan tok/s",
+        "note",
+    ]
+    rows = []
+    for r in doc["records"]:
+        if "error" in r or "skipped" in r:
+            rows.append(
+                [
+                    r["label"],
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    ("failed: " + r["error"]) if "error" in r else "skipped: " + r["skipped"],
+                ]
+            )
+            continue
+        pred = r.get("predicted_tokens_nonpad_per_s")
+        steps = " / ".join(num(r.get(k), 3) for k in ("step_time_median_s", "step_time_p90_s", "step_time_max_s"))
+        note = f"mb {r.get('micro_batch')}"
+        if "comparison" in r:
+            note += f"; tunelab ({r['against']}) / peer: {r['comparison']['tokens_nonpad_ratio']:.2f}x"
+        rows.append(
+            [
+                r["label"],
+                num(r["tokens_nonpad_per_s"]),
+                "" if r.get("mfu") is None else f"{r['mfu']:.1%}",
+                steps,
+                gib_cell(r.get("peak_memory_bytes")),
+                "" if pred is None else f"{num(pred)}, {gib_cell(r.get('predicted_peak_memory_bytes'))}",
+                "" if not pred else f"{r['tokens_nonpad_per_s'] / pred:.2f}",
+                note,
+            ]
+        )
+    budget = f" (budget {doc['budget_s']:.0f} s)" if doc.get("budget_s") else ""
+    lines = [
+        f"# tunelab bench --suite {doc['suite']}: {dev['name']}, {doc['date']}",
+        "",
+        f"- device: {dev['name']}, {gib_cell(dev['memory_bytes'])}{cuda}",
+        f"- versions: {env}",
+        f"- command: `{doc['command']}`; "
+        + (
+            f"finished in {doc['elapsed_s']:.0f} s{budget}"
+            if doc.get("complete", True)
+            else f"**partial**: stopped or still running after {doc['elapsed_s']:.0f} s{budget}, "
+            f"{len(doc['records'])} records so far"
+        ),
+        f"- data: {doc['data']['rows']} synthetic alpaca rows, prompt {doc['data']['prompt_tokens']} and response "
+        f"{doc['data']['response_tokens']} tokens ({doc['data']['dist']}, seed {doc['data']['seed']})",
+        f"- rates: {doc['rate_basis']}",
+        "",
+        *table(header, rows),
+        "",
+    ]
+    return "\n".join(lines)

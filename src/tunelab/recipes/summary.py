@@ -1,0 +1,72 @@
+"""A run's summary (summary.json, and what `train()` returns): every field is a key of the file, in its order."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+# Present only when the run evaluated; best_step and best_eval_loss are always there (None without evaluation).
+EVAL_ONLY = ("eval_examples", "eval_tokens_nonpad", "eval_tokens_loss", "eval_tokens_padded", "evaluations", "eval_s")
+
+
+@dataclass(kw_only=True)
+class RunSummary:
+    output_dir: str
+    model: str
+    method: str
+    base_quant: str
+    nf4_layers: int
+    device: str
+    device_memory_bytes: int | None
+    precision: str
+    params_trainable: int
+    params_total: int
+    params_local: int
+    seq_len: int
+    micro_batch: int
+    grad_accum: int
+    packing: bool
+    grad_ckpt: bool
+    world_size: int
+    data: dict
+    steps: int
+    total_steps: int
+    finished: bool
+    early_stopped: bool
+    loss_first: float | None
+    loss_last: float | None
+    tokens_padded: int
+    tokens_nonpad: int
+    tokens_loss: int
+    # Rates over the steady-state window (train/loop.LoopResult.rates).
+    tokens_padded_per_s: float
+    tokens_nonpad_per_s: float
+    tokens_loss_per_s: float
+    step_time_s: float
+    step_time_median_s: float
+    step_time_p90_s: float
+    step_time_max_s: float
+    steady_window_steps: int
+    steady_window_s: float
+    rate_window: str
+    eval_examples: int | None = None
+    eval_tokens_nonpad: int | None = None
+    eval_tokens_loss: int | None = None
+    eval_tokens_padded: int | None = None
+    evaluations: int | None = None
+    eval_s: float | None = None
+    best_step: int | None = None
+    best_eval_loss: float | None = None
+    peak_memory_bytes: int
+    peak_memory_reserved_bytes: int | None
+    peak_memory_absolute_bytes: int
+    train_s: float
+    elapsed_s: float
+    versions: dict
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        if self.eval_examples is None:
+            for key in EVAL_ONLY:
+                del d[key]
+        return d
