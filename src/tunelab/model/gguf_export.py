@@ -107,22 +107,35 @@ def check_model(config, tokenizer_dir: Path, quant: str, ref: str) -> ModelPlan:
     """Refuse, in one line naming it, anything of `config` or its tokenizer that the GGUF would not carry."""
     model_type = getattr(config, "model_type", "?")
     file_type, qtype = quant_types(quant)
+    moe = experts(config)
+    if moe is not None:
+        raise TunelabError(f"model {ref}: a Mixture-of-Experts model ({moe[0]}={moe[1]}); GGUF export is dense only")
     if model_type not in FAMILIES:
         raise TunelabError(
             f"model {ref}: model_type {model_type} has no GGUF export in tunelab; it writes {', '.join(FAMILIES)}"
         )
-    moe = experts(config)
-    if moe is not None:
-        raise TunelabError(f"model {ref}: a Mixture-of-Experts model ({moe[0]}={moe[1]}); GGUF export is dense only")
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    rope = _rope(config.to_dict())
     rope_type = rope.get("rope_type", rope.get("type"))
     if rope_type not in ROPE_TYPES or (model_type == "phi3" and rope_type not in (None, "default")):
         raise TunelabError(
             f"model {ref}: rope scaling {rope_type!r} (rope_scaling in config.json) is not written by tunelab's GGUF "
             f"export; it writes {', '.join(sorted(t for t in ROPE_TYPES if t))} scaling"
         )
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    scalar = getattr(config, "query_pre_attn_scalar", None)
+    if scalar is not None and scalar not in (head_dim, config.hidden_size // config.num_attention_heads):
+        raise TunelabError(
+            f"model {ref}: query_pre_attn_scalar={scalar} in config.json; llama.cpp scales Gemma's attention by "
+            f"head_dim ({head_dim}) or hidden_size / num_attention_heads, so the GGUF would compute another model"
+        )
     tokenizer, pre = _tokenizer_kind(tokenizer_dir, ref)
     return ModelPlan(FAMILIES[model_type], model_type, file_type, qtype, tokenizer, pre)
+
+
+def _rope(hp: dict) -> dict:
+    """The rope settings of full-attention layers (transformers nests them per layer type for Gemma-3)."""
+    rope = hp.get("rope_parameters") or hp.get("rope_scaling") or {}
+    return rope.get("full_attention", rope)
 
 
 def _tokenizer_kind(folder: Path, ref: str) -> tuple[str, str]:
@@ -228,7 +241,7 @@ def _tensor_type(name: str, shape: tuple, qtype) -> gguf.GGMLQuantizationType:
 
 def _extra_tensors(hp: dict, plan: ModelPlan) -> list:
     """LlamaModel.generate_extra_tensors: Llama-3.1's rope scaling as per-frequency factors (rope_freqs)."""
-    rope = hp.get("rope_parameters") or hp.get("rope_scaling") or {}
+    rope = _rope(hp)
     if plan.family.arch != gguf.MODEL_ARCH.LLAMA or rope.get("rope_type", "") != "llama3":
         return []
     base = rope.get("rope_theta", hp.get("rope_theta", 10000.0))
@@ -254,8 +267,9 @@ def _extra_tensors(hp: dict, plan: ModelPlan) -> list:
 def _hyperparameters(w: gguf.GGUFWriter, hp: dict, plan: ModelPlan) -> None:
     """TextModel.set_gguf_parameters and each family's additions, key for key."""
     arch = plan.family.arch
-    rope = hp.get("rope_parameters") or hp.get("rope_scaling") or {}
+    rope = _rope(hp)
     theta = rope.get("rope_theta", hp.get("rope_theta"))
+    swa_theta = ((hp.get("rope_parameters") or {}).get("sliding_attention") or {}).get("rope_theta")
     w.add_block_count(hp["num_hidden_layers"])
     w.add_context_length(hp["max_position_embeddings"])
     w.add_embedding_length(hp["hidden_size"])
@@ -279,6 +293,8 @@ def _hyperparameters(w: gguf.GGUFWriter, hp: dict, plan: ModelPlan) -> None:
         w.add_sliding_window(hp["sliding_window"])
     elif theta is not None:
         w.add_rope_freq_base(theta)
+    if swa_theta is not None and arch != gguf.MODEL_ARCH.GEMMA2:
+        w.add_rope_freq_base_swa(swa_theta)
     if arch == gguf.MODEL_ARCH.GEMMA3:
         if hp.get("final_logit_softcapping"):
             w.add_final_logit_softcapping(hp["final_logit_softcapping"])
