@@ -1,0 +1,205 @@
+"""GGUF export proven in llama.cpp itself: a quickstart-style adapter exported with `tunelab export --format gguf`,
+loaded by llama.cpp (the `llama-cpp-python` package, which builds llama.cpp from source), its greedy
+continuations of held-out additions compared with transformers' on the same file, and the exact match of the
+exported model beside the adapter's own (`tunelab eval`).
+
+    python benchmarks/gguf_roundtrip.py --llama-python .venv-llama/bin/python [--run RUN] [--out PREFIX]
+
+`make gguf-check` builds that interpreter once and runs this. Without --run, it trains a short adapter first:
+configs/quickstart.yaml on 3,000 rows of 1-4 digit additions (held-out rows: 200 more from the same
+generator, disjoint from training). llama.cpp runs in its own interpreter so that tunelab's environment stays
+as `make install` makes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+QUANTS = ("bf16", "q8_0")
+
+# Runs in the llama.cpp interpreter: each prompt's greedy continuation, at most its budget of tokens, ending at
+# the model's end-of-generation token, as tunelab eval's generation ends at EOS.
+LLAMA_SCRIPT = r"""
+import json, sys, llama_cpp
+model, prompts, out = sys.argv[1:4]
+llm = llama_cpp.Llama(model_path=model, n_ctx=512, n_threads=int(sys.argv[4]), verbose=False, seed=0)
+rows = [json.loads(line) for line in open(prompts)]
+with open(out, "w") as f:
+    for row in rows:
+        ids = llm.tokenize(row["prompt"].encode(), add_bos=False, special=False)
+        got = []
+        for tok in llm.generate(ids, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0):
+            if llama_cpp.llama_token_is_eog(llm._model.vocab, tok) or len(got) >= row["budget"]:
+                break
+            got.append(tok)
+        llm.reset()
+        text = llm.detokenize(got).decode("utf-8", errors="replace")
+        f.write(json.dumps({"response": text, "ids": got}) + "\n")
+print(llama_cpp.__version__)
+"""
+
+
+def tunelab(*args: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    done = subprocess.run([sys.executable, "-m", "tunelab.cli", *args], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"tunelab {' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def train(work: Path) -> Path:
+    data = work / "data"
+    tunelab(
+        "data", "arithmetic", "--digits", "1-4", "--n", "3000", "--response", "aligned",
+        "--out", str(data / "train.jsonl"), "--test-out", str(data / "test.jsonl"), "--test-n", "200",
+    )  # fmt: skip
+    tunelab(
+        "train", "--config", str(REPO / "configs/quickstart.yaml"), f"data.path={data / 'train.jsonl'}",
+        f"output_dir={work / 'run'}", "compile=false",
+    )  # fmt: skip
+    return work / "run"
+
+
+def evaluate(data: Path, predictions: Path, *model_args: str) -> dict:
+    line = tunelab(
+        "eval", "--data", str(data), "--json", "--precision", "fp32", "--predictions", str(predictions), *model_args
+    )
+    return json.loads(line.strip().splitlines()[-1])
+
+
+def responses(path: Path) -> list[str]:
+    return [json.loads(line)["response"] for line in path.open()]
+
+
+def llama_cpp_run(python: str, model: Path, prompts: Path, out: Path, threads: int) -> str:
+    done = subprocess.run(
+        [python, "-c", LLAMA_SCRIPT, str(model), str(prompts), str(out), str(threads)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"llama.cpp run failed:\n{done.stderr[-3000:]}")
+    return done.stdout.strip().splitlines()[-1]
+
+
+def prompts_file(rows: list[dict], path: Path) -> None:
+    """Prompts rendered and budgeted as tunelab eval renders them (compact alpaca, the run's template)."""
+    sys.path.insert(0, str(REPO / "src"))
+    from tunelab.data.formats import prompt_text
+    from tunelab.eval.generate import response_budgets
+    from tunelab.model.load import load_tokenizer, resolve
+
+    tokenizer = load_tokenizer(resolve("embedded"))
+    budgets = response_budgets(tokenizer, rows, "alpaca", "compact")
+    with path.open("w") as f:
+        for row, budget in zip(rows, budgets):
+            f.write(json.dumps({"prompt": prompt_text("alpaca", "compact", row), "budget": budget}) + "\n")
+
+
+def exact(responses_: list[str], rows: list[dict]) -> float:
+    sys.path.insert(0, str(REPO / "src"))
+    from tunelab.eval.exact_match import extract, parse_answer
+
+    hits = 0
+    for text, row in zip(responses_, rows):
+        want = parse_answer(row["answer"])
+        hits += want is not None and extract(text, len(want)) == want
+    return hits / len(rows)
+
+
+def versions(python: str) -> dict:
+    import gguf  # noqa: F401
+    import peft
+    import torch
+    import transformers
+    from importlib.metadata import version
+
+    llama = subprocess.run([python, "-c", "import llama_cpp; print(llama_cpp.__version__)"], capture_output=True)
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return {
+        "tunelab_commit": commit.stdout.strip(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+        "gguf": version("gguf"),
+        "llama_cpp_python": llama.stdout.decode().strip(),
+        "cpu": next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?"),
+        "cores": len(os.sched_getaffinity(0)),
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--llama-python", required=True, help="a python with llama-cpp-python installed")
+    p.add_argument("--run", type=Path, help="a trained run (RUN/adapter, RUN/config.yaml); default: train one")
+    p.add_argument("--data", type=Path, help="held-out rows (default: the trained run's data/test.jsonl)")
+    p.add_argument("--work", type=Path, default=REPO / "runs" / "gguf-check")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, help="write PREFIX.json (default: print only)")
+    args = p.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    run = args.run or train(args.work)
+    data = args.data or run.parent / "data" / "test.jsonl"
+    rows = [json.loads(line) for line in data.open()]
+    prompts = args.work / "prompts.jsonl"
+    prompts_file(rows, prompts)
+    adapter_eval = evaluate(data, args.work / "adapter.predictions.jsonl", "--adapter", str(run / "adapter"))
+    adapter_responses = responses(args.work / "adapter.predictions.jsonl")
+    result = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "run": str(run),
+        "data": str(data),
+        "rows": len(rows),
+        "adapter_exact_match": adapter_eval["accuracy"],
+        "exports": {},
+    }
+    for quant in QUANTS:
+        out = args.work / f"gguf-{quant}" / "model.gguf"
+        if out.exists():
+            out.unlink()
+            (out.parent / "Modelfile").unlink(missing_ok=True)
+        began = time.time()
+        tunelab("export", "--adapter", str(run / "adapter"), "--format", "gguf", "--quant", quant, "--out", str(out))
+        export_s = time.time() - began
+        hf_pred = out.parent / "transformers.predictions.jsonl"
+        hf_eval = evaluate(data, hf_pred, "--model", str(out), "--format", "alpaca", "--template", "compact")
+        hf = responses(hf_pred)
+        llama_out = out.parent / "llama_cpp.responses.jsonl"
+        began = time.time()
+        llama_cpp_run(args.llama_python, out, prompts, llama_out, args.threads)
+        llama_s = time.time() - began
+        llama = responses(llama_out)
+        result["exports"][quant] = {
+            "file_bytes": out.stat().st_size,
+            "export_s": round(export_s, 1),
+            "transformers_exact_match": hf_eval["accuracy"],
+            "llama_cpp_exact_match": exact(llama, rows),
+            "llama_cpp_equals_transformers_same_file": sum(a == b for a, b in zip(llama, hf)) / len(rows),
+            "llama_cpp_equals_adapter": sum(a == b for a, b in zip(llama, adapter_responses)) / len(rows),
+            "transformers_equals_adapter": sum(a == b for a, b in zip(hf, adapter_responses)) / len(rows),
+            "llama_cpp_s": round(llama_s, 1),
+            "first_differences": [
+                {"prompt": rows[i]["instruction"], "llama_cpp": llama[i], "transformers": hf[i]}
+                for i in range(len(rows))
+                if llama[i] != hf[i]
+            ][:5],
+        }
+        print(quant, json.dumps({k: v for k, v in result["exports"][quant].items() if k != "first_differences"}))
+    result["versions"] = versions(args.llama_python)
+    result["wall_s"] = round(time.time() - start, 1)
+    print(json.dumps(result, indent=1))
+    if args.out:
+        args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
