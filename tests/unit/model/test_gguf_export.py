@@ -241,3 +241,40 @@ def test_modelfile_template_is_the_training_prompt():
     assert default_system(chatml) == "You are SmolLM."
     other = modelfile("./m.gguf", PromptSpec("chat"), "{{ bos_token }}[INST] ...", "</s>")
     assert "TEMPLATE" not in other  # Ollama reads tokenizer.chat_template from the GGUF itself
+
+
+def spm_tokenizer():
+    """A SentencePiece-style BPE (Llama-2, Mistral, Gemma): metaspace words, unknown bytes as <0xNN> tokens."""
+    import string
+
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    pieces = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), "\u2581"]
+    pieces += [*string.ascii_letters, *string.digits, *".,!?", "\u2581t", "he", "\u2581the"]
+    merges = [("\u2581", "t"), ("h", "e"), ("\u2581t", "he")]
+    vocab = {piece: i for i, piece in enumerate(pieces)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+def test_a_sentencepiece_style_tokenizer_is_written_with_scores_and_reads_back_to_the_same_ids(tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = spm_tokenizer()
+    tokenizer.save_pretrained(tmp_path)
+    model = make_tiny_llama(len(tokenizer), pad_token_id=None)
+    model.config.save_pretrained(tmp_path)
+    spm = ge.check_model(model.config, tmp_path, "f32", "spm")
+    assert (spm.tokenizer, spm.pre) == ("llama", "default")
+    out = ge.write_model(model, tmp_path, spm, tmp_path / "m.gguf", "spm")
+    reader = gguf.GGUFReader(out)
+    assert reader.fields["tokenizer.ggml.model"].contents() == "llama"
+    assert len(reader.fields["tokenizer.ggml.scores"].contents()) == len(tokenizer)
+    back = AutoTokenizer.from_pretrained(tmp_path, gguf_file=out.name)
+    for text in ("the cat", "Hello, World!", "ünïcode 日本"):  # the last two need byte fallback
+        assert back.encode(text) == tokenizer.encode(text)
