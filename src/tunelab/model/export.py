@@ -92,8 +92,11 @@ def _check_gguf_out(out: Path) -> Path:
 
 
 def _tokenizer_folder(source, folder: Path):
-    """The base's tokenizer and config as HF files in `folder`, which the GGUF vocabulary is read from."""
-    tokenizer = mload.load_tokenizer(source)
+    """The base's tokenizer and config as HF files in `folder`, which the GGUF vocabulary is read from: the
+    tokenizer as the model ships it (load_tokenizer would give it a pad token the converter would not see)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source.path, **source.kwargs)
     tokenizer.save_pretrained(folder)
     config = mload.load_config(source)
     config.save_pretrained(folder)
