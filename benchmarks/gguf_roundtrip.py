@@ -29,8 +29,10 @@ QUANTS = ("bf16", "q8_0")
 # the model's end-of-generation token, as tunelab eval's generation ends at EOS.
 LLAMA_SCRIPT = r"""
 import json, sys, llama_cpp
-model, prompts, out = sys.argv[1:4]
-llm = llama_cpp.Llama(model_path=model, n_ctx=512, n_threads=int(sys.argv[4]), verbose=False, seed=0)
+model, prompts, out, threads, lora = sys.argv[1:6]
+llm = llama_cpp.Llama(
+    model_path=model, lora_path=lora or None, n_ctx=512, n_threads=int(threads), verbose=False, seed=0
+)
 rows = [json.loads(line) for line in open(prompts)]
 with open(out, "w") as f:
     for row in rows:
@@ -79,10 +81,9 @@ def responses(path: Path) -> list[str]:
     return [json.loads(line)["response"] for line in path.open()]
 
 
-def llama_cpp_run(python: str, model: Path, prompts: Path, out: Path, threads: int) -> str:
-    done = subprocess.run(
-        [python, "-c", LLAMA_SCRIPT, str(model), str(prompts), str(out), str(threads)], capture_output=True, text=True
-    )
+def llama_cpp_run(python: str, model: Path, prompts: Path, out: Path, threads: int, lora: Path | None = None) -> str:
+    args = [str(model), str(prompts), str(out), str(threads), str(lora or "")]
+    done = subprocess.run([python, "-c", LLAMA_SCRIPT, *args], capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"llama.cpp run failed:\n{done.stderr[-3000:]}")
     return done.stdout.strip().splitlines()[-1]
@@ -132,6 +133,28 @@ def versions(python: str) -> dict:
         "llama_cpp_python": llama.stdout.decode().strip(),
         "cpu": next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?"),
         "cores": len(os.sched_getaffinity(0)),
+    }
+
+
+def lora_check(args, run: Path, rows: list[dict], prompts: Path, adapter_responses: list[str]) -> dict:
+    """The adapter alone (--format gguf-lora) applied by llama.cpp to the embedded GGUF it was trained on: that
+    file is Q4_1 (tunelab trains on its dequantized weights), so this is llama.cpp's --lora path, not a match."""
+    sys.path.insert(0, str(REPO / "src"))
+    from tunelab.sources import embedded_gguf
+
+    out = args.work / "gguf-lora" / "adapter.gguf"
+    if out.exists():
+        out.unlink()
+        (out.parent / "Modelfile").unlink(missing_ok=True)
+    tunelab("export", "--adapter", str(run / "adapter"), "--format", "gguf-lora", "--quant", "f16", "--out", str(out))
+    responses_out = out.parent / "llama_cpp.responses.jsonl"
+    llama_cpp_run(args.llama_python, embedded_gguf(), prompts, responses_out, args.threads, out)
+    llama = responses(responses_out)
+    return {
+        "base": embedded_gguf().name,
+        "file_bytes": out.stat().st_size,
+        "llama_cpp_exact_match": exact(llama, rows),
+        "llama_cpp_equals_adapter": sum(a == b for a, b in zip(llama, adapter_responses)) / len(rows),
     }
 
 
@@ -193,6 +216,7 @@ def main() -> int:
             ][:5],
         }
         print(quant, json.dumps({k: v for k, v in result["exports"][quant].items() if k != "first_differences"}))
+    result["gguf_lora"] = lora_check(args, run, rows, prompts, adapter_responses)
     result["versions"] = versions(args.llama_python)
     result["wall_s"] = round(time.time() - start, 1)
     print(json.dumps(result, indent=1))

@@ -279,6 +279,8 @@ def _hyperparameters(w: gguf.GGUFWriter, hp: dict, plan: ModelPlan) -> None:
     w.add_layer_norm_rms_eps(hp["rms_norm_eps"])
     head_dim = hp.get("head_dim")
     if arch == gguf.MODEL_ARCH.PHI3:
+        if hp.get("original_max_position_embeddings"):  # Phi3MiniModel writes it, scaled or not
+            w.add_rope_scaling_orig_ctx_len(hp["original_max_position_embeddings"])
         w.add_rope_dimension_count(
             int(rope.get("partial_rotary_factor", 1.0) * hp["hidden_size"]) // hp["num_attention_heads"]
         )
