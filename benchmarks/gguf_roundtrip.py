@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+REUSE = False  # --reuse: keep the exports and evaluations an earlier run of this script left in --work
 QUANTS = ("bf16", "q8_0")
 
 # Runs in the llama.cpp interpreter: each prompt's greedy continuation, at most its budget of tokens, ending at
@@ -71,10 +72,14 @@ def train(work: Path) -> Path:
 
 
 def evaluate(data: Path, predictions: Path, *model_args: str) -> dict:
+    summary = predictions.with_suffix(".summary.json")
+    if REUSE and summary.is_file() and predictions.is_file():
+        return json.loads(summary.read_text())
     line = tunelab(
         "eval", "--data", str(data), "--json", "--precision", "fp32", "--predictions", str(predictions), *model_args
     )
-    return json.loads(line.strip().splitlines()[-1])
+    summary.write_text(line.strip().splitlines()[-1])
+    return json.loads(summary.read_text())
 
 
 def responses(path: Path) -> list[str]:
@@ -160,13 +165,17 @@ def lora_check(args, run: Path, rows: list[dict], prompts: Path, adapter_respons
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--llama-python", required=True, help="a python with llama-cpp-python installed")
+    p.add_argument("--llama-python", default="", help="a python with llama-cpp-python installed")
     p.add_argument("--run", type=Path, help="a trained run (RUN/adapter, RUN/config.yaml); default: train one")
     p.add_argument("--data", type=Path, help="held-out rows (default: the trained run's data/test.jsonl)")
     p.add_argument("--work", type=Path, default=REPO / "runs" / "gguf-check")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, help="write PREFIX.json (default: print only)")
+    p.add_argument("--reuse", action="store_true", help="reuse the exports and evaluations already in --work")
+    p.add_argument("--no-llama", action="store_true", help="stop before llama.cpp (exports and evaluations only)")
     args = p.parse_args()
+    global REUSE
+    REUSE = args.reuse
     args.work.mkdir(parents=True, exist_ok=True)
     start = time.time()
     run = args.run or train(args.work)
@@ -186,15 +195,20 @@ def main() -> int:
     }
     for quant in QUANTS:
         out = args.work / f"gguf-{quant}" / "model.gguf"
-        if out.exists():
-            out.unlink()
-            (out.parent / "Modelfile").unlink(missing_ok=True)
         began = time.time()
-        tunelab("export", "--adapter", str(run / "adapter"), "--format", "gguf", "--quant", quant, "--out", str(out))
+        if not (REUSE and out.exists()):
+            out.unlink(missing_ok=True)
+            (out.parent / "Modelfile").unlink(missing_ok=True)
+            tunelab(
+                "export", "--adapter", str(run / "adapter"), "--format", "gguf", "--quant", quant, "--out", str(out)
+            )
         export_s = time.time() - began
         hf_pred = out.parent / "transformers.predictions.jsonl"
         hf_eval = evaluate(data, hf_pred, "--model", str(out), "--format", "alpaca", "--template", "compact")
         hf = responses(hf_pred)
+        if args.no_llama:
+            print(quant, "transformers exact match", hf_eval["accuracy"], "export_s", round(export_s, 1))
+            continue
         llama_out = out.parent / "llama_cpp.responses.jsonl"
         began = time.time()
         llama_cpp_run(args.llama_python, out, prompts, llama_out, args.threads)
@@ -216,6 +230,9 @@ def main() -> int:
             ][:5],
         }
         print(quant, json.dumps({k: v for k, v in result["exports"][quant].items() if k != "first_differences"}))
+    if args.no_llama:
+        print("adapter exact match", adapter_eval["accuracy"])
+        return 0
     result["gguf_lora"] = lora_check(args, run, rows, prompts, adapter_responses)
     result["versions"] = versions(args.llama_python)
     result["wall_s"] = round(time.time() - start, 1)
