@@ -35,10 +35,9 @@ def base_model_ref(adapter: Path, override: str | None) -> str:
     return load_config(run_config).model
 
 
-def _check_adapter(adapter: Path) -> None:
+def _check_adapter_dir(adapter: Path) -> None:
     if not (adapter / "adapter_config.json").is_file():
         raise TunelabError(f"{adapter}: not a PEFT adapter dir (no adapter_config.json)")
-    check_adapter(adapter)
 
 
 def _base(adapter: Path, model_ref: str | None, what: str = "merging"):
@@ -59,10 +58,11 @@ def _merged(adapter: Path, source):
 
 
 def merge(adapter: Path, out: Path, model_ref: str | None, dtype: torch.dtype) -> Path:
-    _check_adapter(adapter)
+    _check_adapter_dir(adapter)
     check_output_dir(out, "--out")
     if out.exists() and any(out.iterdir()):
         raise TunelabError(f"{out}: exists and is not empty; choose a new --out")
+    check_adapter(adapter)
     source = _base(adapter, model_ref)
     merged = _merged(adapter, source)
     with atomic_dir(out) as tmp:
@@ -107,8 +107,10 @@ def export_gguf(
     adapter: Path, out: Path, model_ref: str | None, quant: str, prompt: PromptSpec, name: str | None = None
 ) -> GGUFExport:
     """The merged model as one GGUF file at `out`, checked in full before the base model loads."""
-    _check_adapter(adapter)
+    _check_adapter_dir(adapter)
     target = _check_gguf_out(out)
+    gguf_export.quant_types(quant)
+    check_adapter(adapter)
     source = _base(adapter, model_ref)
     with tempfile.TemporaryDirectory(prefix="tunelab-gguf-") as folder:
         tokenizer, config = _tokenizer_folder(source, Path(folder))
@@ -126,8 +128,10 @@ def export_gguf_lora(
     """The adapter alone as a GGUF LoRA (llama.cpp's `--lora`, Ollama's ADAPTER); the base is not loaded."""
     from safetensors.torch import load_file
 
-    _check_adapter(adapter)
+    _check_adapter_dir(adapter)
     target = _check_gguf_out(out)
+    gguf_export.quant_types(quant, gguf_export.LORA_QUANTS)
+    check_adapter(adapter)
     source = _base(adapter, model_ref, "a GGUF LoRA")
     adapter_config = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
     config = mload.load_config(source)

@@ -450,9 +450,7 @@ class LoraPlan:
 def check_lora(adapter_config: dict, config, quant: str, ref: str) -> LoraPlan:
     """Refuse an adapter that llama.cpp's `--lora` would apply differently than peft does."""
     model_type = getattr(config, "model_type", "?")
-    if quant not in LORA_QUANTS:
-        raise TunelabError(f"--quant {quant}: a GGUF LoRA is written as one of {', '.join(LORA_QUANTS)}")
-    file_type, qtype = QUANTS[quant]
+    file_type, qtype = quant_types(quant, LORA_QUANTS)
     if model_type not in FAMILIES:
         raise TunelabError(
             f"model {ref}: model_type {model_type} has no GGUF export in tunelab; it writes {', '.join(FAMILIES)}"
