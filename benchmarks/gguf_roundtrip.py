@@ -239,7 +239,49 @@ def main() -> int:
     print(json.dumps(result, indent=1))
     if args.out:
         args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+        args.out.with_suffix(".md").write_text(markdown(result))
     return 0
+
+
+def markdown(result: dict) -> str:
+    """The results file: command, versions, and one row per export beside the adapter."""
+    v = result["versions"]
+    lines = [
+        "# GGUF export loaded back in llama.cpp",
+        "",
+        f"Command: `{result['command']}` (wall {result['wall_s']} s). Run: `{result['run']}`; held-out rows: "
+        f"`{result['data']}` ({result['rows']} additions, none in training). Greedy decoding everywhere; "
+        "transformers computes in fp32 (`tunelab eval --precision fp32`).",
+        "",
+        "Versions: " + ", ".join(f"{k} {v[k]}" for k in v),
+        "",
+        f"The adapter itself (`tunelab eval --adapter`): exact match {result['adapter_exact_match']:.1%}.",
+        "",
+        "| export | file | exact match, llama.cpp | exact match, transformers (`gguf_file=`) "
+        "| llama.cpp = transformers, same file | llama.cpp = adapter | transformers = adapter |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for quant, e in result["exports"].items():
+        lines.append(
+            f"| `--format gguf --quant {quant}` | {e['file_bytes'] / 2**20:.1f} MiB | {e['llama_cpp_exact_match']:.1%} "
+            f"| {e['transformers_exact_match']:.1%} | {e['llama_cpp_equals_transformers_same_file']:.1%} "
+            f"| {e['llama_cpp_equals_adapter']:.1%} | {e['transformers_equals_adapter']:.1%} |"
+        )
+    lora = result.get("gguf_lora")
+    if lora:
+        lines += [
+            "",
+            f"`--format gguf-lora` applied by llama.cpp (`lora_path`) to the embedded `{lora['base']}` (Q4_1, the "
+            f"file tunelab dequantizes and trains on): exact match {lora['llama_cpp_exact_match']:.1%}, responses "
+            f"equal to the adapter's {lora['llama_cpp_equals_adapter']:.1%}.",
+        ]
+    lines += ["", "Rows where llama.cpp and transformers differ on the same file, first five per export:", ""]
+    for quant, e in result["exports"].items():
+        for d in e["first_differences"]:
+            lines.append(
+                f"- {quant}: {d['prompt']!r}: llama.cpp {d['llama_cpp']!r}, transformers {d['transformers']!r}"
+            )
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
