@@ -37,10 +37,10 @@ llm = llama_cpp.Llama(
 rows = [json.loads(line) for line in open(prompts)]
 with open(out, "w") as f:
     for row in rows:
-        ids = llm.tokenize(row["prompt"].encode(), add_bos=False, special=False)
+        ids = llm.tokenize(row["prompt"].encode(), add_bos=False, special=True)
         got = []
-        for tok in llm.generate(ids, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0):
-            if llama_cpp.llama_token_is_eog(llm._model.vocab, tok) or len(got) >= row["budget"]:
+        for tok in llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0):
+            if llama_cpp.llama_vocab_is_eog(llm._model.vocab, tok) or len(got) >= row["budget"]:
                 break
             got.append(tok)
         llm.reset()
