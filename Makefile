@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast clean
+.PHONY: install demo test test-fast gguf-check clean
 
 install: $(STAMP)
 
@@ -38,5 +38,16 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -q tests -m "not slow and not integration and not gpu" --durations=5
 
+# GGUF export checked in llama.cpp itself (benchmarks/scripts/gguf_roundtrip.py): llama-cpp-python builds llama.cpp from
+# source into its own venv, once (minutes; one build job, niced); not part of `test`.
+LLAMA_VENV := .venv-llama
+$(LLAMA_VENV)/.installed:
+	test -x $(LLAMA_VENV)/bin/python || $(PY) -m venv $(LLAMA_VENV)
+	CMAKE_BUILD_PARALLEL_LEVEL=1 nice -n 19 $(LLAMA_VENV)/bin/pip install -q llama-cpp-python
+	touch $@
+
+gguf-check: install $(LLAMA_VENV)/.installed
+	$(BIN)/python benchmarks/scripts/gguf_roundtrip.py --llama-python $(LLAMA_VENV)/bin/python $(GGUF_CHECK_ARGS)
+
 clean:
-	rm -rf $(VENV) runs build src/*.egg-info
+	rm -rf $(VENV) $(LLAMA_VENV) runs build src/*.egg-info

@@ -80,6 +80,7 @@ def pytest_sessionfinish(session, exitstatus):
 LONGEST_FIRST = (
     "tests/unit/plan/test_plan_memory_measured.py",
     "tests/integration/test_methods.py",
+    "tests/integration/test_gguf_embedded.py",
     "tests/unit/train/test_fsdp.py",
     "tests/unit/bench/test_suite.py",
     "tests/unit/plan/test_plan_memory_saved.py",

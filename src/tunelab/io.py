@@ -99,6 +99,22 @@ def write_atomic(path: Path, lines: Iterable[str]) -> None:
 
 
 @contextmanager
+def atomic_file(path: Path) -> Iterator[Path]:
+    """Yield a temp file path next to `path` for a writer that opens files by name; on success it is renamed to
+    `path`, on any failure (an interrupt included) it is removed: `path` is never seen half-written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        os.chmod(tmp, _plain_mode(0o666))
+        yield Path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
 def atomic_dir(path: Path) -> Iterator[Path]:
     """Yield a temp dir next to `path` to fill; on success it replaces `path`, on any failure it is removed.
 

@@ -523,6 +523,28 @@ CASES = [
         "not empty",
     ),
     case(
+        "export-gguf-out-not-a-gguf-file",
+        lambda e: ["export", "--format", "gguf", "--adapter", str(e.adapter()), "--out", str(e.tmp / "m.bin")],
+        "--out",
+        "*.gguf",
+    ),
+    case(
+        "export-gguf-quant-unknown",
+        lambda e: [
+            "export",
+            "--format",
+            "gguf",
+            "--quant",
+            "q4_k_m",
+            "--adapter",
+            str(e.adapter()),
+            "--out",
+            str(e.tmp / "m.gguf"),
+        ],  # fmt: skip
+        "q4_k_m",
+        "llama-quantize",
+    ),
+    case(
         "export-adapter-missing",
         lambda e: ["export", "--merge", "--adapter", str(e.tmp / "gone"), "--out", str(e.out)],
         "gone",

@@ -54,3 +54,18 @@ def test_a_failed_directory_leaves_the_old_one(tmp_path):
             raise OSError(28, "No space left on device")
     assert [p.name for p in tmp_path.iterdir()] == ["adapter"]
     assert (target / "old.bin").read_text() == "old" and [p.name for p in target.iterdir()] == ["old.bin"]
+
+
+def test_atomic_file_renames_when_done_and_leaves_nothing_when_interrupted(tmp_path):
+    from tunelab.io import atomic_file
+
+    target = tmp_path / "m.gguf"
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_file(target) as tmp:
+            tmp.write_bytes(b"half")
+            raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []
+    with atomic_file(target) as tmp:
+        tmp.write_bytes(b"whole")
+        assert not target.exists()
+    assert target.read_bytes() == b"whole" and list(tmp_path.iterdir()) == [target]
