@@ -23,6 +23,7 @@ from .data.formats import TEMPLATES
 from .errors import TunelabError
 from .io import read_text
 from .plan.arch import EMBEDDED, RANDOM
+from .runtime import COMPILE_MODES, compile_mode
 
 METHODS = ("lora", "dora", "qlora", "full")
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -106,8 +107,12 @@ class TrainConfig:
     precision: str = "auto"
     packing: bool = True
     grad_ckpt: bool = False
-    # torch.compile each decoder block (recipes/train.py: compile_blocks): fused element-wise passes.
-    compile: bool = False
+    # torch.compile each decoder block (recipes/train.py: compile_blocks): fused element-wise passes. `auto`
+    # compiles when plan predicts the one-off compile is paid back within the run (runtime.compile_choice).
+    compile: Union[bool, str] = "auto"
+    # Keep the activations saved for backward in pinned host memory instead of the device's (model/offload.py):
+    # long sequences on one GPU, at the cost of a copy each way per layer.
+    activation_offload: bool = False
     # Packed-row attention (model/attention.py): auto is flex on CUDA (flash-attn's varlen kernels where
     # installed) and per-sequence slots on CPU; sdpa is transformers' own, with a block-diagonal mask.
     attention: str = "auto"
@@ -366,6 +371,8 @@ def validate(cfg: TrainConfig, source: Origins | str = "config") -> None:
     _choice(source, "base_quant", cfg.base_quant, BASE_QUANTS)
     _choice(source, "attention", cfg.attention, ATTENTIONS)
     _choice(source, "report_to", cfg.report_to, REPORT_TO)
+    _choice(source, "compile", compile_mode(cfg.compile), COMPILE_MODES)
+    cfg.compile = {"true": True, "false": False}.get(compile_mode(cfg.compile), "auto")
     if isinstance(cfg.lora.targets, str):
         _choice(source, "lora.targets", cfg.lora.targets, TARGET_PRESETS)
     elif not cfg.lora.targets:

@@ -48,6 +48,7 @@ def activations_assumption(m: MemorySetup) -> str:
 def assumptions(e: Estimate) -> list[str]:
     w = e.work
     out = [
+        *([e.compile_choice["why"]] if e.compile_choice else []),
         e.efficiency.label,
         f"peak {e.device.gpu.peak_flops / 1e12:.1f} TFLOP/s dense 16-bit ({e.device.gpu.source})"
         + (f"; note: {e.device.gpu.note}" if e.device.gpu.note else ""),
@@ -105,6 +106,7 @@ def record(r: Result, e: Estimate) -> dict:
             if e.evaluations is not None
             else {}
         ),
+        "compile": e.compile_choice,
         "peak_memory_bytes": e.memory.total,
         "memory_breakdown": e.memory.as_dict(),
         "memory_capacity_bytes": e.device.gpu.memory_bytes,

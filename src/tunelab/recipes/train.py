@@ -37,9 +37,10 @@ from ..device import (
 from ..errors import OutOfMemory, TunelabError
 from ..io import atomic_dir, disk_errors, link_tree, remove_stale_temps, write_atomic
 from ..memwatch import MemoryWatch
+from .predict import run_compile_choice
 from ..runtime import ACTIVATION_MEMORY_BUDGET
 from .. import families
-from ..model import attention
+from ..model import attention, offload
 from ..model import load as mload
 from ..model.adapters import AdapterSpec, apply_adapter, count_parameters
 from ..model.lora_linear import has_lora_dropout, has_nf4_base, nf4_layers
@@ -65,6 +66,7 @@ class Prepared:
     eval_data: TokenizedData | None = None
     eval_batches: EvalBatches | None = None
     notes: tuple[str, ...] = ()  # one line each, printed before training (defaults the run chose for the user)
+    compile: dict | None = None  # runtime.compile_choice: whether the blocks compile, and why
 
 
 def prepare_run(cfg: TrainConfig, procs: distributed.Processes | None = None) -> Prepared:
@@ -89,7 +91,11 @@ def prepare_run(cfg: TrainConfig, procs: distributed.Processes | None = None) ->
     batch = BatchSpec(cfg.seq_len, cfg.micro_batch, cfg.grad_accum, cfg.packing, cfg.seed, tokenizer.pad_token_id)
     schedule = Schedule(data, batch, cfg.epochs, cfg.max_steps, rank, world)
     eval_batches = None if eval_data is None else EvalBatches(eval_data, batch, schedule.slots, rank, world)
-    return Prepared(device, precision, source, model_config, tokenizer, data, schedule, eval_data, eval_batches, notes)
+    compiled = run_compile_choice(cfg, data)
+    notes += (compiled["why"],)
+    return Prepared(
+        device, precision, source, model_config, tokenizer, data, schedule, eval_data, eval_batches, notes, compiled
+    )
 
 
 def check_output_dir(path: Path) -> None:
@@ -135,10 +141,11 @@ def build_model(
         attn=training_attention(prep.device, cfg.attention),
         meta=meta,
     )
-    if cfg.grad_ckpt:
+    if cfg.grad_ckpt and not cfg.activation_offload:  # offload.apply checkpoints with host-memory inputs
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = apply_adapter(model, adapter_spec(cfg))
-    if cfg.compile:
+    offload.apply(model, cfg.activation_offload, cfg.grad_ckpt)
+    if (prep.compile or {}).get("chosen"):
         compile_blocks(model)
     return model
 
@@ -413,6 +420,8 @@ def _train_locked(
         "grad_accum": cfg.grad_accum,
         "packing": cfg.packing,
         "grad_ckpt": cfg.grad_ckpt,
+        "compile": prep.compile,
+        "activation_offload": cfg.activation_offload,
         "world_size": procs.world,
         "data": {**stats.as_dict(), "packing_efficiency": efficiency},
         "steps": state.step,

@@ -1,0 +1,224 @@
+"""Activation offloading: the tensors autograd saves for backward live in (pinned) host memory, not the device's.
+
+With gradient checkpointing (`grad_ckpt: true`) each decoder layer keeps only its input, the residual stream,
+and recomputes the rest in backward (as Unsloth's offloaded checkpointing does): the inputs go to host memory
+as the forward passes each layer, and in backward the input of the layer before is fetched while this one is
+recomputed, so the device holds the layers in flight, not one input per layer. Without checkpointing every
+tensor a decoder layer saves goes to the host (torch.autograd.graph.save_on_cpu's scheme), per layer.
+
+On CUDA the copies run on a side stream, overlapped with compute, into pinned buffers; on a CPU the saved
+tensors already are in host memory, so training skips the hooks there (`apply`), while tests run the same hooks
+with a copy (`Offloader(copy_on_cpu=True)`) to check that gradients do not change. Parameters (and views of
+them) and tensors under `MIN_BYTES` stay where they are: copying a weight out and back saves nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+# Saved tensors smaller than this stay on the device: the copy's fixed cost outweighs the memory.
+MIN_BYTES = 1 << 16
+
+
+class _Held:
+    """A saved tensor's host copy and the event its copy completes on (None when it stayed, or on CPU)."""
+
+    __slots__ = ("tensor", "host", "event", "device", "fetched")
+
+    def __init__(self, tensor=None, host=None, event=None, device=None):
+        self.tensor, self.host, self.event, self.device, self.fetched = tensor, host, event, device, None
+
+
+class Offloader:
+    """saved_tensors_hooks that move saved tensors to host memory and back, grouped per decoder layer so that
+    backward can prefetch the layer before while this one runs."""
+
+    def __init__(self, copy_on_cpu: bool = False):
+        self.copy_on_cpu = copy_on_cpu
+        self.groups: dict[int, list[_Held]] = {}
+        self.pending: dict[int, int] = {}  # tensors of each group not yet unpacked
+        self.next_group = 0
+        self._stream = None
+
+    def stream(self, device: torch.device):
+        if device.type != "cuda":
+            return None
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device)
+        return self._stream
+
+    def new_group(self) -> int:
+        group, self.next_group = self.next_group, self.next_group + 1
+        self.groups[group], self.pending[group] = [], 0
+        return group
+
+    def device_bytes(self) -> int:
+        """Bytes of saved tensors now held on the host (what left the device)."""
+        return sum(
+            h.host.numel() * h.host.element_size() for g in self.groups.values() for h in g if h.host is not None
+        )
+
+    def pack(self, t: torch.Tensor, group: int) -> _Held:
+        kept = isinstance(t, torch.nn.Parameter) or isinstance(getattr(t, "_base", None), torch.nn.Parameter)
+        small = t.numel() * t.element_size() < MIN_BYTES
+        if kept or small or (t.device.type == "cpu" and not self.copy_on_cpu) or t.layout != torch.strided:
+            return _Held(tensor=t)
+        side = self.stream(t.device)
+        if side is None:
+            held = _Held(host=t.detach().to("cpu", copy=True), device=t.device)
+        else:
+            side.wait_stream(torch.cuda.current_stream(t.device))
+            with torch.cuda.stream(side):
+                host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                host.copy_(t.detach(), non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(side)
+            t.record_stream(side)  # the allocator keeps t's memory until the copy has read it
+            held = _Held(host=host, event=event, device=t.device)
+        self.groups[group].append(held)
+        self.pending[group] += 1
+        return held
+
+    def prefetch(self, group: int) -> None:
+        """Start copying a layer's saved tensors back to the device (backward, before that layer runs)."""
+        for held in self.groups.get(group, ()):
+            self._fetch(held)
+
+    def _fetch(self, held: _Held) -> None:
+        if held.fetched is not None or held.host is None:
+            return
+        side = self.stream(held.device)
+        if side is None:
+            held.fetched = held.host.to(held.device, copy=True)
+            return
+        with torch.cuda.stream(side):
+            side.wait_event(held.event)
+            held.fetched = held.host.to(held.device, non_blocking=True)
+            held.event = torch.cuda.Event()
+            held.event.record(side)
+
+    def unpack(self, held: _Held, group: int) -> torch.Tensor:
+        if held.host is None:
+            if self.pending.get(group) == 0:  # nothing of this group left the device
+                del self.groups[group], self.pending[group]
+            return held.tensor
+        self._fetch(held)
+        self.prefetch(group - 1)
+        out = held.fetched
+        if held.device.type == "cuda":
+            torch.cuda.current_stream(held.device).wait_event(held.event)
+            out.record_stream(torch.cuda.current_stream(held.device))
+        held.fetched, held.host = None, None  # each saved tensor is unpacked once (no retain_graph)
+        self.pending[group] -= 1
+        if self.pending[group] == 0:
+            del self.groups[group], self.pending[group]
+        return out
+
+    def hooks(self):
+        """The saved_tensors_hooks context of one new group (a decoder layer's forward)."""
+        group = self.new_group()
+        return torch.autograd.graph.saved_tensors_hooks(
+            functools.partial(self.pack, group=group), functools.partial(self.unpack, group=group)
+        )
+
+
+class _OffloadedCheckpoint(torch.autograd.Function):
+    """A decoder layer's forward without autograd, its input kept on the host; backward fetches the input and
+    recomputes the layer under the forward's autocast and RNG state, then backpropagates through it."""
+
+    @staticmethod
+    def forward(ctx, offloader: Offloader, run, hidden: torch.Tensor, *args):
+        ctx.offloader, ctx.run, ctx.args = offloader, run, args
+        ctx.group = offloader.new_group()
+        ctx.held = offloader.pack(hidden, ctx.group)
+        ctx.autocast = _autocast_state(hidden.device)
+        ctx.rng = _rng_state(hidden.device)
+        with torch.no_grad():
+            return run(hidden, *args)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        hidden = ctx.offloader.unpack(ctx.held, ctx.group).detach().requires_grad_(True)
+        device = hidden.device
+        with _restored_rng(device, ctx.rng), torch.enable_grad(), _autocast(device, ctx.autocast):
+            out = ctx.run(hidden, *ctx.args)
+        torch.autograd.backward(out, grad_out)
+        return (None, None, hidden.grad) + (None,) * len(ctx.args)
+
+
+def _autocast_state(device: torch.device):
+    kind = device.type
+    return (torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind))
+
+
+def _autocast(device: torch.device, state):
+    enabled, dtype = state
+    return torch.autocast(device.type, dtype=dtype, enabled=enabled)
+
+
+def _rng_state(device: torch.device):
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+class _restored_rng:
+    """Forks the RNG, sets the forward's state, and restores the present one after (torch.utils.checkpoint's
+    preserve_rng_state): LoRA dropout draws the same masks in the recompute."""
+
+    def __init__(self, device, state):
+        self.device, self.state = device, state
+
+    def __enter__(self):
+        self.saved = _rng_state(self.device)
+        torch.set_rng_state(self.state[0])
+        if self.state[1] is not None:
+            torch.cuda.set_rng_state(self.state[1], self.device)
+
+    def __exit__(self, *exc):
+        torch.set_rng_state(self.saved[0])
+        if self.saved[1] is not None:
+            torch.cuda.set_rng_state(self.saved[1], self.device)
+
+
+def _offloaded_class(cls: type, offloader: Offloader, grad_ckpt: bool) -> type:
+    """A subclass of decoder-layer class `cls` whose call offloads: outside the layer's own forward (and so
+    outside torch.compile's region when the blocks are compiled: compiled forward and backward graphs run
+    inside, and only the copies are added around them)."""
+
+    def __call__(self, hidden, *args, **kwargs):
+        if not (self.training and torch.is_grad_enabled()):
+            return torch.nn.Module.__call__(self, hidden, *args, **kwargs)
+        if grad_ckpt:
+            # The recompute would write a KV cache a second time (transformers' own checkpointing drops it too).
+            kwargs.update({k: None for k in ("cache", "past_key_values", "layer_past") if k in kwargs})
+            if "use_cache" in kwargs:
+                kwargs["use_cache"] = False
+            run = functools.partial(torch.nn.Module.__call__, self, **kwargs)
+            return _OffloadedCheckpoint.apply(offloader, run, hidden, *args)
+        with offloader.hooks():
+            return torch.nn.Module.__call__(self, hidden, *args, **kwargs)
+
+    return type(f"Offloaded{cls.__name__}", (cls,), {"__call__": __call__})
+
+
+def apply(model: torch.nn.Module, enabled: bool, grad_ckpt: bool, copy_on_cpu: bool = False) -> Offloader | None:
+    """Offload `model`'s saved activations (see the module docstring) and, with `grad_ckpt`, checkpoint its
+    decoder layers; a no-op unless `enabled`. On a CPU model (whose tensors already are in host memory) it
+    only checkpoints, unless `copy_on_cpu`. Returns the offloader."""
+    if not enabled:
+        return None
+    device = next(model.parameters()).device
+    if device.type == "cpu" and not copy_on_cpu:
+        if grad_ckpt:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return None
+    offloader = Offloader(copy_on_cpu)
+    if grad_ckpt:
+        # The first layer's input (the embedding's output, frozen under LoRA) must require grad, or the
+        # checkpoint's output would not, and no adapter below it would get a gradient.
+        model.enable_input_require_grads()
+    for layer in model.get_decoder().layers:
+        layer.__class__ = _offloaded_class(type(layer), offloader, grad_ckpt)
+    return offloader
