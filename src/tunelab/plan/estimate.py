@@ -65,6 +65,7 @@ class Estimate:
     forward_flops: float = 0.0  # per held-out token fed (flops.forward_flops_per_token); 0 without evaluation
     comm_bytes: float = 0.0  # sent per GPU per optimizer step (plan/comm.py); 0 on one GPU
     compile_choice: dict | None = None  # runtime.compile_choice: {"mode", "chosen", "why"}
+    max_seq_len: int = 0  # the longest packed row that fits the device at this micro-batch (memory.max_seq_len)
 
     @property
     def fits(self) -> bool:
@@ -103,6 +104,7 @@ def memory_setup(s: Settings, w: workload.Workload, d: Device, sharding: str, gp
         attention_probs=probs,
         attention=path,
         dropout_mask_kept=not hashed_dropout(device_type, s.compile),
+        offload=s.activation_offload and device_type == "cuda",  # on a CPU activations are in host memory anyway
     )
 
 
@@ -137,6 +139,7 @@ def estimate(
     mem = memory.breakdown(arch, setup)
     loss_per_row = w.loss_tokens_per_micro_batch / s.micro_batch
     biggest = memory.max_micro_batch(arch, setup, d.gpu.memory_bytes, loss_per_row)
+    longest = memory.max_seq_len(arch, setup, d.gpu.memory_bytes, loss_per_row / max(1, w.epoch.widest_row))
     local = d.gpu.id == "local"
     eff = timing.efficiency(
         d.gpu.device_class, s.method, s.base_quant, d.calibration, s.compile, s.grad_ckpt, arch.total_params, local
@@ -154,7 +157,7 @@ def estimate(
     sent = comm.step_bytes(arch, setup, s.grad_accum)
     choice = compile_choice(s.compile, d.gpu.device_type, None, 0.0, 1.0)
     return Estimate(
-        s, d, gpus, sharding, w, ckpt, f, eff, setup, mem, biggest, speed, over, evals, forward, sent, choice
+        s, d, gpus, sharding, w, ckpt, f, eff, setup, mem, biggest, speed, over, evals, forward, sent, choice, longest
     )
 
 

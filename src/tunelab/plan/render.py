@@ -112,6 +112,12 @@ def record(r: Result, e: Estimate) -> dict:
         "memory_capacity_bytes": e.device.gpu.memory_bytes,
         "fits": e.fits,
         "max_micro_batch": e.max_micro_batch,
+        "max_seq_len": e.max_seq_len,
+        **(
+            {"activation_offload_host_bytes": memory.offloaded_bytes(r.arch, e.memory_setup)}
+            if e.memory_setup.offload
+            else {}
+        ),
         "optimizer_steps": w.optimizer_steps,
         "steps_per_epoch": w.steps_per_epoch,
         "checkpoints_written": e.checkpoints.written,
@@ -128,6 +134,17 @@ def record(r: Result, e: Estimate) -> dict:
         "cost_usd": r.cost_usd(e),
         "assumptions": assumptions(e),
     }
+
+
+def longest_label(arch: Arch, e: Estimate) -> str:
+    """plan's longest packed row that fits (memory.max_seq_len), with the model's own position limit beside it,
+    and the host memory that activation offloading then holds."""
+    text = f"{e.max_seq_len:,} tokens (memory model, rows packed full)" if e.max_seq_len else "not even 128 tokens"
+    if 0 < arch.max_positions < e.max_seq_len:
+        text += f"; the model's limit is {arch.max_positions:,} positions"
+    if e.memory_setup.offload:
+        text += f"; activation_offload holds {gib(memory.offloaded_bytes(arch, e.memory_setup))} in pinned host memory at this seq_len"
+    return text
 
 
 def json_line(r: Result) -> str:
@@ -162,8 +179,10 @@ def table(results: list[Result]) -> str:
             + f" + checkpoints {duration(e.overheads.checkpoint_s)}"
             + (f" + evaluation {duration(e.overheads.eval_s)}" if e.evaluations is not None else "")
             + f" = {duration(e.time_s)}",
+            *([f"  {e.compile_choice['why']}"] if e.compile_choice else []),
             f"  memory: peak {gib(e.memory.total)} of {gib(g.memory_bytes)} -> {'fits' if e.fits else 'DOES NOT FIT'};"
             f" largest micro-batch that fits: {e.max_micro_batch}",
+            f"  longest seq_len that fits at micro-batch {e.settings.micro_batch}: {longest_label(r.arch, e)}",
             *breakdown_lines(e.memory),
         ]
         idle = r.idle_gpus(e)
