@@ -15,6 +15,7 @@ them) and tensors under `MIN_BYTES` stay where they are: copying a weight out an
 from __future__ import annotations
 
 import functools
+import weakref
 
 import torch
 
@@ -25,10 +26,16 @@ MIN_BYTES = 1 << 16
 class _Held:
     """A saved tensor's host copy and the event its copy completes on (None when it stayed, or on CPU)."""
 
-    __slots__ = ("tensor", "host", "event", "device", "fetched")
+    __slots__ = ("tensor", "host", "event", "device", "fetched", "uses", "source")
 
     def __init__(self, tensor=None, host=None, event=None, device=None):
         self.tensor, self.host, self.event, self.device, self.fetched = tensor, host, event, device, None
+        self.uses = 1  # saves of this same tensor (q, k and v projections save one shared input)
+        self.source = None  # a weak reference to the storage copied: while it lives, a save of it shares the copy
+
+
+def view_key(t: torch.Tensor) -> tuple:
+    return (t.storage_offset(), t.shape, t.stride(), t.dtype)
 
 
 class Offloader:
@@ -37,7 +44,7 @@ class Offloader:
 
     def __init__(self, copy_on_cpu: bool = False):
         self.copy_on_cpu = copy_on_cpu
-        self.groups: dict[int, list[_Held]] = {}
+        self.groups: dict[int, dict[tuple, _Held]] = {}
         self.pending: dict[int, int] = {}  # tensors of each group not yet unpacked
         self.next_group = 0
         self._stream = None
@@ -51,39 +58,53 @@ class Offloader:
 
     def new_group(self) -> int:
         group, self.next_group = self.next_group, self.next_group + 1
-        self.groups[group], self.pending[group] = [], 0
+        self.groups[group], self.pending[group] = {}, 0
         return group
 
-    def device_bytes(self) -> int:
+    def host_bytes(self) -> int:
         """Bytes of saved tensors now held on the host (what left the device)."""
-        return sum(
-            h.host.numel() * h.host.element_size() for g in self.groups.values() for h in g if h.host is not None
-        )
+        held = (h for g in self.groups.values() for h in g.values())
+        return sum(h.host.numel() * h.host.element_size() for h in held if h.host is not None)
 
-    def pack(self, t: torch.Tensor, group: int) -> _Held:
+    def pack(self, t: torch.Tensor, group: int) -> tuple[_Held, tuple | None]:
+        """(the copy, how to view the saved tensor in it): a tensor that is most of its storage is copied as
+        that whole storage, once per layer, so the views a layer saves of one buffer (q, k, v of a fused
+        projection, a transpose) share one copy; a small slice is copied alone."""
         kept = isinstance(t, torch.nn.Parameter) or isinstance(getattr(t, "_base", None), torch.nn.Parameter)
         small = t.numel() * t.element_size() < MIN_BYTES
         if kept or small or (t.device.type == "cpu" and not self.copy_on_cpu) or t.layout != torch.strided:
-            return _Held(tensor=t)
+            return _Held(tensor=t), None
+        storage = t.untyped_storage()
+        whole = 2 * t.numel() * t.element_size() >= storage.nbytes()
+        view = (t.dtype, t.storage_offset(), t.shape, t.stride()) if whole else None
+        key = (storage.data_ptr(), t._version) if whole else (storage.data_ptr(), t._version, *view_key(t))
+        same = self.groups[group].get(key)
+        if same is not None and same.source() is not None:  # the same buffer, saved again in this layer
+            same.uses += 1
+            return same, view
+        source = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage) if whole else t.detach()
         side = self.stream(t.device)
         if side is None:
-            held = _Held(host=t.detach().to("cpu", copy=True), device=t.device)
+            held = _Held(host=source.to("cpu", copy=True), device=t.device)
         else:
             side.wait_stream(torch.cuda.current_stream(t.device))
             with torch.cuda.stream(side):
-                host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-                host.copy_(t.detach(), non_blocking=True)
+                host = torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
+                host.copy_(source, non_blocking=True)
                 event = torch.cuda.Event()
                 event.record(side)
             t.record_stream(side)  # the allocator keeps t's memory until the copy has read it
             held = _Held(host=host, event=event, device=t.device)
-        self.groups[group].append(held)
+        held.source = weakref.ref(storage)
+        if same is not None:  # another buffer now at a freed one's address: both copies are kept
+            key = (*key, len(self.groups[group]))
+        self.groups[group][key] = held
         self.pending[group] += 1
-        return held
+        return held, view
 
     def prefetch(self, group: int) -> None:
         """Start copying a layer's saved tensors back to the device (backward, before that layer runs)."""
-        for held in self.groups.get(group, ()):
+        for held in self.groups.get(group, {}).values():
             self._fetch(held)
 
     def _fetch(self, held: _Held) -> None:
@@ -99,7 +120,8 @@ class Offloader:
             held.event = torch.cuda.Event()
             held.event.record(side)
 
-    def unpack(self, held: _Held, group: int) -> torch.Tensor:
+    def unpack(self, packed: tuple[_Held, tuple | None], group: int) -> torch.Tensor:
+        held, view = packed
         if held.host is None:
             if self.pending.get(group) == 0:  # nothing of this group left the device
                 del self.groups[group], self.pending[group]
@@ -107,10 +129,16 @@ class Offloader:
         self._fetch(held)
         self.prefetch(group - 1)
         out = held.fetched
+        if view is not None:
+            dtype, offset, shape, stride = view
+            out = torch.empty(0, dtype=dtype, device=out.device).set_(out.untyped_storage(), offset, shape, stride)
         if held.device.type == "cuda":
             torch.cuda.current_stream(held.device).wait_event(held.event)
             out.record_stream(torch.cuda.current_stream(held.device))
-        held.fetched, held.host = None, None  # each saved tensor is unpacked once (no retain_graph)
+        held.uses -= 1
+        if held.uses:  # another save of the same tensor still reads the fetched copy
+            return out
+        held.fetched, held.host = None, None  # each save is unpacked once (no retain_graph)
         self.pending[group] -= 1
         if self.pending[group] == 0:
             del self.groups[group], self.pending[group]
@@ -132,7 +160,7 @@ class _OffloadedCheckpoint(torch.autograd.Function):
     def forward(ctx, offloader: Offloader, run, hidden: torch.Tensor, *args):
         ctx.offloader, ctx.run, ctx.args = offloader, run, args
         ctx.group = offloader.new_group()
-        ctx.held = offloader.pack(hidden, ctx.group)
+        ctx.packed = offloader.pack(hidden, ctx.group)
         ctx.autocast = _autocast_state(hidden.device)
         ctx.rng = _rng_state(hidden.device)
         with torch.no_grad():
@@ -140,7 +168,7 @@ class _OffloadedCheckpoint(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        hidden = ctx.offloader.unpack(ctx.held, ctx.group).detach().requires_grad_(True)
+        hidden = ctx.offloader.unpack(ctx.packed, ctx.group).detach().requires_grad_(True)
         device = hidden.device
         with _restored_rng(device, ctx.rng), torch.enable_grad(), _autocast(device, ctx.autocast):
             out = ctx.run(hidden, *ctx.args)

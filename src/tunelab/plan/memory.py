@@ -46,8 +46,8 @@ Derivations (docs/formulas.md; per-parameter table of EleutherAI "Transformer Ma
   Activation offloading (model/offload.py, CUDA) moves what the layers save to pinned host memory: the device
   holds the layers in flight, OFFLOAD_LAYERS of them (the one computing and the one being copied: in forward
   the layer before is still being copied out, in backward the layer before is prefetched), with gradient
-  checkpointing that many layer inputs plus the one recomputed layer. Host memory holds the rest
-  (`offloaded_bytes`).
+  checkpointing that many layer inputs plus the one recomputed layer. Pinned host memory holds a copy of every
+  layer's (`offloaded_bytes`).
 - Logits: tunelab's loss (train/loss.py) runs the LM head only on loss positions, in chunks of `loss_chunk`
   rows, and computes its gradients in the forward, at the end of which every activation is alive: two scratch
   buffers of a whole chunk's logits, fp32 and compute dtype (4 + a per element, allocated at the full chunk
@@ -230,11 +230,11 @@ def activation_bytes(arch: Arch, s: MemorySetup) -> float:
 
 def offloaded_bytes(arch: Arch, s: MemorySetup) -> float:
     """Pinned host memory that activation offloading holds at the peak: the saved activations (or, with gradient
-    checkpointing, the layer inputs) of every layer not on the device."""
+    checkpointing, the layer inputs) of every layer, each copied out as its forward ends."""
     if not s.offload:
         return 0.0
     per_layer, layer_input, _ = _layer_bytes(arch, s)
-    return max(0, arch.layers - OFFLOAD_LAYERS) * (layer_input if s.grad_ckpt else per_layer)
+    return arch.layers * (layer_input if s.grad_ckpt else per_layer)
 
 
 def max_seq_len(arch: Arch, s: MemorySetup, capacity: int, loss_per_position: float, limit: int = 1 << 22) -> int:
