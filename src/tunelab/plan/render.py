@@ -143,7 +143,8 @@ def longest_label(arch: Arch, e: Estimate) -> str:
     if 0 < arch.max_positions < e.max_seq_len:
         text += f"; the model's limit is {arch.max_positions:,} positions"
     if e.memory_setup.offload:
-        text += f"; activation_offload holds {gib(memory.offloaded_bytes(arch, e.memory_setup))} in pinned host memory at this seq_len"
+        held = gib(memory.offloaded_bytes(arch, e.memory_setup))
+        text += f"; at seq_len {e.settings.seq_len:,} activation_offload holds {held} in pinned host memory"
     return text
 
 
