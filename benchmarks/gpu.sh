@@ -196,27 +196,34 @@ tests() {
   fi
 }
 
-if [ -n "$STEP" ]; then
-  # shellcheck disable=SC2086
-  $STEP
-  exit
-fi
-mkdir -p "$OUT" build
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/tunelab-gpu.XXXXXX")
-export WORK OUT TUNELAB_GPU_STEP=1
-exec > >(tee -a "$OUT/gpu.log") 2>&1
-START=$SECONDS
-printf '| step | status | seconds |\n|---|---|---|\n' >"$OUT/steps.md"
-environment
-step data 60 20 data
-step speed-1b 170 60 suite h100
-step speed-8b 330 90 suite h100-8b
-step profile 90 45 profile
-step launch 90 50 launch
-step sharded 120 60 sharded
-step tests 150 40 tests
-pack
-echo "== done in $((SECONDS - START)) s of the ${BUDGET} s budget"
-cat "$OUT/steps.md"
-for md in "$OUT"/*.md; do [ "$md" = "$OUT/steps.md" ] || { echo "== $md"; head -40 "$md"; }; done
-rm -rf "$WORK"
+# The whole run is one function, called on the last line: bash has read all of this file before it starts, so an
+# edit to the file while a run is going (or a step re-reading it) cannot shift what the running shell executes.
+main() {
+  if [ -n "$STEP" ]; then
+    # shellcheck disable=SC2086
+    $STEP
+    exit
+  fi
+  mkdir -p "$OUT" build
+  WORK=$(mktemp -d "${TMPDIR:-/tmp}/tunelab-gpu.XXXXXX")
+  export WORK OUT TUNELAB_GPU_STEP=1
+  exec > >(tee -a "$OUT/gpu.log") 2>&1
+  START=$SECONDS
+  printf '| step | status | seconds |\n|---|---|---|\n' >"$OUT/steps.md"
+  environment
+  step data 60 20 data
+  step speed-1b 170 60 suite h100
+  step speed-8b 330 90 suite h100-8b
+  step profile 90 45 profile
+  step launch 90 50 launch
+  step sharded 120 60 sharded
+  step tests 150 40 tests
+  pack
+  echo "== done in $((SECONDS - START)) s of the ${BUDGET} s budget"
+  cat "$OUT/steps.md"
+  for md in "$OUT"/*.md; do [ "$md" = "$OUT/steps.md" ] || { echo "== $md"; head -40 "$md"; }; done
+  rm -rf "$WORK"
+}
+
+main
+exit

@@ -11,7 +11,7 @@ from tunelab.bench import suite as suitemod
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "benchmarks" / "gpu.sh"
-STEP = re.compile(r"^step (\S+) (\d+) (\d+) (.+)$", re.M)
+STEP = re.compile(r"^\s*step (\S+) (\d+) (\d+) (.+)$", re.M)
 
 
 def steps() -> list[tuple[str, int, int, str]]:
