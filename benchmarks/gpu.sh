@@ -211,7 +211,7 @@ main() {
   START=$SECONDS
   printf '| step | status | seconds |\n|---|---|---|\n' >"$OUT/steps.md"
   environment
-  step data 60 20 data
+  step data 90 20 data
   step speed-1b 170 60 suite h100
   step speed-8b 330 90 suite h100-8b
   step profile 90 45 profile

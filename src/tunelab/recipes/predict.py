@@ -146,13 +146,16 @@ def run_compile_choice(cfg: cfgmod.TrainConfig, data) -> dict:
     """How a run resolves `compile` (runtime.compile_choice, through plan's estimate, as `tunelab plan --gpu
     local` does): `data` is the run's tokenized training data. A run too short to pay for compiling even at
     the device type's floor rate decides without the matmul probe."""
-    if isinstance(cfg.compile, bool):
-        from ..runtime import compile_choice
+    from ..runtime import compile_choice
 
+    if isinstance(cfg.compile, bool):
         return compile_choice(cfg.compile, "", None, 0.0, 1.0)
     from ..device import pick_device
 
-    arch = archmod.resolve_arch(cfg.model)
+    try:
+        arch = archmod.resolve_arch(cfg.model)
+    except TunelabError:  # plan cannot read this model's architecture: no prediction, so no compile
+        return compile_choice(cfg.compile, pick_device(cfg.device).type, None, 0.0, 1.0)
     lengths = _lengths(data, "the run's training data", None)
     floor = local_device(cfg.precision, FLOOR_PEAK_FLOPS.get(pick_device(cfg.device).type, 1e13))
     quick = estimate(arch, lengths, settings_from_config(cfg, arch, floor), floor)
