@@ -171,7 +171,8 @@ work = Path(sys.argv[1])
 plain, launched = (json.loads((work / n / "summary.json").read_text()) for n in ("launch-plain", "launch-accelerate"))
 key = "tokens_nonpad_per_s"
 print(f"accelerate launch, 1 process: {launched[key]:,.0f} non-pad tok/s; plain: {plain[key]:,.0f}; "
-      f"ratio {launched[key] / plain[key]:.3f} (target >= 0.97)")
+      f"ratio {launched[key] / plain[key]:.3f} (target >= 0.97); last loss {launched['loss_last']:.6f} against "
+      f"{plain['loss_last']:.6f}")
 EOF
 }
 
