@@ -563,3 +563,24 @@ def test_plan_resolves_compile_auto_as_the_run_does(capsys, examples, chosen):
     assert rec["compile"]["mode"] == "auto" and rec["compile"]["chosen"] is chosen
     assert rec["assumptions"][0] == rec["compile"]["why"]
     assert (rec["overheads_s"]["compile"] > 0) is chosen
+
+
+@pytest.mark.parametrize("grad_ckpt", [False, True])
+def test_longest_seq_len_is_the_last_multiple_of_128_that_fits_and_offload_raises_it(grad_ckpt):
+    arch = archmod.resolve_arch("llama-3.1-8b")
+    s = setup(micro_batch=1, attention="flex", grad_ckpt=grad_ckpt, targets=tuple(arch.linears()))
+    capacity = 80 * 2**30
+
+    def peak(t, offload=False):
+        return memory.breakdown(arch, dataclasses.replace(s, row_len=t, loss_rows=t // 2, offload=offload)).total
+
+    longest = memory.max_seq_len(arch, s, capacity, 0.5)
+    assert longest % 128 == 0 and peak(longest) <= capacity < peak(longest + 128)
+    offloaded = memory.max_seq_len(arch, dataclasses.replace(s, offload=True), capacity, 0.5)
+    assert offloaded > longest and peak(offloaded, True) <= capacity < peak(offloaded + 128, True)
+    # the device keeps memory.OFFLOAD_LAYERS layers' activations (with grad_ckpt: inputs) instead of all 32's,
+    # the host a copy of each layer's
+    on, off = (memory.activation_bytes(arch, dataclasses.replace(s, row_len=8192, offload=o)) for o in (True, False))
+    assert on < (off / 2 if grad_ckpt else off / 8)
+    assert memory.offloaded_bytes(arch, dataclasses.replace(s, row_len=8192, offload=True)) > 0
+    assert memory.offloaded_bytes(arch, dataclasses.replace(s, row_len=8192)) == 0
