@@ -71,8 +71,11 @@ SFX="" DEVICE=cuda
 if [ "$DRY" = 1 ]; then SFX="-dry" DEVICE=cpu; fi
 
 left() { echo $((BUDGET - (SECONDS - START))); }
-pack() {  # everything under $WORK, as one file that comes back whole
-  tar czf "$OUT/results.tgz.part" -C "$WORK" . && mv "$OUT/results.tgz.part" "$OUT/results.tgz"
+pack() {  # what the steps wrote under $WORK, as one file that comes back whole (16 MiB at most): no weights,
+  # checkpoints, tokenizers or workload, which the summaries, logs and metrics describe
+  tar czf "$OUT/results.tgz.part" -C "$WORK" --exclude='*.safetensors' --exclude='*.bin' --exclude='*.pt' \
+    --exclude='tokenizer.json' --exclude='data.jsonl' --exclude='checkpoints' . &&
+    mv "$OUT/results.tgz.part" "$OUT/results.tgz"
 }
 # step NAME CAP_S MIN_S COMMAND...: run COMMAND for at most CAP_S (and what is left of the budget), unless less
 # than MIN_S is left or --only leaves it out; its line goes to steps.md either way.

@@ -28,6 +28,8 @@ def test_script_parses_and_every_step_is_a_function():
         assert need <= cap
     assert "BUDGET=540" in text  # ends within 9 minutes
     assert all(re.fullmatch(r"[A-Za-z0-9._-]+", n) for n in ("gpu.log", "steps.md", "results.tgz"))
+    # results.tgz comes back whole only under 16 MiB: weights, checkpoints and the workload stay out of it
+    assert all(f"--exclude='{x}'" in text for x in ("*.safetensors", "checkpoints", "data.jsonl"))
 
 
 @pytest.mark.parametrize("name", [s[3].split()[1] for s in steps() if s[3].startswith("suite ")])
