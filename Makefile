@@ -39,11 +39,12 @@ test-fast: install
 	$(BIN)/python -m pytest -q tests -m "not slow and not integration and not gpu" --durations=5
 
 # GGUF export checked in llama.cpp itself (benchmarks/scripts/gguf_roundtrip.py): llama-cpp-python builds llama.cpp from
-# source into its own venv, once (minutes; one build job, niced); not part of `test`.
+# source into its own venv, once (minutes; niced, LLAMA_BUILD_JOBS compile jobs); not part of `test`.
 LLAMA_VENV := .venv-llama
+LLAMA_BUILD_JOBS ?= $(shell nproc)
 $(LLAMA_VENV)/.installed:
 	test -x $(LLAMA_VENV)/bin/python || $(PY) -m venv $(LLAMA_VENV)
-	CMAKE_BUILD_PARALLEL_LEVEL=1 nice -n 19 $(LLAMA_VENV)/bin/pip install -q llama-cpp-python
+	CMAKE_BUILD_PARALLEL_LEVEL=$(LLAMA_BUILD_JOBS) nice -n 19 $(LLAMA_VENV)/bin/pip install -q llama-cpp-python
 	touch $@
 
 gguf-check: install $(LLAMA_VENV)/.installed

@@ -1,34 +1,240 @@
 #!/usr/bin/env bash
-# The gpu benchmark suite on a CUDA machine whose Python already has torch, transformers, peft and accelerate.
-# Wheels in .whl/ (benchmarks/gpu_prepare.sh downloads them) go to /tmp/site without dependencies, so the
-# machine's own CUDA build of torch stays; tunelab runs from src/. `random:` models take their tokenizer from
-# build/gpu-cache when the embedded model's package is absent. Writes $OUT/gpu_<device>_<date>.{json,md}.
-# `benchmarks/gpu.sh tests` runs the gpu test tier instead (every test marked gpu: tests/gpu and the CUDA
-# variants of unit tests); `benchmarks/gpu.sh profile [MODEL [METHOD [key=value ...]]]` measures one point of
-# the suite's workload (default the 8B LoRA row at micro-batch 2) and profiles it (bench --profile) into $OUT.
-set -euo pipefail
+# The one command of a GPU session (issue 36), on a CUDA machine whose Python already has torch, transformers,
+# peft and accelerate. Wheels in .whl/ (benchmarks/gpu_prepare.sh downloads them here) go to /tmp/site without
+# dependencies, so the machine's own CUDA build of torch stays; tunelab runs from src/; `random:` models take
+# their tokenizer from build/gpu-cache when the embedded model's package is absent.
+#
+#   benchmarks/gpu.sh [--dry-run] [--only STEP,...] [--budget SECONDS]
+# runs these steps in priority order, each under a time cap, skipping a step when too little of the budget
+# (default 540 s) is left for it, and writes every result under $OUT as soon as it has it:
+#   speed-1b   bench --suite h100: 1B LoRA eager and compiled, 1B full, with the HF Trainer + PEFT and HF + Liger peers
+#   speed-8b   bench --suite h100-8b: 8B LoRA compiled (with the peers), QLoRA compiled, LoRA at seq 4096, then
+#              QLoRA at 131,072 and LoRA at 65,536 tokens with activation offloading, plan's memory beside each
+#   profile    bench --profile of the compiled 8B LoRA row (3 steps)
+#   launch     the same 1B training run plain and under `accelerate launch` with one process
+#   sharded    FSDP2, ZeRO-2 and ZeRO-3 on one GPU: train 4 steps with a checkpoint at 2, then resume from it
+#   tests      the gpu test tier (pytest -m gpu)
+# Files under $OUT (names of letters, digits, '.', '_', '-' only; at most 8): gpu.log (everything printed),
+# steps.md (each step's status and seconds, rewritten after each), the two suites' .json/.md (rewritten after
+# every row), results.tgz (the profile, launch and sharded runs' summaries and logs, the test log; re-packed
+# after each step). `--dry-run` runs every step on this machine's CPU with tiny shapes and a few steps (the
+# `-dry` twins of the suites, eager), the test tier collected only.
+#
+# Older entry points: `benchmarks/gpu.sh tests [pytest args]`, `benchmarks/gpu.sh profile [MODEL [METHOD
+# [key=value ...]]]` and `benchmarks/gpu.sh suite [bench --suite args]` (the whole `gpu` suite by default).
+set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-if compgen -G ".whl/*.whl" >/dev/null; then
+if [ -z "${TUNELAB_GPU_STEP:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
 if [ -d build/gpu-cache ] && [ -z "${TUNELAB_CACHE:-}" ]; then export TUNELAB_CACHE=$PWD/build/gpu-cache; fi
-if [ "${1:-}" = "tests" ]; then  # the gpu test tier instead of the suite: benchmarks/gpu.sh tests [pytest args]
+TL=("$PY" -m tunelab.cli)
+# The suites' shared workload (bench/suites.yaml, `gpu`), for the runs outside a suite.
+WORKLOAD=(--rows 2000 --prompt-tokens 24-160 --response-tokens 64-1024)
+SHARED=(seq_len=2048 packing=true grad_accum=1 lora.r=16 lora.alpha=32 lora.dropout=0.0 lora.targets=all-linear)
+
+case "${1:-}" in
+  tests)  # the gpu test tier: every test marked gpu (tests/gpu and the CUDA variants of unit tests)
+    shift
+    exec "$PY" -m pytest -q -p no:cacheprovider --continue-on-collection-errors -m gpu tests "$@" ;;
+  profile)  # one point of the suite's workload, profiled (default the 8B LoRA row at micro-batch 2)
+    shift
+    model=random:llama-3.1-8b method=lora
+    if [ $# -gt 0 ] && [[ "$1" != *=* ]]; then model=$1; shift; fi
+    if [ $# -gt 0 ] && [[ "$1" != *=* ]]; then method=$1; shift; fi
+    data=${TMPDIR:-/tmp}/tunelab-profile-data.jsonl
+    "${TL[@]}" data synthetic "${WORKLOAD[@]}" --out "$data" || exit
+    exec "${TL[@]}" bench model="$model" method="$method" data.path="$data" "${SHARED[@]}" micro_batch=2 "$@" \
+      --steps 5 --warmup 2 --json --profile "${OUT:-runs/profile}/profile-${model#random:}-$method" ;;
+  suite)
+    shift
+    exec "${TL[@]}" bench --suite gpu --out "${OUT:-benchmarks}" "$@" ;;
+esac
+
+DRY=0 ONLY="" BUDGET=540 STEP=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) DRY=1 ;;
+    --step) STEP=$2; shift ;;  # internal: one step's function, in a process of its own that `timeout` can end
+    --only) ONLY=",$2,"; shift ;;
+    --budget) BUDGET=$2; shift ;;
+    *) echo "gpu.sh: unknown argument $1 (--dry-run, --only STEP,..., --budget SECONDS)" >&2; exit 2 ;;
+  esac
   shift
-  exec "$PY" -m pytest -q -p no:cacheprovider --continue-on-collection-errors -m gpu tests "$@"
-fi
-if [ "${1:-}" = "profile" ]; then  # benchmarks/gpu.sh profile [MODEL [METHOD [key=value ...]]]: one row, profiled
+done
+OUT=${OUT:-runs/gpu-session}
+SFX="" DEVICE=cuda
+if [ "$DRY" = 1 ]; then SFX="-dry" DEVICE=cpu; fi
+
+left() { echo $((BUDGET - (SECONDS - START))); }
+pack() {  # what the steps wrote under $WORK, as one file that comes back whole (16 MiB at most): no weights,
+  # checkpoints, tokenizers or workload, which the summaries, logs and metrics describe
+  tar czf "$OUT/results.tgz.part" -C "$WORK" --exclude='*.safetensors' --exclude='*.bin' --exclude='*.pt' \
+    --exclude='tokenizer.json' --exclude='data.jsonl' --exclude='checkpoints' . &&
+    mv "$OUT/results.tgz.part" "$OUT/results.tgz"
+}
+# step NAME CAP_S MIN_S COMMAND...: run COMMAND for at most CAP_S (and what is left of the budget), unless less
+# than MIN_S is left or --only leaves it out; its line goes to steps.md either way.
+step() {
+  local name=$1 cap=$2 need=$3 t0=$SECONDS status
+  shift 3
+  if [ -n "$ONLY" ] && [[ "$ONLY" != *",$name,"* ]]; then return; fi
+  [ "$DRY" = 1 ] && cap=$((cap * 4))  # a shared CPU runs the tiny shapes slower than a GPU the real ones
+  local rest
+  rest=$(left)
+  if [ "$rest" -lt "$need" ]; then
+    echo "== $name: skipped, ${rest} s of the budget left (needs ${need})"
+    echo "| $name | skipped: ${rest} s left of ${BUDGET} | 0 |" >>"$OUT/steps.md"
+    return
+  fi
+  [ "$cap" -gt $((rest - 5)) ] && cap=$((rest - 5))
+  echo "== $name (at most ${cap} s; $(left) s of the budget left)"
+  timeout -k 10 "$cap" bash "$0" --step "$*" $([ "$DRY" = 1 ] && echo --dry-run)
+  case $? in 0) status=ok ;; 124 | 137) status="stopped at its ${cap} s cap" ;; *) status="failed ($?)" ;; esac
+  echo "| $name | $status | $((SECONDS - t0)) |" >>"$OUT/steps.md"
+  pack
+}
+
+environment() {
+  { date -u; git rev-parse HEAD 2>/dev/null; nvidia-smi 2>&1 | head -15
+    "$PY" -m pip list 2>/dev/null | grep -iE '^(torch|transformers|peft|accelerate|bitsandbytes|trl|liger|deepspeed|triton) '
+  } >"$WORK/environment.txt"
+  cat "$WORK/environment.txt"
+}
+
+long_documents() {  # the long rows' documents (suites.yaml: build/gpu-long-docs.jsonl)
+  if [ "$DRY" = 1 ]; then
+    "${TL[@]}" data synthetic --rows 16 --prompt-tokens 16-64 --response-tokens 300-1500 --out build/gpu-long-docs.jsonl
+  else
+    "${TL[@]}" data synthetic --rows 40 --prompt-tokens 256-1024 --response-tokens 8000-32000 \
+      --out build/gpu-long-docs.jsonl
+  fi
+}
+
+# plan for the long rows on this GPU (the catalog's H100 in a dry run): memory and the longest seq_len that fits.
+long_plans() {
+  local gpu=local
+  [ "$DRY" = 1 ] && gpu=h100-sxm
+  for row in "qlora 131072" "lora 65536"; do
+    set -- $row
+    "${TL[@]}" plan --model llama-3.1-8b --tokenizer embedded method="$1" seq_len="$2" micro_batch=1 grad_ckpt=true compile=true \
+      activation_offload=true "${SHARED[@]:1}" data.path=build/gpu-long-docs.jsonl --gpu "$gpu"
+  done | tee "$WORK/plan-long-rows.txt"
+}
+
+data() { long_documents && long_plans; }
+
+suite() { "${TL[@]}" bench --suite "$1$SFX" --out "$OUT"; }
+
+profile() {
+  local model=random:llama-3.1-8b shape=("${SHARED[@]}" micro_batch=4 compile=true)
+  if [ "$DRY" = 1 ]; then model=random:smollm2-135m shape=("${SHARED[@]}" seq_len=128 micro_batch=2 compile=false); fi
+  "${TL[@]}" data synthetic "${WORKLOAD[@]}" --out "$WORK/data.jsonl" >/dev/null &&
+    "${TL[@]}" bench model="$model" method=lora data.path="$WORK/data.jsonl" "${shape[@]}" --steps 3 --warmup 2 \
+      --json --profile "$WORK/profile-8b-lora-compiled"
+  local rc=$?
+  find "$WORK/profile-8b-lora-compiled" -name '*.json' -size +8M -delete 2>/dev/null  # traces over 8 MB stay out
+  return $rc
+}
+
+# The config file `train` needs; small_run's overrides say everything else.
+run_config() {
+  [ -f "$WORK/run.yaml" ] || printf 'method: lora\ndata:\n  template: alpaca\n' >"$WORK/run.yaml"
+  echo "$WORK/run.yaml"
+}
+
+# One training run's arguments for `launch` and `sharded`: the 1B shape (a tiny one in a dry run).
+small_run() {
+  local out=$1
   shift
-  model=random:llama-3.1-8b method=lora
-  if [ $# -gt 0 ] && [[ "$1" != *=* ]]; then model=$1; shift; fi
-  if [ $# -gt 0 ] && [[ "$1" != *=* ]]; then method=$1; shift; fi
-  data=${TMPDIR:-/tmp}/tunelab-profile-data.jsonl
-  # The gpu suite's workload and shared settings (bench/suites.yaml).
-  "$PY" -m tunelab.cli data synthetic --rows 2000 --prompt-tokens 24-160 --response-tokens 64-1024 --out "$data"
-  exec "$PY" -m tunelab.cli bench model="$model" method="$method" data.path="$data" seq_len=2048 packing=true \
-    grad_accum=1 lora.r=16 lora.alpha=32 lora.dropout=0.0 lora.targets=all-linear micro_batch=2 "$@" \
-    --steps 5 --warmup 2 --json --profile "${OUT:-runs/profile}/profile-${model#random:}-$method"
-fi
-exec "$PY" -m tunelab.cli bench --suite gpu --out "${OUT:-benchmarks}" "$@"
+  if [ "$DRY" = 1 ]; then
+    echo model=random:smollm2-135m seq_len=128 micro_batch=2 precision=fp32
+  else
+    echo model=random:llama-3.2-1b seq_len=2048 micro_batch=8
+  fi
+  echo method=lora packing=true data.path="$WORK/data.jsonl" log_steps=1 device=$DEVICE output_dir="$out" "$@"
+}
+
+launch() {  # accelerate launch with one process against a plain run: the same rate within 3%
+  [ -f "$WORK/data.jsonl" ] || "${TL[@]}" data synthetic "${WORKLOAD[@]}" --out "$WORK/data.jsonl" >/dev/null
+  local steps=12
+  [ "$DRY" = 1 ] && steps=4
+  # shellcheck disable=SC2046
+  "${TL[@]}" train --config "$(run_config)" $(small_run "$WORK/launch-plain" max_steps=$steps compile=false) --quiet || return
+  # shellcheck disable=SC2046
+  "${TL[@]}" train --config "$(run_config)" --nproc 1 $(small_run "$WORK/launch-accelerate" max_steps=$steps compile=false) --quiet || return
+  "$PY" - "$WORK" <<'EOF' | tee "$WORK/launch.txt"
+import json, sys
+from pathlib import Path
+work = Path(sys.argv[1])
+plain, launched = (json.loads((work / n / "summary.json").read_text()) for n in ("launch-plain", "launch-accelerate"))
+key = "tokens_nonpad_per_s"
+print(f"accelerate launch, 1 process: {launched[key]:,.0f} non-pad tok/s; plain: {plain[key]:,.0f}; "
+      f"ratio {launched[key] / plain[key]:.3f} (target >= 0.97); last loss {launched['loss_last']:.6f} against "
+      f"{plain['loss_last']:.6f}")
+EOF
+}
+
+sharded() {  # FSDP2, ZeRO-2, ZeRO-3 on one process: 4 steps with a checkpoint at 2, then resumed from it
+  [ -f "$WORK/data.jsonl" ] || "${TL[@]}" data synthetic "${WORKLOAD[@]}" --out "$WORK/data.jsonl" >/dev/null
+  local kinds=(fsdp2 zero2 zero3) rc=0
+  [ "$DRY" = 1 ] && kinds=(fsdp2)  # Accelerate runs DeepSpeed on GPUs only
+  for kind in "${kinds[@]}"; do
+    local out="$WORK/sharded-$kind"
+    # shellcheck disable=SC2046
+    "${TL[@]}" train --config "$(run_config)" --nproc 1 --accelerate-config "configs/accelerate/$kind.yaml" \
+      $(small_run "$out" max_steps=4 save_steps=2 compile=false) --quiet >"$WORK/sharded-$kind.log" 2>&1 &&
+      rm -rf "$out/checkpoints/checkpoint-4" "$out/adapter" &&
+      # shellcheck disable=SC2046
+      "${TL[@]}" train --config "$(run_config)" --nproc 1 --accelerate-config "configs/accelerate/$kind.yaml" \
+        $(small_run "$out" max_steps=4 save_steps=2 compile=false resume=true) >>"$WORK/sharded-$kind.log" 2>&1
+    local r=$?
+    echo "$kind: exit $r; $(grep -m1 -o 'resumed from .*' "$WORK/sharded-$kind.log" || echo 'did not resume')"
+    [ $r = 0 ] || rc=$r
+  done
+  return $rc
+}
+
+tests() {
+  if [ "$DRY" = 1 ]; then
+    "$PY" -m pytest -q -p no:cacheprovider -m gpu tests --co 2>&1 | tail -3 | tee "$WORK/gpu-tests.log"
+  else
+    "$PY" -m pytest -q -p no:cacheprovider --continue-on-collection-errors -m gpu tests 2>&1 | tee "$WORK/gpu-tests.log"
+  fi
+}
+
+# The whole run is one function, called on the last line: bash has read all of this file before it starts, so an
+# edit to the file while a run is going (or a step re-reading it) cannot shift what the running shell executes.
+main() {
+  if [ -n "$STEP" ]; then
+    # shellcheck disable=SC2086
+    $STEP
+    exit
+  fi
+  mkdir -p "$OUT" build
+  WORK=$(mktemp -d "${TMPDIR:-/tmp}/tunelab-gpu.XXXXXX")
+  export WORK OUT TUNELAB_GPU_STEP=1
+  exec > >(tee -a "$OUT/gpu.log") 2>&1
+  START=$SECONDS
+  printf '| step | status | seconds |\n|---|---|---|\n' >"$OUT/steps.md"
+  environment
+  step data 90 20 data
+  step speed-1b 170 60 suite h100
+  step speed-8b 330 90 suite h100-8b
+  step profile 120 60 profile
+  step launch 90 50 launch
+  step sharded 150 60 sharded
+  step tests 150 40 tests
+  pack
+  echo "== done in $((SECONDS - START)) s of the ${BUDGET} s budget"
+  cat "$OUT/steps.md"
+  for md in "$OUT"/*.md; do [ "$md" = "$OUT/steps.md" ] || { echo "== $md"; head -40 "$md"; }; done
+  rm -rf "$WORK"
+}
+
+main
+exit

@@ -21,3 +21,10 @@ DS_BUILD_OPS=0 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w .whl deep
 tokenizer=$("$PY" -c "from tunelab import sources; print(sources.embedded_tokenizer_dir())")
 rm -rf build/gpu-cache && mkdir -p build/gpu-cache && cp -r "$tokenizer" build/gpu-cache/
 du -sh .whl build/gpu-cache
+# The device call carries the repo, .whl and build/gpu-cache together, 64 MiB at most.
+total=$(du -cb .whl build/gpu-cache | tail -1 | cut -f1)
+if [ "$total" -ge $((60 * 1024 * 1024)) ]; then
+  echo "gpu_prepare.sh: .whl and build/gpu-cache hold $total bytes; with the repo the call carries at most 64 MiB" >&2
+  exit 1
+fi
+echo "carry: .whl build/gpu-cache; run: bash benchmarks/gpu.sh (timeout 600 s)"

@@ -23,6 +23,7 @@ from .data.formats import TEMPLATES
 from .errors import TunelabError
 from .io import read_text
 from .modelref import EMBEDDED, RANDOM
+from .runtime import COMPILE_MODES, compile_mode
 
 METHODS = methods.NAMES
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -116,8 +117,12 @@ class TrainConfig:
     precision: Precision = "auto"
     packing: bool = True
     grad_ckpt: bool = False
-    # torch.compile each decoder block (recipes/train.py: compile_blocks): fused element-wise passes.
-    compile: bool = False
+    # torch.compile each decoder block (recipes/train.py: compile_blocks): fused element-wise passes. `auto`
+    # compiles when plan predicts the one-off compile is paid back within the run (runtime.compile_choice).
+    compile: Union[bool, str] = "auto"
+    # Keep the activations saved for backward in pinned host memory instead of the device's (model/offload.py):
+    # long sequences on one GPU, at the cost of a copy each way per layer.
+    activation_offload: bool = False
     # Packed-row attention (model/attention.py): auto is flex on CUDA (flash-attn's varlen kernels where
     # installed) and per-sequence slots on CPU; sdpa is transformers' own, with a block-diagonal mask.
     attention: Attention = "auto"
@@ -392,6 +397,9 @@ def validate(cfg: TrainConfig, source: Origins | str = "config") -> None:
     the origin of the setting it is about (`source`, or a file name for all settings)."""
     if isinstance(source, str):
         source = Origins(source)
+    # compile is a bool (YAML true/false force it) or auto: one field of two types, checked here.
+    _choice(source, "compile", compile_mode(cfg.compile), COMPILE_MODES)
+    cfg.compile = {"true": True, "false": False}.get(compile_mode(cfg.compile), "auto")
     if isinstance(cfg.lora.targets, str):
         _choice(source, "lora.targets", cfg.lora.targets, TARGET_PRESETS)
     elif not cfg.lora.targets:

@@ -41,3 +41,39 @@ def hashed_dropout(device_type: str, compiled: bool) -> bool:
     from torch.rand, whose mask backward keeps (model/lora_linear.py): compiled on CPU, where inductor's
     random numbers are slow. plan's memory model asks too."""
     return device_type == "cpu" and compiled
+
+
+COMPILE_MODES = ("auto", "true", "false")
+
+
+def compile_mode(setting: bool | str) -> str:
+    """The `compile` setting as one of COMPILE_MODES: booleans (YAML true/false) force it, `auto` decides."""
+    if isinstance(setting, bool):
+        return "true" if setting else "false"
+    return str(setting)
+
+
+def compile_choice(
+    setting: bool | str, device_type: str, eager_train_s: float | None, compile_s: float, speedup: float
+) -> dict:
+    """Whether a run compiles its decoder blocks, and why: {"mode", "chosen", "why"}. `true`/`false` force it;
+    `auto` compiles when the time compiled blocks save over the run's predicted eager training time
+    (eager_train_s x (1 - 1/speedup)) exceeds torch.compile's one-off cost `compile_s`, both the catalog's for
+    `device_type` (plan/catalog/gpus.yaml). plan, bench and train all decide through this function."""
+    mode = compile_mode(setting)
+    if mode != "auto":
+        return {"mode": mode, "chosen": mode == "true", "why": f"compile: {mode} in the config"}
+    if eager_train_s is None:
+        return {"mode": mode, "chosen": False, "why": "compile auto: no time prediction for this run, eager blocks"}
+    saved = eager_train_s * (1.0 - 1.0 / speedup)
+    chosen = saved > compile_s
+    verdict = "compiled blocks" if chosen else "eager blocks"
+    relation = ">" if chosen else "<="
+    return {
+        "mode": mode,
+        "chosen": chosen,
+        "why": (
+            f"compile auto: {verdict} on {device_type}: compiling would save ~{saved:.0f} s of a predicted "
+            f"{eager_train_s:.0f} s eager run ({speedup:.2f}x) {relation} its one-off cost of ~{compile_s:.0f} s"
+        ),
+    }

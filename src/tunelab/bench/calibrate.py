@@ -92,7 +92,7 @@ def suite_efficiencies(doc: dict, source: str) -> tuple[dict[str, list[dict]], l
         by_class.setdefault(gpu.device_class, []).append(
             {
                 "method": method_key(rec["method"], rec["config"].get("base_quant", "none")),
-                "compile": bool(rec["config"].get("compile", False)),
+                "compile": compiled(rec),
                 "grad_ckpt": bool(rec["grad_ckpt"]),
                 "params": resolve_arch(rec["model"]).total_params,
                 "micro_batch": rec["micro_batch"],
@@ -101,3 +101,14 @@ def suite_efficiencies(doc: dict, source: str) -> tuple[dict[str, list[dict]], l
             }
         )
     return by_class, left_out
+
+
+def compiled(rec: dict) -> bool:
+    """Whether a bench record's blocks ran compiled: the run's own decision (`compile` in its summary, with
+    `auto` resolved), else its config's boolean."""
+    choice = rec.get("compile")
+    if isinstance(choice, bool):
+        return choice
+    if isinstance(choice, dict):
+        return bool(choice.get("chosen"))
+    return rec["config"].get("compile") is True

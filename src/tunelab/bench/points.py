@@ -147,6 +147,7 @@ def build_record(label: str, summary: dict, peak: measure.Peak, prediction, warm
         "seq_len": summary["seq_len"],
         "packing": summary["packing"],
         "grad_ckpt": summary["grad_ckpt"],
+        "compile": summary.get("compile"),  # runtime.compile_choice: whether the blocks compiled, and why
         "warmup_steps": warmup,
         "steps": summary["steady_window_steps"],
         "data": summary["data"],

@@ -41,6 +41,7 @@ COLUMNS: dict[str, str] = {
     "seq_len": "INTEGER",
     "packing": "BOOLEAN",
     "grad_ckpt": "BOOLEAN",
+    "compile": "JSON",  # runtime.compile_choice of the run ({"mode", "chosen", "why"}), or a suite row's boolean
     "warmup_steps": "INTEGER",
     "steps": "INTEGER",  # optimizer steps in the steady-state window
     "data": "JSON",  # dataset token statistics (rows, examples, tokens_nonpad, tokens_loss, ..., packing_efficiency)

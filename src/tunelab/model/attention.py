@@ -244,8 +244,43 @@ def document_block_mask(position_ids: torch.Tensor, window: int | None = None):
         return document_causal(b, h, q_idx, kv_idx) & (q_idx - kv_idx < window)
 
     rows, width = position_ids.shape
-    mask_mod = document_causal if window is None else document_window
-    return create_block_mask(mask_mod, rows, None, width, width, device=position_ids.device)
+    if window is not None:
+        return create_block_mask(document_window, rows, None, width, width, device=position_ids.device)
+    return _document_causal_blocks(document, document_causal)
+
+
+BLOCK = 128  # FlexAttention's default block, both ways
+
+
+def _document_causal_blocks(document: torch.Tensor, mask_mod):
+    """The document-causal BlockMask from each block's first and last document number, never the (T x T)
+    element mask that create_block_mask evaluates (B x T² booleans: 17 GB at T = 131,072). Documents are
+    numbered in order along a row, so a kv block j below q block i shares a document with it iff j's last
+    document is i's first, and is full (no element masked) iff both blocks lie in that one document; the
+    diagonal block is always partial. O((T/128)²) block flags per row."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    rows, width = document.shape
+    blocks = -(-width // BLOCK)
+    tail = blocks * BLOCK - width  # a partial last block: its missing positions repeat the row's last document
+    padded = torch.cat([document, document[:, -1:].expand(rows, tail)], dim=1) if tail else document
+    per_block = padded.view(rows, blocks, BLOCK)
+    first, last = per_block[:, :, 0], per_block[:, :, -1]
+    index = torch.arange(blocks, device=document.device)
+    below = index[None, :] < index[:, None]  # [i, j]: kv block j strictly below q block i
+    shared = below & (last[:, None, :] == first[:, :, None])
+    one_document = first == last
+    full = shared & one_document[:, None, :] & one_document[:, :, None]
+    partial = (shared & ~full) | (index[None, :] == index[:, None])
+
+    def ordered(flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        counts = flags.sum(-1, dtype=torch.int32)[:, None]
+        order = torch.argsort(flags.to(torch.int8), dim=-1, descending=True, stable=True).to(torch.int32)
+        return counts, order[:, None]
+
+    kv_num, kv_index = ordered(partial)
+    full_num, full_index = ordered(full)
+    return BlockMask.from_kv_blocks(kv_num, kv_index, full_num, full_index, BLOCK, mask_mod, (width, width))
 
 
 def flex_tensors(position_ids: torch.Tensor, windows=()) -> dict:

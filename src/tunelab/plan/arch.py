@@ -100,7 +100,8 @@ def adapter_targets(arch: Arch, targets: str | list[str] | tuple[str, ...]) -> t
     bad = [t for t in targets if t not in known]
     if bad:
         raise TunelabError(
-            f"lora.targets: {', '.join(bad)} not in this model; its linear layers are {', '.join(known)}"
+            f"lora.targets: {', '.join(bad)} not found in the model; "
+            f"its linear layers are {', '.join(known)} (or use attn, mlp, all-linear)"
         )
     return tuple(targets)
 

@@ -152,6 +152,12 @@ def compile_seconds(device_type: str) -> float:
     return float(table.get(device_type, table["cuda"]))
 
 
+def compile_speedup(device_type: str) -> float:
+    """An eager step's time over a compiled one's on a `device_type` (cuda | cpu), as measured."""
+    table = read("gpus.yaml")["compile_speedup"]
+    return float(table.get(device_type, table["cuda"]))
+
+
 def scaling_efficiency(strategy: str) -> float:
     return float(read("gpus.yaml")["scaling"][strategy])
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .. import methods
-from ..runtime import LOGIT_CHUNK, attention_path, hashed_dropout, slot_products
-from . import comm, memory, timing, workload
+from ..runtime import LOGIT_CHUNK, attention_path, compile_choice, hashed_dropout, slot_products
+from . import catalog, comm, memory, timing, workload
 from .arch import Arch
 from .calibration import CalibrationRecord
 from .catalog import Gpu
@@ -34,7 +34,8 @@ class Settings:
     save_steps: int
     save_total_limit: int
     seed: int = 42
-    compile: bool = False
+    compile: bool | str = False  # `auto`: estimate() decides (runtime.compile_choice)
+    activation_offload: bool = False  # saved activations in pinned host memory (model/offload.py)
     attention: str = "auto"  # config.ATTENTIONS
     eval_every: int = 0  # optimizer steps between evaluations (config.eval_every); used when lengths hold some out
 
@@ -64,6 +65,8 @@ class Estimate:
     evaluations: workload.Evaluations | None = None
     forward_flops: float = 0.0  # per held-out token fed (flops.forward_flops_per_token); 0 without evaluation
     comm_bytes: float = 0.0  # sent per GPU per optimizer step (plan/comm.py); 0 on one GPU
+    compile_choice: dict | None = None  # runtime.compile_choice: {"mode", "chosen", "why"}
+    max_seq_len: int = 0  # the longest packed row that fits the device at this micro-batch (memory.max_seq_len)
 
     @property
     def fits(self) -> bool:
@@ -102,6 +105,7 @@ def memory_setup(s: Settings, w: workload.Workload, d: Device, sharding: str, gp
         attention_probs=probs,
         attention=path,
         dropout_mask_kept=not hashed_dropout(device_type, s.compile),
+        offload=s.activation_offload and device_type == "cuda",  # on a CPU activations are in host memory anyway
     )
 
 
@@ -114,6 +118,20 @@ def estimate(
     sharding: str = "single",
     scaling: float = 1.0,
 ) -> Estimate:
+    """One prediction. `compile: auto` is resolved here, as the run resolves it (runtime.compile_choice): from
+    this same estimate with eager blocks, its training time against the catalog's compile cost and speedup."""
+    if not isinstance(s.compile, bool):
+        eager = estimate(arch, lengths, replace(s, compile=False), d, gpus, sharding, scaling)
+        kind = d.gpu.device_type
+        choice = compile_choice(
+            s.compile, kind, eager.speed.train_s, catalog.compile_seconds(kind), catalog.compile_speedup(kind)
+        )
+        resolved = (
+            eager
+            if not choice["chosen"]
+            else estimate(arch, lengths, replace(s, compile=True), d, gpus, sharding, scaling)
+        )
+        return replace(resolved, settings=replace(resolved.settings, compile=s.compile), compile_choice=choice)
     batching = workload.Batching(s.seq_len, s.micro_batch, s.grad_accum, s.packing, gpus, s.seed)
     w = workload.build(lengths, batching, s.epochs, s.max_steps)
     ckpt = workload.checkpoints(w.optimizer_steps, s.save_steps, s.save_total_limit)
@@ -122,6 +140,7 @@ def estimate(
     mem = memory.breakdown(arch, setup)
     loss_per_row = w.loss_tokens_per_micro_batch / s.micro_batch
     biggest = memory.max_micro_batch(arch, setup, d.gpu.memory_bytes, loss_per_row)
+    longest = memory.max_seq_len(arch, setup, d.gpu.memory_bytes, loss_per_row / max(1, w.epoch.widest_row))
     local = d.gpu.id == "local"
     eff = timing.efficiency(
         d.gpu.device_class, s.method, s.base_quant, d.calibration, s.compile, s.grad_ckpt, arch.total_params, local
@@ -137,7 +156,10 @@ def estimate(
         eval_s = timing.evaluation_seconds(evals.count * evals.tokens_padded, forward, d.gpu.peak_flops, eff.value)
     over = timing.overheads(on_disk, ckpt.written, periodic, final, s.compile, d.gpu.device_type, eval_s)
     sent = comm.step_bytes(arch, setup, s.grad_accum)
-    return Estimate(s, d, gpus, sharding, w, ckpt, f, eff, setup, mem, biggest, speed, over, evals, forward, sent)
+    choice = compile_choice(s.compile, d.gpu.device_type, None, 0.0, 1.0)
+    return Estimate(
+        s, d, gpus, sharding, w, ckpt, f, eff, setup, mem, biggest, speed, over, evals, forward, sent, choice, longest
+    )
 
 
 @dataclass(frozen=True)

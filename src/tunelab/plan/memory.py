@@ -39,6 +39,7 @@ class MemorySetup:
     attention_probs: bool = False  # attention keeps its probabilities (tunelab's CPU slot path)
     attention: str = "slots"  # runtime.attention_path: flex | slots | sdpa | flash
     dropout_mask_kept: bool = True  # LoRA dropout's mask is kept for backward (not drawn again: runtime.hashed_dropout)
+    offload: bool = False  # activation_offload on a CUDA device (model/offload.py): saved activations on the host
 
 
 @dataclass(frozen=True)
@@ -145,15 +146,58 @@ def attention_bytes_per_position(arch: Arch, s: MemorySetup) -> float:
     return a * (q + outputs + 2 * kv) + kept
 
 
-def activation_bytes(arch: Arch, s: MemorySetup) -> float:
+# Layers whose saved activations are on the device at once under activation offloading (the module docstring).
+OFFLOAD_LAYERS = 2
+
+
+def _layer_bytes(arch: Arch, s: MemorySetup) -> tuple[float, float, float]:
+    """(what one layer saves, one layer's input, the final norm's fp32 input), for one micro-batch."""
     tokens = s.micro_batch * s.row_len
     positions = s.slots * s.slot_len if s.slots else tokens
     per_layer = row_bytes_per_token_layer(arch, s) * tokens + attention_bytes_per_position(arch, s) * positions
-    residual = 4 * arch.hidden * tokens  # the final norm's fp32 input
+    return per_layer, stream_bytes(s) * arch.hidden * tokens, 4 * arch.hidden * tokens
+
+
+def activation_bytes(arch: Arch, s: MemorySetup) -> float:
+    per_layer, layer_input, residual = _layer_bytes(arch, s)
+    kept = min(arch.layers, OFFLOAD_LAYERS) if s.offload else arch.layers
     if s.grad_ckpt:
         # each layer's saved input (the residual stream) + one layer recomputed
-        return arch.layers * stream_bytes(s) * arch.hidden * tokens + per_layer + residual
-    return arch.layers * per_layer + residual
+        return kept * layer_input + per_layer + residual
+    return kept * per_layer + residual
+
+
+def offloaded_bytes(arch: Arch, s: MemorySetup) -> float:
+    """Pinned host memory that activation offloading holds at the peak: the saved activations (or, with gradient
+    checkpointing, the layer inputs) of every layer, each copied out as its forward ends."""
+    if not s.offload:
+        return 0.0
+    per_layer, layer_input, _ = _layer_bytes(arch, s)
+    return arch.layers * (layer_input if s.grad_ckpt else per_layer)
+
+
+def max_seq_len(arch: Arch, s: MemorySetup, capacity: int, loss_per_position: float, limit: int = 1 << 22) -> int:
+    """Largest seq_len, a multiple of 128 (FlexAttention's block), whose predicted peak fits in `capacity`
+    bytes with rows packed full (the widest row is seq_len; `loss_per_position` of its positions have loss);
+    0 when not even 128 fits. Peak grows with the row, so a binary search suffices. Attention over whole
+    rows only (flex, sdpa, flash): per-sequence slots depend on the documents, not the row."""
+    from dataclasses import replace
+
+    def fits(blocks: int) -> bool:
+        t = blocks * 128
+        rows = max(1, round(loss_per_position * t * s.micro_batch))
+        return breakdown(arch, replace(s, row_len=t, loss_rows=rows, slots=0, slot_len=0)).total <= capacity
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi * 128 <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit // 128 + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo * 128
 
 
 def logits_bytes(arch: Arch, s: MemorySetup) -> float:

@@ -49,6 +49,7 @@ def activations_assumption(m: MemorySetup) -> str:
 def assumptions(e: Estimate) -> list[str]:
     w = e.work
     out = [
+        *([e.compile_choice["why"]] if e.compile_choice else []),
         e.efficiency.label,
         f"peak {e.device.gpu.peak_flops / 1e12:.1f} TFLOP/s dense 16-bit ({e.device.gpu.source})"
         + (f"; note: {e.device.gpu.note}" if e.device.gpu.note else ""),
@@ -106,11 +107,18 @@ def record(r: Result, e: Estimate) -> dict:
             if e.evaluations is not None
             else {}
         ),
+        "compile": e.compile_choice,
         "peak_memory_bytes": e.memory.total,
         "memory_breakdown": e.memory.as_dict(),
         "memory_capacity_bytes": e.device.gpu.memory_bytes,
         "fits": e.fits,
         "max_micro_batch": e.max_micro_batch,
+        "max_seq_len": e.max_seq_len,
+        **(
+            {"activation_offload_host_bytes": memory.offloaded_bytes(r.arch, e.memory_setup)}
+            if e.memory_setup.offload
+            else {}
+        ),
         "optimizer_steps": w.optimizer_steps,
         "steps_per_epoch": w.steps_per_epoch,
         "checkpoints_written": e.checkpoints.written,
@@ -127,6 +135,18 @@ def record(r: Result, e: Estimate) -> dict:
         "cost_usd": r.cost_usd(e),
         "assumptions": assumptions(e),
     }
+
+
+def longest_label(arch: Arch, e: Estimate) -> str:
+    """plan's longest packed row that fits (memory.max_seq_len), with the model's own position limit beside it,
+    and the host memory that activation offloading then holds."""
+    text = f"{e.max_seq_len:,} tokens (memory model, rows packed full)" if e.max_seq_len else "not even 128 tokens"
+    if 0 < arch.max_positions < e.max_seq_len:
+        text += f"; the model's limit is {arch.max_positions:,} positions"
+    if e.memory_setup.offload:
+        held = gib(memory.offloaded_bytes(arch, e.memory_setup))
+        text += f"; at seq_len {e.settings.seq_len:,} activation_offload holds {held} in pinned host memory"
+    return text
 
 
 def json_line(r: Result) -> str:
@@ -161,8 +181,10 @@ def table(results: list[Result]) -> str:
             + f" + checkpoints {duration(e.overheads.checkpoint_s)}"
             + (f" + evaluation {duration(e.overheads.eval_s)}" if e.evaluations is not None else "")
             + f" = {duration(e.time_s)}",
+            *([f"  {e.compile_choice['why']}"] if e.compile_choice else []),
             f"  memory: peak {gib(e.memory.total)} of {gib(g.memory_bytes)} -> {'fits' if e.fits else 'DOES NOT FIT'};"
             f" largest micro-batch that fits: {e.max_micro_batch}",
+            f"  longest seq_len that fits at micro-batch {e.settings.micro_batch}: {longest_label(r.arch, e)}",
             *breakdown_lines(e.memory),
         ]
         idle = r.idle_gpus(e)

@@ -46,6 +46,7 @@ def settings_from_config(cfg: cfgmod.TrainConfig, arch: archmod.Arch, device: De
         save_total_limit=cfg.save_total_limit,
         seed=cfg.seed,
         compile=cfg.compile,
+        activation_offload=cfg.activation_offload,
         attention=cfg.attention,
         eval_every=cfgmod.eval_every(cfg),
     )
@@ -100,8 +101,9 @@ def eval_file_lengths(cfg: cfgmod.TrainConfig, tokenizer_ref: str | None) -> wor
     return _lengths(prepare(spec, _tokenizer(cfg, tokenizer_ref)), f"evaluation examples from {cfg.eval.path}", None)
 
 
-def local_device(precision: str) -> Device:
-    """The present machine: its peak from a calibration record, else a short matmul probe."""
+def local_device(precision: str, peak_flops: float | None = None) -> Device:
+    """The present machine: its peak from a calibration record, else a short matmul probe (or `peak_flops`,
+    given, with no probe)."""
     from ..device import cpu_class, device_memory_bytes, device_name, pick_device, pick_precision
     from ..plan.calibration import device_key, load_calibration
     from ..probe import matmul_peak
@@ -110,7 +112,9 @@ def local_device(precision: str) -> Device:
     prec = pick_precision(precision, dev)
     name = device_name(dev)
     record = load_calibration(device_key(name))
-    if record is not None and record.peak_flops:
+    if peak_flops is not None:
+        peak, source = peak_flops, "a floor for the device type, not measured"
+    elif record is not None and record.peak_flops:
         peak, source = record.peak_flops, f"calibration record {record.created}"
     else:
         peak, n = matmul_peak(prec.compute, dev)
@@ -131,3 +135,32 @@ def local_prediction(cfg: cfgmod.TrainConfig):
     arch = resolve_arch(cfg.model)
     device = local_device(cfg.precision)
     return estimate(arch, dataset_lengths(cfg, None), settings_from_config(cfg, arch, device), device)
+
+
+# The slowest matmul rate a device of each type is assumed to reach (FLOP/s): an upper bound on a run's eager
+# time, below which `compile: auto` can decide without probing the device. cpu: under the slowest probe
+# recorded (fp32 on a 2-core EPYC capped at AVX2, 171-195 GFLOP/s, benchmarks/quickstart_epyc-fp32-2c_2026-11-23.md).
+FLOOR_PEAK_FLOPS = {"cpu": 1e11, "cuda": 1e13}
+
+
+def run_compile_choice(cfg: cfgmod.TrainConfig, data) -> dict:
+    """How a run resolves `compile` (runtime.compile_choice, through plan's estimate, as `tunelab plan --gpu
+    local` does): `data` is the run's tokenized training data. A run too short to pay for compiling even at
+    the device type's floor rate decides without the matmul probe."""
+    from ..runtime import compile_choice
+
+    if isinstance(cfg.compile, bool):
+        return compile_choice(cfg.compile, "", None, 0.0, 1.0)
+    from ..device import pick_device
+
+    try:
+        arch = resolve_arch(cfg.model)
+    except TunelabError:  # plan cannot read this model's architecture: no prediction, so no compile
+        return compile_choice(cfg.compile, pick_device(cfg.device).type, None, 0.0, 1.0)
+    lengths = _lengths(data, "the run's training data", None)
+    floor = local_device(cfg.precision, FLOOR_PEAK_FLOPS.get(pick_device(cfg.device).type, 1e13))
+    quick = estimate(arch, lengths, settings_from_config(cfg, arch, floor), floor)
+    if not quick.compile_choice["chosen"]:
+        return quick.compile_choice
+    device = local_device(cfg.precision)
+    return estimate(arch, lengths, settings_from_config(cfg, arch, device), device).compile_choice

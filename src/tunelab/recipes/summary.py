@@ -27,6 +27,8 @@ class RunSummary:
     grad_accum: int
     packing: bool
     grad_ckpt: bool
+    compile: dict | None  # runtime.compile_choice: mode, chosen, why
+    activation_offload: bool
     world_size: int
     data: dict
     steps: int

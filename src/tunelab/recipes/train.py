@@ -35,7 +35,7 @@ from ..device import (
 from ..errors import OutOfMemory, TunelabError
 from ..io import atomic_dir, disk_errors, link_tree, remove_stale_temps, write_atomic
 from ..memwatch import MemoryWatch
-from ..model import attention
+from ..model import attention, offload
 from ..model import load as mload
 from ..model.adapters import AdapterSpec, apply_adapter
 from ..model.lora_linear import has_lora_dropout, has_nf4_base, nf4_layers
@@ -46,6 +46,7 @@ from ..train.batches import BatchSpec, EvalBatches, Schedule
 from ..train.checkpoint import TrainState
 from ..train.lock import PROBE_PREFIX, lock_output_dir
 from ..train.progress import ProgressView
+from .predict import run_compile_choice
 from .strategy import Strategy, Trainee, pick_strategy
 from .summary import RunSummary
 
@@ -64,6 +65,7 @@ class Prepared:
     eval_data: TokenizedData | None = None
     eval_batches: EvalBatches | None = None
     notes: tuple[str, ...] = ()  # one line each, printed before training (defaults the run chose for the user)
+    compile: dict | None = None  # runtime.compile_choice: whether the blocks compile, and why
 
 
 def prepare_run(cfg: TrainConfig, procs: distributed.Processes | None = None) -> Prepared:
@@ -88,6 +90,7 @@ def prepare_run(cfg: TrainConfig, procs: distributed.Processes | None = None) ->
     batch = BatchSpec(cfg.seq_len, cfg.micro_batch, cfg.grad_accum, cfg.packing, cfg.seed, tokenizer.pad_token_id)
     schedule = Schedule(data, batch, cfg.epochs, cfg.max_steps, rank, world)
     eval_batches = None if eval_data is None else EvalBatches(eval_data, batch, schedule.slots, rank, world)
+    compiled = run_compile_choice(cfg, data)
     return Prepared(
         device=device,
         precision=precision,
@@ -98,7 +101,8 @@ def prepare_run(cfg: TrainConfig, procs: distributed.Processes | None = None) ->
         schedule=schedule,
         eval_data=eval_data,
         eval_batches=eval_batches,
-        notes=notes,
+        notes=(*notes, compiled["why"]),
+        compile=compiled,
     )
 
 
@@ -145,10 +149,11 @@ def build_model(
         attn=training_attention(prep.device, cfg.attention),
         meta=meta,
     )
-    if cfg.grad_ckpt:
+    if cfg.grad_ckpt and not cfg.activation_offload:  # offload.apply checkpoints with host-memory inputs
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = apply_adapter(model, adapter_spec(cfg))
-    if cfg.compile:
+    offload.apply(model, cfg.activation_offload, cfg.grad_ckpt)
+    if (prep.compile or {}).get("chosen"):
         compile_blocks(model)
     return model
 
@@ -443,6 +448,8 @@ def summarize(run: Run, result: loop.LoopResult, t0: float) -> RunSummary:
         grad_accum=cfg.grad_accum,
         packing=cfg.packing,
         grad_ckpt=cfg.grad_ckpt,
+        compile=prep.compile,
+        activation_offload=cfg.activation_offload,
         world_size=run.procs.world,
         data={**prep.data.stats.as_dict(), "packing_efficiency": run.packing_efficiency},
         steps=state.step,

@@ -220,3 +220,40 @@ def test_attention_key_is_validated():
     assert load_config(None, ["attention=flex"]).attention == "flex"
     with pytest.raises(TunelabError, match=r"attention must be one of .*did you mean 'slots'"):
         load_config(None, ["attention=slot"])
+
+
+@pytest.mark.parametrize("width", [384, 300, 64])
+def test_block_mask_equals_create_block_masks_without_the_element_mask(width):
+    """The block-level builder (no T x T mask, which at 131,072 tokens would be 17 GB) gives create_block_mask's
+    BlockMask: the same partial and full blocks and the same elements, for rows whose last block is partial."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    g = torch.Generator().manual_seed(width)
+    rows = []
+    for _ in range(4):
+        row, left = [], width
+        while left:
+            n = min(left, int(torch.randint(1, 200, (1,), generator=g)))
+            row += list(range(n))
+            left -= n
+        rows.append(row)
+    positions = torch.tensor(rows)
+    ours = attention.document_block_mask(positions)
+    document = (positions == 0).cumsum(-1)
+    reference = create_block_mask(
+        lambda b, h, q, kv: (document[b, q] == document[b, kv]) & (q >= kv), 4, None, width, width, device="cpu"
+    )
+    assert ours.shape == reference.shape
+    assert torch.equal(ours.to_dense(), reference.to_dense())
+    n = reference.full_kv_num_blocks
+    assert torch.equal(ours.full_kv_num_blocks, n) and torch.equal(ours.kv_num_blocks, reference.kv_num_blocks)
+    for b in range(4):
+        for i in range(ours.kv_num_blocks.shape[-1]):
+            k = int(n[b, 0, i])
+            assert set(ours.full_kv_indices[b, 0, i, :k].tolist()) == set(
+                reference.full_kv_indices[b, 0, i, :k].tolist()
+            )
+    assert torch.equal(
+        create_mask(ours.mask_mod, 4, 1, width, width, device="cpu"),
+        create_mask(reference.mask_mod, 4, 1, width, width, device="cpu"),
+    )

@@ -480,7 +480,17 @@ def test_accumulation_split_keeps_rows_per_step(micro_batch, accum, largest, spl
 
 
 def test_a_run_that_does_not_fit_is_offered_a_smaller_micro_batch_at_equal_rows(capsys):
-    argv = ["--model", "llama-3.1-8b", "--examples", "50000", "--mean-tokens", "500", "--seq-len", "2048"]
+    argv = [
+        "--model",
+        "llama-3.1-8b",
+        "--examples",
+        "50000",
+        "--mean-tokens",
+        "500",
+        "--seq-len",
+        "2048",
+        "compile=false",
+    ]
     (rec,) = plan_json(capsys, *argv, "--gpu", "h100-sxm", "--micro-batch", "8")
     assert not rec["fits"] and rec["max_micro_batch"] == 5
     assert main(["plan", *argv, "--gpu", "h100-sxm", "--micro-batch", "8"]) == 0
@@ -541,3 +551,36 @@ def test_gemma2_rows_and_configs_carry_their_final_logit_softcap():
         hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128, vocab_size=100
     )
     assert archmod.from_hf_config("g", cfg, "test").logit_softcap == cfg.final_logit_softcapping == 30.0
+
+
+@pytest.mark.parametrize(("examples", "chosen"), [(300000, True), (200, False)])
+def test_plan_resolves_compile_auto_as_the_run_does(capsys, examples, chosen):
+    """`compile: auto` (the default): compiled blocks where the predicted eager time pays the catalog's compile
+    cost back, and the estimate is then the compiled one (its compile overhead included)."""
+    (rec,) = plan_json(
+        capsys, "--model", LLAMA2, "--examples", str(examples), "--mean-tokens", "200", "--gpu", "h100-sxm"
+    )
+    assert rec["compile"]["mode"] == "auto" and rec["compile"]["chosen"] is chosen
+    assert rec["assumptions"][0] == rec["compile"]["why"]
+    assert (rec["overheads_s"]["compile"] > 0) is chosen
+
+
+@pytest.mark.parametrize("grad_ckpt", [False, True])
+def test_longest_seq_len_is_the_last_multiple_of_128_that_fits_and_offload_raises_it(grad_ckpt):
+    arch = resolve_arch("llama-3.1-8b")
+    s = setup(micro_batch=1, attention="flex", grad_ckpt=grad_ckpt, targets=tuple(arch.linears()))
+    capacity = 80 * 2**30
+
+    def peak(t, offload=False):
+        return memory.breakdown(arch, dataclasses.replace(s, row_len=t, loss_rows=t // 2, offload=offload)).total
+
+    longest = memory.max_seq_len(arch, s, capacity, 0.5)
+    assert longest % 128 == 0 and peak(longest) <= capacity < peak(longest + 128)
+    offloaded = memory.max_seq_len(arch, dataclasses.replace(s, offload=True), capacity, 0.5)
+    assert offloaded > longest and peak(offloaded, True) <= capacity < peak(offloaded + 128, True)
+    # the device keeps memory.OFFLOAD_LAYERS layers' activations (with grad_ckpt: inputs) instead of all 32's,
+    # the host a copy of each layer's
+    on, off = (memory.activation_bytes(arch, dataclasses.replace(s, row_len=8192, offload=o)) for o in (True, False))
+    assert on < (off / 2 if grad_ckpt else off / 8)
+    assert memory.offloaded_bytes(arch, dataclasses.replace(s, row_len=8192, offload=True)) > 0
+    assert memory.offloaded_bytes(arch, dataclasses.replace(s, row_len=8192)) == 0

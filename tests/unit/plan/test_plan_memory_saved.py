@@ -159,3 +159,60 @@ def test_activation_model_matches_saved_tensors(model_dir, addition_rows, tmp_pa
         assert measured <= modeled <= 1.3 * measured
     else:
         assert modeled == pytest.approx(measured, rel=0.05)
+
+
+@pytest.mark.parametrize("grad_ckpt", [False, True])
+def test_activation_offload_moves_what_plan_says(model_dir, addition_rows, tmp_path, monkeypatch, grad_ckpt):
+    """With activation_offload the layers' saved tensors (with grad_ckpt: their inputs) go to host memory, as
+    many bytes as plan's `offloaded_bytes`, and what stays saved outside them is less than one layer's: the
+    device keeps only the layers in flight (plan: memory.OFFLOAD_LAYERS), the residual and the loss's. The CPU
+    runs the copy path the CUDA path shares (model/offload.py), every size of tensor offloaded."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    from tunelab.model import offload
+
+    monkeypatch.setattr(offload, "MIN_BYTES", 0)
+    data = write_jsonl(tmp_path / "add.jsonl", addition_rows * 4)
+    extra = [f"model={model_dir}", f"data.path={data}", f"output_dir={tmp_path / 'run'}", "data.template=compact"]
+    shape = ["seq_len=128", "micro_batch=4", "lora.r=8", "precision=bf16", "compile=false", f"grad_ckpt={grad_ckpt}"]
+    cfg = load_config(None, [*extra, *shape])
+    arch = resolve_arch(cfg.model)
+    setup = replace(prediction_for(cfg).memory_setup, offload=True)
+    prep = command.prepare_run(cfg)
+    AcceleratorState._reset_state()
+    Accelerator(mixed_precision="bf16", cpu=True)
+    model = command.build_model(cfg, prep)
+    offloader = offload.apply(model, True, grad_ckpt, copy_on_cpu=True)
+    wrapped = CausalLMLoss(model)
+    wrapped.train()
+    params = {p.untyped_storage().data_ptr() for p in wrapped.parameters()}
+    stayed: dict[int, int] = {}
+
+    def keep(t):
+        if t.untyped_storage().data_ptr() not in params:
+            stayed[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    b = prep.schedule.step_batches(0)[0]
+    inputs = (b.input_ids, b.position_ids, b.loss_index, b.loss_targets)
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t), torch.autocast("cpu", torch.bfloat16):
+        loss = wrapped(*(torch.from_numpy(x) for x in inputs), b.layout)
+    modeled = memory.offloaded_bytes(arch, setup)
+    per_layer = (memory.activation_bytes(arch, replace(setup, offload=False)) - 4 * arch.hidden * 512) / arch.layers
+    print(
+        f"host {offloader.host_bytes() / 2**20:.2f} MiB, modeled {modeled / 2**20:.2f}; stayed {sum(stayed.values()) / 2**20:.2f}"
+    )
+    if grad_ckpt:  # the layers' inputs alone: exact
+        assert offloader.host_bytes() == pytest.approx(modeled, rel=0.05)
+    else:
+        # Each saved buffer is copied once while it lives; one freed after its copy and another allocated at its
+        # address is copied again, as it should be, but the allocator decides how often that happens: 1-9% over
+        # the model from run to run here. plan's host figure is a lower bound within 15%.
+        assert modeled <= offloader.host_bytes() <= 1.15 * modeled
+    assert sum(stayed.values()) < (
+        per_layer if not grad_ckpt else memory.activation_bytes(arch, replace(setup, offload=False))
+    )
+    assert memory.activation_bytes(arch, setup) < memory.activation_bytes(arch, replace(setup, offload=False))
+    loss.backward()
+    assert offloader.host_bytes() == 0

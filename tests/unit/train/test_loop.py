@@ -83,6 +83,9 @@ def test_lora_run_writes_every_output(tiny_model_dir, data_file, tmp_path):
     assert {k: summary[k] for k in expected} == expected
     assert summary["steps"] == 4 and summary["finished"] and summary["params_trainable"] < summary["params_total"]
     assert load_config(out / "config.yaml").max_steps == 4
+    # compile: auto (the default) decided, without a probe, that 4 tiny steps cannot pay for compiling
+    assert summary["compile"]["mode"] == "auto" and summary["compile"]["chosen"] is False
+    assert "eager blocks on cpu" in summary["compile"]["why"] and summary["activation_offload"] is False
 
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -138,13 +141,20 @@ def test_other_methods_train(tiny_model_dir, data_file, tmp_path, method):
         assert summary["params_trainable"] == summary["params_total"]
 
 
-def test_grad_checkpointing_gives_the_same_losses(tiny_model_dir, data_file, tmp_path):
+@pytest.mark.parametrize("offload", [False, True])
+def test_grad_checkpointing_gives_the_same_losses(tiny_model_dir, data_file, tmp_path, offload):
+    """With activation_offload on a CPU the run checkpoints as without it (the tensors already are in host
+    memory): the same losses, and the summary says it was on."""
     plain = train(config(tiny_model_dir, data_file, tmp_path / "a", "max_steps=3"), show_progress=False)
     ckpt = train(
-        config(tiny_model_dir, data_file, tmp_path / "b", "max_steps=3", "grad_ckpt=true"), show_progress=False
+        config(
+            tiny_model_dir, data_file, tmp_path / "b", "max_steps=3", "grad_ckpt=true", f"activation_offload={offload}"
+        ),
+        show_progress=False,
     )
     assert read_metrics(tmp_path / "b")[-1]["loss"] == pytest.approx(read_metrics(tmp_path / "a")[-1]["loss"], rel=1e-5)
     assert ckpt["steps"] == plain["steps"] == 3
+    assert ckpt["activation_offload"] is offload
 
 
 def test_resume_reproduces_the_uninterrupted_run(tiny_model_dir, data_file, tmp_path):
