@@ -625,7 +625,7 @@ def markdown(doc: dict) -> str:
     header = [
         "row",
         "non-pad tok/s (window)",
-        "MFU",
+        "MFU useful (whole row)",
         "step median / p90 / max (s)",
         "peak memory",
         "plan tok/s, memory",
@@ -657,7 +657,7 @@ def markdown(doc: dict) -> str:
             [
                 r["label"],
                 _num(r["tokens_nonpad_per_s"]),
-                "" if r.get("mfu") is None else f"{r['mfu']:.1%}",
+                store.mfu_text(r),
                 steps,
                 _gib(r.get("peak_memory_bytes")),
                 "" if pred is None else f"{_num(pred)}, {_gib(r.get('predicted_peak_memory_bytes'))}",

@@ -253,7 +253,7 @@ def _runs_table(runs: list[Run]) -> list[str]:
         "loss tok/s",
         "step time (s)",
         "peak memory",
-        "mfu",
+        "mfu useful (whole row)",
         "loss first -> last",
     ]
     rows = []
@@ -274,7 +274,7 @@ def _runs_table(runs: list[Run]) -> list[str]:
                 _num(rec.get("tokens_loss_per_s")),
                 _num(rec.get("step_time_s"), 3),
                 _gib(rec.get("peak_memory_bytes")),
-                "n/a" if mfu is None else f"{mfu:.1%}",
+                "n/a" if mfu is None else store.mfu_text(rec),
                 f"{_num(rec.get('loss_first'), 3)} -> {_num(rec.get('loss_last'), 3)}",
             ]
         )
