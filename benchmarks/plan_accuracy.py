@@ -249,6 +249,55 @@ def cpu_rows(flops_lora: float) -> list[Row]:
     return rows
 
 
+def suite_rows(path: Path) -> list[Row]:
+    """The rows of a `tunelab bench --suite` results file (.json) that ran against a catalog peak: its tunelab
+    rows and its hf-trainer-tuned peer (stack hf-peft); the suite's data described by their mean length."""
+    from tunelab.plan import catalog
+
+    doc = json.loads(path.read_text())
+    name = path.resolve().relative_to(REPO) if path.resolve().is_relative_to(REPO) else path
+    rows = []
+    for rec in doc["records"]:
+        kind, source = rec.get("kind"), str(rec.get("peak_source", ""))
+        gpu_id = source.removeprefix("catalog ").split(":")[0]
+        if kind not in ("tunelab", "hf-trainer-tuned") or "error" in rec or "skipped" in rec:
+            print(
+                f"{path}: left out {rec.get('label', '?')}: not a tunelab or hf-trainer-tuned row that ran",
+                file=sys.stderr,
+            )
+            continue
+        if not source.startswith("catalog ") or gpu_id not in catalog.gpu_ids():
+            print(f"{path}: left out {rec.get('label')}: its peak is not a catalog row", file=sys.stderr)
+            continue
+        cfg, data = rec.get("config") or {}, rec.get("data") or {}
+        mb, seq = rec["micro_batch"], rec["seq_len"]
+        step = rec.get("step_time_median_s") or mb * seq / rec["tokens_padded_per_s"]
+        quant = cfg.get("base_quant", "none")
+        gpu = catalog.gpu(gpu_id)
+        rows.append(
+            Row(
+                gpu_id,
+                gpu.device_type,
+                rec["label"],
+                f"{name} row {rec['label']} ({doc['date']})",
+                rec["model"],
+                "qlora" if quant == "nf4" else rec["method"],
+                mb,
+                seq,
+                bool(cfg.get("compile", False)),
+                bool(rec["grad_ckpt"]),
+                step,
+                rec["device_peak_flops"],
+                gpu.bandwidth_gbs * 1e9,
+                r=int((cfg.get("lora") or {}).get("r", 16)),
+                packing=kind == "tunelab",
+                stack="tunelab" if kind == "tunelab" else "hf-peft",
+                lengths=f"mean:{data.get('mean_len', seq / 2)}",
+            )
+        )
+    return rows
+
+
 def suite_lengths() -> np.ndarray:
     """The GPU suite's 2000 synthetic rows (suites.yaml `gpu`), tokenized as train tokenizes them."""
     from tunelab.config import load_config
@@ -293,12 +342,15 @@ def _padded_keys(lengths: np.ndarray, b) -> float:
     return float((widths**2).sum() / widths.sum())
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / f"plan-accuracy_{time.strftime('%Y-%m-%d')}")
     p.add_argument("--write", action="store_true", help=f"store the full fit in {FITTED.relative_to(REPO)}")
     p.add_argument("--calibrated", type=Path, help="benchmarks/calibration.py results (.json) to list beside")
-    args = p.parse_args()
+    p.add_argument("--suite", type=Path, action="append", default=[], help="bench --suite results (.json) to add")
+    p.add_argument("--only-suites", action="store_true", help="fit the --suite files' rows alone")
+    p.add_argument("--fitted", type=Path, default=FITTED, help=argparse.SUPPRESS)  # tests write elsewhere
+    args = p.parse_args(argv)
     sys.path.insert(0, str(REPO / "src"))
     from tunelab.plan import arch as archmod
     from tunelab.plan import fit, steptime
@@ -306,8 +358,13 @@ def main() -> int:
 
     small = archmod.resolve_arch("embedded")
     flops_lora = flops_per_token(small, "lora", archmod.adapter_targets(small, "all-linear"), 32, 256, False).hardware
-    rows = h200_rows() + h100_rows() + cpu_rows(flops_lora)
-    suite = suite_lengths()
+    rows = [] if args.only_suites else h200_rows() + h100_rows() + cpu_rows(flops_lora)
+    for path in args.suite:
+        rows += suite_rows(path)
+    if not rows:
+        print("no measured rows", file=sys.stderr)
+        return 1
+    suite = suite_lengths() if any(r.lengths == "gpu-suite" for r in rows) else None
     obs, extra = [], []
     for row in rows:
         arch = archmod.resolve_arch(row.model)
@@ -384,7 +441,7 @@ def main() -> int:
     args.out.with_suffix(".md").write_text(render_md(doc))
     print(render_md(doc))
     if args.write:
-        write_fitted(obs, rows, fits, peer_ratio)
+        write_fitted(obs, rows, fits, peer_ratio, args.fitted)
     return 0
 
 
@@ -430,14 +487,12 @@ def render_md(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_fitted(obs, rows, fits, peer_ratio) -> None:
+def write_fitted(obs, rows, fits, peer_ratio, target: Path) -> None:
+    from tunelab.io import write_atomic
     from tunelab.plan import fit
 
-    header = (
-        "".join(line for line in FITTED.read_text().splitlines(keepends=True) if line.startswith("#"))
-        if FITTED.exists()
-        else ""
-    )
+    text = target.read_text() if target.exists() else ""
+    header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
     devices = {}
     for d, v in fits.items():
         f = v["in"]
@@ -449,25 +504,24 @@ def write_fitted(obs, rows, fits, peer_ratio) -> None:
             "measured": list(f.measured),
             "rows": list(f.rows),
         }
-        if d in CPU_BANDWIDTH or d.startswith("cpu"):
+        if d.startswith("cpu"):
             entry["bandwidth_gbs"] = CPU_BANDWIDTH["cpu"] / 1e9
             entry["bandwidth_source"] = CPU_BANDWIDTH_SOURCE + ("" if d == "cpu" else "; carried from class cpu")
         devices[d] = entry
     kinds = {}
-    for kind in ("cuda", "cpu"):
+    for kind in ("cuda", "cpu"):  # a kind without measured rows keeps plan/fit.py's assumed constants
         c, used = fit.pooled(obs, kind)
         kinds[kind] = {"constants": {k: float(f"{x:.4g}") for k, x in asdict(c).items()}, "devices": list(used)}
     ratios = [v for _dev, v in peer_ratio.values()]
     stacks = {
         "hf-peft": {
-            "scale": float(f"{fit.stack_scale(ratios):.4g}"),
+            "scale": float(f"{fit.stack_scale(ratios or [1.0]):.4g}"),
             "rows": [r.source for r in rows if r.stack == "hf-peft"],
         }
     }
-    FITTED.write_text(
-        header + yaml.safe_dump({"devices": devices, "kinds": kinds, "stacks": stacks}, sort_keys=True, width=120)
-    )
-    print(f"wrote {FITTED}", file=sys.stderr)
+    body = yaml.safe_dump({"devices": devices, "kinds": kinds, "stacks": stacks}, sort_keys=True, width=120)
+    write_atomic(target, [header + body])
+    print(f"wrote {target}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -182,7 +182,8 @@ def step_time(
         label = f"calibrated for {key} on {d.calibration.device_name}, {d.calibration.created}: efficiency {value:.2f}"
         return step, constants, timing.Efficiency(value, label)
     value = tokens * s.grad_accum * f.hardware / (gpu.peak_flops * step.total)
-    label = f"step model, achieved {value:.2f} of the peak; {constants.label}"
+    whose = f"class {device}" if gpu.id == "local" else device
+    label = f"step model, achieved {value:.2f} of the peak; constants for {whose}: {constants.label}"
     if s.stack != "tunelab":
         label += f"; stack {s.stack} x {scale:.2f} from {len(peer_rows)} measured peer rows"
     if gpu.id == "local" and not constants.measured:
@@ -201,8 +202,8 @@ class Suggestion:
 
 def suggestions(arch: Arch, lengths: workload.Lengths, base: Estimate) -> list[Suggestion]:
     """Single-knob changes, each re-estimated with the same formulas, sorted by time saved. The micro-batch
-    appears only for memory, traded against gradient accumulation at equal rows per optimizer step: the time
-    model has no micro-batch term (its effect on efficiency is not modeled)."""
+    appears only for memory, traded against gradient accumulation at equal rows per optimizer step (the step
+    model prices it: smaller micro-batches launch more kernels per token)."""
     s = base.settings
     variants: list[tuple[str, Settings]] = []
     split = accumulation_split(s.micro_batch, s.grad_accum, base.max_micro_batch) if not base.fits else None
