@@ -31,8 +31,8 @@ def main() -> int:
     os.environ["TUNELAB_CACHE"] = str(work / "cache")
     from tunelab.cli import main as cli, quiet_libraries
     from tunelab.config import load_config
-    from tunelab.plan.command import local_prediction
-    from tunelab.train.command import train
+    from tunelab.recipes.predict import local_prediction
+    from tunelab.recipes.train import train
 
     quiet_libraries()
     r = random.Random(0)
@@ -44,6 +44,8 @@ def main() -> int:
         )
     )
     common = [f"data.path={data}", *SHAPE, *overrides]
+    checked = load_config(None, [*common, f"max_steps={args.steps}", f"output_dir={work / 'run'}"])
+    before = local_prediction(checked)  # the step model's constants for this device's class, uncalibrated
     if (
         cli(
             [
@@ -72,6 +74,10 @@ def main() -> int:
         "measured_train_s": summary["train_s"],
         "error": prediction.speed.train_s / summary["train_s"] - 1,
         "efficiency": prediction.efficiency.label,
+        "uncalibrated_train_s": before.speed.train_s,
+        "uncalibrated_error": before.speed.train_s / summary["train_s"] - 1,
+        "uncalibrated_source": before.efficiency.label,
+        "measured_step_time_median_s": summary["step_time_median_s"],
     }
     print(json.dumps(result, indent=2))
     if args.out:
