@@ -29,12 +29,11 @@ def main() -> int:
     args, overrides = p.parse_known_args()
     work = Path(tempfile.mkdtemp(prefix="tunelab-calibration-"))
     os.environ["TUNELAB_CACHE"] = str(work / "cache")
-    from tunelab.plan.command import local_prediction
-    from tunelab.train.command import train
-
     from tunelab.cli import main as cli
     from tunelab.config import load_config
     from tunelab.libraries import quiet_libraries
+    from tunelab.recipes.predict import local_prediction
+    from tunelab.recipes.train import train
 
     quiet_libraries()
     r = random.Random(0)
@@ -46,6 +45,8 @@ def main() -> int:
         )
     )
     common = [f"data.path={data}", *SHAPE, *overrides]
+    checked = load_config(None, [*common, f"max_steps={args.steps}", f"output_dir={work / 'run'}"])
+    before = local_prediction(checked)  # the step model's constants for this device's class, uncalibrated
     if (
         cli(
             [
@@ -74,6 +75,10 @@ def main() -> int:
         "measured_train_s": summary["train_s"],
         "error": prediction.speed.train_s / summary["train_s"] - 1,
         "efficiency": prediction.efficiency.label,
+        "uncalibrated_train_s": before.speed.train_s,
+        "uncalibrated_error": before.speed.train_s / summary["train_s"] - 1,
+        "uncalibrated_source": before.efficiency.label,
+        "measured_step_time_median_s": summary["step_time_median_s"],
     }
     print(json.dumps(result, indent=2))
     if args.out:

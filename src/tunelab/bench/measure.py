@@ -100,6 +100,11 @@ def mfu(tokens_nonpad_per_s: float, flops: FlopsPerToken, peak_flops: float) -> 
     return tokens_nonpad_per_s * flops.model / peak_flops
 
 
+def useful_mfu(tokens_nonpad_per_s: float, flops: FlopsPerToken, peak_flops: float) -> float:
+    """docs/metrics.md `mfu_useful`: mfu with attention counted over the document-causal work only."""
+    return tokens_nonpad_per_s * flops.useful / peak_flops
+
+
 def hfu(tokens_nonpad_per_s: float, flops: FlopsPerToken, peak_flops: float) -> float:
     """Like mfu, counting gradient checkpointing's recomputed forward (docs/metrics.md)."""
     return tokens_nonpad_per_s * flops.hardware / peak_flops

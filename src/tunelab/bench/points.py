@@ -162,6 +162,7 @@ def build_record(label: str, summary: dict, peak: measure.Peak, prediction, warm
         "device_peak_flops": peak.flops,
         "peak_source": peak.source,
         "mfu": measure.mfu(nonpad, flops, peak.flops),
+        "mfu_useful": measure.useful_mfu(nonpad, flops, peak.flops),
         "hfu": measure.hfu(nonpad, flops, peak.flops),
         "peak_memory_bytes": summary["peak_memory_bytes"],
         "peak_memory_reserved_bytes": summary["peak_memory_reserved_bytes"],

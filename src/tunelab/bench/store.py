@@ -60,6 +60,7 @@ COLUMNS: dict[str, str] = {
     "peak_source": "TEXT",
     "peak_probes": "JSON",  # matmul probe FLOP/s per dtype measured at run time ({"bf16": ..., "fp32": ...})
     "mfu": "REAL",
+    "mfu_useful": "REAL",  # mfu with attention counted document-causal (docs/metrics.md)
     "hfu": "REAL",
     "peak_memory_bytes": "INTEGER",
     "peak_memory_reserved_bytes": "INTEGER",
@@ -182,3 +183,13 @@ def export(rows: list[dict], fmt: str) -> str:
     for r in rows:
         writer.writerow({k: json.dumps(v) if k in JSON_COLUMNS and v is not None else v for k, v in r.items()})
     return buf.getvalue()
+
+
+def mfu_text(rec: dict) -> str:
+    """The headline useful MFU with the whole-row figure beside it, e.g. `43.0% (47.1% whole row)`; a record
+    from before the useful figure shows the whole-row one alone."""
+    if rec.get("mfu") is None:
+        return ""
+    if rec.get("mfu_useful") is None:
+        return f"{rec['mfu']:.1%}"
+    return f"{rec['mfu_useful']:.1%} ({rec['mfu']:.1%} whole row)"

@@ -7,6 +7,7 @@ import datetime
 import re
 
 from ..markdown import gib_cell, num, table
+from . import store
 from .suite_schema import Suite, SuiteOptions
 
 
@@ -93,7 +94,7 @@ def markdown(doc: dict) -> str:
     header = [
         "row",
         "non-pad tok/s (window)",
-        "MFU",
+        "MFU useful (whole row)",
         "step median / p90 / max (s)",
         "peak memory",
         "plan tok/s, memory",
@@ -125,7 +126,7 @@ def markdown(doc: dict) -> str:
             [
                 r["label"],
                 num(r["tokens_nonpad_per_s"]),
-                "" if r.get("mfu") is None else f"{r['mfu']:.1%}",
+                store.mfu_text(r),
                 steps,
                 gib_cell(r.get("peak_memory_bytes")),
                 "" if pred is None else f"{num(pred)}, {gib_cell(r.get('predicted_peak_memory_bytes'))}",

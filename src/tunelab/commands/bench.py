@@ -468,7 +468,7 @@ def show_single(rec: dict, db: Path) -> None:
         measured, predicted = rec[key], rec[f"predicted_{key}"]
         show = gib if fmt is None else fmt.format
         t.add_row(label, show(measured), show(predicted), f"{measured / predicted:.2f}")
-    t.add_row("mfu", f"{rec['mfu']:.1%}", "", "")
+    t.add_row("mfu useful (whole row)", store.mfu_text(rec), "", "")
     t.add_row("hfu", f"{rec['hfu']:.1%}", "", "")
     c = _console()
     c.print(t)
@@ -532,7 +532,7 @@ def show_sweep(records: list[dict], db: Path, labels: list[str], failed: dict[st
         "tok/s fed (window)",
         "tok/s non-pad (window)",
         "step s (median)",
-        "mfu",
+        "mfu useful (whole row)",
         "peak mem",
         "pred tok/s fed",
         "pred mem",
@@ -549,7 +549,7 @@ def show_sweep(records: list[dict], db: Path, labels: list[str], failed: dict[st
             f"{r['tokens_padded_per_s']:,.0f}",
             f"{r['tokens_nonpad_per_s']:,.0f}",
             f"{r['step_time_s']:.3f}",
-            f"{r['mfu']:.1%}",
+            store.mfu_text(r),
             gib(r["peak_memory_bytes"]),
             f"{r['predicted_tokens_padded_per_s']:,.0f}",
             gib(r["predicted_peak_memory_bytes"]),

@@ -13,7 +13,7 @@ from .. import config as cfgmod
 from .. import hub
 from ..errors import TunelabError
 from ..plan import catalog, render, workload
-from ..plan.estimate import Device, estimate, suggestions
+from ..plan.estimate import STACKS, Device, estimate, suggestions
 from ..recipes.predict import dataset_lengths, eval_file_lengths, local_device, settings_from_config
 from ..sources import resolve_arch
 
@@ -77,6 +77,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="fraction of an example's tokens with a loss target, without a dataset",
     )
     p.add_argument("--tokenizer", help="model whose tokenizer measures data.path when the model itself is not local")
+    p.add_argument(
+        "--stack",
+        choices=STACKS,
+        default="tunelab",
+        help="tunelab, or hf-peft: the tuned HF Trainer + PEFT recipe (padded batches, eager) on the same GPU",
+    )
     p.add_argument("--price-per-hour", type=float, help="your own price per GPU-hour (replaces the catalog's)")
     p.add_argument(
         "--offline",
@@ -148,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     lengths = lengths_from(cfg, args)
     results = []
     for device in devices:
-        s = settings_from_config(cfg, arch, device)
+        s = replace(settings_from_config(cfg, arch, device), stack=args.stack)
         single = estimate(arch, lengths, s, device)
         multi = []
         if args.gpus > 1:

@@ -173,3 +173,67 @@ def method_factor(key: str) -> float:
 
 def prices(gpu_id: str) -> list[Price]:
     return [Price(**{**row, "date": str(row["date"])}) for row in read("prices.yaml")["prices"] if row["gpu"] == gpu_id]
+
+
+@dataclass(frozen=True)
+class StepConstants:
+    """The step-time constants (plan/steptime.py) of a device, with where each comes from."""
+
+    matmul: float
+    attention: float
+    bandwidth: float
+    launch_s: float
+    measured: tuple[str, ...]  # constants fitted on this device's own measured rows
+    carried_from: tuple[str, ...]  # devices the other constants were fitted on (empty: assumed)
+    rows: tuple[str, ...]  # the results files and rows this device's constants come from
+    bandwidth_gbs: float = 0.0  # a local CPU class's measured bandwidth (0: the catalog row's)
+    bandwidth_source: str = ""
+
+    @property
+    def label(self) -> str:
+        names = ("matmul", "attention", "bandwidth", "launch_s")
+        carried = [n for n in names if n not in self.measured]
+        where = ", ".join(self.carried_from) if self.carried_from else "assumed, no measured device of this kind"
+        parts = []
+        if self.measured:
+            parts.append(f"measured here: {', '.join(self.measured)}")
+        if carried:
+            parts.append(f"carried over ({where}): {', '.join(carried)}")
+        return "; ".join(parts)
+
+
+def step_constants(device: str, device_type: str) -> StepConstants:
+    """The fitted constants (catalog/fitted.yaml, written by benchmarks/scripts/plan_accuracy.py) of `device` (a catalog
+    GPU id or a local CPU class); a device without measured rows gets those pooled over its kind's measured
+    devices (cuda or cpu), all reported as carried over."""
+    data = read("fitted.yaml") or {}
+    kind = "cpu" if device_type == "cpu" else "cuda"
+    row = (data.get("devices") or {}).get(device)
+    if row is not None:
+        pool = data["kinds"][kind]["devices"]
+        return StepConstants(
+            **{k: float(v) for k, v in row["constants"].items()},
+            measured=tuple(row["measured"]),
+            carried_from=tuple(d for d in pool if d != device),
+            rows=tuple(row["rows"]),
+            bandwidth_gbs=float(row.get("bandwidth_gbs", 0.0)),
+            bandwidth_source=row.get("bandwidth_source", ""),
+        )
+    pool = data["kinds"][kind]
+    local = next((r for r in (data.get("devices") or {}).values() if r["kind"] == kind and "bandwidth_gbs" in r), {})
+    return StepConstants(
+        **{k: float(v) for k, v in pool["constants"].items()},
+        measured=(),
+        carried_from=tuple(pool["devices"]),
+        rows=(),
+        bandwidth_gbs=float(local.get("bandwidth_gbs", 0.0)),
+        bandwidth_source=local.get("bandwidth_source", ""),
+    )
+
+
+def stack_scale(stack: str) -> tuple[float, tuple[str, ...]]:
+    """A peer stack's factor on the modeled step (catalog/fitted.yaml `stacks`) and the rows it was fitted on."""
+    if stack == "tunelab":
+        return 1.0, ()
+    row = (read("fitted.yaml") or {})["stacks"][stack]
+    return float(row["scale"]), tuple(row["rows"])

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from .. import methods
 from ..runtime import LOGIT_CHUNK, attention_path, compile_choice, hashed_dropout, slot_products
-from . import catalog, comm, memory, timing, workload
+from . import catalog, comm, fit, memory, steptime, timing, workload
 from .arch import Arch
 from .calibration import CalibrationRecord
 from .catalog import Gpu
@@ -38,6 +38,12 @@ class Settings:
     activation_offload: bool = False  # saved activations in pinned host memory (model/offload.py)
     attention: str = "auto"  # config.ATTENTIONS
     eval_every: int = 0  # optimizer steps between evaluations (config.eval_every); used when lengths hold some out
+    stack: str = "tunelab"  # STACKS: tunelab, or the tuned HF Trainer + PEFT recipe it is compared with
+
+
+# `hf-peft`: the tuned HF Trainer + PEFT recipe (bench/peers.py `hf-trainer-tuned`): the same rows per step,
+# padded to the longest of each length-grouped batch, eager, PEFT's LoRA.
+STACKS = ("tunelab", "hf-peft")
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,8 @@ class Estimate:
     comm_bytes: float = 0.0  # sent per GPU per optimizer step (plan/comm.py); 0 on one GPU
     compile_choice: dict | None = None  # runtime.compile_choice: {"mode", "chosen", "why"}
     max_seq_len: int = 0  # the longest packed row that fits the device at this micro-batch (memory.max_seq_len)
+    step: steptime.Breakdown | None = None  # one optimizer step's seconds by part, on one GPU
+    constants: catalog.StepConstants | None = None  # the step model's constants and where they come from
 
     @property
     def fits(self) -> bool:
@@ -132,20 +140,21 @@ def estimate(
             else estimate(arch, lengths, replace(s, compile=True), d, gpus, sharding, scaling)
         )
         return replace(resolved, settings=replace(resolved.settings, compile=s.compile), compile_choice=choice)
+    if s.stack == "hf-peft":
+        s = replace(s, packing=False, compile=False)
     batching = workload.Batching(s.seq_len, s.micro_batch, s.grad_accum, s.packing, gpus, s.seed)
     w = workload.build(lengths, batching, s.epochs, s.max_steps)
     ckpt = workload.checkpoints(w.optimizer_steps, s.save_steps, s.save_total_limit)
-    f = flops_per_token(arch, s.method, s.targets, s.r, w.epoch.widest_row, s.grad_ckpt, s.lora_dropout)
+    doc_keys = steptime.attention_keys(lengths.lengths, lengths.mean_tokens, s.seq_len, True)
+    f = flops_per_token(arch, s.method, s.targets, s.r, w.epoch.widest_row, s.grad_ckpt, s.lora_dropout, doc_keys)
     setup = memory_setup(s, w, d, sharding, gpus)
     mem = memory.breakdown(arch, setup)
     loss_per_row = w.loss_tokens_per_micro_batch / s.micro_batch
     biggest = memory.max_micro_batch(arch, setup, d.gpu.memory_bytes, loss_per_row)
     longest = memory.max_seq_len(arch, setup, d.gpu.memory_bytes, loss_per_row / max(1, w.epoch.widest_row))
-    local = d.gpu.id == "local"
-    eff = timing.efficiency(
-        d.gpu.device_class, s.method, s.base_quant, d.calibration, s.compile, s.grad_ckpt, arch.total_params, local
-    )
-    speed = timing.throughput(w.tokens_padded, f.hardware, d.gpu.peak_flops, eff.value, gpus, scaling)
+    step, constants, eff = step_time(arch, lengths, s, d, w)
+    tokens_per_step = w.epoch.tokens_padded / w.epoch.micro_batches * s.grad_accum
+    speed = timing.step_throughput(w.tokens_padded, tokens_per_step, step.total, gpus, scaling)
     trainable = memory.trainable_params(arch, setup)
     periodic, final = timing.checkpoint_bytes(trainable, arch.total_params, s.method)
     on_disk = arch.total_params * 2  # 16-bit safetensors, quantized at load time for int8/nf4
@@ -158,8 +167,68 @@ def estimate(
     sent = comm.step_bytes(arch, setup, s.grad_accum)
     choice = compile_choice(s.compile, d.gpu.device_type, None, 0.0, 1.0)
     return Estimate(
-        s, d, gpus, sharding, w, ckpt, f, eff, setup, mem, biggest, speed, over, evals, forward, sent, choice, longest
+        s,
+        d,
+        gpus,
+        sharding,
+        w,
+        ckpt,
+        f,
+        eff,
+        setup,
+        mem,
+        biggest,
+        speed,
+        over,
+        evals,
+        forward,
+        sent,
+        choice,
+        longest,
+        step,
+        constants,
     )
+
+
+def step_time(
+    arch: Arch, lengths: workload.Lengths, s: Settings, d: Device, w: workload.Workload
+) -> tuple[steptime.Breakdown, catalog.StepConstants, timing.Efficiency]:
+    """One optimizer step's seconds by part (plan/steptime.py) on one GPU, the constants used, and the achieved
+    fraction of the peak it implies. A calibration record of the device for the method scales the parts so that
+    their sum is the calibrated rate (bench --calibrate measured it on this device)."""
+    gpu = d.gpu
+    device = gpu.device_class if gpu.id == "local" else gpu.id
+    constants = catalog.step_constants(device, gpu.device_type)
+    bandwidth = gpu.bandwidth_gbs * 1e9 or constants.bandwidth_gbs * 1e9
+    tokens = w.epoch.tokens_padded / w.epoch.micro_batches
+    if s.packing:
+        keys = steptime.attention_keys(lengths.lengths, lengths.mean_tokens, s.seq_len, True)
+    else:
+        keys = steptime.attention_keys(None, 0, round(w.epoch.tokens_padded / w.epoch.rows), False)
+    shape = steptime.Shape(s.grad_accum, round(tokens), keys, s.compile, s.compute_bytes)
+    method = "lora" if s.method == "qlora" else s.method
+    ridge = fit.ridge(gpu.device_type if gpu.device_type == "cpu" else "cuda", gpu.peak_flops, bandwidth)
+    work = steptime.work(arch, method, s.base_quant, s.targets, s.r, s.grad_ckpt, shape, ridge)
+    c = steptime.Constants(constants.matmul, constants.attention, constants.bandwidth, constants.launch_s)
+    step = steptime.breakdown(work, gpu.peak_flops, bandwidth, c)
+    scale, peer_rows = catalog.stack_scale(s.stack)
+    step = step.scaled(scale)
+    f = flops_per_token(arch, s.method, s.targets, s.r, w.epoch.widest_row, s.grad_ckpt, s.lora_dropout)
+    key = timing.method_key(s.method, s.base_quant)
+    if s.stack == "tunelab" and d.calibration is not None and key in d.calibration.efficiency:
+        value = d.calibration.efficiency[key]
+        calibrated = tokens * s.grad_accum * f.hardware / (gpu.peak_flops * value)
+        step = step.scaled(calibrated / step.total)
+        label = f"calibrated for {key} on {d.calibration.device_name}, {d.calibration.created}: efficiency {value:.2f}"
+        return step, constants, timing.Efficiency(value, label)
+    value = tokens * s.grad_accum * f.hardware / (gpu.peak_flops * step.total)
+    whose = f"class {device}" if gpu.id == "local" else device
+    label = f"step model, achieved {value:.2f} of the peak; constants for {whose}: {constants.label}"
+    if s.stack != "tunelab":
+        label += f"; stack {s.stack} x {scale:.2f} from {len(peer_rows)} measured peer rows"
+    if gpu.id == "local" and not constants.measured:
+        label += "; `tunelab bench --calibrate` measures this device"
+    return step, constants, timing.Efficiency(value, label)
 
 
 @dataclass(frozen=True)
@@ -173,8 +242,8 @@ class Suggestion:
 
 def suggestions(arch: Arch, lengths: workload.Lengths, base: Estimate) -> list[Suggestion]:
     """Single-knob changes, each re-estimated with the same formulas, sorted by time saved. The micro-batch
-    appears only for memory, traded against gradient accumulation at equal rows per optimizer step: the time
-    model has no micro-batch term (its effect on efficiency is not modeled)."""
+    appears only for memory, traded against gradient accumulation at equal rows per optimizer step (the step
+    model prices it: smaller micro-batches launch more kernels per token)."""
     s = base.settings
     variants: list[tuple[str, Settings]] = []
     split = accumulation_split(s.micro_batch, s.grad_accum, base.max_micro_batch) if not base.fits else None

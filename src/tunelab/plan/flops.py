@@ -9,7 +9,9 @@
   V100 for GPT-3 LoRA vs full fine-tuning with recomputation, a ratio of 1.33 = (6N+2N)/(4N+2N).
 - Attention scores QKᵀ and the weighted sum AV: each 2·T·(H·Q) per token and layer in the forward,
   so 4·L·H·Q·T forward and 12·L·H·Q·T forward + backward. PaLM (arXiv 2204.02311, Appendix B) counts it
-  so, without halving for the causal mask; we do the same. These matmuls have no weights, so frozen or
+  so, without halving for the causal mask; we do the same for `mfu`. The useful attention counts only the
+  keys a query needs, causal within its own document: 12·L·H·Q·k with k = Σ l(l+1)/2 / Σ l over the
+  documents' lengths l (`useful`, the headline MFU). These matmuls have no weights, so frozen or
   not they cost the same: the 12·L·H·Q·T term is method-independent.
 - A LoRA adapter on a (d_in x d_out) weight is two trainable matmuls, A (d_in x r) and B (r x d_out):
   6·r·(d_in + d_out) per token (forward 2, backward 4, like any trained weight).
@@ -37,11 +39,19 @@ class FlopsPerToken:
     attention: float  # QKᵀ and AV
     adapters: float  # LoRA A and B
     recompute: float  # gradient checkpointing's second forward (hfu only)
+    # Attention over the keys each query really needs: causal within its own document (0: not counted, the
+    # whole-row `attention` stands in).
+    attention_useful: float = 0.0
 
     @property
     def model(self) -> float:
         """model_flops_per_token (docs/metrics.md): what the method costs, recomputation excluded."""
         return self.dense + self.attention + self.adapters
+
+    @property
+    def useful(self) -> float:
+        """useful_flops_per_token (docs/metrics.md): model FLOPs with attention counted document-causal."""
+        return self.dense + (self.attention_useful or self.attention) + self.adapters
 
     @property
     def hardware(self) -> float:
@@ -66,8 +76,11 @@ def flops_per_token(
     attn_len: int,
     grad_ckpt: bool,
     lora_dropout: float = 0.0,
+    doc_keys: float = 0.0,
 ) -> FlopsPerToken:
-    """`attn_len`: the attention context length T (the fed row width: seq_len when packed)."""
+    """`attn_len`: the attention context length T (the fed row width: seq_len when packed). `doc_keys`: the mean
+    keys a query attends to within its own document, causal (plan/steptime.attention_keys of the data's
+    lengths), for the useful attention; 0 leaves it uncounted."""
     n = arch.matmul_params
     attn_fwd = attention_forward(arch, attn_len)
     if methods.get(method).trains_base:
@@ -82,7 +95,10 @@ def flops_per_token(
         dense += 2.0 * second_base
     # The LM head sits outside the checkpointed blocks, so its forward is not recomputed.
     recompute = 2.0 * arch.block_linear_params + attn_fwd + adapter_fwd + second_base if grad_ckpt else 0.0
-    return FlopsPerToken(dense=dense, attention=3.0 * attn_fwd, adapters=adapters, recompute=recompute)
+    useful = 3.0 * 4.0 * arch.layers * arch.heads * arch.head_dim * doc_keys
+    return FlopsPerToken(
+        dense=dense, attention=3.0 * attn_fwd, adapters=adapters, recompute=recompute, attention_useful=useful
+    )
 
 
 def forward_flops_per_token(arch: Arch, method: str, targets: tuple[str, ...], r: int, attn_len: int) -> float:

@@ -132,6 +132,9 @@ def record(r: Result, e: Estimate) -> dict:
         "hardware_flops_per_token": e.flops.hardware,
         "peak_flops": e.device.gpu.peak_flops,
         "efficiency": e.efficiency.value,
+        "step_s": e.step.as_dict() if e.step is not None else None,
+        "step_constants": e.constants.label if e.constants is not None else None,
+        "stack": e.settings.stack,
         "cost_usd": r.cost_usd(e),
         "assumptions": assumptions(e),
     }
@@ -160,6 +163,25 @@ def breakdown_lines(m: MemoryBreakdown) -> list[str]:
     return [f"    {k.replace('_', ' '):<18} {gib(v):>12}" for k, v in m.as_dict().items()]
 
 
+def step_lines(e: Estimate) -> list[str]:
+    """One optimizer step by part (plan/steptime.py): what bounds the run, and where the constants come from."""
+    b = e.step
+    if b is None:
+        return []
+    parts = {"matmul": b.matmul_s, "attention": b.attention_s, "memory-bound": b.memory_s, "fixed": b.fixed_s}
+    bound = max(parts, key=lambda k: parts[k])
+    shown = ", ".join(f"{k} {v * 1e3:,.1f} ms ({v / b.total:.0%})" for k, v in parts.items())
+    compiled = e.compile_choice["chosen"] if e.compile_choice else e.settings.compile is True  # auto as resolved
+    mode = "compiled" if compiled and e.settings.stack == "tunelab" else "eager"
+    lines = [f"  step ({e.settings.stack}, {mode}): {b.total * 1e3:,.1f} ms = {shown}; {bound}-bound"]
+    if e.constants is not None and e.constants.rows:
+        lines.append(
+            f"  step constants fitted on: {'; '.join(e.constants.rows[:3])}"
+            + (" ..." if len(e.constants.rows) > 3 else "")
+        )
+    return lines
+
+
 def table(results: list[Result]) -> str:
     lines = []
     for r in results:
@@ -176,6 +198,7 @@ def table(results: list[Result]) -> str:
             f"  steps: {w.optimizer_steps:,} optimizer steps ({w.steps_per_epoch:,}/epoch); checkpoints {e.checkpoints.written} written, {e.checkpoints.kept} kept, + final save"
             + (f"; {e.evaluations.count} evaluations" if e.evaluations is not None else ""),
             f"  speed: {e.speed.tokens_per_s:,.0f} tokens/s fed ({e.efficiency.label})",
+            *step_lines(e),
             f"  time: train {duration(e.speed.train_s)} + model load {duration(e.overheads.model_load_s)}"
             + (f" + compile {duration(e.overheads.compile_s)}" if e.overheads.compile_s else "")
             + f" + checkpoints {duration(e.overheads.checkpoint_s)}"

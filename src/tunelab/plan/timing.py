@@ -1,9 +1,9 @@
 """Throughput, time and cost.
 
-time_train = tokens_padded x hardware_flops_per_token / (peak x efficiency x GPUs x scaling)
-(docs/formulas.md): every fed position costs compute, padding included; recomputation counts because the
-hardware does it. Efficiency (achieved fraction of the dense peak) comes from a calibration record of
-the device when there is one, else from an assumed default per device class, and says which.
+time_train = optimizer steps x step seconds (plan/steptime.py, by part) / (GPUs x scaling); a calibrated device
+keeps time_train = tokens_padded x hardware_flops_per_token / (peak x calibrated efficiency x GPUs x scaling)
+(docs/formulas.md). Every fed position costs compute, padding included; recomputation counts because the
+hardware does it.
 Fixed overheads are separate lines: model load, torch.compile, checkpoint writes, evaluation.
 """
 
@@ -87,6 +87,14 @@ def throughput(
     scaling: float = 1.0,
 ) -> Throughput:
     rate = peak_flops * eff * gpus * (scaling if gpus > 1 else 1.0) / hardware_flops_per_token
+    return Throughput(rate, tokens_padded / rate)
+
+
+def step_throughput(
+    tokens_padded: int, tokens_per_step: float, step_s: float, gpus: int = 1, scaling: float = 1.0
+) -> Throughput:
+    """The rate of `tokens_per_step` fed per GPU every `step_s` (plan/steptime.py), all GPUs together."""
+    rate = tokens_per_step / step_s * gpus * (scaling if gpus > 1 else 1.0)
     return Throughput(rate, tokens_padded / rate)
 
 

@@ -229,7 +229,7 @@ def _runs_table(runs: list[Run]) -> list[str]:
         "loss tok/s",
         "step time (s)",
         "peak memory",
-        "mfu",
+        "mfu useful (whole row)",
         "loss first -> last",
     ]
     rows = []
@@ -250,7 +250,7 @@ def _runs_table(runs: list[Run]) -> list[str]:
                 num(rec.get("tokens_loss_per_s")),
                 num(rec.get("step_time_s"), 3),
                 gib_cell(rec.get("peak_memory_bytes")),
-                "n/a" if mfu is None else f"{mfu:.1%}",
+                "n/a" if mfu is None else store.mfu_text(rec),
                 f"{num(rec.get('loss_first'), 3)} -> {num(rec.get('loss_last'), 3)}",
             ]
         )

@@ -84,6 +84,11 @@ def test_mfu_hfu_and_efficiency_follow_metrics_md():
     assert measure.mfu(10.0, f, 1e4) == pytest.approx(10 * 700 / 1e4)
     assert measure.hfu(10.0, f, 1e4) == pytest.approx(10 * 1000 / 1e4)
     assert measure.achieved_efficiency(12.0, f.hardware, 1e4) == pytest.approx(12 * 1000 / 1e4)
+    # the useful MFU counts attention document-causal: 25 of the whole row's 100
+    g = FlopsPerToken(dense=600.0, attention=100.0, adapters=0.0, recompute=0.0, attention_useful=25.0)
+    assert measure.useful_mfu(10.0, g, 1e4) == pytest.approx(10 * 625 / 1e4)
+    assert store.mfu_text({"mfu": 0.471, "mfu_useful": 0.43}) == "43.0% (47.1% whole row)"
+    assert store.mfu_text({"mfu": 0.2}) == "20.0%"  # a record from before the useful figure
 
 
 def test_fit_keeps_achieved_rates_of_methods_not_remeasured():
@@ -136,12 +141,13 @@ def test_bench_sweep_json_stores_every_point_and_exports(bench_args, tiny_model_
         assert_window_counts(x, max_padded=x["micro_batch"] * 64)
         assert x["mfu"] == pytest.approx(x["tokens_nonpad_per_s"] * x["model_flops_per_token"] / x["device_peak_flops"])
         assert x["hfu"] == pytest.approx(x["mfu"])  # no gradient checkpointing: nothing recomputed
+        assert 0 < x["mfu_useful"] < x["mfu"]  # documents shorter than the row: less attention than the row's
         assert set(x["peak_probes"]) == {"bf16", "fp32"} and x["device_peak_flops"] == x["peak_probes"]["fp32"]
         # A tiny model can peak within memory this process already holds (tests/unit/bench/test_peers.py), so the
         # peak above the start may be 0; the absolute peak holds at least the model's own fp32 weights.
         assert x["peak_memory_absolute_bytes"] >= 4 * params and x["peak_memory_bytes"] >= 0
         assert x["predicted"]["peak_memory_bytes"] >= 4 * params
-        assert "efficiency" in x["predicted"]["source"]
+        assert "step model" in x["predicted"]["source"]
     db = tmp_path / "bench" / "bench.sqlite"
     rows = store.query(db, kind="tunelab")
     assert [r["label"] for r in rows] == ["micro_batch=2", "micro_batch=4"]

@@ -129,7 +129,7 @@ def test_cpu_suite_end_to_end(tmp_path):
     labels = [r["label"] for r in doc["records"]]
     assert labels.index("peer hf-trainer-tuned") == labels.index(suite.peers_after) + 1
     table = [line for line in md.splitlines() if line.startswith("| ")]
-    assert table[0].startswith("| row | non-pad tok/s (window) | MFU | step median / p90 / max")
+    assert table[0].startswith("| row | non-pad tok/s (window) | MFU useful (whole row) | step median / p90 / max")
     assert {line.split(" | ")[0].removeprefix("| ") for line in table[1:]} == set(labels)
 
 

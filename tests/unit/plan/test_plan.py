@@ -323,7 +323,9 @@ def test_cli_json_fields(capsys):
         assert key in rec
     assert rec["optimizer_steps"] == 2375 and rec["checkpoints_written"] == 47
     assert rec["time_s"] == pytest.approx(rec["train_s"] + sum(rec["overheads_s"].values()))
-    assert any("uncalibrated" in a for a in rec["assumptions"])
+    # the A100 has no measured rows: its step constants are carried over from the measured GPUs, and it says so
+    assert any("carried over" in a for a in rec["assumptions"])
+    assert set(rec["step_s"]) == {"matmul_s", "attention_s", "memory_s", "fixed_s"}
 
 
 def test_cli_several_gpus_multi_gpu_and_price_override(capsys):
@@ -394,7 +396,7 @@ def test_cli_markdown(capsys):
         "## Assumptions",
     ]:
         assert section in md
-    assert "15,360,000" in md and "uncalibrated assumption" in md
+    assert "15,360,000" in md and "carried over" in md
 
 
 @pytest.mark.parametrize(
@@ -496,10 +498,11 @@ def test_a_run_that_does_not_fit_is_offered_a_smaller_micro_batch_at_equal_rows(
     assert main(["plan", *argv, "--gpu", "h100-sxm", "--micro-batch", "8"]) == 0
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if "try: micro-batch" in x)
-    assert "micro-batch 8 -> 4, grad_accum 1 -> 2" in line and "same time" in line and "does not fit" not in line
+    # smaller micro-batches launch more kernels per token: the step model prices the split (costs, not saves)
+    assert "micro-batch 8 -> 4, grad_accum 1 -> 2" in line and "(costs " in line and "does not fit" not in line
     (fitted,) = plan_json(capsys, *argv, "--gpu", "h100-sxm", "--micro-batch", "4", "--grad-accum", "2")
     assert fitted["fits"] and fitted["optimizer_steps"] == rec["optimizer_steps"]
-    assert fitted["time_s"] == pytest.approx(rec["time_s"], rel=0.01)
+    assert rec["time_s"] < fitted["time_s"] < 1.1 * rec["time_s"]
 
 
 def test_the_efficiency_follows_the_base_the_adapters_train_over():

@@ -1,0 +1,254 @@
+"""A training step's time from its parts (docs/formulas.md#step-time-from-its-parts).
+
+step_s = matmul_s + attention_s + memory_s + fixed_s, each a pure function of the step's shape and the device:
+- matmul: every GEMM of the forward and backward by its shape (m x k x n), on a roofline: at or above the
+  device's ridge (peak / bandwidth, datasheet figures) a GEMM is compute-bound and runs at `matmul` x peak;
+  below it (the LoRA rank-r products, small models' skinny layers) it is memory-bound and moves its operands at
+  `bandwidth` x the device's bandwidth. That memory-bound share is the fitted efficiency of small shapes.
+- attention: the work the kernel does, counted over the keys each query really attends to (document-causal
+  under packing, the whole padded rectangle for padded rows), at `attention` x peak.
+- memory-bound work: the bytes norms, rotary, activation functions, residual adds, LoRA's scale-and-add, the
+  loss, nf4 dequantization, full fine-tuning's weight gradients and the optimizer move, eager or compiled
+  (compiled blocks fuse them: fewer bytes), at `bandwidth` x the device's bandwidth.
+- fixed: kernel launches x the host's exposed time per launch (`launch_s`); eager launches several times what
+  compiled blocks do.
+The four constants (Constants) are the only fitted figures: per device from measured rows (plan/fit.py,
+catalog/fitted.yaml), carried over from the other measured devices of the same kind where a device has none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from .arch import Arch
+from .flops import adapter_params
+
+
+@dataclass(frozen=True)
+class Constants:
+    matmul: float  # achieved fraction of the peak on compute-bound GEMMs
+    attention: float  # achieved fraction of the peak on attention's work
+    bandwidth: float  # achieved fraction of the bandwidth on memory-bound work
+    launch_s: float  # host seconds exposed per kernel launch
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One optimizer step as the device sees it."""
+
+    micro_batches: int  # per optimizer step, per GPU
+    tokens: int  # fed positions per micro-batch (rows x width, padding included)
+    keys_per_token: float  # mean keys a query attends to (attention_keys)
+    compiled: bool
+    compute_bytes: int  # 2 (bf16/fp16) or 4 (fp32)
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one optimizer step does, split by what bounds each part."""
+
+    matmul_flops: float  # compute-bound GEMMs
+    matmul_bytes: float  # memory-bound GEMMs' operands (below the ridge)
+    attention_flops: float
+    memory_bytes: float  # element-wise, loss, dequantization, optimizer
+    launches: float
+
+    def coefficients(self, peak_flops: float, bandwidth_bps: float) -> tuple[float, float, float, float]:
+        """Seconds per unit of 1/matmul, 1/attention, 1/bandwidth and launch_s: step_s is their dot product with
+        (1/matmul, 1/attention, 1/bandwidth, launch_s), which is what makes fitting a linear least squares."""
+        return (
+            self.matmul_flops / peak_flops,
+            self.attention_flops / peak_flops,
+            (self.matmul_bytes + self.memory_bytes) / bandwidth_bps,
+            self.launches,
+        )
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    matmul_s: float
+    attention_s: float
+    memory_s: float
+    fixed_s: float
+
+    @property
+    def total(self) -> float:
+        return self.matmul_s + self.attention_s + self.memory_s + self.fixed_s
+
+    def scaled(self, factor: float) -> Breakdown:
+        return Breakdown(
+            self.matmul_s * factor, self.attention_s * factor, self.memory_s * factor, self.fixed_s * factor
+        )
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "matmul_s": self.matmul_s,
+            "attention_s": self.attention_s,
+            "memory_s": self.memory_s,
+            "fixed_s": self.fixed_s,
+        }
+
+
+def attention_keys(lengths: np.ndarray | None, mean_tokens: float, width: int, packing: bool) -> float:
+    """Mean keys per query the attention kernel computes. Packed rows are masked per document (flex, slots,
+    varlen), so a token at position i of its document attends to i + 1 keys: sum l(l+1)/2 over sum l.
+    Padded rows carry a padding mask, which takes SDPA off its causal fast path: every query meets the row's
+    whole padded width."""
+    if not packing:
+        return float(width)
+    if lengths is None or len(lengths) == 0:
+        lengths = np.array([min(mean_tokens, width)])
+    arr = np.minimum(np.asarray(lengths, dtype=np.float64), width)
+    return float((arr * (arr + 1) / 2).sum() / arr.sum())
+
+
+def gemm_shapes(
+    arch: Arch, method: str, targets: tuple[str, ...], r: int, tokens: int, grad_ckpt: bool
+) -> list[tuple[int, int, int, int]]:
+    """(m, k, n, count) of every GEMM in one micro-batch's forward and backward (flops.py counts the same
+    products per token). A weight's forward is m x d_in x d_out; its input gradient m x d_out x d_in; a trained
+    weight adds its weight gradient d_in x m x d_out. LoRA's A (d_in x r) and B (r x d_out) are trained:
+    three products each. Gradient checkpointing runs the block forwards twice."""
+    shapes: list[tuple[int, int, int, int]] = []
+    fwd = 2 if grad_ckpt else 1
+    full = method == "full"
+    for _name, (d_in, d_out) in arch.linears().items():
+        shapes.append((tokens, d_in, d_out, arch.layers * fwd))
+        shapes.append((tokens, d_out, d_in, arch.layers))
+        if full:
+            shapes.append((d_in, tokens, d_out, arch.layers))
+    if not full:
+        for t in targets:
+            d_in, d_out = arch.linears()[t]
+            shapes += [
+                (tokens, d_in, r, arch.layers * fwd),
+                (tokens, r, d_out, arch.layers * fwd),
+                (r, tokens, d_out, arch.layers),  # B's weight gradient
+                (tokens, d_out, r, arch.layers),  # input gradient through B
+                (d_in, tokens, r, arch.layers),  # A's weight gradient
+                (tokens, r, d_in, arch.layers),  # input gradient through A
+            ]
+    head = [(tokens, arch.hidden, arch.vocab, 1), (tokens, arch.vocab, arch.hidden, 1)]
+    if full:
+        head.append((arch.hidden, tokens, arch.vocab, 1))
+    return shapes + head
+
+
+def split_gemms(shapes: list[tuple[int, int, int, int]], compute_bytes: int, ridge: float) -> tuple[float, float]:
+    """(FLOPs of the compute-bound GEMMs, operand bytes of the memory-bound ones). A GEMM's intensity is
+    2mkn / (bytes of A, B and C): above the device's ridge (peak FLOP/s per byte/s) the units set its pace."""
+    flops = moved = 0.0
+    for m, k, n, count in shapes:
+        f = 2.0 * m * k * n
+        b = compute_bytes * (m * k + k * n + m * n)
+        if f / b >= ridge:
+            flops += f * count
+        else:
+            moved += b * count
+    return flops, moved
+
+
+def attention_flops(arch: Arch, tokens: int, keys_per_token: float, grad_ckpt: bool) -> float:
+    """QKᵀ and AV: 4·H·Q FLOPs per (query, key) pair per layer forward, twice that backward; a recomputed
+    forward under gradient checkpointing adds one more forward."""
+    passes = 4.0 if grad_ckpt else 3.0
+    return passes * 4.0 * arch.layers * arch.heads * arch.head_dim * keys_per_token * tokens
+
+
+def elementwise_elements_per_token(arch: Arch, targets: tuple[str, ...], method: str, compiled: bool) -> float:
+    """Elements read and written per token per forward by the non-GEMM ops of all blocks (the backward moves
+    twice as many). Eager: HF's RMSNorm upcasts and runs ~7 kernels (8h), rotary's rotate_half, products and sum
+    ~6 passes over q and k, the attention layout copies 2 over q, k, v and the output, SiLU and product 5i,
+    two residual adds 3h each, LoRA's scale and add 5 per output element of each adapted matrix. Compiled blocks
+    fuse each chain into one read and one write: norms 2h, rotary 2, layouts 1, SwiGLU 3i, adds into the norms,
+    LoRA's scale-and-add 2."""
+    h, i = arch.hidden, arch.intermediate
+    q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
+    shapes = arch.linears()
+    outs = 0 if method == "full" else sum(shapes[t][1] for t in targets)
+    if compiled:
+        per_layer = 2 * 2 * h + 2 * (q + kv) + (2 * q + 2 * kv) + 3 * i + 2 * outs
+    else:
+        per_layer = 2 * 8 * h + 12 * (q + kv) + 2 * (2 * q + 2 * kv) + 5 * i + 2 * 3 * h + 5 * outs
+    return float(arch.layers * per_layer)
+
+
+def loss_bytes_per_token(arch: Arch, compute_bytes: int) -> float:
+    """The loss over the vocabulary: logits written and read in the compute dtype, upcast to fp32 and reduced
+    (log-sum-exp), the gradient written in fp32 and cast back: ~2 + 2 reads/writes in the compute dtype and
+    4 fp32 passes."""
+    return arch.vocab * (4.0 * compute_bytes + 4 * 4.0)
+
+
+def step_bytes(arch: Arch, method: str, base_quant: str, trainable: int, micro_batches: int, grad_ckpt: bool) -> float:
+    """Per-step traffic that does not scale with tokens: fused AdamW reads parameter, gradient and two moments
+    (16 B) and writes three (12 B) per trainable parameter; gradients accumulate (read + write fp32, 8 B) each
+    micro-batch; an nf4 base is dequantized (0.5 B read, 2 B written) on every forward and backward; full
+    fine-tuning's fp32 weights are cast for every micro-batch's products and their gradients cast back."""
+    total = trainable * (28.0 + 8.0 * micro_batches)
+    if method == "full":  # autocast casts each fp32 weight to 16 bits (4 + 2 B) and each gradient back (2 + 4 B)
+        total += arch.total_params * 12.0 * micro_batches
+    if base_quant == "nf4":
+        passes = 3 if grad_ckpt else 2
+        total += arch.block_linear_params * 2.5 * passes * micro_batches
+    return total
+
+
+def launches_per_micro_batch(
+    arch: Arch, targets: tuple[str, ...], method: str, compiled: bool, grad_ckpt: bool
+) -> float:
+    """Kernel launches of one micro-batch. Eager, per block forward: norms 2 x 7, rotary 2 x 6, attention 6,
+    SwiGLU 2, residual adds 2, its 7 GEMMs, and 4 per adapted matrix (A, B, scale, add); the backward launches
+    about twice the forward. Compiled blocks keep the GEMMs (7 + 2 per adapter) and attention's kernels and fuse
+    the rest into ~5 kernels. The head, loss and embedding add ~100."""
+    adapters = 0 if method == "full" else len(targets)
+    per_fwd = (14 + 2 * adapters + 2 + 5) if compiled else (43 + 4 * adapters)
+    passes = 4 if grad_ckpt else 3
+    return arch.layers * per_fwd * passes + 100.0
+
+
+def work(
+    arch: Arch,
+    method: str,
+    base_quant: str,
+    targets: tuple[str, ...],
+    r: int,
+    grad_ckpt: bool,
+    shape: Shape,
+    ridge: float,
+) -> Work:
+    """One optimizer step's work on a device whose ridge (peak FLOP/s over bytes/s) is `ridge`."""
+    mb, cb = shape.micro_batches, shape.compute_bytes
+    gemm_f, gemm_b = split_gemms(gemm_shapes(arch, method, targets, r, shape.tokens, grad_ckpt), cb, ridge)
+    fwd_passes = 4.0 if grad_ckpt else 3.0  # forward + backward (2x), + the recomputed forward
+    elements = elementwise_elements_per_token(arch, targets, method, shape.compiled) * fwd_passes
+    # Full fine-tuning keeps fp32 weights under autocast (model/adapters.py): the residual stream and its
+    # element-wise ops run in fp32.
+    per_token = elements * (4 if method == "full" else cb) + loss_bytes_per_token(arch, cb)
+    trainable = arch.total_params if method == "full" else adapter_params(arch, targets, r)
+    memory = per_token * shape.tokens * mb + step_bytes(arch, method, base_quant, trainable, mb, grad_ckpt)
+    launches = launches_per_micro_batch(arch, targets, method, shape.compiled, grad_ckpt) * mb + 20.0
+    return Work(
+        matmul_flops=gemm_f * mb,
+        matmul_bytes=gemm_b * mb,
+        attention_flops=attention_flops(arch, shape.tokens, shape.keys_per_token, grad_ckpt) * mb,
+        memory_bytes=memory,
+        launches=launches,
+    )
+
+
+def breakdown(w: Work, peak_flops: float, bandwidth_bps: float, c: Constants) -> Breakdown:
+    """The step's seconds by part (module docstring); memory-bound GEMMs count under matmul, at the bandwidth."""
+    bw = bandwidth_bps * c.bandwidth
+    return Breakdown(
+        matmul_s=w.matmul_flops / (peak_flops * c.matmul) + w.matmul_bytes / bw,
+        attention_s=w.attention_flops / (peak_flops * c.attention),
+        memory_s=w.memory_bytes / bw,
+        fixed_s=w.launches * c.launch_s,
+    )
