@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .. import methods
+from .. import methods, objectives
 from ..runtime import LOGIT_CHUNK, attention_path, hashed_dropout, slot_products
 from . import comm, memory, timing, workload
 from .arch import Arch
 from .calibration import CalibrationRecord
 from .catalog import Gpu
-from .flops import FlopsPerToken, flops_per_token, forward_flops_per_token
+from .flops import FlopsPerToken, flops_per_token, forward_flops_per_token, reference_flops_per_token
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,8 @@ class Settings:
     compile: bool = False
     attention: str = "auto"  # config.ATTENTIONS
     eval_every: int = 0  # optimizer steps between evaluations (config.eval_every); used when lengths hold some out
+    objective: str = "sft"  # objectives.REGISTRY: a preference pair is two sequences, DPO adds a reference forward
+    precompute_reference: bool = False
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,10 @@ def memory_setup(s: Settings, w: workload.Workload, d: Device, sharding: str, gp
         attention_probs=probs,
         attention=path,
         dropout_mask_kept=not hashed_dropout(device_type, s.compile),
+        reference_copy=objectives.get(s.objective).reference
+        and methods.get(s.method).trains_base
+        and not s.precompute_reference,
+        reference_forward=objectives.get(s.objective).reference and not s.precompute_reference,
     )
 
 
@@ -114,10 +120,15 @@ def estimate(
     sharding: str = "single",
     scaling: float = 1.0,
 ) -> Estimate:
-    batching = workload.Batching(s.seq_len, s.micro_batch, s.grad_accum, s.packing, gpus, s.seed)
+    objective = objectives.get(s.objective)
+    batching = workload.Batching(
+        s.seq_len, s.micro_batch, s.grad_accum, s.packing, gpus, s.seed, group=objective.sequences
+    )
     w = workload.build(lengths, batching, s.epochs, s.max_steps)
     ckpt = workload.checkpoints(w.optimizer_steps, s.save_steps, s.save_total_limit)
     f = flops_per_token(arch, s.method, s.targets, s.r, w.epoch.widest_row, s.grad_ckpt, s.lora_dropout)
+    ref = reference_flops_per_token(arch, objective, w.epoch.widest_row, s.precompute_reference, w.epochs_run)
+    f = replace(f, reference=ref)
     setup = memory_setup(s, w, d, sharding, gpus)
     mem = memory.breakdown(arch, setup)
     loss_per_row = w.loss_tokens_per_micro_batch / s.micro_batch

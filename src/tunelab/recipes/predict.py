@@ -48,6 +48,8 @@ def settings_from_config(cfg: cfgmod.TrainConfig, arch: archmod.Arch, device: De
         compile=cfg.compile,
         attention=cfg.attention,
         eval_every=cfgmod.eval_every(cfg),
+        objective=cfg.objective,
+        precompute_reference=cfg.preference.precompute_reference,
     )
 
 
