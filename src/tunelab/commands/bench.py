@@ -142,7 +142,7 @@ def _flag_form(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--peer",
         metavar="NAME[,NAME]",
-        help="also run peer recipes side by side, interleaved with tunelab: hf-trainer-seed, hf-trainer-tuned, hf-trainer-liger (CUDA), trl-sft",
+        help="also run peer recipes side by side, interleaved with tunelab: hf-trainer-seed, hf-trainer-tuned, hf-trainer-liger (CUDA), trl-sft, trl-dpo (objective dpo: equal pairs per step)",
     )
     p.add_argument(
         "--rounds", type=int, default=2, help="with --peer: interleaved rounds (tunelab, peers, tunelab, ...)"
