@@ -204,7 +204,7 @@ def test_preference_metrics_table(tmp_path):
     assert "## Preference metrics" in md
     assert "rewards/accuracies 0.5000, rewards/margins 0.2000" in md and "last (step 2)" in md
     sft = make_run_dir(tmp_path / "sft", 4, 1000.0)
-    assert "Preference" not in report.render(report.load_inputs([sft]), tmp_path / "s", "t")[0]
+    assert report._preference_section(report.load_inputs([sft]), tmp_path) == ([], {})
 
 
 def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
