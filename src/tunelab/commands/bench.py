@@ -94,7 +94,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     calibrate.set_defaults(calibrate=True)
     peers = mode("peers", "run peer recipes side by side, interleaved with tunelab", common, steps)
     peers.add_argument(
-        "names", metavar="NAME[,NAME]", help="hf-trainer-seed, hf-trainer-tuned, hf-trainer-liger, trl-sft"
+        "names", metavar="NAME[,NAME]", help="hf-trainer-seed, hf-trainer-tuned, hf-trainer-liger, trl-sft, trl-dpo"
     )
     peers.add_argument("--rounds", type=int, help="interleaved rounds (tunelab, peers, tunelab, ...; default 2)")
     suite = mode("suite", "run a benchmark suite of bench/suites.yaml (gpu, cpu) or of a suites file")
