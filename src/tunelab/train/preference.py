@@ -86,8 +86,9 @@ class LinearTokenLogProbs(torch.autograd.Function):
         return grad_hidden * scale, grad_w, None, None, None
 
 
-def _softmax_chunk(h, w, t, low, full, softcap):
-    """(softmax of the chunk's fp32 logits, tanh(z / c) when soft-capped, each row's target log-prob)."""
+def _softmax_chunk(h, w, t, low, full, softcap, normalise: bool = True):
+    """(softmax of the chunk's fp32 logits, tanh(z / c) when soft-capped, each row's target log-prob); without
+    `normalise` the first is left unnormalised (exp(z - max)), for callers that need only the log-probs."""
     logits, squash = _chunk_logits(h, w, low, full, softcap)
     rows = torch.arange(h.shape[0], device=t.device)
     target_logit = logits[rows, t]
@@ -95,7 +96,7 @@ def _softmax_chunk(h, w, t, low, full, softcap):
     probs = logits.sub_(top).exp_()
     total = probs.sum(dim=-1, keepdim=True)
     logp = target_logit - top.squeeze(1) - total.log().squeeze(1)
-    return probs.div_(total), squash, logp
+    return (probs.div_(total) if normalise else probs), squash, logp
 
 
 def token_logps(hidden, weight, loss_index, loss_targets, softcap=None, chunk: int = LOGIT_CHUNK) -> torch.Tensor:
@@ -105,7 +106,22 @@ def token_logps(hidden, weight, loss_index, loss_targets, softcap=None, chunk: i
     if torch.is_autocast_enabled(device_type):
         selected = selected.to(torch.get_autocast_dtype(device_type))
     with torch.autocast(device_type, enabled=False):
+        if not torch.is_grad_enabled():  # the reference: no gradient matmul per chunk
+            return logps_only(selected, weight, loss_targets, softcap, chunk)
         return LinearTokenLogProbs.apply(selected, weight, loss_targets, softcap, chunk)
+
+
+def logps_only(hidden, weight, targets, softcap, chunk) -> torch.Tensor:
+    """LinearTokenLogProbs' forward without its gradients: the same chunks, casts and arithmetic."""
+    w = weight.to(hidden.dtype)
+    out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+    low = _scratch("low", (chunk, w.shape[0]), hidden.dtype, hidden.device)
+    full = _scratch("full", (chunk, w.shape[0]), torch.float32, hidden.device)
+    for start in range(0, hidden.shape[0], chunk):
+        h, t = hidden[start : start + chunk], targets[start : start + chunk]
+        n = h.shape[0]
+        out[start : start + n] = _softmax_chunk(h, w, t, low[:n], full[:n], softcap, normalise=False)[2]
+    return out
 
 
 def dpo_loss(
