@@ -79,3 +79,39 @@ def test_bad_pairs_are_one_line_errors(tiny_model_dir, tmp_path, row, message):
     data = write_jsonl(tmp_path / "pairs.jsonl", [row])
     with pytest.raises(TunelabError, match=message):
         run(tiny_model_dir, data, tmp_path / "bad", "objective=dpo")
+
+
+def test_dpo_on_two_processes_equals_one(tiny_model_dir, tmp_path):
+    """`--nproc 2` (gloo, accelerate launch) trains and logs what one process of twice the micro-batch does: the
+    loss is normalised by the step's pairs over both ranks and the metrics are summed over them."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    data = write_jsonl(tmp_path / "pairs.jsonl", pair_rows())
+    common = [f"model={tiny_model_dir}", f"data.path={data}", "data.template=compact", "seq_len=128", "max_steps=3"]
+    common += ["objective=dpo", "precision=fp32", "log_steps=1", "lr=1e-2", "grad_accum=2"]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+    two = tmp_path / "two"
+    done = subprocess.run(
+        [sys.executable, "-m", "tunelab.cli", "train", "--nproc", "2", "--quiet", *common, "micro_batch=1"]
+        + [f"output_dir={two}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    from tunelab.config import load_config
+
+    recipe.train(load_config(None, [*common, "micro_batch=2", f"output_dir={tmp_path / 'one'}"]), show_progress=False)
+    lines = {
+        name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        for name in ("one", "two")
+    }
+    for a, b in zip(lines["one"], lines["two"], strict=True):
+        for key in ("loss", "rewards/margins", "rewards/accuracies", "logps/chosen"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
