@@ -91,13 +91,15 @@ def test_dpo_on_two_processes_equals_one(tiny_model_dir, tmp_path):
     from conftest import REPO
 
     data = write_jsonl(tmp_path / "pairs.jsonl", pair_rows())
-    common = [f"model={tiny_model_dir}", f"data.path={data}", "data.template=compact", "seq_len=128", "max_steps=3"]
-    common += ["objective=dpo", "precision=fp32", "log_steps=1", "lr=1e-2", "grad_accum=2"]
+    config = tmp_path / "dpo.yaml"
+    config.write_text(
+        f"model: {tiny_model_dir}\nobjective: dpo\ndata:\n  path: {data}\n  template: compact\nseq_len: 128\n"
+        "max_steps: 3\nprecision: fp32\nlog_steps: 1\nlr: 1.0e-2\ngrad_accum: 2\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
-    two = tmp_path / "two"
     done = subprocess.run(
-        [sys.executable, "-m", "tunelab.cli", "train", "--nproc", "2", "--quiet", *common, "micro_batch=1"]
-        + [f"output_dir={two}"],
+        [sys.executable, "-m", "tunelab.cli", "train", "--config", str(config), "--nproc", "2", "--quiet"]
+        + ["micro_batch=1", f"output_dir={tmp_path / 'two'}"],
         env=env,
         capture_output=True,
         text=True,
@@ -107,7 +109,7 @@ def test_dpo_on_two_processes_equals_one(tiny_model_dir, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     from tunelab.config import load_config
 
-    recipe.train(load_config(None, [*common, "micro_batch=2", f"output_dir={tmp_path / 'one'}"]), show_progress=False)
+    recipe.train(load_config(config, ["micro_batch=2", f"output_dir={tmp_path / 'one'}"]), show_progress=False)
     lines = {
         name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         for name in ("one", "two")
