@@ -467,10 +467,10 @@ def _validate_preference(cfg: TrainConfig, source: Origins) -> None:
         ):
             if value != default:
                 raise TunelabError(f"{source(key)}: objective {cfg.objective} uses no reference model; drop {key}")
-    elif reference_kind(cfg) != p.reference and p.reference != "auto":
+    elif p.reference not in ("auto", method_reference(cfg.method)):
         raise TunelabError(
             f"{source('preference.reference', 'method')}: method {cfg.method} takes reference "
-            f"{reference_kind(cfg)}, not {p.reference}; drop preference.reference"
+            f"{method_reference(cfg.method)}, not {p.reference}; drop preference.reference"
         )
     checks = (
         ("packing", not cfg.packing, "packs chosen and rejected as two documents of one row; set packing: true"),
@@ -493,7 +493,12 @@ def reference_kind(cfg: TrainConfig) -> str:
     trained model."""
     if cfg.preference.reference != "auto":
         return cfg.preference.reference
-    return "frozen-copy" if methods.get(cfg.method).trains_base else "adapter-disabled"
+    return method_reference(cfg.method)
+
+
+def method_reference(method: str) -> str:
+    """An adapter's reference is its base with the adapter disabled; full fine-tuning keeps a frozen copy."""
+    return "frozen-copy" if methods.get(method).trains_base else "adapter-disabled"
 
 
 def _validate_ranges(cfg: TrainConfig, source: Origins) -> None:
