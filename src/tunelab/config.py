@@ -18,7 +18,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from . import hub, methods
+from . import hub, methods, objectives
 from .data.formats import TEMPLATES
 from .errors import TunelabError
 from .io import read_text
@@ -33,6 +33,10 @@ TARGET_PRESETS = ("attn", "mlp", "all-linear")
 BASE_QUANTS = ("none", "int8", "nf4")
 ATTENTIONS = ("auto", "flex", "slots", "sdpa")
 REPORT_TO = ("none", "tensorboard", "wandb")
+OBJECTIVES = objectives.NAMES
+REFERENCES = ("auto", "adapter-disabled", "frozen-copy")
+# Formats that render a preference pair's text fields (message lists always go through the chat template).
+PAIR_FORMATS = ("alpaca", "completion", "chat")
 # The choice fields' types: `from_dict` checks a value against its field's choices where it is read, naming the
 # key (and the closest choice) as validate() did.
 Method = Literal[METHODS]
@@ -43,6 +47,8 @@ Scheduler = Literal[SCHEDULERS]
 BaseQuant = Literal[BASE_QUANTS]
 Attention = Literal[ATTENTIONS]
 ReportTo = Literal[REPORT_TO]
+ObjectiveName = Literal[OBJECTIVES]
+Reference = Literal[REFERENCES]
 # Keys that configs once had, with why they went: an old config fails naming the key and what to do.
 REMOVED = {"data.shuffle": "batches are always shuffled, by `seed`"}
 
@@ -93,12 +99,30 @@ class EvalConfig:
 
 
 @dataclass
+class PreferenceConfig:
+    """Settings of the preference objectives (dpo, orpo), named as TRL names them."""
+
+    # DPO: the KL penalty's strength (β of the implicit reward β·log π/π_ref); ORPO: the odds-ratio term's weight (λ).
+    beta: float = 0.1
+    # DPO only: the assumed probability that a pair's labels are flipped (conservative DPO).
+    label_smoothing: float = 0.0
+    # DPO's reference model: auto is adapter-disabled for adapter methods (the same base with the adapter off, no
+    # second copy of the weights) and frozen-copy for full fine-tuning.
+    reference: Reference = "auto"
+    # Compute the reference log-probabilities of every pair once before training instead of in every step.
+    precompute_reference: bool = False
+
+
+@dataclass
 class TrainConfig:
     model: str = EMBEDDED
     # Let transformers import Python files shipped with the model (custom architectures). That code runs with
     # the user's permissions, so only a config that names a model it trusts turns this on.
     trust_remote_code: bool = False
     method: Method = "lora"
+    # What a step trains: sft (the response tokens' cross-entropy), dpo or orpo (preference pairs).
+    objective: ObjectiveName = "sft"
+    preference: PreferenceConfig = field(default_factory=PreferenceConfig)
     data: DataConfig = field(default_factory=DataConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -422,6 +446,67 @@ def validate(cfg: TrainConfig, source: Origins | str = "config") -> None:
             f"drop it for {cfg.data.format!r}"
         )
     _validate_data(cfg, source)
+    _validate_preference(cfg, source)
+
+
+def _validate_preference(cfg: TrainConfig, source: Origins) -> None:
+    """The objective's needs (objectives.py) against the rest of the config."""
+    objective = objectives.get(cfg.objective)
+    p = cfg.preference
+    if not objective.pairs:
+        if p != PreferenceConfig():
+            raise TunelabError(
+                f"{source('preference', 'objective')}: the preference section applies to objective dpo or orpo; "
+                f"drop it for objective {cfg.objective}"
+            )
+        return
+    if p.beta <= 0:
+        raise TunelabError(f"{source('preference.beta')}: preference.beta must be positive, got {p.beta}")
+    if not 0 <= p.label_smoothing < 0.5:
+        raise TunelabError(
+            f"{source('preference.label_smoothing')}: preference.label_smoothing must be in [0, 0.5), "
+            f"got {p.label_smoothing}"
+        )
+    if not objective.reference:
+        for key, value, default in (
+            ("preference.reference", p.reference, "auto"),
+            ("preference.precompute_reference", p.precompute_reference, False),
+            ("preference.label_smoothing", p.label_smoothing, 0.0),
+        ):
+            if value != default:
+                raise TunelabError(f"{source(key)}: objective {cfg.objective} uses no reference model; drop {key}")
+    elif p.reference not in ("auto", method_reference(cfg.method)):
+        raise TunelabError(
+            f"{source('preference.reference', 'method')}: method {cfg.method} takes reference "
+            f"{method_reference(cfg.method)}, not {p.reference}; drop preference.reference"
+        )
+    checks = (
+        ("packing", not cfg.packing, "packs chosen and rejected as two documents of one row; set packing: true"),
+        ("data.mix", bool(cfg.data.mix), "reads one source of pairs; set data.path"),
+        ("data.format", cfg.data.format not in PAIR_FORMATS, f"renders pairs as {', '.join(PAIR_FORMATS)}"),
+        ("data.train_on_inputs", cfg.data.train_on_inputs, "scores the responses only; drop data.train_on_inputs"),
+    )
+    for key, bad, why in checks:
+        if bad:
+            raise TunelabError(f"{source(key, 'objective')}: objective {cfg.objective} {why}")
+    if eval_enabled(cfg) and not objective.held_out_loss:
+        raise TunelabError(
+            f"{source('eval.split', 'eval.path', 'objective')}: objective {cfg.objective} has no held-out loss; "
+            "drop eval.split/eval.path and score the result with `tunelab eval`"
+        )
+
+
+def reference_kind(cfg: TrainConfig) -> str:
+    """The reference model a DPO run uses: the adapter disabled over the same base, or a frozen copy of a fully
+    trained model."""
+    if cfg.preference.reference != "auto":
+        return cfg.preference.reference
+    return method_reference(cfg.method)
+
+
+def method_reference(method: str) -> str:
+    """An adapter's reference is its base with the adapter disabled; full fine-tuning keeps a frozen copy."""
+    return "frozen-copy" if methods.get(method).trains_base else "adapter-disabled"
 
 
 def _validate_ranges(cfg: TrainConfig, source: Origins) -> None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .config import TrainConfig, eval_enabled
+from . import objectives
+from .config import TrainConfig, eval_enabled, reference_kind
 from .data.pipeline import DataSpec, HeldOutSpec, MixPart
 
 
@@ -10,7 +11,10 @@ def data_spec(cfg: TrainConfig) -> DataSpec:
     """What the data pipeline needs: the source (or mixture), its format and template, masking, the row length."""
     d = cfg.data
     mix = tuple(MixPart(m.path, m.weight, m.format or d.format, m.template or d.template) for m in d.mix)
-    return DataSpec(d.path, d.format, d.template, d.train_on_inputs, cfg.seq_len, d.max_examples, mix, cfg.seed)
+    pairs = objectives.get(cfg.objective).pairs
+    return DataSpec(
+        d.path, d.format, d.template, d.train_on_inputs, cfg.seq_len, d.max_examples, mix, cfg.seed, pairs=pairs
+    )
 
 
 def held_out_spec(cfg: TrainConfig) -> HeldOutSpec | None:
@@ -19,3 +23,13 @@ def held_out_spec(cfg: TrainConfig) -> HeldOutSpec | None:
         return None
     e = cfg.eval
     return HeldOutSpec(e.split, e.path, e.max_rows, cfg.seed)
+
+
+def preference_spec(cfg: TrainConfig) -> objectives.PreferenceSpec | None:
+    """The preference loss's settings, or None for an objective that trains on single sequences."""
+    if not objectives.get(cfg.objective).pairs:
+        return None
+    p = cfg.preference
+    return objectives.PreferenceSpec(
+        cfg.objective, p.beta, p.label_smoothing, reference_kind(cfg), p.precompute_reference
+    )

@@ -179,3 +179,27 @@ def test_eval_section_defaults_and_overrides():
     cfg = load_config(None, ["eval.split=0.1", "eval.steps=5", "eval.early_stopping_patience=3", "eval.max_rows=50"])
     assert (cfg.eval.split, cfg.eval.steps, cfg.eval.early_stopping_patience, cfg.eval.max_rows) == (0.1, 5, 3, 50)
     assert load_config(None, ["eval.path=e.jsonl", "save_steps=10", "eval.early_stopping_patience=1"]).eval.path
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["preference.beta=0.5"], r"the preference section applies to objective dpo or orpo"),
+        (["objective=dpo", "packing=false"], r"objective dpo packs chosen and rejected .* set packing: true"),
+        (["objective=dpo", "eval.split=0.1"], r"objective dpo has no held-out loss"),
+        (["objective=orpo", "preference.precompute_reference=true"], r"objective orpo uses no reference model"),
+        (["objective=dpo", "preference.reference=frozen-copy"], r"method lora takes reference adapter-disabled"),
+        (["objective=dpo", "preference.label_smoothing=0.5"], r"label_smoothing must be in \[0, 0.5\)"),
+        (["objective=dpo", "data.format=text"], r"objective dpo renders pairs as alpaca, completion, chat"),
+    ],
+)
+def test_preference_settings_fail_with_the_key(overrides, message):
+    with pytest.raises(TunelabError, match=message):
+        load_config(None, overrides)
+
+
+def test_preference_reference_follows_the_method():
+    from tunelab.config import reference_kind
+
+    assert reference_kind(load_config(None, ["objective=dpo"])) == "adapter-disabled"
+    assert reference_kind(load_config(None, ["objective=dpo", "method=full"])) == "frozen-copy"

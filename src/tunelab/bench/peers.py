@@ -13,6 +13,10 @@ Three peers, each configured the way its users write it, not weakened:
   cross-entropy, RMSNorm, RoPE, SwiGLU). Only on CUDA with `liger-kernel` installed.
 - `trl-sft`: TRL's `SFTTrainer` with its own packing (best-fit decreasing, which turns padding-free on),
   completion-only loss, tunelab's LoRA, micro-batch and seq_len. Only when `trl` is installed.
+- `trl-dpo`: TRL's `DPOTrainer` on preference pairs (the `sigmoid` loss, the reference with the adapter disabled),
+  tunelab's LoRA, `micro_batch` pairs per batch (padded to the longest, TRL's only mode since its padding-free
+  path was withdrawn), each side cut at seq_len // 2 as tunelab cuts it. Tokens are counted on the policy's
+  forward only (the reference forward, under no_grad, is not fed data of its own).
 
 Every peer is measured with docs/metrics.md's definitions, the ones tunelab's loop uses: a forward pre-hook on
 the model counts what each micro-batch feeds (padded, non-padding and loss tokens), and a `TrainerCallback`
@@ -54,7 +58,9 @@ from ..model.adapters import resolve_targets
 from ..train.loop import step_statistics
 from . import store
 
-PEERS = ("hf-trainer-seed", "hf-trainer-tuned", "hf-trainer-liger", "trl-sft")
+PEERS = ("hf-trainer-seed", "hf-trainer-tuned", "hf-trainer-liger", "trl-sft", "trl-dpo")
+# Peers that train on preference pairs (data/preference.py's rows) instead of single responses.
+PAIR_PEERS = ("trl-dpo",)
 # Formats whose rendering is one prompt followed by one trained response (or all trained, for `text`):
 # the single prompt/completion split that Trainer recipes and TRL's prompt-completion datasets express.
 PEER_FORMATS = ("alpaca", "completion", "text")
@@ -129,6 +135,10 @@ def setup_for(
         if importlib.util.find_spec("trl") is None:
             raise TunelabError("peer trl-sft needs TRL, which is not installed; `pip install trl` or drop the peer")
         return PeerSetup(name, best, lora, seq_len, micro_batch, grad_accum, "padding-free", True)
+    if name == "trl-dpo":
+        if importlib.util.find_spec("trl") is None:
+            raise TunelabError("peer trl-dpo needs TRL, which is not installed; `pip install trl` or drop the peer")
+        return PeerSetup(name, best, lora, seq_len, micro_batch, grad_accum, "longest", False)
     raise TunelabError(f"unknown peer {name!r}; choose from {', '.join(PEERS)}")
 
 
@@ -157,7 +167,8 @@ class TokenMeter:
 
     def hook(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         input_ids = kwargs.get("input_ids", args[0] if args else None)
-        if input_ids is None or not module.training:
+        # A preference trainer's reference forward runs under no_grad on the same module: not data fed again.
+        if input_ids is None or not module.training or not torch.is_grad_enabled():
             return
         padded, nonpad, loss = batch_tokens(input_ids, kwargs.get("attention_mask"), kwargs.get("labels"))
         self.padded += padded
@@ -307,6 +318,8 @@ def _build_trainer(
     seed: int,
 ):
     eos = tokenizer.eos_token or ""
+    if setup.kind == "trl-dpo":
+        return _dpo_trainer(setup, model, tokenizer, rows, data_format, template, device, out, steps, lr, seed)
     if setup.kind == "trl-sft":
         from trl import SFTConfig, SFTTrainer
 
@@ -377,6 +390,43 @@ def _build_trainer(
     return Trainer(model=model, args=args, train_dataset=dataset, data_collator=collator)
 
 
+def _dpo_trainer(setup: PeerSetup, model, tokenizer, rows, data_format, template, device, out, steps, lr, seed):
+    from trl import DPOConfig, DPOTrainer
+
+    from ..data.formats import render_pair_side
+
+    eos = tokenizer.eos_token or ""
+
+    def to_triplet(row: dict[str, Any]) -> dict[str, str]:
+        sides = {
+            side: render_pair_side(data_format, template, row, side, eos, tokenizer) for side in ("chosen", "rejected")
+        }
+        prompt = "".join(s.text for s in sides["chosen"] if not s.trainable)
+        return {"prompt": prompt, **{k: "".join(s.text for s in v if s.trainable) for k, v in sides.items()}}
+
+    dataset = rows.map(to_triplet, remove_columns=rows.column_names)
+    args = _training_args(
+        DPOConfig,
+        setup,
+        device,
+        out,
+        steps,
+        lr,
+        seed,
+        max_length=setup.seq_len // 2,
+        beta=0.1,
+        optim="adamw_torch_fused",
+        dataloader_pin_memory=device.type == "cuda",
+    )
+    return DPOTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=_lora_config(model, setup.lora),
+    )
+
+
 def run_peer(
     name: str,
     model_ref: str,
@@ -412,7 +462,7 @@ def run_peer(
     memwatch.start()  # before the model loads, as tunelab's train does
     source = sources.resolve(model_ref)
     tokenizer = sources.load_tokenizer(source)
-    rows = read_rows(Path(data_path), data_format, max_examples)
+    rows = read_rows(Path(data_path), "preference" if name in PAIR_PEERS else data_format, max_examples)
     set_seed(seed)
     model = mload.load_model(source, setup.precision.compute, "none", dev)
     out = tempfile.mkdtemp(prefix=f"tunelab-peer-{name}-")

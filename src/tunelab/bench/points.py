@@ -32,7 +32,7 @@ def _peer_in_child(name: str, cfg: cfgmod.TrainConfig, steps: int, warmup: int) 
         warmup,
         lora=peers.LoraSettings(spec.r, spec.alpha, spec.dropout, spec.targets),
         seq_len=cfg.seq_len,
-        micro_batch=cfg.micro_batch,
+        micro_batch=pairs_per_micro_batch(cfg) if name in peers.PAIR_PEERS else cfg.micro_batch,
         grad_accum=cfg.grad_accum,
         data_format=cfg.data.format,
         template=cfg.data.template,
@@ -41,6 +41,15 @@ def _peer_in_child(name: str, cfg: cfgmod.TrainConfig, steps: int, warmup: int) 
         seed=cfg.seed,
         device=cfg.device,
     )
+
+
+def pairs_per_micro_batch(cfg: cfgmod.TrainConfig) -> int:
+    """tunelab's mean pairs per packed micro-batch for `cfg`: a pair peer batches that many, so both train equal
+    pairs per step."""
+    from ..recipes.train import prepare_run
+
+    schedule = prepare_run(cfg).schedule
+    return max(1, round(len(schedule.data) / 2 / len(schedule.global_rows(0)) / schedule.steps_per_epoch))
 
 
 def slug(label: str) -> str:

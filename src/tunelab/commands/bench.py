@@ -94,7 +94,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     calibrate.set_defaults(calibrate=True)
     peers = mode("peers", "run peer recipes side by side, interleaved with tunelab", common, steps)
     peers.add_argument(
-        "names", metavar="NAME[,NAME]", help="hf-trainer-seed, hf-trainer-tuned, hf-trainer-liger, trl-sft"
+        "names", metavar="NAME[,NAME]", help="hf-trainer-seed, hf-trainer-tuned, hf-trainer-liger, trl-sft, trl-dpo"
     )
     peers.add_argument("--rounds", type=int, help="interleaved rounds (tunelab, peers, tunelab, ...; default 2)")
     suite = mode("suite", "run a benchmark suite of bench/suites.yaml (gpu, cpu) or of a suites file")
@@ -142,7 +142,7 @@ def _flag_form(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--peer",
         metavar="NAME[,NAME]",
-        help="also run peer recipes side by side, interleaved with tunelab: hf-trainer-seed, hf-trainer-tuned, hf-trainer-liger (CUDA), trl-sft",
+        help="also run peer recipes side by side, interleaved with tunelab: hf-trainer-seed, hf-trainer-tuned, hf-trainer-liger (CUDA), trl-sft, trl-dpo (objective dpo: equal pairs per step)",
     )
     p.add_argument(
         "--rounds", type=int, default=2, help="with --peer: interleaved rounds (tunelab, peers, tunelab, ...)"

@@ -49,6 +49,11 @@ def _add_arithmetic(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--contaminate", type=float, metavar="RATE", help="corrupt this fraction of training answers")
     p.add_argument("--contamination-type", default="random", choices=ar.CONTAMINATION_TYPES)
+    p.add_argument(
+        "--pairs",
+        action="store_true",
+        help="write preference pairs for objective dpo/orpo: {prompt, chosen: the correct output, rejected: a near miss}",
+    )
     p.add_argument("--test-out", help="also write a held-out set sharing no problem with the training rows")
     p.add_argument("--test-n", type=int, default=1000, help="rows in the held-out set (default 1000)")
 
@@ -88,6 +93,9 @@ def _arithmetic(args: argparse.Namespace) -> int:
     if args.contaminate is not None:
         k = ar.contaminate(rows, args.contaminate, args.contamination_type, args.seed)
         note = f", {k} contaminated ({args.contamination_type})"
+    if args.pairs:
+        rows = ar.preference_pairs(rows, args.seed)
+        note += " as preference pairs"
     write_atomic(Path(args.out), _jsonl(rows))
     print(f"wrote {len(rows)} rows to {args.out}{note}")
     if test_rows is not None:

@@ -268,6 +268,21 @@ def contaminate(rows: list[dict], rate: float, kind: str, seed: int) -> int:
     return len(chosen)
 
 
+def preference_pairs(rows: list[dict], seed: int) -> list[dict]:
+    """Preference rows from generated rows: the prompt is the instruction, the chosen response the correct output,
+    the rejected one the same output with a near-miss answer (the true value off by 1 to 10, as `contaminate`'s
+    `random`; a division's quotient, its remainder kept). `answer` stays the truth, for `tunelab eval`."""
+    rng = random.Random(f"{seed}:pairs")
+    pairs = []
+    for row in rows:
+        truth = row["answer"]
+        head, sep, remainder = truth.partition(" R ")
+        wrong = str(_off_by_random(rng, int(head))) + sep + remainder
+        rejected = row["output"][: len(row["output"]) - len(truth)] + wrong
+        pairs.append({"prompt": row["instruction"], "chosen": row["output"], "rejected": rejected, "answer": truth})
+    return pairs
+
+
 def _off_by_random(rng: random.Random, value: int) -> int:
     return value + rng.choice((-1, 1)) * rng.randint(1, 10)
 

@@ -78,6 +78,8 @@ REQUIRED_FIELDS = {
     "completion": ("prompt", "completion"),
     "sharegpt": ("conversations",),
     "text": ("text",),
+    # A preference pair (objective dpo or orpo): a prompt and two responses to it, the chosen one first.
+    "preference": ("prompt", "chosen", "rejected"),
 }
 
 
@@ -101,7 +103,9 @@ def check_fields(fmt: str, row: dict[str, Any], where: str) -> None:
                 f"{where}: field {field!r} is {kind}, not text; format {fmt!r} renders its fields as text "
                 "(a conversation is data.format=chat with a messages list)"
             )
-    if fmt == "chat":
+    if fmt == "preference":
+        check_pair(row, where)
+    elif fmt == "chat":
         check_messages(row["messages"], where)
     elif fmt == "sharegpt":
         check_conversations(row["conversations"], where)
@@ -112,6 +116,72 @@ def check_fields(fmt: str, row: dict[str, Any], where: str) -> None:
             f"{where}: the conversation opens with an assistant turn, with no prompt before it; "
             "start it with a system or user message"
         )
+
+
+def check_pair(row: dict[str, Any], where: str) -> None:
+    """A preference row: each field text or a list of chat messages, both responses non-empty and different."""
+    for field in ("prompt", "chosen", "rejected"):
+        value = row[field]
+        if isinstance(value, list):
+            check_messages(value, where)
+        elif not isinstance(value, str):
+            raise TunelabError(f"{where}: field {field!r} must be text or a list of chat messages")
+    for field in ("chosen", "rejected"):
+        if not pair_response(row, field)[1]:
+            raise TunelabError(f"{where}: field {field!r} has an empty response; fix or remove the row")
+    if pair_response(row, "chosen") == pair_response(row, "rejected"):
+        raise TunelabError(f"{where}: chosen and rejected are the same response; a pair must differ, remove the row")
+
+
+def pair_messages(value: str | list, role: str) -> list[dict[str, Any]]:
+    return value if isinstance(value, list) else [{"role": role, "content": value}]
+
+
+def pair_response(row: dict[str, Any], field: str) -> tuple[list[dict[str, Any]], str]:
+    """(prompt messages, response text) of one side of a pair. A side may hold the whole conversation (the
+    binarized UltraFeedback layout: its turns before the last assistant turns repeat the prompt) or the response
+    alone."""
+    prompt, side = row["prompt"], row[field]
+    if isinstance(side, str):
+        return pair_messages(prompt, "user"), side
+    cut = len(side)
+    while cut > 0 and side[cut - 1].get("role") == "assistant":
+        cut -= 1
+    head = side[:cut] if cut else pair_messages(prompt, "user")
+    text = "".join(str(m.get("content") or "") for m in side[cut:])
+    return head, text
+
+
+def render_pair_side(
+    fmt: str, template: str, row: dict[str, Any], field: str, eos: str, tokenizer=None
+) -> list[Segment]:
+    """Segments of one side of a preference pair: the prompt (not trainable), then the response. Text fields
+    render as `fmt` renders them (alpaca: the prompt is the instruction; completion: as written; chat: a user
+    turn and an assistant turn); a message list always renders with the chat template."""
+    prompt, side = row["prompt"], row[field]
+    if fmt != "chat" and isinstance(prompt, str) and isinstance(side, str):
+        head = _alpaca_prompt(template, {"instruction": prompt}) if fmt == "alpaca" else prompt
+        return [Segment(head, False), Segment(f"{side}{eos}", True)]
+    head, _ = pair_response(row, field)
+    tail = (
+        side[len(side) - _assistant_tail(side) :]
+        if isinstance(side, list)
+        else [{"role": "assistant", "content": side}]
+    )
+    apply = _apply_chat(tokenizer)
+    header = apply(head, tokenize=False, add_generation_prompt=True)
+    full = apply(head + tail, tokenize=False)
+    segments: list[Segment] = []
+    _extend(segments, "", header, False)
+    _extend(segments, header, full, True)
+    return segments
+
+
+def _assistant_tail(messages: list[dict[str, Any]]) -> int:
+    n = 0
+    while n < len(messages) and messages[len(messages) - 1 - n].get("role") == "assistant":
+        n += 1
+    return n
 
 
 def check_messages(messages: Any, where: str) -> None:

@@ -85,6 +85,20 @@ def layout_from_lengths(row_seq_lengths: list[list[int]], width: int, min_slots:
 
 
 @dataclass
+class SeqTargets:
+    """Which sequence each loss target belongs to, for objectives that score sequences (a preference pair's two):
+    `seq[k]` is the sequence (0-based, in the batch's order) of loss target k, `examples[s]` the example index
+    of sequence s. Sequences without targets (empty rows) are not counted."""
+
+    seq: np.ndarray  # (K,) int64
+    examples: np.ndarray  # (S,) int64
+
+    @property
+    def count(self) -> int:
+        return len(self.examples)
+
+
+@dataclass
 class Batch:
     input_ids: np.ndarray  # (B, T) int64
     position_ids: np.ndarray | None  # (B, T) int64 when packed
@@ -93,15 +107,19 @@ class Batch:
     tokens_padded: int
     tokens_nonpad: int
     layout: SeqLayout | None = None  # packed rows: per-sequence attention slots, when cheaper than a T x T mask
+    seqs: SeqTargets | None = None  # objectives that score whole sequences (preference pairs)
 
     @property
     def tokens_loss(self) -> int:
         return len(self.loss_index)
 
 
-def epoch_rows(lengths: np.ndarray, seq_len: int, packing: bool, rng: np.random.Generator) -> list[list[int]]:
-    """The example indices of each row, in training order, for one epoch."""
-    order = rng.permutation(len(lengths))
+def epoch_rows(
+    lengths: np.ndarray, seq_len: int, packing: bool, rng: np.random.Generator, group: int = 1
+) -> list[list[int]]:
+    """The example indices of each row, in training order, for one epoch. `group` consecutive examples (a
+    preference pair's chosen and rejected sequences) are placed as one unit, in the same row."""
+    order = rng.permutation(len(lengths) // group)
     if not packing:
         return [[int(i)] for i in order]
     rows: list[list[int]] = []
@@ -109,12 +127,13 @@ def epoch_rows(lengths: np.ndarray, seq_len: int, packing: bool, rng: np.random.
     used = 0
     # Next-fit: an example that does not fit closes the row. Examples are never split, so no example is
     # trained without its prompt.
-    for i in order:
-        n = int(lengths[i])
+    for unit in order:
+        members = [int(unit) * group + k for k in range(group)]
+        n = int(sum(lengths[i] for i in members))
         if used + n > seq_len and current:
             rows.append(current)
             current, used = [], 0
-        current.append(int(i))
+        current.extend(members)
         used += n
     if current:
         rows.append(current)
@@ -122,10 +141,10 @@ def epoch_rows(lengths: np.ndarray, seq_len: int, packing: bool, rng: np.random.
 
 
 def epoch_micro_batches(
-    lengths: np.ndarray, seq_len: int, micro_batch: int, packing: bool, rng: np.random.Generator
+    lengths: np.ndarray, seq_len: int, micro_batch: int, packing: bool, rng: np.random.Generator, group: int = 1
 ) -> list[list[list[int]]]:
     """Micro-batches (lists of rows) for one epoch. Unpacked rows are grouped by length to cut padding."""
-    rows = epoch_rows(lengths, seq_len, packing, rng)
+    rows = epoch_rows(lengths, seq_len, packing, rng, group)
     if not packing:
         chunk = micro_batch * GROUP_CHUNK
         grouped: list[list[int]] = []
@@ -134,14 +153,14 @@ def epoch_micro_batches(
             grouped.extend(sorted(part, key=lambda r: int(lengths[r[0]])))
         rows = grouped
     else:
-        rows = fill_last_batch(rows, micro_batch)
+        rows = fill_last_batch(rows, micro_batch, group)
     batches = [rows[i : i + micro_batch] for i in range(0, len(rows), micro_batch)]
     if not packing:
         rng.shuffle(batches)
     return batches
 
 
-def fill_last_batch(rows: list[list[int]], micro_batch: int) -> list[list[int]]:
+def fill_last_batch(rows: list[list[int]], micro_batch: int, group: int = 1) -> list[list[int]]:
     """Split packed rows at the end of the epoch in two until the row count is a multiple of `micro_batch`.
 
     Why: a last micro-batch with fewer rows is a new input shape, and compiled blocks compile again for it
@@ -152,8 +171,8 @@ def fill_last_batch(rows: list[list[int]], micro_batch: int) -> list[list[int]]:
     missing = -len(rows) % micro_batch
     out: list[list[int]] = []
     for row in reversed(rows):
-        if missing and len(row) > 1:
-            half = len(row) // 2
+        if missing and len(row) > group:
+            half = len(row) // group // 2 * group  # a group (a pair) stays in one row
             out += [row[half:], row[:half]]
             missing -= 1
         else:
@@ -163,9 +182,16 @@ def fill_last_batch(rows: list[list[int]], micro_batch: int) -> list[list[int]]:
 
 
 def collate(
-    data: TokenizedData, rows: list[list[int]], seq_len: int, pad_id: int, packing: bool, min_slots: int = 0
+    data: TokenizedData,
+    rows: list[list[int]],
+    seq_len: int,
+    pad_id: int,
+    packing: bool,
+    min_slots: int = 0,
+    sequences: bool = False,
 ) -> Batch:
-    """Build one micro-batch's arrays on the host (`min_slots`: see layout_from_lengths)."""
+    """Build one micro-batch's arrays on the host (`min_slots`: see layout_from_lengths; `sequences`: also
+    which sequence each target belongs to, Batch.seqs)."""
     offsets = data.offsets
     row_lengths = [sum(int(offsets[i + 1] - offsets[i]) for i in row) for row in rows]
     width = batch_width(row_lengths, seq_len, packing)
@@ -193,7 +219,21 @@ def collate(
     seq_lengths = [n for seqs in row_seq_lengths for n in seqs]
     if packing and slots_pay(len(seq_lengths), max(seq_lengths, default=0), len(rows), width):
         layout = layout_from_lengths(row_seq_lengths, width, min_slots)
-    return Batch(ids, positions, loss_index, flat[loss_index], ids.size, int(sum(row_lengths)), layout)
+    seqs = seq_targets(data, rows, width, loss_index) if sequences else None
+    return Batch(ids, positions, loss_index, flat[loss_index], ids.size, int(sum(row_lengths)), layout, seqs)
+
+
+def seq_targets(data: TokenizedData, rows: list[list[int]], width: int, loss_index: np.ndarray) -> SeqTargets:
+    """Each loss target's sequence, from where each sequence starts in the flat (B*T) batch."""
+    starts, examples = [], []
+    for r, row in enumerate(rows):
+        at = r * width
+        for i in row:
+            starts.append(at)
+            examples.append(i)
+            at += int(data.offsets[i + 1] - data.offsets[i])
+    seq = np.searchsorted(np.asarray(starts, dtype=np.int64), loss_index, side="right") - 1
+    return SeqTargets(seq.astype(np.int64), np.asarray(examples, dtype=np.int64))
 
 
 def batch_width(row_lengths: list[int], seq_len: int, packing: bool) -> int:
@@ -212,7 +252,9 @@ def fed_tokens(lengths: np.ndarray, micro_batches: list[list[list[int]]], seq_le
     return total
 
 
-def packing_efficiency(lengths: np.ndarray, seq_len: int, micro_batch: int, packing: bool, seed: int) -> float:
+def packing_efficiency(
+    lengths: np.ndarray, seq_len: int, micro_batch: int, packing: bool, seed: int, group: int = 1
+) -> float:
     """Real tokens over fed tokens for one epoch's batching (1.0 = no padding)."""
-    batches = epoch_micro_batches(lengths, seq_len, micro_batch, packing, np.random.default_rng([seed, 0]))
+    batches = epoch_micro_batches(lengths, seq_len, micro_batch, packing, np.random.default_rng([seed, 0]), group)
     return float(lengths.sum()) / fed_tokens(lengths, batches, seq_len, packing)

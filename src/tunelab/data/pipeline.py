@@ -63,6 +63,7 @@ class DataSpec:
     mix: tuple[MixPart, ...] = ()
     seed: int = 42
     key: str = "data.path"  # the config key that names `path`, for errors
+    pairs: bool = False  # rows are preference pairs (data/preference.py)
 
 
 @dataclass
@@ -101,6 +102,10 @@ class TokenizedData:
 
 def prepare(spec: DataSpec, tokenizer) -> TokenizedData:
     """Read, render, tokenize (cached), truncate and mask one dataset, or draw a mixture of several."""
+    if spec.pairs:
+        from .preference import prepare_pairs  # it builds on this module
+
+        return prepare_pairs(spec, tokenizer)
     if spec.mix:
         parts = [prepare(part_spec(spec, i), tokenizer) for i in range(len(spec.mix))]
         return mix(parts, spec.mix, spec.max_examples, spec.seed)

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .. import methods
+from .. import methods, objectives
 from ..runtime import LOGIT_CHUNK, attention_path, compile_choice, hashed_dropout, slot_products
 from . import catalog, comm, fit, memory, steptime, timing, workload
 from .arch import Arch
 from .calibration import CalibrationRecord
 from .catalog import Gpu
-from .flops import FlopsPerToken, flops_per_token, forward_flops_per_token
+from .flops import FlopsPerToken, flops_per_token, forward_flops_per_token, reference_flops_per_token
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,8 @@ class Settings:
     attention: str = "auto"  # config.ATTENTIONS
     eval_every: int = 0  # optimizer steps between evaluations (config.eval_every); used when lengths hold some out
     stack: str = "tunelab"  # STACKS: tunelab, or the tuned HF Trainer + PEFT recipe it is compared with
+    objective: str = "sft"  # objectives.REGISTRY: a preference pair is two sequences, DPO adds a reference forward
+    precompute_reference: bool = False
 
 
 # `hf-peft`: the tuned HF Trainer + PEFT recipe (bench/peers.py `hf-trainer-tuned`): the same rows per step,
@@ -114,6 +116,10 @@ def memory_setup(s: Settings, w: workload.Workload, d: Device, sharding: str, gp
         attention=path,
         dropout_mask_kept=not hashed_dropout(device_type, s.compile),
         offload=s.activation_offload and device_type == "cuda",  # on a CPU activations are in host memory anyway
+        reference_copy=objectives.get(s.objective).reference
+        and methods.get(s.method).trains_base
+        and not s.precompute_reference,
+        reference_forward=objectives.get(s.objective).reference and not s.precompute_reference,
     )
 
 
@@ -142,17 +148,24 @@ def estimate(
         return replace(resolved, settings=replace(resolved.settings, compile=s.compile), compile_choice=choice)
     if s.stack == "hf-peft":
         s = replace(s, packing=False, compile=False)
-    batching = workload.Batching(s.seq_len, s.micro_batch, s.grad_accum, s.packing, gpus, s.seed)
+    objective = objectives.get(s.objective)
+    batching = workload.Batching(
+        s.seq_len, s.micro_batch, s.grad_accum, s.packing, gpus, s.seed, group=objective.sequences
+    )
     w = workload.build(lengths, batching, s.epochs, s.max_steps)
     ckpt = workload.checkpoints(w.optimizer_steps, s.save_steps, s.save_total_limit)
     doc_keys = steptime.attention_keys(lengths.lengths, lengths.mean_tokens, s.seq_len, True)
     f = flops_per_token(arch, s.method, s.targets, s.r, w.epoch.widest_row, s.grad_ckpt, s.lora_dropout, doc_keys)
+    ref = reference_flops_per_token(arch, objective, w.epoch.widest_row, s.precompute_reference, w.epochs_run)
+    f = replace(f, reference=ref)
     setup = memory_setup(s, w, d, sharding, gpus)
     mem = memory.breakdown(arch, setup)
     loss_per_row = w.loss_tokens_per_micro_batch / s.micro_batch
     biggest = memory.max_micro_batch(arch, setup, d.gpu.memory_bytes, loss_per_row)
     longest = memory.max_seq_len(arch, setup, d.gpu.memory_bytes, loss_per_row / max(1, w.epoch.widest_row))
     step, constants, eff = step_time(arch, lengths, s, d, w)
+    if f.reference:  # DPO's reference forward: its FLOPs at the rate the step's own work runs
+        step = step.scaled(f.hardware / (f.hardware - f.reference))
     tokens_per_step = w.epoch.tokens_padded / w.epoch.micro_batches * s.grad_accum
     speed = timing.step_throughput(w.tokens_padded, tokens_per_step, step.total, gpus, scaling)
     trainable = memory.trainable_params(arch, setup)

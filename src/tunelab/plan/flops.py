@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import methods
+from ..objectives import Objective
 from .arch import Arch
 
 
@@ -42,11 +43,12 @@ class FlopsPerToken:
     # Attention over the keys each query really needs: causal within its own document (0: not counted, the
     # whole-row `attention` stands in).
     attention_useful: float = 0.0
+    reference: float = 0.0  # a preference objective's reference forward (reference_flops_per_token)
 
     @property
     def model(self) -> float:
         """model_flops_per_token (docs/metrics.md): what the method costs, recomputation excluded."""
-        return self.dense + self.attention + self.adapters
+        return self.dense + self.attention + self.adapters + self.reference
 
     @property
     def useful(self) -> float:
@@ -114,3 +116,15 @@ def forward_flops_per_token(arch: Arch, method: str, targets: tuple[str, ...], r
     """
     adapters = 0.0 if methods.get(method).trains_base else 2.0 * adapter_params(arch, targets, r)
     return 2.0 * arch.matmul_params + attention_forward(arch, attn_len) + adapters
+
+
+def reference_flops_per_token(
+    arch: Arch, objective: Objective, attn_len: int, precompute: bool, epochs: float
+) -> float:
+    """DPO's reference log-probabilities: one forward without gradients of every fed token, 2N + 4·L·H·Q·T (the
+    adapter disabled, or a frozen copy: no adapter term); precomputed, that forward runs once over the data
+    instead of once per epoch. Zero for objectives without a reference (sft, orpo)."""
+    if not objective.reference:
+        return 0.0
+    forward = 2.0 * arch.matmul_params + attention_forward(arch, attn_len)
+    return forward / max(epochs, 1.0) if precompute else forward

@@ -40,6 +40,8 @@ class MemorySetup:
     attention: str = "slots"  # runtime.attention_path: flex | slots | sdpa | flash
     dropout_mask_kept: bool = True  # LoRA dropout's mask is kept for backward (not drawn again: runtime.hashed_dropout)
     offload: bool = False  # activation_offload on a CUDA device (model/offload.py): saved activations on the host
+    reference_copy: bool = False  # a frozen copy of the model as DPO's reference (full fine-tuning)
+    reference_forward: bool = False  # each step runs the reference forward (DPO, not precomputed)
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,16 @@ def logits_bytes(arch: Arch, s: MemorySetup) -> float:
     return out
 
 
+def reference_bytes(arch: Arch, s: MemorySetup) -> tuple[float, float]:
+    """(weights, activations) that DPO's reference adds: a frozen copy of a fully trained model in its fp32
+    master dtype (none with the adapter disabled, or once a precomputed table replaces it), and the reference
+    forward's transient, run without gradients after the policy's forward: one layer's activations of the
+    micro-batch and the summed log-probs, while every policy activation is still alive."""
+    weights = arch.total_params * TRAINABLE_BYTES if s.reference_copy else 0.0
+    transient = row_bytes_per_token_layer(arch, s) * s.micro_batch * s.row_len if s.reference_forward else 0.0
+    return weights, transient
+
+
 def breakdown(arch: Arch, s: MemorySetup) -> MemoryBreakdown:
     """Peak memory per process (per GPU when sharded): everything alive at the start of the last backward
     of an optimizer step, when all activations and the logits are alive and the states exist."""
@@ -243,12 +255,13 @@ def breakdown(arch: Arch, s: MemorySetup) -> MemoryBreakdown:
         # Full fine-tuning's whole LM-head gradient, made by the loss (logits_bytes), waits for the root's
         # reduce-scatter at the end of backward.
         grads, states = grads / world, states / world
+    ref_weights, ref_transient = reference_bytes(arch, s)
     return MemoryBreakdown(
-        weights=round(weights),
+        weights=round(weights + ref_weights),
         adapters=round(adapters),
         gradients=round(grads),
         optimizer_states=round(states),
-        activations=round(activation_bytes(arch, s)),
+        activations=round(activation_bytes(arch, s) + ref_transient),
         logits_loss=round(logits_bytes(arch, s)),
         runtime_overhead=s.runtime_overhead,
     )

@@ -30,6 +30,7 @@ class Batching:
     packing: bool
     data_parallel: int = 1
     seed: int = 42
+    group: int = 1  # consecutive examples packed together (objectives.Objective.sequences: a pair's two)
 
     @property
     def micro_batches_per_step(self) -> int:
@@ -147,7 +148,7 @@ def _counted(lengths: Lengths, b: Batching) -> EpochCounts:
     from ..data.packing import batch_width, epoch_micro_batches
 
     arr = np.minimum(lengths.lengths, b.seq_len)
-    batches = epoch_micro_batches(arr, b.seq_len, b.micro_batch, b.packing, np.random.default_rng([b.seed, 0]))
+    batches = epoch_micro_batches(arr, b.seq_len, b.micro_batch, b.packing, np.random.default_rng([b.seed, 0]), b.group)
     padded = widest = rows = sequences = 0
     for batch in batches:
         width = batch_width([int(arr[row].sum()) for row in batch], b.seq_len, b.packing)

@@ -49,6 +49,8 @@ def settings_from_config(cfg: cfgmod.TrainConfig, arch: archmod.Arch, device: De
         activation_offload=cfg.activation_offload,
         attention=cfg.attention,
         eval_every=cfgmod.eval_every(cfg),
+        objective=cfg.objective,
+        precompute_reference=cfg.preference.precompute_reference,
     )
 
 

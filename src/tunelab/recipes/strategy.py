@@ -13,12 +13,14 @@ from pathlib import Path
 
 import torch
 
+from .. import methods
 from ..config import TrainConfig
 from ..errors import TunelabError
 from ..model.adapters import count_parameters
+from ..specs import preference_spec
 from ..train import checkpoint, distributed, loop
 from ..train.checkpoint import TrainState
-from ..train.loss import CausalLMLoss
+from ..train.preference import loss_module
 
 
 @dataclass(kw_only=True)
@@ -77,7 +79,7 @@ class Strategy:
         with self.loading():
             model = build(self.load_device(), self.meta())
         trainable, total = count_parameters(model)
-        root = CausalLMLoss(model)
+        root = loss_module(model, preference_spec(cfg), methods.get(cfg.method).trains_base)
         self.shard(root, prep.precision.compute, prep.device)
         optimizer = loop.build_optimizer(root, optim, prep.device)
         scheduler = loop.build_scheduler(optimizer, optim, prep.schedule.total_steps)

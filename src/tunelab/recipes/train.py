@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from .. import config as cfgmod
-from .. import families, methods, sources
+from .. import families, methods, objectives, sources
 from ..config import TrainConfig
 from ..data.formats import use_default_chat_template
 from ..data.packing import packing_efficiency
@@ -41,7 +41,7 @@ from ..model.adapters import AdapterSpec, apply_adapter
 from ..model.lora_linear import has_lora_dropout, has_nf4_base, nf4_layers
 from ..runtime import ACTIVATION_MEMORY_BUDGET, attention_path
 from ..specs import data_spec, held_out_spec
-from ..train import checkpoint, distributed, loop, trackers
+from ..train import checkpoint, distributed, loop, preference, trackers
 from ..train.batches import BatchSpec, EvalBatches, Schedule
 from ..train.checkpoint import TrainState
 from ..train.lock import PROBE_PREFIX, lock_output_dir
@@ -87,7 +87,7 @@ def prepare_run(cfg: TrainConfig, procs: distributed.Processes | None = None) ->
     tokenizer = sources.load_tokenizer(source)
     notes = tuple(n for n in (use_default_chat_template(tokenizer, cfg.data.format, cfg.model),) if n)
     data, eval_data = prepare_split(data_spec(cfg), held_out_spec(cfg), tokenizer)
-    batch = BatchSpec(cfg.seq_len, cfg.micro_batch, cfg.grad_accum, cfg.packing, cfg.seed, tokenizer.pad_token_id)
+    batch = batch_spec(cfg, tokenizer.pad_token_id)
     schedule = Schedule(data, batch, cfg.epochs, cfg.max_steps, rank, world)
     eval_batches = None if eval_data is None else EvalBatches(eval_data, batch, schedule.slots, rank, world)
     compiled = run_compile_choice(cfg, data)
@@ -103,6 +103,20 @@ def prepare_run(cfg: TrainConfig, procs: distributed.Processes | None = None) ->
         eval_batches=eval_batches,
         notes=(*notes, compiled["why"]),
         compile=compiled,
+    )
+
+
+def batch_spec(cfg: TrainConfig, pad_id: int) -> BatchSpec:
+    objective = objectives.get(cfg.objective)
+    return BatchSpec(
+        cfg.seq_len,
+        cfg.micro_batch,
+        cfg.grad_accum,
+        cfg.packing,
+        cfg.seed,
+        pad_id,
+        group=objective.sequences,
+        mean_over=objective.mean_over,
     )
 
 
@@ -292,7 +306,8 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes, show_progre
     memwatch.start()  # before the model loads: CPU peak memory is relative to this RSS
 
     prep = prepare_run(cfg, procs)
-    efficiency = packing_efficiency(prep.data.lengths, cfg.seq_len, cfg.micro_batch, cfg.packing, cfg.seed)
+    group = objectives.get(cfg.objective).sequences
+    efficiency = packing_efficiency(prep.data.lengths, cfg.seq_len, cfg.micro_batch, cfg.packing, cfg.seed, group)
     if show_progress:
         _print_data(cfg, prep, efficiency)
 
@@ -318,6 +333,9 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes, show_progre
     trainee = strategy.setup(
         accelerator, lambda device, meta: build_model(cfg, prep, device, meta=meta), optim, cfg, prep
     )
+    if cfg.preference.precompute_reference:
+        every_example = EvalBatches(prep.data, batch_spec(cfg, prep.tokenizer.pad_token_id), prep.schedule.slots)
+        preference.precompute(trainee.root, every_example, prep.device, len(prep.data))
     state = TrainState() if resume_from is None else strategy.load_checkpoint(resume_from, trainee)
     logged_first_loss = _prepare_output_dir(cfg, out, procs, resume_from, state, show_progress)
     return Run(
@@ -496,6 +514,8 @@ def _tracking(accelerator, tracking: trackers.TrackerSetup | None, cfg: TrainCon
 def weights_identity(cfg: TrainConfig) -> dict:
     """The settings that decide which weights are trained and their shapes: a checkpoint resumes only under them."""
     identity = {"model": cfg.model, "method": cfg.method, "base_quant": cfgmod.effective_base_quant(cfg)}
+    if objectives.get(cfg.objective).pairs:
+        identity["objective"] = cfg.objective
     if methods.get(cfg.method).adapter:
         targets = cfg.lora.targets if isinstance(cfg.lora.targets, str) else list(cfg.lora.targets)
         identity.update({"lora.r": cfg.lora.r, "lora.alpha": cfg.lora.alpha, "lora.targets": targets})

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from .. import objectives
 from ..bench import store
 from ..bench.compare import compare
 from ..errors import TunelabError
@@ -540,6 +541,24 @@ def _curve_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str, Pat
     return lines, files
 
 
+def _preference_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str, Path]]:
+    """The preference metrics (objectives' `metrics`, as TRL names them) at each run's first and last log line."""
+    names = list(dict.fromkeys(m for o in objectives.REGISTRY.values() for m in o.metrics))
+    rows = []
+    for r in runs:
+        logged = [m for m in r.metrics if any(k in m for k in names)]
+        if not logged:
+            continue
+        shown = [k for k in names if k in logged[-1]]
+        for which, record in (("first", logged[0]), ("last", logged[-1])):
+            cells = [f"{k} {num(record[k], 4)}" for k in shown]
+            rows.append([r.label, f"{which} (step {record['step']})", num(record.get("loss"), 4), ", ".join(cells)])
+    if not rows:
+        return [], {}
+    lines = ["## Preference metrics", "", "From each run's metrics.jsonl: means over the log window's pairs.", ""]
+    return lines + table(["run", "log line", "loss", "metrics"], rows) + [""], {}
+
+
 # ---------------------------------------------------------------- output
 
 
@@ -548,7 +567,7 @@ def render(runs: list[Run], out: Path, title: str) -> tuple[str, dict[str, Path]
     lines = [f"# {title}", "", "Inputs: " + ", ".join(dict.fromkeys(r.source for r in runs)), ""]
     lines += _environment(runs) + _runs_table(runs)
     files: dict[str, Path] = {}
-    for section in (_peer_section, _sweep_section, _prediction_section, _curve_section):
+    for section in (_peer_section, _sweep_section, _prediction_section, _curve_section, _preference_section):
         more, drawn = section(runs, out)
         lines += more
         files.update(drawn)

@@ -10,7 +10,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..data.packing import Batch, collate, epoch_micro_batches, fed_tokens
+from ..data.packing import Batch, SeqTargets, collate, epoch_micro_batches, fed_tokens
 from ..data.pipeline import IGNORE, TokenizedData
 
 
@@ -22,6 +22,11 @@ class BatchSpec:
     packing: bool
     seed: int
     pad_id: int
+    # Consecutive examples that train together (objectives.Objective.sequences: a preference pair's two): packed
+    # into one row, each micro-batch says which sequence each target belongs to (Batch.seqs).
+    group: int = 1
+    # What a step's loss is the mean over (objectives.Objective.mean_over): `tokens` or `pairs` (groups).
+    mean_over: str = "tokens"
 
 
 class Schedule:
@@ -40,6 +45,10 @@ class Schedule:
         self._epoch = lru_cache(maxsize=2)(self._plan_epoch)
         mask = np.concatenate([[0], np.cumsum(data.targets != IGNORE, dtype=np.int64)])
         self._loss_counts = mask[data.offsets[1:]] - mask[data.offsets[:-1]]
+        # Each example's share of the step's normaliser: its loss tokens, or one per group (its first example).
+        self._norm_counts = (
+            self._loss_counts if spec.mean_over == "tokens" else (np.arange(len(data)) % spec.group == 0).astype(int)
+        )
         per_epoch = len(self._epoch(0))
         self.steps_per_epoch = max(1, math.ceil(per_epoch / spec.grad_accum))
         self.total_steps = max_steps if max_steps is not None else max(1, math.ceil(self.steps_per_epoch * epochs))
@@ -63,7 +72,12 @@ class Schedule:
     def _plan_epoch(self, epoch: int) -> list[list[list[int]]]:
         s = self.spec
         return epoch_micro_batches(
-            self.data.lengths, s.seq_len, s.micro_batch * self.world, s.packing, np.random.default_rng([s.seed, epoch])
+            self.data.lengths,
+            s.seq_len,
+            s.micro_batch * self.world,
+            s.packing,
+            np.random.default_rng([s.seed, epoch]),
+            s.group,
         )
 
     def _shares(self, rows: list[list[int]]) -> list[list[list[int]]]:
@@ -92,14 +106,19 @@ class Schedule:
         out = []
         for rows, share in zip(self.global_rows(step), self.step_rows(step)):
             if share:
-                out.append(collate(self.data, share, s.seq_len, s.pad_id, s.packing, self.slots))
+                out.append(collate(self.data, share, s.seq_len, s.pad_id, s.packing, self.slots, s.group > 1))
             else:
-                out.append(without_targets(collate(self.data, rows[:1], s.seq_len, s.pad_id, s.packing, self.slots)))
+                first = collate(self.data, rows[:1], s.seq_len, s.pad_id, s.packing, self.slots, s.group > 1)
+                out.append(without_targets(first))
         return out
 
     def step_loss_tokens(self, step: int) -> int:
         """Loss tokens of `step` over all ranks, from the plan: the normaliser every rank divides by."""
         return int(sum(self._loss_counts[i] for rows in self.global_rows(step) for row in rows for i in row))
+
+    def step_normaliser(self, step: int) -> int:
+        """What `step`'s summed loss is divided by, over all ranks: its loss tokens, or its pairs."""
+        return int(sum(self._norm_counts[i] for rows in self.global_rows(step) for row in rows for i in row))
 
     def _step_shares(self, step: int) -> list[list[list[int]]]:
         return [share for rows in self.global_rows(step) for share in self._shares(rows) if share]
@@ -125,7 +144,8 @@ class Schedule:
 def without_targets(batch: Batch) -> Batch:
     """`batch` with no loss positions: its forward and backward run, and its loss and gradients are zero."""
     empty = np.zeros(0, dtype=np.int64)
-    return replace(batch, loss_index=empty, loss_targets=empty, tokens_padded=0, tokens_nonpad=0)
+    seqs = None if batch.seqs is None else SeqTargets(empty, empty)
+    return replace(batch, loss_index=empty, loss_targets=empty, tokens_padded=0, tokens_nonpad=0, seqs=seqs)
 
 
 def shard(items: list, rank: int, world: int) -> list:
@@ -144,7 +164,12 @@ class EvalBatches:
     def __init__(self, data: TokenizedData, spec: BatchSpec, min_slots: int = 0, rank: int = 0, world: int = 1):
         self.data, self.spec, self.rank, self.world = data, spec, rank, world
         self.plan = epoch_micro_batches(
-            data.lengths, spec.seq_len, spec.micro_batch, spec.packing, np.random.default_rng([spec.seed, 0])
+            data.lengths,
+            spec.seq_len,
+            spec.micro_batch,
+            spec.packing,
+            np.random.default_rng([spec.seed, 0]),
+            spec.group,
         )
         # At least the training batches' slot count, so compiled blocks see the shape they were compiled for.
         most = max(sum(len(row) for row in rows) for rows in self.plan)
@@ -158,5 +183,5 @@ class EvalBatches:
     def __iter__(self) -> Iterator[Batch]:
         s = self.spec
         for rows in shard(self.plan, self.rank, self.world):
-            batch = collate(self.data, rows or self.plan[0], s.seq_len, s.pad_id, s.packing, self.slots)
+            batch = collate(self.data, rows or self.plan[0], s.seq_len, s.pad_id, s.packing, self.slots, s.group > 1)
             yield batch if rows else without_targets(batch)

@@ -185,6 +185,8 @@ def forward(model: torch.nn.Module, batch: Batch, device: torch.device) -> torch
         to_device(batch.loss_index, device),
         to_device(batch.loss_targets, device),
         batch.layout,
+        # Sequence-scoring objectives (train/preference.py) take which sequence each target belongs to.
+        **({} if batch.seqs is None else {"seqs": batch.seqs}),
     )
 
 
@@ -352,13 +354,15 @@ def run(ctx: LoopContext) -> LoopResult:
             for step, batches in schedule.iterate(state.step, stop):
                 # Over all ranks, from the batch plan: no communication.
                 padded, nonpad, step_loss_tokens = schedule.step_tokens(step)
-                step_lr = _optimizer_step(ctx, batches, world / float(max(step_loss_tokens, 1)), losses)
+                # The step's loss is a mean over its loss tokens (or its pairs: objectives.Objective.mean_over).
+                normaliser = schedule.step_normaliser(step)
+                step_lr = _optimizer_step(ctx, batches, world / float(max(normaliser, 1)), losses)
                 state.step = step + 1
                 result.steps_run += 1
                 state.tokens_padded += padded
                 state.tokens_nonpad += nonpad
                 state.tokens_loss += step_loss_tokens
-                losses.tokens += step_loss_tokens
+                losses.tokens += normaliser
                 meter.add(padded, nonpad, step_loss_tokens)
                 stopping = False
                 if ctx.evaluation is not None and _evaluation_due(
@@ -441,6 +445,10 @@ def _log_step(ctx: LoopContext, metrics_file, meter: ThroughputMeter, losses: _L
         **{f"{k}_per_s": v for k, v in per_s.items()},
         "peak_memory_bytes": mem.peak_bytes,
     }
+    # Objectives that log more than the loss (preference rewards, log-probs) keep their own window of it.
+    window_metrics = getattr(ctx.accelerator.unwrap_model(ctx.model), "window_metrics", None)
+    if window_metrics is not None:
+        record.update(window_metrics(ctx.accelerator if world > 1 else None))
     meter.result.losses.append((state.step, loss))
     _record(ctx, metrics_file, record)
     eta = meter.eta_s(per_s["tokens_padded"])

@@ -191,6 +191,22 @@ def test_throughput_plot_skips_empty_log_windows(tmp_path):
     assert set(files) == {"loss.png", "throughput.png"}
 
 
+def test_preference_metrics_table(tmp_path):
+    """A DPO run's metrics.jsonl names TRL's metrics; the report shows them at its first and last log line."""
+    run = make_run_dir(tmp_path / "dpo", 4, 1000.0)
+    lines = [
+        {"step": s, "loss": 0.69 - s / 100, "rewards/margins": s / 10, "rewards/accuracies": s / 4} for s in (1, 2)
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    out = tmp_path / "r"
+    report.write_report(report.load_inputs([run]), out)
+    md = (out / "performance.md").read_text()
+    assert "## Preference metrics" in md
+    assert "rewards/accuracies 0.5000, rewards/margins 0.2000" in md and "last (step 2)" in md
+    sft = make_run_dir(tmp_path / "sft", 4, 1000.0)
+    assert report._preference_section(report.load_inputs([sft]), tmp_path) == ([], {})
+
+
 def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     (tmp_path / "notes.txt").write_text("hello")

@@ -1,0 +1,76 @@
+"""The training objectives, one row each: what a step computes, and what it needs that supervised training does
+not (a reference model's log-probabilities, several sequences per example). Config validation, the data pipeline,
+the recipe, plan and bench read this registry and never compare objective names. Torch-free and import-free."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Objective:
+    name: str
+    # Sequences each example trains on: 1 (a prompt and its response), 2 (the chosen and the rejected response
+    # to one prompt, packed as two documents of the same row).
+    sequences: int = 1
+    # A reference model's log-probabilities of each sequence (one forward without gradients, or a precomputed
+    # table), against which the policy's are compared.
+    reference: bool = False
+    # The data rows are preference pairs {prompt, chosen, rejected}.
+    pairs: bool = False
+    # The held-out loss (eval.split, eval.path) is defined: token-mean cross-entropy.
+    held_out_loss: bool = True
+    # What the loop's step loss is the mean over (its normaliser): `tokens` (loss tokens) or `pairs`.
+    mean_over: str = "tokens"
+    # The metrics each log line adds beside the loss, as TRL names them.
+    metrics: tuple[str, ...] = ()
+
+
+_PAIR_METRICS = (
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/accuracies",
+    "rewards/margins",
+    "logps/chosen",
+    "logps/rejected",
+)
+
+REGISTRY: dict[str, Objective] = {
+    o.name: o
+    for o in (
+        Objective("sft"),
+        Objective(
+            "dpo",
+            sequences=2,
+            reference=True,
+            pairs=True,
+            held_out_loss=False,
+            mean_over="pairs",
+            metrics=_PAIR_METRICS,
+        ),
+        Objective(
+            "orpo",
+            sequences=2,
+            pairs=True,
+            held_out_loss=False,
+            mean_over="pairs",
+            metrics=(*_PAIR_METRICS, "nll_loss", "log_odds_ratio", "log_odds_chosen"),
+        ),
+    )
+}
+NAMES = tuple(REGISTRY)
+
+
+def get(name: str) -> Objective:
+    return REGISTRY[name]
+
+
+@dataclass(frozen=True)
+class PreferenceSpec:
+    """What the preference loss module (train/preference.py) needs: the config's `objective` and `preference`."""
+
+    objective: str  # a REGISTRY name whose row has pairs
+    beta: float = 0.1
+    label_smoothing: float = 0.0
+    reference: str = "adapter-disabled"  # adapter-disabled | frozen-copy (objectives with a reference)
+    precompute_reference: bool = False

@@ -1,0 +1,306 @@
+"""Preference objectives (DPO, ORPO) as the loss module the loop calls, and their per-step metrics.
+
+A micro-batch holds pairs packed as documents of its rows: the chosen sequence of a pair, then its rejected one
+(data/preference.py). Each sequence's log-probability is the sum over its response tokens, computed by the same
+gather-then-chunked head as supervised training (train/loss.py): logits exist one chunk at a time, and each
+token's gradient with respect to its hidden state is formed in the forward, so backward is a row scaling.
+
+The reference log-probabilities (DPO) come from the same model with the adapter disabled (peft's
+`disable_adapter`, no second copy of the weights), from a frozen copy for full fine-tuning, or from a table
+computed once before training (`precompute`).
+
+Losses (per pair, then averaged over the step's pairs by the loop):
+  DPO (Rafailov et al. 2023, eq. 7; label smoothing as conservative DPO, TRL's `sigmoid` with label_smoothing):
+      z = (log πc - log πr) - (log refc - log refr);  loss = -(1-ε)·logσ(βz) - ε·logσ(-βz)
+  ORPO (Hong et al. 2024, eqs. 4-7, as TRL's ORPOTrainer.odds_ratio_loss): with mean per-token log-probs pc, pr,
+      log odds = (pc - pr) - (log(1-e^pc) - log(1-e^pr));  loss = NLL(chosen) - λ·logσ(log odds)
+  where NLL is the chosen responses' token-mean cross-entropy over the micro-batch.
+"""
+
+from __future__ import annotations
+
+import copy
+from contextlib import contextmanager, nullcontext
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .. import objectives
+from ..data.packing import SeqTargets
+from ..device import to_device
+from ..objectives import PreferenceSpec
+from ..runtime import LOGIT_CHUNK
+from .loss import CausalLMLoss, _chunk_logits, _scratch
+
+
+class LinearTokenLogProbs(torch.autograd.Function):
+    """log softmax(hidden @ weight.T)[target] per row, never holding more than one chunk of logits.
+
+    d logp / d hidden = (onehot - softmax) @ weight is formed per row in the forward (as LinearCrossEntropy does for
+    the summed loss); backward scales those rows by the incoming per-token gradient. When the head trains (full
+    fine-tuning) its gradient needs that per-token factor inside the sum, so backward recomputes the chunks.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, softcap, chunk):
+        w = weight.to(hidden.dtype)
+        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        grad_hidden = torch.empty_like(hidden)
+        low = _scratch("low", (chunk, w.shape[0]), hidden.dtype, hidden.device)
+        full = _scratch("full", (chunk, w.shape[0]), torch.float32, hidden.device)
+        for start in range(0, hidden.shape[0], chunk):
+            h, t = hidden[start : start + chunk], targets[start : start + chunk]
+            n = h.shape[0]
+            probs, squash, lse_rows = _softmax_chunk(h, w, t, low[:n], full[:n], softcap)
+            out[start : start + n] = lse_rows
+            grad = probs.neg_()
+            grad[torch.arange(n, device=t.device), t] += 1.0
+            if softcap:
+                grad.mul_(1.0 - squash.square())
+            torch.mm(low[:n].copy_(grad), w, out=grad_hidden[start : start + n])
+        ctx.save_for_backward(grad_hidden, hidden if ctx.needs_input_grad[1] else None, weight, targets)
+        ctx.softcap, ctx.chunk = softcap, chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_hidden, hidden, weight, targets = ctx.saved_tensors
+        scale = grad_out.to(grad_hidden.dtype)[:, None]
+        grad_w = None
+        if hidden is not None:
+            w = weight.to(hidden.dtype)
+            acc = torch.zeros_like(weight, dtype=torch.float32)
+            low = _scratch("low", (ctx.chunk, w.shape[0]), hidden.dtype, hidden.device)
+            full = _scratch("full", (ctx.chunk, w.shape[0]), torch.float32, hidden.device)
+            for start in range(0, hidden.shape[0], ctx.chunk):
+                h, t = hidden[start : start + ctx.chunk], targets[start : start + ctx.chunk]
+                n = h.shape[0]
+                probs, squash, _ = _softmax_chunk(h, w, t, low[:n], full[:n], ctx.softcap)
+                grad = probs.neg_()
+                grad[torch.arange(n, device=t.device), t] += 1.0
+                if ctx.softcap:
+                    grad.mul_(1.0 - squash.square())
+                grad.mul_(grad_out[start : start + n, None])
+                acc += (low[:n].copy_(grad).T @ h).float()
+            grad_w = acc.to(weight.dtype)
+        return grad_hidden * scale, grad_w, None, None, None
+
+
+def _softmax_chunk(h, w, t, low, full, softcap, normalise: bool = True):
+    """(softmax of the chunk's fp32 logits, tanh(z / c) when soft-capped, each row's target log-prob); without
+    `normalise` the first is left unnormalised (exp(z - max)), for callers that need only the log-probs."""
+    logits, squash = _chunk_logits(h, w, low, full, softcap)
+    rows = torch.arange(h.shape[0], device=t.device)
+    target_logit = logits[rows, t]
+    top = logits.amax(dim=-1, keepdim=True)
+    probs = logits.sub_(top).exp_()
+    total = probs.sum(dim=-1, keepdim=True)
+    logp = target_logit - top.squeeze(1) - total.log().squeeze(1)
+    return (probs.div_(total) if normalise else probs), squash, logp
+
+
+def token_logps(hidden, weight, loss_index, loss_targets, softcap=None, chunk: int = LOGIT_CHUNK) -> torch.Tensor:
+    """Log-probability of each target at the positions `loss_index` (flat indices into hidden's B·T)."""
+    selected = hidden.reshape(-1, hidden.shape[-1]).index_select(0, loss_index)
+    device_type = selected.device.type
+    if torch.is_autocast_enabled(device_type):
+        selected = selected.to(torch.get_autocast_dtype(device_type))
+    with torch.autocast(device_type, enabled=False):
+        if not torch.is_grad_enabled():  # the reference: no gradient matmul per chunk
+            return logps_only(selected, weight, loss_targets, softcap, chunk)
+        return LinearTokenLogProbs.apply(selected, weight, loss_targets, softcap, chunk)
+
+
+def logps_only(hidden, weight, targets, softcap, chunk) -> torch.Tensor:
+    """LinearTokenLogProbs' forward without its gradients: the same chunks, casts and arithmetic."""
+    w = weight.to(hidden.dtype)
+    out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+    low = _scratch("low", (chunk, w.shape[0]), hidden.dtype, hidden.device)
+    full = _scratch("full", (chunk, w.shape[0]), torch.float32, hidden.device)
+    for start in range(0, hidden.shape[0], chunk):
+        h, t = hidden[start : start + chunk], targets[start : start + chunk]
+        n = h.shape[0]
+        out[start : start + n] = _softmax_chunk(h, w, t, low[:n], full[:n], softcap, normalise=False)[2]
+    return out
+
+
+def dpo_loss(
+    chosen: torch.Tensor,
+    rejected: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
+    beta: float,
+    label_smoothing: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss per pair, chosen rewards, rejected rewards) from summed sequence log-probs."""
+    logits = (chosen - rejected) - (ref_chosen - ref_rejected)
+    losses = -F.logsigmoid(beta * logits) * (1 - label_smoothing) - F.logsigmoid(-beta * logits) * label_smoothing
+    return losses, beta * (chosen - ref_chosen).detach(), beta * (rejected - ref_rejected).detach()
+
+
+def log1mexp(x: torch.Tensor) -> torch.Tensor:
+    """log(1 - e^x) for x < 0, branching at -ln 2 to avoid cancellation (Mächler 2012)."""
+    return torch.where(x < -0.6931471805599453, torch.log1p(-torch.exp(x)), torch.log(-torch.expm1(x)))
+
+
+def orpo_odds(chosen_mean: torch.Tensor, rejected_mean: torch.Tensor, beta: float) -> tuple[torch.Tensor, ...]:
+    """(λ·logσ(log odds) per pair, log odds per pair) from mean per-token log-probs."""
+    log_odds = (chosen_mean - rejected_mean) - (log1mexp(chosen_mean) - log1mexp(rejected_mean))
+    return beta * F.logsigmoid(log_odds), log_odds
+
+
+class PreferenceLoss(CausalLMLoss):
+    """The model as one module whose forward returns the micro-batch's summed pair loss (the loop divides by the
+    step's pairs), keeping the window's metrics on the device until a log line asks for them."""
+
+    def __init__(self, model: torch.nn.Module, spec: PreferenceSpec, trains_base: bool = False):
+        super().__init__(model)
+        self.spec = spec
+        self.objective = objectives.get(spec.objective)
+        # A frozen reference copy for full fine-tuning (held outside the module tree: not trained, saved or
+        # sharded); none when the table is precomputed (precompute_reference drops it after).
+        self.frozen = [] if not (self.objective.reference and trains_base) else [_frozen_copy(model)]
+        self.table: torch.Tensor | None = None  # per example reference log-probs (precompute)
+        self._window: dict[str, torch.Tensor] = {}
+        self._pairs = 0
+
+    def forward(self, input_ids, position_ids, loss_index, loss_targets, layout=None, seqs: SeqTargets | None = None):
+        hidden = self.hidden_states(input_ids, position_ids, layout)
+        head = self.model.get_output_embeddings()
+        if seqs is None or seqs.count == 0:  # a rank's empty share: no pairs, zero gradients
+            return hidden.sum() * 0.0
+        logps = token_logps(hidden, head.weight, loss_index, loss_targets, self.softcap)
+        seq = to_device(seqs.seq, logps.device)
+        sums = torch.zeros(seqs.count, dtype=logps.dtype, device=logps.device).index_add(0, seq, logps)
+        counts = torch.from_numpy(np.bincount(seqs.seq, minlength=seqs.count)).to(logps.device)
+        if self.spec.objective == "orpo":
+            return self._orpo(sums, counts)
+        ref = self.reference_logps(input_ids, position_ids, loss_index, loss_targets, layout, seqs)
+        losses, chosen_rewards, rejected_rewards = dpo_loss(
+            sums[0::2], sums[1::2], ref[0::2], ref[1::2], self.spec.beta, self.spec.label_smoothing
+        )
+        self._note(chosen_rewards, rejected_rewards, sums[0::2], sums[1::2])
+        return losses.sum()
+
+    def _orpo(self, sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        means = sums / counts
+        chosen, rejected = means[0::2], means[1::2]
+        ratio_term, log_odds = orpo_odds(chosen, rejected, self.spec.beta)
+        pairs = chosen.shape[0]
+        # The chosen responses' token-mean NLL over this micro-batch, counted once per pair (the loop's mean
+        # over pairs then gives it back for a micro-batch of equal pairs, as TRL's per-batch mean).
+        nll = -sums[0::2].sum() / counts[0::2].sum()
+        beta = self.spec.beta
+        self._note(beta * chosen.detach(), beta * rejected.detach(), chosen, rejected)
+        extra = {
+            "nll_loss": nll.detach() * pairs,
+            "log_odds_ratio": (ratio_term / beta).detach().sum(),
+            "log_odds_chosen": log_odds.detach().sum(),
+        }
+        for k, v in extra.items():
+            self._window[k] = self._window.get(k, 0) + v
+        return nll * pairs - ratio_term.sum()
+
+    def hidden_states(self, input_ids, position_ids, layout) -> torch.Tensor:
+        return _decoder_hidden(self, self.model, input_ids, position_ids, layout)
+
+    def reference_logps(self, input_ids, position_ids, loss_index, loss_targets, layout, seqs) -> torch.Tensor:
+        """Each sequence's summed reference log-prob: from the table, else a forward without gradients."""
+        if self.table is not None:
+            return self.table[to_device(seqs.examples, self.table.device)]
+        with torch.no_grad(), self.reference_model() as ref:
+            hidden = _decoder_hidden(self, ref, input_ids, position_ids, layout)
+            head = ref.get_output_embeddings()
+            logps = token_logps(hidden, head.weight, loss_index, loss_targets, self.softcap)
+        seq = to_device(seqs.seq, logps.device)
+        return torch.zeros(seqs.count, dtype=logps.dtype, device=logps.device).index_add(0, seq, logps)
+
+    @contextmanager
+    def reference_model(self):
+        """The reference: the frozen copy, else this model with its adapter disabled."""
+        if self.frozen:
+            yield self.frozen[0]
+            return
+        with self.model.disable_adapter() if hasattr(self.model, "disable_adapter") else nullcontext():
+            yield self.model
+
+    def _note(self, chosen_rewards, rejected_rewards, chosen_logps, rejected_logps) -> None:
+        values = {
+            "rewards/chosen": chosen_rewards.sum(),
+            "rewards/rejected": rejected_rewards.sum(),
+            "rewards/accuracies": (chosen_rewards > rejected_rewards).float().sum(),
+            "rewards/margins": (chosen_rewards - rejected_rewards).sum(),
+            "logps/chosen": chosen_logps.detach().sum(),
+            "logps/rejected": rejected_logps.detach().sum(),
+        }
+        for k, v in values.items():
+            self._window[k] = self._window.get(k, 0) + v
+        self._pairs += chosen_rewards.shape[0]
+
+    def window_metrics(self, accelerator=None) -> dict[str, float]:
+        """Each metric's mean over the pairs since the last call (summed over processes when `accelerator`)."""
+        if not self._window:
+            return {}
+        names = list(self._window)
+        device = next(iter(self._window.values())).device
+        both = torch.stack([torch.as_tensor(self._window[k], device=device).double() for k in names])
+        both = torch.cat([both, torch.tensor([float(self._pairs)], dtype=torch.float64, device=device)])
+        if accelerator is not None:
+            both = accelerator.reduce(both, "sum")
+        values = both.tolist()
+        self._window, self._pairs = {}, 0
+        pairs = max(values[-1], 1.0)
+        return {k: v / pairs for k, v in zip(names, values)}
+
+
+def _decoder_hidden(loss: CausalLMLoss, model, input_ids, position_ids, layout) -> torch.Tensor:
+    from ..model import attention
+
+    if loss.flex_attention and position_ids is not None:
+        extra = attention.flex_tensors(position_ids, loss.windows)
+    elif loss.packed_attention and layout is not None:
+        extra = attention.layout_tensors(layout, input_ids.device)
+    else:
+        extra = {}
+    return model.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra)[0]
+
+
+def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    ref = copy.deepcopy(model)
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def loss_module(model: torch.nn.Module, spec: PreferenceSpec | None, trains_base: bool = False) -> torch.nn.Module:
+    """The module the loop calls for an objective: CausalLMLoss (sft), else PreferenceLoss."""
+    return CausalLMLoss(model) if spec is None else PreferenceLoss(model, spec, trains_base)
+
+
+def precompute(root: torch.nn.Module, batches, device: torch.device, examples: int) -> None:
+    """Fill `root`'s reference table (one summed log-prob per example) from `batches` covering every example once,
+    then drop the frozen copy it came from: training reads the table instead."""
+    if not isinstance(root, PreferenceLoss) or not root.objective.reference:
+        return
+    table = torch.zeros(examples, dtype=torch.float32, device=device)
+    was_training = root.training
+    root.eval()
+    try:
+        for batch in batches:
+            if batch.seqs is None or batch.seqs.count == 0:
+                continue
+            ref = root.reference_logps(
+                to_device(batch.input_ids, device),
+                None if batch.position_ids is None else to_device(batch.position_ids, device),
+                to_device(batch.loss_index, device),
+                to_device(batch.loss_targets, device),
+                batch.layout,
+                batch.seqs,
+            )
+            table[to_device(batch.seqs.examples, device)] = ref.float()
+    finally:
+        root.train(was_training)
+    root.table = table
+    root.frozen = []
