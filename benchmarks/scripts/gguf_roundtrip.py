@@ -30,6 +30,15 @@ QUANTS = ("bf16", "q8_0")
 # the model's end-of-generation token, as tunelab eval's generation ends at EOS.
 LLAMA_SCRIPT = r"""
 import json, sys, llama_cpp
+import llama_cpp.llama_cpp as lib
+# No weight repacking: the CPU backend's repacked q8_0 kernels of a native build died with SIGILL on the
+# 2-core AMX Xeon VM (bf16 ran); the plain kernels read the same tensors.
+default_params = lib.llama_model_default_params
+def without_repacking():
+    params = default_params()
+    params.use_extra_bufts = False
+    return params
+lib.llama_model_default_params = without_repacking
 model, prompts, out, threads, lora = sys.argv[1:6]
 llm = llama_cpp.Llama(
     model_path=model, lora_path=lora or None, n_ctx=512, n_threads=int(threads), verbose=False, seed=0

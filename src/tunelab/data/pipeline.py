@@ -138,25 +138,30 @@ def prepare(spec: DataSpec, tokenizer) -> TokenizedData:
             out_targets.append(targets)
         return {"input_ids": out_ids, "targets": out_targets, "truncated": out_truncated}
 
-    fingerprint = _fingerprint(identity, spec, tokenizer)
+    tokenized = map_rows(rows, tokenize, _fingerprint(identity, spec, tokenizer), "tokenizing")
+    return _to_arrays(tokenized, label)
+
+
+def map_rows(rows, tokenize, fingerprint: str, desc: str):
+    """`rows.map(tokenize)` in batches, cached under `fingerprint`; a TunelabError raised inside surfaces as itself
+    (datasets wraps errors raised inside map)."""
     try:
-        tokenized = rows.map(
+        return rows.map(
             tokenize,
             batched=True,
             batch_size=1000,
             with_indices=True,
             remove_columns=rows.column_names,
             new_fingerprint=fingerprint,
-            desc="tokenizing",
+            desc=desc,
         )
     except TunelabError:
         raise
-    except Exception as e:  # datasets wraps errors raised inside map; surface ours unwrapped
+    except Exception as e:
         cause = e.__cause__ or e.__context__
         if isinstance(cause, TunelabError):
             raise cause from None
         raise
-    return _to_arrays(tokenized, label)
 
 
 def read_source(spec: DataSpec) -> tuple:

@@ -23,6 +23,7 @@ from .pipeline import (
     TokenizedData,
     _fingerprint,
     line_limit,
+    map_rows,
     read_hub_rows,
     read_rows,
 )
@@ -68,24 +69,7 @@ def prepare_pairs(spec: DataSpec, tokenizer) -> TokenizedData:
                 out[f"{side}_targets"].append(targets)
         return out
 
-    fingerprint = _fingerprint([FORMAT, identity], spec, tokenizer)
-    try:
-        tokenized = rows.map(
-            tokenize,
-            batched=True,
-            batch_size=1000,
-            with_indices=True,
-            remove_columns=rows.column_names,
-            new_fingerprint=fingerprint,
-            desc="tokenizing pairs",
-        )
-    except TunelabError:
-        raise
-    except Exception as e:  # datasets wraps errors raised inside map; surface ours unwrapped
-        cause = e.__cause__ or e.__context__
-        if isinstance(cause, TunelabError):
-            raise cause from None
-        raise
+    tokenized = map_rows(rows, tokenize, _fingerprint([FORMAT, identity], spec, tokenizer), "tokenizing pairs")
     return interleave(tokenized, label)
 
 
