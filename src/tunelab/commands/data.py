@@ -120,6 +120,12 @@ def _add_synthetic(p: argparse.ArgumentParser) -> None:
         help=f"length distribution within each range: {' or '.join(sy.DISTS)} (default triangular)",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--pairs",
+        action="store_true",
+        help="write preference rows {prompt, chosen, rejected} (objective dpo or orpo) instead: two responses per "
+        "prompt, each drawn from --response-tokens",
+    )
 
 
 def _synthetic(args: argparse.Namespace) -> int:
@@ -128,15 +134,16 @@ def _synthetic(args: argparse.Namespace) -> int:
     prompt = sy.parse_range(args.prompt_tokens, "--prompt-tokens")
     response = sy.parse_range(args.response_tokens, "--response-tokens")
     sy.check(args.rows, args.dist)  # before the tokenizer's seconds of loading
-    rows = sy.generate(args.rows, prompt, response, args.dist, args.seed, sources.embedded_tokenizer())
+    rows = sy.generate(args.rows, prompt, response, args.dist, args.seed, sources.embedded_tokenizer(), args.pairs)
     try:
         write_atomic(Path(args.out), _jsonl(rows))
     except OSError as e:
         raise TunelabError(f"--out {args.out}: cannot write there ({e.strerror}); choose another path") from None
     means = [sy.expected_mean(args.dist, *span) for span in (prompt, response)]
+    kind, per = ("pairs", "response, two per prompt") if args.pairs else ("rows", "output")
     print(
-        f"wrote {len(rows)} rows to {args.out}: {args.dist} SmolLM2-token lengths in {prompt[0]}-{prompt[1]} "
-        f"(mean {means[0]:.0f}) per instruction and {response[0]}-{response[1]} (mean {means[1]:.0f}) per output"
+        f"wrote {len(rows)} {kind} to {args.out}: {args.dist} SmolLM2-token lengths in {prompt[0]}-{prompt[1]} "
+        f"(mean {means[0]:.0f}) per instruction and {response[0]}-{response[1]} (mean {means[1]:.0f}) per {per}"
     )
     return 0
 

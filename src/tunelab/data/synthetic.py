@@ -1,6 +1,9 @@
-"""Synthetic alpaca rows of English words at chosen token lengths, for benchmarks at realistic lengths.
+"""Synthetic alpaca rows (or preference pairs) of English words at chosen token lengths, for benchmarks at
+realistic lengths.
 
-Each row is `{"instruction": ..., "input": "", "output": ...}`. The instruction's and the output's token
+Each row is `{"instruction": ..., "input": "", "output": ...}`, or with pairs `{"prompt": ..., "chosen": ...,
+"rejected": ...}` (two responses of independently drawn lengths; the objective needs them to differ, not to
+mean anything). The instruction's and the output's token
 counts, by the tokenizer passed in (the command uses the embedded SmolLM2's, which `random:` models use too),
 are drawn from a distribution over an inclusive range; the counts are of the field text alone, without the
 template around it or the EOS token.
@@ -140,22 +143,27 @@ def check(n: int, dist: str) -> None:
         raise TunelabError(f"--dist {dist!r}: choose from {', '.join(DISTS)}")
 
 
-def generate(n: int, prompt: tuple[int, int], response: tuple[int, int], dist: str, seed: int, tokenizer) -> list[dict]:
-    """`n` alpaca rows; the same arguments and tokenizer always give the same rows."""
+def generate(
+    n: int, prompt: tuple[int, int], response: tuple[int, int], dist: str, seed: int, tokenizer, pairs: bool = False
+) -> list[dict]:
+    """`n` alpaca rows, or with `pairs` `n` preference rows {prompt, chosen, rejected} whose two responses are
+    drawn independently from the response range; the same arguments and tokenizer always give the same rows."""
     check(n, dist)
     vocab = vocabulary(tokenizer)
     rng = random.Random(seed)
+    fields = ("prompt", "chosen", "rejected") if pairs else ("instruction", "output")
     rows, targets = [], []
     for _ in range(n):
-        lengths = draw_length(rng, dist, *prompt), draw_length(rng, dist, *response)
-        rows.append(
-            {"instruction": text_of(rng, lengths[0], vocab), "input": "", "output": text_of(rng, lengths[1], vocab)}
-        )
+        lengths = [draw_length(rng, dist, *prompt)] + [draw_length(rng, dist, *response) for _ in fields[1:]]
+        row = {field: text_of(rng, k, vocab) for field, k in zip(fields, lengths)}
+        rows.append(row if pairs else {"instruction": row["instruction"], "input": "", "output": row["output"]})
         targets.extend(lengths)
-    measured = token_lengths(tokenizer, [text for row in rows for text in (row["instruction"], row["output"])])
+    measured = token_lengths(tokenizer, [row[field] for row in rows for field in fields])
     if measured != targets:
         bad = next(k for k, (m, t) in enumerate(zip(measured, targets)) if m != t)
-        raise RuntimeError(f"synthetic row {bad // 2}: {measured[bad]} tokens where {targets[bad]} were built")
+        raise RuntimeError(
+            f"synthetic row {bad // len(fields)}: {measured[bad]} tokens where {targets[bad]} were built"
+        )
     return rows
 
 

@@ -226,7 +226,7 @@ def step_time(
     step = steptime.breakdown(work, gpu.peak_flops, bandwidth, c)
     scale, peer_rows = catalog.stack_scale(s.stack)
     step = step.scaled(scale)
-    f = flops_per_token(arch, s.method, s.targets, s.r, w.epoch.widest_row, s.grad_ckpt, s.lora_dropout)
+    f = flops_per_token(arch, s.method, s.targets, s.r, w.epoch.widest_row, s.grad_ckpt, s.lora_dropout, keys)
     key = timing.method_key(s.method, s.base_quant)
     if s.stack == "tunelab" and d.calibration is not None and key in d.calibration.efficiency:
         value = d.calibration.efficiency[key]
@@ -236,7 +236,10 @@ def step_time(
         return step, constants, timing.Efficiency(value, label)
     value = tokens * s.grad_accum * f.hardware / (gpu.peak_flops * step.total)
     whose = f"class {device}" if gpu.id == "local" else device
-    label = f"step model, achieved {value:.2f} of the peak; constants for {whose}: {constants.label}"
+    # The headline is the useful MFU (attention over the documents' causal keys): the whole-row fraction above
+    # counts attention a packed row never computes and passes 1 on long rows of short documents.
+    useful = tokens * s.grad_accum * f.useful / (gpu.peak_flops * step.total)
+    label = f"step model, useful MFU {useful:.0%}; constants for {whose}: {constants.label}"
     if s.stack != "tunelab":
         label += f"; stack {s.stack} x {scale:.2f} from {len(peer_rows)} measured peer rows"
     if gpu.id == "local" and not constants.measured:

@@ -102,3 +102,23 @@ def test_parse_range_reads_a_single_count():
     assert sy.parse_range("128", "--prompt-tokens") == (128, 128)
     with pytest.raises(TunelabError, match="131,072"):
         sy.parse_range("1-200000", "--prompt-tokens")
+
+
+def test_pairs_are_preference_rows_that_load_as_pairs(tmp_path, tokenizer, capsys):
+    """`--pairs`: {prompt, chosen, rejected} at the drawn lengths, read by the DPO data path as pairs."""
+    from tunelab.data import preference
+    from tunelab.data.pipeline import DataSpec
+
+    out = tmp_path / "pairs.jsonl"
+    args = ["data", "synthetic", "--pairs", "--rows", "12", "--prompt-tokens", "4-9", "--response-tokens", "3-20"]
+    assert main([*args, "--out", str(out)]) == 0
+    assert "wrote 12 pairs" in capsys.readouterr().out
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 12 and all(set(r) == {"prompt", "chosen", "rejected"} for r in rows)
+    for field, (lo, hi) in (("prompt", (4, 9)), ("chosen", (3, 20)), ("rejected", (3, 20))):
+        lengths = sy.token_lengths(tokenizer, [r[field] for r in rows])
+        assert lo <= min(lengths) and max(lengths) <= hi
+    assert any(r["chosen"] != r["rejected"] for r in rows)
+    spec = DataSpec(str(out), "alpaca", "compact", train_on_inputs=False, seq_len=128, pairs=True)
+    data = preference.prepare_pairs(spec, tokenizer)
+    assert len(data) == 24 and data.stats.dropped == 0  # chosen and rejected of every pair
