@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 WHEELS="datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 bitsandbytes==0.50.2 trl==1.16.0 liger-kernel==0.8.5
   hjson==3.1.0 py-cpuinfo==9.0.0 msgpack==1.2.4 einops==0.8.2 ninja==1.13.2 pydantic==2.14.4 pydantic-core==2.50.5
-  annotated-types==0.8.0 typing-inspection==0.4.5"
+  annotated-types==0.8.0 typing-inspection==0.4.5 gguf==0.19.0"
 mkdir -p .whl build
 # shellcheck disable=SC2086
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

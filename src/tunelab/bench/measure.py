@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass
 
 import torch
@@ -17,10 +16,6 @@ import torch
 from ..plan import catalog
 from ..plan.flops import FlopsPerToken
 from ..probe import matmul_peak
-
-# Name tokens that mark a variant NVIDIA's driver spells out in the device name ("NVIDIA H100 PCIe",
-# "NVIDIA H100 NVL"); a device name without them is the SXM/default part.
-VARIANT_TOKENS = {"pcie", "nvl", "pro"}
 
 
 @dataclass(frozen=True)
@@ -32,30 +27,6 @@ class Peak:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def _tokens(name: str) -> set[str]:
-    return set(re.findall(r"[a-z0-9]+", name.lower()))
-
-
-def catalog_match(name: str, memory_bytes: int) -> catalog.Gpu | None:
-    """The catalog row for a CUDA device name as torch reports it, or None when no row fits.
-
-    A row fits when every name token with a digit (model number, memory size) appears in the device name and
-    both name the same variant tokens (PCIe, NVL, PRO); among fitting rows the closest memory size wins
-    ('NVIDIA A100-SXM4-80GB' -> a100-80gb, 'NVIDIA H100 80GB HBM3' -> h100-sxm).
-    """
-    have = _tokens(name)
-    fits = []
-    for gpu_id in catalog.gpu_ids():
-        row = catalog.gpu(gpu_id)
-        want = _tokens(row.name)
-        numbered = {t for t in want if any(c.isdigit() for c in t)}
-        if numbered and numbered <= have and want & VARIANT_TOKENS == have & VARIANT_TOKENS:
-            fits.append(row)
-    if not fits:
-        return None
-    return min(fits, key=lambda g: abs(g.memory_bytes - memory_bytes))
 
 
 def probe_dtypes(device: torch.device, compute: str) -> tuple[str, ...]:
@@ -77,7 +48,7 @@ def device_peak(device: torch.device, name: str, memory_bytes: int, compute: str
     if device.type == "cpu":
         n = measured[compute][1]
         return Peak(probes[compute], compute, f"measured now: {n}^3 {compute} matmul probe on {name}", probes)
-    row = catalog.gpu(gpu_id) if gpu_id else catalog_match(name, memory_bytes)
+    row = catalog.gpu(gpu_id) if gpu_id else catalog.match_gpu(name, memory_bytes)
     dtype, (probed, n) = next(iter(measured.items()))
     if row is None:
         return Peak(

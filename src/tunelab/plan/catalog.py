@@ -6,6 +6,7 @@ Code never hard-codes a GPU's peak; it reads these rows and carries their `sourc
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -33,6 +34,8 @@ class Gpu:
     note: str = ""
     # Where the peak came from when it is not a catalog row (the `local` probe).
     peak_source: str = "catalog"
+    # The catalog row a local GPU's name matched (match_gpu): its bandwidth and fitted step constants apply.
+    catalog_id: str = ""
 
     @property
     def device_type(self) -> str:
@@ -80,6 +83,42 @@ def gpu(gpu_id: str) -> Gpu:
         source=row["source"],
         note=row.get("note", ""),
     )
+
+
+# Name tokens that mark a variant NVIDIA's driver spells out in the device name ("NVIDIA H100 PCIe",
+# "NVIDIA H100 NVL"); a device name without them is the SXM/default part.
+VARIANT_TOKENS = {"pcie", "nvl", "pro"}
+
+
+def _tokens(name: str) -> set[str]:
+    return set(re.findall(r"[a-z0-9]+", name.lower()))
+
+
+def match_gpu(name: str, memory_bytes: int) -> Gpu | None:
+    """The catalog row for a CUDA device name as torch reports it, or None when no row fits.
+
+    A row fits when every name token with a digit (model number, memory size) appears in the device name and
+    both name the same variant tokens (PCIe, NVL, PRO); among fitting rows the closest memory size wins
+    ('NVIDIA A100-SXM4-80GB' -> a100-80gb, 'NVIDIA H100 80GB HBM3' -> h100-sxm).
+    """
+    have = _tokens(name)
+    fits = []
+    for gpu_id in gpu_ids():
+        row = gpu(gpu_id)
+        want = _tokens(row.name)
+        numbered = {t for t in want if any(c.isdigit() for c in t)}
+        if numbered and numbered <= have and want & VARIANT_TOKENS == have & VARIANT_TOKENS:
+            fits.append(row)
+    if not fits:
+        return None
+    return min(fits, key=lambda g: abs(g.memory_bytes - memory_bytes))
+
+
+def nearest_bandwidth(peak_flops: float) -> float:
+    """Bytes/s of the catalog GPU whose dense peak is nearest `peak_flops`: the stand-in for an unlisted GPU's
+    memory bandwidth, which no probe measures (plan says the constants are carried over for it)."""
+    rows = [gpu(i) for i in gpu_ids()]
+    return min(rows, key=lambda g: abs(g.peak_flops - peak_flops)).bandwidth_gbs * 1e9
 
 
 def local_class(device_type: str, precision: str, cpu: str) -> str:

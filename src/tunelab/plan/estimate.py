@@ -210,18 +210,17 @@ def step_time(
     fraction of the peak it implies. A calibration record of the device for the method scales the parts so that
     their sum is the calibrated rate (bench --calibrate measured it on this device)."""
     gpu = d.gpu
-    device = gpu.device_class if gpu.id == "local" else gpu.id
+    device = gpu.catalog_id or (gpu.device_class if gpu.id == "local" else gpu.id)
     constants = catalog.step_constants(device, gpu.device_type)
-    bandwidth = gpu.bandwidth_gbs * 1e9 or constants.bandwidth_gbs * 1e9
+    bandwidth = gpu.bandwidth_gbs * 1e9 or constants.bandwidth_gbs * 1e9 or catalog.nearest_bandwidth(gpu.peak_flops)
     tokens = w.epoch.tokens_padded / w.epoch.micro_batches
     if s.packing:
         keys = steptime.attention_keys(lengths.lengths, lengths.mean_tokens, s.seq_len, True)
     else:
         keys = steptime.attention_keys(None, 0, round(w.epoch.tokens_padded / w.epoch.rows), False)
     shape = steptime.Shape(s.grad_accum, round(tokens), keys, s.compile, s.compute_bytes)
-    method = "lora" if s.method == "qlora" else s.method
     ridge = fit.ridge(gpu.device_type if gpu.device_type == "cpu" else "cuda", gpu.peak_flops, bandwidth)
-    work = steptime.work(arch, method, s.base_quant, s.targets, s.r, s.grad_ckpt, shape, ridge)
+    work = steptime.work(arch, s.method, s.base_quant, s.targets, s.r, s.grad_ckpt, shape, ridge)
     c = steptime.Constants(constants.matmul, constants.attention, constants.bandwidth, constants.launch_s)
     step = steptime.breakdown(work, gpu.peak_flops, bandwidth, c)
     scale, peer_rows = catalog.stack_scale(s.stack)
@@ -235,7 +234,7 @@ def step_time(
         label = f"calibrated for {key} on {d.calibration.device_name}, {d.calibration.created}: efficiency {value:.2f}"
         return step, constants, timing.Efficiency(value, label)
     value = tokens * s.grad_accum * f.hardware / (gpu.peak_flops * step.total)
-    whose = f"class {device}" if gpu.id == "local" else device
+    whose = f"class {device}" if gpu.id == "local" and not gpu.catalog_id else device
     # The headline is the useful MFU (attention over the documents' causal keys): the whole-row fraction above
     # counts attention a packed row never computes and passes 1 on long rows of short documents.
     useful = tokens * s.grad_accum * f.useful / (gpu.peak_flops * step.total)

@@ -125,8 +125,19 @@ def local_device(precision: str, peak_flops: float | None = None) -> Device:
     overhead = catalog.runtime_overhead("cuda" if dev.type == "cuda" else "cpu")
     if record is not None and record.runtime_overhead_bytes is not None:
         overhead = record.runtime_overhead_bytes
+    memory = device_memory_bytes(dev)
+    row = catalog.match_gpu(name, memory) if dev.type == "cuda" else None
     gpu = catalog.Gpu(
-        "local", name, device_memory_bytes(dev), 0.0, peak, prec.name == "bf16", cls, source=source, peak_source=source
+        "local",
+        name,
+        memory,
+        row.bandwidth_gbs if row else 0.0,
+        peak,
+        prec.name == "bf16",
+        cls,
+        source=source,
+        peak_source=source,
+        catalog_id=row.id if row else "",
     )
     return Device(gpu, overhead, record)
 

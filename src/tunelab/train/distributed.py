@@ -163,11 +163,16 @@ def full_state_dict(root: torch.nn.Module, trainable_only: bool) -> dict | None:
     `root.model.state_dict()` names them; every process must call it, as it gathers the shards."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+    from torch.distributed.tensor import DTensor
+
     options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only)
     state = get_model_state_dict(root, options=options)
     if not is_main():
         return None
-    return {k.removeprefix("model."): v for k, v in state.items()}
+    # On one CUDA process the state came back as DTensors over a one-device mesh, which have no storage of their
+    # own: safetensors failed on them ("invalid python storage", H200, torch 2.11). Plain CPU tensors always.
+    plain = {k: (v.full_tensor() if isinstance(v, DTensor) else v).cpu() for k, v in state.items()}
+    return {k.removeprefix("model."): v for k, v in plain.items()}
 
 
 def gather_checkpoint(root: torch.nn.Module, optimizer) -> tuple[dict, dict] | None:

@@ -75,7 +75,7 @@ def test_sweep_grid_labels_and_errors():
     ],
 )
 def test_catalog_match_of_torch_device_names(name, memory_gib, expected):
-    row = measure.catalog_match(name, memory_gib * 2**30)
+    row = catalog.match_gpu(name, memory_gib * 2**30)
     assert (row.id if row else None) == expected
 
 
