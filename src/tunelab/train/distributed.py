@@ -162,7 +162,6 @@ def full_state_dict(root: torch.nn.Module, trainable_only: bool) -> dict | None:
     """The unsharded weights of the FSDP-sharded `root` on the main process (None elsewhere), named as
     `root.model.state_dict()` names them; every process must call it, as it gathers the shards."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
     from torch.distributed.tensor import DTensor
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only)
