@@ -79,7 +79,8 @@ def resolve(ref: str, trust_remote_code: bool = False, weights: bool = True) -> 
 
 def _resolve(ref: str, weights: bool = True, code: bool = False) -> ModelSource:
     if ref == EMBEDDED:
-        return ModelSource(ref, _embedded_hf_dir())
+        # Without weights the tokenizer folder serves (a GPU host has it under the cache, not the package).
+        return ModelSource(ref, embedded_tokenizer_dir() if not weights else _embedded_hf_dir())
     if is_random(ref):
         return ModelSource(ref, embedded_tokenizer_dir(), random_key=archmod.random_arch(ref).name)
     path = Path(ref).expanduser()

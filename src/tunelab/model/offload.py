@@ -252,6 +252,13 @@ def apply(model: torch.nn.Module, enabled: bool, grad_ckpt: bool, copy_on_cpu: b
         # The first layer's input (the embedding's output, frozen under LoRA) must require grad, or the
         # checkpoint's output would not, and no adapter below it would get a gradient.
         model.enable_input_require_grads()
+    # One subclass per decoder-layer class, shared by all its layers: a class per layer made torch.compile guard
+    # on each layer's type and recompile per layer, past its limit of 8 (H200, 2026-11-26: the 8B row fell back
+    # to eager blocks at 65,536 tokens and ran out of memory).
+    classes: dict[type, type] = {}
     for layer in model.get_decoder().layers:
-        layer.__class__ = _offloaded_class(type(layer), offloader, grad_ckpt)
+        base = type(layer)
+        if base not in classes:
+            classes[base] = _offloaded_class(base, offloader, grad_ckpt)
+        layer.__class__ = classes[base]
     return offloader

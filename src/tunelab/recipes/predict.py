@@ -114,10 +114,16 @@ def local_device(precision: str, peak_flops: float | None = None) -> Device:
     prec = pick_precision(precision, dev)
     name = device_name(dev)
     record = load_calibration(device_key(name))
+    memory = device_memory_bytes(dev)
+    row = catalog.match_gpu(name, memory) if dev.type == "cuda" else None
     if peak_flops is not None:
         peak, source = peak_flops, "a floor for the device type, not measured"
     elif record is not None and record.peak_flops:
         peak, source = record.peak_flops, f"calibration record {record.created}"
+    elif row is not None:
+        # The fitted step constants are fractions of the datasheet peak (plan/fit.py), as bench's MFU is: a
+        # probed peak (790 of 989 TFLOP/s on an H200) put plan 25-31% under the measured rates.
+        peak, source = row.peak_flops, f"catalog row {row.id}"
     else:
         peak, n = matmul_peak(prec.compute, dev)
         source = f"measured now: {n}^3 {prec.name} matmul probe"
@@ -125,8 +131,6 @@ def local_device(precision: str, peak_flops: float | None = None) -> Device:
     overhead = catalog.runtime_overhead("cuda" if dev.type == "cuda" else "cpu")
     if record is not None and record.runtime_overhead_bytes is not None:
         overhead = record.runtime_overhead_bytes
-    memory = device_memory_bytes(dev)
-    row = catalog.match_gpu(name, memory) if dev.type == "cuda" else None
     gpu = catalog.Gpu(
         "local",
         name,

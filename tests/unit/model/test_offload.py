@@ -63,3 +63,11 @@ def test_offload_off_and_cpu_training_leave_the_model_alone():
     assert offload.apply(model, False, grad_ckpt=True) is None
     assert offload.apply(model, True, grad_ckpt=False) is None  # CPU: the tensors are in host memory already
     assert not type(model.get_decoder().layers[0]).__name__.startswith("Offloaded")
+
+
+def test_layers_share_one_offloaded_class():
+    """torch.compile guards on a layer's type: one subclass per layer recompiled per layer, past its limit."""
+    model = make_tiny_llama(64, num_hidden_layers=3)
+    offload.apply(model, True, grad_ckpt=True, copy_on_cpu=True)
+    kinds = {type(layer) for layer in model.get_decoder().layers}
+    assert len(kinds) == 1 and next(iter(kinds)).__name__.startswith("Offloaded")

@@ -6,7 +6,7 @@ import torch
 
 from tunelab import device as devmod
 from tunelab import probe
-from tunelab.plan import calibration
+from tunelab.plan import calibration, catalog
 from tunelab.recipes.predict import local_device
 
 
@@ -51,6 +51,8 @@ def test_a_local_cuda_gpu_plans_with_its_catalog_row(monkeypatch, tmp_path, name
     monkeypatch.setattr(probe, "matmul_peak", lambda d, dev: (7.9e14, 8192))
     local = local_device("auto")
     assert local.gpu.catalog_id == catalog_id and local.gpu.device_type == "cuda"
+    # a listed GPU plans at its datasheet peak, of which the fitted constants are fractions; others probe
+    assert local.gpu.peak_flops == (catalog.gpu(catalog_id).peak_flops if catalog_id else 7.9e14)
     cfg = load_config(None, ["model=random:llama-3.2-1b", "method=lora", "seq_len=2048", "micro_batch=8"])
     arch = resolve_arch(cfg.model)
     lengths = Lengths(2000, 600.0, 300.0, "test", np.full(2000, 600))
