@@ -275,15 +275,9 @@ def suggestions(arch: Arch, lengths: workload.Lengths, base: Estimate) -> list[S
         variants.append(("packing on", replace(s, packing=True)))
     if s.grad_ckpt:
         variants.append(("gradient checkpointing off", replace(s, grad_ckpt=False)))
-    longest = int(lengths.lengths.max()) if lengths.lengths is not None else int(lengths.mean_tokens)
-    shorter = max(8, -(-longest // 8) * 8)
+    shorter, why = shortest_seq_len(lengths, s.objective)
     if shorter < s.seq_len:
-        variants.append(
-            (
-                f"seq_len {s.seq_len} -> {shorter} (longest example: {longest} tokens, nothing truncated)",
-                replace(s, seq_len=shorter),
-            )
-        )
+        variants.append((f"seq_len {s.seq_len} -> {shorter} ({why})", replace(s, seq_len=shorter)))
     if not base.fits and methods.get(s.method).quantized is not None and s.base_quant == "none":
         quantized = methods.get(methods.get(s.method).quantized)
         variants.append(
@@ -298,6 +292,15 @@ def suggestions(arch: Arch, lengths: workload.Lengths, base: Estimate) -> list[S
         if "for memory" in label or base.time_s - e.time_s > 0.01 * base.time_s:
             out.append(Suggestion(label, e.time_s, base.time_s - e.time_s, e.memory.total, e.fits))
     return sorted(out, key=lambda x: -x.saved_s)
+
+
+def shortest_seq_len(lengths: workload.Lengths, objective: str) -> tuple[int, str]:
+    """The shortest seq_len (a multiple of 8) that truncates nothing, and why. Each side of a preference pair is
+    cut to seq_len // 2 (data/preference.py), so there the row must hold twice the longest side."""
+    longest = int(lengths.lengths.max()) if lengths.lengths is not None else int(lengths.mean_tokens)
+    sides = objectives.get(objective).sequences
+    what = "example" if sides == 1 else "side of a pair"
+    return max(8, -(-longest * sides // 8) * 8), f"longest {what}: {longest} tokens, nothing truncated"
 
 
 def accumulation_split(micro_batch: int, grad_accum: int, largest: int) -> tuple[int, int] | None:

@@ -38,3 +38,13 @@ def test_pairs_pack_as_units():
     grouped = workload.epoch_counts(held, b)
     assert grouped.rows == 8  # one 50-token pair per 64-token row
     assert grouped.tokens_nonpad == 400 and grouped.tokens_padded == 8 * 64
+
+
+def test_shorter_seq_len_suggestion_keeps_both_sides_of_a_pair():
+    """Each side of a pair is cut to seq_len // 2, so the suggested seq_len holds twice the longest side."""
+    from tunelab.plan.estimate import shortest_seq_len
+
+    lengths = workload.Lengths(40, 95.0, 50.0, "test", np.array([100, 90] * 20))
+    assert shortest_seq_len(lengths, "sft") == (104, "longest example: 100 tokens, nothing truncated")
+    assert shortest_seq_len(lengths, "dpo") == (200, "longest side of a pair: 100 tokens, nothing truncated")
+    assert shortest_seq_len(lengths, "orpo")[0] == 200
