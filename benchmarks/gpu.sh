@@ -7,13 +7,16 @@
 #   benchmarks/gpu.sh [--dry-run] [--only STEP,...] [--budget SECONDS]
 # runs these steps in priority order, each under a time cap, skipping a step when too little of the budget
 # (default 540 s) is left for it, and writes every result under $OUT as soon as it has it:
-#   speed-1b   bench --suite h100: 1B LoRA eager and compiled, 1B full, with the HF Trainer + PEFT and HF + Liger peers
-#   speed-8b   bench --suite h100-8b: 8B LoRA compiled (with the peers), QLoRA compiled, LoRA at seq 4096, then
-#              QLoRA at 131,072 and LoRA at 65,536 tokens with activation offloading, plan's memory beside each
+#   data       the long rows' documents, and plan for the two long rows on this GPU
+#   long-8b    bench --suite h100-8b: LoRA at 65,536 tokens with activation offloading, QLoRA compiled at seq
+#              2048, QLoRA at 131,072 tokens with offloading; plan's memory beside each
+#   speed-1b   bench --suite h100: 1B LoRA compiled and 1B full (compiled)
+#   sharded    FSDP2 on one GPU: 4 steps with a checkpoint at 2, then resumed from it; ZeRO-2 and ZeRO-3 train
+#   tests      the whole suite collected on the host's versions, then the gpu tier (pytest -m gpu)
 #   profile    bench --profile of the compiled 8B LoRA row (3 steps)
+#   speed-8b   8B LoRA compiled (with the HF + Liger and HF Trainer + PEFT peers) and at seq 4096, into results.tgz
+#   dpo        DPO on the 1B shape beside TRL's DPOTrainer, into results.tgz
 #   launch     the same 1B training run plain and under `accelerate launch` with one process
-#   sharded    FSDP2, ZeRO-2 and ZeRO-3 on one GPU: train 4 steps with a checkpoint at 2, then resume from it
-#   tests      the gpu test tier (pytest -m gpu)
 # Files under $OUT (names of letters, digits, '.', '_', '-' only; at most 8): gpu.log (everything printed),
 # steps.md (each step's status and seconds, rewritten after each), the two suites' .json/.md (rewritten after
 # every row), results.tgz (the profile, launch and sharded runs' summaries and logs, the test log; re-packed
@@ -263,14 +266,15 @@ main() {
   START=$SECONDS
   printf '| step | status | seconds |\n|---|---|---|\n' >"$OUT/steps.md"
   environment
+  # What gpu/gpu-h200_2026-11-26.md left unmeasured first; the rows measured there after, in $WORK (results.tgz)
   step data 40 15 data
-  step speed-8b 215 90 suite h100-8b 8b-lora-compiled,8b-lora-seq4096-compiled,8b-lora-65k-offload
-  step dpo 100 60 dpo
-  step speed-1b 70 40 suite h100 1b-lora-compiled,1b-full
+  step long-8b 260 90 suite h100-8b 8b-lora-65k-offload,8b-qlora-compiled,8b-qlora-131k-offload
+  step speed-1b 90 40 suite h100 1b-lora-compiled,1b-full
   step sharded 80 40 sharded
   step tests 120 40 tests
-  step qlora-8b 200 80 suite h100-8b 8b-qlora-compiled,8b-qlora-131k-offload "$WORK"
   step profile 120 60 profile
+  step speed-8b 215 90 suite h100-8b 8b-lora-compiled,8b-lora-seq4096-compiled "$WORK"
+  step dpo 100 60 dpo
   step launch 90 50 launch
   pack
   echo "== done in $((SECONDS - START)) s of the ${BUDGET} s budget"

@@ -1,5 +1,7 @@
-"""Does a calibrated plan predict a real run's training time? `bench --calibrate` on the present device, then
-`tunelab train` for a run of another length, with plan's predicted time beside the measured one.
+"""Does a calibrated plan predict a real run's training time? `bench --calibrate` on the present device (one
+shape), then `tunelab train` runs of other lengths and shapes (--check), each with plan's predicted time beside
+the measured one: calibrated as plan does now (the step model times the measured/modeled step ratio), with the
+same record's flat efficiency (what older plans did), and uncalibrated.
 
     .venv/bin/python benchmarks/scripts/calibration.py [--steps 60] [--out FILE.json] [key=value ...]
 
@@ -16,6 +18,7 @@ import random
 import sys
 import tempfile
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 
 SHAPE = ["method=lora", "seq_len=128", "micro_batch=2", "precision=auto", "data.template=compact"]
@@ -26,12 +29,20 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=60, help="optimizer steps of the checked run")
     p.add_argument("--calibrate-steps", type=int, default=12)
     p.add_argument("--out", type=Path, help="write the result as JSON here")
+    p.add_argument(
+        "--check",
+        nargs="*",
+        default=["", "micro_batch=8", "seq_len=256 micro_batch=4", "method=full"],
+        help="shapes of the checked runs, each a space-separated list of overrides ('' = the calibrated one)",
+    )
     args, overrides = p.parse_known_args()
     work = Path(tempfile.mkdtemp(prefix="tunelab-calibration-"))
     os.environ["TUNELAB_CACHE"] = str(work / "cache")
     from tunelab.cli import main as cli
     from tunelab.config import load_config
+    from tunelab.device import device_name, pick_device
     from tunelab.libraries import quiet_libraries
+    from tunelab.plan.calibration import device_key, load_calibration, save_calibration
     from tunelab.recipes.predict import local_prediction
     from tunelab.recipes.train import train
 
@@ -45,45 +56,67 @@ def main() -> int:
         )
     )
     common = [f"data.path={data}", *SHAPE, *overrides]
-    checked = load_config(None, [*common, f"max_steps={args.steps}", f"output_dir={work / 'run'}"])
-    before = local_prediction(checked)  # the step model's constants for this device's class, uncalibrated
-    if (
-        cli(
-            [
-                "bench",
-                "--calibrate",
-                *common,
-                f"output_dir={work / 'cal'}",
-                "--methods",
-                "lora",
-                "--steps",
-                str(args.calibrate_steps),
-            ]
-        )
-        != 0
-    ):
+    shapes = [c.split() for c in args.check]
+    before = [
+        local_prediction(checked_config(load_config, common, extra, args.steps, work, i))
+        for i, extra in enumerate(shapes)
+    ]  # the step model's constants for this device's class, uncalibrated
+    methods = ",".join(
+        sorted({"lora", *(x.removeprefix("method=") for e in shapes for x in e if x.startswith("method="))})
+    )
+    calibrate = [
+        "bench",
+        "--calibrate",
+        *common,
+        f"output_dir={work / 'cal'}",
+        "--methods",
+        methods,
+        "--steps",
+        str(args.calibrate_steps),
+    ]
+    if cli(calibrate) != 0:
         return 1
-    cfg = load_config(None, [*common, f"max_steps={args.steps}", f"output_dir={work / 'run'}"])
-    prediction = local_prediction(cfg)
-    summary = train(cfg, show_progress=False)
+    record = load_calibration(device_key(device_name(pick_device("auto"))))
+    rows = []
+    for i, extra in enumerate(shapes):
+        cfg = checked_config(load_config, common, extra, args.steps, work, i)
+        prediction = local_prediction(cfg)
+        save_calibration(replace(record, step_scale={}))  # the same record, as older plans read it
+        flat = local_prediction(cfg)
+        save_calibration(record)
+        summary = train(cfg, show_progress=False)
+        measured = summary["train_s"]
+        rows.append(
+            {
+                "shape": " ".join(extra) or "the calibrated shape",
+                "steps": args.steps,
+                "measured_train_s": measured,
+                "measured_step_time_median_s": summary["step_time_median_s"],
+                "predicted_train_s": prediction.speed.train_s,
+                "error": prediction.speed.train_s / measured - 1,
+                "source": prediction.efficiency.label,
+                "flat_efficiency_train_s": flat.speed.train_s,
+                "flat_efficiency_error": flat.speed.train_s / measured - 1,
+                "uncalibrated_train_s": before[i].speed.train_s,
+                "uncalibrated_error": before[i].speed.train_s / measured - 1,
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
     result = {
         "date": time.strftime("%Y-%m-%d"),
-        "device": summary["device"],
+        "device": record.device_name,
         "overrides": common[1:],
-        "steps": args.steps,
-        "predicted_train_s": prediction.speed.train_s,
-        "measured_train_s": summary["train_s"],
-        "error": prediction.speed.train_s / summary["train_s"] - 1,
-        "efficiency": prediction.efficiency.label,
-        "uncalibrated_train_s": before.speed.train_s,
-        "uncalibrated_error": before.speed.train_s / summary["train_s"] - 1,
-        "uncalibrated_source": before.efficiency.label,
-        "measured_step_time_median_s": summary["step_time_median_s"],
+        "calibrated_on": SHAPE + overrides,
+        "calibration": asdict(record),
+        "rows": rows,
     }
-    print(json.dumps(result, indent=2))
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
     return 0
+
+
+def checked_config(load_config, common: list[str], extra: list[str], steps: int, work: Path, i: int):
+    return load_config(None, [*common, *extra, f"max_steps={steps}", f"output_dir={work / f'run-{i}'}"])
 
 
 if __name__ == "__main__":

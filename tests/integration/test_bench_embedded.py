@@ -27,7 +27,7 @@ def data(tmp_path):
 
 
 def test_calibration_makes_plan_predict_the_measured_rate(data, tmp_path, monkeypatch, capsys):
-    """`bench --calibrate` then `plan --gpu local`: plan's fed tokens/s for the calibrated config is the rate the
+    """`bench --calibrate` then `plan --gpu local`: plan's optimizer step for the calibrated config is the step the
     calibration run measured, and its label says where the efficiency came from. How close a calibrated plan
     comes to a run of another length is a wall-clock figure, measured by benchmarks/scripts/calibration.py."""
     common = [f"data.path={data}", *SHAPE]
@@ -50,10 +50,10 @@ def test_calibration_makes_plan_predict_the_measured_rate(data, tmp_path, monkey
         == 0
     )
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    measured = out["runs"][0]["tokens_padded_per_s"]
+    measured = out["runs"][0]["step_time_median_s"]
     prediction = local_prediction(load_config(None, [*common, "max_steps=60", f"output_dir={tmp_path / 'run'}"]))
     assert "calibrated for lora" in prediction.efficiency.label
-    assert prediction.speed.tokens_per_s == pytest.approx(measured, rel=1e-6)
+    assert prediction.step.total == pytest.approx(measured, rel=1e-6)
     assert prediction.device.gpu.peak_flops == out["calibration"]["peak_flops"]
 
 

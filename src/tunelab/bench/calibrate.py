@@ -5,6 +5,9 @@ What `plan --gpu local` needs to reproduce a measurement:
   (plan/timing.py), so the fitted efficiency is the measured steady-state rate times plan's hardware FLOPs
   per token over the peak stored beside it (`measure.achieved_efficiency`). Peak and efficiency are saved
   together: their product is the achieved FLOP/s, so the probe's own noise cancels out of the prediction.
+- step_scale per method: the measured optimizer step over the step model's (plan/steptime.py) for the same run,
+  at the same peak. plan multiplies the model's step of any other shape by it, so what the model knows of
+  micro-batch, seq_len and the data carries over; `efficiency` (flat, from FLOPs alone) stays for older plans.
 - runtime_overhead_bytes: the measured peak minus the memory model's prediction without overhead, from the
   first point (the config's own method). On CPU that is the process's fixed cost beyond the model's terms
   (allocator and oneDNN arenas, load-time copies); on CUDA the context and allocator caching.
@@ -28,6 +31,8 @@ class Point:
     flops: FlopsPerToken
     peak_memory_bytes: int
     memory_without_overhead: int  # plan's predicted peak with runtime_overhead = 0
+    measured_step_s: float = 0.0  # the steady-state optimizer step
+    model_step_s: float = 0.0  # the step model's step for the same run at the record's peak, uncalibrated
 
 
 def fit(
@@ -43,11 +48,15 @@ def fit(
     if not points:
         raise ValueError("calibration needs at least one measured point")
     efficiency: dict[str, float] = {}
+    step_scale: dict[str, float] = {}
     if previous is not None and previous.peak_flops:
         scale = previous.peak_flops / peak.flops
         efficiency = {k: v * scale for k, v in previous.efficiency.items()}
+        step_scale = dict(previous.step_scale)
     for p in points:
         efficiency[p.method_key] = achieved_efficiency(p.tokens_padded_per_s, p.flops.hardware, peak.flops)
+        if p.measured_step_s > 0 and p.model_step_s > 0:
+            step_scale[p.method_key] = p.measured_step_s / p.model_step_s
     first = points[0]
     return CalibrationRecord(
         device_key=key,
@@ -56,6 +65,7 @@ def fit(
         peak_dtype=peak.dtype,
         efficiency=efficiency,
         runtime_overhead_bytes=first.peak_memory_bytes - first.memory_without_overhead,
+        step_scale=step_scale,
         source=f"{source}: {', '.join(p.method_key for p in points)}; peak {peak.source}",
     )
 

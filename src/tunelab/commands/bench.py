@@ -390,6 +390,7 @@ def run_calibration(args: argparse.Namespace, steps: int, base_dir: Path) -> int
         summary = measure_point(cfg, args.warmup + steps, args.warmup)
         peak = peak or device_peak(cfg.device, summary, args.catalog_gpu)
         s = prediction.settings
+        modeled = local_prediction(cfg, peak.flops, calibrated=False)  # the step model alone, at the record's peak
         points.append(
             calibrate.Point(
                 method_key(s.method, s.base_quant),
@@ -397,6 +398,8 @@ def run_calibration(args: argparse.Namespace, steps: int, base_dir: Path) -> int
                 prediction.flops,
                 summary["peak_memory_bytes"],
                 prediction.memory.total - prediction.memory.runtime_overhead,
+                summary.get("step_time_median_s") or summary["step_time_s"],
+                modeled.model_step_s,
             )
         )
         rec = build_record(f"calibrate method={cfg.method}", summary, peak, prediction, args.warmup, cfg)
@@ -571,12 +574,14 @@ def show_calibration(record, points: list[calibrate.Point], path: Path, db: Path
     from rich.table import Table
 
     t = Table(title=f"calibration of {record.device_name}")
-    for col in ("method", "tok/s fed", "efficiency", "peak mem", "model w/o overhead", "gap"):
+    for col in ("method", "tok/s fed", "step / model's", "efficiency", "peak mem", "model w/o overhead", "gap"):
         t.add_column(col, justify="left" if col == "method" else "right")
     for p in points:
+        scale = record.step_scale.get(p.method_key)
         t.add_row(
             p.method_key,
             f"{p.tokens_padded_per_s:,.0f}",
+            f"{p.measured_step_s:.3f} / {p.model_step_s:.3f} s (x {scale:.3f})" if scale else "-",
             f"{record.efficiency[p.method_key]:.3f}",
             gib(p.peak_memory_bytes),
             gib(p.memory_without_overhead),

@@ -28,6 +28,9 @@ class CalibrationRecord:
         default_factory=dict
     )  # method (lora|dora|qlora|full|lora-int8) -> fraction of peak
     runtime_overhead_bytes: int | None = None  # fixed memory beyond the model's terms (CUDA context, allocator)
+    # method -> measured optimizer step / the step model's step for the same run at `peak_flops` (plan applies
+    # it to the model's step of any shape; `efficiency` is what older records hold and plan falls back to)
+    step_scale: dict[str, float] = field(default_factory=dict)
     created: str = ""
     source: str = ""  # what produced it, e.g. "tunelab bench --calibrate (3 runs)"
     schema: int = SCHEMA_VERSION

@@ -77,6 +77,7 @@ class Estimate:
     max_seq_len: int = 0  # the longest packed row that fits the device at this micro-batch (memory.max_seq_len)
     step: steptime.Breakdown | None = None  # one optimizer step's seconds by part, on one GPU
     constants: catalog.StepConstants | None = None  # the step model's constants and where they come from
+    model_step_s: float = 0.0  # the step model's own step, before a calibration record scales it
 
     @property
     def fits(self) -> bool:
@@ -163,7 +164,7 @@ def estimate(
     loss_per_row = w.loss_tokens_per_micro_batch / s.micro_batch
     biggest = memory.max_micro_batch(arch, setup, d.gpu.memory_bytes, loss_per_row)
     longest = memory.max_seq_len(arch, setup, d.gpu.memory_bytes, loss_per_row / max(1, w.epoch.widest_row))
-    step, constants, eff = step_time(arch, lengths, s, d, w)
+    step, constants, eff, model_step_s = step_time(arch, lengths, s, d, w)
     if f.reference:  # DPO's reference forward: its FLOPs at the rate the step's own work runs
         step = step.scaled(f.hardware / (f.hardware - f.reference))
     tokens_per_step = w.epoch.tokens_padded / w.epoch.micro_batches * s.grad_accum
@@ -200,15 +201,18 @@ def estimate(
         longest,
         step,
         constants,
+        model_step_s,
     )
 
 
 def step_time(
     arch: Arch, lengths: workload.Lengths, s: Settings, d: Device, w: workload.Workload
-) -> tuple[steptime.Breakdown, catalog.StepConstants, timing.Efficiency]:
-    """One optimizer step's seconds by part (plan/steptime.py) on one GPU, the constants used, and the achieved
-    fraction of the peak it implies. A calibration record of the device for the method scales the parts so that
-    their sum is the calibrated rate (bench --calibrate measured it on this device)."""
+) -> tuple[steptime.Breakdown, catalog.StepConstants, timing.Efficiency, float]:
+    """One optimizer step's seconds by part (plan/steptime.py) on one GPU, the constants used, the achieved
+    fraction of the peak it implies, and the step model's own seconds. A calibration record of the device for
+    the method scales the parts: by its measured/modeled step ratio (`step_scale`, so the model's dependence
+    on micro-batch, seq_len and the data carries over from the calibrated run), or, in older records, to the
+    calibrated flat efficiency."""
     gpu = d.gpu
     device = gpu.catalog_id or (gpu.device_class if gpu.id == "local" else gpu.id)
     constants = catalog.step_constants(device, gpu.device_type)
@@ -227,12 +231,20 @@ def step_time(
     step = step.scaled(scale)
     f = flops_per_token(arch, s.method, s.targets, s.r, w.epoch.widest_row, s.grad_ckpt, s.lora_dropout, keys)
     key = timing.method_key(s.method, s.base_quant)
-    if s.stack == "tunelab" and d.calibration is not None and key in d.calibration.efficiency:
-        value = d.calibration.efficiency[key]
+    modeled = step.total
+    record = d.calibration if s.stack == "tunelab" else None
+    if record is not None and key in record.step_scale:
+        scale = record.step_scale[key]
+        step = step.scaled(scale)
+        value = tokens * s.grad_accum * f.hardware / (gpu.peak_flops * step.total)
+        label = f"calibrated for {key} on {record.device_name}, {record.created}: step model x {scale:.3f}"
+        return step, constants, timing.Efficiency(value, label), modeled
+    if record is not None and key in record.efficiency:
+        value = record.efficiency[key]
         calibrated = tokens * s.grad_accum * f.hardware / (gpu.peak_flops * value)
         step = step.scaled(calibrated / step.total)
-        label = f"calibrated for {key} on {d.calibration.device_name}, {d.calibration.created}: efficiency {value:.2f}"
-        return step, constants, timing.Efficiency(value, label)
+        label = f"calibrated for {key} on {record.device_name}, {record.created}: efficiency {value:.2f}"
+        return step, constants, timing.Efficiency(value, label), modeled
     value = tokens * s.grad_accum * f.hardware / (gpu.peak_flops * step.total)
     whose = f"class {device}" if gpu.id == "local" and not gpu.catalog_id else device
     # The headline is the useful MFU (attention over the documents' causal keys): the whole-row fraction above
@@ -243,7 +255,7 @@ def step_time(
         label += f"; stack {s.stack} x {scale:.2f} from {len(peer_rows)} measured peer rows"
     if gpu.id == "local" and not constants.measured:
         label += "; `tunelab bench --calibrate` measures this device"
-    return step, constants, timing.Efficiency(value, label)
+    return step, constants, timing.Efficiency(value, label), modeled
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,8 @@ probe the local device."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .. import config as cfgmod
 from ..errors import TunelabError
 from ..plan import arch as archmod
@@ -146,11 +148,14 @@ def local_device(precision: str, peak_flops: float | None = None) -> Device:
     return Device(gpu, overhead, record)
 
 
-def local_prediction(cfg: cfgmod.TrainConfig):
+def local_prediction(cfg: cfgmod.TrainConfig, peak_flops: float | None = None, calibrated: bool = True):
     """plan's estimate for a training config on the present device, as `plan --gpu local` computes it: what
-    `bench` and the demo put beside their measurements."""
+    `bench` and the demo put beside their measurements. `peak_flops` and `calibrated=False`: the step model's
+    own figures at a given peak, which `bench --calibrate` compares its measurement with."""
     arch = resolve_arch(cfg.model)
-    device = local_device(cfg.precision)
+    device = local_device(cfg.precision, peak_flops)
+    if not calibrated:
+        device = replace(device, calibration=None)
     return estimate(arch, dataset_lengths(cfg, None), settings_from_config(cfg, arch, device), device)
 
 

@@ -4,6 +4,7 @@ a tiny random Llama (each measured point runs train() in a spawned process)."""
 import csv
 import io
 import json
+from dataclasses import replace
 
 import pytest
 from conftest import write_jsonl
@@ -13,7 +14,7 @@ from tunelab.cli import main
 from tunelab.commands import bench as command
 from tunelab.errors import TunelabError
 from tunelab.plan import catalog
-from tunelab.plan.calibration import load_calibration
+from tunelab.plan.calibration import load_calibration, save_calibration
 from tunelab.plan.flops import FlopsPerToken
 from tunelab.recipes.predict import local_prediction
 
@@ -174,10 +175,20 @@ def test_calibrate_writes_a_record_plan_reads(bench_args, tmp_path, monkeypatch,
     # measured peak minus the model without it.
     overhead = run["peak_memory_bytes"] - run["predicted"]["peak_memory_bytes"] + catalog.runtime_overhead("cpu")
     assert record.runtime_overhead_bytes == overhead
-    # plan --gpu local now predicts the measured rate: calibrated peak x efficiency / hardware FLOPs.
-    prediction = local_prediction(command.point_config(command_args(bench_args), [], tmp_path / "p"))
-    assert prediction.speed.tokens_per_s == pytest.approx(run["tokens_padded_per_s"], rel=1e-6)
-    assert "calibrated" in prediction.efficiency.label
+    # plan --gpu local now predicts the measured step: the step model's times the measured/modeled ratio.
+    cfg = command.point_config(command_args(bench_args), [], tmp_path / "p")
+    prediction = local_prediction(cfg)
+    assert record.step_scale["lora"] == pytest.approx(run["step_time_median_s"] / prediction.model_step_s, rel=1e-6)
+    assert prediction.step.total == pytest.approx(run["step_time_median_s"], rel=1e-6)
+    assert "calibrated for lora" in prediction.efficiency.label and "step model x" in prediction.efficiency.label
+    # Another shape keeps what the model knows of it: the same factor on its own modeled step.
+    other = local_prediction(command.point_config(command_args([*bench_args, "micro_batch=1"]), [], tmp_path / "q"))
+    assert other.step.total == pytest.approx(other.model_step_s * record.step_scale["lora"], rel=1e-9)
+    assert other.model_step_s != prediction.model_step_s
+    # A record of the older form (a flat efficiency only) still calibrates: peak x efficiency / hardware FLOPs.
+    save_calibration(replace(record, step_scale={}))
+    flat = local_prediction(cfg)
+    assert flat.speed.tokens_per_s == pytest.approx(run["tokens_padded_per_s"], rel=1e-6)
 
 
 def command_args(overrides):
