@@ -52,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except TunelabError as e:
+        # Already on the way out: a launcher's SIGTERM (sent when another process failed, often of the same
+        # error) must not raise errors.Terminated inside this handler, where no clause catches it and Python
+        # prints both tracebacks (seen under load in test_launcher_output).
+        _ignore_sigterm()
         # One write, newline included: unbuffered (PYTHONUNBUFFERED=1 or -u, as in many containers and CI runners),
         # print's two writes let the lines of launched processes sharing one stderr interleave; the relay reads lines.
         sys.stderr.write(f"tunelab {args.command}: error: {e}\n")
@@ -62,6 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated:
         # The launcher ended this process because another one failed: that one has said why.
         return _exit_status(143)
+
+
+def _ignore_sigterm() -> None:
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _exit_status(status: int) -> int:

@@ -91,3 +91,30 @@ def test_nproc_with_a_missing_data_file_is_one_line(tmp_path):
     assert done.returncode == 2
     assert done.stderr == f"tunelab train: error: {tmp_path / 'nope.jsonl'}: data file not found (set data.path)\n"
     assert not (tmp_path / "out").exists()
+
+
+def test_a_sigterm_while_reporting_an_error_adds_no_traceback(tmp_path):
+    """torchrun SIGTERMs the other processes when one fails, often while they report the same error: the signal
+    must not turn into a second traceback inside the error handler (once seen under load, above)."""
+    (tmp_path / "fakecmd.py").write_text(
+        "import os, signal, sys\n"
+        "from tunelab.errors import TunelabError\n"
+        "from tunelab.train.distributed import end_on_sigterm\n"
+        "def add_arguments(p): pass\n"
+        "class Err:\n"
+        "    def __init__(self, real): self.real, self.sent = real, False\n"
+        "    def write(self, text):\n"
+        "        if not self.sent:\n"
+        "            self.sent = True\n"
+        "            os.kill(os.getpid(), signal.SIGTERM)  # arrives as the handler reports\n"
+        "        return self.real.write(text)\n"
+        "    def flush(self): self.real.flush()\n"
+        "def run(args):\n"
+        "    end_on_sigterm()\n"
+        "    sys.stderr = Err(sys.stderr)\n"
+        "    raise TunelabError('data.path: no such file')\n"
+    )
+    code = "from tunelab import cli; cli.COMMANDS['fake'] = ('fakecmd', 'x'); raise SystemExit(cli.main(['fake']))"
+    env = {"PYTHONPATH": f"{REPO / 'src'}:{tmp_path}", "PATH": "/usr/bin:/bin", "TUNELAB_ALLOCATOR": "system"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.stderr == "tunelab fake: error: data.path: no such file\n" and done.returncode == 2
