@@ -181,6 +181,7 @@ def test_calibrate_writes_a_record_plan_reads(bench_args, tmp_path, monkeypatch,
     assert record.step_scale["lora"] == pytest.approx(run["step_time_median_s"] / prediction.model_step_s, rel=1e-6)
     assert prediction.step.total == pytest.approx(run["step_time_median_s"], rel=1e-6)
     assert "calibrated for lora" in prediction.efficiency.label and "step model x" in prediction.efficiency.label
+    assert prediction.device.gpu.peak_flops == record.peak_flops  # plan reads the record's peak, no new probe
     # Another shape keeps what the model knows of it: the same factor on its own modeled step.
     other = local_prediction(command.point_config(command_args([*bench_args, "micro_batch=1"]), [], tmp_path / "q"))
     assert other.step.total == pytest.approx(other.model_step_s * record.step_scale["lora"], rel=1e-9)
