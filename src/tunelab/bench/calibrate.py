@@ -33,6 +33,12 @@ class Point:
     memory_without_overhead: int  # plan's predicted peak with runtime_overhead = 0
     measured_step_s: float = 0.0  # the steady-state optimizer step
     model_step_s: float = 0.0  # the step model's step for the same run at the record's peak, uncalibrated
+    compiled: bool = False  # whether the measured run compiled its blocks
+
+
+def scale_key(method_key: str, compiled: bool) -> str:
+    """`lora/eager`, `lora/compiled`: the step model misses eager and compiled steps by different factors."""
+    return f"{method_key}/{'compiled' if compiled else 'eager'}"
 
 
 def fit(
@@ -56,7 +62,7 @@ def fit(
     for p in points:
         efficiency[p.method_key] = achieved_efficiency(p.tokens_padded_per_s, p.flops.hardware, peak.flops)
         if p.measured_step_s > 0 and p.model_step_s > 0:
-            step_scale[p.method_key] = p.measured_step_s / p.model_step_s
+            step_scale[scale_key(p.method_key, p.compiled)] = p.measured_step_s / p.model_step_s
     first = points[0]
     return CalibrationRecord(
         device_key=key,

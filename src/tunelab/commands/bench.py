@@ -390,7 +390,10 @@ def run_calibration(args: argparse.Namespace, steps: int, base_dir: Path) -> int
         summary = measure_point(cfg, args.warmup + steps, args.warmup)
         peak = peak or device_peak(cfg.device, summary, args.catalog_gpu)
         s = prediction.settings
-        modeled = local_prediction(cfg, peak.flops, calibrated=False)  # the step model alone, at the record's peak
+        # The step model alone, at the record's peak, for the blocks the run really had (eager or compiled)
+        chosen = bool((summary.get("compile") or {}).get("chosen"))
+        as_run = point_config(args, [f"method={cfg.method}", f"compile={str(chosen).lower()}"], base_dir / "model")
+        modeled = local_prediction(as_run, peak.flops, calibrated=False)
         points.append(
             calibrate.Point(
                 method_key(s.method, s.base_quant),
@@ -400,6 +403,7 @@ def run_calibration(args: argparse.Namespace, steps: int, base_dir: Path) -> int
                 prediction.memory.total - prediction.memory.runtime_overhead,
                 summary.get("step_time_median_s") or summary["step_time_s"],
                 modeled.model_step_s,
+                chosen,
             )
         )
         rec = build_record(f"calibrate method={cfg.method}", summary, peak, prediction, args.warmup, cfg)
@@ -577,7 +581,7 @@ def show_calibration(record, points: list[calibrate.Point], path: Path, db: Path
     for col in ("method", "tok/s fed", "step / model's", "efficiency", "peak mem", "model w/o overhead", "gap"):
         t.add_column(col, justify="left" if col == "method" else "right")
     for p in points:
-        scale = record.step_scale.get(p.method_key)
+        scale = record.step_scale.get(calibrate.scale_key(p.method_key, p.compiled))
         t.add_row(
             p.method_key,
             f"{p.tokens_padded_per_s:,.0f}",

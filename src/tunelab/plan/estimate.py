@@ -233,11 +233,15 @@ def step_time(
     key = timing.method_key(s.method, s.base_quant)
     modeled = step.total
     record = d.calibration if s.stack == "tunelab" else None
-    if record is not None and key in record.step_scale:
-        scale = record.step_scale[key]
+    found = calibration_scale(record, key, bool(s.compile)) if record is not None else None
+    if found is not None:
+        scale, measured_as = found
         step = step.scaled(scale)
         value = tokens * s.grad_accum * f.hardware / (gpu.peak_flops * step.total)
-        label = f"calibrated for {key} on {record.device_name}, {record.created}: step model x {scale:.3f}"
+        label = (
+            f"calibrated for {key} on {record.device_name}, {record.created}: step model x {scale:.3f}"
+            f" (measured {measured_as})"
+        )
         return step, constants, timing.Efficiency(value, label), modeled
     if record is not None and key in record.efficiency:
         value = record.efficiency[key]
@@ -304,6 +308,18 @@ def suggestions(arch: Arch, lengths: workload.Lengths, base: Estimate) -> list[S
         if "for memory" in label or base.time_s - e.time_s > 0.01 * base.time_s:
             out.append(Suggestion(label, e.time_s, base.time_s - e.time_s, e.memory.total, e.fits))
     return sorted(out, key=lambda x: -x.saved_s)
+
+
+def calibration_scale(record: CalibrationRecord, key: str, compiled: bool) -> tuple[float, str] | None:
+    """The record's step scale for method `key` (bench/calibrate.scale_key: measured eager and compiled apart,
+    as the step model's error differs between them), and how it was measured: the run's own mode first, else
+    the other mode's, said so."""
+    mine, other = ("compiled", "eager") if compiled else ("eager", "compiled")
+    for mode in (mine, other):
+        if f"{key}/{mode}" in record.step_scale:
+            note = mode if mode == mine else f"{mode}, applied to a{'' if compiled else 'n'} {mine} run"
+            return record.step_scale[f"{key}/{mode}"], note
+    return None
 
 
 def shortest_seq_len(lengths: workload.Lengths, objective: str) -> tuple[int, str]:

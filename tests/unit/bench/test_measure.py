@@ -161,6 +161,7 @@ def test_bench_sweep_json_stores_every_point_and_exports(bench_args, tiny_model_
 @pytest.mark.slow
 def test_calibrate_writes_a_record_plan_reads(bench_args, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TUNELAB_CACHE", str(tmp_path / "cache"))
+    bench_args = [*bench_args, "compile=false"]  # one mode: the record scales eager and compiled steps apart
     assert (
         main(["bench", "--calibrate", *bench_args, "--methods", "lora", "--steps", "2", "--warmup", "1", "--json"]) == 0
     )
@@ -178,13 +179,14 @@ def test_calibrate_writes_a_record_plan_reads(bench_args, tmp_path, monkeypatch,
     # plan --gpu local now predicts the measured step: the step model's times the measured/modeled ratio.
     cfg = command.point_config(command_args(bench_args), [], tmp_path / "p")
     prediction = local_prediction(cfg)
-    assert record.step_scale["lora"] == pytest.approx(run["step_time_median_s"] / prediction.model_step_s, rel=1e-6)
+    key = calibrate.scale_key("lora", run["compile"]["chosen"])  # eager and compiled steps are scaled apart
+    assert record.step_scale[key] == pytest.approx(run["step_time_median_s"] / prediction.model_step_s, rel=1e-6)
     assert prediction.step.total == pytest.approx(run["step_time_median_s"], rel=1e-6)
     assert "calibrated for lora" in prediction.efficiency.label and "step model x" in prediction.efficiency.label
     assert prediction.device.gpu.peak_flops == record.peak_flops  # plan reads the record's peak, no new probe
     # Another shape keeps what the model knows of it: the same factor on its own modeled step.
     other = local_prediction(command.point_config(command_args([*bench_args, "micro_batch=1"]), [], tmp_path / "q"))
-    assert other.step.total == pytest.approx(other.model_step_s * record.step_scale["lora"], rel=1e-9)
+    assert other.step.total == pytest.approx(other.model_step_s * record.step_scale[key], rel=1e-9)
     assert other.model_step_s != prediction.model_step_s
     # A record of the older form (a flat efficiency only) still calibrates: peak x efficiency / hardware FLOPs.
     save_calibration(replace(record, step_scale={}))
