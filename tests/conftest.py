@@ -129,23 +129,25 @@ def make_tokenizer():
     return fast
 
 
+# The tiny decoder shape the unit tests share (any family's config takes these keys).
+TINY_SHAPE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
 def make_tiny_llama(vocab_size: int, seed: int = 0, **overrides):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = dict(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        vocab_size=vocab_size,
-        tie_word_embeddings=False,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
+    cfg = dict(TINY_SHAPE, vocab_size=vocab_size, tie_word_embeddings=False)
     cfg.update(overrides)
     return LlamaForCausalLM(LlamaConfig(**cfg))
 

@@ -13,7 +13,7 @@ import json
 
 import pytest
 import torch
-from conftest import make_tokenizer, write_jsonl
+from conftest import TINY_SHAPE, make_tokenizer, write_jsonl
 
 from tunelab import families, sources
 from tunelab.cli import main
@@ -27,18 +27,7 @@ WINDOW = 8  # narrower than every test document, so windowed layers differ from 
 WIDTH = 64
 ROWS = [[20, 25, 19], [30, 22]]  # documents packed per row; the second row has a 12-token padded tail
 
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    pad_token_id=0,
-    bos_token_id=1,
-    eos_token_id=2,
-    initializer_range=0.2,
-)
+TINY = dict(TINY_SHAPE, initializer_range=0.2)
 
 
 def family_config(family: str, vocab: int, window: int | None = WINDOW):

@@ -6,24 +6,14 @@ from __future__ import annotations
 import gguf
 import pytest
 import torch
-from conftest import make_tiny_llama
+from conftest import TINY_SHAPE, make_tiny_llama
 
 from tunelab.cli import main
 from tunelab.errors import TunelabError
 from tunelab.model import gguf_export as ge
 from tunelab.model.modelfile import OLLAMA_CHATML, PromptSpec, default_system, modelfile
 
-COMMON = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    pad_token_id=0,
-    bos_token_id=1,
-    eos_token_id=2,
-)
+COMMON = TINY_SHAPE
 # One tiny config per family tunelab exports. The head sizes are those transformers' GGUF loader assumes where
 # it reads none from the file (Qwen3: 128, Gemma: query_pre_attn_scalar 256), as in the real checkpoints.
 FAMILIES = {
