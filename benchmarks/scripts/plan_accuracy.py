@@ -327,7 +327,11 @@ def step_shape(row: Row, lengths: np.ndarray):
         keys = steptime.attention_keys(lengths, float(lengths.mean()), row.seq_len, True)
     else:  # padded rows: each micro-batch's width, weighted by its tokens
         keys = _padded_keys(lengths, b)
-    shape = steptime.Shape(1, round(tokens), keys, row.compiled, row.compute_bytes)
+    from tunelab.runtime import LOGIT_CHUNK
+
+    shape = steptime.Shape(
+        1, round(tokens), keys, row.compiled, row.compute_bytes, w.loss_tokens_per_micro_batch, LOGIT_CHUNK
+    )
     return shape, w.epoch.tokens_nonpad / w.epoch.micro_batches
 
 
@@ -534,13 +538,14 @@ NOTES = [
     "  launches; ../shared/gpu-baseline/README.md); they are predicted with the H200's constants and shown, not",
     "  fitted. Their steps took 1.3-2.4 times the prediction: that code's, which the current code's H200 rows",
     "  no longer show.",
-    "- Full fine-tuning is under-predicted everywhere it was measured (H200 1b-full, and the 2026-11-22 AMX rows",
-    "  compiled and eager): the model counts its weight gradients, fp32 casts, fp32 element-wise work and AdamW,",
-    "  and still misses time a profile of a full step would have to place (candidates: the tied embedding's",
-    "  dense gradient, gradient-norm clipping over every parameter, the fp32 weight-gradient accumulation).",
+    "- Full fine-tuning is still under-predicted where it was measured (H200 1b-full -9%, the 2026-11-22 AMX rows",
+    "  of older code -18 to -31%), less than before the step model counted the loss's chunked head gradient",
+    "  (20 B per head weight per chunk of 256 target positions: 173 GB a micro-batch for Llama-3.2-1B, where",
+    "  the model had put -18%). Still uncounted: gradient-norm clipping over every parameter (12 B each), the",
+    "  tied embedding's dense gradient; a profile of a full step on a GPU would place the rest.",
     "- The CPU classes are three devices with one recipe each (the `make demo` LoRA runs, compiled, SmolLM2-135M",
     "  at seq 256), so each determines one or two constants. Left out, the AMX Xeon takes the EPYC classes'",
-    "  pooled constants and is predicted 30% slow: its memory-bound work runs faster than their pooled",
+    "  pooled constants and is predicted 25% slow: its memory-bound work runs faster than their pooled",
     "  `bandwidth` factor says, and the EPYC machines' own bandwidth was never measured (they carry the Xeon's",
     "  figure), so their factor mixes their memory system with the Xeon's number. A bandwidth probe on each",
     "  class (or `tunelab bench --calibrate` there) removes that.",

@@ -173,7 +173,8 @@ def step_lines(e: Estimate) -> list[str]:
     shown = ", ".join(f"{k} {v * 1e3:,.1f} ms ({v / b.total:.0%})" for k, v in parts.items())
     compiled = e.compile_choice["chosen"] if e.compile_choice else e.settings.compile is True  # auto as resolved
     mode = "compiled" if compiled and e.settings.stack == "tunelab" else "eager"
-    lines = [f"  step ({e.settings.stack}, {mode}): {b.total * 1e3:,.1f} ms = {shown}; {bound}-bound"]
+    bound = bound.removesuffix("-bound") + "-bound"  # "memory-bound", not "memory-bound-bound"
+    lines = [f"  step ({e.settings.stack}, {mode}): {b.total * 1e3:,.1f} ms = {shown}; {bound}"]
     if e.constants is not None and e.constants.rows:
         lines.append(
             f"  step constants fitted on: {'; '.join(e.constants.rows[:3])}"

@@ -8,7 +8,8 @@ step_s = matmul_s + attention_s + memory_s + fixed_s, each a pure function of th
 - attention: the work the kernel does, counted over the keys each query really attends to (document-causal
   under packing, the whole padded rectangle for padded rows), at `attention` x peak.
 - memory-bound work: the bytes norms, rotary, activation functions, residual adds, LoRA's scale-and-add, the
-  loss, nf4 dequantization, full fine-tuning's weight gradients and the optimizer move, eager or compiled
+  loss (over the positions with a target), nf4 dequantization, full fine-tuning's weight gradients (the head's
+  accumulated chunk by chunk) and the optimizer move, eager or compiled
   (compiled blocks fuse them: fewer bytes), at `bandwidth` x the device's bandwidth.
 - fixed: kernel launches x the host's exposed time per launch (`launch_s`); eager launches several times what
   compiled blocks do.
@@ -18,6 +19,7 @@ catalog/fitted.yaml), carried over from the other measured devices of the same k
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -47,6 +49,8 @@ class Shape:
     keys_per_token: float  # mean keys a query attends to (attention_keys)
     compiled: bool
     compute_bytes: int  # 2 (bf16/fp16) or 4 (fp32)
+    loss_tokens: float  # positions with a target per micro-batch: the head and the loss run over these only
+    loss_chunk: int  # rows of logits per chunk of the fused head and loss (train/loss.py LOGIT_CHUNK)
 
 
 @dataclass(frozen=True)
@@ -109,12 +113,21 @@ def attention_keys(lengths: np.ndarray | None, mean_tokens: float, width: int, p
 
 
 def gemm_shapes(
-    arch: Arch, method: str, targets: tuple[str, ...], r: int, tokens: int, grad_ckpt: bool
+    arch: Arch,
+    method: str,
+    targets: tuple[str, ...],
+    r: int,
+    tokens: int,
+    grad_ckpt: bool,
+    loss_tokens: float,
+    chunk: int,
 ) -> list[tuple[int, int, int, int]]:
     """(m, k, n, count) of every GEMM in one micro-batch's forward and backward (flops.py counts the same
     products per token). A weight's forward is m x d_in x d_out; its input gradient m x d_out x d_in; a trained
     weight adds its weight gradient d_in x m x d_out. LoRA's A (d_in x r) and B (r x d_out) are trained:
-    three products each. Gradient checkpointing runs the block forwards twice."""
+    three products each. Gradient checkpointing runs the block forwards twice. The head runs over the
+    `loss_tokens` positions with a target only (train/loss.py gathers them first), a trained head's weight
+    gradient one chunk of `chunk` rows at a time."""
     shapes: list[tuple[int, int, int, int]] = []
     fwd = 2 if grad_ckpt else 1
     full = method == "full"
@@ -134,10 +147,17 @@ def gemm_shapes(
                 (d_in, tokens, r, arch.layers),  # A's weight gradient
                 (tokens, r, d_in, arch.layers),  # input gradient through A
             ]
-    head = [(tokens, arch.hidden, arch.vocab, 1), (tokens, arch.vocab, arch.hidden, 1)]
+    rows = max(1, round(loss_tokens))
+    head = [(rows, arch.hidden, arch.vocab, 1), (rows, arch.vocab, arch.hidden, 1)]
     if full:
-        head.append((arch.hidden, tokens, arch.vocab, 1))
+        chunks = head_chunks(loss_tokens, chunk)
+        head.append((arch.vocab, max(1, round(rows / chunks)), arch.hidden, chunks))
     return shapes + head
+
+
+def head_chunks(loss_tokens: float, chunk: int) -> int:
+    """Chunks the fused head and loss split a micro-batch's target positions into."""
+    return max(1, math.ceil(loss_tokens / chunk))
 
 
 def split_gemms(shapes: list[tuple[int, int, int, int]], compute_bytes: int, ridge: float) -> tuple[float, float]:
@@ -180,10 +200,19 @@ def elementwise_elements_per_token(arch: Arch, targets: tuple[str, ...], method:
 
 
 def loss_bytes_per_token(arch: Arch, compute_bytes: int) -> float:
-    """The loss over the vocabulary: logits written and read in the compute dtype, upcast to fp32 and reduced
-    (log-sum-exp), the gradient written in fp32 and cast back: ~2 + 2 reads/writes in the compute dtype and
-    4 fp32 passes."""
+    """The loss over the vocabulary, per position with a target: logits written and read in the compute dtype,
+    upcast to fp32 and reduced (log-sum-exp), the gradient written in fp32 and cast back: ~2 + 2 reads/writes in
+    the compute dtype and 4 fp32 passes."""
     return arch.vocab * (4.0 * compute_bytes + 4 * 4.0)
+
+
+def head_gradient_bytes(arch: Arch, compute_bytes: int, chunks: int) -> float:
+    """A trained head's weight gradient, per micro-batch, as train/loss.py makes it, per head weight: the fp32
+    weight cast to the compute dtype (4 + c B), an fp32 accumulator zeroed (4 B) and scaled by the loss's
+    gradient in backward (4 + 4 B); then every chunk's product written in the compute dtype (c), cast to fp32
+    (c + 4) and added (4 + 4 + 4): 20 B a chunk in bf16, the term that makes full fine-tuning's head costly."""
+    per_chunk = 2 * compute_bytes + 16
+    return arch.vocab * arch.hidden * (16 + compute_bytes + chunks * per_chunk)
 
 
 def step_bytes(arch: Arch, method: str, base_quant: str, trainable: int, micro_batches: int, grad_ckpt: bool) -> float:
@@ -225,14 +254,18 @@ def work(
 ) -> Work:
     """One optimizer step's work on a device whose ridge (peak FLOP/s over bytes/s) is `ridge`."""
     mb, cb = shape.micro_batches, shape.compute_bytes
-    gemm_f, gemm_b = split_gemms(gemm_shapes(arch, method, targets, r, shape.tokens, grad_ckpt), cb, ridge)
+    gemms = gemm_shapes(arch, method, targets, r, shape.tokens, grad_ckpt, shape.loss_tokens, shape.loss_chunk)
+    gemm_f, gemm_b = split_gemms(gemms, cb, ridge)
     fwd_passes = 4.0 if grad_ckpt else 3.0  # forward + backward (2x), + the recomputed forward
     elements = elementwise_elements_per_token(arch, targets, method, shape.compiled) * fwd_passes
     # Full fine-tuning keeps fp32 weights under autocast (model/adapters.py): the residual stream and its
     # element-wise ops run in fp32.
-    per_token = elements * (4 if method == "full" else cb) + loss_bytes_per_token(arch, cb)
+    per_token = elements * (4 if method == "full" else cb)
+    per_micro_batch = per_token * shape.tokens + loss_bytes_per_token(arch, cb) * shape.loss_tokens
+    if method == "full":
+        per_micro_batch += head_gradient_bytes(arch, cb, head_chunks(shape.loss_tokens, shape.loss_chunk))
     trainable = arch.total_params if method == "full" else adapter_params(arch, targets, r)
-    memory = per_token * shape.tokens * mb + step_bytes(arch, method, base_quant, trainable, mb, grad_ckpt)
+    memory = per_micro_batch * mb + step_bytes(arch, method, base_quant, trainable, mb, grad_ckpt)
     launches = launches_per_micro_batch(arch, targets, method, shape.compiled, grad_ckpt) * mb + 20.0
     return Work(
         matmul_flops=gemm_f * mb,

@@ -85,9 +85,10 @@ def _plan(capsys) -> dict:
 def test_plan_predicts_a_suite_rows_rate_once_fitted_from_its_results_file(tmp_path, capsys, monkeypatch):
     """A suite results file -> benchmarks/fit_catalog.py --write -> fitted.yaml -> plan predicts the row's step."""
     before = _plan(capsys)
-    # the suite's 1B LoRA row ran at 0.6 of plan's rate before the fit; a failed row and a peer without a catalog
-    # peak are left out
-    rate = 0.6 * before["tokens_per_s"]
+    # the suite's 1B LoRA row ran at 0.8 of plan's rate before the fit; a failed row and a peer without a catalog
+    # peak are left out. One row leaves the fit a residual of gap / (1 + sum of the parts' squared shares /
+    # PRIOR_WEIGHT) (plan/fit.py): ~0.3 of the gap for this step, split between matmul and memory-bound work.
+    rate = 0.8 * before["tokens_per_s"]
     record = {
         "kind": "tunelab",
         "label": "1b-lora",
@@ -122,6 +123,6 @@ def test_plan_predicts_a_suite_rows_rate_once_fitted_from_its_results_file(tmp_p
     real = catalog.read
     monkeypatch.setattr(catalog, "read", lambda name: yaml.safe_load(written) if name == "fitted.yaml" else real(name))
     after = _plan(capsys)
-    # one row that moves the constants 40% from the assumed ones keeps some of the prior's pull (plan/fit.py)
+    # one row that moves the constants 20% from the assumed ones keeps some of the prior's pull (plan/fit.py)
     assert after["tokens_per_s"] == pytest.approx(rate, rel=0.1)
     assert abs(after["tokens_per_s"] / rate - 1) < 0.5 * abs(before["tokens_per_s"] / rate - 1)

@@ -163,7 +163,26 @@ def test_plan_prints_the_step_by_part_and_where_its_constants_come_from(capsys):
     # compile: auto resolved per GPU; the step line names the mode the decision chose
     assert "step (tunelab, eager):" in out or "step (tunelab, compiled):" in out
     assert "memory-bound" in out and "attention" in out
+    steps = [line for line in out.splitlines() if line.strip().startswith("step (")]
+    assert steps and all(line.rsplit("; ", 1)[1].count("-bound") == 1 for line in steps)  # never "memory-bound-bound"
     assert "measured here: matmul" in out  # the H200 has measured rows
     assert "carried over (h200): matmul, attention, bandwidth, launch_s" in out  # the 4090 has none
     assert main([*argv, "--gpu", "h200", "--stack", "hf-peft"]) == 0
     assert "step (hf-peft, eager)" in capsys.readouterr().out
+
+
+def test_the_head_runs_over_target_positions_and_a_trained_heads_gradient_costs_per_chunk():
+    a = one_b()
+    t = archmod.adapter_targets(a, "all-linear")
+
+    def step(method, loss_tokens, chunk):
+        shape = steptime.Shape(1, 16384, 700.0, False, 2, loss_tokens, chunk)
+        return steptime.work(a, method, "none", t, 16, False, shape, ridge=1.0)  # every GEMM compute-bound
+
+    # the head's forward and input gradient: 2 x 2 x rows x h x V FLOPs, over the positions with a target only
+    half, whole = step("lora", 8192, 256), step("lora", 16384, 256)
+    assert whole.matmul_flops - half.matmul_flops == pytest.approx(4 * 8192 * a.hidden * a.vocab)
+    # a trained head's gradient is accumulated in fp32 chunk by chunk: 20 B per head weight per extra chunk
+    many, one = step("full", 8192, 256), step("full", 8192, 8192)
+    assert many.memory_bytes - one.memory_bytes == pytest.approx((32 - 1) * 20 * a.hidden * a.vocab)
+    assert many.matmul_flops == pytest.approx(one.matmul_flops)  # the same products, in pieces
