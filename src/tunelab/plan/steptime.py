@@ -217,10 +217,12 @@ def head_gradient_bytes(arch: Arch, compute_bytes: int, chunks: int) -> float:
 
 def step_bytes(arch: Arch, method: str, base_quant: str, trainable: int, micro_batches: int, grad_ckpt: bool) -> float:
     """Per-step traffic that does not scale with tokens: fused AdamW reads parameter, gradient and two moments
-    (16 B) and writes three (12 B) per trainable parameter; gradients accumulate (read + write fp32, 8 B) each
-    micro-batch; an nf4 base is dequantized (0.5 B read, 2 B written) on every forward and backward; full
-    fine-tuning's fp32 weights are cast for every micro-batch's products and their gradients cast back."""
-    total = trainable * (28.0 + 8.0 * micro_batches)
+    (16 B) and writes three (12 B) per trainable parameter; gradient clipping (on by default, max_grad_norm 1)
+    reads every fp32 gradient for the norm and scales it in place (12 B); gradients accumulate (read + write
+    fp32, 8 B) each micro-batch; an nf4 base is dequantized (0.5 B read, 2 B written) on every forward and
+    backward; full fine-tuning's fp32 weights are cast for every micro-batch's products and their gradients cast
+    back."""
+    total = trainable * (28.0 + 12.0 + 8.0 * micro_batches)
     if method == "full":  # autocast casts each fp32 weight to 16 bits (4 + 2 B) and each gradient back (2 + 4 B)
         total += arch.total_params * 12.0 * micro_batches
     if base_quant == "nf4":
