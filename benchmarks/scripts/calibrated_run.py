@@ -10,7 +10,8 @@ process of its own as a user runs it). Each prediction is plan's training time a
         [--out FILE.json] [key=value ...]
 
 The quickstart's data is written as `make demo` writes it (commands/demo.write_data) when the config's file is
-missing. The calibration record goes to a temporary cache, so the user's is left alone.
+missing. The calibration record goes to a temporary cache, so the user's is left alone; the rest of the user's
+cache (converted models, tokenizers) is linked into it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def main() -> int:
     p.add_argument("--out", type=Path, help="write the result as JSON here")
     args, overrides = p.parse_known_args()
     work = Path(tempfile.mkdtemp(prefix="tunelab-calibrated-run-"))
-    os.environ["TUNELAB_CACHE"] = str(work / "cache")
+    os.environ["TUNELAB_CACHE"] = str(own_cache(work / "cache"))
     from rich.console import Console
 
     from tunelab.commands.demo import train_s, write_data
@@ -99,6 +100,19 @@ def main() -> int:
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
     return 0
+
+
+def own_cache(path: Path) -> Path:
+    """A cache of this script's own for calibration records, holding links to everything else of the user's."""
+    from tunelab.io import tunelab_cache
+
+    path.mkdir(parents=True)
+    user = tunelab_cache()
+    if user.is_dir():
+        for entry in user.iterdir():
+            if entry.name != "calibration":
+                (path / entry.name).symlink_to(entry.resolve())
+    return path
 
 
 if __name__ == "__main__":

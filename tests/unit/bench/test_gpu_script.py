@@ -23,7 +23,18 @@ def test_script_parses_and_every_step_is_a_function():
     text = SCRIPT.read_text()
     names = [s[0] for s in steps()]
     # what the last call left unmeasured first, then the rows it measured
-    assert names == ["data", "long-8b", "speed-1b", "sharded", "tests", "profile", "speed-8b", "dpo", "launch"]
+    assert names == [
+        "data",
+        "long-8b",
+        "speed-1b",
+        "calibrated",
+        "sharded",
+        "tests",
+        "profile",
+        "speed-8b",
+        "dpo",
+        "launch",
+    ]
     for _, cap, need, command in steps():
         assert re.search(rf"^{re.escape(command.split()[0])}\(\) \{{", text, re.M), command
         assert need <= cap
