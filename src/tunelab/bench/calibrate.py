@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..plan.calibration import CalibrationRecord
+from ..plan.calibration import CalibrationRecord, scale_key
 from ..plan.flops import FlopsPerToken
 from .measure import Peak, achieved_efficiency
 
@@ -34,11 +34,6 @@ class Point:
     measured_step_s: float = 0.0  # the steady-state optimizer step
     model_step_s: float = 0.0  # the step model's step for the same run at the record's peak, uncalibrated
     compiled: bool = False  # whether the measured run compiled its blocks
-
-
-def scale_key(method_key: str, compiled: bool) -> str:
-    """`lora/eager`, `lora/compiled`: the step model misses eager and compiled steps by different factors."""
-    return f"{method_key}/{'compiled' if compiled else 'eager'}"
 
 
 def fit(

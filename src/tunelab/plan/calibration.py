@@ -18,6 +18,12 @@ from ..io import write_atomic
 SCHEMA_VERSION = 1
 
 
+def scale_key(method_key: str, compiled: bool) -> str:
+    """A record's `step_scale` key: `lora/eager`, `lora/compiled` (the step model misses eager and compiled steps
+    by different factors)."""
+    return f"{method_key}/{'compiled' if compiled else 'eager'}"
+
+
 @dataclass
 class CalibrationRecord:
     device_key: str  # see device_key(): file name and lookup key

@@ -11,7 +11,7 @@ from .. import methods, objectives
 from ..runtime import LOGIT_CHUNK, attention_path, compile_choice, hashed_dropout, slot_products
 from . import catalog, comm, fit, memory, steptime, timing, workload
 from .arch import Arch
-from .calibration import CalibrationRecord
+from .calibration import CalibrationRecord, scale_key
 from .catalog import Gpu
 from .flops import FlopsPerToken, flops_per_token, forward_flops_per_token, reference_flops_per_token
 
@@ -313,14 +313,14 @@ def suggestions(arch: Arch, lengths: workload.Lengths, base: Estimate) -> list[S
 
 
 def calibration_scale(record: CalibrationRecord, key: str, compiled: bool) -> tuple[float, str] | None:
-    """The record's step scale for method `key` (bench/calibrate.scale_key: measured eager and compiled apart,
-    as the step model's error differs between them), and how it was measured: the run's own mode first, else
-    the other mode's, said so."""
-    mine, other = ("compiled", "eager") if compiled else ("eager", "compiled")
-    for mode in (mine, other):
-        if f"{key}/{mode}" in record.step_scale:
-            note = mode if mode == mine else f"{mode}, applied to a{'' if compiled else 'n'} {mine} run"
-            return record.step_scale[f"{key}/{mode}"], note
+    """The record's step scale for method `key` (measured eager and compiled apart, as the step model's error
+    differs between them), and how it was measured: the run's own mode first, else the other mode's, said so."""
+    mine = "compiled" if compiled else "eager"
+    for as_compiled in (compiled, not compiled):
+        scale = record.step_scale.get(scale_key(key, as_compiled))
+        if scale is not None:
+            mode = "compiled" if as_compiled else "eager"
+            return scale, mode if mode == mine else f"{mode}, applied to a{'' if compiled else 'n'} {mine} run"
     return None
 
 
