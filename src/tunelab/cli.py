@@ -69,10 +69,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _ignore_sigterm() -> None:
+    """Only a Python handler (train/distributed.end_on_sigterm's, which raises) is replaced: a caller whose
+    SIGTERM still ends the process on the spot keeps it."""
     import signal
     import threading
 
-    if threading.current_thread() is threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if callable(signal.getsignal(signal.SIGTERM)):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
