@@ -39,12 +39,18 @@ def main() -> int:
     from tunelab.commands.demo import train_s, write_data
     from tunelab.config import load_config
     from tunelab.device import cpu_class, device_name, pick_device
+    from tunelab.errors import TunelabError
+    from tunelab.io import write_atomic
     from tunelab.libraries import quiet_libraries
     from tunelab.recipes.predict import local_prediction
 
     quiet_libraries()
     overrides = [*overrides, f"output_dir={work / 'run'}"]
-    cfg = load_config(args.config, overrides)
+    try:
+        cfg = load_config(args.config, overrides)
+    except TunelabError as e:
+        print(f"calibrated_run: error: {e}", file=sys.stderr)
+        return 2
     if not Path(cfg.data.path).exists():
         demo_args = argparse.Namespace(digits="1-8", train_rows=18_000, test_rows=400, response="aligned")
         write_data(demo_args, cfg, Console(stderr=True))
@@ -65,10 +71,12 @@ def main() -> int:
         str(args.probe_steps),
     ]
     started = time.perf_counter()
-    subprocess.run(probe, check=True)
+    if subprocess.run(probe).returncode != 0:  # the command printed its own one-line error
+        return 1
     probe_s = time.perf_counter() - started
     after = local_prediction(cfg)
-    subprocess.run([*cli, "train", "--config", str(args.config), *overrides, "--quiet"], check=True)
+    if subprocess.run([*cli, "train", "--config", str(args.config), *overrides, "--quiet"]).returncode != 0:
+        return 1
     summary = json.loads((Path(cfg.output_dir) / "summary.json").read_text())
     measured = summary["train_s"]
     result = {
@@ -98,7 +106,7 @@ def main() -> int:
     }
     print(json.dumps(result, indent=2))
     if args.out:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        write_atomic(args.out, [json.dumps(result, indent=2) + "\n"])
     return 0
 
 
