@@ -15,13 +15,19 @@ of the two products it keeps eager). attention=flex: FlexAttention has no backwa
 forward runs SDPA under the dense expansion of flex's mask_mod, which keeps what flex keeps (q, k, v, output
 and an fp32 log-sum-exp per head and token) plus the one mask. The figures of each case:
 benchmarks/test-suite/make-test_xeon-amx-2c_2026-11-26.md.
+
+What compiled blocks save is decided before inductor generates code: by AOTAutograd's partitioner over
+inductor's decompositions. So the compiled cases run `aot_eager_decomp_partition` (the same partition,
+executed eagerly: seconds instead of a C++ build), measured to save the same bytes as inductor for every one
+of them (lora, full, qlora, dropout, flex: equal to the byte on the AMX class, 2026-11-26); compiled DoRA runs
+inductor itself, as training does (its eager execution of the partition fails on a uint16 arange).
 """
 
 from dataclasses import replace
 
 import pytest
 import torch
-from conftest import make_tiny_llama, write_jsonl
+from conftest import compile_without_inductor, make_tiny_llama, write_jsonl
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from tunelab.config import load_config
@@ -123,7 +129,9 @@ DORA_COMPILED = ("method=dora", "compile=true")
         "dora-compiled",
     ],
 )
-def test_activation_model_matches_saved_tensors(model_dir, addition_rows, tmp_path, extra):
+def test_activation_model_matches_saved_tensors(model_dir, addition_rows, tmp_path, monkeypatch, extra):
+    if "compile=true" in extra and extra != DORA_COMPILED:
+        compile_without_inductor(monkeypatch, "aot_eager_decomp_partition")
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows * 4)
     cfg = load_config(
         None,
