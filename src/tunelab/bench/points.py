@@ -3,6 +3,7 @@ its record beside plan's prediction; `tunelab bench` and bench suites both measu
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict
 
 from .. import config as cfgmod
@@ -88,27 +89,53 @@ def predicted_figures(e) -> dict:
 
 
 def measure_point(cfg: cfgmod.TrainConfig, stop_at: int, warmup: int) -> dict:
-    """`train()` for `stop_at` optimizer steps in a fresh spawned process; its summary.
+    """`train()` for `stop_at` optimizer steps in a fresh process; its summary.
 
     Fresh, because CPU peak memory is peak RSS minus RSS before the model loads: in a process that already
     trained (or ran a probe), allocator and oneDNN arenas are resident, and every later point would read
-    low. Spawned, not forked: forking a process whose OpenMP threads exist can deadlock.
+    low. Started fresh (in_fresh_process), never forked from this one: forking a process whose OpenMP
+    threads exist can deadlock.
     """
     return in_fresh_process(_train_in_child, cfg, stop_at, warmup)
 
 
 def measure_peer(name: str, cfg: cfgmod.TrainConfig, steps: int, warmup: int) -> dict:
-    """The peer recipe `name` for `steps` optimizer steps (`warmup` of them unmeasured) in a fresh spawned
+    """The peer recipe `name` for `steps` optimizer steps (`warmup` of them unmeasured) in a fresh
     process, for the reasons measure_point gives; its record."""
     return in_fresh_process(_peer_in_child, name, cfg, steps, warmup)
 
 
-def in_fresh_process(fn, *args):
+# What a point's process imports before it trains (torch, transformers, peft, accelerate, bitsandbytes): ~5 s of
+# CPU each time on a 2-core CPU host, more than many CPU points' own steps.
+PRELOAD = ["tunelab.recipes.train"]
+
+
+def start_method() -> str:
+    """How a point's fresh process starts: from a fork server that has imported PRELOAD once per bench command
+    where this host has no CUDA device, spawned where it has one (the server's imports may initialize CUDA,
+    which a forked process cannot use). Either way the process is new: it never trained, so its memory and
+    threads start from nothing."""
+    import torch
+
+    return "spawn" if torch.cuda.is_available() else "forkserver"
+
+
+def in_fresh_process(fn, *args, method: str | None = None):
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(fn, *args).result()
+    context = multiprocessing.get_context(method or start_method())
+    if context.get_start_method() == "forkserver":
+        context.set_forkserver_preload(PRELOAD)
+    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        # The environment of now, as a spawned process gets it: the server's is that of its start.
+        return pool.submit(_with_environment, dict(os.environ), fn, *args).result()
+
+
+def _with_environment(environ: dict, fn, *args):
+    os.environ.clear()
+    os.environ.update(environ)
+    return fn(*args)
 
 
 def _train_in_child(cfg: cfgmod.TrainConfig, stop_at: int, warmup: int) -> dict:

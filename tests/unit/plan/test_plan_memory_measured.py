@@ -4,7 +4,7 @@ The CPU process carries a fixed cost the memory model cannot derive (allocator a
 load-time copies): the plan helper measured a near-constant ~330 MB gap across lora/qlora/full. That
 constant is calibrated per device, as `tunelab bench --calibrate` does: measure it from ONE run of a
 different shape, then every method's prediction (model + that overhead) must be within 20% of its
-measured peak. Each run is a fresh spawned process (bench.points.measure_point), as a real `tunelab train`.
+measured peak. Each run is a fresh process (bench.points.measure_point), as a real `tunelab train`.
 
 The runs use eager blocks: a process of ~10 s each where compiled blocks take 15-45 s (the compiler), and what
 compiled blocks save is counted exactly in-process by test_plan_memory_saved.py. Measured on the AMX class
