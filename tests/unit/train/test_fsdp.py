@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -50,7 +51,8 @@ def _fsdp_run(setup, method: str, accelerate_config: str = FSDP, name: str = "fs
     tmp, config = setup
     out = tmp / f"{method}-{name}"
     if not (out / "summary.json").exists():
-        done = _fsdp(config, f"method={method}", f"output_dir={out}", accelerate_config=accelerate_config)
+        overrides = (f"method={method}", f"output_dir={out}", "save_steps=2")  # a checkpoint to resume from
+        done = _fsdp(config, *overrides, accelerate_config=accelerate_config)
         assert done.returncode == 0, done.stderr[-3000:]
     return out
 
@@ -146,26 +148,22 @@ def _base(setup) -> Path:
     return Path(load_config(setup[1], []).model)
 
 
-# Runs `train()` under `accelerate launch` (2 processes, fsdp2.yaml) so that a run can stop at a step (stop_at)
-# without changing its schedule, as the one-process resume tests do; FAIL_SAVE makes the main process's
-# checkpoint write fail.
+# Runs `train()` under `accelerate launch` (2 processes, fsdp2.yaml) with the main process's checkpoint write
+# failing.
 DRIVER = """
-import os, sys
+import sys
 from tunelab.config import load_config
 from tunelab.errors import TunelabError
 from tunelab.recipes.train import train
 from tunelab.train import checkpoint
-from tunelab.train.loop import Measurement
 
-if os.environ.get("FAIL_SAVE"):
-    def fail(*args, **kwargs):
-        raise TunelabError("checkpoint write failed")
-    checkpoint.save = fail
+def fail(*args, **kwargs):
+    raise TunelabError("checkpoint write failed")
+checkpoint.save = fail
 from tunelab.train.distributed import exit_launched
 
-stop = int(sys.argv[2])
 try:
-    train(load_config(sys.argv[1], sys.argv[3:]), show_progress=False, measure=Measurement(stop_at=stop or None))
+    train(load_config(sys.argv[1], sys.argv[2:]), show_progress=False)
 except TunelabError as e:
     sys.exit(f"error: {e}")
 # As `tunelab train` does: a launched gloo process that reaches interpreter teardown can abort there.
@@ -173,12 +171,12 @@ sys.exit(exit_launched())
 """
 
 
-def _launch(tmp: Path, config: Path, stop: int, *overrides: str, env: dict | None = None):
+def _launch_failing_save(tmp: Path, config: Path, *overrides: str):
     driver = tmp / "driver.py"
     driver.write_text(DRIVER)
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", FSDP, "--num_processes", "2"]
-    cmd += [str(driver), str(config), str(stop), *overrides]
-    return subprocess.run(cmd, env={**ENV, **(env or {})}, capture_output=True, text=True, timeout=180, cwd=REPO)
+    cmd += [str(driver), str(config), *overrides]
+    return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=180, cwd=REPO)
 
 
 def _weights(out: Path, method: str) -> dict[str, torch.Tensor]:
@@ -189,17 +187,18 @@ def _weights(out: Path, method: str) -> dict[str, torch.Tensor]:
 
 
 def _resumed_as_uninterrupted(setup, method: str) -> Path:
-    """An FSDP run stopped at step 3 after a checkpoint at step 2, resumed to the end, against the same run
-    uninterrupted (`tunelab train --nproc 2`, _fsdp_run): per-step losses and final weights equal (fp32, same
-    processes, same reduction order, and the checkpoint holds the exact fp32 values: measured bit-identical; the
-    bound leaves room for nothing but that order, 1e-6 relative). Returns the checkpoint."""
+    """The uninterrupted FSDP run's step-2 checkpoint (`tunelab train --nproc 2`, _fsdp_run) in a folder as a
+    kill after it leaves one (its metrics lines, no final weights), resumed to the end by `tunelab train --nproc 2
+    resume=true`: per-step losses and final weights equal to the uninterrupted run's (fp32, same processes, same
+    reduction order, and the checkpoint holds the exact fp32 values: measured bit-identical; the bound leaves
+    room for nothing but that order, 1e-6 relative). Returns the checkpoint."""
     tmp, config = setup
     whole, cut = _fsdp_run(setup, method), tmp / f"{method}-cut"
-    done = _launch(tmp, config, 3, f"method={method}", f"output_dir={cut}", "save_steps=2")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert [p.name for p in (cut / "checkpoints").iterdir()] == ["step-0000002"]
-    assert not (cut / ("model" if method == "full" else "adapter")).exists()
-    done = _launch(tmp, config, 0, f"method={method}", f"output_dir={cut}", "save_steps=2", "resume=true")
+    assert [p.name for p in (whole / "checkpoints").iterdir()] == ["step-0000002"]
+    cut.mkdir()
+    shutil.copytree(whole / "checkpoints", cut / "checkpoints")
+    shutil.copy(whole / "metrics.jsonl", cut / "metrics.jsonl")  # lines past the checkpoint: the resume drops them
+    done = _fsdp(config, f"method={method}", f"output_dir={cut}", "save_steps=2", "resume=true")
     assert done.returncode == 0, done.stderr[-3000:]
     one, two = _losses(whole), _losses(cut)
     assert sorted(two) == sorted(one) and len(two) == STEPS + 2
@@ -270,7 +269,7 @@ def test_a_failed_checkpoint_write_ends_every_fsdp_process(setup, tmp_path):
     once with the main process's error, instead of the other waiting out the process group's timeout."""
     tmp, config = setup
     out = tmp_path / "o"
-    done = _launch(tmp, config, 0, f"output_dir={out}", "save_steps=2", env={"FAIL_SAVE": "1"})
+    done = _launch_failing_save(tmp, config, f"output_dir={out}", "save_steps=2")
     assert done.returncode != 0
     assert "error: checkpoint write failed" in done.stderr
     assert not (out / "checkpoints").exists() and not (out / "model").exists()
