@@ -220,19 +220,77 @@ def from_hf_config(name: str, cfg, source: str, written: set[str] | None = None)
     )
 
 
-def from_gguf(name: str, path: Path) -> Arch:
-    """From GGUF metadata (llama.cpp key names); the file is memory-mapped, tensors are never read."""
-    from gguf import GGUFReader
+# GGUF's value types (gguf-py's GGUFValueType) with a fixed size, as struct formats; 8 is a string, 9 an array.
+GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 
+
+def gguf_header(path: Path) -> tuple[dict, list[str]]:
+    """A GGUF file's key-values and tensor names, read from its header (little-endian, version 2 or 3); an array
+    is given as its length. gguf's GGUFReader builds every element of every array first: the embedded model's
+    tokenizer (49k tokens, 48k merges) made that ~4 s, where plan needs a few numbers and a count."""
+    import mmap
+    import struct
+
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        pos = 0
+
+        def read(fmt: str):
+            nonlocal pos
+            (v,) = struct.unpack_from("<" + fmt, buf, pos)
+            pos += struct.calcsize(fmt)
+            return v
+
+        def string() -> str:
+            nonlocal pos
+            n = read("Q")
+            if pos + n > len(buf):
+                raise ValueError("a string runs past the end of the file")
+            pos += n
+            return buf[pos - n : pos].decode("utf-8", errors="replace")
+
+        def value(kind: int):
+            nonlocal pos
+            if kind in GGUF_SCALARS:
+                return read(GGUF_SCALARS[kind])
+            if kind == 8:
+                return string()
+            if kind != 9:
+                raise ValueError(f"unknown value type {kind}")
+            item, count = read("I"), read("Q")
+            if item in GGUF_SCALARS:
+                pos += count * struct.calcsize(GGUF_SCALARS[item])
+            else:
+                for _ in range(count):
+                    value(item)
+            return count
+
+        if buf[:4] != b"GGUF" or struct.unpack_from("<I", buf, 4)[0] not in (2, 3):
+            raise ValueError("not GGUF version 2 or 3 (little-endian)")
+        pos = 8
+        n_tensors, n_fields = read("Q"), read("Q")
+        fields = {}
+        for _ in range(n_fields):
+            key = string()
+            fields[key] = value(read("I"))
+        names = []
+        for _ in range(n_tensors):
+            names.append(string())
+            dims = read("I")
+            pos += 8 * dims + 4 + 8  # its dimensions, type and offset
+        if pos > len(buf):
+            raise ValueError("the tensor table runs past the end of the file")
+    return fields, names
+
+
+def from_gguf(name: str, path: Path) -> Arch:
+    """From GGUF metadata (llama.cpp key names), read from the header: tensors are never read."""
     try:
-        reader = GGUFReader(path)
+        fields, tensors = gguf_header(path)
     except Exception as e:
         raise TunelabError(f"model {name}: {path} is not a readable GGUF file: {e}") from None
-    fields = reader.fields
 
     def value(key: str, default=None):
-        field = fields.get(key)
-        return field.contents() if field is not None else default
+        return fields.get(key, default)
 
     arch = value("general.architecture")
     experts = value(f"{arch}.expert_count")
@@ -244,8 +302,7 @@ def from_gguf(name: str, path: Path) -> Arch:
     if value(f"{arch}.block_count") is None or value(f"{arch}.feed_forward_length") is None:
         raise TunelabError(f"model {name}: GGUF architecture {arch!r} is not a Llama-shaped decoder plan can describe")
     hidden, heads = value(f"{arch}.embedding_length"), value(f"{arch}.attention.head_count")
-    tokens = fields.get("tokenizer.ggml.tokens")
-    vocab = value(f"{arch}.vocab_size") or (len(tokens.data) if tokens is not None else None)
+    vocab = value(f"{arch}.vocab_size") or value("tokenizer.ggml.tokens")  # an array: its length
     return Arch(
         name=name,
         hidden=hidden,
@@ -257,7 +314,7 @@ def from_gguf(name: str, path: Path) -> Arch:
         vocab=vocab,
         max_positions=value(f"{arch}.context_length", 0),
         # llama.cpp stores no separate `output.weight` when the LM head shares the embedding.
-        tied=not any(t.name == "output.weight" for t in reader.tensors),
+        tied="output.weight" not in tensors,
         source=f"{path} (GGUF metadata)",
         logit_softcap=float(value(f"{arch}.final_logit_softcapping", 0.0) or 0.0),
     )
