@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _launch(args: argparse.Namespace) -> int:
     """Run this command again under `accelerate launch` with N processes; its exit status is the launcher's."""
-    from ..train.distributed import (
+    from ..train.launch import (
         check_deepspeed_run,
         check_fsdp_run,
         launch_command,

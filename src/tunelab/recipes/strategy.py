@@ -18,7 +18,7 @@ from ..config import TrainConfig
 from ..errors import TunelabError
 from ..model.adapters import count_parameters
 from ..specs import preference_spec
-from ..train import checkpoint, distributed, loop
+from ..train import checkpoint, distributed, launch, loop
 from ..train.checkpoint import TrainState
 from ..train.preference import loss_module
 
@@ -170,11 +170,11 @@ def pick_strategy(accelerator, procs: distributed.Processes, cfg: TrainConfig) -
 
     fsdp = distributed.fsdp_plugin() if procs.world > 1 else None
     if fsdp is not None:
-        distributed.check_fsdp(distributed.plugin_settings(fsdp), "the Accelerate config")
-        distributed.check_fsdp_run(cfg, "config")
+        launch.check_fsdp(distributed.plugin_settings(fsdp), "the Accelerate config")
+        launch.check_fsdp_run(cfg, "config")
         return Fsdp2(procs, fsdp)
     if accelerator.distributed_type == DistributedType.DEEPSPEED:
-        distributed.check_deepspeed_run(cfg, "config")
+        launch.check_deepspeed_run(cfg, "config")
         return Zero(procs, accelerator.state.deepspeed_plugin)
     if distributed.asks_for_deepspeed():
         raise TunelabError(

@@ -9,7 +9,7 @@ import pytest
 from conftest import REPO
 
 from tunelab.errors import TunelabError
-from tunelab.train import distributed
+from tunelab.train import distributed, launch
 
 CONFIGS = sorted((REPO / "configs" / "accelerate").glob("*.yaml"))
 
@@ -39,14 +39,12 @@ def test_config_parses_and_every_key_is_a_launch_argument(path):
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is not None, reason="DeepSpeed is installed")
 def test_deepspeed_configs_name_the_missing_package_in_one_line():
     with pytest.raises(TunelabError, match=r"zero3.yaml: needs DeepSpeed, which is not installed \(pip install"):
-        distributed.read_accelerate_config(REPO / "configs" / "accelerate" / "zero3.yaml")
+        launch.read_accelerate_config(REPO / "configs" / "accelerate" / "zero3.yaml")
 
 
 def test_fsdp_settings_that_tunelab_does_not_honour_are_refused_naming_the_key(tmp_path):
     shipped = (REPO / "configs" / "accelerate" / "fsdp2.yaml").read_text()
-    assert (
-        distributed.read_accelerate_config(REPO / "configs" / "accelerate" / "fsdp2.yaml")["distributed_type"] == "FSDP"
-    )
+    assert launch.read_accelerate_config(REPO / "configs" / "accelerate" / "fsdp2.yaml")["distributed_type"] == "FSDP"
     for old, new, message in [
         ("fsdp_version: 2", "fsdp_version: 1", "fsdp_version 1: tunelab shards with FSDP2; set fsdp_version: 2"),
         ("fsdp_activation_checkpointing: false", "fsdp_activation_checkpointing: true", "grad_ckpt: true"),
@@ -54,7 +52,7 @@ def test_fsdp_settings_that_tunelab_does_not_honour_are_refused_naming_the_key(t
         path = tmp_path / "fsdp.yaml"
         path.write_text(shipped.replace(old, new))
         with pytest.raises(TunelabError, match=f"--accelerate-config {path}: .*{re.escape(message)}"):
-            distributed.read_accelerate_config(path)
+            launch.read_accelerate_config(path)
 
 
 @pytest.fixture
@@ -67,33 +65,33 @@ def base(tiny_model_dir, tmp_path) -> list[str]:
 def test_fsdp_runs_take_checkpoints_and_refuse_nf4_naming_the_key(base):
     from tunelab.config import load_config
 
-    distributed.check_fsdp_run(load_config(None, base), "c.yaml")
-    distributed.check_fsdp_run(load_config(None, [*base, "save_steps=5", "resume=true"]), "c.yaml")
+    launch.check_fsdp_run(load_config(None, base), "c.yaml")
+    launch.check_fsdp_run(load_config(None, [*base, "save_steps=5", "resume=true"]), "c.yaml")
     for override, message in [
         ("method=qlora", "c.yaml: method qlora with base weights in nf4: FSDP shards floating-point weights only"),
     ]:
         changed = load_config(None, [*base, override])
         with pytest.raises(TunelabError, match=re.escape(message)):
-            distributed.check_fsdp_run(changed, "c.yaml")
+            launch.check_fsdp_run(changed, "c.yaml")
 
 
 def test_launch_command(tmp_path):
-    plain = distributed.launch_command(2, None, ["train", "--config", "c.yaml"])
+    plain = launch.launch_command(2, None, ["train", "--config", "c.yaml"])
     assert plain[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
     assert plain[-5:] == ["-m", "tunelab.cli", "train", "--config", "c.yaml"]
     assert "--multi_gpu" in plain and plain[plain.index("--num_processes") + 1] == "2"
-    assert "--multi_gpu" not in distributed.launch_command(1, None, ["train"])
+    assert "--multi_gpu" not in launch.launch_command(1, None, ["train"])
     ddp = str(REPO / "configs" / "accelerate" / "ddp.yaml")
-    with_config = distributed.launch_command(4, ddp, ["train"])
+    with_config = launch.launch_command(4, ddp, ["train"])
     assert with_config[3:7] == ["--config_file", ddp, "--num_processes", "4"]
     assert "--multi_gpu" not in with_config  # the config's distributed_type decides
     with pytest.raises(TunelabError, match="needs at least 1"):
-        distributed.launch_command(0, None, ["train"])
+        launch.launch_command(0, None, ["train"])
     with pytest.raises(TunelabError, match="no such file"):
-        distributed.launch_command(2, str(tmp_path / "nope.yaml"), ["train"])
+        launch.launch_command(2, str(tmp_path / "nope.yaml"), ["train"])
     (tmp_path / "bad.yaml").write_text("mixed_precision: 'no'\n")
     with pytest.raises(TunelabError, match="no distributed_type"):
-        distributed.launch_command(2, str(tmp_path / "bad.yaml"), ["train"])
+        launch.launch_command(2, str(tmp_path / "bad.yaml"), ["train"])
 
 
 def test_deepspeed_configs_are_refused_on_a_machine_without_gpus(monkeypatch):
@@ -102,23 +100,23 @@ def test_deepspeed_configs_are_refused_on_a_machine_without_gpus(monkeypatch):
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: object() if name == "deepspeed" else real(name, *a)
     )
-    monkeypatch.setattr(distributed.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(launch, "has_cuda", lambda: False)
     for stage in ("zero2", "zero3"):
         path = REPO / "configs" / "accelerate" / f"{stage}.yaml"
         with pytest.raises(TunelabError, match=rf"{stage}.yaml: DeepSpeed runs on GPUs only .*fsdp2.yaml"):
-            distributed.read_accelerate_config(path)
+            launch.read_accelerate_config(path)
 
 
 def test_deepspeed_runs_refuse_checkpoints_naming_the_key(base):
     from tunelab.config import load_config
 
-    distributed.check_deepspeed_run(load_config(None, base), "c.yaml")
+    launch.check_deepspeed_run(load_config(None, base), "c.yaml")
     for override in ("save_steps=5", "resume=true"):
         key = override.split("=")[0]
         with pytest.raises(
             TunelabError, match=rf"c.yaml: {key}: tunelab's checkpoints are not written or read under DeepSpeed"
         ):
-            distributed.check_deepspeed_run(load_config(None, [*base, override]), "c.yaml")
+            launch.check_deepspeed_run(load_config(None, [*base, override]), "c.yaml")
 
 
 class _FakeZero:

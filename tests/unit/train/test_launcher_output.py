@@ -8,7 +8,7 @@ import sys
 import pytest
 from conftest import REPO
 
-from tunelab.train.distributed import LauncherOutput
+from tunelab.train.launch import LauncherOutput
 
 # What `accelerate launch` wrote to stderr when both processes of a run stopped at a missing data file.
 FAILED_LAUNCH = """\
