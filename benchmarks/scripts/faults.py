@@ -30,7 +30,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -162,20 +161,52 @@ def make_run(root: Path) -> Path:
 
 
 def train(cfg: Path, out: Path, *extra: str, kind: str = "none", n: int = 0, census: Path | None = None, delay=None):
-    """`tunelab train` in a child process, armed with one kill; returns its exit code (-9 when killed)."""
+    """`tunelab train` in a process of its own, armed with one kill; returns its exit code (-9 when killed).
+
+    The process forks from a server that imported the training stack once (multiprocessing's forkserver, as
+    bench's CPU points do): a fresh interpreter importing torch, transformers and peft again for every run was
+    most of each run's time. Every run forks from the same server, so all share one hash seed."""
     argv = ["train", "--config", str(cfg), f"output_dir={out}", "--quiet", *extra]
-    cmd = [sys.executable, __file__, "child", kind, str(n), str(census or ""), *argv]
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
-    if delay is not None:
-        try:
-            proc.wait(timeout=delay)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGKILL)
-    _, err = proc.communicate()
-    if proc.returncode not in (0, -signal.SIGKILL):
-        raise RuntimeError(f"training exited {proc.returncode}: {err.strip()[-2000:]}")
-    return proc.returncode
+    errors = out.parent / f"{out.name}.stderr"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # This file by path (the tests load it without a package): the child runs it and calls _run_child.
+    code = f"import runpy; runpy.run_path({__file__!r})['_run_child']({kind!r}, {n}, {str(census or '')!r}, {argv!r}, {str(errors)!r})"
+    proc = server().Process(target=exec, args=(code, {"__name__": "faults_child"}))
+    proc.start()
+    proc.join(timeout=delay)
+    if proc.is_alive():
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join()
+    rc = proc.exitcode
+    proc.close()
+    err = errors.read_text() if errors.exists() else ""
+    errors.unlink(missing_ok=True)
+    if rc not in (0, -signal.SIGKILL):
+        raise RuntimeError(f"training exited {rc}: {err.strip()[-2000:]}")
+    return rc
+
+
+def server():
+    """The fork server the runs start from, running and done importing (its first start imports the stack, which
+    must not fall inside a timed run)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["tunelab.recipes.train", "safetensors.torch"])
+    ready = context.Process(target=int)
+    ready.start()
+    ready.join()
+    ready.close()
+    return context
+
+
+def _run_child(kind: str, n: int, census: str, argv: list[str], errors: str) -> None:
+    """In the forked process: its output to /dev/null and its errors to a file the harness reads, then the run."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+    os.dup2(os.open(errors, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+    sys.exit(_child(kind, n, census or None, argv))
 
 
 def losses(out: Path) -> dict[int, float]:
@@ -301,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = make_run(args.work)
     ref = args.work / "reference"
     census_file = args.work / "census.json"
+    server()
     start = time.time()
     assert train(cfg, ref, census=census_file) == 0
     wall = time.time() - start
@@ -357,7 +389,4 @@ def write_results(out: Path, census: dict, wall: float, results: list[dict]) -> 
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "child":
-        kind, n, census = sys.argv[2], int(sys.argv[3]), sys.argv[4] or None
-        sys.exit(_child(kind, n, census, sys.argv[5:]))
     sys.exit(main())
