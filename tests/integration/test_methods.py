@@ -41,7 +41,7 @@ def test_method_trains_from_the_cli(method, rows_file, tmp_path):
             f"data.path={rows_file}",
             f"output_dir={out}",
             f"method={method}",
-            "max_steps=3",
+            "max_steps=2",
             "micro_batch=4",
             "seq_len=128",
             "log_steps=1",
@@ -52,7 +52,7 @@ def test_method_trains_from_the_cli(method, rows_file, tmp_path):
     )
     assert code == 0
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert [m["step"] for m in metrics] == [1, 2]
     assert all(m["loss"] == m["loss"] and 0 < m["loss"] < 20 for m in metrics)  # finite, sane
     summary = json.loads((out / "summary.json").read_text())
     assert summary["precision"] in ("bf16", "fp32") and summary["finished"]
@@ -73,7 +73,7 @@ def test_method_trains_from_the_cli(method, rows_file, tmp_path):
     a_keys = [k for k in adapter if "lora_A" in k]
     b_keys = [k for k in adapter if "lora_B" in k]
     assert len(a_keys) == len(b_keys) == 7 * 30  # all-linear: q k v o gate up down in each of 30 layers
-    # B starts at zero: three steps at lr 1e-3 must have moved every one of them.
+    # B starts at zero: two steps at lr 1e-3 must have moved every one of them.
     assert all(adapter[k].abs().max() > 0 for k in b_keys)
     magnitudes = [k for k in adapter if "lora_magnitude_vector" in k]
     assert len(magnitudes) == (7 * 30 if method == "dora" else 0)

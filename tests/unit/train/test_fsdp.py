@@ -45,26 +45,40 @@ def _fsdp(config: Path, *overrides: str, accelerate_config: str = FSDP) -> subpr
     return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=180, cwd=REPO)
 
 
-def _fsdp_run(setup, method: str, accelerate_config: str = FSDP, name: str = "fsdp") -> Path:
-    """The output dir of `method`'s FSDP run on two processes with micro_batch 4, run once per module: the
-    shipped config's run is both a test's subject and the resume tests' uninterrupted run."""
+def _launch_config(setup, method: str) -> str:
+    """Full fine-tuning runs the shipped fsdp2.yaml, where every process reads the weights; LoRA runs it with
+    fsdp_cpu_ram_efficient_loading true, where the main process alone reads them and the others build the model
+    on the meta device and receive their shards. So each way of loading trains as one process does, saves and
+    resumes."""
+    if method == "full":
+        return FSDP
+    shipped = Path(FSDP).read_text()
+    assert "fsdp_cpu_ram_efficient_loading: false" in shipped
+    once = setup[0] / "fsdp2-main-process-loads.yaml"
+    once.write_text(shipped.replace("fsdp_cpu_ram_efficient_loading: false", "fsdp_cpu_ram_efficient_loading: true"))
+    return str(once)
+
+
+def _fsdp_run(setup, method: str) -> Path:
+    """The output dir of `method`'s FSDP run on two processes with micro_batch 4, run once per module: both a
+    test's subject and the resume tests' uninterrupted run."""
     tmp, config = setup
-    out = tmp / f"{method}-{name}"
+    out = tmp / f"{method}-fsdp"
     if not (out / "summary.json").exists():
         overrides = (f"method={method}", f"output_dir={out}", "save_steps=2")  # a checkpoint to resume from
-        done = _fsdp(config, *overrides, accelerate_config=accelerate_config)
+        done = _fsdp(config, *overrides, accelerate_config=_launch_config(setup, method))
         assert done.returncode == 0, done.stderr[-3000:]
     return out
 
 
-def _pair(setup, method: str, accelerate_config: str = FSDP, name: str = "fsdp") -> tuple[Path, Path]:
+def _pair(setup, method: str) -> tuple[Path, Path]:
     """(one process with micro_batch 8, FSDP on two processes with micro_batch 4) output dirs for `method`."""
     from tunelab.config import load_config
     from tunelab.recipes.train import train
 
     tmp, config = setup
-    out1 = tmp / f"{method}-one-{name}"
-    out2 = _fsdp_run(setup, method, accelerate_config, name)
+    out1 = tmp / f"{method}-one"
+    out2 = _fsdp_run(setup, method)
     train(load_config(config, [f"output_dir={out1}", "micro_batch=8", f"method={method}"]), show_progress=False)
     return out1, out2
 
@@ -114,6 +128,7 @@ def test_fsdp2_full_fine_tuning_trains_as_one_process_and_saves_a_transformers_m
 
 
 def test_fsdp2_lora_saves_an_adapter_that_peft_loads(setup):
+    """With the main process alone reading the weights (_launch_config)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -127,19 +142,6 @@ def test_fsdp2_lora_saves_an_adapter_that_peft_loads(setup):
     torch.testing.assert_close(adapted[1], adapted[0], rtol=0, atol=LOGITS_ATOL)
     plain = _logits(AutoModelForCausalLM.from_pretrained(_base(setup)), IDS)
     assert (adapted[1] - plain).abs().max() > 100 * LOGITS_ATOL  # the adapter is not the identity
-
-
-def test_fsdp2_trains_the_same_when_the_main_process_alone_reads_the_weights(setup):
-    """The shipped fsdp2.yaml has every process read the weights (the tests above); with
-    fsdp_cpu_ram_efficient_loading true the others build the model on the meta device and receive their shards
-    from the main process, and the run is the same."""
-    shipped = Path(FSDP).read_text()
-    assert "fsdp_cpu_ram_efficient_loading: false" in shipped
-    once = setup[0] / "fsdp2-main-process-loads.yaml"
-    once.write_text(shipped.replace("fsdp_cpu_ram_efficient_loading: false", "fsdp_cpu_ram_efficient_loading: true"))
-    out1, out2 = _pair(setup, "lora", str(once), "main-process-loads")
-    _same_run(out1, out2)
-    _sharded(out2)
 
 
 def _base(setup) -> Path:
@@ -198,7 +200,8 @@ def _resumed_as_uninterrupted(setup, method: str) -> Path:
     cut.mkdir()
     shutil.copytree(whole / "checkpoints", cut / "checkpoints")
     shutil.copy(whole / "metrics.jsonl", cut / "metrics.jsonl")  # lines past the checkpoint: the resume drops them
-    done = _fsdp(config, f"method={method}", f"output_dir={cut}", "save_steps=2", "resume=true")
+    resume = (f"method={method}", f"output_dir={cut}", "save_steps=2", "resume=true")
+    done = _fsdp(config, *resume, accelerate_config=_launch_config(setup, method))
     assert done.returncode == 0, done.stderr[-3000:]
     one, two = _losses(whole), _losses(cut)
     assert sorted(two) == sorted(one) and len(two) == STEPS + 2
