@@ -170,12 +170,13 @@ def train(cfg: Path, out: Path, *extra: str, kind: str = "none", n: int = 0, cen
     errors = out.parent / f"{out.name}.stderr"
     out.parent.mkdir(parents=True, exist_ok=True)
     # This file by path (the tests load it without a package): the child runs it and calls _run_child.
-    code = f"import runpy; runpy.run_path({__file__!r})['_run_child']({kind!r}, {n}, {str(census or '')!r}, {argv!r}, {str(errors)!r})"
-    proc = server().Process(target=exec, args=(code, {"__name__": "faults_child"}))
+    # The environment of now (the server's is that of its start, perhaps another caller's).
+    code = f"import runpy; runpy.run_path({__file__!r})['_run_child']({kind!r}, {n}, {str(census or '')!r}, {argv!r}, {str(errors)!r}, ENVIRON)"
+    proc = server().Process(target=exec, args=(code, {"__name__": "faults_child", "ENVIRON": dict(os.environ)}))
     proc.start()
     proc.join(timeout=delay)
     if proc.is_alive():
-        os.kill(proc.pid, signal.SIGKILL)
+        proc.kill()
         proc.join()
     rc = proc.exitcode
     proc.close()
@@ -200,12 +201,17 @@ def server():
     return context
 
 
-def _run_child(kind: str, n: int, census: str, argv: list[str], errors: str) -> None:
-    """In the forked process: its output to /dev/null and its errors to a file the harness reads, then the run."""
+def _run_child(kind: str, n: int, census: str, argv: list[str], errors: str, environ: dict) -> None:
+    """In the forked process: the caller's environment, its output to /dev/null and its errors to a file the
+    harness reads, then the run."""
+    os.environ.clear()
+    os.environ.update(environ)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-    os.dup2(os.open(errors, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+    for fd, target, flags in ((1, os.devnull, os.O_WRONLY), (2, errors, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
+        opened = os.open(target, flags)
+        os.dup2(opened, fd)
+        os.close(opened)
     sys.exit(_child(kind, n, census or None, argv))
 
 
