@@ -113,8 +113,8 @@ PRELOAD = ["tunelab.recipes.train"]
 def start_method() -> str:
     """How a point's fresh process starts: from a fork server that has imported PRELOAD once per bench command
     where this host has no CUDA device, spawned where it has one (the server's imports may initialize CUDA,
-    which a forked process cannot use). Either way the process is new: it never trained, so its memory and
-    threads start from nothing."""
+    which a forked process cannot use). Either way the process never trained: no training's allocator or
+    oneDNN arenas are resident, and no OpenMP threads exist when it starts (the server runs no parallel work)."""
     import torch
 
     return "spawn" if torch.cuda.is_available() else "forkserver"
@@ -128,7 +128,9 @@ def in_fresh_process(fn, *args, method: str | None = None):
     if context.get_start_method() == "forkserver":
         context.set_forkserver_preload(PRELOAD)
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-        # The environment of now, as a spawned process gets it: the server's is that of its start.
+        # The environment of now, as a spawned process gets it (the server's is that of its start). What the
+        # preloaded libraries read once on import (HF_HUB_OFFLINE, OMP_*) keeps the server's value: nothing
+        # tunelab runs changes those between points.
         return pool.submit(_with_environment, dict(os.environ), fn, *args).result()
 
 

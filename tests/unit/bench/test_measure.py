@@ -1,5 +1,5 @@
 """`tunelab bench`: results DB, sweep grid, peak matching, MFU/HFU, calibration fit, and the CLI end to end on
-a tiny random Llama (each measured point runs train() in a spawned process)."""
+a tiny random Llama (each measured point runs train() in a fresh process: bench/points.in_fresh_process)."""
 
 import csv
 import io

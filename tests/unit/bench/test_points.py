@@ -8,6 +8,8 @@ import torch
 
 from tunelab.bench import points
 
+pytestmark = pytest.mark.slow  # starts processes
+
 
 def _child() -> dict:
     return {"pid": os.getpid(), "preloaded": points.PRELOAD[0] in sys.modules, "env": os.environ.get("POINT_ENV")}
