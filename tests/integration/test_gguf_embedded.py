@@ -15,6 +15,7 @@ import torch
 from tunelab.cli import main
 from tunelab.config import TrainConfig, dump_yaml
 from tunelab.model.load import load_model
+from tunelab.plan.arch import gguf_header
 from tunelab.sources import embedded_gguf, resolve
 
 pytestmark = pytest.mark.integration
@@ -79,7 +80,11 @@ def fast_gguf_reads():
     def reader(path, mode="r", _stat=None):
         return real_reader(path, mode)
 
-    gguf.GGUFReader = lambda path, mode="r": reader(str(path), mode, tuple(os.stat(path)[6:9]))
+    def cached(path, mode="r"):
+        stat = os.stat(path)
+        return reader(str(path), mode, (stat.st_ino, stat.st_size, stat.st_mtime_ns))
+
+    gguf.GGUFReader = cached
     yield
     gguf.get_tensor_name_map, gguf.GGUFReader = real_map, real_reader
 
@@ -133,3 +138,14 @@ def test_q8_0_gives_the_merged_models_greedy_token(run):
     back = AutoModelForCausalLM.from_pretrained(out.parent, gguf_file=out.name, dtype=torch.float32).eval()
     for want, got in zip(logits(merged, reference), logits(back, reference)):
         assert want[-1].argmax() == got[-1].argmax()
+
+
+def test_plans_header_reader_reads_what_gguf_reads_from_the_embedded_file():
+    """plan/arch.gguf_header (arrays as their lengths) against gguf's own reader, on a file llama.cpp's converter
+    wrote: strings, bools, floats, integers, arrays of strings and of integers."""
+    fields, names = gguf_header(embedded_gguf())
+    reader = gguf.GGUFReader(embedded_gguf())
+    assert names == [t.name for t in reader.tensors]
+    expected = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    assert fields == {k: len(v) if isinstance(v, list) else v for k, v in expected.items()}
+    assert fields["tokenizer.ggml.tokens"] == 49152 and fields["tokenizer.ggml.add_bos_token"] is False

@@ -224,61 +224,74 @@ def from_hf_config(name: str, cfg, source: str, written: set[str] | None = None)
 GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 
 
+class _Cursor:
+    """Reads GGUF values (little-endian) from a buffer, front to back."""
+
+    def __init__(self, buf, pos: int = 0):
+        self.buf, self.pos = buf, pos
+
+    def read(self, fmt: str):
+        import struct
+
+        (v,) = struct.unpack_from("<" + fmt, self.buf, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return v
+
+    def string(self) -> str:
+        n = self.read("Q")
+        if self.pos + n > len(self.buf):
+            raise ValueError("a string runs past the end of the file")
+        self.pos += n
+        return self.buf[self.pos - n : self.pos].decode("utf-8", errors="replace")
+
+    def value(self, kind: int):
+        """A value of type `kind`; an array as its length (its elements skipped)."""
+        import struct
+
+        if kind in GGUF_SCALARS:
+            return self.read(GGUF_SCALARS[kind])
+        if kind == 8:
+            return self.string()
+        if kind != 9:
+            raise ValueError(f"unknown value type {kind}")
+        item, count = self.read("I"), self.read("Q")
+        if item in GGUF_SCALARS:
+            self.pos += count * struct.calcsize(GGUF_SCALARS[item])
+        else:
+            for _ in range(count):
+                self.value(item)
+        return count
+
+
 def gguf_header(path: Path) -> tuple[dict, list[str]]:
     """A GGUF file's key-values and tensor names, read from its header (little-endian, version 2 or 3); an array
     is given as its length. gguf's GGUFReader builds every element of every array first: the embedded model's
     tokenizer (49k tokens, 48k merges) made that ~4 s, where plan needs a few numbers and a count."""
     import mmap
-    import struct
 
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        pos = 0
-
-        def read(fmt: str):
-            nonlocal pos
-            (v,) = struct.unpack_from("<" + fmt, buf, pos)
-            pos += struct.calcsize(fmt)
-            return v
-
-        def string() -> str:
-            nonlocal pos
-            n = read("Q")
-            if pos + n > len(buf):
-                raise ValueError("a string runs past the end of the file")
-            pos += n
-            return buf[pos - n : pos].decode("utf-8", errors="replace")
-
-        def value(kind: int):
-            nonlocal pos
-            if kind in GGUF_SCALARS:
-                return read(GGUF_SCALARS[kind])
-            if kind == 8:
-                return string()
-            if kind != 9:
-                raise ValueError(f"unknown value type {kind}")
-            item, count = read("I"), read("Q")
-            if item in GGUF_SCALARS:
-                pos += count * struct.calcsize(GGUF_SCALARS[item])
-            else:
-                for _ in range(count):
-                    value(item)
-            return count
-
-        if buf[:4] != b"GGUF" or struct.unpack_from("<I", buf, 4)[0] not in (2, 3):
+        at = _Cursor(buf)
+        if buf[:4] != b"GGUF" or _Cursor(buf, 4).read("I") not in (2, 3):
             raise ValueError("not GGUF version 2 or 3 (little-endian)")
-        pos = 8
-        n_tensors, n_fields = read("Q"), read("Q")
+        at.pos = 8
+        n_tensors, n_fields = at.read("Q"), at.read("Q")
         fields = {}
         for _ in range(n_fields):
-            key = string()
-            fields[key] = value(read("I"))
-        names = []
+            key = at.string()
+            if key in fields:
+                raise ValueError(f"the key {key} appears twice")
+            fields[key] = at.value(at.read("I"))
+        names, offsets = [], [0]
         for _ in range(n_tensors):
-            names.append(string())
-            dims = read("I")
-            pos += 8 * dims + 4 + 8  # its dimensions, type and offset
-        if pos > len(buf):
-            raise ValueError("the tensor table runs past the end of the file")
+            names.append(at.string())
+            dims = at.read("I")  # (read before the += below: it moves pos)
+            at.pos += 8 * dims + 4  # its dimensions and type
+            offsets.append(at.read("Q"))
+        # The tensor data starts at the next multiple of the alignment; a file cut inside it (a partial download)
+        # ends before the last tensor's offset.
+        alignment = fields.get("general.alignment", 32)
+        if -(-at.pos // alignment) * alignment + max(offsets) > len(buf):
+            raise ValueError("the file ends before its tensor data does; it is truncated")
     return fields, names
 
 

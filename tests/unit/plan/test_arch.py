@@ -82,6 +82,11 @@ def test_a_truncated_or_mixture_of_experts_gguf_is_one_error(tmp_path):
     cut.write_bytes(path.read_bytes()[:2000])  # inside the token list
     with pytest.raises(TunelabError, match="cut.gguf is not a readable GGUF file"):
         from_gguf("cut", cut)
+    data_cut = tmp_path / "data-cut.gguf"  # the header whole, the tensor data cut (a partial download)
+    write_gguf(data_cut, LLAMA, {"token_embd.weight": np.zeros((300, 64), np.float32), "x": np.zeros(8, np.float32)})
+    data_cut.write_bytes(data_cut.read_bytes()[: -300 * 64 * 4 + 100])
+    with pytest.raises(TunelabError, match="data-cut.gguf is not a readable GGUF file: .* truncated"):
+        from_gguf("data-cut", data_cut)
     (tmp_path / "not.gguf").write_bytes(b"not a gguf file" * 10)
     with pytest.raises(TunelabError, match="not a readable GGUF file"):
         from_gguf("not", tmp_path / "not.gguf")
