@@ -46,11 +46,11 @@ def _fsdp(config: Path, *overrides: str, accelerate_config: str = FSDP) -> subpr
 
 
 def _launch_config(setup, method: str) -> str:
-    """Full fine-tuning runs the shipped fsdp2.yaml, where every process reads the weights; LoRA runs it with
-    fsdp_cpu_ram_efficient_loading true, where the main process alone reads them and the others build the model
-    on the meta device and receive their shards. So each way of loading trains as one process does, saves and
-    resumes."""
-    if method == "full":
+    """LoRA runs the shipped fsdp2.yaml, where every process reads the weights; full fine-tuning, where loading
+    the whole model N times costs most, runs it with fsdp_cpu_ram_efficient_loading true: the main process alone
+    reads them, the others build the model on the meta device and receive their shards. So each way of loading
+    trains as one process does, saves and resumes."""
+    if method == "lora":
         return FSDP
     shipped = Path(FSDP).read_text()
     assert "fsdp_cpu_ram_efficient_loading: false" in shipped
@@ -112,6 +112,7 @@ IDS = torch.tensor([[5, 9, 12, 7, 30, 18, 4, 11, 9, 22]])
 
 
 def test_fsdp2_full_fine_tuning_trains_as_one_process_and_saves_a_transformers_model(setup):
+    """With the main process alone reading the weights (_launch_config)."""
     from transformers import AutoModelForCausalLM
 
     out1, out2 = _pair(setup, "full")
@@ -128,7 +129,6 @@ def test_fsdp2_full_fine_tuning_trains_as_one_process_and_saves_a_transformers_m
 
 
 def test_fsdp2_lora_saves_an_adapter_that_peft_loads(setup):
-    """With the main process alone reading the weights (_launch_config)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -193,7 +193,8 @@ def _resumed_as_uninterrupted(setup, method: str) -> Path:
     kill after it leaves one (its metrics lines, no final weights), resumed to the end by `tunelab train --nproc 2
     resume=true`: per-step losses and final weights equal to the uninterrupted run's (fp32, same processes, same
     reduction order, and the checkpoint holds the exact fp32 values: measured bit-identical; the bound leaves
-    room for nothing but that order, 1e-6 relative). Returns the checkpoint."""
+    room for nothing but that order, 1e-6 relative). The folder has no best/ (a kill after step 2's evaluation
+    would leave one): resuming beside it is tests/unit/train/test_eval.py's. Returns the checkpoint."""
     tmp, config = setup
     whole, cut = _fsdp_run(setup, method), tmp / f"{method}-cut"
     assert [p.name for p in (whole / "checkpoints").iterdir()] == ["step-0000002"]
