@@ -205,10 +205,10 @@ def tiny_optimizer_run(steps: int = 2, seed: int = 0):
     return model, optimizer, scheduler
 
 
-def compile_without_inductor(monkeypatch, backend: str = "aot_eager") -> None:
-    """Make every `nn.Module.compile` (compile_blocks') use `backend`, for tests whose subject is decided before
-    inductor builds anything: dynamo's graphs and guards (`aot_eager`), or what the partitioner saves for
-    backward (`aot_eager_decomp_partition`). Seconds instead of an inductor build."""
+def compile_without_inductor(monkeypatch, backend="aot_eager") -> None:
+    """Make every `nn.Module.compile` (compile_blocks') use `backend` (a name or a backend function), for tests
+    whose subject is decided before inductor builds anything: dynamo's graphs and guards (`aot_eager`), or what
+    the partitioner saves for backward (`aot_eager_decomp_partition`). Seconds instead of an inductor build."""
     real_compile = torch.nn.Module.compile
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: real_compile(self, backend=backend))
 
