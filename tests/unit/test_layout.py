@@ -12,6 +12,7 @@ from pathlib import Path
 import tunelab
 
 PACKAGE = Path(tunelab.__file__).parent
+REPO = PACKAGE.parents[1]
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -46,6 +47,22 @@ def test_plan_for_a_catalog_gpu_does_not_import_torch():
     env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert "rc 0" in out.stdout, out.stderr
+    assert "torch loaded False" in out.stdout
+
+
+def test_the_nproc_launcher_does_not_import_torch(tmp_path):
+    """`tunelab train --nproc N` only checks, builds the launch command and waits (train/launch.py): each
+    launched process imports the training stack itself."""
+    code = (
+        "import sys; from tunelab.train import launch; launch.run_launcher = lambda cmd: print('cmd', cmd[1:3]) or 0; "
+        "from tunelab.cli import main; "
+        f"rc = main(['train', '--config', 'configs/quickstart.yaml', '--nproc', '2', '--accelerate-config', "
+        f"'configs/accelerate/fsdp2.yaml', 'output_dir={tmp_path / 'out'}', '--quiet']); "
+        "print('rc', rc); print('torch loaded', 'torch' in sys.modules)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, cwd=REPO)
+    assert "cmd ['-m', 'accelerate.commands.launch']" in out.stdout and "rc 0" in out.stdout, out.stderr
     assert "torch loaded False" in out.stdout
 
 
