@@ -327,11 +327,7 @@ def step_shape(row: Row, lengths: np.ndarray):
         keys = steptime.attention_keys(lengths, float(lengths.mean()), row.seq_len, True)
     else:  # padded rows: each micro-batch's width, weighted by its tokens
         keys = _padded_keys(lengths, b)
-    from tunelab.runtime import LOGIT_CHUNK
-
-    shape = steptime.Shape(
-        1, round(tokens), keys, row.compiled, row.compute_bytes, w.loss_tokens_per_micro_batch, LOGIT_CHUNK
-    )
+    shape = steptime.Shape(1, round(tokens), keys, row.compiled, row.compute_bytes, w.loss_tokens_per_micro_batch)
     return shape, w.epoch.tokens_nonpad / w.epoch.micro_batches
 
 

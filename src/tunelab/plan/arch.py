@@ -8,6 +8,7 @@ gated gate/up/down MLP, the Llama/Mistral/Qwen2/Gemma/SmolLM shape), the embeddi
 from __future__ import annotations
 
 import difflib
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -227,12 +228,10 @@ GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 
 class _Cursor:
     """Reads GGUF values (little-endian) from a buffer, front to back."""
 
-    def __init__(self, buf, pos: int = 0):
-        self.buf, self.pos = buf, pos
+    def __init__(self, buf):
+        self.buf, self.pos = buf, 0
 
     def read(self, fmt: str):
-        import struct
-
         (v,) = struct.unpack_from("<" + fmt, self.buf, self.pos)
         self.pos += struct.calcsize(fmt)
         return v
@@ -246,8 +245,6 @@ class _Cursor:
 
     def value(self, kind: int):
         """A value of type `kind`; an array as its length (its elements skipped)."""
-        import struct
-
         if kind in GGUF_SCALARS:
             return self.read(GGUF_SCALARS[kind])
         if kind == 8:
@@ -271,9 +268,8 @@ def gguf_header(path: Path) -> tuple[dict, list[str]]:
 
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         at = _Cursor(buf)
-        if buf[:4] != b"GGUF" or _Cursor(buf, 4).read("I") not in (2, 3):
+        if at.read("4s") != b"GGUF" or at.read("I") not in (2, 3):
             raise ValueError("not GGUF version 2 or 3 (little-endian)")
-        at.pos = 8
         n_tensors, n_fields = at.read("Q"), at.read("Q")
         fields = {}
         for _ in range(n_fields):

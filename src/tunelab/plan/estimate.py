@@ -222,9 +222,7 @@ def step_time(
         keys = steptime.attention_keys(lengths.lengths, lengths.mean_tokens, s.seq_len, True)
     else:
         keys = steptime.attention_keys(None, 0, round(w.epoch.tokens_padded / w.epoch.rows), False)
-    shape = steptime.Shape(
-        s.grad_accum, round(tokens), keys, s.compile, s.compute_bytes, w.loss_tokens_per_micro_batch, LOGIT_CHUNK
-    )
+    shape = steptime.Shape(s.grad_accum, round(tokens), keys, s.compile, s.compute_bytes, w.loss_tokens_per_micro_batch)
     ridge = fit.ridge(gpu.device_type if gpu.device_type == "cpu" else "cuda", gpu.peak_flops, bandwidth)
     work = steptime.work(arch, s.method, s.base_quant, s.targets, s.r, s.grad_ckpt, shape, ridge)
     c = steptime.Constants(constants.matmul, constants.attention, constants.bandwidth, constants.launch_s)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from ..runtime import LOGIT_CHUNK
 from .arch import Arch
 from .flops import adapter_params
 
@@ -50,7 +51,7 @@ class Shape:
     compiled: bool
     compute_bytes: int  # 2 (bf16/fp16) or 4 (fp32)
     loss_tokens: float  # positions with a target per micro-batch: the head and the loss run over these only
-    loss_chunk: int  # rows of logits per chunk of the fused head and loss (train/loss.py LOGIT_CHUNK)
+    loss_chunk: int = LOGIT_CHUNK  # rows of logits per chunk of the fused head and loss (train/loss.py)
 
 
 @dataclass(frozen=True)
