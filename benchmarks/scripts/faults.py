@@ -188,12 +188,11 @@ def train(cfg: Path, out: Path, *extra: str, kind: str = "none", n: int = 0, cen
 
 
 def server():
-    """The fork server the runs start from, running and done importing (its first start imports the stack, which
-    must not fall inside a timed run)."""
-    import multiprocessing
+    """The fork server the runs start from (bench's, tunelab.bench.points.fork_server), running and done
+    importing: its first start imports the stack, which must not fall inside a timed run."""
+    from tunelab.bench.points import fork_server
 
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["tunelab.recipes.train", "safetensors.torch"])
+    context = fork_server()
     ready = context.Process(target=int)
     ready.start()
     ready.join()

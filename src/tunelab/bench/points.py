@@ -120,13 +120,23 @@ def start_method() -> str:
     return "spawn" if torch.cuda.is_available() else "forkserver"
 
 
+def fork_server():
+    """multiprocessing's fork server context, importing PRELOAD when it starts. The server is one per process, so
+    everything that forks from it in a process (bench points, benchmarks/scripts/faults.py's runs) asks for it
+    here, with one preload list."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    return context
+
+
 def in_fresh_process(fn, *args, method: str | None = None):
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    context = multiprocessing.get_context(method or start_method())
-    if context.get_start_method() == "forkserver":
-        context.set_forkserver_preload(PRELOAD)
+    method = method or start_method()
+    context = fork_server() if method == "forkserver" else multiprocessing.get_context(method)
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
         # The environment of now, as a spawned process gets it (the server's is that of its start). What the
         # preloaded libraries read once on import (HF_HUB_OFFLINE, OMP_*) keeps the server's value: nothing
