@@ -232,6 +232,8 @@ class _Cursor:
         self.buf, self.pos = buf, 0
 
     def read(self, fmt: str):
+        if self.pos + struct.calcsize(fmt) > len(self.buf):
+            raise ValueError("the file ends inside its header; it is truncated")
         (v,) = struct.unpack_from("<" + fmt, self.buf, self.pos)
         self.pos += struct.calcsize(fmt)
         return v
@@ -239,7 +241,7 @@ class _Cursor:
     def string(self) -> str:
         n = self.read("Q")
         if self.pos + n > len(self.buf):
-            raise ValueError("a string runs past the end of the file")
+            raise ValueError("a string runs past the end of the file; it is truncated")
         self.pos += n
         return self.buf[self.pos - n : self.pos].decode("utf-8", errors="replace")
 
@@ -296,7 +298,9 @@ def from_gguf(name: str, path: Path) -> Arch:
     try:
         fields, tensors = gguf_header(path)
     except Exception as e:
-        raise TunelabError(f"model {name}: {path} is not a readable GGUF file: {e}") from None
+        raise TunelabError(
+            f"model {name}: {path} is not a readable GGUF file: {e}; download it again, or name a model directory"
+        ) from None
 
     def value(key: str, default=None):
         return fields.get(key, default)
