@@ -205,6 +205,22 @@ def estimate(
     )
 
 
+def attention_work(w: workload.Workload, attention: str, device_type: str) -> tuple[float, float]:
+    """(keys per fed token the attention kernel computes, those of them whose scores it writes out) for the
+    `attention` setting on `device_type`. Packed rows on the slot path (a CPU's): the slots' squares and the
+    masked rows' (workload.EpochCounts.slot_pairs, masked_pairs), the slots' scores written where they run as
+    explicit products; packed rows elsewhere: each document's causal keys (a GPU's FlexAttention and flash
+    kernels skip the rest); padded rows: their whole width."""
+    if not w.batching.packing:
+        return steptime.attention_keys(None, 0, round(w.epoch.tokens_padded / w.epoch.rows), False), 0.0
+    e = w.epoch
+    if attention_path(attention, device_type) == "slots" and (e.slot_pairs or e.masked_pairs):
+        products = slot_products(device_type, 0, dropout=0.0)  # whether this device runs short slots as products
+        return (e.slot_pairs + e.masked_pairs) / e.tokens_padded, e.scored_pairs / e.tokens_padded if products else 0.0
+    lengths = w.lengths
+    return steptime.attention_keys(lengths.lengths, lengths.mean_tokens, w.batching.seq_len, True), 0.0
+
+
 def step_time(
     arch: Arch, lengths: workload.Lengths, s: Settings, d: Device, w: workload.Workload
 ) -> tuple[steptime.Breakdown, catalog.StepConstants, timing.Efficiency, float]:
@@ -218,11 +234,16 @@ def step_time(
     constants = catalog.step_constants(device, gpu.device_type)
     bandwidth = gpu.bandwidth_gbs * 1e9 or constants.bandwidth_gbs * 1e9 or catalog.nearest_bandwidth(gpu.peak_flops)
     tokens = w.epoch.tokens_padded / w.epoch.micro_batches
-    if s.packing:
-        keys = steptime.attention_keys(lengths.lengths, lengths.mean_tokens, s.seq_len, True)
-    else:
-        keys = steptime.attention_keys(None, 0, round(w.epoch.tokens_padded / w.epoch.rows), False)
-    shape = steptime.Shape(s.grad_accum, round(tokens), keys, s.compile, s.compute_bytes, w.loss_tokens_per_micro_batch)
+    keys, scored = attention_work(w, s.attention, gpu.device_type)
+    shape = steptime.Shape(
+        s.grad_accum,
+        round(tokens),
+        keys,
+        s.compile,
+        s.compute_bytes,
+        w.loss_tokens_per_micro_batch,
+        scored_keys_per_token=scored,
+    )
     ridge = fit.ridge(gpu.device_type if gpu.device_type == "cpu" else "cuda", gpu.peak_flops, bandwidth)
     work = steptime.work(arch, s.method, s.base_quant, s.targets, s.r, s.grad_ckpt, shape, ridge)
     c = steptime.Constants(constants.matmul, constants.attention, constants.bandwidth, constants.launch_s)

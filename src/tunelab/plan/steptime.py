@@ -6,7 +6,9 @@ step_s = matmul_s + attention_s + memory_s + fixed_s, each a pure function of th
   below it (the LoRA rank-r products, small models' skinny layers) it is memory-bound and moves its operands at
   `bandwidth` x the device's bandwidth. That memory-bound share is the fitted efficiency of small shapes.
 - attention: the work the kernel does, counted over the keys each query really attends to (document-causal
-  under packing, the whole padded rectangle for padded rows), at `attention` x peak.
+  under packing on a GPU, the slots' squares on a CPU's slot path, the whole padded rectangle for padded rows),
+  at `attention` x peak; where the kernel writes its scores out (the CPU's explicit products), their
+  element-wise passes count as memory-bound work.
 - memory-bound work: the bytes norms, rotary, activation functions, residual adds, LoRA's scale-and-add, the
   loss (over the positions with a target), nf4 dequantization, full fine-tuning's weight gradients (the head's
   accumulated chunk by chunk) and the optimizer move, eager or compiled
@@ -52,6 +54,9 @@ class Shape:
     compute_bytes: int  # 2 (bf16/fp16) or 4 (fp32)
     loss_tokens: float  # positions with a target per micro-batch: the head and the loss run over these only
     loss_chunk: int = LOGIT_CHUNK  # rows of logits per chunk of the fused head and loss (train/loss.py)
+    # Of keys_per_token, those whose scores attention writes out (the CPU slot path's explicit products): their
+    # element-wise passes are memory-bound work per query-key pair (score_bytes_per_pair). 0: fused kernels only.
+    scored_keys_per_token: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -182,6 +187,18 @@ def attention_flops(arch: Arch, tokens: int, keys_per_token: float, grad_ckpt: b
     return passes * 4.0 * arch.layers * arch.heads * arch.head_dim * keys_per_token * tokens
 
 
+def score_bytes_per_pair(compiled: bool) -> tuple[float, float]:
+    """(forward, backward) bytes per query-key pair per head per layer of attention that writes its scores
+    (model/attention._SlotAttention). Eager forward: the scores written in bf16 (2), cast to fp32 (2 + 4),
+    scaled (8), masked (9), log-sum-exp (8: max and sum), subtracted (8), exponentiated (8), cast back (4 + 2),
+    read by the product with V (2): 57. Eager backward: dP written (2), P read for dV (2), P and dP cast to
+    fp32 (12), their product and row sum (16), the difference (8), the product with P (12), scaled (8), cast
+    (6), dS read by two products (4): 70. Compiled, each chain is one fused kernel: forward writes the scores,
+    reads them once and writes P, which the product reads (8); backward writes dP, reads P twice and dP once,
+    writes dS, which two products read (14)."""
+    return (8.0, 14.0) if compiled else (57.0, 70.0)
+
+
 def elementwise_elements_per_token(arch: Arch, targets: tuple[str, ...], method: str, compiled: bool) -> float:
     """Elements read and written per token per forward by the non-GEMM ops of all blocks (the backward moves
     twice as many). Eager: HF's RMSNorm upcasts and runs ~7 kernels (8h), rotary's rotate_half, products and sum
@@ -265,6 +282,10 @@ def work(
     # element-wise ops run in fp32.
     per_token = elements * (4 if method == "full" else cb)
     per_micro_batch = per_token * shape.tokens + loss_bytes_per_token(arch, cb) * shape.loss_tokens
+    if shape.scored_keys_per_token:
+        fwd, bwd = score_bytes_per_pair(shape.compiled)
+        pairs = shape.scored_keys_per_token * shape.tokens * arch.heads * arch.layers
+        per_micro_batch += pairs * (fwd * (2 if grad_ckpt else 1) + bwd)
     if method == "full":
         per_micro_batch += head_gradient_bytes(arch, cb, head_chunks(shape.loss_tokens, shape.loss_chunk))
     trainable = arch.total_params if method == "full" else adapter_params(arch, targets, r)

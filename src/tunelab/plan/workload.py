@@ -64,6 +64,15 @@ class EpochCounts:
     # count and slot length, which size attention's saved tensors. 0 when attention runs over whole rows.
     slots: int = 0
     slot_len: int = 0
+    # Query-key pairs of the epoch's attention on the slot path (the CPU's, model/attention.py), where collate
+    # decides per micro-batch: one whose slots pay computes the run's slot count x its own slot length squared
+    # (padding slots and the causal half included: explicit products compute the square), counted in
+    # `slot_pairs`; the others run over whole rows under a block-diagonal mask, rows x width squared, counted in
+    # `masked_pairs`; `scored_pairs`, the slot pairs of micro-batches whose slots are short enough for
+    # explicit products (runtime.slot_products: they write their scores out). All 0 when unpacked.
+    slot_pairs: int = 0
+    masked_pairs: int = 0
+    scored_pairs: int = 0
 
 
 @dataclass(frozen=True)
@@ -130,7 +139,10 @@ def epoch_counts(lengths: Lengths, b: Batching) -> EpochCounts:
             f"{b.seq_len}, so truncation leaves no example a token to learn from; raise seq_len or lower --mean-tokens"
         )
     counts = EpochCounts(math.ceil(rows / b.micro_batch), rows, rows * width, round(n * L), round(n * loss), width)
-    return _with_slots(counts, min(n, per_row * b.micro_batch) if b.packing else 0, math.ceil(L), b)
+    sequences = min(n, per_row * b.micro_batch) if b.packing else 0
+    counts = _with_slots(counts, sequences, math.ceil(L), b)
+    batches = [(sequences, math.ceil(L), min(b.micro_batch, rows), width)] * counts.micro_batches
+    return replace(counts, **slot_pairs(batches, sequences, b.packing))
 
 
 def _with_slots(counts: EpochCounts, sequences: int, longest: int, b: Batching) -> EpochCounts:
@@ -143,6 +155,24 @@ def _with_slots(counts: EpochCounts, sequences: int, longest: int, b: Batching) 
     return replace(counts, slots=sequences, slot_len=slot_length(longest))
 
 
+def slot_pairs(batches: list[tuple[int, int, int, int]], run_slots: int, packing: bool) -> dict[str, int]:
+    """The pairs the slot path computes over (sequences, longest, rows, width) micro-batches, as
+    EpochCounts' slot_pairs, masked_pairs and scored_pairs; none when unpacked (padded rows attend over their
+    width, which plan counts apart)."""
+    from ..data.packing import slot_length, slots_pay
+    from ..runtime import MATH_MAX_LEN
+
+    pairs = {"slot_pairs": 0, "masked_pairs": 0, "scored_pairs": 0}
+    for sequences, longest, rows, width in batches if packing else []:
+        if slots_pay(sequences, longest, rows, width):
+            length = slot_length(longest)
+            pairs["slot_pairs"] += run_slots * length**2
+            pairs["scored_pairs"] += run_slots * length**2 if length <= MATH_MAX_LEN else 0
+        else:
+            pairs["masked_pairs"] += rows * width**2
+    return pairs
+
+
 def _counted(lengths: Lengths, b: Batching) -> EpochCounts:
     """The first epoch batched exactly as `train` batches it (same functions, same seed)."""
     from ..data.packing import batch_width, epoch_micro_batches
@@ -150,16 +180,20 @@ def _counted(lengths: Lengths, b: Batching) -> EpochCounts:
     arr = np.minimum(lengths.lengths, b.seq_len)
     batches = epoch_micro_batches(arr, b.seq_len, b.micro_batch, b.packing, np.random.default_rng([b.seed, 0]), b.group)
     padded = widest = rows = sequences = 0
+    shapes = []
     for batch in batches:
         width = batch_width([int(arr[row].sum()) for row in batch], b.seq_len, b.packing)
         padded += width * len(batch)
         widest = max(widest, width)
         rows += len(batch)
-        sequences = max(sequences, sum(len(row) for row in batch))
+        count = sum(len(row) for row in batch)
+        sequences = max(sequences, count)
+        shapes.append((count, int(max(arr[i] for row in batch for i in row)), len(batch), width))
     loss = round(lengths.examples * lengths.mean_loss_tokens)
-    return _with_slots(
+    counts = _with_slots(
         EpochCounts(len(batches), rows, padded, int(arr.sum()), loss, widest), sequences, int(arr.max()), b
     )
+    return replace(counts, **slot_pairs(shapes, sequences, b.packing))
 
 
 def build(lengths: Lengths, b: Batching, epochs: float, max_steps: int | None = None) -> Workload:

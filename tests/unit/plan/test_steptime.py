@@ -186,3 +186,38 @@ def test_the_head_runs_over_target_positions_and_a_trained_heads_gradient_costs_
     many, one = step("full", 8192, 256), step("full", 8192, 8192)
     assert many.memory_bytes - one.memory_bytes == pytest.approx((32 - 1) * 20 * a.hidden * a.vocab)
     assert many.matmul_flops == pytest.approx(one.matmul_flops)  # the same products, in pieces
+
+
+def test_the_cpu_slot_path_counts_each_slots_whole_square_and_its_written_scores():
+    """Equal documents of 10 tokens, rows of 64, micro-batch 2: 6 documents a row, 12 slots of 16 (10 rounded
+    up) a micro-batch, each computed whole: 12 x 16² pairs, however the lengths are given."""
+    b = workload.Batching(64, 2, 1, True)
+    assumed = workload.build(workload.Lengths(24, 10.0, 5.0, "assumed"), b, 1.0)
+    counted = workload.build(workload.Lengths(24, 10.0, 5.0, "test", np.full(24, 10)), b, 1.0)
+    for w in (assumed, counted):
+        assert (w.epoch.micro_batches, w.epoch.slots, w.epoch.slot_len) == (2, 12, 16)
+        assert w.epoch.slot_pairs == w.epoch.scored_pairs == 2 * 12 * 16**2 and w.epoch.masked_pairs == 0
+    # The slot path is the CPU's; a GPU's kernels skip the other documents and the causal half.
+    from tunelab.plan.estimate import attention_work
+
+    assert attention_work(counted, "auto", "cpu") == (12 * 16**2 / 128, 12 * 16**2 / 128)
+    assert attention_work(counted, "auto", "cuda") == (steptime.attention_keys(np.full(24, 10), 10, 64, True), 0.0)
+    assert attention_work(replace(counted, batching=replace(b, packing=False)), "auto", "cpu")[1] == 0.0
+    # A micro-batch whose slots would cost more than its rows runs over the rows under a mask: rows x width².
+    # Rows of 64: a document of 60 and one of 4, two rows a micro-batch: 4 x 64² > 2 x 64².
+    masked = workload.build(workload.Lengths(4, 32.0, 16.0, "test", np.array([60, 4, 60, 4])), b, 1.0)
+    assert (masked.epoch.slot_pairs, masked.epoch.masked_pairs) == (0, 2 * 64**2)
+    assert attention_work(masked, "auto", "cpu") == (2 * 64**2 / masked.epoch.tokens_padded, 0.0)
+    # Written scores cost memory-bound bytes per pair, head and layer; compiled blocks fuse their passes.
+    a = resolve_arch("embedded")
+    targets = archmod.adapter_targets(a, "all-linear")
+    base = steptime.Shape(1, 128, 24.0, False, 2, 64.0)
+    pairs = 24.0 * 128 * a.heads * a.layers
+    for compiled, ckpt in ((False, False), (True, False), (False, True)):
+        shape = replace(base, compiled=compiled)
+        plain = steptime.work(a, "lora", "none", targets, 8, ckpt, shape, 100.0)
+        scored = steptime.work(a, "lora", "none", targets, 8, ckpt, replace(shape, scored_keys_per_token=24.0), 100.0)
+        fwd, bwd = steptime.score_bytes_per_pair(compiled)
+        assert scored.memory_bytes - plain.memory_bytes == pytest.approx(pairs * (fwd * (2 if ckpt else 1) + bwd))
+        assert scored.attention_flops == plain.attention_flops
+    assert steptime.score_bytes_per_pair(True)[0] < steptime.score_bytes_per_pair(False)[0]
