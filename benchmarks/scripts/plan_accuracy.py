@@ -2,8 +2,9 @@
 
     .venv/bin/python benchmarks/scripts/plan_accuracy.py [--out benchmarks/plan-accuracy/plan-accuracy_<date>] [--write]
 
-Reads the measured rows named in ROWS below (the H200 suite of 2026-11-26 and the older H100 files under
-../shared/gpu-baseline/, the CPU classes' dated demo and bench records under benchmarks/), builds each row's
+Reads the measured rows named below (the H200 suite of 2026-11-26 and the older H100 files under
+../shared/gpu-baseline/, the CPU classes' dated demo and bench records under benchmarks/, and the committed
+`tunelab bench --suite` files in SUITES: the H200 calls' and the CPU classes' `cpu-steps`), builds each row's
 step with plan/steptime.py, fits the constants (plan/fit.py) once with every device and once leaving each
 device out, and writes `<out>.md` and `<out>.json`. `--write` stores the full fit, with the rows it came from,
 in src/tunelab/plan/catalog/fitted.yaml, which `tunelab plan` reads.
@@ -28,13 +29,27 @@ FITTED = REPO / "src" / "tunelab" / "plan" / "catalog" / "fitted.yaml"
 H200 = "../shared/gpu-baseline/h200-2026-11-26"
 H100 = "../shared/gpu-baseline"
 
-# Memory bandwidth of the CPU classes, bytes/s: a 256 MiB fp32 copy (read + write), best of 8, torch 2.13 on
-# 2 threads, measured for this file on the 2-core Xeon with AMX on 2026-11-26 (3.3 GB/s; an `add` 3.5 GB/s;
-# repeats while other processes shared the 2 cores gave 4.2 and 5.3 GB/s).
-# The EPYC classes were not measured: they carry the Xeon's figure, and their fitted `bandwidth` absorbs the
-# difference.
-CPU_BANDWIDTH = {"cpu": 3.3e9}
-CPU_BANDWIDTH_SOURCE = "256 MiB fp32 copy, best of 8, 2 threads, on the 2-core Xeon with AMX (benchmarks/plan-accuracy/plan-accuracy_2026-11-26.md)"
+# Memory bandwidth of a CPU row measured without a copy probe (bench records before probe.copy_bandwidth, the
+# demo summaries), bytes/s: the median of the copy probes (256 MiB fp32, read + written, the fastest of 8, 2
+# threads) after the rows of the third cpu-steps run on the 2-core Xeon with AMX (19.3 GB/s; they ranged over
+# 16.7-21.5). The capped classes share that machine's memory; the EPYC classes' was never measured, so their
+# fitted `bandwidth` absorbs the difference.
+CPU_BANDWIDTH = {"cpu": 19.25e9}
+# The committed `tunelab bench --suite` results files whose rows every run fits (more with --suite, as
+# benchmarks/fit_catalog.py passes them): the H200 calls of the current code, and the CPU classes' step suite.
+SUITES = [
+    "benchmarks/gpu/h100-8b-8b-lora-seq4096-compiled.8b-lora-65k-offload.8b-lora-compiled_nvidia-h200_2026-11-26.json",
+    "benchmarks/gpu/h100-1b-lora-compiled.1b-full_nvidia-h200_2026-11-26.json",
+    "benchmarks/plan-accuracy/cpu-steps_intel-xeon-processor-amx_2026-11-26.json",
+    "benchmarks/plan-accuracy/cpu-steps_intel-xeon-processor-amx_2026-11-26-2.json",
+    "benchmarks/plan-accuracy/cpu-steps_intel-xeon-processor-amx_2026-11-26-3.json",
+    "benchmarks/plan-accuracy/cpu-steps_intel-xeon-processor-avx512-bf16_2026-11-26.json",
+    "benchmarks/plan-accuracy/cpu-steps_intel-xeon-processor-fp32-only_2026-11-26.json",
+]
+CPU_BANDWIDTH_SOURCE = (
+    "median copy probe (256 MiB fp32, fastest of 8, 2 threads) of the 2-core Xeon with AMX over the rows of "
+    "benchmarks/plan-accuracy/cpu-steps_intel-xeon-processor-amx_2026-11-26-3.json; a CPU's own probe replaces it"
+)
 
 
 @dataclass
@@ -56,7 +71,8 @@ class Row:
     compute_bytes: int = 2
     packing: bool = True
     stack: str = "tunelab"
-    lengths: str = "gpu-suite"  # gpu-suite | mean:<tokens>
+    lengths: str = "gpu-suite"  # gpu-suite | mean:<tokens> | span:<lo>-<hi> (uniform) | synthetic:<suite data>
+    loss_fraction: float = 0.5  # positions with a target over non-padding positions
     fit: bool = True
     note: str = ""
 
@@ -202,7 +218,8 @@ def cpu_rows(flops_lora: float) -> list[Row]:
                 CPU_BANDWIDTH["cpu"],
                 r=32,
                 compute_bytes=4 if fp32 else 2,
-                lengths=f"mean:{s['data']['mean_len']}",
+                lengths=data_span(s["data"]),
+                loss_fraction=s["data"]["tokens_loss"] / s["data"]["tokens_nonpad"],
             )
         )
     for name in (
@@ -210,7 +227,9 @@ def cpu_rows(flops_lora: float) -> list[Row]:
         "step-experiments/quickstart-full-compile_xeon-amx-2c_2026-11-22.json",
         "peers/quickstart-peers_xeon-amx-2c_2026-11-22.json",
     ):
-        for i, r in enumerate(json.loads((REPO / b / name).read_text())):
+        records = json.loads((REPO / b / name).read_text())
+        quickstart = records[0]["data"]  # the quickstart's rows: the peer's record has no data statistics
+        for i, r in enumerate(records):
             peer = r["kind"] != "tunelab"
             if peer and r["kind"] != "hf-trainer-tuned":
                 continue
@@ -239,7 +258,8 @@ def cpu_rows(flops_lora: float) -> list[Row]:
                     r=32,
                     packing=not peer,
                     stack="hf-peft" if peer else "tunelab",
-                    lengths=f"mean:{(r.get('data') or {}).get('mean_len', 42.5)}",
+                    lengths=data_span(quickstart),
+                    loss_fraction=quickstart["tokens_loss"] / quickstart["tokens_nonpad"],
                     fit=False,
                     note="older code (2026-11-22)",
                 )
@@ -247,13 +267,24 @@ def cpu_rows(flops_lora: float) -> list[Row]:
     return rows
 
 
+def data_span(data: dict) -> str:
+    """A run's lengths from its data statistics: uniform over [2 x mean - max, max], which has their mean and
+    longest (the longest sets a CPU micro-batch's attention slots)."""
+    mean, top = data["mean_len"], data["max_len"]
+    return f"span:{max(1, round(2 * mean - top))}-{top}"
+
+
 def suite_rows(path: Path) -> list[Row]:
-    """The rows of a `tunelab bench --suite` results file (.json) that ran against a catalog peak: its tunelab
-    rows and its hf-trainer-tuned peer (stack hf-peft); the suite's data described by their mean length."""
+    """The rows of a `tunelab bench --suite` results file (.json): its tunelab rows and its hf-trainer-tuned peer
+    (stack hf-peft). On a GPU, rows that ran against a catalog peak, the suite's data described by its mean
+    length; on a CPU, the row's class (catalog.local_class) is its device, its peak and bandwidth the probes
+    taken after it (a peer's: those of the row it follows), and the lengths the suite's own synthetic rows."""
     from tunelab.plan import catalog
 
     doc = json.loads(path.read_text())
     name = path.resolve().relative_to(REPO) if path.resolve().is_relative_to(REPO) else path
+    on_cpu = (doc.get("device") or {}).get("type") == "cpu"
+    by_label = {r.get("label"): r for r in doc["records"]}
     rows = []
     for rec in doc["records"]:
         kind, source = rec.get("kind"), str(rec.get("peak_source", ""))
@@ -264,19 +295,38 @@ def suite_rows(path: Path) -> list[Row]:
                 file=sys.stderr,
             )
             continue
-        if not source.startswith("catalog ") or gpu_id not in catalog.gpu_ids():
+        if not on_cpu and (not source.startswith("catalog ") or gpu_id not in catalog.gpu_ids()):
             print(f"{path}: left out {rec.get('label')}: its peak is not a catalog row", file=sys.stderr)
             continue
         cfg, data = rec.get("config") or {}, rec.get("data") or {}
         mb, seq = rec["micro_batch"], rec["seq_len"]
         step = rec.get("step_time_median_s") or mb * seq / rec["tokens_padded_per_s"]
         quant = cfg.get("base_quant", "none")
-        gpu = catalog.gpu(gpu_id)
-        rows.append(
-            Row(
+        if on_cpu:
+            ran = rec if kind == "tunelab" else by_label[rec["against"]]
+            device = catalog.local_class("cpu", ran["precision"], doc["device"]["cpu_class"])
+            peak = ran["device_peak_flops"]
+            kind_of, bandwidth = "cpu", ran.get("device_bandwidth_bps") or CPU_BANDWIDTH["cpu"]
+            compute_bytes = 4 if ran["precision"] == "fp32" else 2
+            lengths = "synthetic:" + json.dumps(doc["definition"]["data"], sort_keys=True)
+            loss_fraction = data["tokens_loss"] / data["tokens_nonpad"] if data else 0.5
+            cap = doc["device"].get("isa_cap")
+            label = f"{doc['suite']} {rec['label']}" + (f" (capped at {cap})" if cap else "")
+        else:
+            gpu = catalog.gpu(gpu_id)
+            device, kind_of, peak, bandwidth = (
                 gpu_id,
                 gpu.device_type,
-                rec["label"],
+                rec["device_peak_flops"],
+                gpu.bandwidth_gbs * 1e9,
+            )
+            compute_bytes, lengths, label = 2, f"mean:{data.get('mean_len', seq / 2)}", rec["label"]
+            loss_fraction = 0.5
+        rows.append(
+            Row(
+                device,
+                kind_of,
+                label,
                 f"{name} row {rec['label']} ({doc['date']})",
                 rec["model"],
                 "qlora" if quant == "nf4" else rec["method"],
@@ -285,32 +335,52 @@ def suite_rows(path: Path) -> list[Row]:
                 bool(cfg.get("compile", False)),
                 bool(rec["grad_ckpt"]),
                 step,
-                rec["device_peak_flops"],
-                gpu.bandwidth_gbs * 1e9,
+                peak,
+                bandwidth,
                 r=int((cfg.get("lora") or {}).get("r", 16)),
+                compute_bytes=compute_bytes,
                 packing=kind == "tunelab",
                 stack="tunelab" if kind == "tunelab" else "hf-peft",
-                lengths=f"mean:{data.get('mean_len', seq / 2)}",
+                lengths=lengths,
+                loss_fraction=loss_fraction,
             )
         )
     return rows
 
 
-def suite_lengths() -> np.ndarray:
-    """The GPU suite's 2000 synthetic rows (suites.yaml `gpu`), tokenized as train tokenizes them."""
+GPU_SUITE_DATA = {
+    "rows": 2000,
+    "prompt_tokens": "24-160",
+    "response_tokens": "64-1024",
+    "dist": "triangular",
+    "seed": 0,
+}
+
+
+def suite_lengths(data: dict | None = None, seq_len: int = 2048) -> np.ndarray:
+    """A suite's synthetic rows (its `data` entry; the GPU suites' by default), tokenized as train tokenizes
+    them, cached by their parameters (the same rows every run)."""
+    import hashlib
+
     from tunelab import sources
     from tunelab.config import load_config
     from tunelab.data import synthetic as sy
     from tunelab.io import write_atomic
     from tunelab.recipes.predict import dataset_lengths
 
-    cached = Path(tempfile.gettempdir()) / "plan-accuracy-suite-lengths.npy"  # the same rows every run
+    data = data or GPU_SUITE_DATA
+    key = hashlib.sha256(json.dumps([data, seq_len], sort_keys=True).encode()).hexdigest()[:12]
+    cached = Path(tempfile.gettempdir()) / f"plan-accuracy-suite-lengths-{key}.npy"
     if cached.is_file():
         return np.load(cached)
     work = Path(tempfile.mkdtemp(prefix="plan-accuracy-"))
-    rows = sy.generate(2000, (24, 160), (64, 1024), "triangular", 0, sources.embedded_tokenizer())
+    prompt, response = (
+        sy.parse_range(data["prompt_tokens"], "prompt"),
+        sy.parse_range(data["response_tokens"], "response"),
+    )
+    rows = sy.generate(data["rows"], prompt, response, data["dist"], data["seed"], sources.embedded_tokenizer())
     write_atomic(work / "d.jsonl", (json.dumps(r) + "\n" for r in rows))
-    cfg = load_config(None, [f"data.path={work / 'd.jsonl'}", "seq_len=2048", f"output_dir={work}"])
+    cfg = load_config(None, [f"data.path={work / 'd.jsonl'}", f"seq_len={seq_len}", f"output_dir={work}"])
     lengths = dataset_lengths(cfg, None).lengths
     np.save(cached, lengths)
     return lengths
@@ -319,15 +389,25 @@ def suite_lengths() -> np.ndarray:
 def step_shape(row: Row, lengths: np.ndarray):
     """(steptime.Shape, non-padding tokens per step) of a row, batched as train batches it."""
     from tunelab.plan import steptime, workload
+    from tunelab.plan.estimate import attention_work
 
     b = workload.Batching(row.seq_len, row.micro_batch, 1, row.packing)
-    w = workload.build(workload.Lengths(len(lengths), float(lengths.mean()), 0.5 * lengths.mean(), "", lengths), b, 1.0)
+    mean = float(lengths.mean())
+    w = workload.build(workload.Lengths(len(lengths), mean, row.loss_fraction * mean, "", lengths), b, 1.0)
     tokens = w.epoch.tokens_padded / w.epoch.micro_batches
-    if row.packing:
-        keys = steptime.attention_keys(lengths, float(lengths.mean()), row.seq_len, True)
+    if row.packing:  # as plan counts it: document-causal keys on a GPU, the slots' squares on a CPU
+        keys, scored = attention_work(w, "auto", row.kind)
     else:  # padded rows: each micro-batch's width, weighted by its tokens
-        keys = _padded_keys(lengths, b)
-    shape = steptime.Shape(1, round(tokens), keys, row.compiled, row.compute_bytes, w.loss_tokens_per_micro_batch)
+        keys, scored = _padded_keys(lengths, b), 0.0
+    shape = steptime.Shape(
+        1,
+        round(tokens),
+        keys,
+        row.compiled,
+        row.compute_bytes,
+        w.loss_tokens_per_micro_batch,
+        scored_keys_per_token=scored,
+    )
     return shape, w.epoch.tokens_nonpad / w.epoch.micro_batches
 
 
@@ -360,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
     small = resolve_arch("embedded")
     flops_lora = flops_per_token(small, "lora", archmod.adapter_targets(small, "all-linear"), 32, 256, False).hardware
     rows = [] if args.only_suites else h200_rows() + h100_rows() + cpu_rows(flops_lora)
-    for path in args.suite:
+    committed = [] if args.only_suites else [REPO / s for s in SUITES]
+    for path in dict.fromkeys(p.resolve() for p in committed + args.suite):  # a file named twice counts once
         rows += suite_rows(path)
     if not rows:
         print("no measured rows", file=sys.stderr)
@@ -372,6 +453,11 @@ def main(argv: list[str] | None = None) -> int:
         targets = archmod.adapter_targets(arch, "all-linear")
         if row.lengths == "gpu-suite":
             lengths = suite
+        elif row.lengths.startswith("synthetic:"):
+            lengths = suite_lengths(json.loads(row.lengths.removeprefix("synthetic:")), row.seq_len)
+        elif row.lengths.startswith("span:"):
+            lo, hi = (int(x) for x in row.lengths.removeprefix("span:").split("-"))
+            lengths = np.random.default_rng(0).integers(lo, hi + 1, 2000)
         else:
             lengths = np.full(2000, round(float(row.lengths.split(":")[1])))
         shape, nonpad = step_shape(row, lengths)
@@ -450,7 +536,7 @@ def render_md(doc: dict) -> str:
     lines = [
         f"# plan's step-time model against every measured row ({doc['date']})",
         "",
-        "Written by `benchmarks/scripts/plan_accuracy.py`. Each row: the measured seconds per optimizer step, plan's",
+        f"Written by `{doc['command']}`. Each row: the measured seconds per optimizer step, plan's",
         "predicted step (plan/steptime.py) with the row's device in the fit (`in`) and left out of it (`out`: the",
         "constants pooled over the other measured devices of its kind, or the kind's assumed constants where no other",
         "device of that kind is measured), and the errors. `fit: no` rows are predicted but never fitted.",
@@ -465,7 +551,7 @@ def render_md(doc: dict) -> str:
             f"{r['predicted_s_in']:.3f} ({r['error_in']:+.0%}) | {r['predicted_s_out']:.3f} ({r['error_out']:+.0%}) | "
             f"{r['source']} |"
         )
-    lines += targets(doc["rows"]) + NOTES
+    lines += targets(doc["rows"]) + repeats(doc["rows"]) + NOTES
     lines += ["", "Constants per device (fraction of peak / of bandwidth, seconds per launch):", ""]
     lines += [
         "| device | mode | matmul | attention | bandwidth | launch µs | measured here | carried from |",
@@ -487,6 +573,31 @@ def render_md(doc: dict) -> str:
             f"measured {c['measured_train_s']:.1f} s ({c['error']:+.1%}) for {c['steps']} steps.",
         ]
     return "\n".join(lines) + "\n"
+
+
+def repeats(rows: list[dict]) -> list[str]:
+    """Rows measured more than once (the same device, recipe and stack in several files): the spread of their
+    measured steps, against which no model of the step can be closer than half of it."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["kind"] == "cpu" and "cpu-steps" in r["label"]:
+            groups.setdefault((r["device"], r["label"], r["stack"]), []).append(r)
+    found = {k: v for k, v in groups.items() if len(v) > 1}
+    if not found:
+        return []
+    out = [
+        "",
+        "## The same rows measured again",
+        "",
+        "| device | row | measured s, each run | slowest / fastest | matmul probe TFLOP/s, each run |",
+        "|---|---|---|---|---|",
+    ]
+    for (device, label, _stack), rs in found.items():
+        steps = [r["measured_s"] for r in rs]
+        measured = ", ".join(f"{x:.2f}" for x in steps)
+        probes = ", ".join(f"{r['peak'] / 1e12:.2f}" for r in rs)
+        out.append(f"| {device} | {label} | {measured} | {max(steps) / min(steps):.2f} | {probes} |")
+    return out
 
 
 def targets(rows: list[dict]) -> list[str]:
@@ -532,24 +643,24 @@ NOTES = [
     "  constants carry across GPUs. An H100 suite run of the same rows on the current code is the missing proof.",
     "- The H100 rows are tunelab at 747991f, whose steps were host-bound and erratic (recompiles, slow eager",
     "  launches; ../shared/gpu-baseline/README.md); they are predicted with the H200's constants and shown, not",
-    "  fitted. Their steps took 1.3-2.4 times the prediction: that code's, which the current code's H200 rows",
-    "  no longer show.",
-    "- Full fine-tuning is still under-predicted where it was measured (H200 1b-full -8%, the 2026-11-22 AMX rows",
-    "  of older code -16 to -29%), less than before the step model counted the loss's chunked head gradient",
-    "  (20 B per head weight per chunk of 256 target positions: 173 GB a micro-batch for Llama-3.2-1B, where",
-    "  the model had put -18%) and gradient clipping (12 B per trainable parameter). Still uncounted: the tied",
-    "  embedding's dense gradient; a profile of a full step on a GPU would place the rest.",
-    "- The CPU classes are three devices with one recipe each (the `make demo` LoRA runs, compiled, SmolLM2-135M",
-    "  at seq 256), so each determines one or two constants. Left out, the AMX Xeon takes the EPYC classes'",
-    "  pooled constants and is predicted 25% slow: its memory-bound work runs faster than their pooled",
-    "  `bandwidth` factor says, and the EPYC machines' own bandwidth was never measured (they carry the Xeon's",
-    "  figure), so their factor mixes their memory system with the Xeon's number. A bandwidth probe on each",
-    "  class (or `tunelab bench --calibrate` there) removes that.",
-    "- The hf-peft row that misses left out is the AMX peer of 2026-11-22 (older code), predicted from the",
-    "  H200's peer factor and the EPYC classes' constants.",
-    "- A CPU's bandwidth here is one DRAM copy on the Xeon, measured while other processes shared its 2 cores",
-    "  (3.3-5.3 GB/s over repeats); the EPYC classes carry it. The fitted `bandwidth` of 4-7 is that figure's",
-    "  shortfall and the caches a small model's micro-batch stays in.",
+    "  fitted.",
+    "- Full fine-tuning on the H200 is under-predicted (its row above); the tied embedding's dense gradient is",
+    "  still uncounted, and a profile of a full step on a GPU would place the rest.",
+    "- The CPU classes: besides the `make demo` runs, `tunelab bench --suite cpu-steps` measured the quickstart's",
+    "  model in six step kinds and the tuned HF peer on one 2-core Xeon, with AMX (three runs) and capped to",
+    "  AVX-512 BF16 and to AVX2 (one run each; the caps change the units the matmuls run on, not the memory).",
+    "  Each row divides by the matmul probe taken right after it, and the third AMX run's rows by their own copy",
+    "  probe too (the others by CPU_BANDWIDTH, the median of those probes). On a CPU the slot path computes each",
+    "  micro-batch's slots whole, and its scores' element-wise passes are memory-bound work (docs/formulas.md).",
+    '- The same AMX rows measured three times within an hour differ by up to 2x ("The same rows measured',
+    '  again"), and neither probe follows it: the fp32 matmul probe stayed at 0.22-0.32 TFLOP/s in all three,',
+    "  and the third run's copy probe within 17-22 GB/s while its lora-ckpt row took 1.42x the first run's. No",
+    "  fit can be nearer than half that spread to all three, which is most of the AMX rows' misses in and out",
+    "  of the fit. The capped classes, measured once each, miss by more than 15% in one row each (AVX-512 BF16",
+    "  `full`, whose probe read half of its neighbours', and its compiled row). The targets on a CPU need a",
+    "  machine whose speed holds still.",
+    "- Rows older than the current code (2026-11-22 bench records) and the EPYC demo runs (another machine,",
+    "  whose bandwidth was never probed) are predicted with the same constants.",
 ]
 
 

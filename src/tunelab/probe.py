@@ -23,6 +23,9 @@ PROBE_SECONDS = 2.0
 WINDOWS = 8
 
 _cache: dict[tuple[str, torch.dtype], tuple[float, int]] = {}
+# The copy probe: a buffer well beyond the last-level cache, so that it reads the memory system, not a cache.
+COPY_MIB = 256
+_copy_cache: dict[str, float] = {}
 
 
 def max_size(device: torch.device) -> int:
@@ -87,9 +90,36 @@ def measure_matmul_peak(
     return best, best_n
 
 
-def matmul_peak(dtype: torch.dtype, device: torch.device) -> tuple[float, int]:
-    """`measure_matmul_peak` at the default budget, once per process for each (device, dtype)."""
+def matmul_peak(dtype: torch.dtype, device: torch.device, fresh: bool = False) -> tuple[float, int]:
+    """`measure_matmul_peak` at the default budget, once per process for each (device, dtype); `fresh` probes
+    again (and keeps the new figure for later callers)."""
     key = (str(device), dtype)
-    if key not in _cache:
+    if fresh or key not in _cache:
         _cache[key] = measure_matmul_peak(dtype, device)
     return _cache[key]
+
+
+def measure_copy_bandwidth(device: torch.device, mib: int = COPY_MIB, windows: int = WINDOWS) -> float:
+    """Achieved memory bandwidth (bytes read + written per second) of copying an fp32 buffer of `mib` MiB into
+    another that was touched already: the fastest of `windows` copies, for the reason measure_matmul_peak takes
+    the fastest window. On a CPU the memory-bound part of a step runs at a multiple of it that stays put
+    (plan/fit.py), while the figure itself moves with what else the machine's memory serves."""
+    n = mib * 2**20 // 4
+    source = torch.randn(n, device=device)
+    target = torch.empty_like(source).copy_(source)  # first touch outside the timed copies
+    best = 0.0
+    for _ in range(windows):
+        synchronize(device)
+        start = time.perf_counter()
+        target.copy_(source)
+        synchronize(device)
+        best = max(best, 2 * 4 * n / (time.perf_counter() - start))
+    return best
+
+
+def copy_bandwidth(device: torch.device, fresh: bool = False) -> float:
+    """`measure_copy_bandwidth` once per process for each device; `fresh` probes again (and keeps the figure)."""
+    key = str(device)
+    if fresh or key not in _copy_cache:
+        _copy_cache[key] = measure_copy_bandwidth(device)
+    return _copy_cache[key]

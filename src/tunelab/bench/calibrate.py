@@ -64,6 +64,7 @@ def fit(
         device_name=name,
         peak_flops=peak.flops,
         peak_dtype=peak.dtype,
+        bandwidth_bps=peak.bandwidth or None,
         efficiency=efficiency,
         runtime_overhead_bytes=first.peak_memory_bytes - first.memory_without_overhead,
         step_scale=step_scale,

@@ -15,7 +15,7 @@ import torch
 
 from ..plan import catalog
 from ..plan.flops import FlopsPerToken
-from ..probe import matmul_peak
+from ..probe import copy_bandwidth, matmul_peak
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,7 @@ class Peak:
     dtype: str  # the dtype whose figure applies to the run (its compute precision)
     source: str  # how it was obtained, printed and stored with every record
     probes: dict[str, float]  # measured matmul FLOP/s per dtype at run time
+    bandwidth: float = 0.0  # a CPU's copy probe at run time, bytes/s (probe.copy_bandwidth); 0 on a GPU
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -36,18 +37,22 @@ def probe_dtypes(device: torch.device, compute: str) -> tuple[str, ...]:
     return (compute if compute != "fp32" else "bf16",)
 
 
-def device_peak(device: torch.device, name: str, memory_bytes: int, compute: str, gpu_id: str | None = None) -> Peak:
+def device_peak(
+    device: torch.device, name: str, memory_bytes: int, compute: str, gpu_id: str | None = None, fresh: bool = False
+) -> Peak:
     """device_peak_flops for a run whose compute precision is `compute` (bf16 | fp16 | fp32).
 
-    `gpu_id` names the catalog row when the device name does not match one (an unlisted board).
+    `gpu_id` names the catalog row when the device name does not match one (an unlisted board); `fresh` probes
+    again instead of reading this process's earlier probe.
     """
     from ..device import DTYPES
 
-    measured = {d: matmul_peak(DTYPES[d], device) for d in probe_dtypes(device, compute)}
+    measured = {d: matmul_peak(DTYPES[d], device, fresh) for d in probe_dtypes(device, compute)}
     probes = {d: flops for d, (flops, _) in measured.items()}
     if device.type == "cpu":
         n = measured[compute][1]
-        return Peak(probes[compute], compute, f"measured now: {n}^3 {compute} matmul probe on {name}", probes)
+        source = f"measured now: {n}^3 {compute} matmul probe on {name}"
+        return Peak(probes[compute], compute, source, probes, copy_bandwidth(device, fresh))
     row = catalog.gpu(gpu_id) if gpu_id else catalog.match_gpu(name, memory_bytes)
     dtype, (probed, n) = next(iter(measured.items()))
     if row is None:

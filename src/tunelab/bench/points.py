@@ -159,7 +159,7 @@ def _train_in_child(cfg: cfgmod.TrainConfig, stop_at: int, warmup: int) -> dict:
     return train(cfg, show_progress=False, measure=Measurement(stop_at=stop_at, warmup_window=warmup))
 
 
-def device_peak(device_ref: str, summary: dict, catalog_gpu: str | None) -> measure.Peak:
+def device_peak(device_ref: str, summary: dict, catalog_gpu: str | None, fresh: bool = False) -> measure.Peak:
     """Measured in this (parent) process after the point ran, so the probe never competes with training."""
     from ..device import pick_device
 
@@ -169,7 +169,21 @@ def device_peak(device_ref: str, summary: dict, catalog_gpu: str | None) -> meas
         summary["device_memory_bytes"],
         summary["precision"],
         gpu_id=catalog_gpu,
+        fresh=fresh,
     )
+
+
+def point_peak(peaks: dict, device_ref: str, summary: dict, catalog_gpu: str | None) -> measure.Peak:
+    """The peak a point of a sweep or suite divides by. A GPU's is its catalog figure (or one probe per precision,
+    kept in `peaks`); a CPU is probed again after every point: a CPU shared with other processes changes speed
+    between points (the probes of benchmarks/plan-accuracy/cpu-steps_*.json), and each point's MFU and plan's
+    fit (benchmarks/scripts/plan_accuracy.py) need the speed it ran at."""
+    from ..device import pick_device
+
+    on_cpu = pick_device(device_ref).type == "cpu"
+    if on_cpu or summary["precision"] not in peaks:
+        peaks[summary["precision"]] = device_peak(device_ref, summary, catalog_gpu, fresh=on_cpu)
+    return peaks[summary["precision"]]
 
 
 def build_record(label: str, summary: dict, peak: measure.Peak, prediction, warmup: int, cfg) -> dict:
@@ -217,6 +231,7 @@ def build_record(label: str, summary: dict, peak: measure.Peak, prediction, warm
         "peak_memory_absolute_bytes": summary["peak_memory_absolute_bytes"],
         **{f"predicted_{k}": v for k, v in pred.items()},
         "peak_probes": peak.probes,
+        "device_bandwidth_bps": peak.bandwidth or None,
         "config": asdict(cfg),
     }
 

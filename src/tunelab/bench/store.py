@@ -59,6 +59,7 @@ COLUMNS: dict[str, str] = {
     "device_peak_flops": "REAL",
     "peak_source": "TEXT",
     "peak_probes": "JSON",  # matmul probe FLOP/s per dtype measured at run time ({"bf16": ..., "fp32": ...})
+    "device_bandwidth_bps": "REAL",  # a CPU's copy probe at run time (read + write bytes/s); NULL on a GPU
     "mfu": "REAL",
     "mfu_useful": "REAL",  # mfu with attention counted document-causal (docs/metrics.md)
     "hfu": "REAL",

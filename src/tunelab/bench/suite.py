@@ -27,7 +27,7 @@ from ..recipes.predict import local_prediction
 from ..sources import resolve_arch
 from . import points, store
 from .compare import compare
-from .suite_report import device_slug, document, environment, markdown
+from .suite_report import document, environment, markdown, stem_device
 from .suite_schema import AUTO, Row, Suite, SuiteOptions, load_suite, select_rows
 
 DEFAULT_OUT = "benchmarks"
@@ -180,7 +180,7 @@ def run(options: SuiteOptions, base_dir: Path, db: Path) -> int:
     # Named once, by the day the run started: its partial writes and its last one go to the same files, and a
     # second run of the same rows on the same day writes beside the first instead of over it.
     date, device = datetime.date.today().isoformat(), environment()
-    json_path, md_path = output_paths(Path(options.out or DEFAULT_OUT), results_stem(suite, full, device["name"], date))
+    json_path, md_path = output_paths(Path(options.out or DEFAULT_OUT), results_stem(suite, full, device, date))
 
     def write(complete: bool) -> tuple[Path, Path, str]:
         doc = document(options, suite, data, results, time.time() - started, complete, date, device)
@@ -206,11 +206,11 @@ def run(options: SuiteOptions, base_dir: Path, db: Path) -> int:
     return 0
 
 
-def results_stem(suite, full, device_name: str, date: str) -> str:
+def results_stem(suite, full, device: dict, date: str) -> str:
     """`<suite>[-<row>.<row>...]_<device>_<date>`: rows joined by `.`, and nothing but letters, digits, `.`, `_`
     and `-`, the only names a GPU host's file transfer brings back."""
     part = "" if suite.rows == full.rows else "-" + ".".join(r.name for r in suite.rows)
-    return safe_name(f"{suite.name}{part}_{device_slug(device_name)}_{date}")
+    return safe_name(f"{suite.name}{part}_{stem_device(device)}_{date}")
 
 
 def output_paths(out_dir: Path, stem: str) -> tuple[Path, Path]:
@@ -274,9 +274,8 @@ def run_row(
         points.check_length(prediction, row.warmup + row.steps)
         print(f"{head}: micro-batch {cfg.micro_batch}, {row.warmup} + {row.steps} steps", file=sys.stderr, flush=True)
         summary = points.measure_point(cfg, row.warmup + row.steps, row.warmup)
-        if summary["precision"] not in peaks:
-            peaks[summary["precision"]] = points.device_peak(cfg.device, summary, options.catalog_gpu)
-        rec = points.build_record(row.name, summary, peaks[summary["precision"]], prediction, row.warmup, cfg)
+        peak = points.point_peak(peaks, cfg.device, summary, options.catalog_gpu)
+        rec = points.build_record(row.name, summary, peak, prediction, row.warmup, cfg)
         store.insert(db, rec)
         rec = {**rec, "compile": row.compile, "model": row.model, "wall_s": time.time() - started}
         print(

@@ -4,6 +4,7 @@ table, with the device and library versions it ran on."""
 from __future__ import annotations
 
 import datetime
+import os
 import re
 
 from ..markdown import gib_cell, num, table
@@ -16,17 +17,28 @@ def device_slug(name: str) -> str:
 
 
 def environment() -> dict:
-    """The device this process sees, and the CUDA runtime and driver where there is one."""
+    """The device this process sees, the CUDA runtime and driver where there is one, and a CPU's class (the
+    units its matmuls run on, device.cpu_class) with the oneDNN ISA cap that chose it."""
     import torch
 
-    from ..device import device_memory_bytes, device_name, pick_device
+    from ..device import cpu_class, device_memory_bytes, device_name, pick_device
 
     device = pick_device("auto")
     env = {"name": device_name(device), "type": device.type, "memory_bytes": device_memory_bytes(device)}
     if device.type == "cuda":
         env["cuda"] = torch.version.cuda
         env["driver"] = _driver_version()
+    else:
+        env["cpu_class"] = cpu_class()
+        env["isa_cap"] = os.environ.get("ONEDNN_MAX_CPU_ISA") or None
     return env
+
+
+def stem_device(env: dict) -> str:
+    """A results file's device part: the device's name, and a CPU's class (one machine under an ISA cap is
+    another class, whose files must not take each other's names)."""
+    cls = f" {env['cpu_class']}" if env.get("cpu_class") else ""
+    return device_slug(env["name"] + cls)
 
 
 def _driver_version() -> str | None:
@@ -90,7 +102,11 @@ def document(
 def markdown(doc: dict) -> str:
     dev = doc["device"]
     env = ", ".join(f"{k} {v}" for k, v in doc["versions"].items())
-    cuda = f", CUDA {dev['cuda']}, driver {dev.get('driver') or 'unknown'}" if dev["type"] == "cuda" else ""
+    if dev["type"] == "cuda":
+        cuda = f", CUDA {dev['cuda']}, driver {dev.get('driver') or 'unknown'}"
+    else:
+        cap = f", oneDNN capped at {dev['isa_cap']}" if dev.get("isa_cap") else ""
+        cuda = f", class {dev['cpu_class']}{cap}" if dev.get("cpu_class") else ""
     header = [
         "row",
         "non-pad tok/s (window)",

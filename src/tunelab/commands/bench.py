@@ -25,6 +25,7 @@ from ..bench.points import (
     json_view,
     measure_peer,
     measure_point,
+    point_peak,
     slug,
     step_stats,
 )
@@ -97,7 +98,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "names", metavar="NAME[,NAME]", help="hf-trainer-seed, hf-trainer-tuned, hf-trainer-liger, trl-sft, trl-dpo"
     )
     peers.add_argument("--rounds", type=int, help="interleaved rounds (tunelab, peers, tunelab, ...; default 2)")
-    suite = mode("suite", "run a benchmark suite of bench/suites.yaml (gpu, cpu) or of a suites file")
+    suite = mode("suite", "run a benchmark suite of bench/suites.yaml (gpu, cpu, cpu-steps, ...) or of a suites file")
     suite.add_argument("suite", metavar="NAME|FILE.yaml")
     suite.add_argument("--rows", dest="suite_rows", metavar="NAME[,NAME]", help="run only these rows")
     suite.add_argument("--out", help="the folder for its files (default benchmarks)")
@@ -151,7 +152,7 @@ def _flag_form(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--suite",
         metavar="NAME|FILE.yaml",
-        help="run a benchmark suite of bench/suites.yaml (gpu, cpu) or of a suites file; "
+        help="run a benchmark suite of bench/suites.yaml (gpu, cpu, cpu-steps, ...) or of a suites file; "
         "writes <out>/<suite>_<device>_<date>.json and .md",
     )
     p.add_argument(
@@ -245,9 +246,8 @@ def measure_points(args: argparse.Namespace, steps: int, points: list, configs: 
             else:
                 print(f"[{i}/{len(points)}] {label}: {e}", file=sys.stderr, flush=True)
             continue
-        if summary["precision"] not in peaks:
-            peaks[summary["precision"]] = device_peak(cfg.device, summary, args.catalog_gpu)
-        rec = build_record(label, summary, peaks[summary["precision"]], prediction, args.warmup, cfg)
+        peak = point_peak(peaks, cfg.device, summary, args.catalog_gpu)
+        rec = build_record(label, summary, peak, prediction, args.warmup, cfg)
         store.insert(db, rec)
         records.append(rec)
         if args.json:
@@ -393,7 +393,7 @@ def run_calibration(args: argparse.Namespace, steps: int, base_dir: Path) -> int
         # The step model alone, at the record's peak, for the blocks the run really had (eager or compiled)
         chosen = bool((summary.get("compile") or {}).get("chosen"))
         as_run = point_config(args, [f"method={cfg.method}", f"compile={str(chosen).lower()}"], base_dir / "model")
-        modeled = local_prediction(as_run, peak.flops, calibrated=False)
+        modeled = local_prediction(as_run, peak.flops, calibrated=False, bandwidth_bps=peak.bandwidth or None)
         points.append(
             calibrate.Point(
                 method_key(s.method, s.base_quant),
@@ -480,8 +480,10 @@ def show_single(rec: dict, db: Path) -> None:
     c = _console()
     c.print(t)
     probes = ", ".join(f"{k} {v / 1e12:.2f}" for k, v in rec["peak_probes"].items())
+    copy = f"; copy probe {rec['device_bandwidth_bps'] / 1e9:.1f} GB/s" if rec.get("device_bandwidth_bps") else ""
     c.print(
         f"device peak {rec['device_peak_flops'] / 1e12:.2f} TFLOP/s ({rec['peak_source']}); probes TFLOP/s: {probes}"
+        f"{copy}"
     )
     c.print(
         f"FLOPs/token (plan): {rec['model_flops_per_token'] / 1e9:.3f} G model, {rec['hardware_flops_per_token'] / 1e9:.3f} G hardware; "

@@ -30,6 +30,9 @@ class CalibrationRecord:
     device_name: str
     peak_flops: float | None = None  # achieved bf16 (or fp32) matmul FLOP/s of this device
     peak_dtype: str = "bf16"
+    # a CPU's copy bandwidth when it was calibrated (bytes/s, probe.copy_bandwidth): the step model's memory-bound
+    # part runs against it as the matmuls run against `peak_flops`. None on a GPU (its catalog figure applies).
+    bandwidth_bps: float | None = None
     efficiency: dict[str, float] = field(
         default_factory=dict
     )  # method (lora|dora|qlora|full|lora-int8) -> fraction of peak

@@ -22,19 +22,19 @@ from .steptime import Constants
 PRIOR_WEIGHT = 0.05
 # Starting constants of a kind with no measured device at all: assumptions, printed as such. cuda: a large bf16
 # GEMM reaches ~0.8 of the dense datasheet peak (docs/formulas.md), attention about half of that, element-wise
-# kernels ~0.7 of the bandwidth, ~5 µs of host time per eager launch. cpu: relative to the bf16/fp32 matmul probe.
-# A CPU's bandwidth is a DRAM copy; one micro-batch of a small model (a few MB of activations) mostly stays in its
-# caches, so its element-wise work runs at several times that (the CPU fits below give 4-5).
+# kernels ~0.7 of the bandwidth, ~5 µs of host time per eager launch. cpu: relative to the bf16/fp32 matmul probe
+# and to the copy probe (probe.copy_bandwidth): element-wise work at about the copy's rate, which the part of a
+# micro-batch that stays in cache beats and fp32 upcasts fall short of.
 ASSUMED = {
     "cuda": Constants(matmul=0.75, attention=0.35, bandwidth=0.7, launch_s=5e-6),
-    "cpu": Constants(matmul=0.8, attention=0.3, bandwidth=4.0, launch_s=2e-5),
+    "cpu": Constants(matmul=0.8, attention=0.3, bandwidth=1.0, launch_s=2e-5),
 }
 
 
 def ridge(kind: str, peak_flops: float, bandwidth_bps: float) -> float:
     """FLOPs per byte above which a GEMM is compute-bound: the ratio of the achieved rates at the kind's
     assumed constants (fixed, so that which GEMMs are memory-bound does not move with the fit). On an H200
-    that is 220 (the datasheet ratio is 206); on a CPU it counts the caches the DRAM copy misses."""
+    that is 220 (the datasheet ratio is 206)."""
     c = ASSUMED[kind]
     return peak_flops * c.matmul / (bandwidth_bps * c.bandwidth)
 

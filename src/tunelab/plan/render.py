@@ -175,6 +175,10 @@ def step_lines(e: Estimate) -> list[str]:
     mode = "compiled" if compiled and e.settings.stack == "tunelab" else "eager"
     bound = bound.removesuffix("-bound") + "-bound"  # "memory-bound", not "memory-bound-bound"
     lines = [f"  step ({e.settings.stack}, {mode}): {b.total * 1e3:,.1f} ms = {shown}; {bound}"]
+    g, record = e.device.gpu, e.device.calibration
+    if g.id == "local" and g.device_type == "cpu" and g.bandwidth_gbs:
+        where = "calibration record" if record and record.bandwidth_bps == g.bandwidth_gbs * 1e9 else "copy probe"
+        lines.append(f"  memory bandwidth: {g.bandwidth_gbs:.1f} GB/s ({where}), the memory-bound part's measure")
     if e.constants is not None and e.constants.rows:
         lines.append(
             f"  step constants fitted on: {'; '.join(e.constants.rows[:3])}"

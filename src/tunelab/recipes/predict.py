@@ -105,12 +105,13 @@ def eval_file_lengths(cfg: cfgmod.TrainConfig, tokenizer_ref: str | None) -> wor
     return _lengths(prepare(spec, _tokenizer(cfg, tokenizer_ref)), f"evaluation examples from {cfg.eval.path}", None)
 
 
-def local_device(precision: str, peak_flops: float | None = None) -> Device:
+def local_device(precision: str, peak_flops: float | None = None, bandwidth_bps: float | None = None) -> Device:
     """The present machine: its peak from a calibration record, else a short matmul probe (or `peak_flops`,
-    given, with no probe)."""
+    given, with no probe). A CPU's memory bandwidth likewise: the record's, else a copy probe (or
+    `bandwidth_bps`; with `peak_flops` given and no bandwidth, its class's catalog figure, no probe)."""
     from ..device import cpu_class, device_memory_bytes, device_name, pick_device, pick_precision
     from ..plan.calibration import device_key, load_calibration
-    from ..probe import matmul_peak
+    from ..probe import copy_bandwidth, matmul_peak
 
     dev = pick_device("auto")
     prec = pick_precision(precision, dev)
@@ -129,6 +130,10 @@ def local_device(precision: str, peak_flops: float | None = None) -> Device:
     else:
         peak, n = matmul_peak(prec.compute, dev)
         source = f"measured now: {n}^3 {prec.name} matmul probe"
+    bandwidth = bandwidth_bps or 0.0
+    if dev.type == "cpu" and not bandwidth and peak_flops is None:
+        calibrated = record is not None and record.peak_flops and record.bandwidth_bps
+        bandwidth = record.bandwidth_bps if calibrated else copy_bandwidth(dev)
     cls = catalog.local_class(dev.type, prec.name, cpu_class() if dev.type == "cpu" else "")
     overhead = catalog.runtime_overhead("cuda" if dev.type == "cuda" else "cpu")
     if record is not None and record.runtime_overhead_bytes is not None:
@@ -137,7 +142,7 @@ def local_device(precision: str, peak_flops: float | None = None) -> Device:
         "local",
         name,
         memory,
-        row.bandwidth_gbs if row else 0.0,
+        row.bandwidth_gbs if row else bandwidth / 1e9,
         peak,
         prec.name == "bf16",
         cls,
@@ -148,12 +153,18 @@ def local_device(precision: str, peak_flops: float | None = None) -> Device:
     return Device(gpu, overhead, record)
 
 
-def local_prediction(cfg: cfgmod.TrainConfig, peak_flops: float | None = None, calibrated: bool = True):
+def local_prediction(
+    cfg: cfgmod.TrainConfig,
+    peak_flops: float | None = None,
+    calibrated: bool = True,
+    bandwidth_bps: float | None = None,
+):
     """plan's estimate for a training config on the present device, as `plan --gpu local` computes it: what
-    `bench` and the demo put beside their measurements. `peak_flops` and `calibrated=False`: the step model's
-    own figures at a given peak, which `bench --calibrate` compares its measurement with."""
+    `bench` and the demo put beside their measurements. `peak_flops`, `bandwidth_bps` and `calibrated=False`:
+    the step model's own figures at a given peak and bandwidth, which `bench --calibrate` compares its
+    measurement with."""
     arch = resolve_arch(cfg.model)
-    device = local_device(cfg.precision, peak_flops)
+    device = local_device(cfg.precision, peak_flops, bandwidth_bps)
     if not calibrated:
         device = replace(device, calibration=None)
     return estimate(arch, dataset_lengths(cfg, None), settings_from_config(cfg, arch, device), device)

@@ -184,6 +184,9 @@ def test_calibrate_writes_a_record_plan_reads(bench_args, tmp_path, monkeypatch,
     assert prediction.step.total == pytest.approx(run["step_time_median_s"], rel=1e-6)
     assert "calibrated for lora" in prediction.efficiency.label and "step model x" in prediction.efficiency.label
     assert prediction.device.gpu.peak_flops == record.peak_flops  # plan reads the record's peak, no new probe
+    # and its bandwidth: the copy probe of the calibration, which the run's record carries too
+    assert record.bandwidth_bps == run["device_bandwidth_bps"] > 0
+    assert prediction.device.gpu.bandwidth_gbs * 1e9 == pytest.approx(record.bandwidth_bps)
     # Another shape keeps what the model knows of it: the same factor on its own modeled step.
     other = local_prediction(command.point_config(command_args([*bench_args, "micro_batch=1"]), [], tmp_path / "q"))
     assert other.step.total == pytest.approx(other.model_step_s * record.step_scale[key], rel=1e-9)
@@ -282,3 +285,44 @@ def test_a_sweep_point_out_of_memory_is_shown_and_the_sweep_goes_on(bench_args, 
 
     assert main(["bench", *bench_args, "--steps", "2", "--warmup", "1", "--sweep", "micro_batch=4", "--json"]) == 2
     assert "tunelab bench: error: out of memory on cuda:0" in capsys.readouterr().err
+
+
+def test_a_cpu_point_is_probed_again_and_the_cached_probe_stays_for_other_callers(monkeypatch):
+    """A shared CPU changes speed between points, so each sweep or suite point on a CPU divides by a probe taken
+    right after it (points.point_peak); a plain matmul_peak reads the process's earlier probe."""
+    import torch
+
+    from tunelab import probe
+    from tunelab.bench import points
+
+    figures = iter(float(x) for x in range(1, 100))
+    monkeypatch.setattr(probe, "measure_matmul_peak", lambda dtype, device: (next(figures) * 1e12, 256))
+    monkeypatch.setattr(probe, "measure_copy_bandwidth", lambda device: next(figures) * 1e9)
+    monkeypatch.setattr(probe, "_cache", {})
+    monkeypatch.setattr(probe, "_copy_cache", {})
+    summary = {"device": "cpu", "device_memory_bytes": 1 << 30, "precision": "fp32"}
+    peaks = {}
+    first = points.point_peak(peaks, "cpu", summary, None)
+    second = points.point_peak(peaks, "cpu", summary, None)
+    assert second.flops > first.flops and second.bandwidth > first.bandwidth > 0  # probed again, not read back
+    assert "probe" in second.source and second.probes["fp32"] == second.flops
+    assert probe.matmul_peak(torch.float32, torch.device("cpu")) == (second.flops, 256)  # the newest stays cached
+    assert probe.copy_bandwidth(torch.device("cpu")) == second.bandwidth
+
+
+def test_the_copy_probe_reads_a_buffer_beyond_the_caches_and_plan_on_a_cpu_uses_it(monkeypatch):
+    """plan's memory-bound part on a CPU runs against the copy probe of this machine (or the calibration's);
+    given a peak and no bandwidth (the compile decision's floor), no probe runs and the class's figure applies."""
+    import torch
+
+    from tunelab import probe
+    from tunelab.recipes.predict import local_device
+
+    small = probe.measure_copy_bandwidth(torch.device("cpu"), mib=4, windows=2)
+    assert small > 1e8  # bytes read + written per second; any machine copies 4 MiB faster than 0.1 GB/s
+    monkeypatch.setattr(probe, "_copy_cache", {"cpu": 12.5e9})
+    assert local_device("fp32").gpu.bandwidth_gbs == pytest.approx(12.5)
+    assert local_device("fp32", bandwidth_bps=3e9).gpu.bandwidth_gbs == pytest.approx(3.0)
+    monkeypatch.setattr(probe, "measure_copy_bandwidth", lambda *a: pytest.fail("the floor must not probe"))
+    monkeypatch.setattr(probe, "_copy_cache", {})
+    assert local_device("fp32", peak_flops=1e12).gpu.bandwidth_gbs == 0.0

@@ -40,7 +40,8 @@ def test_builtin_suite_rows_load_as_valid_configs(name, tiny_model_dir, tmp_path
         mb = row.micro_batch_cap if row.micro_batch == schema.AUTO else row.micro_batch
         cfg = suitemod.row_config(suite, row, model, tmp_path / "data.jsonl", tmp_path / row.name, micro_batch=mb)
         assert (cfg.method, cfg.compile, cfg.grad_ckpt, cfg.micro_batch) == (row.method, row.compile, row.grad_ckpt, mb)
-        assert cfg.packing and cfg.lora.r == 16 and cfg.lora.alpha == 32 and cfg.lora.targets == "all-linear"
+        assert cfg.packing and cfg.lora.targets == "all-linear"
+        assert (cfg.lora.r, cfg.lora.alpha) == (suite.config["lora.r"], suite.config["lora.alpha"])
         assert row.steps >= 1 and row.warmup >= 1
     assert suite.peers_after in {r.name for r in suite.rows}
 
@@ -119,6 +120,10 @@ def test_cpu_suite_end_to_end(tmp_path):
     doc, records, md = _records(out)
     suite = schema.select_rows(schema.load_suite("cpu"), rows)
     assert doc["suite"] == "cpu" and doc["device"]["name"] and doc["versions"]["torch"] and doc["versions"]["peft"]
+    from tunelab.device import cpu_class
+
+    assert doc["device"]["cpu_class"] == cpu_class() and f"class {cpu_class()}" in md
+    assert cpu_class() in next(out.glob("*.json")).name
     assert doc["definition"]["rows"] and doc["data"]["rows"] == suite.data["rows"] and "--suite cpu" in doc["command"]
     for row in suite.rows:
         rec = records[row.name]
@@ -218,11 +223,13 @@ def test_a_suite_names_its_files_with_letters_digits_dots_underscores_and_hyphen
     """A GPU host's file transfer brings back only such names; a `+` between rows lost a whole suite's results."""
     gpu = suitemod.load_suite("gpu")
     part = suitemod.select_rows(gpu, "1b-lora,1b-lora-compiled,8b-lora")
-    stem = suitemod.results_stem(part, gpu, "NVIDIA H200 (141 GB) + MIG 1g", "2026-11-26")
+    stem = suitemod.results_stem(part, gpu, {"name": "NVIDIA H200 (141 GB) + MIG 1g"}, "2026-11-26")
     assert stem == "gpu-1b-lora.1b-lora-compiled.8b-lora_nvidia-h200-mig-1g_2026-11-26"
-    assert (
-        suitemod.results_stem(gpu, gpu, "NVIDIA H100 80GB HBM3", "2026-11-26") == "gpu_nvidia-h100-80gb-hbm3_2026-11-26"
-    )
+    h100 = {"name": "NVIDIA H100 80GB HBM3", "type": "cuda"}
+    assert suitemod.results_stem(gpu, gpu, h100, "2026-11-26") == "gpu_nvidia-h100-80gb-hbm3_2026-11-26"
+    # One CPU under an ISA cap is another class: its files take the class into their names.
+    capped = {"name": "Intel(R) Xeon(R) Processor (2 threads)", "type": "cpu", "cpu_class": "avx512-bf16"}
+    assert suitemod.results_stem(gpu, gpu, capped, "2026-11-26") == "gpu_intel-xeon-processor-avx512-bf16_2026-11-26"
     from tunelab.bench.points import slug
     from tunelab.io import SAFE_NAME
 

@@ -126,3 +126,52 @@ def test_plan_predicts_a_suite_rows_rate_once_fitted_from_its_results_file(tmp_p
     # one row that moves the constants 20% from the assumed ones keeps some of the prior's pull (plan/fit.py)
     assert after["tokens_per_s"] == pytest.approx(rate, rel=0.1)
     assert abs(after["tokens_per_s"] / rate - 1) < 0.5 * abs(before["tokens_per_s"] / rate - 1)
+
+
+def test_a_cpu_suite_fits_its_class_with_each_rows_probe_and_its_peer_as_the_hf_peft_stack(tmp_path):
+    """A CPU's `bench --suite` file: each row's device is its CPU class (its precision and the file's class),
+    its peak the probe taken after it, a peer takes the probe of the row it follows."""
+    data = {"rows": 200, "prompt_tokens": "8-40", "response_tokens": "8-60", "dist": "triangular", "seed": 0}
+
+    def record(label, kind, precision, peak, step, **extra):
+        return {
+            "kind": kind,
+            "label": label,
+            "model": "random:smollm2-135m",
+            "method": "lora",
+            "grad_ckpt": False,
+            "micro_batch": 8,
+            "seq_len": 128,
+            "precision": precision,
+            "data": {"mean_len": 60.0, "tokens_nonpad": 1000, "tokens_loss": 500},
+            "config": {"compile": False, "lora": {"r": 32}},
+            "step_time_median_s": step,
+            **({"device_peak_flops": peak, "peak_source": "measured now: 1024^3 bf16 matmul probe"} if peak else {}),
+            **extra,
+        }
+
+    rows = [
+        record("lora", "tunelab", "bf16", 1.5e12, 1.0),
+        record("peer hf-trainer-tuned", "hf-trainer-tuned", "bf16", None, 2.0, against="lora"),
+        record("lora-fp32", "tunelab", "fp32", 0.3e12, 3.0),
+    ]
+    device = {"name": "Some CPU (2 threads)", "type": "cpu", "cpu_class": "avx512-bf16", "isa_cap": None}
+    doc = {"date": "2026-12-01", "suite": "cpu-steps", "device": device, "definition": {"data": data}, "records": rows}
+    suite = tmp_path / "cpu-steps_some-cpu-avx512-bf16_2026-12-01.json"
+    suite.write_text(json.dumps(doc))
+    target = tmp_path / "fitted.yaml"
+    script = [sys.executable, str(REPO / "benchmarks" / "fit_catalog.py"), str(suite), "--only-suites", "--write"]
+    done = subprocess.run(
+        [*script, "--fitted", str(target), "--out", str(tmp_path / "accuracy")], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    fitted = yaml.safe_load(target.read_text())
+    assert fitted["devices"]["cpu-avx512-bf16"]["rows"] == [f"{suite} row lora (2026-12-01)"]
+    assert fitted["devices"]["cpu-fp32"]["rows"] == [f"{suite} row lora-fp32 (2026-12-01)"]
+    assert fitted["stacks"]["hf-peft"]["rows"] == [f"{suite} row peer hf-trainer-tuned (2026-12-01)"]
+    result = {r["label"]: r for r in json.loads((tmp_path / "accuracy.json").read_text())["rows"]}
+    peer = result["cpu-steps peer hf-trainer-tuned"]
+    assert peer["peak"] == 1.5e12 and peer["device"] == "cpu-avx512-bf16" and not peer["packing"]
+    assert result["cpu-steps lora-fp32"]["compute_bytes"] == 4 and result["cpu-steps lora"]["loss_fraction"] == 0.5
+    # The slot path's squares: more keys per token than the documents' causal pairs.
+    assert result["cpu-steps lora"]["keys_per_token"] > 60
