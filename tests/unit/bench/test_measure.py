@@ -326,3 +326,17 @@ def test_the_copy_probe_reads_a_buffer_beyond_the_caches_and_plan_on_a_cpu_uses_
     monkeypatch.setattr(probe, "measure_copy_bandwidth", lambda *a: pytest.fail("the floor must not probe"))
     monkeypatch.setattr(probe, "_copy_cache", {})
     assert local_device("fp32", peak_flops=1e12).gpu.bandwidth_gbs == 0.0
+
+
+def test_a_calibration_record_of_an_older_schema_is_not_read(tmp_path, monkeypatch):
+    """Its step scales were measured against an older step model: plan runs uncalibrated until bench
+    --calibrate writes a new one."""
+    from tunelab.plan import calibration
+
+    monkeypatch.setenv("TUNELAB_CACHE", str(tmp_path))
+    record = calibration.CalibrationRecord("k", "cpu", peak_flops=1e12, bandwidth_bps=2e10, step_scale={"lora": 1.1})
+    calibration.save_calibration(record)
+    assert calibration.load_calibration("k") == record
+    old = json.loads((calibration.calibration_dir() / "k.json").read_text())
+    (calibration.calibration_dir() / "k.json").write_text(json.dumps({**old, "schema": 1}))
+    assert calibration.load_calibration("k") is None
