@@ -309,7 +309,8 @@ def suite_rows(path: Path) -> list[Row]:
             kind_of, bandwidth = "cpu", ran.get("device_bandwidth_bps") or CPU_BANDWIDTH["cpu"]
             compute_bytes = 4 if ran["precision"] == "fp32" else 2
             lengths = "synthetic:" + json.dumps(doc["definition"]["data"], sort_keys=True)
-            loss_fraction = data["tokens_loss"] / data["tokens_nonpad"] if data else 0.5
+            seen = ran.get("data") or {}  # the peer trains on the rows of the row it follows
+            loss_fraction = seen["tokens_loss"] / seen["tokens_nonpad"] if seen else 0.5
             cap = doc["device"].get("isa_cap")
             label = f"{doc['suite']} {rec['label']}" + (f" (capped at {cap})" if cap else "")
         else:
