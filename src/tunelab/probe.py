@@ -102,8 +102,8 @@ def matmul_peak(dtype: torch.dtype, device: torch.device, fresh: bool = False) -
 def measure_copy_bandwidth(device: torch.device, mib: int = COPY_MIB, windows: int = WINDOWS) -> float:
     """Achieved memory bandwidth (bytes read + written per second) of copying an fp32 buffer of `mib` MiB into
     another that was touched already: the fastest of `windows` copies, for the reason measure_matmul_peak takes
-    the fastest window. On a CPU the memory-bound part of a step runs at a multiple of it that stays put
-    (plan/fit.py), while the figure itself moves with what else the machine's memory serves."""
+    the fastest window. plan's memory-bound part on a CPU runs against it (at a fitted multiple, plan/fit.py);
+    the figure moves with what else the machine's memory serves."""
     n = mib * 2**20 // 4
     source = torch.randn(n, device=device)
     target = torch.empty_like(source).copy_(source)  # first touch outside the timed copies
