@@ -103,10 +103,10 @@ def markdown(doc: dict) -> str:
     dev = doc["device"]
     env = ", ".join(f"{k} {v}" for k, v in doc["versions"].items())
     if dev["type"] == "cuda":
-        cuda = f", CUDA {dev['cuda']}, driver {dev.get('driver') or 'unknown'}"
+        detail = f", CUDA {dev['cuda']}, driver {dev.get('driver') or 'unknown'}"
     else:
         cap = f", oneDNN capped at {dev['isa_cap']}" if dev.get("isa_cap") else ""
-        cuda = f", class {dev['cpu_class']}{cap}" if dev.get("cpu_class") else ""
+        detail = f", class {dev['cpu_class']}{cap}" if dev.get("cpu_class") else ""
     header = [
         "row",
         "non-pad tok/s (window)",
@@ -154,7 +154,7 @@ def markdown(doc: dict) -> str:
     lines = [
         f"# tunelab bench --suite {doc['suite']}: {dev['name']}, {doc['date']}",
         "",
-        f"- device: {dev['name']}, {gib_cell(dev['memory_bytes'])}{cuda}",
+        f"- device: {dev['name']}, {gib_cell(dev['memory_bytes'])}{detail}",
         f"- versions: {env}",
         f"- command: `{doc['command']}`; "
         + (

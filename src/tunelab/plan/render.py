@@ -4,6 +4,7 @@ comes from an `Estimate` (formulas with tests)."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 from ..io import duration, gib
@@ -177,7 +178,8 @@ def step_lines(e: Estimate) -> list[str]:
     lines = [f"  step ({e.settings.stack}, {mode}): {b.total * 1e3:,.1f} ms = {shown}; {bound}"]
     g, record = e.device.gpu, e.device.calibration
     if g.id == "local" and g.device_type == "cpu" and g.bandwidth_gbs:
-        where = "calibration record" if record and record.bandwidth_bps == g.bandwidth_gbs * 1e9 else "copy probe"
+        from_record = record is not None and math.isclose(record.bandwidth_bps or 0.0, g.bandwidth_gbs * 1e9)
+        where = "calibration record" if from_record else "copy probe"
         lines.append(f"  memory bandwidth: {g.bandwidth_gbs:.1f} GB/s ({where}), the memory-bound part's measure")
     if e.constants is not None and e.constants.rows:
         lines.append(

@@ -188,7 +188,8 @@ def _counted(lengths: Lengths, b: Batching) -> EpochCounts:
         rows += len(batch)
         count = sum(len(row) for row in batch)
         sequences = max(sequences, count)
-        shapes.append((count, int(max(arr[i] for row in batch for i in row)), len(batch), width))
+        longest = max((int(arr[row].max()) for row in batch if len(row)), default=0)  # empty rows fill a last batch
+        shapes.append((count, longest, len(batch), width))
     loss = round(lengths.examples * lengths.mean_loss_tokens)
     counts = _with_slots(
         EpochCounts(len(batches), rows, padded, int(arr.sum()), loss, widest), sequences, int(arr.max()), b
