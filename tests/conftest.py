@@ -11,6 +11,7 @@ import os
 import shutil
 import string
 import tempfile
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -262,3 +263,48 @@ def hub_cache(tmp_path, monkeypatch) -> Path:
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     return folder
+
+
+class PlanSetup(tuple):
+    """(job, layout): what plan/memory.py's and plan/comm.py's functions take, as `memory.breakdown(arch, *s)`.
+    `s.but(...)` changes settings by their config keys (`method`, `micro_batch`, `grad_ckpt`, and `r`,
+    `lora_dropout`, `compiled` for the adapter's and compute's) and the layout's own fields by name."""
+
+    def __new__(cls, job, layout):
+        return super().__new__(cls, (job, layout))
+
+    @property
+    def job(self):
+        return self[0]
+
+    @property
+    def layout(self):
+        return self[1]
+
+    def but(self, **kw) -> "PlanSetup":
+        from tunelab.config import published
+
+        job, layout = self
+        lora = {name: kw.pop(key) for key, name in (("r", "r"), ("lora_dropout", "dropout")) if key in kw}
+        if lora:
+            job = job.but(lora=replace(job.adapter.lora, **lora))
+        if "compiled" in kw:
+            kw["compile"] = kw.pop("compiled")
+        own = {f.name for f in fields(layout)}  # `attention` is the layout's resolved path, not the setting
+        settings = {k: kw.pop(k) for k in list(kw) if k in published() and k not in own}
+        return PlanSetup(job.but(**settings) if settings else job, replace(layout, **kw))
+
+
+def plan_setup(**kw) -> PlanSetup:
+    """LoRA r 8 on q and v, micro-batch 2 of rows of 10 with 5 loss positions, eager, 16-bit compute."""
+    from tunelab.config import AdapterConfig, BatchConfig, ComputeConfig, LoraConfig
+    from tunelab.plan import memory
+    from tunelab.plan.job import Job
+
+    job = Job(
+        adapter=AdapterConfig(lora=LoraConfig(r=8)),
+        batch=BatchConfig(micro_batch=2),
+        compute=ComputeConfig(compile=False),
+    )
+    layout = memory.Layout(compute_bytes=2, targets=("q_proj", "v_proj"), row_len=10, loss_rows=5, loss_chunk=2048)
+    return PlanSetup(job, layout).but(**kw)

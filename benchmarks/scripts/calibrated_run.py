@@ -54,7 +54,7 @@ def main() -> int:
     if not Path(cfg.data.path).exists():
         demo_args = argparse.Namespace(digits="1-8", train_rows=18_000, test_rows=400, response="aligned")
         write_data(demo_args, cfg, Console(stderr=True))
-    device = pick_device(cfg.device)
+    device = pick_device(cfg.compute.device)
     before = local_prediction(cfg)
     cli = [sys.executable, "-m", "tunelab.cli"]
     probe = [
@@ -66,7 +66,7 @@ def main() -> int:
         *overrides[:-1],
         f"output_dir={work / 'probe'}",
         "--methods",
-        cfg.method,
+        cfg.adapter.method,
         "--steps",
         str(args.probe_steps),
     ]
@@ -77,7 +77,7 @@ def main() -> int:
     after = local_prediction(cfg)
     if subprocess.run([*cli, "train", "--config", str(args.config), *overrides, "--quiet"]).returncode != 0:
         return 1
-    summary = json.loads((Path(cfg.output_dir) / "summary.json").read_text())
+    summary = json.loads((Path(cfg.run.output_dir) / "summary.json").read_text())
     measured = summary["train_s"]
     result = {
         "date": time.strftime("%Y-%m-%d"),

@@ -1,7 +1,13 @@
-"""The training configuration: typed dataclasses, loaded from YAML plus dotted overrides, validated once.
+"""The training configuration: one typed config made of component-owned sections, loaded from YAML plus dotted
+overrides, validated once.
 
-This module is the single source of truth for every setting. Components never see a `TrainConfig`;
-the command entry points read it and pass typed arguments down.
+Each section (adapter, objective, data, eval, batch, optimizer, compute, run) is a `kw_only` dataclass that declares
+its settings once and validates them in its own `validate`; `TrainConfig.validate` adds the rules that span
+sections. Components take the sections they need (`cfg.batch`, `cfg.adapter`, ...), never the whole config.
+
+The YAML users write is flat where it always was: an *inline* section's fields are top-level keys (`seq_len`,
+`lr`, `method`), a nested one's are under its name (`lora.r`, `data.path`). `PUBLISHED` maps every key a user
+writes to its section and field, and `to_dict` writes the same layout back.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ REFERENCES = ("auto", "adapter-disabled", "frozen-copy")
 # Formats that render a preference pair's text fields (message lists always go through the chat template).
 PAIR_FORMATS = ("alpaca", "completion", "chat")
 # The choice fields' types: `from_dict` checks a value against its field's choices where it is read, naming the
-# key (and the closest choice) as validate() did.
+# key (and the closest choice).
 Method = Literal[METHODS]
 Precision = Literal[PRECISIONS]
 Format = Literal[FORMATS]
@@ -51,9 +57,59 @@ ObjectiveName = Literal[OBJECTIVES]
 Reference = Literal[REFERENCES]
 # Keys that configs once had, with why they went: an old config fails naming the key and what to do.
 REMOVED = {"data.shuffle": "batches are always shuffled, by `seed`"}
+# Hugging Face TrainingArguments / PEFT names a user may type, and tunelab's key for each: the error says "did you
+# mean" this key, not the closest string (`learning_rate` is nearer to `warmup_ratio` as text).
+HF_NAMES = {
+    "learning_rate": "lr",
+    "per_device_train_batch_size": "micro_batch",
+    "train_batch_size": "micro_batch",
+    "batch_size": "micro_batch",
+    "gradient_accumulation_steps": "grad_accum",
+    "num_train_epochs": "epochs",
+    "max_seq_length": "seq_len",
+    "max_length": "seq_len",
+    "gradient_checkpointing": "grad_ckpt",
+    "lr_scheduler_type": "lr_scheduler",
+    "max_grad_norm": "max_grad_norm",
+    "logging_steps": "log_steps",
+    "bf16": "precision",
+    "fp16": "precision",
+    "torch_compile": "compile",
+    "load_in_4bit": "method",
+    "load_in_8bit": "base_quant",
+    "lora_r": "lora.r",
+    "lora_alpha": "lora.alpha",
+    "lora_dropout": "lora.dropout",
+    "target_modules": "lora.targets",
+    "dataset": "data.path",
+    "dataset_path": "data.path",
+    "output_directory": "output_dir",
+}
 
 
-@dataclass
+def inline(**kwargs) -> Any:
+    """A section whose fields are top-level keys of the YAML (`seq_len`, not `batch.seq_len`)."""
+    return field(metadata={"inline": True}, **kwargs)
+
+
+def key(name: str, default: Any) -> Any:
+    """A field written under another key than its attribute (ObjectiveConfig.name is the YAML's `objective`)."""
+    return field(default=default, metadata={"key": name})
+
+
+def cli(default: Any, help: str = "") -> Any:
+    """A setting `tunelab plan` also takes as a flag (`--seq-len`), declared here and nowhere else; `help` is the
+    flag's help text where the key alone does not say enough."""
+    return field(default=default, metadata={"cli": help or True})
+
+
+def _check(where: Origins, key: str, ok: bool, why: str) -> None:
+    """One range rule: `why` says what `key` must be; the error names where the key was set."""
+    if not ok:
+        raise TunelabError(f"{where(key)}: {key} {why}")
+
+
+@dataclass(kw_only=True)
 class MixSource:
     """One source of data.mix: a file or hub dataset, its relative weight, its own format/template if any."""
 
@@ -63,7 +119,7 @@ class MixSource:
     template: Template | None = None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DataConfig:
     # A file, or a hub dataset `hf://owner/name[@revision][/subset][:split]`.
     path: str | None = None
@@ -75,30 +131,99 @@ class DataConfig:
     train_on_inputs: bool = False
     max_examples: int | None = None
 
+    @property
+    def given(self) -> bool:
+        """Whether the config names training data: data.path or data.mix."""
+        return self.path is not None or bool(self.mix)
 
-@dataclass
+    @property
+    def label(self) -> str:
+        """The training data in a message: its path, or the mixture's sources and weights."""
+        if not self.mix:
+            return str(self.path)
+        return "mix of " + ", ".join(f"{m.path} (weight {m.weight:g})" for m in self.mix)
+
+    def validate(self, where: Origins) -> None:
+        if self.format != "alpaca" and self.template != "alpaca":
+            raise TunelabError(
+                f"{where('data.template', 'data.format')}: data.template applies to the alpaca format only; "
+                f"drop it for {self.format!r}"
+            )
+        if self.max_examples is not None:
+            _check(where, "data.max_examples", self.max_examples >= 1, "must be at least 1")
+        if self.path is not None and self.mix:
+            raise TunelabError(
+                f"{where('data.path', 'data.mix')}: data.path and data.mix are exclusive; "
+                "train on one source or list them all under data.mix"
+            )
+        if hub.is_hub_data(self.path):
+            hub.parse_data(self.path, f"{where('data.path')}: data.path")
+        for i, part in enumerate(self.mix):
+            name = f"data.mix[{i}]"
+            if not part.path:
+                raise TunelabError(
+                    f"{where(f'{name}.path')}: {name}.path is missing; each source needs a file or hf://owner/name"
+                )
+            if hub.is_hub_data(part.path):
+                hub.parse_data(part.path, f"{where(f'{name}.path')}: {name}.path")
+            _check(where, f"{name}.weight", part.weight > 0, f"must be positive, got {part.weight:g}")
+            fmt = part.format or self.format
+            # `alpaca`, data.template's default, is accepted with any format, as at the top level.
+            if part.template is not None and fmt != "alpaca" and part.template != "alpaca":
+                at = where(f"{name}.template", f"{name}.format", "data.format")
+                raise TunelabError(f"{at}: {name}.template applies to the alpaca format only; drop it for {fmt!r}")
+
+
+@dataclass(kw_only=True)
 class LoraConfig:
-    r: int = 16
+    r: int = cli(16)
     alpha: float = 32.0
     dropout: float = 0.0
     # A list of module names, or one of TARGET_PRESETS.
     targets: Union[list[str], str] = "all-linear"
 
+    def validate(self, where: Origins) -> None:
+        if isinstance(self.targets, str):
+            _choice(where, "lora.targets", self.targets, TARGET_PRESETS)
+        elif not self.targets:
+            raise TunelabError(
+                f"{where('lora.targets')}: lora.targets is empty; name modules (e.g. [q_proj, v_proj]) or a preset"
+            )
+        _check(where, "lora.r", self.r >= 1, f"must be at least 1, got {self.r}")
+        _check(
+            where,
+            "lora.alpha",
+            self.alpha > 0,
+            f"must be positive (the adapter's scale is alpha / r), got {self.alpha}",
+        )
+        _check(where, "lora.dropout", 0 <= self.dropout < 1, f"must be in [0, 1), got {self.dropout}")
 
-@dataclass
-class EvalConfig:
-    # Held-out rows: a fraction of data.path (chosen by `seed`, never trained on) or a file of its own.
-    split: float | None = None
-    path: str | None = None
-    # Optimizer steps between evaluations; null evaluates at each save_steps checkpoint. Always at the end.
-    steps: int | None = None
-    # Evaluate at most this many held-out examples; a split still holds out its whole fraction.
-    max_rows: int | None = None
-    early_stopping_patience: int | None = None
-    keep_best: bool = True
+
+@dataclass(kw_only=True)
+class AdapterConfig:
+    """What trains: the method (methods.py's registry), the frozen base's quantization, the LoRA shape."""
+
+    method: Method = cli("lora")
+    # Quantization of the frozen base: qlora implies nf4; goat-style recipes use int8 under plain LoRA.
+    base_quant: BaseQuant = "none"
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+    @property
+    def row(self) -> methods.Method:
+        return methods.get(self.method)
+
+    @property
+    def quant(self) -> str:
+        """The base's quantization the run uses: the method's own (qlora: nf4), else base_quant as given."""
+        return methods.effective_base_quant(self.method, self.base_quant)
+
+    def validate(self, where: Origins) -> None:
+        self.lora.validate(where)
+        if self.base_quant in self.row.refused_base_quants:
+            raise TunelabError(f"{where('base_quant', 'method')}: {self.row.refusal}")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PreferenceConfig:
     """Settings of the preference objectives (dpo, orpo), named as TRL names them."""
 
@@ -113,34 +238,152 @@ class PreferenceConfig:
     precompute_reference: bool = False
 
 
-@dataclass
-class TrainConfig:
-    model: str = EMBEDDED
-    # Let transformers import Python files shipped with the model (custom architectures). That code runs with
-    # the user's permissions, so only a config that names a model it trusts turns this on.
-    trust_remote_code: bool = False
-    method: Method = "lora"
-    # What a step trains: sft (the response tokens' cross-entropy), dpo or orpo (preference pairs).
-    objective: ObjectiveName = "sft"
+@dataclass(kw_only=True)
+class ObjectiveConfig:
+    """What a step optimizes: the objective (objectives.py's registry) and its own settings."""
+
+    # sft (the response tokens' cross-entropy), dpo or orpo (preference pairs).
+    name: ObjectiveName = key("objective", "sft")
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    lora: LoraConfig = field(default_factory=LoraConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    # Quantization of the frozen base: qlora implies nf4; goat-style recipes use int8 under plain LoRA.
-    base_quant: BaseQuant = "none"
-    seq_len: int = 512
-    micro_batch: int = 8
-    grad_accum: int = 1
-    epochs: float = 1.0
+
+    @property
+    def row(self) -> objectives.Objective:
+        return objectives.get(self.name)
+
+    def reference_kind(self, method: str) -> str:
+        """The reference model a run uses: the adapter disabled over the same base, or a frozen copy of a fully
+        trained model (methods.Method.reference)."""
+        if self.preference.reference != "auto":
+            return self.preference.reference
+        return methods.get(method).reference
+
+    def validate(self, where: Origins) -> None:
+        p = self.preference
+        if not self.row.pairs:
+            if p != PreferenceConfig():
+                raise TunelabError(
+                    f"{where('preference', 'objective')}: the preference section applies to objective dpo or orpo; "
+                    f"drop it for objective {self.name}"
+                )
+            return
+        _check(where, "preference.beta", p.beta > 0, f"must be positive, got {p.beta}")
+        _check(
+            where,
+            "preference.label_smoothing",
+            0 <= p.label_smoothing < 0.5,
+            f"must be in [0, 0.5), got {p.label_smoothing}",
+        )
+        if not self.row.reference:
+            for name, value, default in (
+                ("preference.reference", p.reference, "auto"),
+                ("preference.precompute_reference", p.precompute_reference, False),
+                ("preference.label_smoothing", p.label_smoothing, 0.0),
+            ):
+                if value != default:
+                    raise TunelabError(f"{where(name)}: objective {self.name} uses no reference model; drop {name}")
+
+
+@dataclass(kw_only=True)
+class EvalConfig:
+    # Held-out rows: a fraction of data.path (chosen by `seed`, never trained on) or a file of its own.
+    split: float | None = None
+    path: str | None = None
+    # Optimizer steps between evaluations; null evaluates at each save_steps checkpoint. Always at the end.
+    steps: int | None = None
+    # Evaluate at most this many held-out examples; a split still holds out its whole fraction.
+    max_rows: int | None = None
+    early_stopping_patience: int | None = None
+    keep_best: bool = True
+
+    @property
+    def enabled(self) -> bool:
+        return self.split is not None or self.path is not None
+
+    def every(self, save_steps: int) -> int:
+        """Optimizer steps between evaluations: eval.steps, else the run's save_steps (0: only at the end)."""
+        return self.steps if self.steps is not None else save_steps
+
+    def validate(self, where: Origins) -> None:
+        if self.split is not None and self.path is not None:
+            raise TunelabError(
+                f"{where('eval.split', 'eval.path')}: eval.split and eval.path are exclusive; "
+                "hold out a fraction or name a file, not both"
+            )
+        if self.split is not None:
+            _check(
+                where,
+                "eval.split",
+                0 < self.split <= 0.5,
+                f"must be in (0, 0.5] (the fraction of data.path held out), got {self.split}",
+            )
+        if hub.is_hub_data(self.path):
+            hub.parse_data(self.path, f"{where('eval.path')}: eval.path")
+        for name, value in (
+            ("eval.steps", self.steps),
+            ("eval.max_rows", self.max_rows),
+            ("eval.early_stopping_patience", self.early_stopping_patience),
+        ):
+            if value is not None:
+                _check(where, name, value >= 1, f"must be at least 1 (or null), got {value}")
+                if not self.enabled:
+                    raise TunelabError(
+                        f"{where(name)}: {name} needs held-out data; set eval.split (e.g. 0.1) or eval.path"
+                    )
+
+
+@dataclass(kw_only=True)
+class BatchConfig:
+    """How the data is cut into steps: row length, rows per micro-batch and per optimizer step, how long."""
+
+    seq_len: int = cli(512)
+    micro_batch: int = cli(8)
+    grad_accum: int = cli(1)
+    epochs: float = cli(1.0)
     max_steps: int | None = None
+    packing: bool = cli(True)
+
+    def validate(self, where: Origins) -> None:
+        _check(where, "seq_len", self.seq_len >= 8, f"must be at least 8, got {self.seq_len}")
+        for name in ("micro_batch", "grad_accum"):
+            value = getattr(self, name)
+            _check(where, name, value >= 1, f"must be at least 1, got {value}")
+        _check(where, "epochs", self.epochs > 0, f"must be positive, got {self.epochs}")
+        if self.max_steps is not None:
+            _check(
+                where,
+                "max_steps",
+                self.max_steps >= 1,
+                f"must be at least 1 (or null for a full run), got {self.max_steps}",
+            )
+
+
+@dataclass(kw_only=True)
+class OptimizerConfig:
     lr: float = 2e-4
     lr_scheduler: Scheduler = "cosine"
     warmup_ratio: float = 0.03
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
-    precision: Precision = "auto"
-    packing: bool = True
-    grad_ckpt: bool = False
+
+    def validate(self, where: Origins) -> None:
+        _check(where, "lr", self.lr > 0, f"must be positive, got {self.lr}")
+        _check(where, "weight_decay", self.weight_decay >= 0, f"must be 0 or positive, got {self.weight_decay}")
+        _check(
+            where,
+            "max_grad_norm",
+            self.max_grad_norm >= 0,
+            f"must be positive, or 0 for no clipping; got {self.max_grad_norm}",
+        )
+        _check(where, "warmup_ratio", 0 <= self.warmup_ratio < 1, f"must be in [0, 1), got {self.warmup_ratio}")
+
+
+@dataclass(kw_only=True)
+class ComputeConfig:
+    """Where and how the step computes: device, precision, and the speed/memory levers that change no result."""
+
+    precision: Precision = cli("auto")
+    device: str = "auto"
+    grad_ckpt: bool = cli(False)
     # torch.compile each decoder block (recipes/train.py: compile_blocks): fused element-wise passes. `auto`
     # compiles when plan predicts the one-off compile is paid back within the run (runtime.compile_choice).
     compile: Union[bool, str] = "auto"
@@ -150,15 +393,153 @@ class TrainConfig:
     # Packed-row attention (model/attention.py): auto is flex on CUDA (flash-attn's varlen kernels where
     # installed) and per-sequence slots on CPU; sdpa is transformers' own, with a block-diagonal mask.
     attention: Attention = "auto"
+
+    def validate(self, where: Origins) -> None:
+        # compile is a bool (YAML true/false force it) or auto: one field of two types, checked here.
+        _choice(where, "compile", compile_mode(self.compile), COMPILE_MODES)
+        self.compile = {"true": True, "false": False}.get(compile_mode(self.compile), "auto")
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """Where the run writes, how often, and its seed."""
+
+    output_dir: str = "runs/default"
+    resume: Union[bool, str] = False
+    seed: int = 42
     save_steps: int = 0
     save_total_limit: int = 2
     log_steps: int = 10
     # Also send metrics.jsonl's records to an experiment tracker (train/trackers.py).
     report_to: ReportTo = "none"
-    output_dir: str = "runs/default"
-    resume: Union[bool, str] = False
-    seed: int = 42
-    device: str = "auto"
+
+    def validate(self, where: Origins) -> None:
+        for name in ("save_total_limit", "log_steps"):
+            value = getattr(self, name)
+            _check(where, name, value >= 1, f"must be at least 1, got {value}")
+        _check(
+            where, "seed", 0 <= self.seed < 2**32, f"must be in [0, 2**32), as numpy's generators need; got {self.seed}"
+        )
+        _check(where, "output_dir", bool(self.output_dir.strip()), "is empty; name the folder the run writes to")
+        _check(where, "save_steps", self.save_steps >= 0, "must be 0 (only the final save) or positive")
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    model: str = cli(
+        EMBEDDED,
+        "catalog model (meta-llama/Llama-3.1-8B or its short id llama-3.1-8b), hub id, local directory or .gguf",
+    )
+    # Let transformers import Python files shipped with the model (custom architectures). That code runs with
+    # the user's permissions, so only a config that names a model it trusts turns this on.
+    trust_remote_code: bool = False
+    adapter: AdapterConfig = inline(default_factory=AdapterConfig)
+    objective: ObjectiveConfig = inline(default_factory=ObjectiveConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    batch: BatchConfig = inline(default_factory=BatchConfig)
+    optimizer: OptimizerConfig = inline(default_factory=OptimizerConfig)
+    compute: ComputeConfig = inline(default_factory=ComputeConfig)
+    run: RunConfig = inline(default_factory=RunConfig)
+
+    def validate(self, where: Origins | str = "config") -> None:
+        """Every check that needs no model or data: each section's own, then the rules across sections, each
+        error named by the origin of the setting it is about (`where`, or a file name for all settings)."""
+        if isinstance(where, str):
+            where = Origins(where)
+        for f in dataclasses.fields(self):
+            section = getattr(self, f.name)
+            if dataclasses.is_dataclass(section):
+                section.validate(where)
+        if self.model.startswith(RANDOM) and self.adapter.quant != "none":
+            raise TunelabError(
+                f"{where('model', 'method', 'base_quant')}: model {self.model} has random weights, built unquantized; "
+                f"{self.adapter.quant} needs a real checkpoint, or use method lora with base_quant none"
+            )
+        if (
+            self.eval.enabled
+            and self.eval.steps is None
+            and self.run.save_steps == 0
+            and self.eval.early_stopping_patience is not None
+        ):
+            raise TunelabError(
+                f"{where('eval.early_stopping_patience', 'eval.steps', 'save_steps')}: eval.early_stopping_patience "
+                "needs evaluations during the run; set eval.steps (or save_steps)"
+            )
+        self._validate_objective(where)
+
+    def _validate_objective(self, where: Origins) -> None:
+        """The objective's needs (objectives.py) against the method, the data and the batches."""
+        row, p = self.objective.row, self.objective.preference
+        if not row.pairs:
+            return
+        name = self.objective.name
+        if row.reference and p.reference not in ("auto", methods.get(self.adapter.method).reference):
+            raise TunelabError(
+                f"{where('preference.reference', 'method')}: method {self.adapter.method} takes reference "
+                f"{methods.get(self.adapter.method).reference}, not {p.reference}; drop preference.reference"
+            )
+        checks = (
+            (
+                "packing",
+                not self.batch.packing,
+                "packs chosen and rejected as two documents of one row; set packing: true",
+            ),
+            ("data.mix", bool(self.data.mix), "reads one source of pairs; set data.path"),
+            ("data.format", self.data.format not in PAIR_FORMATS, f"renders pairs as {', '.join(PAIR_FORMATS)}"),
+            ("data.train_on_inputs", self.data.train_on_inputs, "scores the responses only; drop data.train_on_inputs"),
+        )
+        for name_, bad, why in checks:
+            if bad:
+                raise TunelabError(f"{where(name_, 'objective')}: objective {name} {why}")
+        if self.eval.enabled and not row.held_out_loss:
+            raise TunelabError(
+                f"{where('eval.split', 'eval.path', 'objective')}: objective {name} has no held-out loss; "
+                "drop eval.split/eval.path and score the result with `tunelab eval`"
+            )
+
+
+def published(cls: type = None) -> dict[str, tuple[str | None, str]]:
+    """Every top-level key a user writes -> (the inline section holding it, or None for TrainConfig's own field;
+    the attribute). Nested sections (`data`, `lora`, ...) are one key each."""
+    out: dict[str, tuple[str | None, str]] = {}
+    for f in dataclasses.fields(cls or TrainConfig):
+        if f.metadata.get("inline"):
+            for g in dataclasses.fields(_section_type(f)):
+                out[g.metadata.get("key", g.name)] = (f.name, g.name)
+        else:
+            out[f.metadata.get("key", f.name)] = (None, f.name)
+    return out
+
+
+def _section_type(f: dataclasses.Field) -> type:
+    return typing.get_type_hints(TrainConfig)[f.name]
+
+
+def cli_keys() -> dict[str, tuple[Any, str]]:
+    """The settings `tunelab plan` takes as flags: dotted key -> (its type, its help text or ""), the `cli()`
+    fields of the sections."""
+    out: dict[str, tuple[Any, str]] = {}
+    for top, (section, attr) in published().items():
+        owner = TrainConfig if section is None else _section_type(_field(TrainConfig, section))
+        f = _field(owner, attr)
+        tp = typing.get_type_hints(owner)[attr]
+        if f.metadata.get("cli"):
+            out[top] = (tp, _help(f))
+        if dataclasses.is_dataclass(tp):
+            for g in dataclasses.fields(tp):
+                if g.metadata.get("cli"):
+                    out[f"{top}.{g.name}"] = (typing.get_type_hints(tp)[g.name], _help(g))
+    return out
+
+
+def _help(f: dataclasses.Field) -> str:
+    text = f.metadata.get("cli")
+    return text if isinstance(text, str) else ""
+
+
+def _field(cls: type, name: str) -> dataclasses.Field:
+    return next(f for f in dataclasses.fields(cls) if f.name == name)
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:
@@ -185,9 +566,34 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
         raw = loaded
     for item in overrides:
         origins.set(apply_override(raw, item), item)
-    cfg = from_dict(TrainConfig, raw, source=origins, prefix="")
-    validate(cfg, origins)
+    cfg = from_raw(raw, origins)
+    cfg.validate(origins)
     return cfg
+
+
+def from_raw(raw: dict[str, Any], source: Origins) -> TrainConfig:
+    """A TrainConfig from the flat YAML layout: each top-level key goes to the section that declares it."""
+    if not isinstance(raw, dict):
+        raise TunelabError(f"{source('')}: config must be a mapping")
+    keys = published()
+    own: dict[str, Any] = {}
+    sections: dict[str, dict[str, Any]] = {}
+    for name, value in raw.items():
+        if name not in keys:
+            raise _unknown(source, "", str(name), list(keys))
+        section, attr = keys[name]
+        if section is None:
+            own[name] = value
+        else:
+            sections.setdefault(section, {})[name] = value
+    kwargs = {}
+    hints = typing.get_type_hints(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        if f.metadata.get("inline"):
+            kwargs[f.name] = from_dict(hints[f.name], sections.get(f.name, {}), source, "")
+        elif f.name in own:
+            kwargs[f.name] = _coerce(hints[f.name], own[f.name], source, f.name)
+    return TrainConfig(**kwargs)
 
 
 class DuplicateKey(Exception):
@@ -300,23 +706,35 @@ def apply_override(raw: dict[str, Any], item: str) -> str:
 
 def from_dict(cls: type, raw: dict[str, Any], source: Origins, prefix: str) -> Any:
     """Build dataclass `cls` from `raw`, failing on unknown keys (with a suggestion) and wrong types; `source`
-    names where each key came from."""
+    names where each key came from. A field may be written under another key (`key()`)."""
     if not isinstance(raw, dict):
         raise TunelabError(f"{source(prefix.rstrip('.'))}: {prefix.rstrip('.') or 'config'} must be a mapping")
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    names = {f.metadata.get("key", f.name): f.name for f in dataclasses.fields(cls)}
     kwargs = {}
-    for key, value in raw.items():
-        if f"{prefix}{key}" in REMOVED:
+    for name, value in raw.items():
+        if f"{prefix}{name}" in REMOVED:
             raise TunelabError(
-                f"{source(f'{prefix}{key}')}: key '{prefix}{key}' was removed ({REMOVED[f'{prefix}{key}']}); delete it"
+                f"{source(f'{prefix}{name}')}: key '{prefix}{name}' was removed ({REMOVED[f'{prefix}{name}']}); delete it"
             )
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.4)
-            hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(names)}"
-            raise TunelabError(f"{source(f'{prefix}{key}')}: unknown key '{prefix}{key}'{hint}")
-        kwargs[key] = _coerce(hints[key], value, source, f"{prefix}{key}")
+        if name not in names:
+            raise _unknown(source, prefix, str(name), list(names))
+        kwargs[names[name]] = _coerce(hints[names[name]], value, source, f"{prefix}{name}")
     return cls(**kwargs)
+
+
+def _unknown(source: Origins, prefix: str, name: str, known: list[str]) -> TunelabError:
+    """An unknown key: the tunelab key a Hugging Face name means, else the closest key, else the known keys."""
+    dotted = f"{prefix}{name}"
+    if dotted in REMOVED:
+        return TunelabError(f"{source(dotted)}: key '{dotted}' was removed ({REMOVED[dotted]}); delete it")
+    if dotted in HF_NAMES:
+        hint = f"; did you mean '{HF_NAMES[dotted]}'? (tunelab's name for Hugging Face's {dotted})"
+    elif close := difflib.get_close_matches(name, known, n=1, cutoff=0.4):
+        hint = f"; did you mean '{prefix}{close[0]}'?"
+    else:
+        hint = f"; known keys: {', '.join(known)}"
+    return TunelabError(f"{source(dotted)}: unknown key '{dotted}'{hint}")
 
 
 def _coerce(tp: Any, value: Any, source: Origins, key: str) -> Any:
@@ -416,240 +834,20 @@ def _choice(source: Origins, key: str, value: str, choices: Collection[str]) -> 
         raise TunelabError(f"{source(key)}: {key} must be one of {', '.join(choices)}; got {value!r}{hint}")
 
 
-def validate(cfg: TrainConfig, source: Origins | str = "config") -> None:
-    """Every check that needs no model or data: impossible values and combinations fail here, each error named by
-    the origin of the setting it is about (`source`, or a file name for all settings)."""
-    if isinstance(source, str):
-        source = Origins(source)
-    # compile is a bool (YAML true/false force it) or auto: one field of two types, checked here.
-    _choice(source, "compile", compile_mode(cfg.compile), COMPILE_MODES)
-    cfg.compile = {"true": True, "false": False}.get(compile_mode(cfg.compile), "auto")
-    if isinstance(cfg.lora.targets, str):
-        _choice(source, "lora.targets", cfg.lora.targets, TARGET_PRESETS)
-    elif not cfg.lora.targets:
-        raise TunelabError(
-            f"{source('lora.targets')}: lora.targets is empty; name modules (e.g. [q_proj, v_proj]) or a preset"
-        )
-    _validate_ranges(cfg, source)
-    _validate_eval(cfg, source)
-    method = methods.get(cfg.method)
-    if cfg.base_quant in method.refused_base_quants:
-        raise TunelabError(f"{source('base_quant', 'method')}: {method.refusal}")
-    if cfg.model.startswith(RANDOM) and effective_base_quant(cfg) != "none":
-        raise TunelabError(
-            f"{source('model', 'method', 'base_quant')}: model {cfg.model} has random weights, built unquantized; "
-            f"{effective_base_quant(cfg)} needs a real checkpoint, or use method lora with base_quant none"
-        )
-    if cfg.data.format != "alpaca" and cfg.data.template != "alpaca":
-        raise TunelabError(
-            f"{source('data.template', 'data.format')}: data.template applies to the alpaca format only; "
-            f"drop it for {cfg.data.format!r}"
-        )
-    _validate_data(cfg, source)
-    _validate_preference(cfg, source)
-
-
-def _validate_preference(cfg: TrainConfig, source: Origins) -> None:
-    """The objective's needs (objectives.py) against the rest of the config."""
-    objective = objectives.get(cfg.objective)
-    p = cfg.preference
-    if not objective.pairs:
-        if p != PreferenceConfig():
-            raise TunelabError(
-                f"{source('preference', 'objective')}: the preference section applies to objective dpo or orpo; "
-                f"drop it for objective {cfg.objective}"
-            )
-        return
-    if p.beta <= 0:
-        raise TunelabError(f"{source('preference.beta')}: preference.beta must be positive, got {p.beta}")
-    if not 0 <= p.label_smoothing < 0.5:
-        raise TunelabError(
-            f"{source('preference.label_smoothing')}: preference.label_smoothing must be in [0, 0.5), "
-            f"got {p.label_smoothing}"
-        )
-    if not objective.reference:
-        for key, value, default in (
-            ("preference.reference", p.reference, "auto"),
-            ("preference.precompute_reference", p.precompute_reference, False),
-            ("preference.label_smoothing", p.label_smoothing, 0.0),
-        ):
-            if value != default:
-                raise TunelabError(f"{source(key)}: objective {cfg.objective} uses no reference model; drop {key}")
-    elif p.reference not in ("auto", method_reference(cfg.method)):
-        raise TunelabError(
-            f"{source('preference.reference', 'method')}: method {cfg.method} takes reference "
-            f"{method_reference(cfg.method)}, not {p.reference}; drop preference.reference"
-        )
-    checks = (
-        ("packing", not cfg.packing, "packs chosen and rejected as two documents of one row; set packing: true"),
-        ("data.mix", bool(cfg.data.mix), "reads one source of pairs; set data.path"),
-        ("data.format", cfg.data.format not in PAIR_FORMATS, f"renders pairs as {', '.join(PAIR_FORMATS)}"),
-        ("data.train_on_inputs", cfg.data.train_on_inputs, "scores the responses only; drop data.train_on_inputs"),
-    )
-    for key, bad, why in checks:
-        if bad:
-            raise TunelabError(f"{source(key, 'objective')}: objective {cfg.objective} {why}")
-    if eval_enabled(cfg) and not objective.held_out_loss:
-        raise TunelabError(
-            f"{source('eval.split', 'eval.path', 'objective')}: objective {cfg.objective} has no held-out loss; "
-            "drop eval.split/eval.path and score the result with `tunelab eval`"
-        )
-
-
-def reference_kind(cfg: TrainConfig) -> str:
-    """The reference model a DPO run uses: the adapter disabled over the same base, or a frozen copy of a fully
-    trained model."""
-    if cfg.preference.reference != "auto":
-        return cfg.preference.reference
-    return method_reference(cfg.method)
-
-
-def method_reference(method: str) -> str:
-    """An adapter's reference is its base with the adapter disabled; full fine-tuning keeps a frozen copy."""
-    return "frozen-copy" if methods.get(method).trains_base else "adapter-disabled"
-
-
-def _validate_ranges(cfg: TrainConfig, source: Origins) -> None:
-    """Each number within its range (one field at a time)."""
-    positive = {
-        "micro_batch": cfg.micro_batch,
-        "grad_accum": cfg.grad_accum,
-        "lora.r": cfg.lora.r,
-        "save_total_limit": cfg.save_total_limit,
-        "log_steps": cfg.log_steps,
-    }
-    for key, value in positive.items():
-        if value < 1:
-            raise TunelabError(f"{source(key)}: {key} must be at least 1, got {value}")
-    if cfg.seq_len < 8:
-        raise TunelabError(f"{source('seq_len')}: seq_len must be at least 8, got {cfg.seq_len}")
-    if cfg.epochs <= 0:
-        raise TunelabError(f"{source('epochs')}: epochs must be positive, got {cfg.epochs}")
-    if cfg.max_steps is not None and cfg.max_steps < 1:
-        raise TunelabError(
-            f"{source('max_steps')}: max_steps must be at least 1 (or null for a full run), got {cfg.max_steps}"
-        )
-    if cfg.lr <= 0:
-        raise TunelabError(f"{source('lr')}: lr must be positive, got {cfg.lr}")
-    if cfg.lora.alpha <= 0:
-        raise TunelabError(
-            f"{source('lora.alpha')}: lora.alpha must be positive (the adapter's scale is alpha / r), "
-            f"got {cfg.lora.alpha}"
-        )
-    if cfg.weight_decay < 0:
-        raise TunelabError(f"{source('weight_decay')}: weight_decay must be 0 or positive, got {cfg.weight_decay}")
-    if cfg.max_grad_norm < 0:
-        raise TunelabError(
-            f"{source('max_grad_norm')}: max_grad_norm must be positive, or 0 for no clipping; got {cfg.max_grad_norm}"
-        )
-    _validate_more_ranges(cfg, source)
-
-
-def _validate_more_ranges(cfg: TrainConfig, source: Origins) -> None:
-    if not 0 <= cfg.seed < 2**32:
-        raise TunelabError(f"{source('seed')}: seed must be in [0, 2**32), as numpy's generators need; got {cfg.seed}")
-    if not cfg.output_dir.strip():
-        raise TunelabError(f"{source('output_dir')}: output_dir is empty; name the folder the run writes to")
-    if not 0 <= cfg.lora.dropout < 1:
-        raise TunelabError(f"{source('lora.dropout')}: lora.dropout must be in [0, 1), got {cfg.lora.dropout}")
-    if not 0 <= cfg.warmup_ratio < 1:
-        raise TunelabError(f"{source('warmup_ratio')}: warmup_ratio must be in [0, 1), got {cfg.warmup_ratio}")
-    if cfg.save_steps < 0:
-        raise TunelabError(f"{source('save_steps')}: save_steps must be 0 (only the final save) or positive")
-    if cfg.data.max_examples is not None and cfg.data.max_examples < 1:
-        raise TunelabError(f"{source('data.max_examples')}: data.max_examples must be at least 1")
-
-
-def _validate_data(cfg: TrainConfig, source: Origins) -> None:
-    d = cfg.data
-    if d.path is not None and d.mix:
-        raise TunelabError(
-            f"{source('data.path', 'data.mix')}: data.path and data.mix are exclusive; "
-            "train on one source or list them all under data.mix"
-        )
-    for key, path in (("data.path", d.path), ("eval.path", cfg.eval.path)):
-        if hub.is_hub_data(path):
-            hub.parse_data(path, f"{source(key)}: {key}")
-    for i, part in enumerate(d.mix):
-        key = f"data.mix[{i}]"
-        if not part.path:
-            raise TunelabError(
-                f"{source(f'{key}.path')}: {key}.path is missing; each source needs a file or hf://owner/name"
-            )
-        if hub.is_hub_data(part.path):
-            hub.parse_data(part.path, f"{source(f'{key}.path')}: {key}.path")
-        if part.weight <= 0:
-            raise TunelabError(f"{source(f'{key}.weight')}: {key}.weight must be positive, got {part.weight:g}")
-        fmt = part.format or d.format
-        if part.template is not None:
-            # `alpaca`, data.template's default, is accepted with any format, as at the top level.
-            if fmt != "alpaca" and part.template != "alpaca":
-                where = source(f"{key}.template", f"{key}.format", "data.format")
-                raise TunelabError(f"{where}: {key}.template applies to the alpaca format only; drop it for {fmt!r}")
-
-
-def has_data(cfg: TrainConfig) -> bool:
-    """Whether the config names training data: data.path or data.mix."""
-    return cfg.data.path is not None or bool(cfg.data.mix)
-
-
-def data_label(cfg: TrainConfig) -> str:
-    """The training data in a message: its path, or the mixture's sources and weights."""
-    if not cfg.data.mix:
-        return str(cfg.data.path)
-    return "mix of " + ", ".join(f"{m.path} (weight {m.weight:g})" for m in cfg.data.mix)
-
-
-def _validate_eval(cfg: TrainConfig, source: Origins) -> None:
-    e = cfg.eval
-    if e.split is not None and e.path is not None:
-        raise TunelabError(
-            f"{source('eval.split', 'eval.path')}: eval.split and eval.path are exclusive; "
-            "hold out a fraction or name a file, not both"
-        )
-    if e.split is not None and not 0 < e.split <= 0.5:
-        raise TunelabError(
-            f"{source('eval.split')}: eval.split must be in (0, 0.5] (the fraction of data.path held out), "
-            f"got {e.split}"
-        )
-    for key, value in (
-        ("eval.steps", e.steps),
-        ("eval.max_rows", e.max_rows),
-        ("eval.early_stopping_patience", e.early_stopping_patience),
-    ):
-        if value is not None and value < 1:
-            raise TunelabError(f"{source(key)}: {key} must be at least 1 (or null), got {value}")
-    if not eval_enabled(cfg):
-        for key, value in (
-            ("eval.steps", e.steps),
-            ("eval.max_rows", e.max_rows),
-            ("eval.early_stopping_patience", e.early_stopping_patience),
-        ):
-            if value is not None:
-                raise TunelabError(f"{source(key)}: {key} needs held-out data; set eval.split (e.g. 0.1) or eval.path")
-    elif e.steps is None and cfg.save_steps == 0 and e.early_stopping_patience is not None:
-        raise TunelabError(
-            f"{source('eval.early_stopping_patience', 'eval.steps', 'save_steps')}: eval.early_stopping_patience "
-            "needs evaluations during the run; set eval.steps (or save_steps)"
-        )
-
-
-def eval_enabled(cfg: TrainConfig) -> bool:
-    return cfg.eval.split is not None or cfg.eval.path is not None
-
-
-def eval_every(cfg: TrainConfig) -> int:
-    """Optimizer steps between evaluations: eval.steps, else save_steps (0: only at the end)."""
-    return cfg.eval.steps if cfg.eval.steps is not None else cfg.save_steps
-
-
-def effective_base_quant(cfg: TrainConfig) -> str:
-    """qlora means an nf4 base whatever base_quant says; other methods use base_quant as given."""
-    return methods.effective_base_quant(cfg.method, cfg.base_quant)
-
-
 def to_dict(cfg: TrainConfig) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
+    """The config in the layout users write (inline sections' fields at the top level), as config.yaml stores it."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.metadata.get("inline"):
+            for g in dataclasses.fields(value):
+                item = getattr(value, g.name)
+                out[g.metadata.get("key", g.name)] = (
+                    dataclasses.asdict(item) if dataclasses.is_dataclass(item) else item
+                )
+        else:
+            out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    return out
 
 
 def dump_yaml(cfg: TrainConfig) -> str:

@@ -24,22 +24,37 @@ class Method:
     magnitude: bool = False
     # The method that trains the same adapter over a quantized base: what to try when this one does not fit.
     quantized: str | None = None
+    # The name a run of this method over a quantized base is measured and calibrated under (base_quant -> key);
+    # over an unquantized base, or one not listed, the method's own name.
+    quant_keys: tuple[tuple[str, str], ...] = ()
 
     @property
     def saves(self) -> str:
         """The output folder of the final save: `model/` (HF format) or `adapter/` (PEFT format)."""
         return "model" if self.trains_base else "adapter"
 
+    def key(self, base_quant: str) -> str:
+        """The name plan's calibration records and fitted constants file a run under: the method and the base it
+        trains over. LoRA over an nf4 base is QLoRA whatever the config calls it; DoRA over a quantized base
+        pays for the quantization as LoRA does (`dora-nf4`)."""
+        return dict(self.quant_keys).get(base_quant, self.name)
+
     @property
     def adapter(self) -> bool:
         return not self.trains_base
+
+    @property
+    def reference(self) -> str:
+        """A preference objective's reference model under this method: an adapter's is its base with the adapter
+        disabled (no second copy of the weights); full fine-tuning keeps a frozen copy of the starting weights."""
+        return "frozen-copy" if self.trains_base else "adapter-disabled"
 
 
 REGISTRY: dict[str, Method] = {
     m.name: m
     for m in (
-        Method("lora", quantized="qlora"),
-        Method("dora", magnitude=True, quantized="qlora"),
+        Method("lora", quantized="qlora", quant_keys=(("nf4", "qlora"), ("int8", "lora-int8"))),
+        Method("dora", magnitude=True, quantized="qlora", quant_keys=(("nf4", "dora-nf4"), ("int8", "dora-int8"))),
         Method(
             "qlora",
             base_quant="nf4",

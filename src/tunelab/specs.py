@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from . import objectives
-from .config import TrainConfig, eval_enabled, reference_kind
+from .config import TrainConfig
 from .data.pipeline import DataSpec, HeldOutSpec, MixPart
 
 
@@ -11,25 +11,37 @@ def data_spec(cfg: TrainConfig) -> DataSpec:
     """What the data pipeline needs: the source (or mixture), its format and template, masking, the row length."""
     d = cfg.data
     mix = tuple(MixPart(m.path, m.weight, m.format or d.format, m.template or d.template) for m in d.mix)
-    pairs = objectives.get(cfg.objective).pairs
+    pairs = objectives.get(cfg.objective.name).pairs
     return DataSpec(
-        d.path, d.format, d.template, d.train_on_inputs, cfg.seq_len, d.max_examples, mix, cfg.seed, pairs=pairs
+        d.path,
+        d.format,
+        d.template,
+        d.train_on_inputs,
+        cfg.batch.seq_len,
+        d.max_examples,
+        mix,
+        cfg.run.seed,
+        pairs=pairs,
     )
 
 
 def held_out_spec(cfg: TrainConfig) -> HeldOutSpec | None:
     """The evaluation data, or None when the config holds none out."""
-    if not eval_enabled(cfg):
+    if not cfg.eval.enabled:
         return None
     e = cfg.eval
-    return HeldOutSpec(e.split, e.path, e.max_rows, cfg.seed)
+    return HeldOutSpec(e.split, e.path, e.max_rows, cfg.run.seed)
 
 
 def preference_spec(cfg: TrainConfig) -> objectives.PreferenceSpec | None:
     """The preference loss's settings, or None for an objective that trains on single sequences."""
-    if not objectives.get(cfg.objective).pairs:
+    if not objectives.get(cfg.objective.name).pairs:
         return None
-    p = cfg.preference
+    p = cfg.objective.preference
     return objectives.PreferenceSpec(
-        cfg.objective, p.beta, p.label_smoothing, reference_kind(cfg), p.precompute_reference
+        cfg.objective.name,
+        p.beta,
+        p.label_smoothing,
+        cfg.objective.reference_kind(cfg.adapter.method),
+        p.precompute_reference,
     )

@@ -9,13 +9,13 @@ CONFIGS = sorted(REPO.joinpath("configs").glob("*.yaml"))
 
 def test_defaults_load():
     cfg = load_config(None)
-    assert isinstance(cfg, TrainConfig) and cfg.model == "embedded" and cfg.packing is True
+    assert isinstance(cfg, TrainConfig) and cfg.model == "embedded" and cfg.batch.packing is True
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
 def test_every_shipped_config_loads(path):
     cfg = load_config(path)
-    assert cfg.method in ("lora", "dora", "qlora", "full")
+    assert cfg.adapter.method in ("lora", "dora", "qlora", "full")
 
 
 def test_shipped_configs_include_the_seed_recipes():
@@ -48,16 +48,37 @@ def test_every_required_dotted_override(tmp_path):
         "seed=7",
     ]
     cfg = load_config(None, overrides)
-    assert (cfg.model, cfg.data.path, cfg.data.format, cfg.method) == ("/some/dir", "rows.jsonl", "chat", "dora")
-    assert (cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets) == (32, 64.0, 0.05, ["q_proj", "v_proj"])
-    assert (cfg.seq_len, cfg.micro_batch, cfg.grad_accum, cfg.epochs, cfg.max_steps) == (1024, 4, 2, 2.0, 100)
-    assert (cfg.lr, cfg.precision, cfg.packing, cfg.grad_ckpt) == (1e-4, "bf16", False, True)
-    assert (cfg.save_steps, cfg.save_total_limit, cfg.output_dir, cfg.seed) == (50, 3, "out", 7)
+    assert (cfg.model, cfg.data.path, cfg.data.format, cfg.adapter.method) == (
+        "/some/dir",
+        "rows.jsonl",
+        "chat",
+        "dora",
+    )
+    assert (cfg.adapter.lora.r, cfg.adapter.lora.alpha, cfg.adapter.lora.dropout, cfg.adapter.lora.targets) == (
+        32,
+        64.0,
+        0.05,
+        ["q_proj", "v_proj"],
+    )
+    assert (cfg.batch.seq_len, cfg.batch.micro_batch, cfg.batch.grad_accum, cfg.batch.epochs, cfg.batch.max_steps) == (
+        1024,
+        4,
+        2,
+        2.0,
+        100,
+    )
+    assert (cfg.optimizer.lr, cfg.compute.precision, cfg.batch.packing, cfg.compute.grad_ckpt) == (
+        1e-4,
+        "bf16",
+        False,
+        True,
+    )
+    assert (cfg.run.save_steps, cfg.run.save_total_limit, cfg.run.output_dir, cfg.run.seed) == (50, 3, "out", 7)
 
 
 def test_comma_list_override_for_targets():
-    assert load_config(None, ["lora.targets=q_proj,v_proj"]).lora.targets == ["q_proj", "v_proj"]
-    assert load_config(None, ["lora.targets=attn"]).lora.targets == "attn"
+    assert load_config(None, ["lora.targets=q_proj,v_proj"]).adapter.lora.targets == ["q_proj", "v_proj"]
+    assert load_config(None, ["lora.targets=attn"]).adapter.lora.targets == "attn"
 
 
 def test_an_override_value_with_a_colon_stays_a_string_unless_written_as_a_mapping():
@@ -71,7 +92,7 @@ def test_yaml_file_plus_override(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("lr: 3.0e-4\nlora:\n  r: 8\n")
     cfg = load_config(f, ["lora.r=4"])
-    assert cfg.lr == 3e-4 and cfg.lora.r == 4
+    assert cfg.optimizer.lr == 3e-4 and cfg.adapter.lora.r == 4
 
 
 @pytest.mark.parametrize(
@@ -199,7 +220,5 @@ def test_preference_settings_fail_with_the_key(overrides, message):
 
 
 def test_preference_reference_follows_the_method():
-    from tunelab.config import reference_kind
-
-    assert reference_kind(load_config(None, ["objective=dpo"])) == "adapter-disabled"
-    assert reference_kind(load_config(None, ["objective=dpo", "method=full"])) == "frozen-copy"
+    assert load_config(None, ["objective=dpo"]).objective.reference_kind("lora") == "adapter-disabled"
+    assert load_config(None, ["objective=dpo"]).objective.reference_kind("full") == "frozen-copy"

@@ -40,8 +40,8 @@ def test_break_even_is_where_the_saving_equals_the_compile():
 
 @pytest.mark.parametrize(("given", "stored"), [("auto", "auto"), ("true", True), ("false", False)])
 def test_config_takes_auto_and_booleans(given, stored):
-    assert load_config(None, [f"compile={given}"]).compile == stored
-    assert load_config(None).compile == "auto"
+    assert load_config(None, [f"compile={given}"]).compute.compile == stored
+    assert load_config(None).compute.compile == "auto"
 
 
 def test_config_refuses_other_compile_values():

@@ -32,15 +32,15 @@ def _peer_in_child(name: str, cfg: cfgmod.TrainConfig, steps: int, warmup: int) 
         steps,
         warmup,
         lora=peers.LoraSettings(spec.r, spec.alpha, spec.dropout, spec.targets),
-        seq_len=cfg.seq_len,
-        micro_batch=pairs_per_micro_batch(cfg) if name in peers.PAIR_PEERS else cfg.micro_batch,
-        grad_accum=cfg.grad_accum,
+        seq_len=cfg.batch.seq_len,
+        micro_batch=pairs_per_micro_batch(cfg) if name in peers.PAIR_PEERS else cfg.batch.micro_batch,
+        grad_accum=cfg.batch.grad_accum,
         data_format=cfg.data.format,
         template=cfg.data.template,
         max_examples=cfg.data.max_examples,
-        lr=cfg.lr,
-        seed=cfg.seed,
-        device=cfg.device,
+        lr=cfg.optimizer.lr,
+        seed=cfg.run.seed,
+        device=cfg.compute.device,
     )
 
 

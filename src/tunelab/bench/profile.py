@@ -47,7 +47,7 @@ def profile_point(cfg: cfgmod.TrainConfig, warmup: int, steps: int, out: Path) -
 
     scratch = Path(tempfile.mkdtemp(prefix="tunelab-profile-"))
     try:
-        cfg = replace(cfg, output_dir=str(scratch / "run"))
+        cfg = replace(cfg, run=replace(cfg.run, output_dir=str(scratch / "run")))
         return in_fresh_process(_profile_in_child, cfg, profile_length(warmup, 0), steps, str(out))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -62,7 +62,7 @@ def _profile_in_child(cfg: cfgmod.TrainConfig, warmup: int, steps: int, out: str
     from ..train.loop import Measurement
 
     quiet_libraries()
-    cuda = pick_device(cfg.device).type == "cuda"
+    cuda = pick_device(cfg.compute.device).type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     # The step before the recorded ones is the profiler's own warm-up (its start-up cost stays out).
     plan = schedule(wait=warmup - 1, warmup=1, active=steps, repeat=1)

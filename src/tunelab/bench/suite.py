@@ -148,8 +148,8 @@ def auto_micro_batch(e, arch, cap: int) -> int:
     from ..plan import memory
 
     capacity = e.device.gpu.memory_bytes * AUTO_MEMORY_SHARE
-    loss_per_row = e.work.loss_tokens_per_micro_batch / e.settings.micro_batch
-    best = min(cap, memory.max_micro_batch(arch, e.memory_setup, capacity, loss_per_row))
+    loss_per_row = e.work.loss_tokens_per_micro_batch / e.job.batch.micro_batch
+    best = min(cap, memory.max_micro_batch(arch, e.job, e.layout, capacity, loss_per_row))
     if best < 1:
         raise TunelabError(f"plan puts micro-batch 1 above {AUTO_MEMORY_SHARE:.0%} of {e.device.gpu.name}'s memory")
     return best
@@ -268,13 +268,17 @@ def run_row(
         prediction = local_prediction(cfg)
         if row.micro_batch == AUTO:
             mb = auto_micro_batch(prediction, resolve_arch(cfg.model), row.micro_batch_cap)
-            if mb != cfg.micro_batch:
+            if mb != cfg.batch.micro_batch:
                 cfg = row_config(suite, row, model, data_path, out, options.overrides, mb)
                 prediction = local_prediction(cfg)
         points.check_length(prediction, row.warmup + row.steps)
-        print(f"{head}: micro-batch {cfg.micro_batch}, {row.warmup} + {row.steps} steps", file=sys.stderr, flush=True)
+        print(
+            f"{head}: micro-batch {cfg.batch.micro_batch}, {row.warmup} + {row.steps} steps",
+            file=sys.stderr,
+            flush=True,
+        )
         summary = points.measure_point(cfg, row.warmup + row.steps, row.warmup)
-        peak = points.point_peak(peaks, cfg.device, summary, options.catalog_gpu)
+        peak = points.point_peak(peaks, cfg.compute.device, summary, options.catalog_gpu)
         rec = points.build_record(row.name, summary, peak, prediction, row.warmup, cfg)
         store.insert(db, rec)
         rec = {**rec, "compile": row.compile, "model": row.model, "wall_s": time.time() - started}
@@ -307,11 +311,13 @@ def run_peers(suite: Suite, row: Row, ours: dict, cfg: cfgmod.TrainConfig | None
             # A missing package (trl) fails here, before a process is spawned for it.
             peers.setup_for(
                 name,
-                pick_device(cfg.device),
-                peers.LoraSettings(cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets),
-                cfg.seq_len,
-                cfg.micro_batch,
-                cfg.grad_accum,
+                pick_device(cfg.compute.device),
+                peers.LoraSettings(
+                    cfg.adapter.lora.r, cfg.adapter.lora.alpha, cfg.adapter.lora.dropout, cfg.adapter.lora.targets
+                ),
+                cfg.batch.seq_len,
+                cfg.batch.micro_batch,
+                cfg.batch.grad_accum,
             )
             print(f"{head}: against {row.name}, {row.warmup} + {row.steps} steps", file=sys.stderr, flush=True)
             rec = points.measure_peer(name, cfg, row.warmup + row.steps, row.warmup)

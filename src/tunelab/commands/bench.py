@@ -246,7 +246,7 @@ def measure_points(args: argparse.Namespace, steps: int, points: list, configs: 
             else:
                 print(f"[{i}/{len(points)}] {label}: {e}", file=sys.stderr, flush=True)
             continue
-        peak = point_peak(peaks, cfg.device, summary, args.catalog_gpu)
+        peak = point_peak(peaks, cfg.compute.device, summary, args.catalog_gpu)
         rec = build_record(label, summary, peak, prediction, args.warmup, cfg)
         store.insert(db, rec)
         records.append(rec)
@@ -306,7 +306,7 @@ def run_peers(args: argparse.Namespace, steps: int, base_dir: Path, db: Path) ->
     for round_ in range(1, args.rounds + 1):
         print(f"[round {round_}/{args.rounds}] tunelab", file=sys.stderr, flush=True)
         summary = measure_point(cfg, args.warmup + steps, args.warmup)
-        peak = peak or device_peak(cfg.device, summary, args.catalog_gpu)
+        peak = peak or device_peak(cfg.compute.device, summary, args.catalog_gpu)
         rec = build_record(f"tunelab round {round_}", summary, peak, prediction, args.warmup, cfg)
         store.insert(db, rec)
         records.append(rec)
@@ -386,13 +386,15 @@ def run_calibration(args: argparse.Namespace, steps: int, base_dir: Path) -> int
         prediction = local_prediction(cfg)
         check_length(prediction, args.warmup + steps)
         if not args.json:
-            print(f"calibrating {cfg.method}: {args.warmup} + {steps} steps", file=sys.stderr, flush=True)
+            print(f"calibrating {cfg.adapter.method}: {args.warmup} + {steps} steps", file=sys.stderr, flush=True)
         summary = measure_point(cfg, args.warmup + steps, args.warmup)
-        peak = peak or device_peak(cfg.device, summary, args.catalog_gpu)
+        peak = peak or device_peak(cfg.compute.device, summary, args.catalog_gpu)
         s = prediction.settings
         # The step model alone, at the record's peak, for the blocks the run really had (eager or compiled)
         chosen = bool((summary.get("compile") or {}).get("chosen"))
-        as_run = point_config(args, [f"method={cfg.method}", f"compile={str(chosen).lower()}"], base_dir / "model")
+        as_run = point_config(
+            args, [f"method={cfg.adapter.method}", f"compile={str(chosen).lower()}"], base_dir / "model"
+        )
         modeled = local_prediction(as_run, peak.flops, calibrated=False, bandwidth_bps=peak.bandwidth or None)
         points.append(
             calibrate.Point(
@@ -406,7 +408,7 @@ def run_calibration(args: argparse.Namespace, steps: int, base_dir: Path) -> int
                 chosen,
             )
         )
-        rec = build_record(f"calibrate method={cfg.method}", summary, peak, prediction, args.warmup, cfg)
+        rec = build_record(f"calibrate method={cfg.adapter.method}", summary, peak, prediction, args.warmup, cfg)
         store.insert(db, rec)
         records.append(rec)
     key = device_key(records[0]["device"])

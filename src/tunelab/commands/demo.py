@@ -104,8 +104,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> None:
     started = time.perf_counter()
     console = Console()
     cfg = cfgmod.load_config(args.config, overrides)
-    out = Path(cfg.output_dir)
-    if cfg.resume is False:  # before minutes of data and scoring, not after them
+    out = Path(cfg.run.output_dir)
+    if cfg.run.resume is False:  # before minutes of data and scoring, not after them
         from ..train.checkpoint import refuse_earlier
 
         refuse_earlier(out / "checkpoints", out)
@@ -117,8 +117,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> None:
     from ..device import cpu_class, device_name, pick_device, pick_precision
     from ..recipes.predict import local_prediction
 
-    device = pick_device(cfg.device)
-    precision = pick_precision(cfg.precision, device)
+    device = pick_device(cfg.compute.device)
+    precision = pick_precision(cfg.compute.precision, device)
     machine = (
         f"{device_name(device)}, {cpu_class() if device.type == 'cpu' else 'cuda'} class, computes in {precision.name}"
     )
@@ -156,11 +156,11 @@ def run(args: argparse.Namespace, overrides: list[str]) -> None:
 
 def write_data(args: argparse.Namespace, cfg, console) -> tuple[list[dict], list[dict]]:
     """1-8 digit additions, every digit-count pair equally likely; the test set shares no problem."""
-    train_path, test_path = Path(cfg.data.path), Path(cfg.output_dir) / "data" / "test.jsonl"
+    train_path, test_path = Path(cfg.data.path), Path(cfg.run.output_dir) / "data" / "test.jsonl"
     digits = arithmetic.parse_digit_range(args.digits)
     cells = arithmetic.grid(["add"], digits, digits)
-    train_rows = arithmetic.sample(cells, args.train_rows, TEST_TEMPLATES, cfg.seed, args.response)
-    test_rows = arithmetic.held_out(cells, args.test_rows, TEST_TEMPLATES, cfg.seed, train_rows, args.response)
+    train_rows = arithmetic.sample(cells, args.train_rows, TEST_TEMPLATES, cfg.run.seed, args.response)
+    test_rows = arithmetic.held_out(cells, args.test_rows, TEST_TEMPLATES, cfg.run.seed, train_rows, args.response)
     for path, rows in ((train_path, train_rows), (test_path, test_rows)):
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, (json.dumps(r) + "\n" for r in rows))
@@ -197,13 +197,13 @@ def fit_budget(
         train_rows = train_rows[:rows]
         write_atomic(train_path, (json.dumps(r) + "\n" for r in train_rows))
         steps = local_prediction(cfg).work.optimizer_steps
-        micro_batch = smaller_micro_batch(cfg.micro_batch, steps)
-        if micro_batch != cfg.micro_batch:
+        micro_batch = smaller_micro_batch(cfg.batch.micro_batch, steps)
+        if micro_batch != cfg.batch.micro_batch:
             console.print(
-                f"[bold yellow]budget[/]: micro-batch {cfg.micro_batch} -> {micro_batch}, so that {rows:,} rows "
-                f"make ~{steps * cfg.micro_batch // micro_batch} optimizer steps rather than {steps}"
+                f"[bold yellow]budget[/]: micro-batch {cfg.batch.micro_batch} -> {micro_batch}, so that {rows:,} rows "
+                f"make ~{steps * cfg.batch.micro_batch // micro_batch} optimizer steps rather than {steps}"
             )
-            cfg = dataclasses.replace(cfg, micro_batch=micro_batch)
+            cfg = dataclasses.replace(cfg, batch=dataclasses.replace(cfg.batch, micro_batch=micro_batch))
         prediction = local_prediction(cfg)
         console.print(f"[bold]plan[/] for {rows:,} rows: {describe(prediction)}")
     return cfg, prediction
@@ -237,14 +237,16 @@ def results(base: dict | None, tuned: dict, summary: dict, prediction) -> dict:
 
 def curve(args: argparse.Namespace, cfg, console, test_rows: list[dict], base, tuned: dict, summary: dict) -> None:
     """curve.json and curve.png: accuracy against training minutes, from the base, each kept checkpoint, the end."""
-    out = Path(cfg.output_dir)
+    out = Path(cfg.run.output_dir)
     points = [(0.0, base["accuracy"])] if base is not None else []
     points += [(s.elapsed_s / 60, acc) for s, acc in score_checkpoints(cfg, test_rows, out / "checkpoints")]
     points.append((summary["train_s"] / 60, tuned["accuracy"]))
     write_atomic(out / "curve.json", [json.dumps([{"train_minutes": m, "accuracy": a} for m, a in points]) + "\n"])
     from ..report.plots import accuracy_curve
 
-    accuracy_curve({f"{cfg.method} r {cfg.lora.r}, {args.train_rows:,} rows": points}, out / "curve.png")
+    accuracy_curve(
+        {f"{cfg.adapter.method} r {cfg.adapter.lora.r}, {args.train_rows:,} rows": points}, out / "curve.png"
+    )
     console.print("[bold]curve[/]: " + ", ".join(f"{a:.1%} at {m:.1f} min" for m, a in points))
 
 
@@ -314,9 +316,11 @@ def _base_for_eval(cfg: cfgmod.TrainConfig):
     from ..model.load import load_model
     from ..sources import load_tokenizer, resolve
 
-    device = pick_device(cfg.device)
+    device = pick_device(cfg.compute.device)
     source = resolve(cfg.model)
-    return load_model(source, pick_precision(cfg.precision, device).compute, "none", device), load_tokenizer(source)
+    return load_model(source, pick_precision(cfg.compute.precision, device).compute, "none", device), load_tokenizer(
+        source
+    )
 
 
 def show(console, base: dict | None, tuned: dict, summary: dict, prediction, predicted_train_s: float) -> None:

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import argparse
 import math
+import typing
 from dataclasses import replace
 
 from .. import config as cfgmod
 from .. import hub
 from ..errors import TunelabError
 from ..plan import catalog, render, workload
-from ..plan.estimate import STACKS, Device, estimate, suggestions
-from ..recipes.predict import dataset_lengths, eval_file_lengths, local_device, settings_from_config
+from ..plan.estimate import STACKS, Device, Job, estimate, suggestions
+from ..recipes.predict import dataset_lengths, eval_file_lengths, local_device
 from ..sources import resolve_arch
 
 DEFAULT_GPU = "h100-sxm"
@@ -24,20 +25,6 @@ DEFAULT_MEAN_TOKENS = 256
 DEFAULT_LOSS_FRACTION = 0.5
 SHARDINGS = ("ddp", "zero2", "zero3")
 SCENARIO_EXAMPLES = (10_000, 50_000, 100_000)
-
-# flag -> config key: flags become dotted overrides so validation lives in one place (config.py).
-FLAG_KEYS = {
-    "model": "model",
-    "method": "method",
-    "seq_len": "seq_len",
-    "micro_batch": "micro_batch",
-    "grad_accum": "grad_accum",
-    "epochs": "epochs",
-    "lora_r": "lora.r",
-    "packing": "packing",
-    "grad_ckpt": "grad_ckpt",
-    "precision": "precision",
-}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,19 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=int, default=1, help="GPUs per run: >1 adds DDP / ZeRO-2 / ZeRO-3 estimates")
     p.add_argument("--json", action="store_true", help="one JSON line per GPU")
     p.add_argument("--format", choices=("table", "md"), default="table", help="table (terminal) or md (performance.md)")
-    p.add_argument(
-        "--model",
-        help="catalog model (meta-llama/Llama-3.1-8B or its short id llama-3.1-8b), hub id, local directory or .gguf",
-    )
-    p.add_argument("--method", choices=cfgmod.METHODS)
-    p.add_argument("--precision", choices=cfgmod.PRECISIONS)
-    p.add_argument("--seq-len", type=int)
-    p.add_argument("--micro-batch", type=int)
-    p.add_argument("--grad-accum", type=int)
-    p.add_argument("--epochs", type=float)
-    p.add_argument("--lora-r", type=int)
-    p.add_argument("--packing", action=argparse.BooleanOptionalAction, default=None)
-    p.add_argument("--grad-ckpt", action=argparse.BooleanOptionalAction, default=None)
+    for key, (tp, help_text) in cfgmod.cli_keys().items():
+        _setting_flag(p, key, tp, help_text)
     p.add_argument("--examples", type=int, help="number of training examples (when there is no data.path)")
     p.add_argument(
         "--mean-tokens",
@@ -91,17 +67,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _setting_flag(p: argparse.ArgumentParser, key: str, tp, help_text: str) -> None:
+    """`--seq-len` for the config key `seq_len`, `--lora-r` for `lora.r`: a flag is one more way to write a
+    dotted override, so config.py validates it like any other (its choices, its type, its range)."""
+    flag = "--" + key.replace(".", "-").replace("_", "-")
+    dest = "setting:" + key
+    help_text = f"{help_text or 'the config key ' + key} (the override {key}=...)"
+    if tp is bool:
+        p.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        return
+    choices = typing.get_args(tp) if typing.get_origin(tp) is typing.Literal else None
+    metavar = None if choices else key.rsplit(".", 1)[-1].upper()
+    p.add_argument(flag, dest=dest, choices=choices, metavar=metavar, default=None, help=help_text)
+
+
 def config_from_args(args: argparse.Namespace) -> cfgmod.TrainConfig:
     overrides = list(args.overrides)
-    for flag, key in FLAG_KEYS.items():
-        value = getattr(args, flag)
-        if value is not None:
+    for dest, value in vars(args).items():
+        if dest.startswith("setting:") and value is not None:
+            key = dest.removeprefix("setting:")
             overrides.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
     return cfgmod.load_config(args.config, overrides)
 
 
 def lengths_from(cfg: cfgmod.TrainConfig, args: argparse.Namespace) -> workload.Lengths:
-    if cfgmod.has_data(cfg):
+    if cfg.data.given:
         if args.examples is not None or args.mean_tokens is not None:
             raise TunelabError(
                 "--examples/--mean-tokens describe a dataset you do not have; data.path is set, drop them (or set data.path=null)"
@@ -112,7 +102,7 @@ def lengths_from(cfg: cfgmod.TrainConfig, args: argparse.Namespace) -> workload.
     if args.examples < 1:
         raise TunelabError(f"--examples must be at least 1, got {args.examples}")
     # The default assumption fits the run's rows: a shorter seq_len is read as shorter examples, not truncation.
-    mean = min(DEFAULT_MEAN_TOKENS, cfg.seq_len) if args.mean_tokens is None else args.mean_tokens
+    mean = min(DEFAULT_MEAN_TOKENS, cfg.batch.seq_len) if args.mean_tokens is None else args.mean_tokens
     if not 1 <= mean < math.inf:  # written so that nan, which compares false, fails too
         raise TunelabError(f"--mean-tokens must be at least 1, got {mean}")
     if not 0 < args.loss_fraction <= 1:
@@ -144,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
             catalog.gpu(g)
     cfg = config_from_args(args)
     # The local probe measures this machine in the run's own precision (fp16 on a CPU fails as train fails).
-    devices = [device_for(g, cfg.precision) for g in gpu_ids]
+    devices = [device_for(g, cfg.compute.precision) for g in gpu_ids]
     if args.gpus > 1 and any(d.gpu.device_type == "cpu" for d in devices):
         raise TunelabError(
             f"--gpus {args.gpus} with --gpu local on a CPU: the processes would share this machine's cores, so "
@@ -154,19 +144,19 @@ def run(args: argparse.Namespace) -> int:
     lengths = lengths_from(cfg, args)
     results = []
     for device in devices:
-        s = replace(settings_from_config(cfg, arch, device), stack=args.stack)
-        single = estimate(arch, lengths, s, device)
+        job = Job.of(cfg, stack=args.stack)
+        single = estimate(arch, lengths, job, device)
         multi = []
         if args.gpus > 1:
             # FSDP (fsdp2.yaml, the zero3 row) shards floating-point weights only: no zero3 over an nf4/int8 base.
-            for strategy in SHARDINGS if s.base_quant == "none" else SHARDINGS[:2]:
+            for strategy in SHARDINGS if cfg.adapter.quant == "none" else SHARDINGS[:2]:
                 multi.append(
-                    estimate(arch, lengths, s, device, args.gpus, strategy, catalog.scaling_efficiency(strategy))
+                    estimate(arch, lengths, job, device, args.gpus, strategy, catalog.scaling_efficiency(strategy))
                 )
         prices = price_rows(device.gpu.id, args.price_per_hour)
         scenarios = None
         if args.format == "md" and not args.json:
-            scenarios = [(n, estimate(arch, scaled(lengths, n), s, device)) for n in SCENARIO_EXAMPLES]
+            scenarios = [(n, estimate(arch, scaled(lengths, n), job, device)) for n in SCENARIO_EXAMPLES]
         results.append(render.Result(arch, single, multi, suggestions(arch, lengths, single), prices, scenarios))
     if args.json:
         for r in results:

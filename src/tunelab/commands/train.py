@@ -75,5 +75,5 @@ def _launch(args: argparse.Namespace) -> int:
     argv = ["train", "--config", args.config, *args.overrides]
     argv += (["--quiet"] if args.quiet else []) + (["--offline"] if args.offline else [])
     command = launch_command(args.nproc, args.accelerate_config, argv)
-    with removed_if_abandoned(Path(cfg.output_dir)):  # a process the launcher killed leaves what it created
+    with removed_if_abandoned(Path(cfg.run.output_dir)):  # a process the launcher killed leaves what it created
         return run_launcher(command)

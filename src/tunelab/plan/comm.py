@@ -23,23 +23,23 @@ Latency terms and overlap with compute are not modeled: this is volume, not time
 
 from __future__ import annotations
 
-from .. import methods
 from .arch import Arch
-from .memory import TRAINABLE_BYTES, MemorySetup, frozen_weight_bytes, trainable_params
+from .job import Job
+from .memory import TRAINABLE_BYTES, Layout, frozen_weight_bytes, trainable_params
 
 
-def step_bytes(arch: Arch, s: MemorySetup, grad_accum: int) -> float:
+def step_bytes(arch: Arch, job: Job, s: Layout, grad_accum: int) -> float:
     """Bytes one GPU sends per optimizer step under `s.sharding` on `s.world` GPUs (0 for one GPU)."""
     n = max(1, s.world)
     if n == 1 or s.sharding == "single":
         return 0.0
     share = (n - 1) / n
-    params = trainable_params(arch, s)
+    params = trainable_params(arch, job, s)
     trainable = params * TRAINABLE_BYTES
-    if methods.get(s.method).trains_base:
+    if job.method.trains_base:
         weights = arch.total_params * s.compute_bytes
     else:
-        weights = frozen_weight_bytes(arch, s.base_quant, s.compute_bytes) + params * s.compute_bytes
+        weights = frozen_weight_bytes(arch, job.adapter.quant, s.compute_bytes) + params * s.compute_bytes
     if s.sharding == "ddp":
         return 2 * share * trainable
     if s.sharding == "zero2":

@@ -1,51 +1,25 @@
-"""One prediction: a model, a workload and settings on one device -> steps, tokens, FLOPs, memory, time.
+"""One prediction: a model, a workload and a job (the config's sections) on one device -> steps, tokens, FLOPs,
+memory, time.
 
-Pure composition of the formula modules; `command.py` builds the typed inputs and renders the result.
+Pure composition of the formula modules; `commands/plan.py` and `recipes/predict.py` build the inputs and
+`render.py` prints the result.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .. import methods, objectives
-from ..runtime import LOGIT_CHUNK, attention_path, compile_choice, hashed_dropout, slot_products
+from .. import methods
+from ..errors import TunelabError
+from ..runtime import attention_path, compile_choice, hashed_dropout, slot_products
 from . import catalog, comm, fit, memory, steptime, timing, workload
-from .arch import Arch
+from .arch import Arch, adapter_targets
 from .calibration import CalibrationRecord, scale_key
 from .catalog import Gpu
 from .flops import FlopsPerToken, flops_per_token, forward_flops_per_token, reference_flops_per_token
+from .job import STACKS, Job
 
-
-@dataclass(frozen=True)
-class Settings:
-    method: str
-    base_quant: str
-    compute_bytes: int
-    seq_len: int
-    micro_batch: int
-    grad_accum: int
-    epochs: float
-    max_steps: int | None
-    packing: bool
-    grad_ckpt: bool
-    targets: tuple[str, ...]
-    r: int
-    lora_dropout: float
-    save_steps: int
-    save_total_limit: int
-    seed: int = 42
-    compile: bool | str = False  # `auto`: estimate() decides (runtime.compile_choice)
-    activation_offload: bool = False  # saved activations in pinned host memory (model/offload.py)
-    attention: str = "auto"  # config.ATTENTIONS
-    eval_every: int = 0  # optimizer steps between evaluations (config.eval_every); used when lengths hold some out
-    stack: str = "tunelab"  # STACKS: tunelab, or the tuned HF Trainer + PEFT recipe it is compared with
-    objective: str = "sft"  # objectives.REGISTRY: a preference pair is two sequences, DPO adds a reference forward
-    precompute_reference: bool = False
-
-
-# `hf-peft`: the tuned HF Trainer + PEFT recipe (bench/peers.py `hf-trainer-tuned`): the same rows per step,
-# padded to the longest of each length-grouped batch, eager, PEFT's LoRA.
-STACKS = ("tunelab", "hf-peft")
+__all__ = ["STACKS", "Device", "Estimate", "Job", "estimate", "suggestions"]
 
 
 @dataclass(frozen=True)
@@ -55,9 +29,9 @@ class Device:
     calibration: CalibrationRecord | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Estimate:
-    settings: Settings
+    job: Job
     device: Device
     gpus: int
     sharding: str
@@ -65,7 +39,7 @@ class Estimate:
     checkpoints: workload.Checkpoints
     flops: FlopsPerToken
     efficiency: timing.Efficiency
-    memory_setup: memory.MemorySetup
+    layout: memory.Layout
     memory: memory.MemoryBreakdown
     max_micro_batch: int
     speed: timing.Throughput
@@ -87,47 +61,59 @@ class Estimate:
     def time_s(self) -> float:
         return self.speed.train_s + self.overheads.total
 
+    @property
+    def compiled(self) -> bool:
+        """Whether the predicted run compiles its blocks (`compile: auto` as resolved; the job keeps the setting)."""
+        return self.compile_choice["chosen"] if self.compile_choice else self.job.compiled
 
-def memory_setup(s: Settings, w: workload.Workload, d: Device, sharding: str, gpus: int) -> memory.MemorySetup:
+
+def run_precision(precision: str, device: Device) -> str:
+    """The precision a run picks on `device`: `auto` is bf16 where the device has it (a local CPU without bf16
+    units computes in fp32, device.pick_precision), else fp16."""
+    if precision != "auto":
+        return precision
+    if device.gpu.device_type == "cpu":
+        return "bf16" if device.gpu.bf16 else "fp32"
+    return "bf16" if device.gpu.bf16 else "fp16"
+
+
+def compute_bytes(job: Job, d: Device) -> int:
+    return 4 if run_precision(job.compute.precision, d) == "fp32" else 2  # bf16 and fp16 are both 2 bytes
+
+
+def layout(arch: Arch, job: Job, w: workload.Workload, d: Device, sharding: str, gpus: int) -> memory.Layout:
+    """What plan derives for memory from the job, the workload's micro-batches and the device."""
     device_type = d.gpu.device_type
     # flash-attn's varlen kernels keep what flex keeps (q, k, v, output, log-sum-exp), so whether the target
     # has them installed does not change the memory.
-    path = attention_path(s.attention, device_type)
+    path = attention_path(job.compute.attention, device_type)
     slots = w.epoch.slots if path == "slots" else 0
     probs = slots > 0 and slot_products(device_type, w.epoch.slot_len, dropout=0.0)
-    return memory.MemorySetup(
-        method=s.method,
-        base_quant=s.base_quant,
-        compute_bytes=s.compute_bytes,
-        micro_batch=s.micro_batch,
+    reference = job.goal.reference and not job.objective.preference.precompute_reference
+    return memory.Layout(
+        compute_bytes=compute_bytes(job, d),
+        targets=adapter_targets(arch, job.adapter.lora.targets),
         row_len=w.epoch.widest_row,
         loss_rows=max(1, round(w.loss_tokens_per_micro_batch)),
-        loss_chunk=LOGIT_CHUNK,
-        grad_ckpt=s.grad_ckpt,
-        targets=s.targets,
-        r=s.r,
-        lora_dropout=s.lora_dropout,
         runtime_overhead=d.runtime_overhead,
         sharding=sharding,
         world=gpus,
-        compiled=s.compile,
         slots=slots,
         slot_len=w.epoch.slot_len if slots else 0,
         attention_probs=probs,
         attention=path,
-        dropout_mask_kept=not hashed_dropout(device_type, s.compile),
-        offload=s.activation_offload and device_type == "cuda",  # on a CPU activations are in host memory anyway
-        reference_copy=objectives.get(s.objective).reference
-        and methods.get(s.method).trains_base
-        and not s.precompute_reference,
-        reference_forward=objectives.get(s.objective).reference and not s.precompute_reference,
+        dropout_mask_kept=not hashed_dropout(device_type, job.compute.compile),
+        offload=job.compute.activation_offload
+        and device_type == "cuda",  # on a CPU activations are in host memory anyway
+        reference_copy=reference and job.method.trains_base,
+        reference_forward=reference,
     )
 
 
 def estimate(
     arch: Arch,
     lengths: workload.Lengths,
-    s: Settings,
+    job: Job,
     d: Device,
     gpus: int = 1,
     sharding: str = "single",
@@ -135,74 +121,83 @@ def estimate(
 ) -> Estimate:
     """One prediction. `compile: auto` is resolved here, as the run resolves it (runtime.compile_choice): from
     this same estimate with eager blocks, its training time against the catalog's compile cost and speedup."""
-    if not isinstance(s.compile, bool):
-        eager = estimate(arch, lengths, replace(s, compile=False), d, gpus, sharding, scaling)
+    if job.batch.seq_len > arch.max_positions > 0:
+        raise TunelabError(
+            f"seq_len {job.batch.seq_len} is over {arch.name}'s maximum of {arch.max_positions} positions; lower seq_len"
+        )
+    if not isinstance(job.compute.compile, bool):
+        eager = estimate(arch, lengths, job.but(compile=False), d, gpus, sharding, scaling)
         kind = d.gpu.device_type
         choice = compile_choice(
-            s.compile, kind, eager.speed.train_s, catalog.compile_seconds(kind), catalog.compile_speedup(kind)
+            job.compute.compile, kind, eager.speed.train_s, catalog.compile_seconds(kind), catalog.compile_speedup(kind)
         )
         resolved = (
             eager
             if not choice["chosen"]
-            else estimate(arch, lengths, replace(s, compile=True), d, gpus, sharding, scaling)
+            else estimate(arch, lengths, job.but(compile=True), d, gpus, sharding, scaling)
         )
-        return replace(resolved, settings=replace(resolved.settings, compile=s.compile), compile_choice=choice)
-    if s.stack == "hf-peft":
-        s = replace(s, packing=False, compile=False)
-    objective = objectives.get(s.objective)
+        return replace(resolved, job=replace(resolved.job, compute=job.compute), compile_choice=choice)
+    if job.stack == "hf-peft":
+        job = job.but(packing=False, compile=False)
+    b = job.batch
     batching = workload.Batching(
-        s.seq_len, s.micro_batch, s.grad_accum, s.packing, gpus, s.seed, group=objective.sequences
+        b.seq_len, b.micro_batch, b.grad_accum, b.packing, gpus, job.run.seed, group=job.goal.sequences
     )
-    w = workload.build(lengths, batching, s.epochs, s.max_steps)
-    ckpt = workload.checkpoints(w.optimizer_steps, s.save_steps, s.save_total_limit)
-    doc_keys = steptime.attention_keys(lengths.lengths, lengths.mean_tokens, s.seq_len, True)
-    f = flops_per_token(arch, s.method, s.targets, s.r, w.epoch.widest_row, s.grad_ckpt, s.lora_dropout, doc_keys)
-    ref = reference_flops_per_token(arch, objective, w.epoch.widest_row, s.precompute_reference, w.epochs_run)
-    f = replace(f, reference=ref)
-    setup = memory_setup(s, w, d, sharding, gpus)
-    mem = memory.breakdown(arch, setup)
-    loss_per_row = w.loss_tokens_per_micro_batch / s.micro_batch
-    biggest = memory.max_micro_batch(arch, setup, d.gpu.memory_bytes, loss_per_row)
-    longest = memory.max_seq_len(arch, setup, d.gpu.memory_bytes, loss_per_row / max(1, w.epoch.widest_row))
-    step, constants, eff, model_step_s = step_time(arch, lengths, s, d, w)
+    w = workload.build(lengths, batching, b.epochs, b.max_steps)
+    ckpt = workload.checkpoints(w.optimizer_steps, job.run.save_steps, job.run.save_total_limit)
+    lay = layout(arch, job, w, d, sharding, gpus)
+    f = job_flops(arch, job, lay, w, steptime.attention_keys(lengths.lengths, lengths.mean_tokens, b.seq_len, True))
+    mem = memory.breakdown(arch, job, lay)
+    loss_per_row = w.loss_tokens_per_micro_batch / b.micro_batch
+    biggest = memory.max_micro_batch(arch, job, lay, d.gpu.memory_bytes, loss_per_row)
+    longest = memory.max_seq_len(arch, job, lay, d.gpu.memory_bytes, loss_per_row / max(1, w.epoch.widest_row))
+    step, constants, eff, model_step_s = step_time(arch, lengths, job, lay, d, w)
     if f.reference:  # DPO's reference forward: its FLOPs at the rate the step's own work runs
         step = step.scaled(f.hardware / (f.hardware - f.reference))
-    tokens_per_step = w.epoch.tokens_padded / w.epoch.micro_batches * s.grad_accum
+    tokens_per_step = w.epoch.tokens_padded / w.epoch.micro_batches * b.grad_accum
     speed = timing.step_throughput(w.tokens_padded, tokens_per_step, step.total, gpus, scaling)
-    trainable = memory.trainable_params(arch, setup)
-    periodic, final = timing.checkpoint_bytes(trainable, arch.total_params, s.method)
+    periodic, final = timing.checkpoint_bytes(memory.trainable_params(arch, job, lay), arch.total_params, job.method)
     on_disk = arch.total_params * 2  # 16-bit safetensors, quantized at load time for int8/nf4
     evals, forward, eval_s = None, 0.0, 0.0
     if lengths.held_out is not None:
-        evals = workload.evaluations(lengths.held_out, batching, w.optimizer_steps, s.eval_every)
-        forward = forward_flops_per_token(arch, s.method, s.targets, s.r, evals.widest_row)
+        evals = workload.evaluations(lengths.held_out, batching, w.optimizer_steps, job.eval_every)
+        forward = forward_flops_per_token(arch, job.adapter.method, lay.targets, job.adapter.lora.r, evals.widest_row)
         eval_s = timing.evaluation_seconds(evals.count * evals.tokens_padded, forward, d.gpu.peak_flops, eff.value)
-    over = timing.overheads(on_disk, ckpt.written, periodic, final, s.compile, d.gpu.device_type, eval_s)
-    sent = comm.step_bytes(arch, setup, s.grad_accum)
-    choice = compile_choice(s.compile, d.gpu.device_type, None, 0.0, 1.0)
     return Estimate(
-        s,
-        d,
-        gpus,
-        sharding,
-        w,
-        ckpt,
-        f,
-        eff,
-        setup,
-        mem,
-        biggest,
-        speed,
-        over,
-        evals,
-        forward,
-        sent,
-        choice,
-        longest,
-        step,
-        constants,
-        model_step_s,
+        job=job,
+        device=d,
+        gpus=gpus,
+        sharding=sharding,
+        work=w,
+        checkpoints=ckpt,
+        flops=f,
+        efficiency=eff,
+        layout=lay,
+        memory=mem,
+        max_micro_batch=biggest,
+        speed=speed,
+        overheads=timing.overheads(on_disk, ckpt.written, periodic, final, job.compiled, d.gpu.device_type, eval_s),
+        evaluations=evals,
+        forward_flops=forward,
+        comm_bytes=comm.step_bytes(arch, job, lay, b.grad_accum),
+        compile_choice=compile_choice(job.compute.compile, d.gpu.device_type, None, 0.0, 1.0),
+        max_seq_len=longest,
+        step=step,
+        constants=constants,
+        model_step_s=model_step_s,
     )
+
+
+def job_flops(arch: Arch, job: Job, lay: memory.Layout, w: workload.Workload, keys: float) -> FlopsPerToken:
+    """FLOPs per fed token of the job's step at `keys` attention keys per token, the reference forward's included."""
+    lora = job.adapter.lora
+    f = flops_per_token(
+        arch, job.adapter.method, lay.targets, lora.r, w.epoch.widest_row, job.compute.grad_ckpt, lora.dropout, keys
+    )
+    ref = reference_flops_per_token(
+        arch, job.goal, w.epoch.widest_row, job.objective.preference.precompute_reference, w.epochs_run
+    )
+    return replace(f, reference=ref)
 
 
 def attention_work(w: workload.Workload, attention: str, device_type: str) -> tuple[float, float]:
@@ -222,7 +217,7 @@ def attention_work(w: workload.Workload, attention: str, device_type: str) -> tu
 
 
 def step_time(
-    arch: Arch, lengths: workload.Lengths, s: Settings, d: Device, w: workload.Workload
+    arch: Arch, lengths: workload.Lengths, job: Job, lay: memory.Layout, d: Device, w: workload.Workload
 ) -> tuple[steptime.Breakdown, catalog.StepConstants, timing.Efficiency, float]:
     """One optimizer step's seconds by part (plan/steptime.py) on one GPU, the constants used, the achieved
     fraction of the peak it implies, and the step model's own seconds. A calibration record of the device for
@@ -234,31 +229,37 @@ def step_time(
     constants = catalog.step_constants(device, gpu.device_type)
     bandwidth = gpu.bandwidth_gbs * 1e9 or constants.bandwidth_gbs * 1e9 or catalog.nearest_bandwidth(gpu.peak_flops)
     tokens = w.epoch.tokens_padded / w.epoch.micro_batches
-    keys, scored = attention_work(w, s.attention, gpu.device_type)
+    keys, scored = attention_work(w, job.compute.attention, gpu.device_type)
+    accum = job.batch.grad_accum
     shape = steptime.Shape(
-        s.grad_accum,
+        accum,
         round(tokens),
         keys,
-        s.compile,
-        s.compute_bytes,
+        job.compiled,
+        lay.compute_bytes,
         w.loss_tokens_per_micro_batch,
         scored_keys_per_token=scored,
     )
     ridge = fit.ridge(gpu.device_type if gpu.device_type == "cpu" else "cuda", gpu.peak_flops, bandwidth)
-    work = steptime.work(arch, s.method, s.base_quant, s.targets, s.r, s.grad_ckpt, shape, ridge)
+    work = steptime.work(
+        arch, job.method, job.adapter.quant, lay.targets, job.adapter.lora.r, job.compute.grad_ckpt, shape, ridge
+    )
     c = steptime.Constants(constants.matmul, constants.attention, constants.bandwidth, constants.launch_s)
     step = steptime.breakdown(work, gpu.peak_flops, bandwidth, c)
-    scale, peer_rows = catalog.stack_scale(s.stack)
+    scale, peer_rows = catalog.stack_scale(job.stack)
     step = step.scaled(scale)
-    f = flops_per_token(arch, s.method, s.targets, s.r, w.epoch.widest_row, s.grad_ckpt, s.lora_dropout, keys)
-    key = timing.method_key(s.method, s.base_quant)
+    lora = job.adapter.lora
+    f = flops_per_token(
+        arch, job.adapter.method, lay.targets, lora.r, w.epoch.widest_row, job.compute.grad_ckpt, lora.dropout, keys
+    )
+    key = job.method.key(job.adapter.quant)
     modeled = step.total
-    record = d.calibration if s.stack == "tunelab" else None
-    found = calibration_scale(record, key, bool(s.compile)) if record is not None else None
+    record = d.calibration if job.stack == "tunelab" else None
+    found = calibration_scale(record, key, job.compiled) if record is not None else None
     if found is not None:
         scale, measured_as = found
         step = step.scaled(scale)
-        value = tokens * s.grad_accum * f.hardware / (gpu.peak_flops * step.total)
+        value = tokens * accum * f.hardware / (gpu.peak_flops * step.total)
         label = (
             f"calibrated for {key} on {record.device_name}, {record.created}: step model x {scale:.3f}"
             f" (measured {measured_as})"
@@ -266,18 +267,18 @@ def step_time(
         return step, constants, timing.Efficiency(value, label), modeled
     if record is not None and key in record.efficiency:
         value = record.efficiency[key]
-        calibrated = tokens * s.grad_accum * f.hardware / (gpu.peak_flops * value)
+        calibrated = tokens * accum * f.hardware / (gpu.peak_flops * value)
         step = step.scaled(calibrated / step.total)
         label = f"calibrated for {key} on {record.device_name}, {record.created}: efficiency {value:.2f}"
         return step, constants, timing.Efficiency(value, label), modeled
-    value = tokens * s.grad_accum * f.hardware / (gpu.peak_flops * step.total)
+    value = tokens * accum * f.hardware / (gpu.peak_flops * step.total)
     whose = f"class {device}" if gpu.id == "local" and not gpu.catalog_id else device
     # The headline is the useful MFU (attention over the documents' causal keys): the whole-row fraction above
     # counts attention a packed row never computes and passes 1 on long rows of short documents.
-    useful = tokens * s.grad_accum * f.useful / (gpu.peak_flops * step.total)
+    useful = tokens * accum * f.useful / (gpu.peak_flops * step.total)
     label = f"step model, useful MFU {useful:.0%}; constants for {whose}: {constants.label}"
-    if s.stack != "tunelab":
-        label += f"; stack {s.stack} x {scale:.2f} from {len(peer_rows)} measured peer rows"
+    if job.stack != "tunelab":
+        label += f"; stack {job.stack} x {scale:.2f} from {len(peer_rows)} measured peer rows"
     if gpu.id == "local" and not constants.measured:
         label += "; `tunelab bench --calibrate` measures this device"
     return step, constants, timing.Efficiency(value, label), modeled
@@ -296,32 +297,32 @@ def suggestions(arch: Arch, lengths: workload.Lengths, base: Estimate) -> list[S
     """Single-knob changes, each re-estimated with the same formulas, sorted by time saved. The micro-batch
     appears only for memory, traded against gradient accumulation at equal rows per optimizer step (the step
     model prices it: smaller micro-batches launch more kernels per token)."""
-    s = base.settings
-    variants: list[tuple[str, Settings]] = []
-    split = accumulation_split(s.micro_batch, s.grad_accum, base.max_micro_batch) if not base.fits else None
+    job, b = base.job, base.job.batch
+    variants: list[tuple[str, Job]] = []
+    split = accumulation_split(b.micro_batch, b.grad_accum, base.max_micro_batch) if not base.fits else None
     if split is not None:
         mb, accum = split
         variants.append(
             (
-                f"micro-batch {s.micro_batch} -> {mb}, grad_accum {s.grad_accum} -> {accum} (same rows per "
+                f"micro-batch {b.micro_batch} -> {mb}, grad_accum {b.grad_accum} -> {accum} (same rows per "
                 "optimizer step), for memory",
-                replace(s, micro_batch=mb, grad_accum=accum),
+                job.but(micro_batch=mb, grad_accum=accum),
             )
         )
-    if not s.packing:
-        variants.append(("packing on", replace(s, packing=True)))
-    if s.grad_ckpt:
-        variants.append(("gradient checkpointing off", replace(s, grad_ckpt=False)))
-    shorter, why = shortest_seq_len(lengths, s.objective)
-    if shorter < s.seq_len:
-        variants.append((f"seq_len {s.seq_len} -> {shorter} ({why})", replace(s, seq_len=shorter)))
-    if not base.fits and methods.get(s.method).quantized is not None and s.base_quant == "none":
-        quantized = methods.get(methods.get(s.method).quantized)
+    if not b.packing:
+        variants.append(("packing on", job.but(packing=True)))
+    if job.compute.grad_ckpt:
+        variants.append(("gradient checkpointing off", job.but(grad_ckpt=False)))
+    shorter, why = shortest_seq_len(lengths, job.goal.sequences)
+    if shorter < b.seq_len:
+        variants.append((f"seq_len {b.seq_len} -> {shorter} ({why})", job.but(seq_len=shorter)))
+    if not base.fits and job.method.quantized is not None and job.adapter.quant == "none":
+        quantized = methods.get(job.method.quantized)
         variants.append(
-            ("QLoRA (nf4 base) for memory", replace(s, method=quantized.name, base_quant=quantized.base_quant))
+            ("QLoRA (nf4 base) for memory", job.but(method=quantized.name, base_quant=quantized.base_quant))
         )
-    if not base.fits and not s.grad_ckpt:
-        variants.append(("gradient checkpointing on, for memory", replace(s, grad_ckpt=True)))
+    if not base.fits and not job.compute.grad_ckpt:
+        variants.append(("gradient checkpointing on, for memory", job.but(grad_ckpt=True)))
     out = []
     for label, v in variants:
         e = estimate(arch, lengths, v, base.device, base.gpus, base.sharding)
@@ -343,11 +344,11 @@ def calibration_scale(record: CalibrationRecord, key: str, compiled: bool) -> tu
     return None
 
 
-def shortest_seq_len(lengths: workload.Lengths, objective: str) -> tuple[int, str]:
-    """The shortest seq_len (a multiple of 8) that truncates nothing, and why. Each side of a preference pair is
-    cut to seq_len // 2 (data/preference.py), so there the row must hold twice the longest side."""
+def shortest_seq_len(lengths: workload.Lengths, sides: int) -> tuple[int, str]:
+    """The shortest seq_len (a multiple of 8) that truncates nothing, and why. Each side of a preference pair
+    (`sides` sequences per example) is cut to seq_len // sides, so there the row must hold that many times the
+    longest side."""
     longest = int(lengths.lengths.max()) if lengths.lengths is not None else int(lengths.mean_tokens)
-    sides = objectives.get(objective).sequences
     what = "example" if sides == 1 else "side of a pair"
     return max(8, -(-longest * sides // 8) * 8), f"longest {what}: {longest} tokens, nothing truncated"
 

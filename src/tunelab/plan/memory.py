@@ -8,32 +8,29 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .. import methods
+from ..runtime import LOGIT_CHUNK
 from .arch import Arch
 from .flops import adapter_params
+from .job import Job
 
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
 ADAM_STATE_BYTES = 8  # exp_avg + exp_avg_sq, fp32
 TRAINABLE_BYTES = 4  # fp32 weights (and fp32 grads)
 
 
-@dataclass(frozen=True)
-class MemorySetup:
-    method: str  # lora | dora | qlora | full
-    base_quant: str  # none | int8 | nf4
-    compute_bytes: int  # 2 (bf16/fp16, autocast) or 4 (fp32)
-    micro_batch: int
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """What one process holds that the settings alone do not say: what plan derives from the job (its sections),
+    the data's micro-batches and the device. The settings themselves are read from the job."""
+
+    compute_bytes: int  # 2 (bf16/fp16, autocast) or 4 (fp32): the run's precision on the device
+    targets: tuple[str, ...]  # the adapted modules, lora.targets resolved against the architecture
     row_len: int  # width of the widest micro-batch row
     loss_rows: int  # loss positions per micro-batch
-    loss_chunk: int  # rows of logits alive at once (train/loss.py LOGIT_CHUNK)
-    grad_ckpt: bool
-    targets: tuple[str, ...]
-    r: int
-    lora_dropout: float = 0.0
+    loss_chunk: int = LOGIT_CHUNK  # rows of logits alive at once (train/loss.py)
     runtime_overhead: int = 0
     sharding: str = "single"
     world: int = 1
-    compiled: bool = False  # decoder blocks through torch.compile
     slots: int = 0  # attention slots per micro-batch (plan.workload.EpochCounts); 0: attention over whole rows
     slot_len: int = 0
     attention_probs: bool = False  # attention keeps its probabilities (tunelab's CPU slot path)
@@ -75,49 +72,51 @@ def frozen_weight_bytes(arch: Arch, base_quant: str, compute_bytes: int) -> floa
     return block_bytes + rest * compute_bytes
 
 
-def trainable_params(arch: Arch, s: MemorySetup) -> int:
-    if methods.get(s.method).trains_base:
+def trainable_params(arch: Arch, job: Job, s: Layout) -> int:
+    if job.method.trains_base:
         return arch.total_params
     extra = 0
-    if methods.get(s.method).magnitude:  # one fp32 magnitude per output feature of each adapted matrix
+    if job.method.magnitude:  # one fp32 magnitude per output feature of each adapted matrix
         shapes = arch.linears()
         extra = arch.layers * sum(shapes[t][1] for t in s.targets)
-    return adapter_params(arch, s.targets, s.r) + extra
+    return adapter_params(arch, s.targets, job.adapter.lora.r) + extra
 
 
-def stream_bytes(s: MemorySetup) -> int:
+def stream_bytes(job: Job, s: Layout) -> int:
     """Bytes per element of the residual stream: fp32 under full fine-tuning (fp32 master weights make the
     embedding output fp32), else the compute dtype (frozen weights are stored in it)."""
-    return 4 if methods.get(s.method).trains_base else s.compute_bytes
+    return 4 if job.method.trains_base else s.compute_bytes
 
 
-def _adapter_bytes(arch: Arch, s: MemorySetup) -> float:
+def _adapter_bytes(arch: Arch, job: Job, s: Layout) -> float:
     """Per token and layer: each adapter's A output, and with dropout its keep mask and (eager blocks) the
     dropped copy of its input. DoRA runs peft's own layer, whose output (m/‖W + sBA‖ - 1)·base + m/‖W + sBA‖·s·BAx
     keeps the base product and the adapter's product (two d_out-wide tensors) for the trained magnitude's
     gradient: measured exactly eager; compiled blocks kept 63% of it on tests/unit/plan/test_plan_memory_saved.py's
     model, and plan stays above."""
-    if methods.get(s.method).trains_base:
+    if job.method.trains_base:
         return 0.0
     shapes = arch.linears()
     adapted = [shapes[t][0] for t in s.targets]
-    out = len(adapted) * s.compute_bytes * s.r
-    if methods.get(s.method).magnitude:
+    out = len(adapted) * s.compute_bytes * job.adapter.lora.r
+    if job.method.magnitude:
         out += 2 * s.compute_bytes * sum(shapes[t][1] for t in s.targets)
-    if s.lora_dropout > 0 and not s.compiled:
+    if job.adapter.lora.dropout > 0 and not job.compiled:
         out += sum(adapted) * (1 + s.compute_bytes)  # mask and dropped copy
-    elif s.lora_dropout > 0 and s.dropout_mask_kept:
+    elif job.adapter.lora.dropout > 0 and s.dropout_mask_kept:
         out += sum(adapted)  # the mask; compiled blocks recompute the copy
     return out
 
 
-def row_bytes_per_token_layer(arch: Arch, s: MemorySetup) -> float:
+def row_bytes_per_token_layer(arch: Arch, job: Job, s: Layout) -> float:
     """What a decoder layer saves per token outside attention's own tensors (docs/formulas.md, memory derivation)."""
     a, h, i = s.compute_bytes, arch.hidden, arch.intermediate
-    if s.compiled:
-        return stream_bytes(s) * h + a * arch.heads * arch.head_dim + 2 * a * i + 2 * 4 + _adapter_bytes(arch, s)
+    if job.compiled:
+        return (
+            stream_bytes(job, s) * h + a * arch.heads * arch.head_dim + 2 * a * i + 2 * 4 + _adapter_bytes(arch, job, s)
+        )
     shapes = arch.linears()
-    full = methods.get(s.method).trains_base
+    full = job.method.trains_base
     norms = 2 * 4 * h * (2 if full else 1)
     mlp = 3 * a * i
     groups = {
@@ -128,15 +127,17 @@ def row_bytes_per_token_layer(arch: Arch, s: MemorySetup) -> float:
     }
     if full and a < 4:  # autocast casts each linear's fp32 input on its own
         inputs = a * sum(d_in for d_in, _ in shapes.values())
-    elif s.lora_dropout > 0:  # adapters keep their dropped copies instead (_adapter_bytes); frozen linears nothing
+    elif (
+        job.adapter.lora.dropout > 0
+    ):  # adapters keep their dropped copies instead (_adapter_bytes); frozen linears nothing
         inputs = 0
     else:
         trained = set(shapes) if full else set(s.targets)
         inputs = a * sum(shapes[g[0]][0] for g in groups.values() if set(g) & trained)
-    return norms + mlp + inputs + _adapter_bytes(arch, s)
+    return norms + mlp + inputs + _adapter_bytes(arch, job, s)
 
 
-def attention_bytes_per_position(arch: Arch, s: MemorySetup) -> float:
+def attention_bytes_per_position(arch: Arch, job: Job, s: Layout) -> float:
     """What attention saves per query position and layer: q, k, v, its output, and the probabilities or
     SDPA's log-sum-exp (docs/formulas.md, memory derivation)."""
     a = s.compute_bytes
@@ -144,7 +145,7 @@ def attention_bytes_per_position(arch: Arch, s: MemorySetup) -> float:
     kept = a * arch.heads * s.slot_len if s.attention_probs else 4 * arch.heads
     # The eager slot path's backward needs no output (its softmax correction comes from P and dP); compiled,
     # the partitioner keeps a hidden-sized tensor there, as SDPA and flex keep their output.
-    outputs = 0 if s.attention_probs and not s.compiled else q
+    outputs = 0 if s.attention_probs and not job.compiled else q
     return a * (q + outputs + 2 * kv) + kept
 
 
@@ -152,33 +153,35 @@ def attention_bytes_per_position(arch: Arch, s: MemorySetup) -> float:
 OFFLOAD_LAYERS = 2
 
 
-def _layer_bytes(arch: Arch, s: MemorySetup) -> tuple[float, float, float]:
+def _layer_bytes(arch: Arch, job: Job, s: Layout) -> tuple[float, float, float]:
     """(what one layer saves, one layer's input, the final norm's fp32 input), for one micro-batch."""
-    tokens = s.micro_batch * s.row_len
+    tokens = job.batch.micro_batch * s.row_len
     positions = s.slots * s.slot_len if s.slots else tokens
-    per_layer = row_bytes_per_token_layer(arch, s) * tokens + attention_bytes_per_position(arch, s) * positions
-    return per_layer, stream_bytes(s) * arch.hidden * tokens, 4 * arch.hidden * tokens
+    per_layer = (
+        row_bytes_per_token_layer(arch, job, s) * tokens + attention_bytes_per_position(arch, job, s) * positions
+    )
+    return per_layer, stream_bytes(job, s) * arch.hidden * tokens, 4 * arch.hidden * tokens
 
 
-def activation_bytes(arch: Arch, s: MemorySetup) -> float:
-    per_layer, layer_input, residual = _layer_bytes(arch, s)
+def activation_bytes(arch: Arch, job: Job, s: Layout) -> float:
+    per_layer, layer_input, residual = _layer_bytes(arch, job, s)
     kept = min(arch.layers, OFFLOAD_LAYERS) if s.offload else arch.layers
-    if s.grad_ckpt:
+    if job.compute.grad_ckpt:
         # each layer's saved input (the residual stream) + one layer recomputed
         return kept * layer_input + per_layer + residual
     return kept * per_layer + residual
 
 
-def offloaded_bytes(arch: Arch, s: MemorySetup) -> float:
+def offloaded_bytes(arch: Arch, job: Job, s: Layout) -> float:
     """Pinned host memory that activation offloading holds at the peak: the saved activations (or, with gradient
     checkpointing, the layer inputs) of every layer, each copied out as its forward ends."""
     if not s.offload:
         return 0.0
-    per_layer, layer_input, _ = _layer_bytes(arch, s)
-    return arch.layers * (layer_input if s.grad_ckpt else per_layer)
+    per_layer, layer_input, _ = _layer_bytes(arch, job, s)
+    return arch.layers * (layer_input if job.compute.grad_ckpt else per_layer)
 
 
-def max_seq_len(arch: Arch, s: MemorySetup, capacity: int, loss_per_position: float, limit: int = 1 << 22) -> int:
+def max_seq_len(arch: Arch, job: Job, s: Layout, capacity: int, loss_per_position: float, limit: int = 1 << 22) -> int:
     """Largest seq_len, a multiple of 128 (FlexAttention's block), whose predicted peak fits in `capacity`
     bytes with rows packed full (the widest row is seq_len; `loss_per_position` of its positions have loss);
     0 when not even 128 fits. Peak grows with the row, so a binary search suffices. Attention over whole
@@ -187,8 +190,8 @@ def max_seq_len(arch: Arch, s: MemorySetup, capacity: int, loss_per_position: fl
 
     def fits(blocks: int) -> bool:
         t = blocks * 128
-        rows = max(1, round(loss_per_position * t * s.micro_batch))
-        return breakdown(arch, replace(s, row_len=t, loss_rows=rows, slots=0, slot_len=0)).total <= capacity
+        rows = max(1, round(loss_per_position * t * job.batch.micro_batch))
+        return breakdown(arch, job, replace(s, row_len=t, loss_rows=rows, slots=0, slot_len=0)).total <= capacity
 
     if not fits(1):
         return 0
@@ -202,33 +205,35 @@ def max_seq_len(arch: Arch, s: MemorySetup, capacity: int, loss_per_position: fl
     return lo * 128
 
 
-def logits_bytes(arch: Arch, s: MemorySetup) -> float:
+def logits_bytes(arch: Arch, job: Job, s: Layout) -> float:
     """The loss's own memory at its peak, inside the forward (docs/formulas.md, memory derivation)."""
     a = s.compute_bytes
     out = s.loss_chunk * arch.vocab * (4 + a) + 2 * s.loss_rows * arch.hidden * a
     if arch.logit_softcap:
         out += 3 * 4 * s.loss_chunk * arch.vocab
-    if methods.get(s.method).trains_base:
+    if job.method.trains_base:
         head_copy = a if a < 4 and s.sharding != "zero3" else 0
         out += arch.vocab * arch.hidden * (head_copy + 4 + a + (4 if a < 4 else 0))
     return out
 
 
-def reference_bytes(arch: Arch, s: MemorySetup) -> tuple[float, float]:
+def reference_bytes(arch: Arch, job: Job, s: Layout) -> tuple[float, float]:
     """(weights, activations) that DPO's reference adds: a frozen copy of a fully trained model in its fp32
     master dtype (none with the adapter disabled, or once a precomputed table replaces it), and the reference
     forward's transient, run without gradients after the policy's forward: one layer's activations of the
     micro-batch and the summed log-probs, while every policy activation is still alive."""
     weights = arch.total_params * TRAINABLE_BYTES if s.reference_copy else 0.0
-    transient = row_bytes_per_token_layer(arch, s) * s.micro_batch * s.row_len if s.reference_forward else 0.0
+    transient = (
+        row_bytes_per_token_layer(arch, job, s) * job.batch.micro_batch * s.row_len if s.reference_forward else 0.0
+    )
     return weights, transient
 
 
-def breakdown(arch: Arch, s: MemorySetup) -> MemoryBreakdown:
+def breakdown(arch: Arch, job: Job, s: Layout) -> MemoryBreakdown:
     """Peak memory per process (per GPU when sharded): everything alive at the start of the last backward
     of an optimizer step, when all activations and the logits are alive and the states exist."""
-    trainable = trainable_params(arch, s)
-    if methods.get(s.method).trains_base:
+    trainable = trainable_params(arch, job, s)
+    if job.method.trains_base:
         weights = arch.total_params * TRAINABLE_BYTES
         if s.compute_bytes < 4 and s.sharding != "zero3":
             # autocast's cached 16-bit copies of the block weights (docs/formulas.md, memory derivation)
@@ -236,7 +241,7 @@ def breakdown(arch: Arch, s: MemorySetup) -> MemoryBreakdown:
             weights += (arch.total_params - embedding_and_head) * s.compute_bytes
         adapters = 0
     else:
-        weights = frozen_weight_bytes(arch, s.base_quant, s.compute_bytes)
+        weights = frozen_weight_bytes(arch, job.adapter.quant, s.compute_bytes)
         adapters = trainable * TRAINABLE_BYTES
     grads = trainable * TRAINABLE_BYTES
     states = trainable * ADAM_STATE_BYTES
@@ -248,33 +253,33 @@ def breakdown(arch: Arch, s: MemorySetup) -> MemoryBreakdown:
     elif s.sharding == "zero3":
         # FSDP2 gathers in the compute dtype (plan/comm.py), full fine-tuning's fp32 master weights included.
         gathered = (arch.block_linear_params / arch.layers + root_params(arch)) * s.compute_bytes
-        if methods.get(s.method).trains_base:
+        if job.method.trains_base:
             weights = weights / world + gathered
         else:
             weights, adapters = weights / world + gathered, adapters / world
         # Full fine-tuning's whole LM-head gradient, made by the loss (logits_bytes), waits for the root's
         # reduce-scatter at the end of backward.
         grads, states = grads / world, states / world
-    ref_weights, ref_transient = reference_bytes(arch, s)
+    ref_weights, ref_transient = reference_bytes(arch, job, s)
     return MemoryBreakdown(
         weights=round(weights + ref_weights),
         adapters=round(adapters),
         gradients=round(grads),
         optimizer_states=round(states),
-        activations=round(activation_bytes(arch, s) + ref_transient),
-        logits_loss=round(logits_bytes(arch, s)),
+        activations=round(activation_bytes(arch, job, s) + ref_transient),
+        logits_loss=round(logits_bytes(arch, job, s)),
         runtime_overhead=s.runtime_overhead,
     )
 
 
-def host_load_bytes(arch: Arch, s: MemorySetup) -> float:
+def host_load_bytes(arch: Arch, job: Job, s: Layout) -> float:
     """CPU memory that loading the model takes in a process that reads the weights before FSDP shards them
     (train/distributed.shard): every weight in the compute dtype as read (frozen bases stay in it, adapters are
     small), and under full fine-tuning in fp32, the master weights' dtype, to which the weights are converted
     one tensor at a time before sharding (model/adapters.apply_adapter), so 4 B per parameter at the peak. With
     fsdp_cpu_ram_efficient_loading (configs/accelerate/fsdp2.yaml) only the main process holds this; without,
     every process does."""
-    per = 4 if methods.get(s.method).trains_base else s.compute_bytes
+    per = 4 if job.method.trains_base else s.compute_bytes
     return arch.total_params * per
 
 
@@ -284,15 +289,15 @@ def root_params(arch: Arch) -> int:
     return arch.total_params - arch.block_linear_params - 2 * arch.layers * arch.hidden
 
 
-def max_micro_batch(arch: Arch, s: MemorySetup, capacity: int, loss_per_row: float, limit: int = 4096) -> int:
+def max_micro_batch(arch: Arch, job: Job, s: Layout, capacity: int, loss_per_row: float, limit: int = 4096) -> int:
     """Largest micro-batch whose predicted peak fits in `capacity` bytes (0 when not even 1 fits).
     Peak grows monotonically with the micro-batch, so a binary search suffices."""
     from dataclasses import replace
 
     def fits(b: int) -> bool:
-        slots = round(s.slots * b / s.micro_batch)  # slots grow with the rows packed into a micro-batch
-        trial = replace(s, micro_batch=b, loss_rows=max(1, round(loss_per_row * b)), slots=slots)
-        return breakdown(arch, trial).total <= capacity
+        slots = round(s.slots * b / job.batch.micro_batch)  # slots grow with the rows packed into a micro-batch
+        trial = replace(s, loss_rows=max(1, round(loss_per_row * b)), slots=slots)
+        return breakdown(arch, job.but(micro_batch=b), trial).total <= capacity
 
     if not fits(1):
         return 0

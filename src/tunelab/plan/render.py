@@ -13,7 +13,7 @@ from . import catalog, memory, timing
 from .arch import Arch
 from .catalog import Price
 from .estimate import Estimate, Suggestion
-from .memory import MemoryBreakdown, MemorySetup
+from .memory import MemoryBreakdown
 
 
 @dataclass
@@ -34,10 +34,11 @@ class Result:
         return {p.provider: p.instances(e.gpus) * p.gpus_per_instance - e.gpus for p in self.prices}
 
 
-def activations_assumption(m: MemorySetup) -> str:
+def activations_assumption(e: Estimate) -> str:
+    m = e.layout
     blocks = (
         "compiled decoder blocks (norm outputs and SiLU·up recomputed in backward)"
-        if m.compiled
+        if e.compiled
         else "eager decoder blocks"
     )
     kept = "its probabilities" if m.attention_probs else "a log-sum-exp"
@@ -62,7 +63,7 @@ def assumptions(e: Estimate) -> list[str]:
         ),
         f"attention FLOPs use T = {w.epoch.widest_row} (the widest fed row), not halved for the causal mask (PaLM convention)",
         f"model load at {catalog.disk_bps()[0] / 1e9:g} GB/s, checkpoint writes at {catalog.disk_bps()[1] / 1e9:g} GB/s (assumed NVMe)",
-        activations_assumption(e.memory_setup),
+        activations_assumption(e),
         *(
             [
                 f"torch.compile's one-off cost {duration(e.overheads.compile_s)} (catalog, {e.device.gpu.device_type}, cold cache)"
@@ -82,17 +83,17 @@ def assumptions(e: Estimate) -> list[str]:
 
 
 def record(r: Result, e: Estimate) -> dict:
-    w, s = e.work, e.settings
+    w = e.work
     return {
         "gpu": e.device.gpu.id,
         "gpu_name": e.device.gpu.name,
         "gpus": e.gpus,
         "sharding": e.sharding,
         "comm_bytes_per_step": e.comm_bytes,
-        **({"host_load_bytes": memory.host_load_bytes(r.arch, e.memory_setup)} if e.sharding == "zero3" else {}),
+        **({"host_load_bytes": memory.host_load_bytes(r.arch, e.job, e.layout)} if e.sharding == "zero3" else {}),
         "model": r.arch.name,
-        "method": s.method,
-        "base_quant": s.base_quant,
+        "method": e.job.adapter.method,
+        "base_quant": e.job.adapter.quant,
         "tokens_per_s": e.speed.tokens_per_s,
         "tokens_nonpad_per_s": e.speed.tokens_per_s * w.tokens_nonpad / w.tokens_padded,
         "time_s": e.time_s,
@@ -116,8 +117,8 @@ def record(r: Result, e: Estimate) -> dict:
         "max_micro_batch": e.max_micro_batch,
         "max_seq_len": e.max_seq_len,
         **(
-            {"activation_offload_host_bytes": memory.offloaded_bytes(r.arch, e.memory_setup)}
-            if e.memory_setup.offload
+            {"activation_offload_host_bytes": memory.offloaded_bytes(r.arch, e.job, e.layout)}
+            if e.layout.offload
             else {}
         ),
         "optimizer_steps": w.optimizer_steps,
@@ -135,7 +136,7 @@ def record(r: Result, e: Estimate) -> dict:
         "efficiency": e.efficiency.value,
         "step_s": e.step.as_dict() if e.step is not None else None,
         "step_constants": e.constants.label if e.constants is not None else None,
-        "stack": e.settings.stack,
+        "stack": e.job.stack,
         "cost_usd": r.cost_usd(e),
         "assumptions": assumptions(e),
     }
@@ -147,9 +148,9 @@ def longest_label(arch: Arch, e: Estimate) -> str:
     text = f"{e.max_seq_len:,} tokens (memory model, rows packed full)" if e.max_seq_len else "not even 128 tokens"
     if 0 < arch.max_positions < e.max_seq_len:
         text += f"; the model's limit is {arch.max_positions:,} positions"
-    if e.memory_setup.offload:
-        held = gib(memory.offloaded_bytes(arch, e.memory_setup))
-        text += f"; at seq_len {e.settings.seq_len:,} activation_offload holds {held} in pinned host memory"
+    if e.layout.offload:
+        held = gib(memory.offloaded_bytes(arch, e.job, e.layout))
+        text += f"; at seq_len {e.job.batch.seq_len:,} activation_offload holds {held} in pinned host memory"
     return text
 
 
@@ -172,10 +173,9 @@ def step_lines(e: Estimate) -> list[str]:
     parts = {"matmul": b.matmul_s, "attention": b.attention_s, "memory-bound": b.memory_s, "fixed": b.fixed_s}
     bound = max(parts, key=lambda k: parts[k])
     shown = ", ".join(f"{k} {v * 1e3:,.1f} ms ({v / b.total:.0%})" for k, v in parts.items())
-    compiled = e.compile_choice["chosen"] if e.compile_choice else e.settings.compile is True  # auto as resolved
-    mode = "compiled" if compiled and e.settings.stack == "tunelab" else "eager"
+    mode = "compiled" if e.compiled and e.job.stack == "tunelab" else "eager"
     bound = bound.removesuffix("-bound") + "-bound"  # "memory-bound", not "memory-bound-bound"
-    lines = [f"  step ({e.settings.stack}, {mode}): {b.total * 1e3:,.1f} ms = {shown}; {bound}"]
+    lines = [f"  step ({e.job.stack}, {mode}): {b.total * 1e3:,.1f} ms = {shown}; {bound}"]
     g, record = e.device.gpu, e.device.calibration
     if g.id == "local" and g.device_type == "cpu" and g.bandwidth_gbs:
         from_record = record is not None and math.isclose(record.bandwidth_bps or 0.0, g.bandwidth_gbs * 1e9)
@@ -195,8 +195,8 @@ def table(results: list[Result]) -> str:
         e, w, f = r.single, r.single.work, r.single.flops
         g = e.device.gpu
         lines += [
-            f"== {g.name} ({g.id}) : {r.arch.name}, {e.settings.method}"
-            + (f" ({e.settings.base_quant} base)" if e.settings.base_quant != "none" else ""),
+            f"== {g.name} ({g.id}) : {r.arch.name}, {e.job.adapter.method}"
+            + (f" ({e.job.adapter.quant} base)" if e.job.adapter.quant != "none" else ""),
             f"  model: {r.arch.total_params / 1e9:.3f} B params ({r.arch.source})",
             f"  FLOPs/token: {f.model / 1e9:.2f} GFLOP model (dense {f.dense / 1e9:.2f} + attention {f.attention / 1e9:.2f}"
             f" + adapters {f.adapters / 1e9:.3f}); recomputation {f.recompute / 1e9:.2f} -> {f.hardware / 1e9:.2f} hardware",
@@ -214,7 +214,7 @@ def table(results: list[Result]) -> str:
             *([f"  {e.compile_choice['why']}"] if e.compile_choice else []),
             f"  memory: peak {gib(e.memory.total)} of {gib(g.memory_bytes)} -> {'fits' if e.fits else 'DOES NOT FIT'};"
             f" largest micro-batch that fits: {e.max_micro_batch}",
-            f"  longest seq_len that fits at micro-batch {e.settings.micro_batch}: {longest_label(r.arch, e)}",
+            f"  longest seq_len that fits at micro-batch {e.job.batch.micro_batch}: {longest_label(r.arch, e)}",
             *breakdown_lines(e.memory),
         ]
         idle = r.idle_gpus(e)
@@ -230,11 +230,11 @@ def table(results: list[Result]) -> str:
         sharded = [m for m in r.multi if m.sharding == "zero3"]
         if r.multi and not sharded:
             lines.append(
-                f"  x{r.multi[0].gpus} zero3: none over a quantized base ({e.memory_setup.base_quant}; FSDP shards floating-point"
+                f"  x{r.multi[0].gpus} zero3: none over a quantized base ({e.job.adapter.quant}; FSDP shards floating-point"
                 " weights only)"
             )
         if sharded:
-            load = memory.host_load_bytes(r.arch, sharded[0].memory_setup)
+            load = memory.host_load_bytes(r.arch, sharded[0].job, sharded[0].layout)
             lines.append(
                 f"  x{sharded[0].gpus} zero3 with FSDP (fsdp2.yaml): CPU memory to load {gib(load)} on the main"
                 f" process, which sends the shards; {gib(load * sharded[0].gpus)} if every process reads the weights"
@@ -296,14 +296,14 @@ def _multi_gpu_table(results: list[Result]) -> list[str]:
 def markdown(results: list[Result], title: str) -> str:
     first = results[0]
     e0 = first.single
-    s = e0.settings
+    adapter, b, compute = e0.job.adapter, e0.job.batch, e0.job.compute
     out = [
         f"# Performance plan: {title}",
         "",
-        f"Generated by `tunelab plan`. Model {first.arch.name} ({first.arch.total_params / 1e9:.3f} B params), method {s.method}"
-        + (f" on a {s.base_quant} base" if s.base_quant != "none" else "")
-        + f", seq_len {s.seq_len}, micro-batch {s.micro_batch} x grad-accum {s.grad_accum}, {s.epochs:g} epochs,"
-        f" packing {'on' if s.packing else 'off'}, gradient checkpointing {'on' if s.grad_ckpt else 'off'}.",
+        f"Generated by `tunelab plan`. Model {first.arch.name} ({first.arch.total_params / 1e9:.3f} B params), method {adapter.method}"
+        + (f" on a {adapter.quant} base" if adapter.quant != "none" else "")
+        + f", seq_len {b.seq_len}, micro-batch {b.micro_batch} x grad-accum {b.grad_accum}, {b.epochs:g} epochs,"
+        f" packing {'on' if b.packing else 'off'}, gradient checkpointing {'on' if compute.grad_ckpt else 'off'}.",
         "",
         "## Workload",
         "",
@@ -361,7 +361,7 @@ def markdown(results: list[Result], title: str) -> str:
             )
         if not r.single.fits:
             out.append(
-                f"- {r.single.device.gpu.name}: does not fit at micro-batch {s.micro_batch}; largest that fits: {r.single.max_micro_batch}"
+                f"- {r.single.device.gpu.name}: does not fit at micro-batch {b.micro_batch}; largest that fits: {r.single.max_micro_batch}"
             )
     out += ["", "## Assumptions", ""]
     seen = []

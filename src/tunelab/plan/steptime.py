@@ -26,6 +26,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from ..methods import Method
 from ..runtime import LOGIT_CHUNK
 from .arch import Arch
 from .flops import adapter_params
@@ -120,7 +121,7 @@ def attention_keys(lengths: np.ndarray | None, mean_tokens: float, width: int, p
 
 def gemm_shapes(
     arch: Arch,
-    method: str,
+    method: Method,
     targets: tuple[str, ...],
     r: int,
     tokens: int,
@@ -136,7 +137,7 @@ def gemm_shapes(
     gradient one chunk of `chunk` rows at a time."""
     shapes: list[tuple[int, int, int, int]] = []
     fwd = 2 if grad_ckpt else 1
-    full = method == "full"
+    full = method.trains_base
     for _name, (d_in, d_out) in arch.linears().items():
         shapes.append((tokens, d_in, d_out, arch.layers * fwd))
         shapes.append((tokens, d_out, d_in, arch.layers))
@@ -199,7 +200,7 @@ def score_bytes_per_pair(compiled: bool) -> tuple[float, float]:
     return (8.0, 14.0) if compiled else (57.0, 70.0)
 
 
-def elementwise_elements_per_token(arch: Arch, targets: tuple[str, ...], method: str, compiled: bool) -> float:
+def elementwise_elements_per_token(arch: Arch, targets: tuple[str, ...], method: Method, compiled: bool) -> float:
     """Elements read and written per token per forward by the non-GEMM ops of all blocks (the backward moves
     twice as many). Eager: HF's RMSNorm upcasts and runs ~7 kernels (8h), rotary's rotate_half, products and sum
     ~6 passes over q and k, the attention layout copies 2 over q, k, v and the output, SiLU and product 5i,
@@ -209,7 +210,7 @@ def elementwise_elements_per_token(arch: Arch, targets: tuple[str, ...], method:
     h, i = arch.hidden, arch.intermediate
     q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
     shapes = arch.linears()
-    outs = 0 if method == "full" else sum(shapes[t][1] for t in targets)
+    outs = 0 if method.trains_base else sum(shapes[t][1] for t in targets)
     if compiled:
         per_layer = 2 * 2 * h + 2 * (q + kv) + (2 * q + 2 * kv) + 3 * i + 2 * outs
     else:
@@ -233,7 +234,9 @@ def head_gradient_bytes(arch: Arch, compute_bytes: int, chunks: int) -> float:
     return arch.vocab * arch.hidden * (16 + compute_bytes + chunks * per_chunk)
 
 
-def step_bytes(arch: Arch, method: str, base_quant: str, trainable: int, micro_batches: int, grad_ckpt: bool) -> float:
+def step_bytes(
+    arch: Arch, method: Method, base_quant: str, trainable: int, micro_batches: int, grad_ckpt: bool
+) -> float:
     """Per-step traffic that does not scale with tokens: fused AdamW reads parameter, gradient and two moments
     (16 B) and writes three (12 B) per trainable parameter; gradient clipping (on by default, max_grad_norm 1)
     reads every fp32 gradient for the norm and scales it in place (12 B); gradients accumulate (read + write
@@ -241,7 +244,7 @@ def step_bytes(arch: Arch, method: str, base_quant: str, trainable: int, micro_b
     backward; full fine-tuning's fp32 weights are cast for every micro-batch's products and their gradients cast
     back."""
     total = trainable * (28.0 + 12.0 + 8.0 * micro_batches)
-    if method == "full":  # autocast casts each fp32 weight to 16 bits (4 + 2 B) and each gradient back (2 + 4 B)
+    if method.trains_base:  # autocast casts each fp32 weight to 16 bits (4 + 2 B) and each gradient back (2 + 4 B)
         total += arch.total_params * 12.0 * micro_batches
     if base_quant == "nf4":
         passes = 3 if grad_ckpt else 2
@@ -250,13 +253,13 @@ def step_bytes(arch: Arch, method: str, base_quant: str, trainable: int, micro_b
 
 
 def launches_per_micro_batch(
-    arch: Arch, targets: tuple[str, ...], method: str, compiled: bool, grad_ckpt: bool
+    arch: Arch, targets: tuple[str, ...], method: Method, compiled: bool, grad_ckpt: bool
 ) -> float:
     """Kernel launches of one micro-batch. Eager, per block forward: norms 2 x 7, rotary 2 x 6, attention 6,
     SwiGLU 2, residual adds 2, its 7 GEMMs, and 4 per adapted matrix (A, B, scale, add); the backward launches
     about twice the forward. Compiled blocks keep the GEMMs (7 + 2 per adapter) and attention's kernels and fuse
     the rest into ~5 kernels. The head, loss and embedding add ~100."""
-    adapters = 0 if method == "full" else len(targets)
+    adapters = 0 if method.trains_base else len(targets)
     per_fwd = (14 + 2 * adapters + 2 + 5) if compiled else (43 + 4 * adapters)
     passes = 4 if grad_ckpt else 3
     return arch.layers * per_fwd * passes + 100.0
@@ -264,7 +267,7 @@ def launches_per_micro_batch(
 
 def work(
     arch: Arch,
-    method: str,
+    method: Method,
     base_quant: str,
     targets: tuple[str, ...],
     r: int,
@@ -280,15 +283,15 @@ def work(
     elements = elementwise_elements_per_token(arch, targets, method, shape.compiled) * fwd_passes
     # Full fine-tuning keeps fp32 weights under autocast (model/adapters.py): the residual stream and its
     # element-wise ops run in fp32.
-    per_token = elements * (4 if method == "full" else cb)
+    per_token = elements * (4 if method.trains_base else cb)
     per_micro_batch = per_token * shape.tokens + loss_bytes_per_token(arch, cb) * shape.loss_tokens
     if shape.scored_keys_per_token:
         fwd, bwd = score_bytes_per_pair(shape.compiled)
         pairs = shape.scored_keys_per_token * shape.tokens * arch.heads * arch.layers
         per_micro_batch += pairs * (fwd * (2 if grad_ckpt else 1) + bwd)
-    if method == "full":
+    if method.trains_base:
         per_micro_batch += head_gradient_bytes(arch, cb, head_chunks(shape.loss_tokens, shape.loss_chunk))
-    trainable = arch.total_params if method == "full" else adapter_params(arch, targets, r)
+    trainable = arch.total_params if method.trains_base else adapter_params(arch, targets, r)
     memory = per_micro_batch * mb + step_bytes(arch, method, base_quant, trainable, mb, grad_ckpt)
     launches = launches_per_micro_batch(arch, targets, method, shape.compiled, grad_ckpt) * mb + 20.0
     return Work(

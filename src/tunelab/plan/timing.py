@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..methods import Method
 from . import catalog
 from .calibration import CalibrationRecord
 
@@ -19,17 +20,6 @@ from .calibration import CalibrationRecord
 class Efficiency:
     value: float
     label: str
-
-
-def method_key(method: str, base_quant: str) -> str:
-    """The efficiency's key: the method and the base it trains over. LoRA over an nf4 base is QLoRA whatever
-    the config calls it, and DoRA over a quantized base pays for the quantization as LoRA does
-    (`dora-nf4`, `dora-int8`; catalog.method_factor composes their factors)."""
-    if method == "lora":
-        return {"none": "lora", "nf4": "qlora", "int8": "lora-int8"}[base_quant]
-    if method == "dora" and base_quant != "none":
-        return f"dora-{base_quant}"
-    return method
 
 
 def efficiency(
@@ -110,11 +100,11 @@ class Overheads:
         return self.model_load_s + self.compile_s + self.checkpoint_s + self.eval_s
 
 
-def checkpoint_bytes(trainable_params: int, total_params: int, method: str) -> tuple[int, int]:
+def checkpoint_bytes(trainable_params: int, total_params: int, method: Method) -> tuple[int, int]:
     """(periodic, final) checkpoint sizes: a resumable checkpoint holds the fp32 trainable weights and
     AdamW's two fp32 states (12 B/param); the final save holds the adapter (fp32) or the full model (fp32)."""
     periodic = trainable_params * 12
-    final = (total_params if method == "full" else trainable_params) * 4
+    final = (total_params if method.trains_base else trainable_params) * 4
     return periodic, final
 
 

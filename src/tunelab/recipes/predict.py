@@ -1,4 +1,4 @@
-"""plan's prediction for a training config: the config read into plan's Settings, the dataset's real lengths,
+"""plan's prediction for a training config: the config's sections as plan's Job, the dataset's real lengths,
 the present machine as a plan Device; `tunelab plan`, bench and the demo all use it. Torch is imported only to
 probe the local device."""
 
@@ -8,52 +8,9 @@ from dataclasses import replace
 
 from .. import config as cfgmod
 from ..errors import TunelabError
-from ..plan import arch as archmod
 from ..plan import catalog, workload
-from ..plan.estimate import Device, Settings, estimate
+from ..plan.estimate import Device, Job, estimate
 from ..sources import resolve_arch
-
-
-def run_precision(precision: str, device: Device) -> str:
-    """The precision a run picks on `device`: `auto` is bf16 where the device has it (a local CPU without bf16
-    units computes in fp32, device.pick_precision), else fp16."""
-    if precision != "auto":
-        return precision
-    if device.gpu.device_type == "cpu":
-        return "bf16" if device.gpu.bf16 else "fp32"
-    return "bf16" if device.gpu.bf16 else "fp16"
-
-
-def settings_from_config(cfg: cfgmod.TrainConfig, arch: archmod.Arch, device: Device) -> Settings:
-    if cfg.seq_len > arch.max_positions > 0:
-        raise TunelabError(
-            f"seq_len {cfg.seq_len} is over {arch.name}'s maximum of {arch.max_positions} positions; lower seq_len"
-        )
-    compute_bytes = 4 if run_precision(cfg.precision, device) == "fp32" else 2  # bf16 and fp16 are both 2 bytes
-    return Settings(
-        method=cfg.method,
-        base_quant=cfgmod.effective_base_quant(cfg),
-        compute_bytes=compute_bytes,
-        seq_len=cfg.seq_len,
-        micro_batch=cfg.micro_batch,
-        grad_accum=cfg.grad_accum,
-        epochs=cfg.epochs,
-        max_steps=cfg.max_steps,
-        packing=cfg.packing,
-        grad_ckpt=cfg.grad_ckpt,
-        targets=archmod.adapter_targets(arch, cfg.lora.targets),
-        r=cfg.lora.r,
-        lora_dropout=cfg.lora.dropout,
-        save_steps=cfg.save_steps,
-        save_total_limit=cfg.save_total_limit,
-        seed=cfg.seed,
-        compile=cfg.compile,
-        activation_offload=cfg.activation_offload,
-        attention=cfg.attention,
-        eval_every=cfgmod.eval_every(cfg),
-        objective=cfg.objective,
-        precompute_reference=cfg.preference.precompute_reference,
-    )
 
 
 def _tokenizer(cfg: cfgmod.TrainConfig, tokenizer_ref: str | None):
@@ -75,7 +32,7 @@ def dataset_lengths(cfg: cfgmod.TrainConfig, tokenizer_ref: str | None) -> workl
 
     data, held = prepare_split(data_spec(cfg), held_out_spec(cfg), _tokenizer(cfg, tokenizer_ref))
     proxy = f", tokenized with {tokenizer_ref}'s tokenizer" if tokenizer_ref else ""
-    source = f"dataset {cfgmod.data_label(cfg)}: {data.stats.rows} rows, {data.stats.truncated} truncated, {data.stats.dropped} dropped{proxy}"
+    source = f"dataset {cfg.data.label}: {data.stats.rows} rows, {data.stats.truncated} truncated, {data.stats.dropped} dropped{proxy}"
     if held is not None:
         where = "held out (eval.split)" if cfg.eval.path is None else f"from {cfg.eval.path}"
         source += f"; evaluation: {held.stats.examples} examples {where}"
@@ -164,10 +121,10 @@ def local_prediction(
     the step model's own figures at a given peak and bandwidth, which `bench --calibrate` compares its
     measurement with."""
     arch = resolve_arch(cfg.model)
-    device = local_device(cfg.precision, peak_flops, bandwidth_bps)
+    device = local_device(cfg.compute.precision, peak_flops, bandwidth_bps)
     if not calibrated:
         device = replace(device, calibration=None)
-    return estimate(arch, dataset_lengths(cfg, None), settings_from_config(cfg, arch, device), device)
+    return estimate(arch, dataset_lengths(cfg, None), Job.of(cfg), device)
 
 
 # The slowest matmul rate a device of each type is assumed to reach (FLOP/s): an upper bound on a run's eager
@@ -182,18 +139,18 @@ def run_compile_choice(cfg: cfgmod.TrainConfig, data) -> dict:
     the device type's floor rate decides without the matmul probe."""
     from ..runtime import compile_choice
 
-    if isinstance(cfg.compile, bool):
-        return compile_choice(cfg.compile, "", None, 0.0, 1.0)
+    if isinstance(cfg.compute.compile, bool):
+        return compile_choice(cfg.compute.compile, "", None, 0.0, 1.0)
     from ..device import pick_device
 
     try:
         arch = resolve_arch(cfg.model)
     except TunelabError:  # plan cannot read this model's architecture: no prediction, so no compile
-        return compile_choice(cfg.compile, pick_device(cfg.device).type, None, 0.0, 1.0)
+        return compile_choice(cfg.compute.compile, pick_device(cfg.compute.device).type, None, 0.0, 1.0)
     lengths = _lengths(data, "the run's training data", None)
-    floor = local_device(cfg.precision, FLOOR_PEAK_FLOPS.get(pick_device(cfg.device).type, 1e13))
-    quick = estimate(arch, lengths, settings_from_config(cfg, arch, floor), floor)
+    floor = local_device(cfg.compute.precision, FLOOR_PEAK_FLOPS.get(pick_device(cfg.compute.device).type, 1e13))
+    quick = estimate(arch, lengths, Job.of(cfg), floor)
     if not quick.compile_choice["chosen"]:
         return quick.compile_choice
-    device = local_device(cfg.precision)
-    return estimate(arch, lengths, settings_from_config(cfg, arch, device), device).compile_choice
+    device = local_device(cfg.compute.precision)
+    return estimate(arch, lengths, Job.of(cfg), device).compile_choice

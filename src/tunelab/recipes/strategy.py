@@ -79,7 +79,7 @@ class Strategy:
         with self.loading():
             model = build(self.load_device(), self.meta())
         trainable, total = count_parameters(model)
-        root = loss_module(model, preference_spec(cfg), methods.get(cfg.method).trains_base)
+        root = loss_module(model, preference_spec(cfg), methods.get(cfg.adapter.method).trains_base)
         self.shard(root, prep.precision.compute, prep.device)
         optimizer = loop.build_optimizer(root, optim, prep.device)
         scheduler = loop.build_scheduler(optimizer, optim, prep.schedule.total_steps)
@@ -153,7 +153,11 @@ class Zero(Strategy):
 
     def prepare(self, accelerator, root: torch.nn.Module, optimizer, cfg: TrainConfig):
         distributed.prepare_deepspeed(
-            self.plugin.deepspeed_config, root, cfg.micro_batch, self.plugin.zero_stage, cfg.max_grad_norm
+            self.plugin.deepspeed_config,
+            root,
+            cfg.batch.micro_batch,
+            self.plugin.zero_stage,
+            cfg.optimizer.max_grad_norm,
         )
         return accelerator.prepare(root, optimizer)
 

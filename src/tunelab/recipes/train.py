@@ -70,17 +70,17 @@ class Prepared:
 
 def prepare_run(cfg: TrainConfig, procs: distributed.Processes | None = None) -> Prepared:
     """`procs`: this process's rank and device in a data-parallel run (batches are sharded by rank)."""
-    device = pick_device(cfg.device) if procs is None else procs.device
+    device = pick_device(cfg.compute.device) if procs is None else procs.device
     rank, world = (0, 1) if procs is None else (procs.rank, procs.world)
-    precision = pick_precision(cfg.precision, device)
+    precision = pick_precision(cfg.compute.precision, device)
     source = sources.resolve(cfg.model, cfg.trust_remote_code)
     model_config = sources.model_config(source)
-    families.check(model_config, cfg.model, cfg.attention)
+    families.check(model_config, cfg.model, cfg.compute.attention)
     mload.check_weights(source)
     limit = sources.max_positions(model_config)
-    if limit is not None and cfg.seq_len > limit:
-        raise TunelabError(f"seq_len {cfg.seq_len} is over the model's limit of {limit} positions; lower seq_len")
-    if not cfgmod.has_data(cfg):
+    if limit is not None and cfg.batch.seq_len > limit:
+        raise TunelabError(f"seq_len {cfg.batch.seq_len} is over the model's limit of {limit} positions; lower seq_len")
+    if not cfg.data.given:
         raise TunelabError(
             "data.path is not set; point it at a .jsonl/.json/.csv/.parquet file or hf://owner/name (or set data.mix)"
         )
@@ -88,7 +88,7 @@ def prepare_run(cfg: TrainConfig, procs: distributed.Processes | None = None) ->
     notes = tuple(n for n in (use_default_chat_template(tokenizer, cfg.data.format, cfg.model),) if n)
     data, eval_data = prepare_split(data_spec(cfg), held_out_spec(cfg), tokenizer)
     batch = batch_spec(cfg, tokenizer.pad_token_id)
-    schedule = Schedule(data, batch, cfg.epochs, cfg.max_steps, rank, world)
+    schedule = Schedule(data, batch, cfg.batch.epochs, cfg.batch.max_steps, rank, world)
     eval_batches = None if eval_data is None else EvalBatches(eval_data, batch, schedule.slots, rank, world)
     compiled = run_compile_choice(cfg, data)
     return Prepared(
@@ -107,13 +107,13 @@ def prepare_run(cfg: TrainConfig, procs: distributed.Processes | None = None) ->
 
 
 def batch_spec(cfg: TrainConfig, pad_id: int) -> BatchSpec:
-    objective = objectives.get(cfg.objective)
+    objective = objectives.get(cfg.objective.name)
     return BatchSpec(
-        cfg.seq_len,
-        cfg.micro_batch,
-        cfg.grad_accum,
-        cfg.packing,
-        cfg.seed,
+        cfg.batch.seq_len,
+        cfg.batch.micro_batch,
+        cfg.batch.grad_accum,
+        cfg.batch.packing,
+        cfg.run.seed,
         pad_id,
         group=objective.sequences,
         mean_over=objective.mean_over,
@@ -158,23 +158,27 @@ def build_model(
     model = mload.load_model(
         prep.source,
         prep.precision.compute,
-        cfgmod.effective_base_quant(cfg),
+        cfg.adapter.quant,
         device or prep.device,
-        attn=training_attention(prep.device, cfg.attention),
+        attn=training_attention(prep.device, cfg.compute.attention),
         meta=meta,
     )
-    if cfg.grad_ckpt and not cfg.activation_offload:  # offload.apply checkpoints with host-memory inputs
+    if (
+        cfg.compute.grad_ckpt and not cfg.compute.activation_offload
+    ):  # offload.apply checkpoints with host-memory inputs
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = apply_adapter(model, adapter_spec(cfg))
-    offload.apply(model, cfg.activation_offload, cfg.grad_ckpt)
+    offload.apply(model, cfg.compute.activation_offload, cfg.compute.grad_ckpt)
     if (prep.compile or {}).get("chosen"):
         compile_blocks(model)
     return model
 
 
 def adapter_spec(cfg: TrainConfig) -> AdapterSpec:
-    targets = cfg.lora.targets if isinstance(cfg.lora.targets, str) else tuple(cfg.lora.targets)
-    return AdapterSpec(cfg.method, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, targets)
+    targets = cfg.adapter.lora.targets if isinstance(cfg.adapter.lora.targets, str) else tuple(cfg.adapter.lora.targets)
+    return AdapterSpec(
+        cfg.adapter.method, cfg.adapter.lora.r, cfg.adapter.lora.alpha, cfg.adapter.lora.dropout, targets
+    )
 
 
 def compile_blocks(model: torch.nn.Module) -> None:
@@ -219,10 +223,10 @@ def train(cfg: TrainConfig, show_progress: bool = True, measure: loop.Measuremen
     output_dir (lock, metrics, checkpoints, final weights, summary).
     """
     t0 = time.perf_counter()
-    out = Path(cfg.output_dir)
+    out = Path(cfg.run.output_dir)
     measure = measure or loop.Measurement()
-    trackers.check_available(cfg.report_to)
-    procs = distributed.join(pick_device(cfg.device))
+    trackers.check_available(cfg.run.report_to)
+    procs = distributed.join(pick_device(cfg.compute.device))
     if not procs.main:
         with memory_errors(cfg, procs.device, out, None):
             return _train_locked(cfg, out, t0, False, measure, procs)
@@ -242,16 +246,16 @@ def memory_errors(cfg: TrainConfig, device: torch.device, out: Path, state: Trai
             raise
         where = "before the first step (loading the model)" if state is None else f"in step {state.step + 1}"
         levers = ["lower micro_batch (raise grad_accum to keep the batch)"]
-        if not cfg.grad_ckpt:
+        if not cfg.compute.grad_ckpt:
             levers.append("grad_ckpt=true")
-        quantized = methods.get(cfg.method).quantized
-        if quantized is not None and cfgmod.effective_base_quant(cfg) == "none":
+        quantized = methods.get(cfg.adapter.method).quantized
+        if quantized is not None and cfg.adapter.quant == "none":
             levers.append(f"method={quantized}")
         kept = checkpoint.list_checkpoints(out / "checkpoints") if state is not None else []
         resume = f"; {kept[-1]} is kept: resume=true continues from it, with a smaller micro_batch too" if kept else ""
         raise OutOfMemory(
             f"out of memory on {device_name(device)} ({device_memory_bytes(device) / 2**30:.1f} GiB) {where}, "
-            f"method {cfg.method}, micro_batch {cfg.micro_batch} x seq_len {cfg.seq_len}; try {', '.join(levers)}; "
+            f"method {cfg.adapter.method}, micro_batch {cfg.batch.micro_batch} x seq_len {cfg.batch.seq_len}; try {', '.join(levers)}; "
             f"`tunelab plan --gpu local` with the same config shows which fit{resume}"
         ) from None
 
@@ -297,7 +301,7 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes, show_progre
     # Under the lock no other run writes here: temp entries are what a killed run left mid-write.
     for folder in (out, out / "checkpoints") if procs.main else ():
         remove_stale_temps(folder)
-    resume_from = checkpoint.find(out / "checkpoints", cfg.resume)
+    resume_from = checkpoint.find(out / "checkpoints", cfg.run.resume)
     if resume_from is not None:
         checkpoint.check_identity(resume_from, weights_identity(cfg))
     else:
@@ -306,34 +310,36 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes, show_progre
     memwatch.start()  # before the model loads: CPU peak memory is relative to this RSS
 
     prep = prepare_run(cfg, procs)
-    group = objectives.get(cfg.objective).sequences
-    efficiency = packing_efficiency(prep.data.lengths, cfg.seq_len, cfg.micro_batch, cfg.packing, cfg.seed, group)
+    group = objectives.get(cfg.objective.name).sequences
+    efficiency = packing_efficiency(
+        prep.data.lengths, cfg.batch.seq_len, cfg.batch.micro_batch, cfg.batch.packing, cfg.run.seed, group
+    )
     if show_progress:
         _print_data(cfg, prep, efficiency)
 
-    set_seed(cfg.seed)
+    set_seed(cfg.run.seed)
     mixed = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[prep.precision.name]
     # One job per process, as every command runs it (bench measures each point in a fresh process): Accelerate
     # keeps its settings in a process-wide singleton that a second job with another precision could not change.
-    tracked = cfg.report_to != "none"
+    tracked = cfg.run.report_to != "none"
     accelerator = Accelerator(
         mixed_precision=mixed,
         cpu=prep.device.type == "cpu",
-        log_with=cfg.report_to if tracked else None,
+        log_with=cfg.run.report_to if tracked else None,
         project_dir=str(out) if tracked else None,  # Accelerate's logging_dir: TensorBoard writes under it
     )
     strategy = pick_strategy(accelerator, procs, cfg)
     optim = loop.OptimSpec(
-        lr=cfg.lr,
-        weight_decay=cfg.weight_decay,
-        scheduler=cfg.lr_scheduler,
-        warmup_ratio=cfg.warmup_ratio,
-        max_grad_norm=cfg.max_grad_norm,
+        lr=cfg.optimizer.lr,
+        weight_decay=cfg.optimizer.weight_decay,
+        scheduler=cfg.optimizer.lr_scheduler,
+        warmup_ratio=cfg.optimizer.warmup_ratio,
+        max_grad_norm=cfg.optimizer.max_grad_norm,
     )
     trainee = strategy.setup(
         accelerator, lambda device, meta: build_model(cfg, prep, device, meta=meta), optim, cfg, prep
     )
-    if cfg.preference.precompute_reference:
+    if cfg.objective.preference.precompute_reference:
         every_example = EvalBatches(prep.data, batch_spec(cfg, prep.tokenizer.pad_token_id), prep.schedule.slots)
         preference.precompute(trainee.root, every_example, prep.device, len(prep.data))
     state = TrainState() if resume_from is None else strategy.load_checkpoint(resume_from, trainee)
@@ -362,11 +368,11 @@ def _print_data(cfg: TrainConfig, prep: Prepared, efficiency: float) -> None:
     print(
         f"data: {stats.rows} rows -> {stats.examples} examples ({stats.truncated} truncated, {stats.dropped} dropped), "
         f"{stats.tokens_nonpad:,} tokens, {stats.tokens_loss:,} with loss, "
-        f"{'packed' if cfg.packing else 'padded'} efficiency {efficiency:.1%}, {prep.schedule.total_steps} steps",
+        f"{'packed' if cfg.batch.packing else 'padded'} efficiency {efficiency:.1%}, {prep.schedule.total_steps} steps",
         flush=True,
     )
     if prep.eval_data is not None:
-        every = cfgmod.eval_every(cfg)
+        every = cfg.eval.every(cfg.run.save_steps)
         e = prep.eval_data.stats
         print(
             f"eval: {e.examples} examples ({'held out of data.path' if cfg.eval.path is None else cfg.eval.path}), "
@@ -396,7 +402,7 @@ def _prepare_output_dir(
         if show_progress:
             print(f"resumed from {resume_from} at step {state.step}", flush=True)
     else:
-        if cfg.resume is True and show_progress:  # a re-run of the same command after a crash, the first time
+        if cfg.run.resume is True and show_progress:  # a re-run of the same command after a crash, the first time
             print(f"resume: no checkpoint in {out / 'checkpoints'} yet; starting from step 0", flush=True)
         (out / "metrics.jsonl").unlink(missing_ok=True)
     write_atomic(out / "config.yaml", [cfgmod.dump_yaml(cfg)])
@@ -406,9 +412,9 @@ def _prepare_output_dir(
 def fit(run: Run, measure: loop.Measurement) -> loop.LoopResult:
     """The training loop, with its trackers, then the final save of a finished run."""
     cfg, out, procs, state, trainee = run.cfg, run.out, run.procs, run.state, run.trainee
-    gather = run.strategy.gather(trainee, methods.get(cfg.method).adapter)
+    gather = run.strategy.gather(trainee, methods.get(cfg.adapter.method).adapter)
     # Trackers log from the main process only, as metrics.jsonl is written.
-    tracking = trackers.setup(cfg.report_to, out, state.step) if procs.main else None
+    tracking = trackers.setup(cfg.run.report_to, out, state.step) if procs.main else None
     with _tracking(run.accelerator, tracking, cfg, run.show_progress) as track:
         progress = ProgressView(run.prep.schedule.total_steps, state.step, enabled=run.show_progress)
         with memory_errors(cfg, procs.device, out, state):
@@ -421,9 +427,9 @@ def fit(run: Run, measure: loop.Measurement) -> loop.LoopResult:
                     schedule=run.prep.schedule,
                     optim=run.optim,
                     spec=loop.LoopSpec(
-                        log_steps=cfg.log_steps,
-                        save_steps=cfg.save_steps,
-                        save_total_limit=cfg.save_total_limit,
+                        log_steps=cfg.run.log_steps,
+                        save_steps=cfg.run.save_steps,
+                        save_total_limit=cfg.run.save_total_limit,
                         identity=weights_identity(cfg),
                     ),
                     measure=measure,
@@ -440,7 +446,7 @@ def fit(run: Run, measure: loop.Measurement) -> loop.LoopResult:
     finished = state.step >= run.prep.schedule.total_steps or result.stopped_early
     weights = gather() if finished and gather is not None else None  # every process takes part in gathering
     if finished and procs.main:
-        save_final(trainee.model, run.prep.tokenizer, out, cfg.method, weights)
+        save_final(trainee.model, run.prep.tokenizer, out, cfg.adapter.method, weights)
     if run.show_progress and state.best_step is not None:
         kept = f"; weights in {out / BEST}" if cfg.eval.keep_best else ""
         print(f"best: step {state.best_step}, eval loss {state.best_eval_loss:.4f}{kept}", flush=True)
@@ -452,8 +458,8 @@ def summarize(run: Run, result: loop.LoopResult, t0: float) -> RunSummary:
     return RunSummary(
         output_dir=str(run.out),
         model=cfg.model,
-        method=cfg.method,
-        base_quant=cfgmod.effective_base_quant(cfg),
+        method=cfg.adapter.method,
+        base_quant=cfg.adapter.quant,
         nf4_layers=nf4_layers(run.trainee.model),
         device=device_name(prep.device),
         device_memory_bytes=device_memory_bytes(prep.device),
@@ -461,13 +467,13 @@ def summarize(run: Run, result: loop.LoopResult, t0: float) -> RunSummary:
         params_trainable=run.trainee.params_trainable,
         params_total=run.trainee.params_total,
         params_local=distributed.local_numel(run.trainee.wrapped),
-        seq_len=cfg.seq_len,
-        micro_batch=cfg.micro_batch,
-        grad_accum=cfg.grad_accum,
-        packing=cfg.packing,
-        grad_ckpt=cfg.grad_ckpt,
+        seq_len=cfg.batch.seq_len,
+        micro_batch=cfg.batch.micro_batch,
+        grad_accum=cfg.batch.grad_accum,
+        packing=cfg.batch.packing,
+        grad_ckpt=cfg.compute.grad_ckpt,
         compile=prep.compile,
-        activation_offload=cfg.activation_offload,
+        activation_offload=cfg.compute.activation_offload,
         world_size=run.procs.world,
         data={**prep.data.stats.as_dict(), "packing_efficiency": run.packing_efficiency},
         steps=state.step,
@@ -513,12 +519,14 @@ def _tracking(accelerator, tracking: trackers.TrackerSetup | None, cfg: TrainCon
 
 def weights_identity(cfg: TrainConfig) -> dict:
     """The settings that decide which weights are trained and their shapes: a checkpoint resumes only under them."""
-    identity = {"model": cfg.model, "method": cfg.method, "base_quant": cfgmod.effective_base_quant(cfg)}
-    if objectives.get(cfg.objective).pairs:
-        identity["objective"] = cfg.objective
-    if methods.get(cfg.method).adapter:
-        targets = cfg.lora.targets if isinstance(cfg.lora.targets, str) else list(cfg.lora.targets)
-        identity.update({"lora.r": cfg.lora.r, "lora.alpha": cfg.lora.alpha, "lora.targets": targets})
+    identity = {"model": cfg.model, "method": cfg.adapter.method, "base_quant": cfg.adapter.quant}
+    if objectives.get(cfg.objective.name).pairs:
+        identity["objective"] = cfg.objective.name
+    if methods.get(cfg.adapter.method).adapter:
+        targets = (
+            cfg.adapter.lora.targets if isinstance(cfg.adapter.lora.targets, str) else list(cfg.adapter.lora.targets)
+        )
+        identity.update({"lora.r": cfg.adapter.lora.r, "lora.alpha": cfg.adapter.lora.alpha, "lora.targets": targets})
     return identity
 
 
@@ -562,9 +570,9 @@ def _evaluation(
         weights = gather() if gather is not None else None
         if writer:
             record = {"step": state.best_step, "eval_loss": state.best_eval_loss}
-            save_pretrained(model, prep.tokenizer, out / BEST, out, cfg.method, record, weights)
+            save_pretrained(model, prep.tokenizer, out / BEST, out, cfg.adapter.method, record, weights)
 
-    spec = loop.EvalSpec(every=cfgmod.eval_every(cfg), patience=cfg.eval.early_stopping_patience)
+    spec = loop.EvalSpec(every=cfg.eval.every(cfg.run.save_steps), patience=cfg.eval.early_stopping_patience)
     if not (cfg.eval.keep_best and (writer or gather is not None)):
         return loop.Evaluation(prep.eval_batches, spec)
     return loop.Evaluation(prep.eval_batches, spec, save_best=save_best, best_dir=out / BEST if writer else None)

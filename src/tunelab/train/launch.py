@@ -58,11 +58,11 @@ def read_accelerate_config(path: str | Path) -> dict:
 
 def check_fsdp_run(cfg, source: str) -> None:
     """Refuse run settings that FSDP's sharding cannot honour."""
-    quant = methods.effective_base_quant(cfg.method, cfg.base_quant)
+    quant = methods.effective_base_quant(cfg.adapter.method, cfg.adapter.base_quant)
     if quant != "none":
         # fully_shard shards floating-point parameters only, not the integer storage of quantized ones.
         raise TunelabError(
-            f"{source}: method {cfg.method} with base weights in {quant}: FSDP shards floating-point weights only; "
+            f"{source}: method {cfg.adapter.method} with base weights in {quant}: FSDP shards floating-point weights only; "
             "use configs/accelerate/ddp.yaml"
         )
 
@@ -71,7 +71,10 @@ def check_deepspeed_run(cfg, source: str) -> None:
     """Refuse run settings that tunelab does not support under DeepSpeed, naming the key."""
     # ZeRO partitions the optimizer state; tunelab's checkpoints hold it whole (gather_checkpoint does that for
     # FSDP only).
-    for key, value, instead in [("save_steps", cfg.save_steps, "set save_steps: 0"), ("resume", cfg.resume, "drop it")]:
+    for key, value, instead in [
+        ("save_steps", cfg.run.save_steps, "set save_steps: 0"),
+        ("resume", cfg.run.resume, "drop it"),
+    ]:
         if value:
             raise TunelabError(
                 f"{source}: {key}: tunelab's checkpoints are not written or read under DeepSpeed; use "

@@ -271,7 +271,7 @@ def test_a_sweep_point_out_of_memory_is_shown_and_the_sweep_goes_on(bench_args, 
     real = bench.measure_point
 
     def measure_point(cfg, stop_at, warmup):
-        if cfg.micro_batch == 4:
+        if cfg.batch.micro_batch == 4:
             raise pickle.loads(pickle.dumps(OutOfMemory("out of memory on cuda:0 (8.0 GiB) in step 1, ...")))
         return real(cfg, stop_at, warmup)
 

@@ -39,9 +39,14 @@ def test_builtin_suite_rows_load_as_valid_configs(name, tiny_model_dir, tmp_path
         model = str(tiny_model_dir) if suitemod.needs_checkpoint(row) else row.model
         mb = row.micro_batch_cap if row.micro_batch == schema.AUTO else row.micro_batch
         cfg = suitemod.row_config(suite, row, model, tmp_path / "data.jsonl", tmp_path / row.name, micro_batch=mb)
-        assert (cfg.method, cfg.compile, cfg.grad_ckpt, cfg.micro_batch) == (row.method, row.compile, row.grad_ckpt, mb)
-        assert cfg.packing and cfg.lora.targets == "all-linear"
-        assert (cfg.lora.r, cfg.lora.alpha) == (suite.config["lora.r"], suite.config["lora.alpha"])
+        assert (cfg.adapter.method, cfg.compute.compile, cfg.compute.grad_ckpt, cfg.batch.micro_batch) == (
+            row.method,
+            row.compile,
+            row.grad_ckpt,
+            mb,
+        )
+        assert cfg.batch.packing and cfg.adapter.lora.targets == "all-linear"
+        assert (cfg.adapter.lora.r, cfg.adapter.lora.alpha) == (suite.config["lora.r"], suite.config["lora.alpha"])
         assert row.steps >= 1 and row.warmup >= 1
     assert suite.peers_after in {r.name for r in suite.rows}
 

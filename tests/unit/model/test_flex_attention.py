@@ -217,7 +217,7 @@ def test_attention_key_is_validated():
     from tunelab.config import load_config
     from tunelab.errors import TunelabError
 
-    assert load_config(None, ["attention=flex"]).attention == "flex"
+    assert load_config(None, ["attention=flex"]).compute.attention == "flex"
     with pytest.raises(TunelabError, match=r"attention must be one of .*did you mean 'slots'"):
         load_config(None, ["attention=slot"])
 

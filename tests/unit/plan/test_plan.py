@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from conftest import plan_setup
 
 from tunelab.cli import main
 from tunelab.config import load_config
@@ -24,10 +25,10 @@ def plan_json(capsys, *argv) -> list[dict]:
 
 def test_goat_steps_and_checkpoints():
     cfg = load_config("configs/goat-7b.yaml")
-    b = workload.Batching(cfg.seq_len, cfg.micro_batch, cfg.grad_accum, cfg.packing)
-    w = workload.build(workload.assumed_lengths(304_000, 40, 0.3), b, cfg.epochs)
+    b = workload.Batching(cfg.batch.seq_len, cfg.batch.micro_batch, cfg.batch.grad_accum, cfg.batch.packing)
+    w = workload.build(workload.assumed_lengths(304_000, 40, 0.3), b, cfg.batch.epochs)
     assert w.optimizer_steps == 2375  # 304,000 / 128
-    ck = workload.checkpoints(w.optimizer_steps, cfg.save_steps, cfg.save_total_limit)
+    ck = workload.checkpoints(w.optimizer_steps, cfg.run.save_steps, cfg.run.save_total_limit)
     # saves at steps 50..2350 (train saves before the last step, then a final save): 47 + final
     assert (ck.written, ck.kept, ck.final) == (47, 10, 1)
 
@@ -84,25 +85,13 @@ def small_arch() -> archmod.Arch:
     )
 
 
-def setup(**kw) -> memory.MemorySetup:
-    base = dict(
-        method="lora",
-        base_quant="none",
-        compute_bytes=2,
-        micro_batch=2,
-        row_len=10,
-        loss_rows=5,
-        loss_chunk=2048,
-        grad_ckpt=False,
-        targets=("q_proj", "v_proj"),
-        r=8,
-    )
-    return memory.MemorySetup(**{**base, **kw})
+def setup(**kw):
+    return plan_setup(**kw)
 
 
 def test_memory_hand_count_lora():
     a = small_arch()
-    m = memory.breakdown(a, setup())
+    m = memory.breakdown(a, *setup())
     total = a.total_params
     assert total == 2 * (4 * 64 * 64 - 2 * 64 * 32 + 3 * 64 * 128) + 2 * 100 * 64 + 5 * 64
     adapters = 2 * 8 * ((64 + 64) + (64 + 32))
@@ -115,18 +104,18 @@ def test_memory_hand_count_lora():
     # a whole chunk's fp32 and bf16 logits scratch (2048 rows, however few carry the loss), the gathered hidden
     # states and their gradient
     assert m.logits_loss == 2048 * 100 * (4 + 2) + 2 * 5 * 64 * 2
-    capped = memory.breakdown(dataclasses.replace(a, logit_softcap=30.0), setup())
+    capped = memory.breakdown(dataclasses.replace(a, logit_softcap=30.0), *setup())
     assert capped.logits_loss == m.logits_loss + 3 * 4 * 2048 * 100  # tanh(z/c), its square, 1 - that
 
 
 def test_memory_hand_count_compiled_blocks_with_attention_slots():
     a = small_arch()
-    m = memory.breakdown(a, setup(compiled=True, slots=4, slot_len=8, attention_probs=True))
+    m = memory.breakdown(a, *setup(compiled=True, slots=4, slot_len=8, attention_probs=True))
     # per token and layer: the block's input 2x64 + o_proj's input 2x64 + gate and up 2x2x128 + two 1/rms 2x4
     # + A outputs 2x2x8; per slot position: q, k, v, output 2x(2x64+2x32) + probabilities 2x4x8
     rows, slots = 128 + 128 + 512 + 8 + 32, 384 + 64
     assert m.activations == 2 * (rows * 20 + slots * 4 * 8) + 4 * 64 * 20
-    full = memory.breakdown(a, setup(method="full", targets=(), compiled=True, grad_ckpt=True))
+    full = memory.breakdown(a, *setup(method="full", targets=(), compiled=True, grad_ckpt=True))
     # the residual stream is fp32 under full fine-tuning: each layer's input 4x64, one layer recomputed
     one_layer = (4 * 64 + 128 + 512 + 8) * 20 + 400 * 20
     assert full.activations == 2 * 4 * 64 * 20 + one_layer + 4 * 64 * 20
@@ -134,16 +123,16 @@ def test_memory_hand_count_compiled_blocks_with_attention_slots():
 
 def test_memory_hand_count_llama2_qlora_and_full():
     a = resolve_arch(LLAMA2)
-    q = memory.breakdown(a, setup(method="qlora", base_quant="nf4"))
+    q = memory.breakdown(a, *setup(method="qlora", base_quant="nf4"))
     blocks = 6_476_005_376
     assert q.weights == round(blocks * (0.5 + 1 / 64 + 4 / 16384) + (a.total_params - blocks) * 2)
-    f = memory.breakdown(a, setup(method="full", targets=()))
+    f = memory.breakdown(a, *setup(method="full", targets=()))
     embedding_and_head = 2 * 32000 * 4096  # untied: neither is an autocast copy
     assert f.weights == a.total_params * 4 + (a.total_params - embedding_and_head) * 2  # fp32 master + block copies
     assert (f.gradients, f.optimizer_states) == (a.total_params * 4, a.total_params * 8)
     head = 32000 * 4096  # the LM head: its fp32 gradient, accumulated in the loss's forward chunk by chunk
     assert f.logits_loss == 2048 * 32000 * (4 + 2) + 2 * 5 * 4096 * 2 + head * (2 + 4 + 2 + 4)  # + the bf16 head
-    z3 = memory.breakdown(a, setup(method="full", targets=(), sharding="zero3", world=4))
+    z3 = memory.breakdown(a, *setup(method="full", targets=(), sharding="zero3", world=4))
     assert z3.optimizer_states == a.total_params * 2 and z3.gradients == a.total_params
     # the whole head's gradient, until the root's reduce-scatter; FSDP's gathered head is bf16 already: no copy
     assert z3.logits_loss == f.logits_loss - head * 2
@@ -157,22 +146,21 @@ def test_zero3_counts_the_gathered_root_unit():
     root = 2 * 32000 * 4096 + 4096
     layer = 4 * 4096**2 + 3 * 4096 * 11008
     assert memory.root_params(a) == root
-    full = memory.breakdown(a, setup(method="full", targets=(), sharding="zero3", world=4))
+    full = memory.breakdown(a, *setup(method="full", targets=(), sharding="zero3", world=4))
     assert full.weights == round(a.total_params * 4 / 4 + (layer + root) * 2)  # gathered in bf16, no autocast
-    lora = memory.breakdown(a, setup(sharding="zero3", world=4))
+    lora = memory.breakdown(a, *setup(sharding="zero3", world=4))
     assert lora.weights == round(a.total_params * 2 / 4 + (layer + root) * 2)
-    assert lora.gradients == round(memory.trainable_params(a, setup()) * 4 / 4)  # no gradient for the frozen root
+    assert lora.gradients == round(memory.trainable_params(a, *setup()) * 4 / 4)  # no gradient for the frozen root
 
 
 def test_max_micro_batch_is_largest_that_fits():
     a = resolve_arch(LLAMA2)
     s = setup(row_len=512, loss_rows=256)
     cap = 24 * 2**30
-    b = memory.max_micro_batch(a, s, cap, loss_per_row=128)
-    from dataclasses import replace
+    b = memory.max_micro_batch(a, *s, cap, loss_per_row=128)
 
-    assert memory.breakdown(a, replace(s, micro_batch=b, loss_rows=128 * b)).total <= cap
-    assert memory.breakdown(a, replace(s, micro_batch=b + 1, loss_rows=128 * (b + 1))).total > cap
+    assert memory.breakdown(a, *s.but(micro_batch=b, loss_rows=128 * b)).total <= cap
+    assert memory.breakdown(a, *s.but(micro_batch=b + 1, loss_rows=128 * (b + 1))).total > cap
 
 
 def test_throughput_units_are_seconds():
@@ -575,15 +563,15 @@ def test_longest_seq_len_is_the_last_multiple_of_128_that_fits_and_offload_raise
     capacity = 80 * 2**30
 
     def peak(t, offload=False):
-        return memory.breakdown(arch, dataclasses.replace(s, row_len=t, loss_rows=t // 2, offload=offload)).total
+        return memory.breakdown(arch, *s.but(row_len=t, loss_rows=t // 2, offload=offload)).total
 
-    longest = memory.max_seq_len(arch, s, capacity, 0.5)
+    longest = memory.max_seq_len(arch, *s, capacity, 0.5)
     assert longest % 128 == 0 and peak(longest) <= capacity < peak(longest + 128)
-    offloaded = memory.max_seq_len(arch, dataclasses.replace(s, offload=True), capacity, 0.5)
+    offloaded = memory.max_seq_len(arch, *s.but(offload=True), capacity, 0.5)
     assert offloaded > longest and peak(offloaded, True) <= capacity < peak(offloaded + 128, True)
     # the device keeps memory.OFFLOAD_LAYERS layers' activations (with grad_ckpt: inputs) instead of all 32's,
     # the host a copy of each layer's
-    on, off = (memory.activation_bytes(arch, dataclasses.replace(s, row_len=8192, offload=o)) for o in (True, False))
+    on, off = (memory.activation_bytes(arch, *s.but(row_len=8192, offload=o)) for o in (True, False))
     assert on < (off / 2 if grad_ckpt else off / 8)
-    assert memory.offloaded_bytes(arch, dataclasses.replace(s, row_len=8192, offload=True)) > 0
-    assert memory.offloaded_bytes(arch, dataclasses.replace(s, row_len=8192)) == 0
+    assert memory.offloaded_bytes(arch, *s.but(row_len=8192, offload=True)) > 0
+    assert memory.offloaded_bytes(arch, *s.but(row_len=8192)) == 0

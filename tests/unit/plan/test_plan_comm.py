@@ -12,18 +12,18 @@ def test_hand_count_per_sharding():
     g = adapters * 4  # fp32 gradients of the trainable weights
     w = a.total_params * 2 + adapters * 2  # bf16 frozen base + the adapters, gathered in bf16 as FSDP2 does
     share = 3 / 4
-    assert comm.step_bytes(a, setup(sharding="ddp", world=4), grad_accum=8) == pytest.approx(2 * share * g)
-    assert comm.step_bytes(a, setup(sharding="zero2", world=4), grad_accum=8) == pytest.approx(
+    assert comm.step_bytes(a, *setup(sharding="ddp", world=4), grad_accum=8) == pytest.approx(2 * share * g)
+    assert comm.step_bytes(a, *setup(sharding="zero2", world=4), grad_accum=8) == pytest.approx(
         8 * share * g + share * g
     )
-    assert comm.step_bytes(a, setup(sharding="zero3", world=4), 8) == pytest.approx(8 * (2 * share * w + share * g))
-    assert comm.step_bytes(a, setup(sharding="ddp", world=1), 8) == 0.0
+    assert comm.step_bytes(a, *setup(sharding="zero3", world=4), 8) == pytest.approx(8 * (2 * share * w + share * g))
+    assert comm.step_bytes(a, *setup(sharding="ddp", world=1), 8) == 0.0
     full = setup(method="full", targets=(), sharding="ddp", world=2)
-    assert comm.step_bytes(a, full, 1) == pytest.approx(2 * 0.5 * a.total_params * 4)
-    assert memory.trainable_params(a, full) == a.total_params
+    assert comm.step_bytes(a, *full, 1) == pytest.approx(2 * 0.5 * a.total_params * 4)
+    assert memory.trainable_params(a, *full) == a.total_params
     # FSDP2 gathers full fine-tuning's fp32 master weights in the compute dtype; gradients reduce in fp32.
     full3 = setup(method="full", targets=(), sharding="zero3", world=2)
-    assert comm.step_bytes(a, full3, 1) == pytest.approx(2 * 0.5 * a.total_params * 2 + 0.5 * a.total_params * 4)
+    assert comm.step_bytes(a, *full3, 1) == pytest.approx(2 * 0.5 * a.total_params * 2 + 0.5 * a.total_params * 4)
 
 
 def test_plan_prints_what_each_strategy_sends(capsys):

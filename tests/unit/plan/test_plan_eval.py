@@ -11,9 +11,9 @@ from tunelab.cli import main
 from tunelab.plan import arch as archmod
 from tunelab.plan import catalog, timing, workload
 from tunelab.plan.calibration import CalibrationRecord
-from tunelab.plan.estimate import Device, estimate
+from tunelab.plan.estimate import Device, Job, estimate
 from tunelab.plan.flops import flops_per_token, forward_flops_per_token
-from tunelab.recipes.predict import dataset_lengths, settings_from_config
+from tunelab.recipes.predict import dataset_lengths
 from tunelab.recipes.train import train
 from tunelab.sources import resolve_arch
 
@@ -77,7 +77,7 @@ def test_predicted_eval_time_beside_a_measured_run(tiny_model_dir, tmp_path, add
     gpu = catalog.Gpu("local", "cpu", 2**34, 0.0, peak, False, "cpu-fp32", source="test")
     first = Device(gpu, 0, None)
     lengths = dataset_lengths(cfg, None)
-    s = settings_from_config(cfg, arch, first)
+    s = Job.of(cfg)
     # Efficiency such that plan's training rate is the rate the run measured.
     hardware = estimate(arch, lengths, s, first).flops.hardware
     efficiency = summary["tokens_padded_per_s"] * hardware / peak

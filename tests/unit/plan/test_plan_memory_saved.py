@@ -33,9 +33,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from tunelab.config import load_config
 from tunelab.plan import memory
-from tunelab.plan.estimate import estimate
+from tunelab.plan.estimate import Job, estimate
 from tunelab.recipes import train as command
-from tunelab.recipes.predict import dataset_lengths, local_device, settings_from_config
+from tunelab.recipes.predict import dataset_lengths, local_device
 from tunelab.sources import resolve_arch
 from tunelab.train.loss import CausalLMLoss
 
@@ -116,11 +116,9 @@ def partition_only(gm, example_inputs):
 
 
 def prediction_for(cfg):
-    """`local_prediction` with the config's attention setting (plan's Settings default to auto)."""
-    arch = resolve_arch(cfg.model)
-    device = local_device(cfg.precision)
-    settings = replace(settings_from_config(cfg, arch, device), attention=cfg.attention)
-    return estimate(arch, dataset_lengths(cfg, None), settings, device)
+    """plan's prediction for the config on this machine (`local_prediction`'s, uncalibrated)."""
+    device = local_device(cfg.compute.precision)
+    return estimate(resolve_arch(cfg.model), dataset_lengths(cfg, None), Job.of(cfg), device)
 
 
 LORA_COMPILED = ("method=lora", "compile=true")
@@ -176,13 +174,13 @@ def test_activation_model_matches_saved_tensors(model_dir, addition_rows, tmp_pa
         ],
     )
     prediction = prediction_for(cfg)
-    setup = prediction.memory_setup
-    if cfg.attention == "flex":  # whole rows, keeping a log-sum-exp per head and token
+    setup = prediction.layout
+    if cfg.compute.attention == "flex":  # whole rows, keeping a log-sum-exp per head and token
         assert setup.attention == "flex" and setup.slots == 0 and not setup.attention_probs
     else:
         assert setup.slots > 0 and setup.attention_probs  # the CPU slot path is what is being modeled
-    assert setup.compiled == ("compile=true" in extra)
-    modeled = memory.activation_bytes(resolve_arch(cfg.model), setup)
+    assert prediction.compiled == ("compile=true" in extra)
+    modeled = memory.activation_bytes(resolve_arch(cfg.model), prediction.job, setup)
     measured = saved_bytes(cfg)
     print(f"{extra}: saved {measured / 2**20:.2f} MiB, modeled {modeled / 2**20:.2f} MiB")
     if extra == DROPOUT_COMPILED:
@@ -212,7 +210,8 @@ def test_activation_offload_moves_what_plan_says(model_dir, addition_rows, tmp_p
     shape = ["seq_len=128", "micro_batch=4", "lora.r=8", "precision=bf16", "compile=false", f"grad_ckpt={grad_ckpt}"]
     cfg = load_config(None, [*extra, *shape])
     arch = resolve_arch(cfg.model)
-    setup = replace(prediction_for(cfg).memory_setup, offload=True)
+    prediction = prediction_for(cfg)
+    job, setup = prediction.job, replace(prediction.layout, offload=True)
     prep = command.prepare_run(cfg)
     AcceleratorState._reset_state()
     Accelerator(mixed_precision="bf16", cpu=True)
@@ -232,8 +231,10 @@ def test_activation_offload_moves_what_plan_says(model_dir, addition_rows, tmp_p
     inputs = (b.input_ids, b.position_ids, b.loss_index, b.loss_targets)
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t), torch.autocast("cpu", torch.bfloat16):
         loss = wrapped(*(torch.from_numpy(x) for x in inputs), b.layout)
-    modeled = memory.offloaded_bytes(arch, setup)
-    per_layer = (memory.activation_bytes(arch, replace(setup, offload=False)) - 4 * arch.hidden * 512) / arch.layers
+    modeled = memory.offloaded_bytes(arch, job, setup)
+    per_layer = (
+        memory.activation_bytes(arch, job, replace(setup, offload=False)) - 4 * arch.hidden * 512
+    ) / arch.layers
     print(
         f"host {offloader.host_bytes() / 2**20:.2f} MiB, modeled {modeled / 2**20:.2f}; stayed {sum(stayed.values()) / 2**20:.2f}"
     )
@@ -245,8 +246,8 @@ def test_activation_offload_moves_what_plan_says(model_dir, addition_rows, tmp_p
         # the model from run to run here. plan's host figure is a lower bound within 15%.
         assert modeled <= offloader.host_bytes() <= 1.15 * modeled
     assert sum(stayed.values()) < (
-        per_layer if not grad_ckpt else memory.activation_bytes(arch, replace(setup, offload=False))
+        per_layer if not grad_ckpt else memory.activation_bytes(arch, job, replace(setup, offload=False))
     )
-    assert memory.activation_bytes(arch, setup) < memory.activation_bytes(arch, replace(setup, offload=False))
+    assert memory.activation_bytes(arch, job, setup) < memory.activation_bytes(arch, job, replace(setup, offload=False))
     loss.backward()
     assert offloader.host_bytes() == 0

@@ -20,13 +20,13 @@ def test_reference_forward_flops():
 
 def test_reference_memory():
     a = small_arch()
-    plain = memory.breakdown(a, setup())
-    forward = memory.breakdown(a, setup(reference_forward=True))
-    per_layer = memory.row_bytes_per_token_layer(a, setup())
+    plain = memory.breakdown(a, *setup())
+    forward = memory.breakdown(a, *setup(reference_forward=True))
+    per_layer = memory.row_bytes_per_token_layer(a, *setup())
     assert forward.activations == plain.activations + round(per_layer * 2 * 10)
     assert forward.weights == plain.weights  # the adapter disabled: no second copy
-    full = memory.breakdown(a, setup(method="full", reference_copy=True, reference_forward=True))
-    full_sft = memory.breakdown(a, setup(method="full"))
+    full = memory.breakdown(a, *setup(method="full", reference_copy=True, reference_forward=True))
+    full_sft = memory.breakdown(a, *setup(method="full"))
     assert full.weights == full_sft.weights + a.total_params * 4
 
 
@@ -45,6 +45,6 @@ def test_shorter_seq_len_suggestion_keeps_both_sides_of_a_pair():
     from tunelab.plan.estimate import shortest_seq_len
 
     lengths = workload.Lengths(40, 95.0, 50.0, "test", np.array([100, 90] * 20))
-    assert shortest_seq_len(lengths, "sft") == (104, "longest example: 100 tokens, nothing truncated")
-    assert shortest_seq_len(lengths, "dpo") == (200, "longest side of a pair: 100 tokens, nothing truncated")
-    assert shortest_seq_len(lengths, "orpo")[0] == 200
+    assert shortest_seq_len(lengths, 1) == (104, "longest example: 100 tokens, nothing truncated")
+    assert shortest_seq_len(lengths, 2) == (200, "longest side of a pair: 100 tokens, nothing truncated")
+    assert shortest_seq_len(lengths, objectives.get("orpo").sequences)[0] == 200

@@ -6,10 +6,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from tunelab import methods
 from tunelab.cli import main
+from tunelab.config import AdapterConfig, BatchConfig, ComputeConfig, LoraConfig, RunConfig
 from tunelab.plan import arch as archmod
 from tunelab.plan import catalog, fit, steptime, workload
-from tunelab.plan.estimate import Device, Settings, estimate
+from tunelab.plan.estimate import Device, Job, estimate
 from tunelab.plan.flops import flops_per_token
 from tunelab.sources import resolve_arch
 
@@ -20,25 +22,15 @@ def one_b() -> archmod.Arch:
     return resolve_arch("random:llama-3.2-1b")
 
 
-def settings(**kw) -> Settings:
-    base = dict(
-        method="lora",
-        base_quant="none",
-        compute_bytes=2,
-        seq_len=2048,
-        micro_batch=8,
-        grad_accum=1,
-        epochs=1.0,
-        max_steps=None,
-        packing=True,
-        grad_ckpt=False,
-        targets=archmod.adapter_targets(one_b(), "all-linear"),
-        r=16,
-        lora_dropout=0.0,
-        save_steps=0,
-        save_total_limit=1,
+def settings(**kw) -> Job:
+    """LoRA r 16 on every linear layer, seq 2048 packed, micro-batch 8, eager, bf16."""
+    job = Job(
+        adapter=AdapterConfig(lora=LoraConfig(r=16)),
+        batch=BatchConfig(seq_len=2048, micro_batch=8),
+        compute=ComputeConfig(precision="bf16", compile=False),
+        run=RunConfig(save_total_limit=1),
     )
-    return Settings(**{**base, **kw})
+    return job.but(**kw)
 
 
 def lengths() -> workload.Lengths:
@@ -95,8 +87,8 @@ def test_compile_fuses_bytes_and_launches_and_speeds_the_step_up():
 def test_hf_peft_stack_pads_runs_eager_and_applies_its_fitted_factor():
     s = settings(compile=True)
     ours = estimate(one_b(), lengths(), s, h200())
-    peer = estimate(one_b(), lengths(), replace(s, stack="hf-peft"), h200())
-    assert not peer.settings.packing and not peer.settings.compile
+    peer = estimate(one_b(), lengths(), s.but(stack="hf-peft"), h200())
+    assert not peer.job.batch.packing and not peer.job.compute.compile
 
     # padded rows: every query meets its row's whole width, not its own document's causal prefix
     def per_token(e):
@@ -177,7 +169,7 @@ def test_the_head_runs_over_target_positions_and_a_trained_heads_gradient_costs_
 
     def step(method, loss_tokens, chunk):
         shape = steptime.Shape(1, 16384, 700.0, False, 2, loss_tokens, chunk)
-        return steptime.work(a, method, "none", t, 16, False, shape, ridge=1.0)  # every GEMM compute-bound
+        return steptime.work(a, methods.get(method), "none", t, 16, False, shape, ridge=1.0)  # every GEMM compute-bound
 
     # the head's forward and input gradient: 2 x 2 x rows x h x V FLOPs, over the positions with a target only
     half, whole = step("lora", 8192, 256), step("lora", 16384, 256)
@@ -215,8 +207,10 @@ def test_the_cpu_slot_path_counts_each_slots_whole_square_and_its_written_scores
     pairs = 24.0 * 128 * a.heads * a.layers
     for compiled, ckpt in ((False, False), (True, False), (False, True)):
         shape = replace(base, compiled=compiled)
-        plain = steptime.work(a, "lora", "none", targets, 8, ckpt, shape, 100.0)
-        scored = steptime.work(a, "lora", "none", targets, 8, ckpt, replace(shape, scored_keys_per_token=24.0), 100.0)
+        plain = steptime.work(a, methods.get("lora"), "none", targets, 8, ckpt, shape, 100.0)
+        scored = steptime.work(
+            a, methods.get("lora"), "none", targets, 8, ckpt, replace(shape, scored_keys_per_token=24.0), 100.0
+        )
         fwd, bwd = steptime.score_bytes_per_pair(compiled)
         assert scored.memory_bytes - plain.memory_bytes == pytest.approx(pairs * (fwd * (2 if ckpt else 1) + bwd))
         assert scored.attention_flops == plain.attention_flops

@@ -38,9 +38,8 @@ def test_a_local_cuda_gpu_plans_with_its_catalog_row(monkeypatch, tmp_path, name
     fitted step constants; an unlisted GPU the pooled constants and the nearest peak's bandwidth. The local
     device once had bandwidth 0 here, and every plan on a GPU divided by it."""
     from tunelab.config import load_config
-    from tunelab.plan.estimate import estimate
+    from tunelab.plan.estimate import Job, estimate
     from tunelab.plan.workload import Lengths
-    from tunelab.recipes.predict import settings_from_config
     from tunelab.sources import resolve_arch
 
     monkeypatch.setattr(devmod, "pick_device", lambda ref: torch.device("cuda"))
@@ -56,7 +55,7 @@ def test_a_local_cuda_gpu_plans_with_its_catalog_row(monkeypatch, tmp_path, name
     cfg = load_config(None, ["model=random:llama-3.2-1b", "method=lora", "seq_len=2048", "micro_batch=8"])
     arch = resolve_arch(cfg.model)
     lengths = Lengths(2000, 600.0, 300.0, "test", np.full(2000, 600))
-    est = estimate(arch, lengths, settings_from_config(cfg, arch, local), local)
+    est = estimate(arch, lengths, Job.of(cfg), local)
     assert est.step.total > 0 and est.time_s > 0
     label = est.efficiency.label
     assert f"constants for {catalog_id}:" in label if catalog_id else "constants for class probe-gpu: carried" in label

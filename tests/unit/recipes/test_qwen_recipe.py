@@ -20,13 +20,13 @@ RECIPE = REPO / "configs" / "qwen2.5-0.5b-axolotl.yaml"
 
 def test_the_recipe_is_the_axolotl_shape():
     cfg = load_config(RECIPE)
-    assert (cfg.model, cfg.method, cfg.data.format, cfg.report_to) == (
+    assert (cfg.model, cfg.adapter.method, cfg.data.format, cfg.run.report_to) == (
         "Qwen/Qwen2.5-0.5B-Instruct",
         "lora",
         "sharegpt",
         "tensorboard",
     )
-    assert cfg.eval.split == 0.05 and cfg.eval.steps and cfg.eval.early_stopping_patience and cfg.packing
+    assert cfg.eval.split == 0.05 and cfg.eval.steps and cfg.eval.early_stopping_patience and cfg.batch.packing
 
 
 @pytest.fixture(scope="module")

@@ -82,7 +82,7 @@ def test_lora_run_writes_every_output(tiny_model_dir, data_file, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert {k: summary[k] for k in expected} == expected
     assert summary["steps"] == 4 and summary["finished"] and summary["params_trainable"] < summary["params_total"]
-    assert load_config(out / "config.yaml").max_steps == 4
+    assert load_config(out / "config.yaml").batch.max_steps == 4
     # compile: auto (the default) decided, without a probe, that 4 tiny steps cannot pay for compiling
     assert summary["compile"]["mode"] == "auto" and summary["compile"]["chosen"] is False
     assert "eager blocks on cpu" in summary["compile"]["why"] and summary["activation_offload"] is False

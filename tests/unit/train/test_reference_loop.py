@@ -67,24 +67,27 @@ def reference_losses(cfg) -> list[float]:
     from transformers import AutoModelForCausalLM, get_scheduler, set_seed
 
     prep = prepare_run(cfg)  # the same batches: the schedule is a pure function of data and settings
-    set_seed(cfg.seed)
-    device = torch.device(cfg.device if cfg.device != "auto" else "cpu")
+    set_seed(cfg.run.seed)
+    device = torch.device(cfg.compute.device if cfg.compute.device != "auto" else "cpu")
     model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32, attn_implementation="sdpa")
     model.to(device)
     model = get_peft_model(
         model,
         LoraConfig(
-            r=cfg.lora.r,
-            lora_alpha=cfg.lora.alpha,
+            r=cfg.adapter.lora.r,
+            lora_alpha=cfg.adapter.lora.alpha,
             lora_dropout=0.0,
             target_modules="all-linear",
             task_type="CAUSAL_LM",
         ),
     )
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
+    opt = torch.optim.AdamW(params, lr=cfg.optimizer.lr, weight_decay=cfg.optimizer.weight_decay, foreach=False)
     sched = get_scheduler(
-        cfg.lr_scheduler, opt, num_warmup_steps=int(cfg.warmup_ratio * STEPS), num_training_steps=STEPS
+        cfg.optimizer.lr_scheduler,
+        opt,
+        num_warmup_steps=int(cfg.optimizer.warmup_ratio * STEPS),
+        num_training_steps=STEPS,
     )
     losses = []
     for step in range(STEPS):
@@ -100,7 +103,7 @@ def reference_losses(cfg) -> list[float]:
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels, reduction="sum")
             (loss / total).backward()
             step_loss += loss.item()
-        torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        torch.nn.utils.clip_grad_norm_(params, cfg.optimizer.max_grad_norm)
         opt.step()
         sched.step()
         opt.zero_grad()

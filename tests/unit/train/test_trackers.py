@@ -16,8 +16,8 @@ from tunelab.train import trackers
 
 
 def test_report_to_defaults_to_none_and_is_validated():
-    assert load_config(None).report_to == "none"
-    assert load_config(None, ["report_to=wandb"]).report_to == "wandb"
+    assert load_config(None).run.report_to == "none"
+    assert load_config(None, ["report_to=wandb"]).run.report_to == "wandb"
     with pytest.raises(TunelabError, match=r"report_to must be one of none, tensorboard, wandb; got 'tensorbord' "):
         load_config(None, ["report_to=tensorbord"])
 

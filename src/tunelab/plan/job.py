@@ -1,0 +1,74 @@
+"""What plan reads of a training config: its sections, as config.py declares and validates them, plus the one
+choice that is plan's own (the stack it predicts). plan copies no setting; a variant is `job.but(key=value)`
+with the key a user writes."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from .. import methods, objectives
+from ..config import (
+    AdapterConfig,
+    BatchConfig,
+    ComputeConfig,
+    ObjectiveConfig,
+    RunConfig,
+    TrainConfig,
+    published,
+)
+
+# `hf-peft`: the tuned HF Trainer + PEFT recipe (bench/peers.py `hf-trainer-tuned`): the same rows per step,
+# padded to the longest of each length-grouped batch, eager, PEFT's LoRA.
+STACKS = ("tunelab", "hf-peft")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    adapter: AdapterConfig = field(default_factory=AdapterConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    compute: ComputeConfig = field(default_factory=ComputeConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    eval_every: int = 0  # optimizer steps between evaluations (EvalConfig.every); used when lengths hold some out
+    stack: str = "tunelab"  # STACKS
+
+    @classmethod
+    def of(cls, cfg: TrainConfig, stack: str = "tunelab") -> Job:
+        return cls(
+            adapter=cfg.adapter,
+            objective=cfg.objective,
+            batch=cfg.batch,
+            compute=cfg.compute,
+            run=cfg.run,
+            eval_every=cfg.eval.every(cfg.run.save_steps),
+            stack=stack,
+        )
+
+    def but(self, **changes) -> Job:
+        """This job with settings changed, each named by its config key (`micro_batch=4`, `method="qlora"`)."""
+        keys = published()
+        sections: dict[str, dict] = {}
+        own = {}
+        for name, value in changes.items():
+            if name in ("eval_every", "stack"):
+                own[name] = value
+                continue
+            section, attr = keys[name]
+            sections.setdefault(section, {})[attr] = value
+        for section, values in sections.items():
+            own[section] = dataclasses.replace(getattr(self, section), **values)
+        return dataclasses.replace(self, **own)
+
+    @property
+    def method(self) -> methods.Method:
+        return self.adapter.row
+
+    @property
+    def goal(self) -> objectives.Objective:
+        return self.objective.row
+
+    @property
+    def compiled(self) -> bool:
+        """Whether blocks compile: `compile: auto` is resolved by estimate() before any formula reads this."""
+        return self.compute.compile is True
