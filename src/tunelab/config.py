@@ -512,6 +512,25 @@ def published(cls: type = None) -> dict[str, tuple[str | None, str]]:
     return out
 
 
+def leaf_keys() -> set[str]:
+    """Every setting as a user writes it, dotted: `lora.r`, `data.mix`, `seq_len`, `objective`."""
+    out: set[str] = set()
+    for top, (section, attr) in published().items():
+        owner = TrainConfig if section is None else _section_type(_field(TrainConfig, section))
+        tp = typing.get_type_hints(owner)[attr]
+        out |= _leaves(tp, top) if dataclasses.is_dataclass(tp) else {top}
+    return out
+
+
+def _leaves(cls: type, prefix: str) -> set[str]:
+    hints = typing.get_type_hints(cls)
+    out: set[str] = set()
+    for f in dataclasses.fields(cls):
+        name = f"{prefix}.{f.metadata.get('key', f.name)}"
+        out |= _leaves(hints[f.name], name) if dataclasses.is_dataclass(hints[f.name]) else {name}
+    return out
+
+
 def _section_type(f: dataclasses.Field) -> type:
     return typing.get_type_hints(TrainConfig)[f.name]
 

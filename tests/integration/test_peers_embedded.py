@@ -10,6 +10,7 @@ from conftest import write_jsonl
 
 from tunelab.bench import peers
 from tunelab.bench.points import in_fresh_process
+from tunelab.config import BatchConfig, DataConfig, LoraConfig
 
 pytestmark = pytest.mark.integration
 
@@ -28,13 +29,11 @@ def test_peer_on_embedded_model(name, tmp_path, addition_rows):
             peers.run_peer,
             name,
             "embedded",
-            str(data),
+            DataConfig(path=str(data), template="compact"),
             steps=2,  # one warm-up step, one measured
             warmup=1,
-            seq_len=128,
-            micro_batch=4,
-            lora=peers.LoraSettings(8, 16.0, 0.0, "attn"),
-            template="compact",
+            batch=BatchConfig(seq_len=128, micro_batch=4),
+            lora=LoraConfig(r=8, alpha=16.0, targets="attn"),
             device="cpu",
         )
     )

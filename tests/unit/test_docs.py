@@ -3,32 +3,22 @@ the guide show run as shown."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import shlex
-import typing
 
 import pytest
 from conftest import REPO
 
-from tunelab.config import TrainConfig
+from tunelab.config import leaf_keys
 
 GUIDE = REPO / "docs" / "guide.md"
 SECTION = "## Config reference"
 ROW_KEY = re.compile(r"^\|\s*`([^`]+)`\s*\|")
 
 
-def config_keys(cls: type = TrainConfig, prefix: str = "") -> set[str]:
-    """Dotted names of every leaf field: `lora.r`, `data.path`, `seed`."""
-    hints = typing.get_type_hints(cls)
-    keys: set[str] = set()
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
-            keys |= config_keys(tp, f"{prefix}{f.name}.")
-        else:
-            keys.add(f"{prefix}{f.name}")
-    return keys
+def config_keys() -> set[str]:
+    """Dotted names of every leaf setting as a user writes it: `lora.r`, `data.path`, `seed`."""
+    return leaf_keys()
 
 
 def documented_keys(text: str) -> list[str]:

@@ -33,13 +33,14 @@ import importlib.util
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .. import sources
+from ..config import BatchConfig, DataConfig, LoraConfig, OptimizerConfig
 from ..data.formats import render
 from ..data.pipeline import IGNORE, read_rows
 from ..device import (
@@ -66,19 +67,9 @@ PAIR_PEERS = ("trl-dpo",)
 PEER_FORMATS = ("alpaca", "completion", "text")
 
 
-@dataclass(frozen=True)
-class LoraSettings:
-    r: int
-    alpha: float
-    dropout: float
-    targets: str | tuple[str, ...]
-
-
 # The seed repos' LoRA (alpaca-lora defaults), fixed whatever tunelab's config says.
-SEED_LORA = LoraSettings(r=8, alpha=32.0, dropout=0.05, targets=("q_proj", "v_proj"))
-SEED_SEQ_LEN = 512
-SEED_MICRO_BATCH = 2
-SEED_GRAD_ACCUM = 4
+SEED_LORA = LoraConfig(r=8, alpha=32.0, dropout=0.05, targets=["q_proj", "v_proj"])
+SEED_BATCH = BatchConfig(seq_len=512, micro_batch=2, grad_accum=4, packing=False)
 TUNED_MICRO_BATCH = 16
 
 
@@ -88,39 +79,30 @@ class PeerSetup:
 
     kind: str
     precision: Precision
-    lora: LoraSettings
-    seq_len: int
-    micro_batch: int
-    grad_accum: int
+    lora: LoraConfig
+    batch: BatchConfig  # the peer's rows per step and their length (packing: TRL's padding-free rows)
     padding: str  # max_length | longest | padding-free
-    packing: bool
     precision_note: str = ""
     liger: bool = False
 
 
-def setup_for(
-    name: str, device: torch.device, lora: LoraSettings, seq_len: int, micro_batch: int, grad_accum: int
-) -> PeerSetup:
-    """The recipe of peer `name` on `device`. `lora`/`seq_len`/batch are tunelab's, used where a peer copies them."""
+def setup_for(name: str, device: torch.device, lora: LoraConfig, batch: BatchConfig) -> PeerSetup:
+    """The recipe of peer `name` on `device`. `lora` and `batch` are tunelab's, used where a peer copies them."""
+    tuned = replace(batch, micro_batch=TUNED_MICRO_BATCH, grad_accum=1, packing=False)
     best = pick_precision("auto", device)  # bf16 on Ampere+ GPUs and AMX/AVX512-BF16 CPUs
     if name == "hf-trainer-seed":
         if device.type == "cuda":
-            return PeerSetup(
-                name, Precision("fp16"), SEED_LORA, SEED_SEQ_LEN, SEED_MICRO_BATCH, SEED_GRAD_ACCUM, "max_length", False
-            )
+            return PeerSetup(name, Precision("fp16"), SEED_LORA, SEED_BATCH, "max_length")
         return PeerSetup(
             name,
             Precision("fp32"),
             SEED_LORA,
-            SEED_SEQ_LEN,
-            SEED_MICRO_BATCH,
-            SEED_GRAD_ACCUM,
+            SEED_BATCH,
             "max_length",
-            False,
             "the seed recipe asks for fp16; CPUs have no fp16 AMP, so fp32",
         )
     if name == "hf-trainer-tuned":
-        return PeerSetup(name, best, lora, seq_len, TUNED_MICRO_BATCH, 1, "longest", False)
+        return PeerSetup(name, best, lora, tuned, "longest")
     if name == "hf-trainer-liger":
         if device.type != "cuda":
             raise TunelabError(
@@ -130,15 +112,15 @@ def setup_for(
             raise TunelabError(
                 "peer hf-trainer-liger needs liger-kernel, which is not installed; `pip install liger-kernel`"
             )
-        return PeerSetup(name, best, lora, seq_len, TUNED_MICRO_BATCH, 1, "longest", False, liger=True)
+        return PeerSetup(name, best, lora, tuned, "longest", liger=True)
     if name == "trl-sft":
         if importlib.util.find_spec("trl") is None:
             raise TunelabError("peer trl-sft needs TRL, which is not installed; `pip install trl` or drop the peer")
-        return PeerSetup(name, best, lora, seq_len, micro_batch, grad_accum, "padding-free", True)
+        return PeerSetup(name, best, lora, replace(batch, packing=True), "padding-free")
     if name == "trl-dpo":
         if importlib.util.find_spec("trl") is None:
             raise TunelabError("peer trl-dpo needs TRL, which is not installed; `pip install trl` or drop the peer")
-        return PeerSetup(name, best, lora, seq_len, micro_batch, grad_accum, "longest", False)
+        return PeerSetup(name, best, lora, replace(batch, packing=False), "longest")
     raise TunelabError(f"unknown peer {name!r}; choose from {', '.join(PEERS)}")
 
 
@@ -268,8 +250,8 @@ def _training_args(cls, setup: PeerSetup, device: torch.device, out: str, steps:
     kwargs: dict[str, Any] = dict(
         output_dir=out,
         max_steps=steps,
-        per_device_train_batch_size=setup.micro_batch,
-        gradient_accumulation_steps=setup.grad_accum,
+        per_device_train_batch_size=setup.batch.micro_batch,
+        gradient_accumulation_steps=setup.batch.grad_accum,
         learning_rate=lr,
         seed=seed,
         fp16=setup.precision.name == "fp16",
@@ -291,10 +273,10 @@ def _training_args(cls, setup: PeerSetup, device: torch.device, out: str, steps:
     return cls(**kwargs)
 
 
-def _lora_config(model: torch.nn.Module, lora: LoraSettings):
-    from peft import LoraConfig
+def _lora_config(model: torch.nn.Module, lora: LoraConfig):
+    import peft
 
-    return LoraConfig(
+    return peft.LoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
@@ -309,8 +291,7 @@ def _build_trainer(
     model,
     tokenizer,
     rows,
-    data_format: str,
-    template: str,
+    data: DataConfig,
     device: torch.device,
     out: str,
     steps: int,
@@ -318,8 +299,9 @@ def _build_trainer(
     seed: int,
 ):
     eos = tokenizer.eos_token or ""
+    data_format, template = data.format, data.template
     if setup.kind == "trl-dpo":
-        return _dpo_trainer(setup, model, tokenizer, rows, data_format, template, device, out, steps, lr, seed)
+        return _dpo_trainer(setup, model, tokenizer, rows, data, device, out, steps, lr, seed)
     if setup.kind == "trl-sft":
         from trl import SFTConfig, SFTTrainer
 
@@ -336,7 +318,7 @@ def _build_trainer(
             steps,
             lr,
             seed,
-            max_length=setup.seq_len,
+            max_length=setup.batch.seq_len,
             packing=True,
             padding_free=True,
             completion_only_loss=True,
@@ -358,7 +340,7 @@ def _build_trainer(
 
     def encode(row: dict[str, Any]) -> dict[str, list[int]]:
         prompt, response = prompt_and_response(data_format, template, row, eos)
-        return tokenize_masked(tokenizer, prompt, response, setup.seq_len, pad_to_max=seed_recipe)
+        return tokenize_masked(tokenizer, prompt, response, setup.batch.seq_len, pad_to_max=seed_recipe)
 
     dataset = rows.map(encode, remove_columns=rows.column_names)
     model = get_peft_model(model, _lora_config(model, setup.lora))
@@ -390,7 +372,7 @@ def _build_trainer(
     return Trainer(model=model, args=args, train_dataset=dataset, data_collator=collator)
 
 
-def _dpo_trainer(setup: PeerSetup, model, tokenizer, rows, data_format, template, device, out, steps, lr, seed):
+def _dpo_trainer(setup: PeerSetup, model, tokenizer, rows, data: DataConfig, device, out, steps, lr, seed):
     from trl import DPOConfig, DPOTrainer
 
     from ..data.formats import render_pair_side
@@ -399,7 +381,8 @@ def _dpo_trainer(setup: PeerSetup, model, tokenizer, rows, data_format, template
 
     def to_triplet(row: dict[str, Any]) -> dict[str, str]:
         sides = {
-            side: render_pair_side(data_format, template, row, side, eos, tokenizer) for side in ("chosen", "rejected")
+            side: render_pair_side(data.format, data.template, row, side, eos, tokenizer)
+            for side in ("chosen", "rejected")
         }
         prompt = "".join(s.text for s in sides["chosen"] if not s.trainable)
         return {"prompt": prompt, **{k: "".join(s.text for s in v if s.trainable) for k, v in sides.items()}}
@@ -413,7 +396,7 @@ def _dpo_trainer(setup: PeerSetup, model, tokenizer, rows, data_format, template
         steps,
         lr,
         seed,
-        max_length=setup.seq_len // 2,
+        max_length=setup.batch.seq_len // 2,
         beta=0.1,
         optim="adamw_torch_fused",
         dataloader_pin_memory=device.type == "cuda",
@@ -430,31 +413,28 @@ def _dpo_trainer(setup: PeerSetup, model, tokenizer, rows, data_format, template
 def run_peer(
     name: str,
     model_ref: str,
-    data_path: str,
+    data: DataConfig,
     steps: int,
     warmup: int = 2,
     *,
-    lora: LoraSettings | None = None,
-    seq_len: int = 512,
-    micro_batch: int = 8,
-    grad_accum: int = 1,
-    data_format: str = "alpaca",
-    template: str = "alpaca",
-    max_examples: int | None = None,
-    lr: float = 2e-4,
+    lora: LoraConfig | None = None,
+    batch: BatchConfig | None = None,
+    optimizer: OptimizerConfig | None = None,
     seed: int = 42,
     device: str = "auto",
 ) -> dict:
     """Train peer `name` for `steps` optimizer steps and return its benchmark record.
 
-    `lora`, `seq_len`, `micro_batch`, `grad_accum` are tunelab's run settings: the tuned Trainer copies the LoRA
-    and seq_len, TRL copies all four, the seed recipe keeps its own. The record has the metric keys of
-    tunelab's train summary (`tokens_*_per_s`, `step_time_s`, `peak_memory_bytes`, ...) plus `kind` = `name`.
+    `lora` and `batch` are tunelab's run sections: the tuned Trainer copies the LoRA and seq_len, TRL copies the
+    LoRA and the batch, the seed recipe keeps its own; every peer reads `data` and the optimizer's lr. The record
+    has the metric keys of tunelab's train summary (`tokens_*_per_s`, `step_time_s`, `peak_memory_bytes`, ...)
+    plus `kind` = `name`.
     """
     if steps <= warmup:
         raise TunelabError(f"peer {name}: {steps} steps leave no steady-state window after {warmup} warm-up steps")
     dev = pick_device(device)
-    setup = setup_for(name, dev, lora or LoraSettings(16, 32.0, 0.0, "all-linear"), seq_len, micro_batch, grad_accum)
+    lr = (optimizer or OptimizerConfig()).lr
+    setup = setup_for(name, dev, lora or LoraConfig(), batch or BatchConfig())
     from transformers import set_seed
     from transformers.trainer_callback import PrinterCallback
 
@@ -462,12 +442,12 @@ def run_peer(
     memwatch.start()  # before the model loads, as tunelab's train does
     source = sources.resolve(model_ref)
     tokenizer = sources.load_tokenizer(source)
-    rows = read_rows(Path(data_path), "preference" if name in PAIR_PEERS else data_format, max_examples)
+    rows = read_rows(Path(data.path), "preference" if name in PAIR_PEERS else data.format, data.max_examples)
     set_seed(seed)
     model = mload.load_model(source, setup.precision.compute, "none", dev)
     out = tempfile.mkdtemp(prefix=f"tunelab-peer-{name}-")
     try:
-        trainer = _build_trainer(setup, model, tokenizer, rows, data_format, template, dev, out, steps, lr, seed)
+        trainer = _build_trainer(setup, model, tokenizer, rows, data, dev, out, steps, lr, seed)
         trainer.remove_callback(PrinterCallback)  # tunelab bench prints its own lines
         meter = TokenMeter()
         window = _window_callback(meter, dev, warmup)
@@ -486,15 +466,15 @@ def run_peer(
         "kind": name,
         "model": model_ref,
         "method": "lora",
-        "data_path": str(data_path),
+        "data_path": str(data.path),
         "device": device_name(dev),
         "device_memory_bytes": device_memory_bytes(dev),
         "precision": setup.precision.name,
         "precision_note": setup.precision_note,
-        "micro_batch": setup.micro_batch,
-        "grad_accum": setup.grad_accum,
-        "seq_len": setup.seq_len,
-        "packing": setup.packing,
+        "micro_batch": setup.batch.micro_batch,
+        "grad_accum": setup.batch.grad_accum,
+        "seq_len": setup.batch.seq_len,
+        "packing": setup.batch.packing,
         "padding": setup.padding,
         "grad_ckpt": False,
         "optim": trainer.args.optim,

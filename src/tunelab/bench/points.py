@@ -19,26 +19,24 @@ STEP_KEYS = ("step_time_s", "step_time_median_s", "step_time_p90_s", "step_time_
 
 
 def _peer_in_child(name: str, cfg: cfgmod.TrainConfig, steps: int, warmup: int) -> dict:
+    from dataclasses import replace
+
     from ..libraries import quiet_libraries
-    from ..recipes.train import adapter_spec
     from . import peers
 
     quiet_libraries()
-    spec = adapter_spec(cfg)
+    batch = cfg.batch
+    if name in peers.PAIR_PEERS:  # as many pairs per batch as tunelab's packed micro-batches hold
+        batch = replace(batch, micro_batch=pairs_per_micro_batch(cfg))
     return peers.run_peer(
         name,
         cfg.model,
-        cfg.data.path,
+        cfg.data,
         steps,
         warmup,
-        lora=peers.LoraSettings(spec.r, spec.alpha, spec.dropout, spec.targets),
-        seq_len=cfg.batch.seq_len,
-        micro_batch=pairs_per_micro_batch(cfg) if name in peers.PAIR_PEERS else cfg.batch.micro_batch,
-        grad_accum=cfg.batch.grad_accum,
-        data_format=cfg.data.format,
-        template=cfg.data.template,
-        max_examples=cfg.data.max_examples,
-        lr=cfg.optimizer.lr,
+        lora=cfg.adapter.lora,
+        batch=batch,
+        optimizer=cfg.optimizer,
         seed=cfg.run.seed,
         device=cfg.compute.device,
     )

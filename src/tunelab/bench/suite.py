@@ -309,16 +309,7 @@ def run_peers(suite: Suite, row: Row, ours: dict, cfg: cfgmod.TrainConfig | None
             if name not in peers.PEERS:
                 raise TunelabError(f"not a peer bench knows; known: {', '.join(peers.PEERS)}")
             # A missing package (trl) fails here, before a process is spawned for it.
-            peers.setup_for(
-                name,
-                pick_device(cfg.compute.device),
-                peers.LoraSettings(
-                    cfg.adapter.lora.r, cfg.adapter.lora.alpha, cfg.adapter.lora.dropout, cfg.adapter.lora.targets
-                ),
-                cfg.batch.seq_len,
-                cfg.batch.micro_batch,
-                cfg.batch.grad_accum,
-            )
+            peers.setup_for(name, pick_device(cfg.compute.device), cfg.adapter.lora, cfg.batch)
             print(f"{head}: against {row.name}, {row.warmup} + {row.steps} steps", file=sys.stderr, flush=True)
             rec = points.measure_peer(name, cfg, row.warmup + row.steps, row.warmup)
             store.insert(db, peers.store_record(rec, f"peer {name}"))

@@ -297,11 +297,10 @@ def score_checkpoints(cfg: cfgmod.TrainConfig, rows: list[dict], folder: Path) -
     """(counters, exact match) of every kept checkpoint, each loaded into one model and scored like the final adapter."""
     from ..eval.generate import evaluate
     from ..model.adapters import apply_adapter
-    from ..recipes.train import adapter_spec
     from ..train.checkpoint import list_checkpoints, load_weights
 
     model, tokenizer = _base_for_eval(cfg)
-    model = apply_adapter(model, adapter_spec(cfg))
+    model = apply_adapter(model, cfg.adapter)
     results = []
     for path in list_checkpoints(folder):
         state = load_weights(path, model)

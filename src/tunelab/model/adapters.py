@@ -4,22 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .. import methods
+from ..config import AdapterConfig
 from ..errors import TunelabError
-
-
-@dataclass(frozen=True)
-class AdapterSpec:
-    method: str  # lora | dora | qlora | full
-    r: int = 16
-    alpha: float = 32.0
-    dropout: float = 0.0
-    targets: str | tuple[str, ...] = "all-linear"
 
 
 def linear_names(model: torch.nn.Module) -> dict[str, set[str]]:
@@ -43,7 +33,7 @@ def linear_names(model: torch.nn.Module) -> dict[str, set[str]]:
     return groups
 
 
-def resolve_targets(model: torch.nn.Module, targets: str | tuple[str, ...]) -> list[str]:
+def resolve_targets(model: torch.nn.Module, targets: str | list[str] | tuple[str, ...]) -> list[str]:
     groups = linear_names(model)
     known = groups["attn"] | groups["mlp"]
     if targets == "attn":
@@ -65,9 +55,9 @@ def resolve_targets(model: torch.nn.Module, targets: str | tuple[str, ...]) -> l
     return sorted(chosen)
 
 
-def apply_adapter(model: torch.nn.Module, spec: AdapterSpec) -> torch.nn.Module:
+def apply_adapter(model: torch.nn.Module, adapter: AdapterConfig) -> torch.nn.Module:
     """Wrap `model` for training. Trainable weights are fp32 whatever the base dtype (peft casts adapters)."""
-    if methods.get(spec.method).trains_base:
+    if adapter.row.trains_base:
         model.float()  # trainable weights and their optimizer states stay fp32; compute runs under autocast
         for p in model.parameters():
             p.requires_grad_(True)
@@ -77,16 +67,16 @@ def apply_adapter(model: torch.nn.Module, spec: AdapterSpec) -> torch.nn.Module:
     from .lora_linear import use_fused_lora
 
     config = LoraConfig(
-        r=spec.r,
-        lora_alpha=spec.alpha,
-        lora_dropout=spec.dropout,
-        target_modules=resolve_targets(model, spec.targets),
-        use_dora=methods.get(spec.method).magnitude,
+        r=adapter.lora.r,
+        lora_alpha=adapter.lora.alpha,
+        lora_dropout=adapter.lora.dropout,
+        target_modules=resolve_targets(model, adapter.lora.targets),
+        use_dora=adapter.row.magnitude,
         bias="none",
         task_type="CAUSAL_LM",
     )
     peft_model = get_peft_model(model, config, autocast_adapter_dtype=True)
-    if methods.get(spec.method).magnitude:
+    if adapter.row.magnitude:
         _traceable_dora_weight()
     # peft casts every adapter input to the adapter's fp32 dtype: with a bf16 base that is two full copies
     # of each activation per adapted layer (to fp32, and back to bf16 under autocast), ~1000 copies a step

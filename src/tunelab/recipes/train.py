@@ -37,7 +37,7 @@ from ..io import atomic_dir, disk_errors, link_tree, remove_stale_temps, write_a
 from ..memwatch import MemoryWatch
 from ..model import attention, offload
 from ..model import load as mload
-from ..model.adapters import AdapterSpec, apply_adapter
+from ..model.adapters import apply_adapter
 from ..model.lora_linear import has_lora_dropout, has_nf4_base, nf4_layers
 from ..runtime import ACTIVATION_MEMORY_BUDGET, attention_path
 from ..specs import data_spec, held_out_spec
@@ -107,17 +107,8 @@ def prepare_run(cfg: TrainConfig, procs: distributed.Processes | None = None) ->
 
 
 def batch_spec(cfg: TrainConfig, pad_id: int) -> BatchSpec:
-    objective = objectives.get(cfg.objective.name)
-    return BatchSpec(
-        cfg.batch.seq_len,
-        cfg.batch.micro_batch,
-        cfg.batch.grad_accum,
-        cfg.batch.packing,
-        cfg.run.seed,
-        pad_id,
-        group=objective.sequences,
-        mean_over=objective.mean_over,
-    )
+    objective = cfg.objective.row
+    return BatchSpec(cfg.batch, cfg.run.seed, pad_id, group=objective.sequences, mean_over=objective.mean_over)
 
 
 def check_writable_dir(path: Path) -> None:
@@ -167,18 +158,11 @@ def build_model(
         cfg.compute.grad_ckpt and not cfg.compute.activation_offload
     ):  # offload.apply checkpoints with host-memory inputs
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model = apply_adapter(model, adapter_spec(cfg))
+    model = apply_adapter(model, cfg.adapter)
     offload.apply(model, cfg.compute.activation_offload, cfg.compute.grad_ckpt)
     if (prep.compile or {}).get("chosen"):
         compile_blocks(model)
     return model
-
-
-def adapter_spec(cfg: TrainConfig) -> AdapterSpec:
-    targets = cfg.adapter.lora.targets if isinstance(cfg.adapter.lora.targets, str) else tuple(cfg.adapter.lora.targets)
-    return AdapterSpec(
-        cfg.adapter.method, cfg.adapter.lora.r, cfg.adapter.lora.alpha, cfg.adapter.lora.dropout, targets
-    )
 
 
 def compile_blocks(model: torch.nn.Module) -> None:

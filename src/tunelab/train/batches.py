@@ -10,16 +10,17 @@ from typing import Iterator
 
 import numpy as np
 
+from ..config import BatchConfig
 from ..data.packing import Batch, SeqTargets, collate, epoch_micro_batches, fed_tokens
 from ..data.pipeline import IGNORE, TokenizedData
 
 
 @dataclass(frozen=True)
 class BatchSpec:
-    seq_len: int
-    micro_batch: int
-    grad_accum: int
-    packing: bool
+    """The config's batch section and what the schedule adds to it: the shuffling seed, the padding token, and
+    the objective's grouping."""
+
+    batch: BatchConfig
     seed: int
     pad_id: int
     # Consecutive examples that train together (objectives.Objective.sequences: a preference pair's two): packed
@@ -50,7 +51,7 @@ class Schedule:
             self._loss_counts if spec.mean_over == "tokens" else (np.arange(len(data)) % spec.group == 0).astype(int)
         )
         per_epoch = len(self._epoch(0))
-        self.steps_per_epoch = max(1, math.ceil(per_epoch / spec.grad_accum))
+        self.steps_per_epoch = max(1, math.ceil(per_epoch / spec.batch.grad_accum))
         self.total_steps = max_steps if max_steps is not None else max(1, math.ceil(self.steps_per_epoch * epochs))
         # Every packed batch gets the run's largest sequence count as its attention-slot count. Why: the
         # slot count is an input shape of the compiled blocks, and the epoch's last batches (rows split by
@@ -65,7 +66,7 @@ class Schedule:
                 for rows in self._epoch(epoch)
                 for share in self._shares(rows)
             )
-            if spec.packing
+            if spec.batch.packing
             else 0
         )
 
@@ -73,15 +74,15 @@ class Schedule:
         s = self.spec
         return epoch_micro_batches(
             self.data.lengths,
-            s.seq_len,
-            s.micro_batch * self.world,
-            s.packing,
+            s.batch.seq_len,
+            s.batch.micro_batch * self.world,
+            s.batch.packing,
             np.random.default_rng([s.seed, epoch]),
             s.group,
         )
 
     def _shares(self, rows: list[list[int]]) -> list[list[list[int]]]:
-        m = self.spec.micro_batch
+        m = self.spec.batch.micro_batch
         return [rows[r * m : (r + 1) * m] for r in range(self.world)]
 
     def global_rows(self, step: int) -> list[list[list[int]]]:
@@ -91,7 +92,7 @@ class Schedule:
         normalisation (by the step's own loss-token count) handles exactly.
         """
         epoch, within = divmod(step, self.steps_per_epoch)
-        ga = self.spec.grad_accum
+        ga = self.spec.batch.grad_accum
         return self._epoch(epoch)[within * ga : (within + 1) * ga]
 
     def step_rows(self, step: int) -> list[list[list[int]]]:
@@ -106,9 +107,13 @@ class Schedule:
         out = []
         for rows, share in zip(self.global_rows(step), self.step_rows(step)):
             if share:
-                out.append(collate(self.data, share, s.seq_len, s.pad_id, s.packing, self.slots, s.group > 1))
+                out.append(
+                    collate(self.data, share, s.batch.seq_len, s.pad_id, s.batch.packing, self.slots, s.group > 1)
+                )
             else:
-                first = collate(self.data, rows[:1], s.seq_len, s.pad_id, s.packing, self.slots, s.group > 1)
+                first = collate(
+                    self.data, rows[:1], s.batch.seq_len, s.pad_id, s.batch.packing, self.slots, s.group > 1
+                )
                 out.append(without_targets(first))
         return out
 
@@ -127,14 +132,14 @@ class Schedule:
         """(padded, non-padding, loss) tokens of `step` over all ranks, counted from the plan."""
         lengths, s = self.data.lengths, self.spec
         shares = self._step_shares(step)
-        padded = fed_tokens(lengths, shares, s.seq_len, s.packing)
+        padded = fed_tokens(lengths, shares, s.batch.seq_len, s.batch.packing)
         nonpad = int(sum(int(lengths[row].sum()) for share in shares for row in share))
         return padded, nonpad, self.step_loss_tokens(step)
 
     def padded_tokens(self, steps: range) -> int:
         """Tokens fed (padding included) by all ranks over `steps`, counted from the plan without collating."""
         lengths, s = self.data.lengths, self.spec
-        return sum(fed_tokens(lengths, self._step_shares(step), s.seq_len, s.packing) for step in steps)
+        return sum(fed_tokens(lengths, self._step_shares(step), s.batch.seq_len, s.batch.packing) for step in steps)
 
     def iterate(self, start: int, stop: int) -> Iterator[tuple[int, list[Batch]]]:
         for step in range(start, stop):
@@ -165,16 +170,16 @@ class EvalBatches:
         self.data, self.spec, self.rank, self.world = data, spec, rank, world
         self.plan = epoch_micro_batches(
             data.lengths,
-            spec.seq_len,
-            spec.micro_batch,
-            spec.packing,
+            spec.batch.seq_len,
+            spec.batch.micro_batch,
+            spec.batch.packing,
             np.random.default_rng([spec.seed, 0]),
             spec.group,
         )
         # At least the training batches' slot count, so compiled blocks see the shape they were compiled for.
         most = max(sum(len(row) for row in rows) for rows in self.plan)
-        self.slots = max(min_slots, most) if spec.packing else 0
-        self.tokens_padded = fed_tokens(data.lengths, self.plan, spec.seq_len, spec.packing)
+        self.slots = max(min_slots, most) if spec.batch.packing else 0
+        self.tokens_padded = fed_tokens(data.lengths, self.plan, spec.batch.seq_len, spec.batch.packing)
         self.tokens_loss = data.stats.tokens_loss
 
     def __len__(self) -> int:
@@ -183,5 +188,7 @@ class EvalBatches:
     def __iter__(self) -> Iterator[Batch]:
         s = self.spec
         for rows in shard(self.plan, self.rank, self.world):
-            batch = collate(self.data, rows or self.plan[0], s.seq_len, s.pad_id, s.packing, self.slots, s.group > 1)
+            batch = collate(
+                self.data, rows or self.plan[0], s.batch.seq_len, s.pad_id, s.batch.packing, self.slots, s.group > 1
+            )
             yield batch if rows else without_targets(batch)

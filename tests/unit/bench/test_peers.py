@@ -12,6 +12,7 @@ from conftest import write_jsonl
 
 from tunelab.bench import peers
 from tunelab.bench.compare import compare
+from tunelab.config import BatchConfig, DataConfig, LoraConfig
 from tunelab.data.formats import prompt_text
 from tunelab.errors import TunelabError
 
@@ -82,39 +83,44 @@ def test_seed_tokenization_pads_to_max_length_and_masks_prompt_and_padding(token
 
 def test_setups_follow_the_recipes():
     cpu = torch.device("cpu")
-    lora = peers.LoraSettings(16, 32.0, 0.0, "all-linear")
-    seed = peers.setup_for("hf-trainer-seed", cpu, lora, 256, 8, 1)
-    assert (seed.seq_len, seed.micro_batch, seed.grad_accum, seed.lora) == (512, 2, 4, peers.SEED_LORA)
+    lora, batch = LoraConfig(r=16, alpha=32.0), BatchConfig(seq_len=256, micro_batch=8)
+    seed = peers.setup_for("hf-trainer-seed", cpu, lora, batch)
+    assert (seed.batch.seq_len, seed.batch.micro_batch, seed.batch.grad_accum, seed.lora) == (
+        512,
+        2,
+        4,
+        peers.SEED_LORA,
+    )
     assert seed.precision.name == "fp32" and "fp16" in seed.precision_note  # CPU: no fp16 AMP, and it says so
-    tuned = peers.setup_for("hf-trainer-tuned", cpu, lora, 256, 8, 1)
-    assert (tuned.seq_len, tuned.micro_batch, tuned.lora, tuned.padding) == (256, 16, lora, "longest")
+    tuned = peers.setup_for("hf-trainer-tuned", cpu, lora, batch)
+    assert (tuned.batch.seq_len, tuned.batch.micro_batch, tuned.lora, tuned.padding) == (256, 16, lora, "longest")
     with pytest.raises(TunelabError, match="unknown peer"):
-        peers.setup_for("axolotl", cpu, lora, 256, 8, 1)
+        peers.setup_for("axolotl", cpu, lora, batch)
 
 
 def test_trl_peer_without_trl_is_a_clear_error(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "trl" else real(name, *a))
     with pytest.raises(TunelabError, match="needs TRL"):
-        peers.setup_for("trl-sft", torch.device("cpu"), peers.LoraSettings(8, 16.0, 0.0, "attn"), 256, 8, 1)
+        peers.setup_for("trl-sft", torch.device("cpu"), LoraConfig(r=8, targets="attn"), BatchConfig(seq_len=256))
 
 
 def test_liger_peer_is_the_tuned_recipe_with_liger_on_cuda_only(monkeypatch):
-    lora = peers.LoraSettings(8, 16.0, 0.0, "attn")
+    lora, batch = LoraConfig(r=8, alpha=16.0, targets="attn"), BatchConfig(seq_len=256)
     with pytest.raises(TunelabError, match="needs a CUDA device"):
-        peers.setup_for("hf-trainer-liger", torch.device("cpu"), lora, 256, 8, 1)
+        peers.setup_for("hf-trainer-liger", torch.device("cpu"), lora, batch)
     real = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "liger_kernel" else real(name, *a)
     )
     with pytest.raises(TunelabError, match="pip install liger-kernel"):
-        peers.setup_for("hf-trainer-liger", torch.device("cuda"), lora, 256, 8, 1)
+        peers.setup_for("hf-trainer-liger", torch.device("cuda"), lora, batch)
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: object() if name == "liger_kernel" else real(name, *a)
     )
     monkeypatch.setattr(peers, "pick_precision", lambda choice, device: peers.Precision("bf16"))
-    liger = peers.setup_for("hf-trainer-liger", torch.device("cuda"), lora, 256, 8, 1)
-    tuned = peers.setup_for("hf-trainer-tuned", torch.device("cuda"), lora, 256, 8, 1)
+    liger = peers.setup_for("hf-trainer-liger", torch.device("cuda"), lora, batch)
+    tuned = peers.setup_for("hf-trainer-tuned", torch.device("cuda"), lora, batch)
     assert liger.liger and not tuned.liger
     assert dataclasses.replace(liger, kind="hf-trainer-tuned", liger=False) == tuned
 
@@ -127,12 +133,11 @@ def test_tuned_peer_measures_exactly_the_tokens_it_trains_on(tmp_path, tiny_mode
     rec = peers.run_peer(
         "hf-trainer-tuned",
         str(tiny_model_dir),
-        str(data),
+        DataConfig(path=str(data), template="compact"),
         steps=4,
         warmup=2,
-        lora=peers.LoraSettings(4, 8.0, 0.0, "attn"),
-        seq_len=128,
-        template="compact",
+        lora=LoraConfig(r=4, alpha=8.0, targets="attn"),
+        batch=BatchConfig(seq_len=128),
         device="cpu",
     )
     full, prompt = [], []
@@ -160,8 +165,10 @@ def test_seed_peer_pads_every_example_to_512_and_steps_over_four_micro_batches(t
     """The seed recipe keeps its own shape whatever tunelab's settings say: micro-batch 2 x 4 accumulated, every
     example padded to 512, fp32 on a CPU; one measured step is then exactly 2 x 4 x 512 fed tokens."""
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
-    tunelabs = dict(seq_len=128, micro_batch=4, grad_accum=2)  # what the recipe ignores
-    rec = peers.run_peer("hf-trainer-seed", str(tiny_model_dir), str(data), 2, 1, device="cpu", **tunelabs)
+    tunelabs = BatchConfig(seq_len=128, micro_batch=4, grad_accum=2)  # what the recipe ignores
+    rec = peers.run_peer(
+        "hf-trainer-seed", str(tiny_model_dir), DataConfig(path=str(data)), 2, 1, device="cpu", batch=tunelabs
+    )
     assert rec["kind"] == "hf-trainer-seed" and rec["steady_window_steps"] == 1
     assert (rec["micro_batch"], rec["seq_len"]) == (2, 512)
     assert rec["steady_tokens_padded"] == 2 * 4 * 512
@@ -171,7 +178,7 @@ def test_seed_peer_pads_every_example_to_512_and_steps_over_four_micro_batches(t
 
 def test_peer_needs_a_window():
     with pytest.raises(TunelabError, match="no steady-state window"):
-        peers.run_peer("hf-trainer-seed", "embedded", "x.jsonl", steps=2, warmup=2)
+        peers.run_peer("hf-trainer-seed", "embedded", DataConfig(path="x.jsonl"), steps=2, warmup=2)
 
 
 def _rec(kind, nonpad, padded, loss, mem):

@@ -205,12 +205,18 @@ def test_a_small_set_of_single_example_rows_is_filled_with_empty_rows(tokenizer,
 def test_every_packed_batch_of_a_run_has_the_same_slot_shape(tokenizer, tmp_path):
     """The epoch's last batches hold split rows and fewer sequences; their attention-slot count must still
     be the run's, or compiled blocks compile again at the end of the run."""
+    from tunelab.config import BatchConfig
     from tunelab.train.batches import BatchSpec, Schedule
 
     rng = np.random.default_rng(0)
     rows = [{"instruction": f"{a} + {b}", "output": f"{a + b}"} for a, b in rng.integers(0, 10**6, (1100, 2))]
     data = prepare(spec(write_jsonl(tmp_path / "a.jsonl", rows), seq_len=256), tokenizer)
-    schedule = Schedule(data, BatchSpec(256, 16, 1, True, 0, tokenizer.pad_token_id), epochs=2, max_steps=None)
+    schedule = Schedule(
+        data,
+        BatchSpec(BatchConfig(seq_len=256, micro_batch=16, grad_accum=1, packing=True), 0, tokenizer.pad_token_id),
+        epochs=2,
+        max_steps=None,
+    )
     batches = [b for _, bs in schedule.iterate(0, schedule.total_steps) for b in bs]
     sequences = [int(b.layout.valid.any(1).sum()) for b in batches]
     assert min(sequences) <= max(sequences) - 16  # the last batches do hold fewer sequences

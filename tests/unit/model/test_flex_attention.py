@@ -16,8 +16,9 @@ import torch.nn.functional as F
 from conftest import make_tiny_llama
 from torch.nn.attention.flex_attention import BlockMask, create_mask
 
+from tunelab.config import AdapterConfig, LoraConfig
 from tunelab.model import attention
-from tunelab.model.adapters import AdapterSpec, apply_adapter
+from tunelab.model.adapters import apply_adapter
 from tunelab.recipes.train import compile_blocks
 from tunelab.runtime import attention_path
 from tunelab.train.loss import CausalLMLoss
@@ -182,7 +183,7 @@ def test_compiled_blocks_compile_once(tokenizer, device="cuda"):
     torch._dynamo.reset()
     model = make_tiny_llama(len(tokenizer))
     model.set_attn_implementation(attention.register("flex"))
-    model = apply_adapter(model.to(device), AdapterSpec("lora", 8, 16.0, 0.0, "all-linear"))
+    model = apply_adapter(model.to(device), AdapterConfig(lora=LoraConfig(r=8, alpha=16.0)))
     compile_blocks(model)
     wrapped = CausalLMLoss(model).train()
     counters.clear()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tunelab.model.adapters import AdapterSpec, apply_adapter
+from tunelab.config import AdapterConfig, LoraConfig
+from tunelab.model.adapters import apply_adapter
 from tunelab.model.load import load_model
 from tunelab.sources import resolve
 
@@ -13,7 +14,7 @@ from tunelab.sources import resolve
 @pytest.mark.parametrize("method", ["lora", "dora", "full"])
 def test_a_meta_build_has_the_loaded_models_weights_without_their_values(tiny_model_dir, method):
     source = resolve(str(tiny_model_dir))
-    spec = AdapterSpec(method, r=4, alpha=8)
+    spec = AdapterConfig(method=method, lora=LoraConfig(r=4, alpha=8.0))
     real = apply_adapter(load_model(source, torch.bfloat16, "none", torch.device("cpu")), spec)
     empty = apply_adapter(load_model(source, torch.bfloat16, "none", torch.device("cpu"), meta=True), spec)
 

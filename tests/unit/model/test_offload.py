@@ -5,14 +5,15 @@ import pytest
 import torch
 
 from tests.conftest import make_tiny_llama
+from tunelab.config import AdapterConfig, LoraConfig
 from tunelab.model import offload
-from tunelab.model.adapters import AdapterSpec, apply_adapter
+from tunelab.model.adapters import apply_adapter
 
 
 def _model(lora: bool, seed: int = 0):
     model = make_tiny_llama(96, seed=seed, hidden_size=128, intermediate_size=256)
     if lora:
-        model = apply_adapter(model, AdapterSpec("lora", 8, 16.0, 0.0, "all-linear"))
+        model = apply_adapter(model, AdapterConfig(lora=LoraConfig(r=8, alpha=16.0)))
         for name, p in model.named_parameters():  # B is zero at init: give the adapters a real path
             if "lora_B" in name:
                 torch.nn.init.normal_(p, std=0.05)

@@ -151,13 +151,14 @@ def fake_deepspeed(monkeypatch):
 def _lora_root(tiny_model_dir):
     import torch
 
-    from tunelab.model.adapters import AdapterSpec, apply_adapter
+    from tunelab.config import AdapterConfig, LoraConfig
+    from tunelab.model.adapters import apply_adapter
     from tunelab.model.load import load_model
     from tunelab.sources import resolve
     from tunelab.train.loss import CausalLMLoss
 
     model = load_model(resolve(str(tiny_model_dir)), torch.float32, "none", torch.device("cpu"))
-    return CausalLMLoss(apply_adapter(model, AdapterSpec("lora", r=4, alpha=8)))
+    return CausalLMLoss(apply_adapter(model, AdapterConfig(lora=LoraConfig(r=4, alpha=8.0))))
 
 
 def test_zero3_gathers_every_weight_read_outside_its_own_module(tiny_model_dir, fake_deepspeed):

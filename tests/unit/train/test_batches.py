@@ -5,6 +5,7 @@ import pytest
 import torch
 from conftest import make_tiny_llama, write_jsonl
 
+from tunelab.config import BatchConfig
 from tunelab.data.pipeline import DataSpec, prepare
 from tunelab.train.batches import BatchSpec, EvalBatches, Schedule, shard
 from tunelab.train.loop import forward
@@ -20,8 +21,23 @@ def data(tokenizer, tmp_path, addition_rows):
 
 @pytest.mark.parametrize("packing", [True, False])
 def test_ranks_split_the_steps_of_one_process_with_world_times_the_micro_batch(data, tokenizer, packing):
-    one = Schedule(data, BatchSpec(64, 8, 2, packing, 0, tokenizer.pad_token_id), 1.0, None)
-    ranks = [Schedule(data, BatchSpec(64, 4, 2, packing, 0, tokenizer.pad_token_id), 1.0, None, r, 2) for r in (0, 1)]
+    one = Schedule(
+        data,
+        BatchSpec(BatchConfig(seq_len=64, micro_batch=8, grad_accum=2, packing=packing), 0, tokenizer.pad_token_id),
+        1.0,
+        None,
+    )
+    ranks = [
+        Schedule(
+            data,
+            BatchSpec(BatchConfig(seq_len=64, micro_batch=4, grad_accum=2, packing=packing), 0, tokenizer.pad_token_id),
+            1.0,
+            None,
+            r,
+            2,
+        )
+        for r in (0, 1)
+    ]
     assert all(s.total_steps == one.total_steps for s in ranks)
     for step in range(one.total_steps):
         joined = [a + b for a, b in zip(ranks[0].step_rows(step), ranks[1].step_rows(step))]
@@ -34,7 +50,14 @@ def test_ranks_split_the_steps_of_one_process_with_world_times_the_micro_batch(d
 
 
 def test_an_empty_share_runs_a_pass_that_adds_nothing(data, tokenizer):
-    last = Schedule(data, BatchSpec(64, 4, 2, False, 0, tokenizer.pad_token_id), 1.0, None, 1, 2)
+    last = Schedule(
+        data,
+        BatchSpec(BatchConfig(seq_len=64, micro_batch=4, grad_accum=2, packing=False), 0, tokenizer.pad_token_id),
+        1.0,
+        None,
+        1,
+        2,
+    )
     [(step, at)] = [(s, i) for s in range(last.total_steps) for i, rows in enumerate(last.step_rows(s)) if not rows]
     empty = last.step_batches(step)[at]
     assert (empty.tokens_loss, empty.tokens_padded, empty.tokens_nonpad) == (0, 0, 0)
@@ -46,7 +69,7 @@ def test_an_empty_share_runs_a_pass_that_adds_nothing(data, tokenizer):
 
 
 def test_evaluation_shards_cover_every_batch_once(data, tokenizer):
-    spec = BatchSpec(64, 4, 1, True, 0, tokenizer.pad_token_id)
+    spec = BatchSpec(BatchConfig(seq_len=64, micro_batch=4, grad_accum=1, packing=True), 0, tokenizer.pad_token_id)
     whole = EvalBatches(data, spec)
     parts = [list(EvalBatches(data, spec, 0, r, 3)) for r in range(3)]
     assert len({len(p) for p in parts}) == 1

@@ -261,11 +261,10 @@ def test_fsdp2_lora_resumes_from_a_checkpoint_as_if_never_stopped(setup):
 
     from tunelab.config import load_config
     from tunelab.model.adapters import apply_adapter
-    from tunelab.recipes.train import adapter_spec
 
     path = _resumed_as_uninterrupted(setup, "lora")
     cfg = load_config(setup[1], ["method=lora"])
-    _full_tensors(path, apply_adapter(AutoModelForCausalLM.from_pretrained(_base(setup)), adapter_spec(cfg)))
+    _full_tensors(path, apply_adapter(AutoModelForCausalLM.from_pretrained(_base(setup)), cfg.adapter))
 
 
 def test_a_failed_checkpoint_write_ends_every_fsdp_process(setup, tmp_path):

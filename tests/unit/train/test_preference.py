@@ -7,9 +7,10 @@ import pytest
 import torch
 from conftest import make_tiny_llama
 
+from tunelab.config import AdapterConfig, LoraConfig
 from tunelab.data.packing import collate
 from tunelab.data.pipeline import IGNORE, DatasetStats, TokenizedData
-from tunelab.model.adapters import AdapterSpec, apply_adapter
+from tunelab.model.adapters import apply_adapter
 from tunelab.objectives import PreferenceSpec
 from tunelab.train.preference import PreferenceLoss, dpo_loss
 
@@ -41,7 +42,7 @@ def pair_data() -> TokenizedData:
 
 def lora_model(seed: int = 0):
     model = make_tiny_llama(64, seed=seed)
-    model = apply_adapter(model, AdapterSpec("lora", r=4, alpha=8))
+    model = apply_adapter(model, AdapterConfig(lora=LoraConfig(r=4, alpha=8.0)))
     torch.manual_seed(seed + 1)
     for name, p in model.named_parameters():
         if "lora_B" in name:  # a trained adapter: the policy differs from the reference
