@@ -52,6 +52,7 @@ class Estimate:
     step: steptime.Breakdown | None = None  # one optimizer step's seconds by part, on one GPU
     constants: catalog.StepConstants | None = None  # the step model's constants and where they come from
     model_step_s: float = 0.0  # the step model's own step, before a calibration record scales it
+    compiled: bool = False  # whether the predicted run compiles its blocks (`compile: auto` as resolved, per stack)
 
     @property
     def fits(self) -> bool:
@@ -60,11 +61,6 @@ class Estimate:
     @property
     def time_s(self) -> float:
         return self.speed.train_s + self.overheads.total
-
-    @property
-    def compiled(self) -> bool:
-        """Whether the predicted run compiles its blocks (`compile: auto` as resolved; the job keeps the setting)."""
-        return self.compile_choice["chosen"] if self.compile_choice else self.job.compiled
 
 
 def run_precision(precision: str, device: Device) -> str:
@@ -140,9 +136,7 @@ def estimate(
     if job.stack == "hf-peft":
         job = job.but(packing=False, compile=False)
     b = job.batch
-    batching = workload.Batching(
-        b.seq_len, b.micro_batch, b.grad_accum, b.packing, gpus, job.run.seed, group=job.goal.sequences
-    )
+    batching = workload.Batching(b, gpus, job.run.seed, group=job.goal.sequences)
     w = workload.build(lengths, batching, b.epochs, b.max_steps)
     ckpt = workload.checkpoints(w.optimizer_steps, job.run.save_steps, job.run.save_total_limit)
     lay = layout(arch, job, w, d, sharding, gpus)
@@ -185,6 +179,7 @@ def estimate(
         step=step,
         constants=constants,
         model_step_s=model_step_s,
+        compiled=job.compiled,
     )
 
 
@@ -206,14 +201,14 @@ def attention_work(w: workload.Workload, attention: str, device_type: str) -> tu
     masked rows' (workload.EpochCounts.slot_pairs, masked_pairs), the slots' scores written where they run as
     explicit products; packed rows elsewhere: each document's causal keys (a GPU's FlexAttention and flash
     kernels skip the rest); padded rows: their whole width."""
-    if not w.batching.packing:
+    if not w.batching.batch.packing:
         return steptime.attention_keys(None, 0, round(w.epoch.tokens_padded / w.epoch.rows), False), 0.0
     e = w.epoch
     if attention_path(attention, device_type) == "slots" and (e.slot_pairs or e.masked_pairs):
         products = slot_products(device_type, 0, dropout=0.0)  # whether this device runs short slots as products
         return (e.slot_pairs + e.masked_pairs) / e.tokens_padded, e.scored_pairs / e.tokens_padded if products else 0.0
     lengths = w.lengths
-    return steptime.attention_keys(lengths.lengths, lengths.mean_tokens, w.batching.seq_len, True), 0.0
+    return steptime.attention_keys(lengths.lengths, lengths.mean_tokens, w.batching.batch.seq_len, True), 0.0
 
 
 def step_time(

@@ -58,7 +58,7 @@ def assumptions(e: Estimate) -> list[str]:
         f"workload: {w.lengths.source}",
         (
             "padded tokens: packed rows of seq_len (next-fit packing, as train does)"
-            if w.batching.packing
+            if w.batching.batch.packing
             else "padded tokens: length-grouped dynamic padding to the longest row of each micro-batch, rounded to 8 (as train does)"
         ),
         f"attention FLOPs use T = {w.epoch.widest_row} (the widest fed row), not halved for the causal mask (PaLM convention)",

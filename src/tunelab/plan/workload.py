@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..config import BatchConfig
 from ..errors import TunelabError
 
 # Rounding of a padded micro-batch's width (tunelab.data.packing.batch_width pads to a multiple of 8).
@@ -24,17 +25,17 @@ PAD_MULTIPLE = 8
 
 @dataclass(frozen=True)
 class Batching:
-    seq_len: int
-    micro_batch: int
-    grad_accum: int
-    packing: bool
+    """The config's batch section as plan counts it: on how many data-parallel processes, shuffled by which seed,
+    with how many consecutive examples packed together (objectives.Objective.sequences: a pair's two)."""
+
+    batch: BatchConfig
     data_parallel: int = 1
     seed: int = 42
-    group: int = 1  # consecutive examples packed together (objectives.Objective.sequences: a pair's two)
+    group: int = 1
 
     @property
     def micro_batches_per_step(self) -> int:
-        return self.grad_accum * self.data_parallel
+        return self.batch.grad_accum * self.data_parallel
 
 
 @dataclass(frozen=True)
@@ -122,27 +123,29 @@ def epoch_counts(lengths: Lengths, b: Batching) -> EpochCounts:
     if lengths.lengths is not None:
         return _counted(lengths, b)
     # All examples have the same length L (clipped to seq_len as truncation would).
-    n, L = lengths.examples, min(lengths.mean_tokens, b.seq_len)
-    if b.packing:
-        per_row = max(1, int(b.seq_len // L))  # next-fit packing of equal lengths fills rows exactly this far
+    n, L = lengths.examples, min(lengths.mean_tokens, b.batch.seq_len)
+    if b.batch.packing:
+        per_row = max(1, int(b.batch.seq_len // L))  # next-fit packing of equal lengths fills rows exactly this far
         rows = math.ceil(n / per_row)
-        width = b.seq_len
+        width = b.batch.seq_len
     else:
         rows = n
-        width = min(b.seq_len, math.ceil(L / PAD_MULTIPLE) * PAD_MULTIPLE)
+        width = min(b.batch.seq_len, math.ceil(L / PAD_MULTIPLE) * PAD_MULTIPLE)
     # Truncation keeps an example's first seq_len tokens: the prompt comes first, the loss tokens after it.
     loss = max(0.0, L - (lengths.mean_tokens - lengths.mean_loss_tokens))
     if loss == 0:
         raise TunelabError(
             f"the assumed examples of {lengths.mean_tokens:g} tokens (--mean-tokens) start with "
             f"{lengths.mean_tokens - lengths.mean_loss_tokens:g} prompt tokens (--loss-fraction), which fill seq_len "
-            f"{b.seq_len}, so truncation leaves no example a token to learn from; raise seq_len or lower --mean-tokens"
+            f"{b.batch.seq_len}, so truncation leaves no example a token to learn from; raise seq_len or lower --mean-tokens"
         )
-    counts = EpochCounts(math.ceil(rows / b.micro_batch), rows, rows * width, round(n * L), round(n * loss), width)
-    sequences = min(n, per_row * b.micro_batch) if b.packing else 0
+    counts = EpochCounts(
+        math.ceil(rows / b.batch.micro_batch), rows, rows * width, round(n * L), round(n * loss), width
+    )
+    sequences = min(n, per_row * b.batch.micro_batch) if b.batch.packing else 0
     counts = _with_slots(counts, sequences, math.ceil(L), b)
-    batches = [(sequences, math.ceil(L), min(b.micro_batch, rows), width)] * counts.micro_batches
-    return replace(counts, **slot_pairs(batches, sequences, b.packing))
+    batches = [(sequences, math.ceil(L), min(b.batch.micro_batch, rows), width)] * counts.micro_batches
+    return replace(counts, **slot_pairs(batches, sequences, b.batch.packing))
 
 
 def _with_slots(counts: EpochCounts, sequences: int, longest: int, b: Batching) -> EpochCounts:
@@ -150,7 +153,7 @@ def _with_slots(counts: EpochCounts, sequences: int, longest: int, b: Batching) 
     whose longest is `longest` tokens, where slots pay."""
     from ..data.packing import slot_length, slots_pay
 
-    if not b.packing or not slots_pay(sequences, longest, b.micro_batch, b.seq_len):
+    if not b.batch.packing or not slots_pay(sequences, longest, b.batch.micro_batch, b.batch.seq_len):
         return counts
     return replace(counts, slots=sequences, slot_len=slot_length(longest))
 
@@ -177,12 +180,14 @@ def _counted(lengths: Lengths, b: Batching) -> EpochCounts:
     """The first epoch batched exactly as `train` batches it (same functions, same seed)."""
     from ..data.packing import batch_width, epoch_micro_batches
 
-    arr = np.minimum(lengths.lengths, b.seq_len)
-    batches = epoch_micro_batches(arr, b.seq_len, b.micro_batch, b.packing, np.random.default_rng([b.seed, 0]), b.group)
+    arr = np.minimum(lengths.lengths, b.batch.seq_len)
+    batches = epoch_micro_batches(
+        arr, b.batch.seq_len, b.batch.micro_batch, b.batch.packing, np.random.default_rng([b.seed, 0]), b.group
+    )
     padded = widest = rows = sequences = 0
     shapes = []
     for batch in batches:
-        width = batch_width([int(arr[row].sum()) for row in batch], b.seq_len, b.packing)
+        width = batch_width([int(arr[row].sum()) for row in batch], b.batch.seq_len, b.batch.packing)
         padded += width * len(batch)
         widest = max(widest, width)
         rows += len(batch)
@@ -194,7 +199,7 @@ def _counted(lengths: Lengths, b: Batching) -> EpochCounts:
     counts = _with_slots(
         EpochCounts(len(batches), rows, padded, int(arr.sum()), loss, widest), sequences, int(arr.max()), b
     )
-    return replace(counts, **slot_pairs(shapes, sequences, b.packing))
+    return replace(counts, **slot_pairs(shapes, sequences, b.batch.packing))
 
 
 def build(lengths: Lengths, b: Batching, epochs: float, max_steps: int | None = None) -> Workload:
@@ -202,7 +207,7 @@ def build(lengths: Lengths, b: Batching, epochs: float, max_steps: int | None = 
     steps_per_epoch = max(1, math.ceil(epoch.micro_batches / b.micro_batches_per_step))
     steps = max_steps if max_steps is not None else max(1, math.ceil(steps_per_epoch * epochs))
     epochs_run = epochs if max_steps is None else steps / steps_per_epoch
-    upper = round(lengths.examples * b.seq_len * epochs_run)
+    upper = round(lengths.examples * b.batch.seq_len * epochs_run)
     return Workload(b, lengths, epoch, epochs_run, steps_per_epoch, steps, upper)
 
 

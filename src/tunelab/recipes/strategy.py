@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from .. import methods
-from ..config import TrainConfig
+from ..config import OptimizerConfig, TrainConfig
 from ..errors import TunelabError
 from ..model.adapters import count_parameters
 from ..specs import preference_spec
@@ -74,7 +74,7 @@ class Strategy:
         """Gathers the weights and optimizer state a checkpoint writes (loop.LoopContext.gather_checkpoint)."""
         return None
 
-    def setup(self, accelerator, build: Callable[..., torch.nn.Module], optim: loop.OptimSpec, cfg, prep) -> Trainee:
+    def setup(self, accelerator, build: Callable[..., torch.nn.Module], optim: OptimizerConfig, cfg, prep) -> Trainee:
         """Build the model (`build(device, meta)`), shard it, and hand it with its optimizer to Accelerate."""
         with self.loading():
             model = build(self.load_device(), self.meta())

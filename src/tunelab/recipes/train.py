@@ -257,7 +257,7 @@ class Run:
     accelerator: object
     strategy: Strategy
     trainee: Trainee
-    optim: loop.OptimSpec
+    optim: cfgmod.OptimizerConfig
     state: TrainState
     logged_first_loss: float | None  # a resumed run's first loss, logged before the interruption
     show_progress: bool
@@ -313,13 +313,7 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes, show_progre
         project_dir=str(out) if tracked else None,  # Accelerate's logging_dir: TensorBoard writes under it
     )
     strategy = pick_strategy(accelerator, procs, cfg)
-    optim = loop.OptimSpec(
-        lr=cfg.optimizer.lr,
-        weight_decay=cfg.optimizer.weight_decay,
-        scheduler=cfg.optimizer.lr_scheduler,
-        warmup_ratio=cfg.optimizer.warmup_ratio,
-        max_grad_norm=cfg.optimizer.max_grad_norm,
-    )
+    optim = cfg.optimizer
     trainee = strategy.setup(
         accelerator, lambda device, meta: build_model(cfg, prep, device, meta=meta), optim, cfg, prep
     )
@@ -410,12 +404,7 @@ def fit(run: Run, measure: loop.Measurement) -> loop.LoopResult:
                     scheduler=trainee.scheduler,
                     schedule=run.prep.schedule,
                     optim=run.optim,
-                    spec=loop.LoopSpec(
-                        log_steps=cfg.run.log_steps,
-                        save_steps=cfg.run.save_steps,
-                        save_total_limit=cfg.run.save_total_limit,
-                        identity=weights_identity(cfg),
-                    ),
+                    spec=loop.LoopSpec(run=cfg.run, identity=weights_identity(cfg)),
                     measure=measure,
                     out_dir=out if procs.main else None,
                     memwatch=run.memwatch,

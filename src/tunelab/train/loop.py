@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..config import OptimizerConfig, RunConfig
 from ..data.packing import Batch
 from ..device import synchronize, to_device
 from ..memwatch import MemoryWatch
@@ -27,20 +28,10 @@ from .checkpoint import TrainState
 from .progress import LogLine, ProgressView
 
 
-@dataclass(frozen=True)
-class OptimSpec:
-    lr: float
-    weight_decay: float = 0.0
-    scheduler: str = "cosine"
-    warmup_ratio: float = 0.03
-    max_grad_norm: float = 1.0
-
-
 @dataclass(frozen=True, kw_only=True)
 class LoopSpec:
-    log_steps: int = 10
-    save_steps: int = 0
-    save_total_limit: int = 2
+    # How often the run logs and saves, and how many checkpoints it keeps (the config's run section).
+    run: RunConfig = field(default_factory=RunConfig)
     # Settings that shape the trainable weights, stored in each checkpoint (checkpoint.check_identity).
     identity: dict | None = None
 
@@ -133,7 +124,7 @@ class _Window:
         return {"tokens_padded": self.padded, "tokens_nonpad": self.nonpad, "tokens_loss": self.loss}
 
 
-def build_optimizer(model: torch.nn.Module, spec: OptimSpec, device: torch.device) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, spec: OptimizerConfig, device: torch.device) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
     # Fused AdamW does one kernel per step for all params (CUDA, and CPU since torch 2.4). The fallback is
     # foreach on GPUs only: on CPU foreach was slower than one tensor at a time
@@ -144,10 +135,10 @@ def build_optimizer(model: torch.nn.Module, spec: OptimSpec, device: torch.devic
         return torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay, foreach=device.type != "cpu")
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, spec: OptimSpec, total_steps: int):
+def build_scheduler(optimizer: torch.optim.Optimizer, spec: OptimizerConfig, total_steps: int):
     from transformers import get_scheduler
 
-    name = "constant_with_warmup" if spec.scheduler == "constant" else spec.scheduler
+    name = "constant_with_warmup" if spec.lr_scheduler == "constant" else spec.lr_scheduler
     return get_scheduler(
         name, optimizer, num_warmup_steps=int(spec.warmup_ratio * total_steps), num_training_steps=total_steps
     )
@@ -162,7 +153,7 @@ class LoopContext:
     optimizer: object
     scheduler: object
     schedule: Schedule
-    optim: OptimSpec
+    optim: OptimizerConfig
     spec: LoopSpec
     measure: Measurement = Measurement()
     out_dir: Path | None  # metrics.jsonl and checkpoints go here; None writes nothing (every rank but the main one)
@@ -370,7 +361,7 @@ def run(ctx: LoopContext) -> LoopResult:
                 ):
                     with meter.paused():
                         stopping = result.stopped_early = _evaluate_step(ctx, metrics_file)
-                if state.step % spec.log_steps == 0 or state.step == stop or stopping:
+                if state.step % spec.run.log_steps == 0 or state.step == stop or stopping:
                     _log_step(ctx, metrics_file, meter, losses, step_lr, world)
                 else:
                     ctx.progress.advance(state.step)
@@ -381,7 +372,7 @@ def run(ctx: LoopContext) -> LoopResult:
                     ctx.measure.on_step(state.step)
                 if stopping:
                     break
-                if spec.save_steps and state.step % spec.save_steps == 0 and state.step < schedule.total_steps:
+                if spec.run.save_steps and state.step % spec.run.save_steps == 0 and state.step < schedule.total_steps:
                     _save_checkpoint(ctx, meter.elapsed_s())
         finally:
             if metrics_file is not None:
@@ -474,7 +465,7 @@ def _save_checkpoint(ctx: LoopContext, elapsed_s: float) -> None:
             ctx.optimizer,
             ctx.scheduler,
             ctx.state,
-            ctx.spec.save_total_limit,
+            ctx.spec.run.save_total_limit,
             ctx.spec.identity,
             best=ctx.evaluation.best_dir if ctx.evaluation is not None else None,
             gathered=gathered,

@@ -9,7 +9,7 @@ import torch
 from conftest import plan_setup
 
 from tunelab.cli import main
-from tunelab.config import load_config
+from tunelab.config import BatchConfig, load_config
 from tunelab.plan import arch as archmod
 from tunelab.plan import calibration, catalog, memory, timing, workload
 from tunelab.plan.flops import flops_per_token
@@ -25,7 +25,7 @@ def plan_json(capsys, *argv) -> list[dict]:
 
 def test_goat_steps_and_checkpoints():
     cfg = load_config("configs/goat-7b.yaml")
-    b = workload.Batching(cfg.batch.seq_len, cfg.batch.micro_batch, cfg.batch.grad_accum, cfg.batch.packing)
+    b = workload.Batching(cfg.batch)
     w = workload.build(workload.assumed_lengths(304_000, 40, 0.3), b, cfg.batch.epochs)
     assert w.optimizer_steps == 2375  # 304,000 / 128
     ck = workload.checkpoints(w.optimizer_steps, cfg.run.save_steps, cfg.run.save_total_limit)
@@ -34,13 +34,17 @@ def test_goat_steps_and_checkpoints():
 
 
 def test_seed_padded_upper_bound_and_real_padding():
-    b = workload.Batching(seq_len=512, micro_batch=2, grad_accum=4, packing=False)
+    b = workload.Batching(BatchConfig(seq_len=512, micro_batch=2, grad_accum=4, packing=False))
     w = workload.build(workload.assumed_lengths(10_000, 200, 0.5), b, epochs=3)
     assert w.tokens_upper_bound == 15_360_000  # 10k x 512 x 3, the seed's figure
     assert w.tokens_nonpad == 10_000 * 200 * 3
     assert w.tokens_padded == 10_000 * 200 * 3  # 200 is a multiple of 8: equal lengths pad nothing
     assert w.optimizer_steps == 3 * math.ceil(10_000 / 8)
-    packed = workload.build(workload.assumed_lengths(10_000, 200, 0.5), workload.Batching(512, 2, 4, True), 3)
+    packed = workload.build(
+        workload.assumed_lengths(10_000, 200, 0.5),
+        workload.Batching(BatchConfig(seq_len=512, micro_batch=2, grad_accum=4, packing=True)),
+        3,
+    )
     # two 200-token examples per 512 row: 5,000 rows x 512 x 3 epochs
     assert packed.tokens_padded == 5_000 * 512 * 3
 

@@ -8,6 +8,7 @@ from conftest import tiny_train_config as config
 from conftest import write_jsonl
 
 from tunelab.cli import main
+from tunelab.config import BatchConfig
 from tunelab.plan import arch as archmod
 from tunelab.plan import catalog, timing, workload
 from tunelab.plan.calibration import CalibrationRecord
@@ -38,7 +39,7 @@ def test_forward_flops_are_the_forward_part_of_each_step_term():
 @pytest.mark.parametrize("steps, every, count", [(50, 10, 5), (50, 7, 8), (50, 0, 1), (1, 5, 1)])
 def test_evaluation_count_is_every_multiple_and_the_end(steps, every, count):
     held = workload.assumed_lengths(100, 64, 0.5)
-    b = workload.Batching(seq_len=256, micro_batch=4, grad_accum=2, packing=True, data_parallel=4)
+    b = workload.Batching(BatchConfig(seq_len=256, micro_batch=4, grad_accum=2, packing=True), data_parallel=4)
     v = workload.evaluations(held, b, steps, every)
     assert v.count == count
     assert v.tokens_padded == 25 * 256 and v.tokens_loss == 100 * 32  # 4 per row, 25 rows, one rank's batching

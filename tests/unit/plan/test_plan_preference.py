@@ -5,6 +5,7 @@ import numpy as np
 from test_plan import setup, small_arch
 
 from tunelab import objectives
+from tunelab.config import BatchConfig
 from tunelab.plan import memory, workload
 from tunelab.plan.flops import attention_forward, reference_flops_per_token
 
@@ -33,7 +34,7 @@ def test_reference_memory():
 def test_pairs_pack_as_units():
     """Counted as train batches them: a pair's two sequences never straddle rows, so rows hold even counts."""
     lengths = np.array([30, 20] * 8)
-    b = workload.Batching(64, 2, 1, True, group=2)
+    b = workload.Batching(BatchConfig(seq_len=64, micro_batch=2, grad_accum=1, packing=True), group=2)
     held = workload.Lengths(16, 25.0, 5.0, "test", lengths)
     grouped = workload.epoch_counts(held, b)
     assert grouped.rows == 8  # one 50-token pair per 64-token row

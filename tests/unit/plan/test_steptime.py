@@ -183,7 +183,7 @@ def test_the_head_runs_over_target_positions_and_a_trained_heads_gradient_costs_
 def test_the_cpu_slot_path_counts_each_slots_whole_square_and_its_written_scores():
     """Equal documents of 10 tokens, rows of 64, micro-batch 2: 6 documents a row, 12 slots of 16 (10 rounded
     up) a micro-batch, each computed whole: 12 x 16² pairs, however the lengths are given."""
-    b = workload.Batching(64, 2, 1, True)
+    b = workload.Batching(BatchConfig(seq_len=64, micro_batch=2, grad_accum=1, packing=True))
     assumed = workload.build(workload.Lengths(24, 10.0, 5.0, "assumed"), b, 1.0)
     counted = workload.build(workload.Lengths(24, 10.0, 5.0, "test", np.full(24, 10)), b, 1.0)
     for w in (assumed, counted):
@@ -194,7 +194,10 @@ def test_the_cpu_slot_path_counts_each_slots_whole_square_and_its_written_scores
 
     assert attention_work(counted, "auto", "cpu") == (12 * 16**2 / 128, 12 * 16**2 / 128)
     assert attention_work(counted, "auto", "cuda") == (steptime.attention_keys(np.full(24, 10), 10, 64, True), 0.0)
-    assert attention_work(replace(counted, batching=replace(b, packing=False)), "auto", "cpu")[1] == 0.0
+    assert (
+        attention_work(replace(counted, batching=replace(b, batch=replace(b.batch, packing=False))), "auto", "cpu")[1]
+        == 0.0
+    )
     # A micro-batch whose slots would cost more than its rows runs over the rows under a mask: rows x width².
     # Rows of 64: a document of 60 and one of 4, two rows a micro-batch: 4 x 64² > 2 x 64².
     masked = workload.build(workload.Lengths(4, 32.0, 16.0, "test", np.array([60, 4, 60, 4])), b, 1.0)

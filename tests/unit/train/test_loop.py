@@ -354,10 +354,11 @@ def test_compiled_blocks_save_less_for_backward_than_at_full_budget(tokenizer, m
 
 
 def test_optimizer_is_fused_adamw_and_falls_back_per_device(monkeypatch):
+    from tunelab.config import OptimizerConfig
     from tunelab.train import loop
 
     model = torch.nn.Linear(4, 4)
-    spec = loop.OptimSpec(lr=1e-3)
+    spec = OptimizerConfig(lr=1e-3)
     assert loop.build_optimizer(model, spec, torch.device("cpu")).defaults["fused"] is True
 
     real = torch.optim.AdamW
