@@ -1,3 +1,16 @@
-"""tunelab: fast LLM fine-tuning that predicts and measures its own time, memory and cost."""
+"""tunelab: fast LLM fine-tuning that predicts and measures its own time, memory and cost.
+
+The Python API (docs/api.md): `tunelab.load_config`, `tunelab.plan`, `tunelab.train`, `tunelab.export`, imported on
+first use so that `import tunelab` stays light.
+"""
 
 __version__ = "0.1.0"
+__all__ = ["load_config", "plan", "train", "export"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'tunelab' has no attribute {name!r}")

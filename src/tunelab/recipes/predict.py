@@ -4,12 +4,14 @@ probe the local device."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import math
+from dataclasses import dataclass, replace
 
 from .. import config as cfgmod
 from ..errors import TunelabError
-from ..plan import catalog, workload
-from ..plan.estimate import Device, Job, estimate
+from ..plan import catalog, render, workload
+from ..plan.estimate import Device, Job, estimate, suggestions
+from ..plan.job import STACKS
 from ..sources import resolve_arch
 
 
@@ -154,3 +156,129 @@ def run_compile_choice(cfg: cfgmod.TrainConfig, data) -> dict:
         return quick.compile_choice
     device = local_device(cfg.compute.precision)
     return estimate(arch, lengths, Job.of(cfg), device).compile_choice
+
+
+DEFAULT_GPU = "h100-sxm"
+# Without a dataset: every example is assumed this many tokens long, half of them with a loss target.
+# Printed as assumptions; give data.path for real lengths.
+DEFAULT_MEAN_TOKENS = 256
+DEFAULT_LOSS_FRACTION = 0.5
+SHARDINGS = ("ddp", "zero2", "zero3")
+SCENARIO_EXAMPLES = (10_000, 50_000, 100_000)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanRequest:
+    """What `tunelab plan` asks beside the config: which GPUs, the workload when there is no dataset, the stack,
+    the price. The CLI's flags and `tunelab.plan()`'s keywords fill it."""
+
+    gpu: str | list[str] = DEFAULT_GPU  # catalog ids (comma-separated or a list) or `local`
+    gpus: int = 1  # GPUs per run: >1 adds DDP / ZeRO-2 / ZeRO-3 estimates
+    examples: int | None = None  # training examples when the config names no dataset
+    mean_tokens: float | None = None  # their assumed mean length (default 256 or seq_len if shorter)
+    loss_fraction: float = DEFAULT_LOSS_FRACTION  # the assumed share of their tokens with a loss target
+    tokenizer: str | None = None  # a local model whose tokenizer measures data.path when the model is not local
+    stack: str = "tunelab"  # plan.job.STACKS
+    price_per_hour: float | None = None  # the user's own price per GPU-hour, replacing the catalog's
+    scenarios: bool = False  # also estimate SCENARIO_EXAMPLES examples of the same mean length
+
+    @property
+    def gpu_ids(self) -> list[str]:
+        given = self.gpu.split(",") if isinstance(self.gpu, str) else list(self.gpu)
+        return [g.strip() for g in given if g.strip()]
+
+    def check_gpus(self) -> None:
+        if self.gpus < 1:
+            raise TunelabError(f"--gpus must be at least 1, got {self.gpus}")
+        if not self.gpu_ids:
+            raise TunelabError("--gpu is empty; name catalog ids like h100-sxm,rtx-4090 or `local`")
+        if self.stack not in STACKS:
+            raise TunelabError(f"stack must be one of {', '.join(STACKS)}; got {self.stack!r}")
+        for g in self.gpu_ids:
+            if g != "local":
+                catalog.gpu(g)
+
+
+def plan_config(cfg: cfgmod.TrainConfig, r: PlanRequest) -> list[render.Result]:
+    """plan's prediction for `cfg` on each GPU `r` names: one GPU, the sharded runs over `r.gpus`, single-knob
+    suggestions, prices, and with `r.scenarios` other dataset sizes. What `tunelab plan` prints and
+    `tunelab.plan()` returns."""
+    r.check_gpus()
+    # The local probe measures this machine in the run's own precision (fp16 on a CPU fails as train fails).
+    devices = [device_for(g, cfg.compute.precision) for g in r.gpu_ids]
+    if r.gpus > 1 and any(d.gpu.device_type == "cpu" for d in devices):
+        raise TunelabError(
+            f"--gpus {r.gpus} with --gpu local on a CPU: the processes would share this machine's cores, so "
+            "nothing scales; --gpus predicts several GPUs (name catalog ids)"
+        )
+    arch = resolve_arch(cfg.model)
+    lengths = workload_lengths(cfg, r)
+    job = Job.of(cfg, stack=r.stack)
+    results = []
+    for device in devices:
+        single = estimate(arch, lengths, job, device)
+        multi = []
+        if r.gpus > 1:
+            # FSDP (fsdp2.yaml, the zero3 row) shards floating-point weights only: no zero3 over an nf4/int8 base.
+            for strategy in SHARDINGS if cfg.adapter.quant == "none" else SHARDINGS[:2]:
+                multi.append(
+                    estimate(arch, lengths, job, device, r.gpus, strategy, catalog.scaling_efficiency(strategy))
+                )
+        scenarios = (
+            [(n, estimate(arch, scaled(lengths, n), job, device)) for n in SCENARIO_EXAMPLES] if r.scenarios else None
+        )
+        prices = price_rows(device.gpu.id, r.price_per_hour)
+        results.append(render.Result(arch, single, multi, suggestions(arch, lengths, single), prices, scenarios))
+    return results
+
+
+def workload_lengths(cfg: cfgmod.TrainConfig, r: PlanRequest) -> workload.Lengths:
+    """The dataset's real lengths (data.path), else `r.examples` examples of an assumed mean length."""
+    if cfg.data.given:
+        if r.examples is not None or r.mean_tokens is not None:
+            raise TunelabError(
+                "--examples/--mean-tokens describe a dataset you do not have; data.path is set, drop them (or set data.path=null)"
+            )
+        return dataset_lengths(cfg, r.tokenizer)
+    if r.examples is None:
+        raise TunelabError("no workload: set data.path (real token lengths) or give --examples N [--mean-tokens M]")
+    if r.examples < 1:
+        raise TunelabError(f"--examples must be at least 1, got {r.examples}")
+    # The default assumption fits the run's rows: a shorter seq_len is read as shorter examples, not truncation.
+    mean = min(DEFAULT_MEAN_TOKENS, cfg.batch.seq_len) if r.mean_tokens is None else r.mean_tokens
+    if not 1 <= mean < math.inf:  # written so that nan, which compares false, fails too
+        raise TunelabError(f"--mean-tokens must be at least 1, got {mean}")
+    if not 0 < r.loss_fraction <= 1:
+        raise TunelabError(f"--loss-fraction must be in (0, 1], got {r.loss_fraction}")
+    assumed = workload.assumed_lengths(r.examples, mean, r.loss_fraction)
+    if cfg.eval.split is not None:
+        return workload.split_assumed(assumed, cfg.eval.split)
+    if cfg.eval.path is not None:
+        return replace(assumed, held_out=eval_file_lengths(cfg, r.tokenizer))
+    return assumed
+
+
+def device_for(gpu_id: str, precision: str) -> Device:
+    """A catalog GPU, or this machine (`local`) measured in the run's own precision."""
+    if gpu_id != "local":
+        return Device(catalog.gpu(gpu_id), catalog.runtime_overhead("cuda"))
+    return local_device(precision)
+
+
+def price_rows(gpu_id: str, override: float | None) -> list[catalog.Price]:
+    if override is not None:
+        if not 0 < override < math.inf:
+            raise TunelabError(f"--price-per-hour must be a positive number, got {override}")
+        return [catalog.Price("user", gpu_id, override, 1, "given", "--price-per-hour")]
+    return catalog.prices(gpu_id)
+
+
+def scaled(lengths: workload.Lengths, examples: int) -> workload.Lengths:
+    """The same mean example (and loss share) at another dataset size, for the md scenarios."""
+    return workload.Lengths(
+        examples,
+        lengths.mean_tokens,
+        lengths.mean_loss_tokens,
+        source=f"{examples} examples of the mean length {lengths.mean_tokens:.1f}",
+        held_out=lengths.held_out,
+    )
