@@ -9,7 +9,7 @@ The reference log-probabilities (DPO) come from the same model with the adapter 
 `disable_adapter`, no second copy of the weights), from a frozen copy for full fine-tuning, or from a table
 computed once before training (`precompute`).
 
-Losses (per pair, then averaged over the step's pairs by the loop):
+Losses (per pair, then averaged over the step's pairs by the loop; the objective's row names its `pair_loss`):
   DPO (Rafailov et al. 2023, eq. 7; label smoothing as conservative DPO, TRL's `sigmoid` with label_smoothing):
       z = (log πc - log πr) - (log refc - log refr);  loss = -(1-ε)·logσ(βz) - ε·logσ(-βz)
   ORPO (Hong et al. 2024, eqs. 4-7, as TRL's ORPOTrainer.odds_ratio_loss): with mean per-token log-probs pc, pr,
@@ -69,6 +69,7 @@ class PreferenceLoss(CausalLMLoss):
         # A frozen reference copy for full fine-tuning (held outside the module tree: not trained, saved or
         # sharded); none when the table is precomputed (precompute_reference drops it after).
         self.frozen = [] if not (self.objective.reference and trains_base) else [_frozen_copy(model)]
+        self.pair_loss = PAIR_LOSSES[self.objective.pair_loss]
         self.table: torch.Tensor | None = None  # per example reference log-probs (precompute)
         self._window: dict[str, torch.Tensor] = {}
         self._pairs = 0
@@ -82,16 +83,21 @@ class PreferenceLoss(CausalLMLoss):
         seq = to_device(seqs.seq, logps.device)
         sums = torch.zeros(seqs.count, dtype=logps.dtype, device=logps.device).index_add(0, seq, logps)
         counts = torch.from_numpy(np.bincount(seqs.seq, minlength=seqs.count)).to(logps.device)
-        if self.spec.objective == "orpo":
-            return self._orpo(sums, counts)
-        ref = self.reference_logps(input_ids, position_ids, loss_index, loss_targets, layout, seqs)
+        ref = None
+        if self.objective.reference:
+            ref = self.reference_logps(input_ids, position_ids, loss_index, loss_targets, layout, seqs)
+        return self.pair_loss(self, sums, counts, ref)
+
+    def sigmoid_loss(self, sums: torch.Tensor, counts: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+        """DPO's: the summed pair losses from each sequence's summed log-prob and its reference's."""
         losses, chosen_rewards, rejected_rewards = dpo_loss(
             sums[0::2], sums[1::2], ref[0::2], ref[1::2], self.spec.beta, self.spec.label_smoothing
         )
         self._note(chosen_rewards, rejected_rewards, sums[0::2], sums[1::2])
         return losses.sum()
 
-    def _orpo(self, sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def odds_ratio_loss(self, sums: torch.Tensor, counts: torch.Tensor, ref: None) -> torch.Tensor:
+        """ORPO's: the summed pair losses from each sequence's summed log-prob and its response tokens (no reference)."""
         means = sums / counts
         chosen, rejected = means[0::2], means[1::2]
         ratio_term, log_odds = orpo_odds(chosen, rejected, self.spec.beta)
@@ -157,6 +163,10 @@ class PreferenceLoss(CausalLMLoss):
         self._window, self._pairs = {}, 0
         pairs = max(values[-1], 1.0)
         return {k: v / pairs for k, v in zip(names, values)}
+
+
+# The pair losses by the name an objective's row gives (objectives.Objective.pair_loss).
+PAIR_LOSSES = {"sigmoid": PreferenceLoss.sigmoid_loss, "odds_ratio": PreferenceLoss.odds_ratio_loss}
 
 
 def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
