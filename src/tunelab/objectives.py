@@ -24,6 +24,10 @@ class Objective:
     mean_over: str = "tokens"
     # The metrics each log line adds beside the loss, as TRL names them.
     metrics: tuple[str, ...] = ()
+    # The loss on each pair's sequence log-probabilities (objectives with pairs; train/preference.py PAIR_LOSSES):
+    # `sigmoid`, -logσ(β·margin) of the summed log-probs' margin over the reference's (DPO); `odds_ratio`, the
+    # chosen responses' NLL minus λ·logσ(log odds ratio) of the mean per-token log-probs (ORPO).
+    pair_loss: str = ""
 
 
 _PAIR_METRICS = (
@@ -47,6 +51,7 @@ REGISTRY: dict[str, Objective] = {
             held_out_loss=False,
             mean_over="pairs",
             metrics=_PAIR_METRICS,
+            pair_loss="sigmoid",
         ),
         Objective(
             "orpo",
@@ -55,6 +60,7 @@ REGISTRY: dict[str, Objective] = {
             held_out_loss=False,
             mean_over="pairs",
             metrics=(*_PAIR_METRICS, "nll_loss", "log_odds_ratio", "log_odds_chosen"),
+            pair_loss="odds_ratio",
         ),
     )
 }

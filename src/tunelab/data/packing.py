@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .pipeline import IGNORE, TokenizedData
+from .examples import IGNORE, TokenizedData
 
 # How many micro-batches of examples are sorted together when grouping by length: large enough to find
 # similar lengths, small enough that batches stay random across the epoch.

@@ -1,43 +1,26 @@
-"""Rows on disk or on the hub -> tokenized examples with loss targets, plus the statistics of what the data became.
-
-Files and hub datasets (`hf://owner/name:split`) are read through `datasets` (memory-mapped Arrow, cached).
-Tokenization is cached too, keyed by the source's identity (a file's path, size and mtime; a hub dataset's repo,
-subset, split and fingerprint, which changes with its revision), the tokenizer, the format/template, masking
-and seq_len, so a second run (or `plan` after `train`) re-tokenizes nothing. A mixture (`data.mix`) prepares
-each source so, then draws its examples from them by weight.
-
-Each example stores `input_ids` and `targets`, where targets are already shifted: `targets[t]` is the token
-the model must predict at position t (`input_ids[t+1]` when that token is trainable), else -100. Shifting
-per example, before packing, is what keeps a packed row from asking the last token of one sequence to
-predict the first token of the next.
+"""Data settings -> tokenized examples with loss targets, plus the statistics of what the data became: one source
+of supervised rows (read: data/read.py, tokenized: data/tokenize.py) or of preference pairs (data/preference.py),
+a mixture (`data.mix`, each source prepared so, then its examples drawn by weight), and a held-out split.
 """
 
 from __future__ import annotations
 
-import codecs
-import hashlib
-import json
-import logging
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .. import hub
 from ..errors import TunelabError
-from .formats import CONVERSATION_FORMATS, REQUIRED_FIELDS, check_fields, effective_chat_template, render
+from .examples import IGNORE as IGNORE
+from .examples import TokenizedData, concat, loss_tokens, select
+from .formats import render
+from .preference import prepare_pairs
+from .read import iter_jsonl as iter_jsonl
+from .read import read_rows as read_rows
+from .read import read_source
+from .tokenize import as_examples, bos_ids, encode, fingerprint, tokenize_rows
 
-IGNORE = -100
-# A JSONL line longer than this is refused rather than read: bytes per token rarely exceed 4-5 in any
-# tokenizer, so a line over 64 bytes per seq_len token (and over 1 MiB, so long-context rows always pass) is
-# nearly all cut away by truncation, and is more likely a whole file on one line than a training example.
-BYTES_PER_TOKEN_LIMIT = 64
-MIN_LINE_LIMIT = 2**20
-READERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
-# Text files are read as UTF-8 with an optional byte-order mark, which Windows editors (Notepad) write.
-TEXT_ENCODING = "utf-8-sig"
-# Bump when tokenization output changes, so old caches are not reused.
-CACHE_VERSION = "1"
+# IGNORE, iter_jsonl and read_rows are imported here for bench/peers.py and commands/eval.py, which read them from
+# this module; new code imports them from data/examples.py and data/read.py.
 
 
 @dataclass(frozen=True)
@@ -66,131 +49,32 @@ class DataSpec:
     pairs: bool = False  # rows are preference pairs (data/preference.py)
 
 
-@dataclass
-class DatasetStats:
-    rows: int  # rows read from the file (after max_examples)
-    examples: int  # kept for training
-    truncated: int  # longer than seq_len, cut to it
-    dropped: int  # no loss token left after truncation
-    tokens_nonpad: int  # kept examples' tokens
-    tokens_loss: int  # kept examples' tokens with a loss target
-    max_len: int
-    mean_len: float
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class TokenizedData:
-    """Examples as one flat token array plus offsets: O(1) slicing without Python lists per example."""
-
-    ids: np.ndarray  # int32, all examples concatenated
-    targets: np.ndarray  # int32, same layout
-    offsets: np.ndarray  # int64, len = examples + 1
-    stats: DatasetStats
-    rows: np.ndarray  # int64, each example's row number (0-based) in its file
-    truncated: np.ndarray  # bool, each example was cut to seq_len
-
-    @property
-    def lengths(self) -> np.ndarray:
-        return np.diff(self.offsets)
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-
 def prepare(spec: DataSpec, tokenizer) -> TokenizedData:
     """Read, render, tokenize (cached), truncate and mask one dataset, or draw a mixture of several."""
     if spec.pairs:
-        from .preference import prepare_pairs  # it builds on this module
-
         return prepare_pairs(spec, tokenizer)
     if spec.mix:
         parts = [prepare(part_spec(spec, i), tokenizer) for i in range(len(spec.mix))]
         return mix(parts, spec.mix, spec.max_examples, spec.seed)
-    rows, label, identity = read_source(spec)
-    eos = tokenizer.eos_token or ""
-    bos = (
-        [tokenizer.bos_token_id]
-        if getattr(tokenizer, "add_bos_token", False) and tokenizer.bos_token_id is not None
-        else []
-    )
+    source = read_source(spec.path, spec.format, spec.max_examples, spec.seq_len, spec.key)
+    eos, bos = tokenizer.eos_token or "", bos_ids(tokenizer)
 
-    def tokenize(batch, indices):
-        out_ids, out_targets, out_truncated = [], [], []
-        keys = list(batch.keys())
-        for n, index in enumerate(indices):
-            row = {k: batch[k][n] for k in keys}
-            where = f"{label}: row {index + 1}"
-            check_fields(spec.format, row, where)
-            segments = render(spec.format, spec.template, row, eos, tokenizer)
-            texts = [s.text for s in segments]
-            pieces = tokenizer(texts, add_special_tokens=False)["input_ids"]
-            ids, trainable = list(bos), [spec.train_on_inputs] * len(bos)
-            for seg, piece in zip(segments, pieces):
-                ids.extend(piece)
-                trainable.extend([seg.trainable or spec.train_on_inputs] * len(piece))
-            out_truncated.append(len(ids) > spec.seq_len)
-            ids, trainable = ids[: spec.seq_len], trainable[: spec.seq_len]
-            targets = [ids[t + 1] if trainable[t + 1] else IGNORE for t in range(len(ids) - 1)] + [IGNORE]
-            out_ids.append(ids)
-            out_targets.append(targets)
-        return {"input_ids": out_ids, "targets": out_targets, "truncated": out_truncated}
+    def encode_row(row):
+        segments = render(spec.format, spec.template, row, eos, tokenizer)
+        ids, targets, cut = encode(segments, tokenizer, bos, spec.seq_len, spec.train_on_inputs)
+        return {"input_ids": ids, "targets": targets, "truncated": cut}
 
-    tokenized = map_rows(rows, tokenize, _fingerprint(identity, spec, tokenizer), "tokenizing")
-    return _to_arrays(tokenized, label)
-
-
-def map_rows(rows, tokenize, fingerprint: str, desc: str):
-    """`rows.map(tokenize)` in batches, cached under `fingerprint`; a TunelabError raised inside surfaces as itself
-    (datasets wraps errors raised inside map)."""
-    try:
-        return rows.map(
-            tokenize,
-            batched=True,
-            batch_size=1000,
-            with_indices=True,
-            remove_columns=rows.column_names,
-            new_fingerprint=fingerprint,
-            desc=desc,
-        )
-    except TunelabError:
-        raise
-    except Exception as e:
-        cause = e.__cause__ or e.__context__
-        if isinstance(cause, TunelabError):
-            raise cause from None
-        raise
-
-
-def read_source(spec: DataSpec) -> tuple:
-    """(rows as a `datasets.Dataset`, the name errors give it, what identifies its content for the cache)."""
-    if hub.is_hub_data(spec.path):
-        return read_hub_rows(hub.parse_data(spec.path), spec.format, spec.max_examples)
-    path = Path(spec.path)
-    rows = read_rows(path, spec.format, spec.max_examples, line_limit(spec.seq_len), spec.key)
-    stat = path.stat()
-    return rows, str(path), [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
-
-
-def read_hub_rows(ref: hub.HubData, fmt: str, max_examples: int | None) -> tuple:
-    """A hub dataset's split, its columns checked against `fmt` before any row is rendered."""
-    ds = hub.load_data(ref)
-    if len(ds) == 0:
-        raise TunelabError(f"{ref.uri}: the split is empty")
-    missing = [f for f in REQUIRED_FIELDS[fmt] if f not in ds.column_names]
-    if missing:
+    key = fingerprint(source.identity, spec, tokenizer)
+    data = as_examples(tokenize_rows(source.rows, spec.format, source.label, encode_row, key, "tokenizing"))
+    keep = loss_tokens(data) > 0
+    if not keep.any():
         raise TunelabError(
-            f"{ref.uri}: no column {', '.join(repr(m) for m in missing)} for format {fmt!r} (it needs "
-            f"{', '.join(REQUIRED_FIELDS[fmt])}; the dataset has {', '.join(ds.column_names)}); set data.format "
-            "to match, or rename the columns in a local copy"
+            f"{source.label}: no example has a token to learn from after masking and truncation; "
+            "raise seq_len, or set data.train_on_inputs: true"
         )
-    # The datasets fingerprint of a hub split hashes its cache folder, which names the revision's commit.
-    identity = ["hf", ref.repo, ref.subset, ref.split, ds._fingerprint]
-    if max_examples is not None and max_examples < len(ds):
-        ds = ds.select(range(max_examples))
-    return ds, ref.uri, identity
+    if keep.all():
+        return data
+    return select(data, np.flatnonzero(keep), rows=len(data), dropped=int((~keep).sum()))
 
 
 def part_spec(spec: DataSpec, index: int) -> DataSpec:
@@ -236,184 +120,6 @@ def mix(parts: list[TokenizedData], sources: tuple[MixPart, ...], total: int | N
         index = np.concatenate([np.tile(np.arange(size), repeats), np.sort(rng.permutation(size)[:rest])])
         chosen.append(select(data, index, rows=data.stats.rows, dropped=data.stats.dropped))
     return concat(chosen)
-
-
-def concat(parts: list[TokenizedData]) -> TokenizedData:
-    """Examples of several datasets one after another; rows and dropped add up."""
-    lengths = np.concatenate([p.lengths for p in parts])
-    targets = np.concatenate([p.targets for p in parts])
-    truncated = np.concatenate([p.truncated for p in parts])
-    stats = _stats(lengths, targets, truncated, sum(p.stats.rows for p in parts), sum(p.stats.dropped for p in parts))
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    ids = np.concatenate([p.ids for p in parts])
-    return TokenizedData(ids, targets, offsets, stats, np.concatenate([p.rows for p in parts]), truncated)
-
-
-def line_limit(seq_len: int) -> int:
-    """The longest JSONL line, in bytes, read for rows of `seq_len` tokens (BYTES_PER_TOKEN_LIMIT)."""
-    return max(MIN_LINE_LIMIT, BYTES_PER_TOKEN_LIMIT * seq_len)
-
-
-def read_rows(
-    path: Path, fmt: str, max_examples: int | None, max_line_bytes: int | None = None, key: str = "data.path"
-):
-    """Load a data file as a `datasets.Dataset`, failing with the file and line for malformed input; `key` is
-    the setting that names the file."""
-    import datasets
-
-    datasets.disable_progress_bars()
-    if path.is_dir():
-        raise TunelabError(f"{path}: is a directory; set {key} to a data file in it (.jsonl, .json, .csv, .parquet)")
-    if not path.is_file():
-        raise TunelabError(f"{path}: data file not found (set {key})")
-    reader = READERS.get(path.suffix.lower())
-    if reader is None:
-        raise TunelabError(f"{path}: unknown file type {path.suffix!r}; use .jsonl, .json, .csv or .parquet")
-    if path.suffix.lower() == ".jsonl":
-        _check_jsonl(path, fmt, max_line_bytes)
-    elif reader != "parquet":
-        _check_utf8(path)
-    # datasets logs a failed read at ERROR level before raising; the one-line error below says it instead.
-    datasets_logger = logging.getLogger("datasets")
-    level = datasets_logger.level
-    datasets_logger.setLevel(logging.CRITICAL)
-    try:
-        text = {} if reader == "parquet" else {"encoding": TEXT_ENCODING}
-        ds = datasets.load_dataset(reader, data_files=str(path), split="train", **text)
-    except Exception as e:
-        raise TunelabError(f"{path}: cannot be read as {reader}: {_root_cause(e)}; fix or convert the file") from None
-    finally:
-        datasets_logger.setLevel(level)
-    if len(ds) == 0:
-        raise TunelabError(f"{path}: the dataset is empty")
-    if max_examples is not None and max_examples < len(ds):
-        ds = ds.select(range(max_examples))
-    return ds
-
-
-def _root_cause(e: BaseException) -> str:
-    """The first line of the innermost error: `datasets` wraps the parser's own message in a generic one."""
-    while (e.__cause__ or e.__context__) is not None:
-        e = e.__cause__ or e.__context__
-    return (str(e).strip().splitlines() or [type(e).__name__])[0].rstrip(".")
-
-
-def iter_jsonl(path: Path, fmt: str, max_line_bytes: int | None = None):
-    """(line number, row) for each non-blank line, checked: valid UTF-8 JSON, an object, with `fmt`'s fields.
-
-    Reading the lines ourselves is what lets a bad line be reported by its number; `datasets` cannot. A line
-    over `max_line_bytes` fails without being read whole.
-    """
-    with path.open("rb") as f:
-        number = 0
-        while line := f.readline(-1 if max_line_bytes is None else max_line_bytes + 1):
-            number += 1
-            if max_line_bytes is not None and len(line) > max_line_bytes and not line.endswith(b"\n"):
-                raise TunelabError(
-                    f"{path}:{number}: line is over {max_line_bytes:,} bytes, far more than seq_len tokens can "
-                    "hold; split it into shorter rows or remove it"
-                )
-            if not line.strip():
-                continue
-            text = _decode(line, path, number).rstrip("\r\n")
-            try:
-                row = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise TunelabError(
-                    f"{path}:{number}: not valid JSON ({_json_problem(e)}); fix or remove the line"
-                ) from None
-            if not isinstance(row, dict):
-                raise TunelabError(f"{path}:{number}: each line must be a JSON object")
-            check_fields(fmt, row, f"{path}:{number}")
-            yield number, row
-
-
-def _json_problem(e: json.JSONDecodeError) -> str:
-    """json's message placed by column within the one line parsed, not by json's own line and char counts."""
-    where = "the end of the line" if not e.doc[e.pos :].strip() else f"column {e.pos + 1}"
-    # Messages such as "Invalid control character at" already end in the word that introduces the place.
-    return f"{e.msg} {where}" if e.msg.endswith(" at") else f"{e.msg} at {where}"
-
-
-def _decode(line: bytes, path: Path, number: int) -> str:
-    """Line `number` of a text file as text; the first line may start with a byte-order mark, which is dropped."""
-    if number == 1 and line.startswith(codecs.BOM_UTF8):
-        # Dropped here rather than by the utf-8-sig codec, which would place a bad byte after it one byte early.
-        line = line[len(codecs.BOM_UTF8) :]
-    try:
-        return line.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise TunelabError(
-            f"{path}:{number}: not UTF-8 (byte 0x{line[e.start]:02x} at column {e.start + 1}); save the file as UTF-8"
-        ) from None
-
-
-def _check_utf8(path: Path) -> None:
-    """A text file's first undecodable byte by line: `datasets` reports it without one (or not at all)."""
-    with path.open("rb") as f:
-        for number, line in enumerate(f, 1):
-            _decode(line, path, number)
-
-
-def _check_jsonl(path: Path, fmt: str, max_line_bytes: int | None) -> None:
-    if sum(1 for _ in iter_jsonl(path, fmt, max_line_bytes)) == 0:  # every line is read, so every bad one is found
-        raise TunelabError(f"{path}: the dataset is empty")
-
-
-def _fingerprint(identity: list, spec: DataSpec, tokenizer) -> str:
-    key = json.dumps(
-        [
-            CACHE_VERSION,
-            identity,
-            asdict(spec),
-            tokenizer.name_or_path,
-            type(tokenizer).__name__,
-            len(tokenizer),
-            tokenizer.eos_token,
-            effective_chat_template(tokenizer) if spec.format in CONVERSATION_FORMATS else None,
-        ],
-        sort_keys=True,
-        default=str,
-    )
-    return hashlib.sha256(key.encode()).hexdigest()[:32]
-
-
-def _to_arrays(tokenized, label: str) -> TokenizedData:
-    table = tokenized.data.table if hasattr(tokenized.data, "table") else tokenized.data
-    ids_col = table.column("input_ids").combine_chunks()
-    tgt_col = table.column("targets").combine_chunks()
-    offsets = ids_col.offsets.to_numpy().astype(np.int64)
-    ids = ids_col.values.to_numpy().astype(np.int32)
-    targets = tgt_col.values.to_numpy().astype(np.int32)
-    truncated = np.asarray(table.column("truncated").to_numpy(zero_copy_only=False), dtype=bool)
-    offsets = offsets - offsets[0]
-    lengths = np.diff(offsets)
-    counted = np.concatenate([[0], np.cumsum(targets != IGNORE)])
-    loss_per = counted[offsets[1:]] - counted[offsets[:-1]]
-    keep = loss_per > 0
-    rows = len(lengths)
-    if not keep.any():
-        raise TunelabError(
-            f"{label}: no example has a token to learn from after masking and truncation; "
-            "raise seq_len, or set data.train_on_inputs: true"
-        )
-    if not keep.all():
-        starts, ends = offsets[:-1][keep], offsets[1:][keep]
-        index = np.concatenate([np.arange(s, e) for s, e in zip(starts, ends)])
-        ids, targets = ids[index], targets[index]
-        lengths = lengths[keep]
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-    stats = DatasetStats(
-        rows=rows,
-        examples=int(keep.sum()),
-        truncated=int(truncated[keep].sum()),
-        dropped=int((~keep).sum()),
-        tokens_nonpad=int(lengths.sum()),
-        tokens_loss=int(loss_per[keep].sum()),
-        max_len=int(lengths.max()),
-        mean_len=float(lengths.mean()),
-    )
-    return TokenizedData(ids, targets, offsets, stats, np.flatnonzero(keep).astype(np.int64), truncated[keep])
 
 
 @dataclass(frozen=True)
@@ -486,28 +192,3 @@ def hold_out(
     train = np.sort(order[k:])
     st = data.stats
     return select(data, train, rows=st.rows - k, dropped=st.dropped), select(data, held, rows=k)
-
-
-def select(data: TokenizedData, index: np.ndarray, rows: int, dropped: int = 0) -> TokenizedData:
-    """The examples at `index` (in that order), with their statistics; `rows` and `dropped` as the caller counts."""
-    starts, ends = data.offsets[:-1][index], data.offsets[1:][index]
-    lengths = ends - starts
-    flat = np.concatenate([np.arange(s, e) for s, e in zip(starts, ends)]) if len(index) else np.zeros(0, np.int64)
-    ids, targets = data.ids[flat], data.targets[flat]
-    truncated = data.truncated[index]
-    stats = _stats(lengths, targets, truncated, rows, dropped)
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    return TokenizedData(ids, targets, offsets, stats, data.rows[index], truncated)
-
-
-def _stats(lengths: np.ndarray, targets: np.ndarray, truncated: np.ndarray, rows: int, dropped: int) -> DatasetStats:
-    return DatasetStats(
-        rows=rows,
-        examples=len(lengths),
-        truncated=int(truncated.sum()),
-        dropped=dropped,
-        tokens_nonpad=int(lengths.sum()),
-        tokens_loss=int((targets != IGNORE).sum()),
-        max_len=int(lengths.max()),
-        mean_len=float(lengths.mean()),
-    )

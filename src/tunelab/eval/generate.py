@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ..data.formats import CONVERSATION_FORMATS, effective_chat_template, prompt_text, render
+from ..data.tokenize import bos_ids
 from .exact_match import EvalResult, score
 
 # Room past the longest expected response, for a model that adds a word or a space before its answer.
@@ -60,13 +61,9 @@ def stops(model, tokenizer, fmt: str | None = None) -> Stops:
 
 
 def prompt_ids(tokenizer, prompts: Sequence[str]) -> list[list[int]]:
-    """Token ids exactly as training builds a row's prompt: BOS only when the tokenizer adds one, then the
-    text without special tokens (data/pipeline.py tokenizes each segment the same way)."""
-    bos = (
-        [tokenizer.bos_token_id]
-        if getattr(tokenizer, "add_bos_token", False) and tokenizer.bos_token_id is not None
-        else []
-    )
+    """Token ids exactly as training builds a row's prompt (data/tokenize.py): BOS only when the tokenizer adds one,
+    then the text without special tokens."""
+    bos = bos_ids(tokenizer)
     return [bos + ids for ids in tokenizer(list(prompts), add_special_tokens=False)["input_ids"]]
 
 

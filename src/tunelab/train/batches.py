@@ -11,8 +11,8 @@ from typing import Iterator
 import numpy as np
 
 from ..config import BatchConfig
+from ..data.examples import IGNORE, TokenizedData
 from ..data.packing import Batch, SeqTargets, collate, epoch_micro_batches, fed_tokens
-from ..data.pipeline import IGNORE, TokenizedData
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,14 @@
 
 A micro-batch holds pairs packed as documents of its rows: the chosen sequence of a pair, then its rejected one
 (data/preference.py). Each sequence's log-probability is the sum over its response tokens, computed by the same
-gather-then-chunked head as supervised training (train/loss.py): logits exist one chunk at a time, and each
-token's gradient with respect to its hidden state is formed in the forward, so backward is a row scaling.
+gather-then-chunked head as supervised training (train/loss.py, score_tokens): logits exist one chunk at a time, and
+each token's gradient with respect to its hidden state is formed in the forward, so backward is a row scaling.
 
 The reference log-probabilities (DPO) come from the same model with the adapter disabled (peft's
 `disable_adapter`, no second copy of the weights), from a frozen copy for full fine-tuning, or from a table
 computed once before training (`precompute`).
 
-Losses (per pair, then averaged over the step's pairs by the loop):
+Losses (per pair, then averaged over the step's pairs by the loop; the objective's row names its `pair_loss`):
   DPO (Rafailov et al. 2023, eq. 7; label smoothing as conservative DPO, TRL's `sigmoid` with label_smoothing):
       z = (log πc - log πr) - (log refc - log refr);  loss = -(1-ε)·logσ(βz) - ε·logσ(-βz)
   ORPO (Hong et al. 2024, eqs. 4-7, as TRL's ORPOTrainer.odds_ratio_loss): with mean per-token log-probs pc, pr,
@@ -30,99 +30,7 @@ from .. import objectives
 from ..data.packing import SeqTargets
 from ..device import to_device
 from ..objectives import PreferenceSpec
-from ..runtime import LOGIT_CHUNK
-from .loss import CausalLMLoss, _chunk_logits, _scratch
-
-
-class LinearTokenLogProbs(torch.autograd.Function):
-    """log softmax(hidden @ weight.T)[target] per row, never holding more than one chunk of logits.
-
-    d logp / d hidden = (onehot - softmax) @ weight is formed per row in the forward (as LinearCrossEntropy does for
-    the summed loss); backward scales those rows by the incoming per-token gradient. When the head trains (full
-    fine-tuning) its gradient needs that per-token factor inside the sum, so backward recomputes the chunks.
-    """
-
-    @staticmethod
-    def forward(ctx, hidden, weight, targets, softcap, chunk):
-        w = weight.to(hidden.dtype)
-        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
-        grad_hidden = torch.empty_like(hidden)
-        low = _scratch("low", (chunk, w.shape[0]), hidden.dtype, hidden.device)
-        full = _scratch("full", (chunk, w.shape[0]), torch.float32, hidden.device)
-        for start in range(0, hidden.shape[0], chunk):
-            h, t = hidden[start : start + chunk], targets[start : start + chunk]
-            n = h.shape[0]
-            probs, squash, lse_rows = _softmax_chunk(h, w, t, low[:n], full[:n], softcap)
-            out[start : start + n] = lse_rows
-            grad = probs.neg_()
-            grad[torch.arange(n, device=t.device), t] += 1.0
-            if softcap:
-                grad.mul_(1.0 - squash.square())
-            torch.mm(low[:n].copy_(grad), w, out=grad_hidden[start : start + n])
-        ctx.save_for_backward(grad_hidden, hidden if ctx.needs_input_grad[1] else None, weight, targets)
-        ctx.softcap, ctx.chunk = softcap, chunk
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        grad_hidden, hidden, weight, targets = ctx.saved_tensors
-        scale = grad_out.to(grad_hidden.dtype)[:, None]
-        grad_w = None
-        if hidden is not None:
-            w = weight.to(hidden.dtype)
-            acc = torch.zeros_like(weight, dtype=torch.float32)
-            low = _scratch("low", (ctx.chunk, w.shape[0]), hidden.dtype, hidden.device)
-            full = _scratch("full", (ctx.chunk, w.shape[0]), torch.float32, hidden.device)
-            for start in range(0, hidden.shape[0], ctx.chunk):
-                h, t = hidden[start : start + ctx.chunk], targets[start : start + ctx.chunk]
-                n = h.shape[0]
-                probs, squash, _ = _softmax_chunk(h, w, t, low[:n], full[:n], ctx.softcap)
-                grad = probs.neg_()
-                grad[torch.arange(n, device=t.device), t] += 1.0
-                if ctx.softcap:
-                    grad.mul_(1.0 - squash.square())
-                grad.mul_(grad_out[start : start + n, None])
-                acc += (low[:n].copy_(grad).T @ h).float()
-            grad_w = acc.to(weight.dtype)
-        return grad_hidden * scale, grad_w, None, None, None
-
-
-def _softmax_chunk(h, w, t, low, full, softcap, normalise: bool = True):
-    """(softmax of the chunk's fp32 logits, tanh(z / c) when soft-capped, each row's target log-prob); without
-    `normalise` the first is left unnormalised (exp(z - max)), for callers that need only the log-probs."""
-    logits, squash = _chunk_logits(h, w, low, full, softcap)
-    rows = torch.arange(h.shape[0], device=t.device)
-    target_logit = logits[rows, t]
-    top = logits.amax(dim=-1, keepdim=True)
-    probs = logits.sub_(top).exp_()
-    total = probs.sum(dim=-1, keepdim=True)
-    logp = target_logit - top.squeeze(1) - total.log().squeeze(1)
-    return (probs.div_(total) if normalise else probs), squash, logp
-
-
-def token_logps(hidden, weight, loss_index, loss_targets, softcap=None, chunk: int = LOGIT_CHUNK) -> torch.Tensor:
-    """Log-probability of each target at the positions `loss_index` (flat indices into hidden's B·T)."""
-    selected = hidden.reshape(-1, hidden.shape[-1]).index_select(0, loss_index)
-    device_type = selected.device.type
-    if torch.is_autocast_enabled(device_type):
-        selected = selected.to(torch.get_autocast_dtype(device_type))
-    with torch.autocast(device_type, enabled=False):
-        if not torch.is_grad_enabled():  # the reference: no gradient matmul per chunk
-            return logps_only(selected, weight, loss_targets, softcap, chunk)
-        return LinearTokenLogProbs.apply(selected, weight, loss_targets, softcap, chunk)
-
-
-def logps_only(hidden, weight, targets, softcap, chunk) -> torch.Tensor:
-    """LinearTokenLogProbs' forward without its gradients: the same chunks, casts and arithmetic."""
-    w = weight.to(hidden.dtype)
-    out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
-    low = _scratch("low", (chunk, w.shape[0]), hidden.dtype, hidden.device)
-    full = _scratch("full", (chunk, w.shape[0]), torch.float32, hidden.device)
-    for start in range(0, hidden.shape[0], chunk):
-        h, t = hidden[start : start + chunk], targets[start : start + chunk]
-        n = h.shape[0]
-        out[start : start + n] = _softmax_chunk(h, w, t, low[:n], full[:n], softcap, normalise=False)[2]
-    return out
+from .loss import CausalLMLoss, score_tokens
 
 
 def dpo_loss(
@@ -161,6 +69,7 @@ class PreferenceLoss(CausalLMLoss):
         # A frozen reference copy for full fine-tuning (held outside the module tree: not trained, saved or
         # sharded); none when the table is precomputed (precompute_reference drops it after).
         self.frozen = [] if not (self.objective.reference and trains_base) else [_frozen_copy(model)]
+        self.pair_loss = PAIR_LOSSES[self.objective.pair_loss]
         self.table: torch.Tensor | None = None  # per example reference log-probs (precompute)
         self._window: dict[str, torch.Tensor] = {}
         self._pairs = 0
@@ -170,20 +79,25 @@ class PreferenceLoss(CausalLMLoss):
         head = self.model.get_output_embeddings()
         if seqs is None or seqs.count == 0:  # a rank's empty share: no pairs, zero gradients
             return hidden.sum() * 0.0
-        logps = token_logps(hidden, head.weight, loss_index, loss_targets, self.softcap)
+        logps = score_tokens(hidden, head.weight, loss_index, loss_targets, self.softcap).logps
         seq = to_device(seqs.seq, logps.device)
         sums = torch.zeros(seqs.count, dtype=logps.dtype, device=logps.device).index_add(0, seq, logps)
         counts = torch.from_numpy(np.bincount(seqs.seq, minlength=seqs.count)).to(logps.device)
-        if self.spec.objective == "orpo":
-            return self._orpo(sums, counts)
-        ref = self.reference_logps(input_ids, position_ids, loss_index, loss_targets, layout, seqs)
+        ref = None
+        if self.objective.reference:
+            ref = self.reference_logps(input_ids, position_ids, loss_index, loss_targets, layout, seqs)
+        return self.pair_loss(self, sums, counts, ref)
+
+    def sigmoid_loss(self, sums: torch.Tensor, counts: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+        """DPO's: the summed pair losses from each sequence's summed log-prob and its reference's."""
         losses, chosen_rewards, rejected_rewards = dpo_loss(
             sums[0::2], sums[1::2], ref[0::2], ref[1::2], self.spec.beta, self.spec.label_smoothing
         )
         self._note(chosen_rewards, rejected_rewards, sums[0::2], sums[1::2])
         return losses.sum()
 
-    def _orpo(self, sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def odds_ratio_loss(self, sums: torch.Tensor, counts: torch.Tensor, ref: None) -> torch.Tensor:
+        """ORPO's: the summed pair losses from each sequence's summed log-prob and its response tokens (no reference)."""
         means = sums / counts
         chosen, rejected = means[0::2], means[1::2]
         ratio_term, log_odds = orpo_odds(chosen, rejected, self.spec.beta)
@@ -202,17 +116,14 @@ class PreferenceLoss(CausalLMLoss):
             self._window[k] = self._window.get(k, 0) + v
         return nll * pairs - ratio_term.sum()
 
-    def hidden_states(self, input_ids, position_ids, layout) -> torch.Tensor:
-        return _decoder_hidden(self, self.model, input_ids, position_ids, layout)
-
     def reference_logps(self, input_ids, position_ids, loss_index, loss_targets, layout, seqs) -> torch.Tensor:
         """Each sequence's summed reference log-prob: from the table, else a forward without gradients."""
         if self.table is not None:
             return self.table[to_device(seqs.examples, self.table.device)]
         with torch.no_grad(), self.reference_model() as ref:
-            hidden = _decoder_hidden(self, ref, input_ids, position_ids, layout)
+            hidden = self.hidden_states(input_ids, position_ids, layout, model=ref)
             head = ref.get_output_embeddings()
-            logps = token_logps(hidden, head.weight, loss_index, loss_targets, self.softcap)
+            logps = score_tokens(hidden, head.weight, loss_index, loss_targets, self.softcap).logps
         seq = to_device(seqs.seq, logps.device)
         return torch.zeros(seqs.count, dtype=logps.dtype, device=logps.device).index_add(0, seq, logps)
 
@@ -254,16 +165,8 @@ class PreferenceLoss(CausalLMLoss):
         return {k: v / pairs for k, v in zip(names, values)}
 
 
-def _decoder_hidden(loss: CausalLMLoss, model, input_ids, position_ids, layout) -> torch.Tensor:
-    from ..model import attention
-
-    if loss.flex_attention and position_ids is not None:
-        extra = attention.flex_tensors(position_ids, loss.windows)
-    elif loss.packed_attention and layout is not None:
-        extra = attention.layout_tensors(layout, input_ids.device)
-    else:
-        extra = {}
-    return model.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra)[0]
+# The pair losses by the name an objective's row gives (objectives.Objective.pair_loss).
+PAIR_LOSSES = {"sigmoid": PreferenceLoss.sigmoid_loss, "odds_ratio": PreferenceLoss.odds_ratio_loss}
 
 
 def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:

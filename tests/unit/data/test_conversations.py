@@ -10,8 +10,9 @@ import pytest
 from conftest import make_tokenizer, write_jsonl
 
 from tunelab.config import load_config
+from tunelab.data.examples import IGNORE
 from tunelab.data.formats import CHATML_TEMPLATE, prompt_text, use_default_chat_template
-from tunelab.data.pipeline import IGNORE, DataSpec, prepare
+from tunelab.data.pipeline import DataSpec, prepare
 from tunelab.errors import TunelabError
 
 MESSAGES = [

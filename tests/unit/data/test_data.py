@@ -3,9 +3,11 @@ import pytest
 import torch
 from conftest import make_tiny_llama, write_jsonl
 
+from tunelab.data.examples import IGNORE
 from tunelab.data.formats import prompt_text
 from tunelab.data.packing import collate, epoch_micro_batches, epoch_rows
-from tunelab.data.pipeline import IGNORE, DataSpec, prepare, read_rows
+from tunelab.data.pipeline import DataSpec, prepare
+from tunelab.data.read import read_rows
 from tunelab.errors import TunelabError
 from tunelab.train.loss import CausalLMLoss
 

@@ -14,7 +14,7 @@ from huggingface_hub import errors as hf
 from tunelab import hub
 from tunelab.cli import main
 from tunelab.config import load_config
-from tunelab.data import pipeline
+from tunelab.data import read, tokenize
 from tunelab.data.pipeline import DataSpec, prepare
 from tunelab.errors import TunelabError
 
@@ -33,7 +33,7 @@ class FakeLoad:
         self.revisions = []
 
     def __call__(self, path, name=None, split=None, **kwargs):
-        if path in pipeline.READERS.values():  # a local file
+        if path in read.READERS.values():  # a local file
             return REAL_LOAD(path, name, split=split, **kwargs)
         self.calls.append((path, name, split))
         self.revisions.append(kwargs.get("revision"))
@@ -53,6 +53,10 @@ def spec(path: str, **kw) -> DataSpec:
     return DataSpec(path, kw.pop("format", "alpaca"), "compact", False, 64, **kw)
 
 
+def read_source(s: DataSpec) -> read.Source:
+    return read.read_source(s.path, s.format, s.max_examples, s.seq_len, s.key)
+
+
 def test_a_hub_split_flows_through_the_formats_like_a_file(fake_load, tmp_path, tokenizer, capsys):
     from_hub = prepare(spec("hf://owner/set"), tokenizer)
     from_file = prepare(spec(str(write_jsonl(tmp_path / "d.jsonl", ROWS))), tokenizer)
@@ -70,17 +74,17 @@ def test_subset_split_and_max_examples_reach_load_dataset(fake_load, tokenizer):
 
 
 def test_the_cache_key_holds_repo_subset_split_and_the_datasets_fingerprint(fake_load, tokenizer):
-    rows, label, identity = pipeline.read_source(spec("hf://owner/set/sub:test"))
+    rows, label, identity = read_source(spec("hf://owner/set/sub:test"))
     assert label == "hf://owner/set/sub:test"
     assert identity == ["hf", "owner/set", "sub", "test", rows._fingerprint]
     keys = {
-        pipeline._fingerprint(pipeline.read_source(spec(p))[2], spec(p), tokenizer)
+        tokenize.fingerprint(read_source(spec(p))[2], spec(p), tokenizer)
         for p in ("hf://owner/set:train", "hf://owner/set:test", "hf://owner/other:train", "hf://owner/set/x:train")
     }
     assert len(keys) == 4
-    before = pipeline.read_source(spec("hf://owner/set"))[2]
+    before = read_source(spec("hf://owner/set"))[2]
     fake_load.splits["train"] = ROWS[::-1]  # a new revision: other content, another datasets fingerprint
-    after = pipeline.read_source(spec("hf://owner/set"))[2]
+    after = read_source(spec("hf://owner/set"))[2]
     assert before[:4] == after[:4] and before[4] != after[4]
 
 

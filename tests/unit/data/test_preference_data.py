@@ -7,7 +7,8 @@ import pytest
 from conftest import write_jsonl
 
 from tunelab.data import arithmetic
-from tunelab.data.pipeline import IGNORE, DataSpec, prepare
+from tunelab.data.examples import IGNORE
+from tunelab.data.pipeline import DataSpec, prepare
 from tunelab.errors import TunelabError
 
 

@@ -6,8 +6,9 @@ from conftest import make_tiny_llama, make_tokenizer, write_jsonl
 
 from tunelab.cli import main
 from tunelab.commands.eval import Setup, read_rows, resolve_setup
+from tunelab.data.examples import IGNORE
 from tunelab.data.formats import TEMPLATES, prompt_text
-from tunelab.data.pipeline import IGNORE, DataSpec, prepare
+from tunelab.data.pipeline import DataSpec, prepare
 from tunelab.errors import TunelabError
 from tunelab.eval.exact_match import extract, parse_answer, score
 from tunelab.eval.generate import BUDGET_SLACK, Stops, evaluate, generate, prompt_ids, stops

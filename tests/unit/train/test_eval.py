@@ -9,7 +9,8 @@ from conftest import tiny_train_config as config
 from conftest import write_jsonl
 from safetensors.torch import load_file
 
-from tunelab.data.pipeline import IGNORE, prepare_split
+from tunelab.data.examples import IGNORE
+from tunelab.data.pipeline import prepare_split
 from tunelab.recipes.train import train
 from tunelab.specs import data_spec, held_out_spec
 from tunelab.train import loop

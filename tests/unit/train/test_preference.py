@@ -8,8 +8,8 @@ import torch
 from conftest import make_tiny_llama
 
 from tunelab.config import AdapterConfig, LoraConfig
+from tunelab.data.examples import IGNORE, DatasetStats, TokenizedData
 from tunelab.data.packing import collate
-from tunelab.data.pipeline import IGNORE, DatasetStats, TokenizedData
 from tunelab.model.adapters import apply_adapter
 from tunelab.objectives import PreferenceSpec
 from tunelab.train.preference import PreferenceLoss, dpo_loss
