@@ -136,6 +136,25 @@ class DataConfig:
         """Whether the config names training data: data.path or data.mix."""
         return self.path is not None or bool(self.mix)
 
+    def spec(self, seq_len: int, seed: int, builder: str):
+        """What the data pipeline reads (data/pipeline.DataSpec): this section with each mixture source's format and
+        template resolved, rows cut at `seq_len`, a mixture drawn by `seed`, examples built by `builder` (the
+        objective's data builder). data/ sits below this module (config names its templates), so it takes a spec."""
+        from .data.pipeline import DataSpec, MixPart
+
+        mix = tuple(MixPart(m.path, m.weight, m.format or self.format, m.template or self.template) for m in self.mix)
+        return DataSpec(
+            self.path,
+            self.format,
+            self.template,
+            self.train_on_inputs,
+            seq_len,
+            self.max_examples,
+            mix,
+            seed,
+            builder=builder,
+        )
+
     @property
     def label(self) -> str:
         """The training data in a message: its path, or the mixture's sources and weights."""
@@ -299,6 +318,12 @@ class EvalConfig:
     def enabled(self) -> bool:
         return self.split is not None or self.path is not None
 
+    def spec(self, seed: int):
+        """The held-out data the pipeline splits off or reads (data/pipeline.HeldOutSpec), or None without any."""
+        from .data.pipeline import HeldOutSpec
+
+        return HeldOutSpec(self.split, self.path, self.max_rows, seed) if self.enabled else None
+
     def every(self, save_steps: int) -> int:
         """Optimizer steps between evaluations: eval.steps, else the run's save_steps (0: only at the end)."""
         return self.steps if self.steps is not None else save_steps
@@ -441,6 +466,11 @@ class TrainConfig:
     optimizer: OptimizerConfig = inline(default_factory=OptimizerConfig)
     compute: ComputeConfig = inline(default_factory=ComputeConfig)
     run: RunConfig = inline(default_factory=RunConfig)
+
+    def data_specs(self):
+        """(the training data's spec, the held-out data's or None), as data/pipeline.prepare_split takes them."""
+        spec = self.data.spec(self.batch.seq_len, self.run.seed, self.objective.row.data_builder)
+        return spec, self.eval.spec(self.run.seed)
 
     def validate(self, where: Origins | str = "config") -> None:
         """Every check that needs no model or data: each section's own, then the rules across sections, each

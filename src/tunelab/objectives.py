@@ -1,10 +1,14 @@
-"""The training objectives, one row each: what a step computes, and what it needs that supervised training does
-not (a reference model's log-probabilities, several sequences per example). Config validation, the data pipeline,
-the recipe, plan and bench read this registry and never compare objective names. Torch-free and import-free."""
+"""The training objectives, one row each: what a step computes, the loss module and the data builder it names,
+and what it needs that supervised training does not (a reference model's log-probabilities, several sequences per
+example). Config validation, the data pipeline, the recipe, plan and bench read this registry and never compare
+objective names. Torch-free and import-free: a row names its code as `package.module:attribute` under tunelab,
+imported only when `load` is called."""
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,10 @@ class Objective:
     # `sigmoid`, -logσ(β·margin) of the summed log-probs' margin over the reference's (DPO); `odds_ratio`, the
     # chosen responses' NLL minus λ·logσ(log odds ratio) of the mean per-token log-probs (ORPO).
     pair_loss: str = ""
+    # The module the loop calls (its `build(model, objective, trains_base)` wraps the model): the step's summed loss.
+    loss_module: str = "train.loss:CausalLMLoss"
+    # What turns the data spec's source into tokenized examples (`builder(spec, tokenizer)`).
+    data_builder: str = "data.pipeline:prepare_rows"
 
 
 _PAIR_METRICS = (
@@ -38,6 +46,9 @@ _PAIR_METRICS = (
     "logps/chosen",
     "logps/rejected",
 )
+
+_PAIR_LOSS = "train.preference:PreferenceLoss"
+_PAIRS = "data.preference:prepare_pairs"
 
 REGISTRY: dict[str, Objective] = {
     o.name: o
@@ -52,6 +63,8 @@ REGISTRY: dict[str, Objective] = {
             mean_over="pairs",
             metrics=_PAIR_METRICS,
             pair_loss="sigmoid",
+            loss_module=_PAIR_LOSS,
+            data_builder=_PAIRS,
         ),
         Objective(
             "orpo",
@@ -61,6 +74,8 @@ REGISTRY: dict[str, Objective] = {
             mean_over="pairs",
             metrics=(*_PAIR_METRICS, "nll_loss", "log_odds_ratio", "log_odds_chosen"),
             pair_loss="odds_ratio",
+            loss_module=_PAIR_LOSS,
+            data_builder=_PAIRS,
         ),
     )
 }
@@ -71,12 +86,7 @@ def get(name: str) -> Objective:
     return REGISTRY[name]
 
 
-@dataclass(frozen=True)
-class PreferenceSpec:
-    """What the preference loss module (train/preference.py) needs: the config's `objective` and `preference`."""
-
-    objective: str  # a REGISTRY name whose row has pairs
-    beta: float = 0.1
-    label_smoothing: float = 0.0
-    reference: str = "adapter-disabled"  # adapter-disabled | frozen-copy (objectives with a reference)
-    precompute_reference: bool = False
+def load(ref: str) -> Any:
+    """The code a row names (`train.loss:CausalLMLoss` -> tunelab.train.loss.CausalLMLoss), imported now."""
+    module, _, attribute = ref.partition(":")
+    return getattr(importlib.import_module(f"tunelab.{module}"), attribute)

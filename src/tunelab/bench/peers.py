@@ -41,8 +41,9 @@ import torch
 
 from .. import sources
 from ..config import BatchConfig, DataConfig, LoraConfig, OptimizerConfig
+from ..data.examples import IGNORE
 from ..data.formats import render
-from ..data.pipeline import IGNORE, read_rows
+from ..data.read import read_rows
 from ..device import (
     Precision,
     device_memory_bytes,

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..config import FORMATS, TEMPLATES, load_config
-from ..data.pipeline import iter_jsonl
+from ..data.read import iter_jsonl
 from ..errors import TunelabError
 from ..eval.exact_match import EvalResult, parse_answer
 from ..eval.generate import DEFAULT_BATCH_SIZE

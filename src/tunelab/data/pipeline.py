@@ -9,18 +9,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .. import objectives
 from ..errors import TunelabError
-from .examples import IGNORE as IGNORE
 from .examples import TokenizedData, concat, loss_tokens, select
 from .formats import render
-from .preference import prepare_pairs
-from .read import iter_jsonl as iter_jsonl
-from .read import read_rows as read_rows
 from .read import read_source
 from .tokenize import as_examples, bos_ids, encode, fingerprint, tokenize_rows
 
-# IGNORE, iter_jsonl and read_rows are imported here for bench/peers.py and commands/eval.py, which read them from
-# this module; new code imports them from data/examples.py and data/read.py.
+ROWS = "data.pipeline:prepare_rows"
 
 
 @dataclass(frozen=True)
@@ -46,13 +42,18 @@ class DataSpec:
     mix: tuple[MixPart, ...] = ()
     seed: int = 42
     key: str = "data.path"  # the config key that names `path`, for errors
-    pairs: bool = False  # rows are preference pairs (data/preference.py)
+    # What builds the examples: the objective's data builder (objectives.Objective.data_builder), `module:function`.
+    builder: str = ROWS
 
 
 def prepare(spec: DataSpec, tokenizer) -> TokenizedData:
+    """Tokenized examples from `spec`, by the builder the objective names: supervised rows (prepare_rows) or
+    preference pairs (data/preference.py)."""
+    return objectives.load(spec.builder)(spec, tokenizer)
+
+
+def prepare_rows(spec: DataSpec, tokenizer) -> TokenizedData:
     """Read, render, tokenize (cached), truncate and mask one dataset, or draw a mixture of several."""
-    if spec.pairs:
-        return prepare_pairs(spec, tokenizer)
     if spec.mix:
         parts = [prepare(part_spec(spec, i), tokenizer) for i in range(len(spec.mix))]
         return mix(parts, spec.mix, spec.max_examples, spec.seed)

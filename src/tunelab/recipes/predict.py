@@ -30,9 +30,8 @@ def dataset_lengths(cfg: cfgmod.TrainConfig, tokenizer_ref: str | None) -> workl
     """Real lengths after the template and truncation, from the same pipeline (and cache) `train` uses; the
     evaluation examples (eval.split or eval.path) split off exactly as `train` splits them."""
     from ..data.pipeline import prepare_split
-    from ..specs import data_spec, held_out_spec
 
-    data, held = prepare_split(data_spec(cfg), held_out_spec(cfg), _tokenizer(cfg, tokenizer_ref))
+    data, held = prepare_split(*cfg.data_specs(), _tokenizer(cfg, tokenizer_ref))
     proxy = f", tokenized with {tokenizer_ref}'s tokenizer" if tokenizer_ref else ""
     source = f"dataset {cfg.data.label}: {data.stats.rows} rows, {data.stats.truncated} truncated, {data.stats.dropped} dropped{proxy}"
     if held is not None:
@@ -58,9 +57,8 @@ def _lengths(data, source: str, held_out: workload.Lengths | None) -> workload.L
 def eval_file_lengths(cfg: cfgmod.TrainConfig, tokenizer_ref: str | None) -> workload.Lengths:
     """eval.path's real lengths, for a plan whose training examples are assumed (no data.path)."""
     from ..data.pipeline import eval_file_spec, prepare
-    from ..specs import data_spec
 
-    spec = eval_file_spec(data_spec(cfg), cfg.eval.path, cfg.eval.max_rows)
+    spec = eval_file_spec(cfg.data_specs()[0], cfg.eval.path, cfg.eval.max_rows)
     return _lengths(prepare(spec, _tokenizer(cfg, tokenizer_ref)), f"evaluation examples from {cfg.eval.path}", None)
 
 

@@ -13,11 +13,9 @@ from pathlib import Path
 
 import torch
 
-from .. import methods
 from ..config import OptimizerConfig, TrainConfig
 from ..errors import TunelabError
 from ..model.adapters import count_parameters
-from ..specs import preference_spec
 from ..train import checkpoint, distributed, launch, loop
 from ..train.checkpoint import TrainState
 from ..train.preference import loss_module
@@ -79,7 +77,7 @@ class Strategy:
         with self.loading():
             model = build(self.load_device(), self.meta())
         trainable, total = count_parameters(model)
-        root = loss_module(model, preference_spec(cfg), methods.get(cfg.adapter.method).trains_base)
+        root = loss_module(model, cfg.objective, cfg.adapter.row.trains_base)
         self.shard(root, prep.precision.compute, prep.device)
         optimizer = loop.build_optimizer(root, optim, prep.device)
         scheduler = loop.build_scheduler(optimizer, optim, prep.schedule.total_steps)

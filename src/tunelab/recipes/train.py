@@ -20,9 +20,10 @@ import torch
 from .. import config as cfgmod
 from .. import families, methods, objectives, sources
 from ..config import TrainConfig
+from ..data.examples import TokenizedData
 from ..data.formats import use_default_chat_template
 from ..data.packing import packing_efficiency
-from ..data.pipeline import TokenizedData, prepare_split
+from ..data.pipeline import prepare_split
 from ..device import (
     Precision,
     device_memory_bytes,
@@ -40,7 +41,6 @@ from ..model import load as mload
 from ..model.adapters import apply_adapter
 from ..model.lora_linear import has_lora_dropout, has_nf4_base, nf4_layers
 from ..runtime import ACTIVATION_MEMORY_BUDGET, attention_path
-from ..specs import data_spec, held_out_spec
 from ..train import checkpoint, distributed, loop, preference, trackers
 from ..train.batches import BatchSpec, EvalBatches, Schedule
 from ..train.checkpoint import TrainState
@@ -86,7 +86,7 @@ def prepare_run(cfg: TrainConfig, procs: distributed.Processes | None = None) ->
         )
     tokenizer = sources.load_tokenizer(source)
     notes = tuple(n for n in (use_default_chat_template(tokenizer, cfg.data.format, cfg.model),) if n)
-    data, eval_data = prepare_split(data_spec(cfg), held_out_spec(cfg), tokenizer)
+    data, eval_data = prepare_split(*cfg.data_specs(), tokenizer)
     batch = batch_spec(cfg, tokenizer.pad_token_id)
     schedule = Schedule(data, batch, cfg.batch.epochs, cfg.batch.max_steps, rank, world)
     eval_batches = None if eval_data is None else EvalBatches(eval_data, batch, schedule.slots, rank, world)

@@ -230,6 +230,11 @@ def score_tokens(
 class CausalLMLoss(torch.nn.Module):
     """Wraps a (peft-wrapped) causal LM; forward returns the summed loss, so DDP/autocast wrap it as usual."""
 
+    @classmethod
+    def build(cls, model: torch.nn.Module, objective, trains_base: bool = False) -> CausalLMLoss:
+        """The loss module for `objective` (config.ObjectiveConfig; objectives.Objective.loss_module names the class)."""
+        return cls(model)
+
     def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.model = model

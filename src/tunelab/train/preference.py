@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from .. import objectives
+from ..config import ObjectiveConfig
 from ..data.packing import SeqTargets
 from ..device import to_device
-from ..objectives import PreferenceSpec
 from .loss import CausalLMLoss, score_tokens
 
 
@@ -62,10 +62,14 @@ class PreferenceLoss(CausalLMLoss):
     """The model as one module whose forward returns the micro-batch's summed pair loss (the loop divides by the
     step's pairs), keeping the window's metrics on the device until a log line asks for them."""
 
-    def __init__(self, model: torch.nn.Module, spec: PreferenceSpec, trains_base: bool = False):
+    @classmethod
+    def build(cls, model: torch.nn.Module, objective: ObjectiveConfig, trains_base: bool = False) -> PreferenceLoss:
+        return cls(model, objective, trains_base)
+
+    def __init__(self, model: torch.nn.Module, objective: ObjectiveConfig, trains_base: bool = False):
         super().__init__(model)
-        self.spec = spec
-        self.objective = objectives.get(spec.objective)
+        self.settings = objective.preference
+        self.objective = objective.row
         # A frozen reference copy for full fine-tuning (held outside the module tree: not trained, saved or
         # sharded); none when the table is precomputed (precompute_reference drops it after).
         self.frozen = [] if not (self.objective.reference and trains_base) else [_frozen_copy(model)]
@@ -91,7 +95,7 @@ class PreferenceLoss(CausalLMLoss):
     def sigmoid_loss(self, sums: torch.Tensor, counts: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
         """DPO's: the summed pair losses from each sequence's summed log-prob and its reference's."""
         losses, chosen_rewards, rejected_rewards = dpo_loss(
-            sums[0::2], sums[1::2], ref[0::2], ref[1::2], self.spec.beta, self.spec.label_smoothing
+            sums[0::2], sums[1::2], ref[0::2], ref[1::2], self.settings.beta, self.settings.label_smoothing
         )
         self._note(chosen_rewards, rejected_rewards, sums[0::2], sums[1::2])
         return losses.sum()
@@ -100,12 +104,12 @@ class PreferenceLoss(CausalLMLoss):
         """ORPO's: the summed pair losses from each sequence's summed log-prob and its response tokens (no reference)."""
         means = sums / counts
         chosen, rejected = means[0::2], means[1::2]
-        ratio_term, log_odds = orpo_odds(chosen, rejected, self.spec.beta)
+        ratio_term, log_odds = orpo_odds(chosen, rejected, self.settings.beta)
         pairs = chosen.shape[0]
         # The chosen responses' token-mean NLL over this micro-batch, counted once per pair (the loop's mean
         # over pairs then gives it back for a micro-batch of equal pairs, as TRL's per-batch mean).
         nll = -sums[0::2].sum() / counts[0::2].sum()
-        beta = self.spec.beta
+        beta = self.settings.beta
         self._note(beta * chosen.detach(), beta * rejected.detach(), chosen, rejected)
         extra = {
             "nll_loss": nll.detach() * pairs,
@@ -177,9 +181,9 @@ def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     return ref
 
 
-def loss_module(model: torch.nn.Module, spec: PreferenceSpec | None, trains_base: bool = False) -> torch.nn.Module:
-    """The module the loop calls for an objective: CausalLMLoss (sft), else PreferenceLoss."""
-    return CausalLMLoss(model) if spec is None else PreferenceLoss(model, spec, trains_base)
+def loss_module(model: torch.nn.Module, objective: ObjectiveConfig, trains_base: bool = False) -> torch.nn.Module:
+    """The module the loop calls for an objective: the one its registry row names (objectives.Objective.loss_module)."""
+    return objectives.load(objective.row.loss_module).build(model, objective, trains_base)
 
 
 def precompute(root: torch.nn.Module, batches, device: torch.device, examples: int) -> None:

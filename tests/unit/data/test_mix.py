@@ -15,7 +15,6 @@ from tunelab.cli import main
 from tunelab.config import load_config
 from tunelab.data.pipeline import HeldOutSpec, prepare, prepare_split
 from tunelab.errors import TunelabError
-from tunelab.specs import data_spec
 
 REAL_LOAD = datasets.load_dataset
 
@@ -47,7 +46,7 @@ def mixed(a, b, *overrides, wa=2, wb=1):
             *overrides,
         ],
     )
-    return data_spec(cfg)
+    return cfg.data_specs()[0]
 
 
 def test_each_source_gives_its_weights_share_of_the_total(files, tokenizer):
@@ -89,7 +88,7 @@ def test_a_source_keeps_its_own_format(tmp_path, files, tokenizer):
             "data.template=compact",
         ],
     )
-    found = texts(tokenizer, prepare(data_spec(cfg), tokenizer))
+    found = texts(tokenizer, prepare(cfg.data_specs()[0], tokenizer))
     assert sum(t.startswith("### Instruction:\nalpha") for t in found) == 4
     assert sum(t.startswith("gamma") for t in found) == 4
 

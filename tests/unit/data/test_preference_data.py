@@ -13,7 +13,7 @@ from tunelab.errors import TunelabError
 
 
 def spec(path, fmt="completion", seq_len=128) -> DataSpec:
-    return DataSpec(str(path), fmt, "compact", False, seq_len, pairs=True)
+    return DataSpec(str(path), fmt, "compact", False, seq_len, builder="data.preference:prepare_pairs")
 
 
 def decoded(tokenizer, data, i) -> tuple[str, str]:

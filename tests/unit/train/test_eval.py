@@ -12,7 +12,6 @@ from safetensors.torch import load_file
 from tunelab.data.examples import IGNORE
 from tunelab.data.pipeline import prepare_split
 from tunelab.recipes.train import train
-from tunelab.specs import data_spec, held_out_spec
 from tunelab.train import loop
 
 pytestmark = pytest.mark.slow  # every test here trains or compiles
@@ -53,7 +52,7 @@ def test_eval_loss_is_the_token_mean_over_the_held_out_rows(tiny_model_dir, data
 
     # The final adapter is the state evaluated at step 3; compute the loss example by example with the model.
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), out / "adapter").eval()
-    _, held = prepare_split(data_spec(cfg), held_out_spec(cfg), tokenizer)
+    _, held = prepare_split(*cfg.data_specs(), tokenizer)
     total, tokens = 0.0, 0
     with torch.no_grad():
         for i in range(len(held)):

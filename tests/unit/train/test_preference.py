@@ -7,11 +7,10 @@ import pytest
 import torch
 from conftest import make_tiny_llama
 
-from tunelab.config import AdapterConfig, LoraConfig
+from tunelab.config import AdapterConfig, LoraConfig, ObjectiveConfig, PreferenceConfig
 from tunelab.data.examples import IGNORE, DatasetStats, TokenizedData
 from tunelab.data.packing import collate
 from tunelab.model.adapters import apply_adapter
-from tunelab.objectives import PreferenceSpec
 from tunelab.train.preference import PreferenceLoss, dpo_loss
 
 pytest.importorskip("trl")
@@ -105,7 +104,7 @@ def trl_side(model, objective: str, beta: float):
 def tunelab_side(model, objective: str, beta: float, rows: list[list[int]]):
     """The loss module on packed rows, summed over micro-batches and divided by the pairs, as the loop does."""
     data = pair_data()
-    root = PreferenceLoss(model, PreferenceSpec(objective, beta=beta))
+    root = PreferenceLoss(model, ObjectiveConfig(name=objective, preference=PreferenceConfig(beta=beta)))
     total = 0
     for batch_rows in rows:
         b = collate(data, batch_rows, 64, 0, True, sequences=True)
