@@ -1,5 +1,4 @@
-"""plan's suite-measured efficiencies (plan/catalog/measured.yaml): which rows a run takes, and the loop from a
-suite results file through benchmarks/fit_catalog.py back to plan predicting the measured rate."""
+"""The loop from a suite results file through benchmarks/fit_catalog.py back to plan predicting the measured rate."""
 
 import json
 import subprocess
@@ -10,68 +9,7 @@ import yaml
 from conftest import REPO
 
 from tunelab.cli import main
-from tunelab.plan import catalog, timing
-from tunelab.plan.calibration import CalibrationRecord
-
-
-def _row(method, params, efficiency, compile=False, grad_ckpt=False, source="suite.json"):
-    return {
-        "method": method,
-        "compile": compile,
-        "grad_ckpt": grad_ckpt,
-        "params": params,
-        "micro_batch": 8,
-        "efficiency": efficiency,
-        "source": source,
-    }
-
-
-@pytest.fixture
-def measured(monkeypatch):
-    """Replace measured.yaml's classes with the dict the test fills."""
-    classes: dict = {}
-    real = catalog.read
-    monkeypatch.setattr(catalog, "read", lambda name: {"classes": classes} if name == "measured.yaml" else real(name))
-    return classes
-
-
-def test_a_run_takes_the_rows_of_its_settings_interpolated_on_log_parameters(measured):
-    measured["datacenter-hopper"] = [
-        _row("lora", 1e9, 0.20),
-        _row("lora", 8e9, 0.30),
-        _row("lora", 8e9, 0.45, compile=True),
-        _row("qlora", 1e9, 0.15),
-        _row("qlora", 1e9, 0.17),
-        _row("qlora", 8e9, 0.26),
-    ]
-
-    def value(method="lora", params=1e9, compile=False, grad_ckpt=False):
-        found = catalog.measured_efficiency("datacenter-hopper", method, compile, grad_ckpt, params)
-        return None if found is None else found.value
-
-    assert value() == pytest.approx(0.20) and value(params=8e9) == pytest.approx(0.30)
-    assert value(params=(1e9 * 8e9) ** 0.5) == pytest.approx(0.25)  # halfway in log(parameters)
-    assert value(params=70e9) == pytest.approx(0.30) and value(params=0.1e9) == pytest.approx(0.20)  # nearest size
-    assert value(compile=True) == pytest.approx(0.45)  # the compiled row, though measured at another size
-    assert value(grad_ckpt=True) == pytest.approx(0.20)  # no grad_ckpt row: the rows of its compile setting
-    assert value("qlora") == pytest.approx(0.16)  # two runs of one size: their mean
-    assert value("qlora", params=(1e9 * 8e9) ** 0.5) == pytest.approx(0.21)  # and between sizes from the mean
-    assert value("full") is None and catalog.measured_efficiency("consumer-ada", "lora", False, False, 1e9) is None
-
-
-def test_calibration_then_suite_measurements_then_the_class_default(measured):
-    measured["datacenter-hopper"] = [_row("lora", 1e9, 0.2, source="benchmarks/gpu_h100_2026-12-01.json row 1b")]
-    eff = timing.efficiency("datacenter-hopper", "lora", "none", None, params=10**9)
-    assert eff.value == pytest.approx(0.2)
-    assert "measured for lora, eager, on class datacenter-hopper at 1.0B parameters" in eff.label
-    compiled = timing.efficiency("datacenter-hopper", "lora", "none", None, compile=True, params=10**9)
-    assert "measured for lora, eager," in compiled.label  # the rows it took, not the run's settings
-    assert "benchmarks/gpu_h100_2026-12-01.json row 1b" in eff.label
-    record = CalibrationRecord("k", "NVIDIA H100", peak_flops=1e15, efficiency={"lora": 0.33})
-    assert timing.efficiency("datacenter-hopper", "lora", "none", record, params=10**9).value == pytest.approx(0.33)
-    default = timing.efficiency("datacenter-hopper", "full", "none", None, params=10**9)
-    assert default.value == catalog.class_efficiency("datacenter-hopper") and "uncalibrated" in default.label
-
+from tunelab.plan import catalog
 
 PLAN = ["plan", "--model", "llama-3.2-1b", "--method", "lora", "--seq-len", "2048", "--micro-batch", "8"]
 PLAN += ["--examples", "1000", "--mean-tokens", "500", "--gpu", "h100-sxm", "--json"]
