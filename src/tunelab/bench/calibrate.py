@@ -1,10 +1,11 @@
-"""Fit a device's calibration record from measured bench points (`tunelab bench --calibrate`).
+"""Fit a device's calibration record from measured bench points (`tunelab bench calibrate`).
 
 What `plan --gpu local` needs to reproduce a measurement:
-- efficiency per method: an older plan predicted tokens_padded/s = peak x efficiency / hardware_flops_per_token
-  (plan/estimate.py still reads it from records without step_scale), so the fitted efficiency is the measured steady-state rate times plan's hardware FLOPs
-  per token over the peak stored beside it (`measure.achieved_efficiency`). Peak and efficiency are saved
-  together: their product is the achieved FLOP/s, so the probe's own noise cancels out of the prediction.
+- efficiency per method: plan predicts a record without step_scale at tokens_padded/s = peak x efficiency /
+  hardware_flops_per_token (plan/estimate.py), so the fitted efficiency is the measured steady-state rate
+  times plan's hardware FLOPs per token over the peak stored beside it (`measure.achieved_efficiency`). Peak
+  and efficiency are saved together: their product is the achieved FLOP/s, so the probe's own noise cancels
+  out of the prediction.
 - step_scale per method: the measured optimizer step over the step model's (plan/steptime.py) for the same run,
   at the same peak. plan multiplies the model's step of any other shape by it, so what the model knows of
   micro-batch, seq_len and the data carries over; `efficiency` (flat, from FLOPs alone) stays for older plans.
@@ -42,7 +43,7 @@ def fit(
     peak: Peak,
     points: list[Point],
     previous: CalibrationRecord | None = None,
-    source: str = "tunelab bench --calibrate",
+    source: str = "tunelab bench calibrate",
 ) -> CalibrationRecord:
     """A new record; efficiencies of methods not re-measured are kept from `previous`, rescaled to the new
     peak so their achieved FLOP/s stays what was measured."""
