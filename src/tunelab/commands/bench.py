@@ -1,6 +1,6 @@
 """`tunelab bench SUBCOMMAND`: measure the real training path on this device beside plan's prediction and store
 every record (`run`, `sweep`, `profile`, `peers`, `suite`); fit this device's calibration (`calibrate`); export
-the database (`export`).
+the database (`export`); fit plan's step-time constants to the measured rows (`fit`).
 
 Parses each subcommand's options, reads the config and prints: the measuring loops are bench/runs.py's (each point
 recipes/train.py's `train` in a fresh process, bench/points.py), the tables bench/console.py's.
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .. import config as cfgmod
 from ..bench import console, runs, store
+from ..bench.fitting import ROWS
 from ..bench.points import FORCED, json_view, slug
 from ..errors import TunelabError
 from ..io import check_output_dir, check_output_file, write_atomic
@@ -46,7 +47,7 @@ class _Moved(argparse.Action):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """`bench run|sweep|profile|calibrate|peers|suite|export`, each with its own options; KEY=VALUE
+    """`bench run|sweep|profile|calibrate|peers|suite|export|fit`, each with its own options; KEY=VALUE
     overrides of the config follow the subcommand."""
     p.set_defaults(overrides=[], mode=None, moved=None)
     p.add_argument(*MOVED, *OPTIONS, dest="moved", nargs=argparse.REMAINDER, action=_Moved, help=argparse.SUPPRESS)
@@ -98,6 +99,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     export.add_argument("format", choices=("csv", "json"))
     export.add_argument("--out", help="write to this file (atomically) instead of stdout")
     stored_options(export)
+    fit = mode("fit", "fit plan's step-time constants to the measured rows and show how close plan comes to each")
+    fit.add_argument("--rows", default=ROWS, metavar="DIR", help=f"the folder of row files (default {ROWS})")
+    fit.add_argument("--write", action="store_true", help="store the fit in plan's catalog (plan/catalog/fitted.yaml)")
 
 
 def measured_options(p: argparse.ArgumentParser, steps: int, each: str = "") -> None:
@@ -237,7 +241,7 @@ def point_config(args: argparse.Namespace, extra: list[str], out: Path) -> cfgmo
     return cfgmod.load_config(args.config, [*args.overrides, *extra, *FORCED, f"output_dir={out}"])
 
 
-# ---- stored runs ---------------------------------------------------------------------------------------
+# ---- stored runs and the fit -------------------------------------------------------------------------------
 
 
 def export(args: argparse.Namespace) -> int:
@@ -254,6 +258,28 @@ def export(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_fit(args: argparse.Namespace) -> int:
+    """The fit of the row files' rows, every row predicted in and out of it; with --write, stored in plan's
+    catalog (a file that already holds it is left as it is)."""
+    from ..bench import fitting
+    from ..plan import fit
+
+    if args.overrides:
+        raise TunelabError(f"bench fit reads no training config; drop {args.overrides[0]}")
+    result = fitting.run(Path(args.rows))
+    for line in result.left_out:
+        print(line, file=sys.stderr)
+    print("\n".join([*fitting.rows_table(result.rows()), "", *fitting.constants_table(result.devices())]))
+    if args.write:
+        changed = fit.write_catalog(result.catalog(), fit.FITTED)
+        print(f"{'wrote' if changed else 'unchanged'}: {fit.FITTED}")
+    else:
+        shipped = fit.FITTED.read_text() if fit.FITTED.exists() else ""
+        same = fit.catalog_text(result.catalog(), shipped) == shipped
+        print(f"{fit.FITTED}: {'holds this fit' if same else 'differs from this fit; --write stores it'}")
+    return 0
+
+
 SUBCOMMANDS = {
     "run": run_point,
     "sweep": run_sweep,
@@ -262,4 +288,5 @@ SUBCOMMANDS = {
     "peers": run_peers,
     "suite": run_suite,
     "export": export,
+    "fit": run_fit,
 }

@@ -193,7 +193,7 @@ class StepConstants:
 
 
 def step_constants(device: str, device_type: str) -> StepConstants:
-    """The fitted constants (catalog/fitted.yaml, written by benchmarks/scripts/plan_accuracy.py) of `device` (a catalog
+    """The fitted constants (catalog/fitted.yaml, written by `tunelab bench fit --write`) of `device` (a catalog
     GPU id or a local CPU class); a device without measured rows gets those pooled over its kind's measured
     devices (cuda or cpu), all reported as carried over."""
     data = read("fitted.yaml") or {}

@@ -42,6 +42,8 @@ def test_each_subcommand_takes_its_options_and_the_overrides_after_it(parsed):
     assert (got["suite"], got["rows"], got["overrides"]) == ("gpu", "8b-lora", ["micro_batch=2"])
     assert parsed("export", "csv", "output_dir=runs/x")["overrides"] == ["output_dir=runs/x"]
     assert parsed("profile", "out/p", "micro_batch=2")["dir"] == "out/p"
+    got = parsed("fit", "--write")
+    assert got["write"] is True and got["rows"] == "benchmarks/plan-accuracy/rows"
 
 
 def one_line_error(capsys, *argv: str) -> str:
@@ -69,7 +71,7 @@ def test_the_flag_form_is_a_one_line_error_naming_the_subcommand(capsys, argv, u
 
 def test_no_subcommand_lists_them(capsys):
     err = one_line_error(capsys)
-    assert "run, sweep, profile, calibrate, peers, suite, export" in err
+    assert "run, sweep, profile, calibrate, peers, suite, export, fit" in err
 
 
 def test_an_unknown_flag_after_a_subcommand_is_refused(parsed, capsys):
@@ -77,6 +79,10 @@ def test_an_unknown_flag_after_a_subcommand_is_refused(parsed, capsys):
         parsed("run", "micro_batch=4", "--bogus")
     err = capsys.readouterr().err
     assert "unrecognized arguments:" in err and "--bogus" in err
+
+
+def test_fit_takes_no_config_overrides(capsys):
+    assert "drop micro_batch=8" in one_line_error(capsys, "fit", "micro_batch=8")
 
 
 def test_calibration_contrasts_the_configs_method_with_the_other_flop_count():
