@@ -8,13 +8,13 @@
 # runs these steps in priority order, each under a time cap, skipping a step when too little of the budget
 # (default 540 s) is left for it, and writes every result under $OUT as soon as it has it:
 #   data       the long rows' documents, and plan for the two long rows on this GPU
-#   long-8b    bench --suite h100-8b: LoRA at 65,536 tokens with activation offloading, QLoRA compiled at seq
+#   long-8b    bench suite h100-8b: LoRA at 65,536 tokens with activation offloading, QLoRA compiled at seq
 #              2048, QLoRA at 131,072 tokens with offloading; plan's memory beside each
-#   speed-1b   bench --suite h100: 1B LoRA compiled and 1B full (compiled)
-#   calibrated plan, `bench --calibrate` at a 1B run's own config (timed), plan again, then that run (issue 35)
+#   speed-1b   bench suite h100: 1B LoRA compiled and 1B full (compiled)
+#   calibrated plan, `bench calibrate` at a 1B run's own config (timed), plan again, then that run (issue 35)
 #   sharded    FSDP2 on one GPU: 4 steps with a checkpoint at 2, then resumed from it; ZeRO-2 and ZeRO-3 train
 #   tests      the whole suite collected on the host's versions, then the gpu tier (pytest -m gpu)
-#   profile    bench --profile of the compiled 8B LoRA row (3 steps)
+#   profile    bench profile of the compiled 8B LoRA row (3 steps)
 #   speed-8b   8B LoRA compiled (with the HF + Liger and HF Trainer + PEFT peers) and at seq 4096, into results.tgz
 #   dpo        DPO on the 1B shape beside TRL's DPOTrainer, into results.tgz
 #   launch     the same 1B training run plain and under `accelerate launch` with one process
@@ -25,7 +25,7 @@
 # `-dry` twins of the suites, eager), the test tier collected only.
 #
 # Older entry points: `benchmarks/gpu.sh tests [pytest args]`, `benchmarks/gpu.sh profile [MODEL [METHOD
-# [key=value ...]]]` and `benchmarks/gpu.sh suite [bench --suite args]` (the whole `gpu` suite by default).
+# [key=value ...]]]` and `benchmarks/gpu.sh suite [bench suite args]` (the whole `gpu` suite by default).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -55,11 +55,11 @@ case "${1:-}" in
     if [ $# -gt 0 ] && [[ "$1" != *=* ]]; then method=$1; shift; fi
     data=${TMPDIR:-/tmp}/tunelab-profile-data.jsonl
     "${TL[@]}" data synthetic "${WORKLOAD[@]}" --out "$data" || exit
-    exec "${TL[@]}" bench model="$model" method="$method" data.path="$data" "${SHARED[@]}" micro_batch=2 "$@" \
-      --steps 5 --warmup 2 --json --profile "${OUT:-runs/profile}/profile-${model#random:}-$method" ;;
+    exec "${TL[@]}" bench profile "${OUT:-runs/profile}/profile-${model#random:}-$method" model="$model" \
+      method="$method" data.path="$data" "${SHARED[@]}" micro_batch=2 "$@" --steps 5 --warmup 2 --json ;;
   suite)
     shift
-    exec "${TL[@]}" bench --suite gpu --out "${OUT:-benchmarks}" "$@" ;;
+    exec "${TL[@]}" bench suite gpu --out "${OUT:-benchmarks}" "$@" ;;
 esac
 
 DRY=0 ONLY="" BUDGET=540 STEP=""
@@ -165,8 +165,8 @@ profile() {
   local model=random:llama-3.1-8b shape=("${SHARED[@]}" micro_batch=4 compile=true)
   if [ "$DRY" = 1 ]; then model=random:smollm2-135m shape=("${SHARED[@]}" seq_len=128 micro_batch=2 compile=false); fi
   "${TL[@]}" data synthetic "${WORKLOAD[@]}" --out "$WORK/data.jsonl" >/dev/null &&
-    "${TL[@]}" bench model="$model" method=lora data.path="$WORK/data.jsonl" "${shape[@]}" --steps 3 --warmup 2 \
-      --json --profile "$WORK/profile-8b-lora-compiled"
+    "${TL[@]}" bench profile "$WORK/profile-8b-lora-compiled" model="$model" method=lora data.path="$WORK/data.jsonl" \
+      "${shape[@]}" --steps 3 --warmup 2 --json
   local rc=$?
   find "$WORK/profile-8b-lora-compiled" -name '*.json' -size +8M -delete 2>/dev/null  # traces over 8 MB stay out
   return $rc

@@ -1,7 +1,7 @@
-"""After `tunelab bench --calibrate` at a run's own config, does plan predict that run's training time within 10%?
+"""After `tunelab bench calibrate` at a run's own config, does plan predict that run's training time within 10%?
 
 The user's sequence on the present device, timed: plan's prediction from the fitted constants of the device's
-class, the calibration probe (`tunelab bench --calibrate --config CONFIG --methods <its method>`), plan again
+class, the calibration probe (`tunelab bench calibrate --config CONFIG --methods <its method>`), plan again
 (now scaled by the probe's measured/modeled step), then the run itself (`tunelab train --config CONFIG`, a
 process of its own as a user runs it). Each prediction is plan's training time as the loop measures it
 (torch.compile's first steps included, as `make demo` compares it).
@@ -60,7 +60,7 @@ def main() -> int:
     probe = [
         *cli,
         "bench",
-        "--calibrate",
+        "calibrate",
         "--config",
         str(args.config),
         *overrides[:-1],

@@ -1,4 +1,4 @@
-"""Does a calibrated plan predict a real run's training time? `bench --calibrate` on the present device (one
+"""Does a calibrated plan predict a real run's training time? `bench calibrate` on the present device (one
 shape), then `tunelab train` runs of other lengths and shapes (--check), each with plan's predicted time beside
 the measured one: calibrated as plan does now (the step model times the measured/modeled step ratio), with the
 same record's flat efficiency (what older plans did), and uncalibrated.
@@ -66,7 +66,7 @@ def main() -> int:
     )
     calibrate = [
         "bench",
-        "--calibrate",
+        "calibrate",
         *common,
         f"output_dir={work / 'cal'}",
         "--methods",

@@ -1,4 +1,4 @@
-"""Markdown for the reports tunelab writes (plan, report, bench --suite): one table writer and the cell formats
+"""Markdown for the reports tunelab writes (plan, report, bench suite): one table writer and the cell formats
 they share. Torch-free."""
 
 from __future__ import annotations

@@ -150,13 +150,43 @@ DATA = {"rows": 8, "prompt_tokens": "4-8", "response_tokens": "4-8"}
 SUITE_ROW = {"name": "a", "model": "random:smollm2-135m", "method": "lora", "steps": 1}
 
 
+FIT_ROW = {
+    "device": "h200",
+    "kind": "cuda",
+    "label": "1b-lora",
+    "source": "a results file row 1b-lora",
+    "model": "random:llama-3.2-1b",
+    "method": "lora",
+    "micro_batch": 8,
+    "seq_len": 2048,
+    "compiled": False,
+    "grad_ckpt": False,
+    "measured_s": 0.27,
+    "peak": 989e12,
+    "bandwidth": 4.8e12,
+    "r": 16,
+    "compute_bytes": 2,
+    "packing": True,
+    "lengths": "mean:500",
+    "loss_fraction": 0.5,
+}
+
+
+def fit_rows(env: Env, change: dict, **keys) -> list[str]:
+    """`bench fit` over a folder of one row file: one valid row but for `change` (None drops a key), and `keys`."""
+    row = {k: v for k, v in {**FIT_ROW, **change}.items() if v is not None}
+    (env.tmp / "rows").mkdir(exist_ok=True)
+    (env.tmp / "rows" / "1_rows.yaml").write_text(yaml.safe_dump({"date": "2026-12-01", "rows": [row], **keys}))
+    return ["bench", "fit", "--rows", str(env.tmp / "rows")]
+
+
 def suite(env: Env, *overrides: str, raw: bytes | None = None, rows: object = None, **keys) -> list[str]:
-    """`bench --suite` over a suites file of one suite `mini` (a valid one but for `rows` and `keys`)."""
+    """`bench suite` over a suites file of one suite `mini` (a valid one but for `rows` and `keys`)."""
     if raw is None:
         body = {"data": DATA, "rows": rows or [SUITE_ROW]}
         raw = yaml.safe_dump({"suites": {"mini": {**body, **keys}}}).encode()
     path = env.data("s.yaml", raw=raw)
-    return ["bench", "--suite", str(path), "--out", str(env.out), f"output_dir={env.tmp / 'runs'}", *overrides]
+    return ["bench", "suite", str(path), "--out", str(env.out), f"output_dir={env.tmp / 'runs'}", *overrides]
 
 
 def corrupt_checkpoint(env: Env) -> list[str]:
@@ -617,34 +647,46 @@ CASES = [
     ),
     case("export-without-merge", lambda e: ["export", "--adapter", str(e.adapter()), "--out", str(e.out)], "--merge"),
     # --- bench ---
-    case("bench-zero-steps", lambda e: ["bench", "--config", e.config({}), "--steps", "0"], "--steps"),
-    case("bench-out-alone", lambda e: ["bench", "--config", e.config({}), "--out", str(e.out)], "--out"),
-    case("bench-sweep-without-values", lambda e: ["bench", "--sweep", "micro_batch"], "--sweep", "micro_batch"),
-    case("bench-export-no-db", lambda e: ["bench", "--export", "csv", "--db", str(e.tmp / "x.sqlite")], "x.sqlite"),
+    case("bench-no-subcommand", lambda e: ["bench"], "name a subcommand", "run, sweep"),
+    case(
+        "bench-flag-form",
+        lambda e: ["bench", "--config", e.config({}), "--sweep", "micro_batch=2,4"],
+        "tunelab bench sweep --axis",
+    ),
+    case("bench-zero-steps", lambda e: ["bench", "run", "--config", e.config({}), "--steps", "0"], "--steps"),
+    case("bench-sweep-without-values", lambda e: ["bench", "sweep", "--axis", "micro_batch"], "--axis", "micro_batch"),
+    case("bench-export-no-db", lambda e: ["bench", "export", "csv", "--db", str(e.tmp / "x.sqlite")], "x.sqlite"),
     case(
         "bench-export-out-is-a-directory",
-        lambda e: ["bench", "--export", "csv", "--db", str(e.tmp / "x.sqlite"), "--out", str(e.tmp)],
+        lambda e: ["bench", "export", "csv", "--db", str(e.tmp / "x.sqlite"), "--out", str(e.tmp)],
         "--out",
         "is a directory",
     ),
     case(
-        "bench-suite-out-is-a-file", lambda e: ["bench", "--suite", "cpu", "--out", str(e.data())], "--out", "is a file"
+        "bench-suite-out-is-a-file", lambda e: ["bench", "suite", "cpu", "--out", str(e.data())], "--out", "is a file"
     ),
     case(
         "bench-export-db-not-sqlite",
-        lambda e: ["bench", "--export", "json", "--db", str(e.data("x.sqlite", raw=b"not a database" * 10))],
+        lambda e: ["bench", "export", "json", "--db", str(e.data("x.sqlite", raw=b"not a database" * 10))],
         "x.sqlite",
         "not a results database",
     ),
     case(
         "bench-db-not-sqlite",
-        lambda e: ["bench", "--config", e.config({}), "--db", str(e.data("x.sqlite", raw=b"not a database" * 10))],
+        lambda e: [
+            "bench",
+            "run",
+            "--config",
+            e.config({}),
+            "--db",
+            str(e.data("x.sqlite", raw=b"not a database" * 10)),
+        ],
         "x.sqlite",
         "not a results database",
     ),
     case(
         "bench-db-is-a-directory",
-        lambda e: ["bench", "--config", e.config({}), "--db", str(e.tmp)],
+        lambda e: ["bench", "run", "--config", e.config({}), "--db", str(e.tmp)],
         "--db",
         "is a directory",
     ),
@@ -678,7 +720,15 @@ CASES = [
     ),
     case("suite-bad-override", lambda e: suite(e, "lora.rr=8"), "'lora.rr'", "did you mean 'lora.r'"),
     case("suite-peers-list", lambda e: suite(e, peers=["trl-sft"]), "peers must be a mapping"),
-    case("bench-bad-config", lambda e: ["bench", "--config", e.config({"seqlen": 64})], "'seqlen'", "'seq_len'"),
+    case("bench-bad-config", lambda e: ["bench", "run", "--config", e.config({"seqlen": 64})], "'seqlen'", "'seq_len'"),
+    case(
+        "bench-fit-row-missing-key", lambda e: fit_rows(e, {"measured_s": None}), "1_rows.yaml", "measured_s: missing"
+    ),
+    case("bench-fit-row-wrong-type", lambda e: fit_rows(e, {"r": "sixteen"}), "1_rows.yaml", "rows[0] (1b-lora): r"),
+    case("bench-fit-row-bad-lengths", lambda e: fit_rows(e, {"lengths": "median:3"}), "1_rows.yaml", "lengths"),
+    case("bench-fit-unknown-key", lambda e: fit_rows(e, {}, stepz=1), "1_rows.yaml", "unknown key 'stepz'"),
+    case("bench-fit-suite-missing", lambda e: fit_rows(e, {}, suites=["nope.json"]), "1_rows.yaml", "nope.json"),
+    case("bench-fit-no-rows", lambda e: ["bench", "fit", "--rows", str(e.tmp)], "no row files", "--rows"),
 ]
 
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 import tunelab
 from tunelab import methods, objectives
 
@@ -16,15 +14,6 @@ PACKAGE = Path(tunelab.__file__).parent
 REPO = PACKAGE.parents[1]
 NAMES = frozenset(methods.NAMES) | frozenset(objectives.NAMES)
 REGISTRIES = {PACKAGE / "methods.py", PACKAGE / "objectives.py"}
-# Files whose comparisons are being removed on the main branch at the same time (issue #45); this branch leaves
-# them alone. Once main's copies are merged the xfail below passes and these lines go.
-PENDING = {
-    *(PACKAGE / "plan").glob("*.py"),
-    PACKAGE / "commands" / "bench.py",
-    REPO / "benchmarks" / "scripts" / "plan_accuracy.py",
-}
-
-
 def name_literals(node: ast.AST) -> list[str]:
     """The registry names `node` spells as string literals: itself, or the items of a tuple, list or set."""
     if isinstance(node, ast.Constant) and node.value in NAMES:
@@ -63,12 +52,7 @@ def dispatch_in(paths) -> list[str]:
 
 
 def test_no_code_outside_the_registries_compares_method_or_objective_names():
-    assert not dispatch_in(p for p in scanned() if p not in PENDING)
-
-
-@pytest.mark.xfail(strict=False, reason="plan/ and bench comparisons removed on the main branch")
-def test_no_name_comparisons_in_the_files_main_is_changing():
-    assert not dispatch_in(p for p in scanned() if p in PENDING)
+    assert not dispatch_in(scanned())
 
 
 def test_the_scan_finds_each_form_of_dispatch():

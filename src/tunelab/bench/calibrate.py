@@ -1,10 +1,11 @@
-"""Fit a device's calibration record from measured bench points (`tunelab bench --calibrate`).
+"""Fit a device's calibration record from measured bench points (`tunelab bench calibrate`).
 
 What `plan --gpu local` needs to reproduce a measurement:
-- efficiency per method: plan predicts tokens_padded/s = peak x efficiency / hardware_flops_per_token
-  (plan/timing.py), so the fitted efficiency is the measured steady-state rate times plan's hardware FLOPs
-  per token over the peak stored beside it (`measure.achieved_efficiency`). Peak and efficiency are saved
-  together: their product is the achieved FLOP/s, so the probe's own noise cancels out of the prediction.
+- efficiency per method: plan predicts a record without step_scale at tokens_padded/s = peak x efficiency /
+  hardware_flops_per_token (plan/estimate.py), so the fitted efficiency is the measured steady-state rate
+  times plan's hardware FLOPs per token over the peak stored beside it (`measure.achieved_efficiency`). Peak
+  and efficiency are saved together: their product is the achieved FLOP/s, so the probe's own noise cancels
+  out of the prediction.
 - step_scale per method: the measured optimizer step over the step model's (plan/steptime.py) for the same run,
   at the same peak. plan multiplies the model's step of any other shape by it, so what the model knows of
   micro-batch, seq_len and the data carries over; `efficiency` (flat, from FLOPs alone) stays for older plans.
@@ -26,7 +27,7 @@ from .measure import Peak, achieved_efficiency
 class Point:
     """One measured calibration run and plan's figures for the same settings."""
 
-    method_key: str  # plan.timing.method_key: lora | dora | qlora | full | lora-int8
+    method_key: str  # methods.Method.key: lora | dora | qlora | full | lora-int8 | dora-nf4 | ...
     tokens_padded_per_s: float
     flops: FlopsPerToken
     peak_memory_bytes: int
@@ -42,7 +43,7 @@ def fit(
     peak: Peak,
     points: list[Point],
     previous: CalibrationRecord | None = None,
-    source: str = "tunelab bench --calibrate",
+    source: str = "tunelab bench calibrate",
 ) -> CalibrationRecord:
     """A new record; efficiencies of methods not re-measured are kept from `previous`, rescaled to the new
     peak so their achieved FLOP/s stays what was measured."""
@@ -70,57 +71,3 @@ def fit(
         step_scale=step_scale,
         source=f"{source}: {', '.join(p.method_key for p in points)}; peak {peak.source}",
     )
-
-
-def suite_efficiencies(doc: dict, source: str) -> tuple[dict[str, list[dict]], list[str]]:
-    """Catalog rows (plan/catalog/measured.yaml) from a `bench --suite` results document: per device class, one
-    row per tunelab record that ran against a catalog peak, its efficiency fitted as `fit` fits a calibration
-    (the measured padded rate times the record's hardware FLOPs per token over the peak). Returns the rows by
-    class and one line for each record left out and why (a failed row, a peer, a probe peak)."""
-    from ..plan import catalog
-    from ..plan.timing import method_key
-    from ..sources import resolve_arch
-
-    by_class: dict[str, list[dict]] = {}
-    left_out = []
-    shaped = {r["name"] for r in doc.get("definition", {}).get("rows", []) if r.get("shape")}
-    for rec in doc["records"]:
-        label = rec.get("label", "?")
-        if rec.get("kind") != "tunelab" or "error" in rec or "skipped" in rec:
-            left_out.append(f"{label}: {'not a tunelab row' if rec.get('kind') != 'tunelab' else 'did not run'}")
-            continue
-        if label in shaped:
-            left_out.append(f"{label}: its shape overrides the catalog model's, whose size plan would look up")
-            continue
-        # bench/measure.device_peak writes "catalog <id>: <the row's source>" for a catalog peak.
-        gpu_id = str(rec.get("peak_source", "")).removeprefix("catalog ").split(":")[0]
-        if not str(rec.get("peak_source", "")).startswith("catalog ") or gpu_id not in catalog.gpu_ids():
-            left_out.append(f"{label}: its peak is not a catalog row ({rec.get('peak_source')})")
-            continue
-        gpu = catalog.gpu(gpu_id)
-        efficiency = achieved_efficiency(
-            rec["tokens_padded_per_s"], rec["hardware_flops_per_token"], rec["device_peak_flops"]
-        )
-        by_class.setdefault(gpu.device_class, []).append(
-            {
-                "method": method_key(rec["method"], rec["config"].get("base_quant", "none")),
-                "compile": compiled(rec),
-                "grad_ckpt": bool(rec["grad_ckpt"]),
-                "params": resolve_arch(rec["model"]).total_params,
-                "micro_batch": rec["micro_batch"],
-                "efficiency": round(efficiency, 4),
-                "source": f"{source} row {label} ({rec['device']}, {doc['date']})",
-            }
-        )
-    return by_class, left_out
-
-
-def compiled(rec: dict) -> bool:
-    """Whether a bench record's blocks ran compiled: the run's own decision (`compile` in its summary, with
-    `auto` resolved), else its config's boolean."""
-    choice = rec.get("compile")
-    if isinstance(choice, bool):
-        return choice
-    if isinstance(choice, dict):
-        return bool(choice.get("chosen"))
-    return rec["config"].get("compile") is True

@@ -87,6 +87,6 @@ def hfu(tokens_nonpad_per_s: float, flops: FlopsPerToken, peak_flops: float) -> 
 
 
 def achieved_efficiency(tokens_padded_per_s: float, hardware_flops_per_token: float, peak_flops: float) -> float:
-    """The efficiency plan's time model uses: every fed position (padding included) costs hardware FLOPs
-    (plan/timing.py), so this is the fraction of the peak that makes plan's predicted rate the measured one."""
+    """A calibration record's flat efficiency: every fed position (padding included) costs hardware FLOPs, so
+    this is the fraction of the peak that makes a rate of peak x efficiency / FLOPs per token the measured one."""
     return tokens_padded_per_s * hardware_flops_per_token / peak_flops

@@ -1,6 +1,6 @@
 """Peer recipes: the Hugging Face trainers users come from, run on the same model, data and machine as tunelab.
 
-Three peers, each configured the way its users write it, not weakened:
+Five peers, each configured the way its users write it, not weakened:
 
 - `hf-trainer-seed`: the recipe of the seed repos (shared/seeds 000, 003): `transformers.Trainer` + PEFT LoRA
   r 8, alpha 32, dropout 0.05 on q_proj/v_proj, Alpaca prompt with the prompt masked, every example padded

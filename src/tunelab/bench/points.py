@@ -175,7 +175,7 @@ def point_peak(peaks: dict, device_ref: str, summary: dict, catalog_gpu: str | N
     """The peak a point of a sweep or suite divides by. A GPU's is its catalog figure (or one probe per precision,
     kept in `peaks`); a CPU is probed again after every point: a CPU shared with other processes changes speed
     between points (the probes of benchmarks/plan-accuracy/cpu-steps_*.json), and each point's MFU and plan's
-    fit (benchmarks/scripts/plan_accuracy.py) need the speed it ran at."""
+    fit (`tunelab bench fit`) need the speed it ran at."""
     from ..device import pick_device
 
     on_cpu = pick_device(device_ref).type == "cpu"

@@ -1,4 +1,4 @@
-"""`tunelab bench --profile DIR`: where a training step's time goes, from torch.profiler over a few steady steps.
+"""`tunelab bench profile DIR`: where a training step's time goes, from torch.profiler over a few steady steps.
 
 A profiled run is its own process, after the measured one: the profiler slows every operator it records, so
 its steps are never the ones a rate is read from. It runs the point's warm-up (compiling, first allocations)

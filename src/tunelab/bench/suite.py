@@ -1,4 +1,4 @@
-"""`tunelab bench suite NAME` (or `bench --suite NAME`): a fixed set of benchmark rows (bench/suites.yaml) on whatever device is here,
+"""`tunelab bench suite NAME`: a fixed set of benchmark rows (bench/suites.yaml) on whatever device is here,
 tunelab and its peers interleaved in one run, written to `<out>/<suite>_<device>_<date>.{json,md}`.
 
 Suites are data: each row is a training config (model, method, compile, grad_ckpt, micro-batch) over one
@@ -295,7 +295,7 @@ def run_row(
 
 
 def run_peers(suite: Suite, row: Row, ours: dict, cfg: cfgmod.TrainConfig | None, db: Path) -> list[dict]:
-    """Each peer once, right after the row it is compared with (interleaved, as `bench --peer` runs them)."""
+    """Each peer once, right after the row it is compared with (interleaved, as `bench peers` runs them)."""
     from ..device import pick_device
     from . import peers
 

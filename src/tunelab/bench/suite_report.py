@@ -80,9 +80,9 @@ def document(
             [
                 "tunelab",
                 "bench",
-                "--suite",
+                "suite",
                 options.suite,
-                *(["--suite-rows", rows] if rows else []),
+                *(["--rows", rows] if rows else []),
                 *(["--out", options.out] if options.out else []),
                 *options.overrides,
             ]
@@ -152,7 +152,7 @@ def markdown(doc: dict) -> str:
         )
     budget = f" (budget {doc['budget_s']:.0f} s)" if doc.get("budget_s") else ""
     lines = [
-        f"# tunelab bench --suite {doc['suite']}: {dev['name']}, {doc['date']}",
+        f"# tunelab bench suite {doc['suite']}: {dev['name']}, {doc['date']}",
         "",
         f"- device: {dev['name']}, {gib_cell(dev['memory_bytes'])}{detail}",
         f"- versions: {env}",

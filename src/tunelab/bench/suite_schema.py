@@ -219,7 +219,7 @@ def select_rows(suite: Suite, names: str | None) -> Suite:
     unknown = [n for n in wanted if n not in known]
     if unknown or not wanted:
         raise TunelabError(
-            f"--suite-rows {names}: {', '.join(unknown) or 'no row named'}: suite {suite.name} has rows {', '.join(known)}"
+            f"--rows {names}: {', '.join(unknown) or 'no row named'}: suite {suite.name} has rows {', '.join(known)}"
         )
     rows = [r for r in suite.rows if r.name in wanted]
     keep_peers = suite.peers_after in wanted

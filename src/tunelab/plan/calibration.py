@@ -1,4 +1,4 @@
-"""Per-device calibration records: what `tunelab bench --calibrate` measured, read back by `plan --gpu local`.
+"""Per-device calibration records: what `tunelab bench calibrate` measured, read back by `plan --gpu local`.
 
 Stored as JSON at `<tunelab cache>/calibration/<device_key>.json`. A record replaces the assumed defaults
 of `plan` for that device: its matmul peak, its achieved efficiency per method (fraction of that peak,
@@ -43,7 +43,7 @@ class CalibrationRecord:
     # it to the model's step of any shape; `efficiency` is what older records hold and plan falls back to)
     step_scale: dict[str, float] = field(default_factory=dict)
     created: str = ""
-    source: str = ""  # what produced it, e.g. "tunelab bench --calibrate (3 runs)"
+    source: str = ""  # what produced it, e.g. "tunelab bench calibrate (3 runs)"
     schema: int = SCHEMA_VERSION
 
 

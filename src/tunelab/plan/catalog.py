@@ -122,56 +122,16 @@ def nearest_bandwidth(peak_flops: float) -> float:
 
 
 def local_class(device_type: str, precision: str, cpu: str) -> str:
-    """The efficiency class of the present machine for `plan --gpu local`: `probe-gpu` on CUDA; on a CPU, by
-    what does the matmuls (`cpu` is device.cpu_class()): `cpu-fp32` when training computes in fp32,
-    `cpu-avx512-bf16` for bf16 on AVX-512 BF16 dot products, else `cpu` (AMX tiles, or bf16 that is only
-    emulated). Each class's efficiency is relative to the same probe bench divides by, and differs because the
-    probe and a small model's matmuls reach different shares of each kind of unit."""
+    """The class of the present machine for `plan --gpu local`: `probe-gpu` on CUDA; on a CPU, by what does the
+    matmuls (`cpu` is device.cpu_class()): `cpu-fp32` when training computes in fp32, `cpu-avx512-bf16` for
+    bf16 on AVX-512 BF16 dot products, else `cpu` (AMX tiles, or bf16 that is only emulated). A CPU class keys
+    its step-time constants in fitted.yaml: each is relative to the same probes bench divides by, and differs
+    because the probe and a small model's matmuls reach different shares of each kind of unit."""
     if device_type == "cuda":
         return "probe-gpu"
     if precision != "bf16":
         return "cpu-fp32"
     return "cpu-avx512-bf16" if cpu == "avx512-bf16" else "cpu"
-
-
-def class_efficiency(device_class: str) -> float:
-    data = read("gpus.yaml")
-    row = data["classes"].get(device_class) or data["local-classes"][device_class]
-    return float(row["efficiency"])
-
-
-@dataclass(frozen=True)
-class MeasuredEfficiency:
-    value: float
-    rows: tuple[dict, ...]  # the measured.yaml rows it comes from: those of one size, or of the two around it
-
-
-def measured_efficiency(
-    device_class: str, method_key: str, compile: bool, grad_ckpt: bool, params: int
-) -> MeasuredEfficiency | None:
-    """The suite-measured efficiency (measured.yaml) of `device_class` for a run of `method_key`, or None where
-    that method was never measured on the class. Rows that share the run's compile and grad_ckpt settings are
-    preferred, compile first (it changes the kernels, grad_ckpt only adds a recomputed forward that the hardware
-    FLOPs already count). Rows of one size (several suite runs) are averaged; between two measured sizes the
-    value is linear in log(parameters), beyond them the nearest size's."""
-    import math
-
-    rows = [r for r in read("measured.yaml")["classes"].get(device_class, []) if r["method"] == method_key]
-    if not rows:
-        return None
-    best = max((r["compile"] == compile, r["grad_ckpt"] == grad_ckpt) for r in rows)
-    by_size: dict[float, list[dict]] = {}
-    for r in rows:
-        if (r["compile"] == compile, r["grad_ckpt"] == grad_ckpt) == best:
-            by_size.setdefault(float(r["params"]), []).append(r)
-    sizes = sorted(by_size)
-    mean = {size: sum(float(r["efficiency"]) for r in by_size[size]) / len(by_size[size]) for size in sizes}
-    lo = max([size for size in sizes if size <= params], default=sizes[0])
-    hi = min([size for size in sizes if size >= params], default=sizes[-1])
-    if lo == hi:
-        return MeasuredEfficiency(mean[lo], tuple(by_size[lo]))
-    t = (math.log(params) - math.log(lo)) / (math.log(hi) - math.log(lo))
-    return MeasuredEfficiency(mean[lo] + t * (mean[hi] - mean[lo]), (*by_size[lo], *by_size[hi]))
 
 
 def runtime_overhead(device_type: str) -> int:
@@ -199,15 +159,6 @@ def compile_speedup(device_type: str) -> float:
 
 def scaling_efficiency(strategy: str) -> float:
     return float(read("gpus.yaml")["scaling"][strategy])
-
-
-def method_factor(key: str) -> float:
-    """The efficiency multiplier of a plan.timing.method_key; DoRA over a quantized base is DoRA's factor times
-    that of LoRA over the same base."""
-    methods = read("gpus.yaml")["methods"]
-    if key in ("dora-nf4", "dora-int8"):
-        return float(methods["dora"]) * method_factor({"dora-nf4": "qlora", "dora-int8": "lora-int8"}[key])
-    return float(methods[key])
 
 
 def prices(gpu_id: str) -> list[Price]:
@@ -242,7 +193,7 @@ class StepConstants:
 
 
 def step_constants(device: str, device_type: str) -> StepConstants:
-    """The fitted constants (catalog/fitted.yaml, written by benchmarks/scripts/plan_accuracy.py) of `device` (a catalog
+    """The fitted constants (catalog/fitted.yaml, written by `tunelab bench fit --write`) of `device` (a catalog
     GPU id or a local CPU class); a device without measured rows gets those pooled over its kind's measured
     devices (cuda or cpu), all reported as carried over."""
     data = read("fitted.yaml") or {}

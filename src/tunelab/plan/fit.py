@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from .steptime import Constants
+
+# The shipped fit, which `tunelab bench fit --write` replaces.
+FITTED = Path(__file__).parent / "catalog" / "fitted.yaml"
 
 # Relative weight of the pull towards the pooled constants, against one row's squared relative error. A
 # constant counts as measured on a device when its rows' summed squared time shares reach this weight.
@@ -131,3 +135,36 @@ def fit_device(obs: list[Observation], device: str, leave_out: bool = False) -> 
 def stack_scale(measured_over_model: list[float]) -> float:
     """A stack's factor on the modeled step: the geometric mean of its rows' measured / modeled step time."""
     return float(math.exp(sum(math.log(v) for v in measured_over_model) / len(measured_over_model)))
+
+
+@dataclass(frozen=True)
+class DeviceFit:
+    included: Fitted  # the device's rows in the fit
+    left_out: Fitted  # the constants its rows would get from the other devices alone
+
+
+def fit_devices(obs: list[Observation]) -> dict[str, DeviceFit]:
+    """Every device of `obs`, in their order, fitted with its rows and with them left out."""
+    devices = dict.fromkeys(o.device for o in obs)
+    return {d: DeviceFit(fit_device(obs, d), fit_device(obs, d, leave_out=True)) for d in devices}
+
+
+def catalog_text(document: dict, previous: str) -> str:
+    """catalog/fitted.yaml's text for `document`: the comment lines of `previous` (the file's header), then the
+    document, keys sorted."""
+    import yaml
+
+    header = "".join(line for line in previous.splitlines(keepends=True) if line.startswith("#"))
+    return header + yaml.safe_dump(document, sort_keys=True, width=120)
+
+
+def write_catalog(document: dict, target: Path) -> bool:
+    """Store `document` in `target` (atomically), keeping its header; False when it already holds it."""
+    from ..io import write_atomic
+
+    previous = target.read_text() if target.exists() else ""
+    text = catalog_text(document, previous)
+    if text == previous:
+        return False
+    write_atomic(target, [text])
+    return True

@@ -18,8 +18,8 @@
 - Gradient checkpointing recomputes the forward of every block during the backward: 2N_blocks +
   4·L·H·Q·T + the adapters' forward. It is hardware work, not model work: MFU excludes it, HFU counts it
   (docs/metrics.md; Korthikanti et al. 2022, arXiv 2205.05198, Sec. 6 define the same split).
-- QLoRA's dequantization and DoRA's weight-norm are memory-bound, not matmul FLOPs: they are modeled as
-  efficiency factors (timing.py), not here.
+- QLoRA's dequantization and DoRA's weight-norm are memory-bound, not matmul FLOPs, and are not counted here
+  (the step model counts the dequantization's bytes: steptime.step_bytes).
 - DoRA with LoRA dropout in training: peft's layer computes the base product a second time, on the dropped
   input (its magnitude scales W·drop(x), not the W·x already computed), so each adapted matrix adds
   2·d_in·d_out forward and 2·d_in·d_out for that product's input gradient: 4·Σ d_in·d_out per layer.

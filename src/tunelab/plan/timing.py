@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from ..methods import Method
 from . import catalog
-from .calibration import CalibrationRecord
 
 
 @dataclass(frozen=True)
@@ -22,62 +21,10 @@ class Efficiency:
     label: str
 
 
-def efficiency(
-    device_class: str,
-    method: str,
-    base_quant: str,
-    calibration: CalibrationRecord | None,
-    compile: bool = False,
-    grad_ckpt: bool = False,
-    params: int = 0,
-    local: bool = False,
-) -> Efficiency:
-    """The device's own calibration record first, then the class's suite measurements (catalog/measured.yaml),
-    then the class's assumed default times the method's factor; the label says which, and for the machine
-    at hand (`local`) how to calibrate it."""
-    key = method_key(method, base_quant)
-    if calibration is not None and key in calibration.efficiency:
-        value = calibration.efficiency[key]
-        return Efficiency(
-            value, f"efficiency {value:.2f} (calibrated for {key} on {calibration.device_name}, {calibration.created})"
-        )
-    measured = catalog.measured_efficiency(device_class, key, compile, grad_ckpt, params) if params else None
-    if measured is not None:
-        sizes = " and ".join(dict.fromkeys(f"{float(r['params']) / 1e9:.1f}B" for r in measured.rows))
-        first = measured.rows[0]
-        runs = ("compiled" if first["compile"] else "eager") + (", grad_ckpt" if first["grad_ckpt"] else "")
-        sources = "; ".join(dict.fromkeys(r["source"] for r in measured.rows))
-        return Efficiency(
-            measured.value,
-            f"efficiency {measured.value:.2f} (measured for {key}, {runs}, on class {device_class} at {sizes} "
-            f"parameters: {sources})",
-        )
-    base, factor = catalog.class_efficiency(device_class), catalog.method_factor(key)
-    value = base * factor
-    detail = f" x {factor:g} for {key}" if factor != 1 else ""
-    how = "; `tunelab bench --calibrate` measures it here" if local else ""
-    return Efficiency(
-        value,
-        f"efficiency {value:.2f} (default {base:.2f} for class {device_class}{detail}, uncalibrated assumption{how})",
-    )
-
-
 @dataclass(frozen=True)
 class Throughput:
     tokens_per_s: float  # padded tokens fed per second, all GPUs together
     train_s: float
-
-
-def throughput(
-    tokens_padded: int,
-    hardware_flops_per_token: float,
-    peak_flops: float,
-    eff: float,
-    gpus: int = 1,
-    scaling: float = 1.0,
-) -> Throughput:
-    rate = peak_flops * eff * gpus * (scaling if gpus > 1 else 1.0) / hardware_flops_per_token
-    return Throughput(rate, tokens_padded / rate)
 
 
 def step_throughput(

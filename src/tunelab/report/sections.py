@@ -318,7 +318,7 @@ def _flat(value: Any) -> str:
 def peer_sessions(runs: list[Run]) -> list[list[Run]]:
     """Per database, the runs of its peer comparison: every peer row, and the tunelab rows interleaved with them.
 
-    `tunelab bench --peer` stores tunelab, peer A, peer B, tunelab, ... in order, in a database that may also
+    `tunelab bench peers` stores tunelab, peer A, peer B, tunelab, ... in order, in a database that may also
     hold sweeps of other configs. The comparison's tunelab runs are those from the one just before the first
     peer row to the one just after the last (rows in stored order); tunelab rows outside that span are not
     part of it. Run directories hold no peer runs, so they never enter a comparison.

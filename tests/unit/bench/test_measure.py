@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 from conftest import write_jsonl
 
-from tunelab.bench import calibrate, measure, store
+from tunelab.bench import calibrate, measure, runs, store
 from tunelab.cli import main
 from tunelab.commands import bench as command
 from tunelab.errors import TunelabError
@@ -46,7 +46,7 @@ def test_store_refuses_unknown_keys_and_missing_kind(tmp_path):
 
 
 def test_sweep_grid_labels_and_errors():
-    points = command.sweep_points(["micro_batch=4,8", "packing=true,false"])
+    points = runs.sweep_points(["micro_batch=4,8", "packing=true,false"])
     assert [p[0] for p in points] == [
         "micro_batch=4 packing=true",
         "micro_batch=4 packing=false",
@@ -54,9 +54,9 @@ def test_sweep_grid_labels_and_errors():
         "micro_batch=8 packing=false",
     ]
     assert points[1][1] == ["micro_batch=4", "packing=false"]
-    assert command.sweep_points([]) == [("", [])]
+    assert runs.sweep_points([]) == [("", [])]
     with pytest.raises(TunelabError, match="KEY=V1"):
-        command.sweep_points(["micro_batch"])
+        runs.sweep_points(["micro_batch"])
     assert command.output_dir(["lr=1", "output_dir=/x/y"]) == "/x/y"
     assert command.output_dir([]) == command.DEFAULT_OUTPUT
 
@@ -134,7 +134,10 @@ def test_bench_sweep_json_stores_every_point_and_exports(bench_args, tiny_model_
     from transformers import AutoModelForCausalLM
 
     params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(tiny_model_dir).parameters())
-    assert main(["bench", *bench_args, "--steps", "2", "--warmup", "1", "--sweep", "micro_batch=2,4", "--json"]) == 0
+    assert (
+        main(["bench", "sweep", *bench_args, "--steps", "2", "--warmup", "1", "--axis", "micro_batch=2,4", "--json"])
+        == 0
+    )
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert [x["micro_batch"] for x in lines] == [2, 4]
     for x in lines:
@@ -154,7 +157,7 @@ def test_bench_sweep_json_stores_every_point_and_exports(bench_args, tiny_model_
     assert [r["label"] for r in rows] == ["micro_batch=2", "micro_batch=4"]
     assert rows[0]["torch_version"] and rows[0]["data"]["tokens_loss"] > 0 and rows[0]["config"]["save_steps"] == 0
     out = tmp_path / "exp" / "runs.csv"
-    assert main(["bench", "--export", "csv", "--db", str(db), "--out", str(out)]) == 0
+    assert main(["bench", "export", "csv", "--db", str(db), "--out", str(out)]) == 0
     assert len(list(csv.DictReader(out.open()))) == 2
 
 
@@ -163,7 +166,7 @@ def test_calibrate_writes_a_record_plan_reads(bench_args, tmp_path, monkeypatch,
     monkeypatch.setenv("TUNELAB_CACHE", str(tmp_path / "cache"))
     bench_args = [*bench_args, "compile=false"]  # one mode: the record scales eager and compiled steps apart
     assert (
-        main(["bench", "--calibrate", *bench_args, "--methods", "lora", "--steps", "2", "--warmup", "1", "--json"]) == 0
+        main(["bench", "calibrate", *bench_args, "--methods", "lora", "--steps", "2", "--warmup", "1", "--json"]) == 0
     )
     out = json.loads(capsys.readouterr().out)
     key = out["calibration"]["device_key"]
@@ -204,10 +207,10 @@ def command_args(overrides):
 
 
 def test_bench_errors_before_measuring(bench_args, capsys):
-    assert main(["bench", *bench_args, "--steps", "100000"]) == 2
+    assert main(["bench", "run", *bench_args, "--steps", "100000"]) == 2
     assert "fewer than warm-up + steps" in capsys.readouterr().err
-    assert main(["bench", *bench_args, "--sweep", "micro_batch=0,2"]) == 2
-    assert main(["bench", "--export", "json", "--db", "/nonexistent/x.sqlite"]) == 2
+    assert main(["bench", "sweep", *bench_args, "--axis", "micro_batch=0,2"]) == 2
+    assert main(["bench", "export", "json", "--db", "/nonexistent/x.sqlite"]) == 2
 
 
 @pytest.mark.slow
@@ -216,13 +219,13 @@ def test_bench_peer_interleaves_runs_and_prints_ratios(bench_args, tmp_path, cap
         main(
             [
                 "bench",
+                "peers",
+                "hf-trainer-tuned",
                 *bench_args,
                 "--steps",
                 "2",
                 "--warmup",
                 "1",
-                "--peer",
-                "hf-trainer-tuned",
                 "--rounds",
                 "1",
                 "--json",
@@ -238,7 +241,7 @@ def test_bench_peer_interleaves_runs_and_prints_ratios(bench_args, tmp_path, cap
 
 
 def test_bench_peer_rejects_unknown_names(bench_args, capsys):
-    assert main(["bench", *bench_args, "--peer", "axolotl"]) == 2
+    assert main(["bench", "peers", "axolotl", *bench_args]) == 2
     assert "known peers are" in capsys.readouterr().err
 
 
@@ -265,25 +268,26 @@ def test_a_sweep_point_out_of_memory_is_shown_and_the_sweep_goes_on(bench_args, 
     comes back pickled."""
     import pickle
 
-    from tunelab.commands import bench
     from tunelab.errors import OutOfMemory
 
-    real = bench.measure_point
+    real = runs.measure_point
 
     def measure_point(cfg, stop_at, warmup):
         if cfg.batch.micro_batch == 4:
             raise pickle.loads(pickle.dumps(OutOfMemory("out of memory on cuda:0 (8.0 GiB) in step 1, ...")))
         return real(cfg, stop_at, warmup)
 
-    monkeypatch.setattr(bench, "measure_point", measure_point)
+    monkeypatch.setattr(runs, "measure_point", measure_point)
     monkeypatch.setenv("COLUMNS", "200")  # the table's rows on one line each
-    assert main(["bench", *bench_args, "--steps", "2", "--warmup", "1", "--sweep", "micro_batch=4,2"]) == 0
+    assert main(["bench", "sweep", *bench_args, "--steps", "2", "--warmup", "1", "--axis", "micro_batch=4,2"]) == 0
     printed = capsys.readouterr()
     assert "[1/2] micro_batch=4: out of memory on cuda:0 (8.0 GiB) in step 1, ..." in printed.err
     rows = [line for line in printed.out.splitlines() if "micro_batch=" in line]
     assert len(rows) == 2 and "out of memory" in rows[0] and "GiB" in rows[0] and "out of memory" not in rows[1]
 
-    assert main(["bench", *bench_args, "--steps", "2", "--warmup", "1", "--sweep", "micro_batch=4", "--json"]) == 2
+    assert (
+        main(["bench", "sweep", *bench_args, "--steps", "2", "--warmup", "1", "--axis", "micro_batch=4", "--json"]) == 2
+    )
     assert "tunelab bench: error: out of memory on cuda:0" in capsys.readouterr().err
 
 
@@ -329,8 +333,8 @@ def test_the_copy_probe_reads_a_buffer_beyond_the_caches_and_plan_on_a_cpu_uses_
 
 
 def test_a_calibration_record_of_an_older_schema_is_not_read(tmp_path, monkeypatch):
-    """Its step scales were measured against an older step model: plan runs uncalibrated until bench
-    --calibrate writes a new one."""
+    """Its step scales were measured against an older step model: plan runs uncalibrated until `bench
+    calibrate` writes a new one."""
     from tunelab.plan import calibration
 
     monkeypatch.setenv("TUNELAB_CACHE", str(tmp_path))

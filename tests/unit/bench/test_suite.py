@@ -1,4 +1,4 @@
-"""`tunelab bench --suite`: the suites file's rows are valid configs, the cpu suite end to end (every row
+"""`tunelab bench suite`: the suites file's rows are valid configs, the cpu suite end to end (every row
 measured or skipped with its reason, every peer measured or saying why not), a failing row recorded while the
 rest run, and the step statistics every bench record carries."""
 
@@ -92,7 +92,6 @@ def test_suite_file_errors_are_one_line(tmp_path):
     with pytest.raises(TunelabError, match="unknown keys stepz") as e:
         schema.load_suite(str(bad))
     assert "\n" not in str(e.value)
-    assert main(["bench", "--suite", "cpu", "--sweep", "micro_batch=1,2"]) == 2
 
 
 def _records(out_dir):
@@ -120,7 +119,7 @@ def test_cpu_suite_end_to_end(tmp_path):
     # differ only in their config (every shipped suite row is checked to load; each method trains from the CLI
     # in tests/integration/test_methods.py, compiled blocks in tests/unit/recipes/test_train.py).
     rows = "tiny-lora"
-    argv = ["bench", "--suite", "cpu", "--suite-rows", rows, "--out", str(out), f"output_dir={tmp_path / 'runs'}"]
+    argv = ["bench", "suite", "cpu", "--rows", rows, "--out", str(out), f"output_dir={tmp_path / 'runs'}"]
     assert main(argv) == 0
     doc, records, md = _records(out)
     suite = schema.select_rows(schema.load_suite("cpu"), rows)
@@ -129,7 +128,9 @@ def test_cpu_suite_end_to_end(tmp_path):
 
     assert doc["device"]["cpu_class"] == cpu_class() and f"class {cpu_class()}" in md
     assert cpu_class() in next(out.glob("*.json")).name
-    assert doc["definition"]["rows"] and doc["data"]["rows"] == suite.data["rows"] and "--suite cpu" in doc["command"]
+    assert (
+        doc["definition"]["rows"] and doc["data"]["rows"] == suite.data["rows"] and "bench suite cpu" in doc["command"]
+    )
     for row in suite.rows:
         rec = records[row.name]
         if row.skip_reason:
@@ -173,7 +174,7 @@ def test_a_failing_row_is_recorded_and_the_rest_run(tmp_path):
         ],
     )
     out = tmp_path / "out"
-    assert main(["bench", "--suite", str(path), "--out", str(out), f"output_dir={tmp_path / 'runs'}"]) == 0
+    assert main(["bench", "suite", str(path), "--out", str(out), f"output_dir={tmp_path / 'runs'}"]) == 0
     _, records, md = _records(out)
     assert "did you mean random:llama-3.1-8b" in records["typo"]["error"]
     _assert_measured(records["ok"])
@@ -188,10 +189,9 @@ def test_suite_rows_select_rows_and_their_peers():
     alone = schema.select_rows(gpu, "8b-lora")
     assert alone.peers_after is None and alone.peer_names == []
     assert schema.select_rows(gpu, None) is gpu
-    with pytest.raises(TunelabError, match=r"--suite-rows 8b,1b-lora: 8b: suite gpu has rows 1b-lora, ") as e:
+    with pytest.raises(TunelabError, match=r"--rows 8b,1b-lora: 8b: suite gpu has rows 1b-lora, ") as e:
         schema.select_rows(gpu, "8b,1b-lora")
     assert "\n" not in str(e.value)
-    assert main(["bench", "--suite-rows", "1b-lora"]) == 2  # only with --suite
 
 
 @pytest.mark.slow
@@ -208,20 +208,20 @@ def test_a_stopped_suite_leaves_what_it_measured_and_parts_have_their_own_files(
 
     monkeypatch.setattr(suitemod, "run_row", stopped_at_the_second)
     out = tmp_path / "out"
-    assert main(["bench", "--suite", str(path), "--out", str(out), f"output_dir={tmp_path / 'runs'}"]) == 130
+    assert main(["bench", "suite", str(path), "--out", str(out), f"output_dir={tmp_path / 'runs'}"]) == 130
     doc, records, md = _records(out)
     assert doc["complete"] is False and list(records) == ["first"] and "**partial**" in md
     _assert_measured(records["first"])
 
     monkeypatch.setattr(suitemod, "run_row", real)
     part = tmp_path / "part"
-    args = ["bench", "--suite", str(path), "--suite-rows", "third", "--out", str(part), f"output_dir={tmp_path / 'r2'}"]
+    args = ["bench", "suite", str(path), "--rows", "third", "--out", str(part), f"output_dir={tmp_path / 'r2'}"]
     assert main(args) == 0
     (file,) = part.glob("*.json")
     assert file.name.startswith("mini-third_")
     doc = json.loads(file.read_text())
     assert doc["complete"] is True and [r["label"] for r in doc["records"]] == ["third"]
-    assert "--suite-rows third" in doc["command"]
+    assert doc["command"].startswith(f"tunelab bench suite {path} --rows third")
 
 
 def test_a_suite_names_its_files_with_letters_digits_dots_underscores_and_hyphens_only():

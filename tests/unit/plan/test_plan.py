@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import plan_setup
 
+from tunelab import methods
 from tunelab.cli import main
 from tunelab.config import BatchConfig, load_config
 from tunelab.plan import arch as archmod
@@ -167,16 +168,10 @@ def test_max_micro_batch_is_largest_that_fits():
     assert memory.breakdown(a, *s.but(micro_batch=b + 1, loss_rows=128 * (b + 1))).total > cap
 
 
-def test_throughput_units_are_seconds():
-    t = timing.throughput(tokens_padded=1_000_000, hardware_flops_per_token=1e10, peak_flops=1e15, eff=0.5)
-    assert t.tokens_per_s == pytest.approx(50_000)
-    assert t.train_s == pytest.approx(20.0)
-
-
 def test_catalog_rows_have_sources_and_dense_peaks():
     for gid in catalog.gpu_ids():
         g = catalog.gpu(gid)
-        assert g.source and g.peak_flops > 0 and catalog.class_efficiency(g.device_class) > 0
+        assert g.source and g.peak_flops > 0
     assert catalog.gpu("h100-sxm").peak_flops == 989e12  # dense, not the 1979 sparse figure
     aws = [p for p in catalog.prices("h100-sxm") if p.provider == "aws-p5.48xlarge"][0]
     assert (aws.price_per_hour, aws.gpus_per_instance) == (98.32, 8)
@@ -246,12 +241,6 @@ def test_calibration_roundtrip_and_use(tmp_path, monkeypatch):
     calibration.save_calibration(rec)
     back = calibration.load_calibration(key)
     assert back.efficiency == {"lora": 0.52} and back.created
-    e = timing.efficiency("datacenter-hopper", "lora", "none", back)
-    assert e.value == 0.52 and "calibrated" in e.label
-    d = timing.efficiency("datacenter-hopper", "qlora", "nf4", None)
-    assert "uncalibrated assumption" in d.label and "datacenter-hopper" in d.label and "--calibrate" not in d.label
-    here = timing.efficiency("probe-gpu", "qlora", "nf4", None, local=True)
-    assert here.label.endswith("uncalibrated assumption; `tunelab bench --calibrate` measures it here)")
 
 
 def test_matmul_probe_is_short_and_positive():
@@ -449,8 +438,6 @@ def test_local_class_follows_the_units_that_do_the_matmuls(device_type, precisio
     assert catalog.local_class(device_type, precision, cpu) == cls
     gpu = catalog.Gpu("local", "x", 2**34, 0.0, 1e12, precision == "bf16", cls, source="test")
     assert gpu.device_type == device_type
-    # every class plan can pick for the local machine has a catalog efficiency
-    assert 0 < catalog.class_efficiency(cls) <= 1
 
 
 def test_short_ids_name_catalog_models(tmp_path, monkeypatch):
@@ -497,19 +484,11 @@ def test_a_run_that_does_not_fit_is_offered_a_smaller_micro_batch_at_equal_rows(
     assert rec["time_s"] < fitted["time_s"] < 1.1 * rec["time_s"]
 
 
-def test_the_efficiency_follows_the_base_the_adapters_train_over():
-    """LoRA over an nf4 base is a QLoRA run whatever the config calls it; DoRA over a quantized base pays for
-    the quantization as LoRA does."""
-
-    def eff(method, base_quant):
-        return timing.efficiency("datacenter-hopper", method, base_quant, None).value
-
-    assert (
-        eff("lora", "nf4") == eff("qlora", "nf4") == pytest.approx(eff("lora", "none") * catalog.method_factor("qlora"))
-    )
-    assert eff("dora", "nf4") == pytest.approx(eff("dora", "none") * catalog.method_factor("qlora"))
-    assert eff("dora", "int8") == pytest.approx(eff("dora", "none") * catalog.method_factor("lora-int8"))
-    assert timing.method_key("lora", "nf4") == "qlora" and timing.method_key("dora", "int8") == "dora-int8"
+def test_the_method_key_follows_the_base_the_adapters_train_over():
+    """LoRA over an nf4 base is a QLoRA run whatever the config calls it; DoRA over a quantized base is keyed
+    apart from DoRA over a 16-bit one."""
+    assert methods.get("lora").key("nf4") == "qlora" and methods.get("dora").key("int8") == "dora-int8"
+    assert methods.get("qlora").key("nf4") == "qlora" and methods.get("full").key("none") == "full"
 
 
 def test_plan_local_measures_this_machine_in_the_runs_precision(capsys, monkeypatch):

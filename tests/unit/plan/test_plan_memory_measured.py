@@ -2,7 +2,7 @@
 
 The CPU process carries a fixed cost the memory model cannot derive (allocator and oneDNN arenas,
 load-time copies): the plan helper measured a near-constant ~330 MB gap across lora/qlora/full. That
-constant is calibrated per device, as `tunelab bench --calibrate` does: measure it from ONE run of a
+constant is calibrated per device, as `tunelab bench calibrate` does: measure it from ONE run of a
 different shape, then every method's prediction (model + that overhead) must be within 20% of its
 measured peak. Each run is a fresh process (bench.points.measure_point), as a real `tunelab train`.
 

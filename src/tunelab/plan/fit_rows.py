@@ -1,0 +1,272 @@
+"""Measured rows -> plan's step model -> the fitted constants (plan/fit.py) and how close plan comes to each row.
+
+A `Row` is one measured optimizer step and the settings it ran at (benchmarks/plan-accuracy/rows/ holds them;
+bench/fitting.py reads them). `row_job` turns a row into plan's job, `observe` into its step's
+coefficients; `accuracy` predicts every row with its device in the fit and left out; `catalog_document` is the
+fit as catalog/fitted.yaml stores it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .. import methods
+from ..config import AdapterConfig, BatchConfig, ComputeConfig, LoraConfig, RunConfig
+from . import arch as archmod
+from . import fit, steptime, workload
+from .arch import Arch
+from .estimate import attention_work
+from .job import STACKS, Job
+
+KINDS = tuple(fit.ASSUMED)  # cuda | cpu
+# What `synthetic:` lengths name: `tunelab data synthetic`'s parameters (a suite's `data` entry, bench/suites.yaml).
+SYNTHETIC = ("rows", "prompt_tokens", "response_tokens", "dist", "seed")
+# Each part of a step's time, in steptime.Work.coefficients' order, as the accuracy report names it.
+PARTS = ("matmul+gemm-bytes", "attention", "memory", "fixed")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measured step. `lengths` describes the documents the run trained on: `mean:<tokens>` (all of that
+    length), `span:<lo>-<hi>` (uniform), or `synthetic:<json>` (the rows `tunelab data synthetic` makes with
+    those parameters, tokenized as train tokenizes them)."""
+
+    device: str  # catalog GPU id or local CPU class (catalog.local_class): the key of fitted.yaml's devices
+    kind: str  # KINDS: devices of one kind lend each other their constants
+    label: str
+    source: str  # the results file and row (or record, or line) it comes from
+    model: str  # a model plan resolves: a catalog id, `random:<id>`, `embedded`
+    method: str  # methods.REGISTRY
+    micro_batch: int
+    seq_len: int
+    compiled: bool
+    grad_ckpt: bool
+    measured_s: float  # seconds per optimizer step
+    peak: float  # the FLOP/s the row's step divides by: a catalog peak or the matmul probe taken with it
+    bandwidth: float  # bytes/s: the catalog's, or the copy probe's
+    r: int
+    compute_bytes: int  # 2 (bf16) | 4 (fp32)
+    packing: bool
+    lengths: str
+    loss_fraction: float  # positions with a target over non-padding positions
+    stack: str = "tunelab"  # estimate.STACKS: tunelab, or the tuned HF Trainer + PEFT peer
+    base_quant: str = "none"
+    fit: bool = True  # False: predicted and shown, never fitted (rows of older code)
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class CpuBandwidth:
+    """The memory bandwidth of CPU rows measured without a copy probe, and what it is."""
+
+    bps: float
+    device: str  # the class whose machine it was measured on
+    source: str
+
+
+def check_row(row: Row) -> str | None:
+    """What is wrong with a row's values (None: nothing), for a one-line error naming its file."""
+    if row.kind not in KINDS:
+        return f"kind {row.kind!r}: choose from {', '.join(KINDS)}"
+    if row.method not in methods.REGISTRY:
+        return f"method {row.method!r}: choose from {', '.join(methods.NAMES)}"
+    if row.base_quant in methods.get(row.method).refused_base_quants:
+        return f"base_quant {row.base_quant!r}: {methods.get(row.method).refusal}"
+    if row.stack not in STACKS:
+        return f"stack {row.stack!r}: choose from {', '.join(STACKS)}"
+    for name in ("micro_batch", "seq_len", "r", "compute_bytes", "measured_s", "peak", "bandwidth"):
+        if not getattr(row, name) > 0:
+            return f"{name} must be positive, got {getattr(row, name)!r}"
+    try:
+        length_spec(row.lengths)
+    except ValueError as e:
+        return f"lengths {row.lengths!r}: {e}"
+    return None
+
+
+def length_spec(text: str) -> tuple[str, object]:
+    """`mean:478.3` -> ("mean", 478.3); `span:28-57` -> ("span", (28, 57)); `synthetic:{...}` -> ("synthetic",
+    the dict). ValueError names what a valid one looks like."""
+    import json
+
+    kind, _, value = text.partition(":")
+    try:
+        if kind == "mean":
+            return kind, float(value)
+        if kind == "span":
+            lo, hi = (int(x) for x in value.split("-"))
+            return kind, (lo, hi)
+        if kind == "synthetic":
+            found = json.loads(value)
+            if isinstance(found, dict) and set(SYNTHETIC) <= set(found):
+                return kind, found
+    except (ValueError, TypeError):
+        pass
+    raise ValueError(f"expected mean:<tokens>, span:<lo>-<hi> or synthetic:<json with {', '.join(SYNTHETIC)}>")
+
+
+def row_job(row: Row) -> Job:
+    """plan's job for a measured row: the one place a row becomes plan's inputs. One optimizer step of one
+    micro-batch row group, LoRA on every linear layer, no dropout, checkpoints or evaluation. The row's compute
+    dtype is measured, not a setting: `observe` passes its bytes."""
+    return Job(
+        adapter=AdapterConfig(method=row.method, base_quant=row.base_quant, lora=LoraConfig(r=row.r)),
+        batch=BatchConfig(seq_len=row.seq_len, micro_batch=row.micro_batch, packing=row.packing),
+        compute=ComputeConfig(grad_ckpt=row.grad_ckpt, compile=bool(row.compiled)),
+        run=RunConfig(save_total_limit=1),
+        stack=row.stack,
+    )
+
+
+@dataclass(frozen=True)
+class Observed:
+    """A row's step in plan's model: the fit's observation, and the shape it was priced at."""
+
+    row: Row
+    observation: fit.Observation
+    tokens_per_step: float
+    nonpad_per_step: float
+    keys_per_token: float
+
+
+def observe(row: Row, arch: Arch, lengths: np.ndarray) -> Observed:
+    """The row's step (plan/steptime.py) on `lengths`, batched as train batches it: packed rows price
+    attention as plan does (document-causal keys on a GPU, the slots' squares on a CPU), padded rows by each
+    micro-batch's width."""
+    job = row_job(row)
+    batch = job.batch
+    b = workload.Batching(batch, seed=job.run.seed)
+    mean = float(lengths.mean())
+    w = workload.build(workload.Lengths(len(lengths), mean, row.loss_fraction * mean, "", lengths), b, batch.epochs)
+    tokens = w.epoch.tokens_padded / w.epoch.micro_batches
+    if batch.packing:
+        keys, scored = attention_work(w, job.compute.attention, row.kind)
+    else:
+        keys, scored = padded_keys(lengths, b), 0.0
+    shape = steptime.Shape(
+        batch.grad_accum,
+        round(tokens),
+        keys,
+        job.compiled,
+        row.compute_bytes,
+        w.loss_tokens_per_micro_batch,
+        scored_keys_per_token=scored,
+    )
+    ridge = fit.ridge(row.kind, row.peak, row.bandwidth)
+    targets = archmod.adapter_targets(arch, job.adapter.lora.targets)
+    lora = job.adapter.lora
+    work = steptime.work(arch, job.method, job.adapter.quant, targets, lora.r, job.compute.grad_ckpt, shape, ridge)
+    o = fit.Observation(
+        row.device,
+        row.kind,
+        row.label,
+        row.source,
+        work.coefficients(row.peak, row.bandwidth),
+        row.measured_s,
+        fit=row.fit and row.stack == "tunelab",
+    )
+    return Observed(row, o, shape.tokens, w.epoch.tokens_nonpad / w.epoch.micro_batches, shape.keys_per_token)
+
+
+def padded_keys(lengths: np.ndarray, b: workload.Batching) -> float:
+    """Keys per token of padded rows: each micro-batch's width, weighted by its tokens."""
+    from ..data.packing import batch_width, epoch_micro_batches
+
+    seq_len = b.batch.seq_len
+    arr = np.minimum(lengths, seq_len)
+    batches = epoch_micro_batches(arr, seq_len, b.batch.micro_batch, False, np.random.default_rng([b.seed, 0]))
+    widths = np.array([batch_width([int(arr[row].sum()) for row in batch], seq_len, False) for batch in batches])
+    return float((widths**2).sum() / widths.sum())
+
+
+def stack_ratios(observed: list[Observed], fits: dict[str, fit.DeviceFit]) -> dict[str, dict[str, tuple]]:
+    """Per peer stack, each of its rows' measured step over the modeled one (its device in the fit): label +
+    device -> (device, ratio). Keyed by label and device, so a row measured again under the same label on the
+    same device (a suite run repeated) counts once, as its last measurement."""
+    ratios: dict[str, dict[str, tuple]] = {s: {} for s in STACKS if s != "tunelab"}
+    for x in observed:
+        if x.row.stack != "tunelab":
+            o = x.observation
+            modeled = fit.predict_s(fits[o.device].included.constants, o.coefficients)
+            ratios[x.row.stack][x.row.label + x.row.device] = (x.row.device, o.measured_s / modeled)
+    return ratios
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """plan's prediction of one row with its device in the fit and left out of it."""
+
+    observed: Observed
+    predicted_in: float
+    predicted_out: float
+    breakdown_in: dict[str, float]  # seconds per part with the device in the fit
+
+    def as_dict(self) -> dict:
+        x, measured = self.observed, self.observed.row.measured_s
+        return {
+            **asdict(x.row),
+            "tokens_per_step": x.tokens_per_step,
+            "nonpad_per_step": x.nonpad_per_step,
+            "keys_per_token": x.keys_per_token,
+            "predicted_s_in": self.predicted_in,
+            "error_in": self.predicted_in / measured - 1,
+            "predicted_s_out": self.predicted_out,
+            "error_out": self.predicted_out / measured - 1,
+            "breakdown_in": self.breakdown_in,
+        }
+
+
+def accuracy(observed: list[Observed], fits: dict[str, fit.DeviceFit], ratios: dict[str, dict]) -> list[Accuracy]:
+    """Every row predicted in and out of the fit; a peer stack's rows scaled by the stack's factor from its
+    rows (left out: from those of the other devices)."""
+    out = []
+    for x in observed:
+        o, device = x.observation, x.row.device
+        predicted = []
+        for c, left_out in ((fits[device].included.constants, False), (fits[device].left_out.constants, True)):
+            pred = fit.predict_s(c, o.coefficients)
+            if x.row.stack != "tunelab":
+                seen = [v for dev, v in ratios[x.row.stack].values() if not left_out or dev != device]
+                pred *= fit.stack_scale(seen or [1.0])
+            predicted.append(pred)
+        part = np.array(o.coefficients) * fit.to_x(fits[device].included.constants)
+        out.append(Accuracy(x, predicted[0], predicted[1], dict(zip(PARTS, part.round(5).tolist()))))
+    return out
+
+
+def catalog_document(
+    observed: list[Observed], fits: dict[str, fit.DeviceFit], ratios: dict[str, dict], cpu: CpuBandwidth | None
+) -> dict:
+    """catalog/fitted.yaml's content: each device with fitted rows (its constants, which of them its rows
+    determine, the rows), each kind's constants pooled over its devices, each peer stack's factor."""
+    kind_of = {x.row.device: x.row.kind for x in observed}
+    devices = {}
+    for device, f in ((d, v.included) for d, v in fits.items()):
+        if not f.rows:
+            continue
+        entry = {"kind": kind_of[device], "constants": rounded(f.constants), "measured": list(f.measured)}
+        entry["rows"] = list(f.rows)
+        if kind_of[device] == "cpu" and cpu is not None:
+            entry["bandwidth_gbs"] = cpu.bps / 1e9
+            carried = "" if device == cpu.device else f"; carried from class {cpu.device}"
+            entry["bandwidth_source"] = cpu.source + carried
+        devices[device] = entry
+    kinds = {}
+    for kind in KINDS:  # a kind without measured rows keeps plan/fit.py's assumed constants
+        c, used = fit.pooled([x.observation for x in observed], kind)
+        kinds[kind] = {"constants": rounded(c), "devices": list(used)}
+    stacks = {
+        stack: {
+            "scale": float(f"{fit.stack_scale([v for _d, v in found.values()] or [1.0]):.4g}"),
+            "rows": [x.row.source for x in observed if x.row.stack == stack],
+        }
+        for stack, found in ratios.items()
+    }
+    return {"devices": devices, "kinds": kinds, "stacks": stacks}
+
+
+def rounded(c: steptime.Constants) -> dict[str, float]:
+    """Constants to 4 significant digits: the fit's precision, not its noise."""
+    return {k: float(f"{x:.4g}") for k, x in asdict(c).items()}
