@@ -1,11 +1,11 @@
 """tunelab: fast LLM fine-tuning that predicts and measures its own time, memory and cost.
 
-The Python API (docs/api.md): `tunelab.load_config`, `tunelab.plan`, `tunelab.train`, `tunelab.export`, imported on
-first use so that `import tunelab` stays light.
+The Python API (docs/api.md): `tunelab.load_config`, `tunelab.estimate` (plan), `tunelab.finetune` (train),
+`tunelab.export`, imported on first use so that `import tunelab` stays light.
 """
 
 __version__ = "0.1.0"
-__all__ = ["load_config", "plan", "train", "export"]
+__all__ = ["load_config", "estimate", "finetune", "export"]
 
 
 def __getattr__(name: str):

@@ -1,4 +1,5 @@
-"""tunelab from Python: load a config, plan it, train it, export the result; each returns a typed result.
+"""tunelab from Python: load a config, plan it (`estimate`), train it (`finetune`), export the result; each
+returns a typed result. (`tunelab.plan` and `tunelab.train` are the packages that do the work, hence the names.)
 
 The functions are the commands' own paths (the CLI is a thin layer over the same recipes), so a notebook gets the
 numbers `tunelab plan` prints and the run `tunelab train` makes. docs/api.md shows them in use. Torch is imported
@@ -26,7 +27,7 @@ def load_config(path: str | Path | None = None, *overrides: str, **settings: Any
     return config.load_config(path, items)
 
 
-def train(config: TrainConfig | str | Path, *overrides: str, show_progress: bool = False, **settings: Any):
+def finetune(config: TrainConfig | str | Path, *overrides: str, show_progress: bool = False, **settings: Any):
     """Fine-tune as `tunelab train` does and return the run's summary (recipes.summary.RunSummary, also written to
     output_dir/summary.json). `config`: a TrainConfig, or a YAML path read with `overrides` and `settings`."""
     from .recipes.summary import RunSummary
@@ -36,7 +37,7 @@ def train(config: TrainConfig | str | Path, *overrides: str, show_progress: bool
     return RunSummary(**run(cfg, show_progress=show_progress))
 
 
-def plan(
+def estimate(
     config: TrainConfig | str | Path | None = None,
     *overrides: str,
     gpu: str | list[str] = "h100-sxm",
