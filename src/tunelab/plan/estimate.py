@@ -275,7 +275,7 @@ def step_time(
     if job.stack != "tunelab":
         label += f"; stack {job.stack} x {scale:.2f} from {len(peer_rows)} measured peer rows"
     if gpu.id == "local" and not constants.measured:
-        label += "; `tunelab bench --calibrate` measures this device"
+        label += "; `tunelab bench calibrate` measures this device"
     return step, constants, timing.Efficiency(value, label), modeled
 
 

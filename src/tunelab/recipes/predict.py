@@ -118,7 +118,7 @@ def local_prediction(
 ):
     """plan's estimate for a training config on the present device, as `plan --gpu local` computes it: what
     `bench` and the demo put beside their measurements. `peak_flops`, `bandwidth_bps` and `calibrated=False`:
-    the step model's own figures at a given peak and bandwidth, which `bench --calibrate` compares its
+    the step model's own figures at a given peak and bandwidth, which `bench calibrate` compares its
     measurement with."""
     arch = resolve_arch(cfg.model)
     device = local_device(cfg.compute.precision, peak_flops, bandwidth_bps)
