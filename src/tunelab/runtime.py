@@ -4,6 +4,8 @@ here, so a prediction and the run it predicts cannot drift apart (and `tunelab p
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 # Tokens per chunk of the fused head+loss (train/loss.py): 256 x 49k fp32 logits is 50 MB, small enough to stay
 # hot in cache between the passes over it (max, exp, gradient), large enough for an efficient matmul.
 LOGIT_CHUNK = 256
@@ -53,27 +55,38 @@ def compile_mode(setting: bool | str) -> str:
     return str(setting)
 
 
+@dataclass(frozen=True)
+class CompileChoice:
+    """Whether a run compiles its decoder blocks (`chosen`), the setting it came from (`mode`: true, false, auto)
+    and why, as a line plan, bench and train print; `as_dict` is its form in summary.json and plan's JSON."""
+
+    mode: str
+    chosen: bool
+    why: str
+
+    def as_dict(self) -> dict:
+        return {"mode": self.mode, "chosen": self.chosen, "why": self.why}
+
+
 def compile_choice(
     setting: bool | str, device_type: str, eager_train_s: float | None, compile_s: float, speedup: float
-) -> dict:
-    """Whether a run compiles its decoder blocks, and why: {"mode", "chosen", "why"}. `true`/`false` force it;
-    `auto` compiles when the time compiled blocks save over the run's predicted eager training time
-    (eager_train_s x (1 - 1/speedup)) exceeds torch.compile's one-off cost `compile_s`, both the catalog's for
-    `device_type` (plan/catalog/gpus.yaml). plan, bench and train all decide through this function."""
+) -> CompileChoice:
+    """Whether a run compiles its decoder blocks, and why. `true`/`false` force it; `auto` compiles when the time
+    compiled blocks save over the run's predicted eager training time (eager_train_s x (1 - 1/speedup)) exceeds
+    torch.compile's one-off cost `compile_s`, both the catalog's for `device_type` (plan/catalog/gpus.yaml).
+    plan, bench and train all decide through this function."""
     mode = compile_mode(setting)
     if mode != "auto":
-        return {"mode": mode, "chosen": mode == "true", "why": f"compile: {mode} in the config"}
+        return CompileChoice(mode, mode == "true", f"compile: {mode} in the config")
     if eager_train_s is None:
-        return {"mode": mode, "chosen": False, "why": "compile auto: no time prediction for this run, eager blocks"}
+        return CompileChoice(mode, False, "compile auto: no time prediction for this run, eager blocks")
     saved = eager_train_s * (1.0 - 1.0 / speedup)
     chosen = saved > compile_s
     verdict = "compiled blocks" if chosen else "eager blocks"
     relation = ">" if chosen else "<="
-    return {
-        "mode": mode,
-        "chosen": chosen,
-        "why": (
-            f"compile auto: {verdict} on {device_type}: compiling would save ~{saved:.0f} s of a predicted "
-            f"{eager_train_s:.0f} s eager run ({speedup:.2f}x) {relation} its one-off cost of ~{compile_s:.0f} s"
-        ),
-    }
+    return CompileChoice(
+        mode,
+        chosen,
+        f"compile auto: {verdict} on {device_type}: compiling would save ~{saved:.0f} s of a predicted "
+        f"{eager_train_s:.0f} s eager run ({speedup:.2f}x) {relation} its one-off cost of ~{compile_s:.0f} s",
+    )

@@ -9,9 +9,9 @@ from tunelab.runtime import compile_choice
 
 
 def test_forced_settings_ignore_the_prediction():
-    assert compile_choice(True, "cpu", 1.0, 40.0, 1.7)["chosen"] is True
-    assert compile_choice(False, "cuda", 1e6, 20.0, 1.3)["chosen"] is False
-    assert compile_choice(True, "cpu", 1.0, 40.0, 1.7)["mode"] == "true"
+    assert compile_choice(True, "cpu", 1.0, 40.0, 1.7).chosen is True
+    assert compile_choice(False, "cuda", 1e6, 20.0, 1.3).chosen is False
+    assert compile_choice(True, "cpu", 1.0, 40.0, 1.7).mode == "true"
 
 
 @pytest.mark.parametrize(
@@ -27,15 +27,15 @@ def test_auto_compiles_when_the_run_pays_the_compile_back(device_type, eager_s, 
     got = compile_choice(
         "auto", device_type, eager_s, catalog.compile_seconds(device_type), catalog.compile_speedup(device_type)
     )
-    assert got["mode"] == "auto" and got["chosen"] is chosen
-    assert device_type in got["why"] and ("compiled blocks" if chosen else "eager blocks") in got["why"]
+    assert got.mode == "auto" and got.chosen is chosen
+    assert device_type in got.why and ("compiled blocks" if chosen else "eager blocks") in got.why
 
 
 def test_break_even_is_where_the_saving_equals_the_compile():
     # saved = eager x (1 - 1/2) = eager / 2: break-even at eager = 2 x compile
-    assert not compile_choice("auto", "cuda", 40.0, 20.0, 2.0)["chosen"]
-    assert compile_choice("auto", "cuda", 40.1, 20.0, 2.0)["chosen"]
-    assert not compile_choice("auto", "cuda", None, 20.0, 2.0)["chosen"]
+    assert not compile_choice("auto", "cuda", 40.0, 20.0, 2.0).chosen
+    assert compile_choice("auto", "cuda", 40.1, 20.0, 2.0).chosen
+    assert not compile_choice("auto", "cuda", None, 20.0, 2.0).chosen
 
 
 @pytest.mark.parametrize(("given", "stored"), [("auto", "auto"), ("true", True), ("false", False)])

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from .. import methods
 from ..errors import TunelabError
-from ..runtime import attention_path, compile_choice, hashed_dropout, slot_products
+from ..runtime import CompileChoice, attention_path, compile_choice, hashed_dropout, slot_products
 from . import catalog, comm, fit, memory, steptime, timing, workload
 from .arch import Arch, adapter_targets
 from .calibration import CalibrationRecord, scale_key
@@ -47,7 +47,7 @@ class Estimate:
     evaluations: workload.Evaluations | None = None
     forward_flops: float = 0.0  # per held-out token fed (flops.forward_flops_per_token); 0 without evaluation
     comm_bytes: float = 0.0  # sent per GPU per optimizer step (plan/comm.py); 0 on one GPU
-    compile_choice: dict | None = None  # runtime.compile_choice: {"mode", "chosen", "why"}
+    compile_choice: CompileChoice | None = None  # how `compile` resolved for this run, and why
     max_seq_len: int = 0  # the longest packed row that fits the device at this micro-batch (memory.max_seq_len)
     step: steptime.Breakdown | None = None  # one optimizer step's seconds by part, on one GPU
     constants: catalog.StepConstants | None = None  # the step model's constants and where they come from
@@ -128,9 +128,7 @@ def estimate(
             job.compute.compile, kind, eager.speed.train_s, catalog.compile_seconds(kind), catalog.compile_speedup(kind)
         )
         resolved = (
-            eager
-            if not choice["chosen"]
-            else estimate(arch, lengths, job.but(compile=True), d, gpus, sharding, scaling)
+            eager if not choice.chosen else estimate(arch, lengths, job.but(compile=True), d, gpus, sharding, scaling)
         )
         return replace(resolved, job=replace(resolved.job, compute=job.compute), compile_choice=choice)
     if job.stack == "hf-peft":

@@ -51,7 +51,7 @@ def activations_assumption(e: Estimate) -> str:
 def assumptions(e: Estimate) -> list[str]:
     w = e.work
     out = [
-        *([e.compile_choice["why"]] if e.compile_choice else []),
+        *([e.compile_choice.why] if e.compile_choice else []),
         e.efficiency.label,
         f"peak {e.device.gpu.peak_flops / 1e12:.1f} TFLOP/s dense 16-bit ({e.device.gpu.source})"
         + (f"; note: {e.device.gpu.note}" if e.device.gpu.note else ""),
@@ -109,7 +109,7 @@ def record(r: Result, e: Estimate) -> dict:
             if e.evaluations is not None
             else {}
         ),
-        "compile": e.compile_choice,
+        "compile": e.compile_choice.as_dict() if e.compile_choice else None,
         "peak_memory_bytes": e.memory.total,
         "memory_breakdown": e.memory.as_dict(),
         "memory_capacity_bytes": e.device.gpu.memory_bytes,
@@ -211,7 +211,7 @@ def table(results: list[Result]) -> str:
             + f" + checkpoints {duration(e.overheads.checkpoint_s)}"
             + (f" + evaluation {duration(e.overheads.eval_s)}" if e.evaluations is not None else "")
             + f" = {duration(e.time_s)}",
-            *([f"  {e.compile_choice['why']}"] if e.compile_choice else []),
+            *([f"  {e.compile_choice.why}"] if e.compile_choice else []),
             f"  memory: peak {gib(e.memory.total)} of {gib(g.memory_bytes)} -> {'fits' if e.fits else 'DOES NOT FIT'};"
             f" largest micro-batch that fits: {e.max_micro_batch}",
             f"  longest seq_len that fits at micro-batch {e.job.batch.micro_batch}: {longest_label(r.arch, e)}",

@@ -12,6 +12,7 @@ from ..errors import TunelabError
 from ..plan import catalog, render, workload
 from ..plan.estimate import Device, Job, estimate, suggestions
 from ..plan.job import STACKS
+from ..runtime import CompileChoice
 from ..sources import resolve_arch
 
 
@@ -133,7 +134,7 @@ def local_prediction(
 FLOOR_PEAK_FLOPS = {"cpu": 1e11, "cuda": 1e13}
 
 
-def run_compile_choice(cfg: cfgmod.TrainConfig, data) -> dict:
+def run_compile_choice(cfg: cfgmod.TrainConfig, data) -> CompileChoice:
     """How a run resolves `compile` (runtime.compile_choice, through plan's estimate, as `tunelab plan --gpu
     local` does): `data` is the run's tokenized training data. A run too short to pay for compiling even at
     the device type's floor rate decides without the matmul probe."""
@@ -150,7 +151,7 @@ def run_compile_choice(cfg: cfgmod.TrainConfig, data) -> dict:
     lengths = _lengths(data, "the run's training data", None)
     floor = local_device(cfg.compute.precision, FLOOR_PEAK_FLOPS.get(pick_device(cfg.compute.device).type, 1e13))
     quick = estimate(arch, lengths, Job.of(cfg), floor)
-    if not quick.compile_choice["chosen"]:
+    if not quick.compile_choice.chosen:
         return quick.compile_choice
     device = local_device(cfg.compute.precision)
     return estimate(arch, lengths, Job.of(cfg), device).compile_choice

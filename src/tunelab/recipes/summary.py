@@ -27,7 +27,7 @@ class RunSummary:
     grad_accum: int
     packing: bool
     grad_ckpt: bool
-    compile: dict | None  # runtime.compile_choice: mode, chosen, why
+    compile: dict | None  # runtime.CompileChoice.as_dict(): mode, chosen, why
     activation_offload: bool
     world_size: int
     data: dict

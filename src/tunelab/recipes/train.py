@@ -40,7 +40,7 @@ from ..model import attention, offload
 from ..model import load as mload
 from ..model.adapters import apply_adapter
 from ..model.lora_linear import has_lora_dropout, has_nf4_base, nf4_layers
-from ..runtime import ACTIVATION_MEMORY_BUDGET, attention_path
+from ..runtime import ACTIVATION_MEMORY_BUDGET, CompileChoice, attention_path
 from ..train import checkpoint, distributed, loop, preference, trackers
 from ..train.batches import BatchSpec, EvalBatches, Schedule
 from ..train.checkpoint import TrainState
@@ -65,7 +65,7 @@ class Prepared:
     eval_data: TokenizedData | None = None
     eval_batches: EvalBatches | None = None
     notes: tuple[str, ...] = ()  # one line each, printed before training (defaults the run chose for the user)
-    compile: dict | None = None  # runtime.compile_choice: whether the blocks compile, and why
+    compile: CompileChoice | None = None  # whether the blocks compile, and why
 
 
 def prepare_run(cfg: TrainConfig, procs: distributed.Processes | None = None) -> Prepared:
@@ -101,7 +101,7 @@ def prepare_run(cfg: TrainConfig, procs: distributed.Processes | None = None) ->
         schedule=schedule,
         eval_data=eval_data,
         eval_batches=eval_batches,
-        notes=(*notes, compiled["why"]),
+        notes=(*notes, compiled.why),
         compile=compiled,
     )
 
@@ -160,7 +160,7 @@ def build_model(
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = apply_adapter(model, cfg.adapter)
     offload.apply(model, cfg.compute.activation_offload, cfg.compute.grad_ckpt)
-    if (prep.compile or {}).get("chosen"):
+    if prep.compile is not None and prep.compile.chosen:
         compile_blocks(model)
     return model
 
@@ -445,7 +445,7 @@ def summarize(run: Run, result: loop.LoopResult, t0: float) -> RunSummary:
         grad_accum=cfg.batch.grad_accum,
         packing=cfg.batch.packing,
         grad_ckpt=cfg.compute.grad_ckpt,
-        compile=prep.compile,
+        compile=None if prep.compile is None else prep.compile.as_dict(),
         activation_offload=cfg.compute.activation_offload,
         world_size=run.procs.world,
         data={**prep.data.stats.as_dict(), "packing_efficiency": run.packing_efficiency},
