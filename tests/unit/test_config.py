@@ -1,7 +1,11 @@
+import json
+import re
+
 import pytest
+import yaml
 from conftest import REPO
 
-from tunelab.config import TrainConfig, load_config
+from tunelab.config import TrainConfig, dump_yaml, load_config
 from tunelab.errors import TunelabError
 
 CONFIGS = sorted(REPO.joinpath("configs").glob("*.yaml"))
@@ -222,3 +226,38 @@ def test_preference_settings_fail_with_the_key(overrides, message):
 def test_preference_reference_follows_the_method():
     assert load_config(None, ["objective=dpo"]).objective.reference_kind("lora") == "adapter-disabled"
     assert load_config(None, ["objective=dpo"]).objective.reference_kind("full") == "frozen-copy"
+
+
+@pytest.mark.parametrize(
+    "name, ours",
+    [
+        ("learning_rate", "lr"),
+        ("per_device_train_batch_size", "micro_batch"),
+        ("gradient_accumulation_steps", "grad_accum"),
+        ("num_train_epochs", "epochs"),
+        ("max_seq_length", "seq_len"),
+        ("lora_alpha", "lora.alpha"),
+    ],
+)
+def test_a_hugging_face_name_gets_tunelabs_key(tmp_path, name, ours):
+    """A TrainingArguments or PEFT name is answered with tunelab's key for it, not the nearest string (as text,
+    `learning_rate` is nearest to `warmup_ratio`), in a file (with its name) and as an override."""
+    path = tmp_path / "hf.yaml"
+    path.write_text(f"model: embedded\n{name}: 2\n")
+    with pytest.raises(TunelabError, match=rf"^{re.escape(str(path))}: unknown key '{name}'; did you mean '{ours}'\?"):
+        load_config(path)
+    with pytest.raises(TunelabError, match=rf"^override {name}=2: unknown key '{name}'; did you mean '{ours}'\?"):
+        load_config(None, [f"{name}=2"])
+
+
+def test_sections_own_their_keys_and_the_yaml_layout_is_unchanged():
+    """Inline sections keep their keys at the top level: what a user writes is what config.yaml stores, and a
+    section's rule fails naming the key as written."""
+    cfg = load_config("configs/quickstart.yaml", ["lr=1e-3", "lora.r=8", "objective=sft"])
+    assert (cfg.optimizer.lr, cfg.adapter.lora.r, cfg.objective.name, cfg.batch.seq_len) == (1e-3, 8, "sft", 256)
+    written = yaml.safe_load(dump_yaml(cfg))
+    assert written["lr"] == 1e-3 and written["lora"]["r"] == 8 and written["objective"] == "sft"
+    assert "optimizer" not in written and "batch" not in written
+    assert load_config(None, [f"{k}={json.dumps(v)}" for k, v in written.items() if not isinstance(v, dict)])
+    with pytest.raises(TunelabError, match="^override micro_batch=0: micro_batch must be at least 1, got 0$"):
+        load_config(None, ["micro_batch=0"])
