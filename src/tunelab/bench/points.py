@@ -4,7 +4,6 @@ its record beside plan's prediction; `tunelab bench` and bench suites both measu
 from __future__ import annotations
 
 import os
-from dataclasses import asdict
 
 from .. import config as cfgmod
 from ..errors import TunelabError
@@ -230,7 +229,7 @@ def build_record(label: str, summary: dict, peak: measure.Peak, prediction, warm
         **{f"predicted_{k}": v for k, v in pred.items()},
         "peak_probes": peak.probes,
         "device_bandwidth_bps": peak.bandwidth or None,
-        "config": asdict(cfg),
+        "config": cfgmod.to_dict(cfg),
     }
 
 
