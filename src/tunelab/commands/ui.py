@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import secrets
+import socket
 from pathlib import Path
 
 from ..errors import TunelabError
@@ -42,6 +43,20 @@ def access_token(host: str, given: str | None) -> str | None:
     return given
 
 
+def check_port(host: str, port: int) -> None:
+    """Fail with one line, before the server starts, when the address is taken or not this machine's."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        try:
+            s.bind((host.strip("[]"), port))
+        except socket.gaierror as e:
+            raise TunelabError(f"--host {host}: unknown host ({e})") from None
+        except OSError as e:
+            raise TunelabError(
+                f"--host {host} --port {port}: cannot listen there ({e.strerror}); pick another --port"
+            ) from None
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
@@ -55,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if runs.exists() and not runs.is_dir():
         raise TunelabError(f"--runs {runs}: not a folder")
     token = access_token(args.host, args.token)
+    check_port(args.host, args.port)
     app = build_app(runs, Path(args.configs), token)
     shown = f"[{args.host}]" if ":" in args.host else args.host
     url = f"http://{shown}:{args.port}/" + (f"?token={token}" if token else "")

@@ -4,12 +4,13 @@
 import json
 import os
 import shlex
+import socket
 
 import pytest
 from starlette.testclient import TestClient
 
 from tunelab.cli import main
-from tunelab.commands.ui import access_token, is_loopback
+from tunelab.commands.ui import access_token, check_port, is_loopback
 from tunelab.errors import TunelabError
 from tunelab.ui.server import build_app, host_name
 
@@ -54,6 +55,16 @@ def test_access_token_for_hosts():
     assert access_token("0.0.0.0", "mine") == "mine"
     with pytest.raises(TunelabError):
         access_token("0.0.0.0", " ")
+
+
+def test_a_taken_port_or_unknown_host_is_one_line():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(TunelabError, match="cannot listen there"):
+            check_port("127.0.0.1", taken.getsockname()[1])
+    with pytest.raises(TunelabError, match="unknown host"):
+        check_port("no-such-host.invalid", 7860)
 
 
 def test_runs_browser_serves_only_files_under_runs(tmp_path):
