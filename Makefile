@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml
 	# jemalloc keeps training memory flat and steps faster (src/tunelab/allocator.py); optional, best effort.
 	test -f /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 || (apt-get install -y -q libjemalloc2 >/dev/null 2>&1 \
 		|| echo "note: libjemalloc2 not installed (apt-get failed); tunelab runs on glibc malloc")
+	# Chromium for the ui's browser tests (tests/unit/ui/test_browser.py, through playwright; never `playwright
+	# install`); optional, best effort: without it those tests skip and say why.
+	test -x /usr/bin/chromium || (apt-get install -y -q chromium >/dev/null 2>&1 \
+		|| echo "note: chromium not installed (apt-get failed); the ui's browser tests will skip")
 	touch $(STAMP)
 
 demo: install

@@ -10,16 +10,16 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
-from ..config import FORMATS, TEMPLATES, load_config
+from ..config import FORMATS, TEMPLATES
 from ..data.read import iter_jsonl
 from ..errors import TunelabError
 from ..eval.exact_match import EvalResult, parse_answer
 from ..eval.generate import DEFAULT_BATCH_SIZE
+from ..eval.setup import resolve_setup
 from ..io import check_output_file, write_atomic
-from ..modelref import EMBEDDED
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,35 +44,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
     parser.add_argument("--out", help="also write the JSON summary to this file")
     parser.add_argument("--predictions", help="write every row's response and verdict to this jsonl file")
-
-
-@dataclass(frozen=True)
-class Setup:
-    """What to load and how to prompt, after merging the run's config with the command line."""
-
-    model: str
-    format: str
-    template: str
-
-
-def resolve_setup(adapter: str | None, model: str | None, fmt: str | None, template: str | None) -> Setup:
-    if adapter is None:
-        return Setup(model or EMBEDDED, fmt or "alpaca", template or "alpaca")
-    folder = Path(adapter)
-    if not (folder / "adapter_config.json").is_file():
-        raise TunelabError(
-            f"{folder}: not an adapter directory (no adapter_config.json); pass RUN/adapter of a training run"
-        )
-    config_path = folder.parent / "config.yaml"
-    if not config_path.is_file():
-        if model is None:
-            raise TunelabError(
-                f"{config_path}: not found, so the base model is unknown; pass --model (and --format/--template)"
-            )
-        return Setup(model, fmt or "alpaca", template or "alpaca")
-
-    cfg = load_config(config_path)
-    return Setup(model or cfg.model, fmt or cfg.data.format, template or cfg.data.template)
 
 
 def read_rows(path: Path, fmt: str, limit: int | None) -> list[dict]:

@@ -82,9 +82,11 @@ def generate(
     budgets: Sequence[int],
     batch_size: int,
     stop: Stops | None = None,
+    temperature: float = 0.0,
 ) -> list[str]:
     """Greedy continuations of tokenized prompts, in input order, each cut before its first stop (default: the
-    EOS ids of `stops`) or at its batch's budget; a row stops on its own while the rest of its batch goes on."""
+    EOS ids of `stops`) or at its batch's budget; a row stops on its own while the rest of its batch goes on.
+    `temperature` > 0 samples instead (`tunelab ui`'s Try it), from the model's distribution at that temperature."""
     stop = stop or stops(model, tokenizer)
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stop.ids or [0])[0]
@@ -105,7 +107,11 @@ def generate(
             generated = model.generate(
                 input_ids=input_ids.to(device),
                 attention_mask=attention.to(device),
-                do_sample=False,
+                **(
+                    {"do_sample": True, "temperature": temperature, "top_k": 0}
+                    if temperature > 0
+                    else {"do_sample": False}
+                ),
                 max_new_tokens=max(budgets[i] for i in chunk),
                 use_cache=True,
                 eos_token_id=list(stop.ids),

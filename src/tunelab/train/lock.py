@@ -83,6 +83,36 @@ def removed_if_abandoned(path: Path) -> Iterator[None]:
             folder.rmdir()
 
 
+def held(path: Path) -> bool:
+    """Whether a live run holds `path`'s lock (for readers such as `tunelab ui`), without taking it: a reader's
+    own flock, however brief, would make a run starting that moment fail as "in use". Linux lists every flock
+    in /proc/locks by device and inode; elsewhere a non-blocking shared lock is tried and dropped at once."""
+    file = path / LOCK
+    try:
+        st = os.stat(file)
+    except OSError:
+        return False
+    try:
+        table = Path("/proc/locks").read_text()
+    except OSError:
+        return _try_shared(file)
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    return any(f.split()[1:2] == ["FLOCK"] and key in f.split() for f in table.splitlines())
+
+
+def _try_shared(file: Path) -> bool:
+    fd = os.open(file, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # closing drops the shared lock, if taken
+    return False
+
+
 def _acquire(file: Path, folder: Path) -> int | None:
     while True:
         fd = os.open(file, os.O_RDWR | os.O_CREAT, 0o666)

@@ -425,8 +425,13 @@ def _log_step(ctx: LoopContext, metrics_file, meter: ThroughputMeter, losses: _L
     loss = summed.item() / max(losses.tokens, 1)
     per_s = meter.close_window()
     mem = ctx.memwatch.read()
+    eta = meter.eta_s(per_s["tokens_padded"])
     record = {
         "step": state.step,
+        # The run's length and its token-based ETA, as the progress line shows them: a reader of the file
+        # (`tunelab ui`) shows how far a running run is without rebuilding its schedule.
+        "total_steps": ctx.schedule.total_steps,
+        "eta_s": eta,
         "loss": loss,
         "lr": lr,
         "tokens_padded": state.tokens_padded,
@@ -442,7 +447,6 @@ def _log_step(ctx: LoopContext, metrics_file, meter: ThroughputMeter, losses: _L
         record.update(window_metrics(ctx.accelerator if world > 1 else None))
     meter.result.losses.append((state.step, loss))
     _record(ctx, metrics_file, record)
-    eta = meter.eta_s(per_s["tokens_padded"])
     ctx.progress.update(
         LogLine(state.step, ctx.schedule.total_steps, loss, lr, per_s["tokens_nonpad"], mem.peak_bytes, eta)
     )

@@ -5,13 +5,14 @@ import torch
 from conftest import make_tiny_llama, make_tokenizer, write_jsonl
 
 from tunelab.cli import main
-from tunelab.commands.eval import Setup, read_rows, resolve_setup
+from tunelab.commands.eval import read_rows
 from tunelab.data.examples import IGNORE
 from tunelab.data.formats import TEMPLATES, prompt_text
 from tunelab.data.pipeline import DataSpec, prepare
 from tunelab.errors import TunelabError
 from tunelab.eval.exact_match import extract, parse_answer, score
 from tunelab.eval.generate import BUDGET_SLACK, Stops, evaluate, generate, prompt_ids, stops
+from tunelab.eval.setup import Setup, resolve_setup
 
 
 @pytest.mark.parametrize(

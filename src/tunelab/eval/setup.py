@@ -1,0 +1,55 @@
+"""What a generation loads and how it prompts: the base model, row format and template of a trained adapter's run
+(its `RUN/config.yaml`), the command line's choices winning. `tunelab eval` and `tunelab ui`'s Try it tab share
+it, so both prompt an adapter as its training did. Torch-free."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import load_config
+from ..errors import TunelabError
+from ..modelref import EMBEDDED
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What to load and how to prompt, after merging the run's config with the command line."""
+
+    model: str
+    format: str
+    template: str
+
+
+def resolve_setup(adapter: str | None, model: str | None, fmt: str | None, template: str | None) -> Setup:
+    if adapter is None:
+        return Setup(model or EMBEDDED, fmt or "alpaca", template or "alpaca")
+    folder = Path(adapter)
+    if not (folder / "adapter_config.json").is_file():
+        raise TunelabError(
+            f"{folder}: not an adapter directory (no adapter_config.json); pass RUN/adapter of a training run"
+        )
+    config_path = folder.parent / "config.yaml"
+    if not config_path.is_file():
+        if model is None:
+            raise TunelabError(
+                f"{config_path}: not found, so the base model is unknown; pass --model (and --format/--template)"
+            )
+        return Setup(model, fmt or "alpaca", template or "alpaca")
+
+    cfg = load_config(config_path)
+    return Setup(model or cfg.model, fmt or cfg.data.format, template or cfg.data.template)
+
+
+def prompt_row(fmt: str, text: str) -> dict:
+    """A row of format `fmt` whose prompt is `text` (a user's typed prompt), for formats.prompt_text; `text`
+    rows have no prompt part, so their text is the prompt as it stands."""
+    if fmt == "alpaca":
+        return {"instruction": text}
+    if fmt == "completion":
+        return {"prompt": text}
+    if fmt == "chat":
+        return {"messages": [{"role": "user", "content": text}]}
+    if fmt == "sharegpt":
+        return {"conversations": [{"from": "human", "value": text}]}
+    return {"text": text}
