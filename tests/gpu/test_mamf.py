@@ -8,7 +8,7 @@ import torch
 from tunelab import probe
 from tunelab.plan import catalog
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
 def test_mamf_reaches_a_plausible_share_of_the_catalog_peak():

@@ -44,3 +44,12 @@ def test_gpu_without_published_ceilings_keeps_the_pooled_constants():
 def test_cpu_classes_are_not_scaled():
     assert catalog.step_constants("cpu-not-measured", "cpu").scaled == ()
     assert catalog.ceilings("cpu").mamf_flops == 0.0
+
+
+def test_the_published_development_set_models_are_in_the_catalog():
+    """benchmarks/scripts/published_dev.py predicts every case of ../shared/published-dev.yaml without weights."""
+    from tunelab.plan import arch
+
+    names = arch.registry_names()
+    for model in ("Qwen/Qwen2.5-32B-Instruct", "meta-llama/Llama-3.3-70B-Instruct", "Qwen/Qwen2.5-7B"):
+        assert model in names
