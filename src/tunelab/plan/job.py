@@ -28,6 +28,11 @@ class Stack:
     # ForCausalLMLoss: `logits.float()`), instead of tunelab's chunked head over the target positions only.
     whole_vocab_logits: bool = False
 
+    def head_positions(self, fed: float, targets: float) -> float:
+        """Positions per micro-batch the head and the loss run over: every fed one (padding included) where the
+        stack computes the whole logits, else only those with a target (tunelab's gathered head)."""
+        return fed if self.whole_vocab_logits else targets
+
 
 # `hf-peft`: the tuned HF Trainer + PEFT recipe (bench/peers.py `hf-trainer-tuned`): the same rows per step,
 # padded to the longest of each length-grouped batch, eager, PEFT's LoRA.

@@ -584,3 +584,12 @@ def test_hf_peft_holds_the_whole_vocabulary_logits_in_fp32():
     own, _ = logits("tunelab")
     assert hf == pytest.approx(width * 152064 * (2 + 4 + 4))
     assert hf > 10 * 2**30 > 20 * own
+
+
+def test_hf_peft_runs_the_head_and_its_loss_over_every_fed_position():
+    """tunelab gathers the target positions before its head; the HF stack projects and scores every fed one, its
+    padding included, and plan's step (and the fit of the stack's residual factor) counts them so."""
+    from tunelab.plan.job import STACK_ROWS
+
+    assert STACK_ROWS["hf-peft"].head_positions(fed=4096.0, targets=1024.0) == 4096.0
+    assert STACK_ROWS["tunelab"].head_positions(fed=4096.0, targets=1024.0) == 1024.0
