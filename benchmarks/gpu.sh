@@ -7,6 +7,8 @@
 #   benchmarks/gpu.sh [--dry-run] [--only STEP,...] [--budget SECONDS]
 # runs these steps in priority order, each under a time cap, skipping a step when too little of the budget
 # (default 540 s) is left for it, and writes every result under $OUT as soon as it has it:
+#   ceilings   the MAMF sweep and copy bandwidth of this GPU, and plan's prediction for it before its rows are
+#              fitted (scripts/gpu_ceilings.py, issue 46), into results.tgz
 #   data       the long rows' documents, and plan for the two long rows on this GPU
 #   long-8b    bench suite h100-8b: LoRA at 65,536 tokens with activation offloading, QLoRA compiled at seq
 #              2048, QLoRA at 131,072 tokens with offloading; plan's memory beside each
@@ -134,6 +136,11 @@ long_plans() {
 }
 
 data() { long_documents && long_plans; }
+
+# This GPU's ceilings (MAMF, copy bandwidth) beside the catalog's, and plan for the speed steps' rows on it first.
+ceilings() {
+  "$PY" benchmarks/scripts/gpu_ceilings.py --out "$WORK/ceilings.json" $([ "$DRY" = 1 ] && echo --dry-run)
+}
 
 # suite NAME [ROWS [FOLDER]]: the suite (its -dry twin in a dry run), only ROWS when given, its .json/.md files
 # into FOLDER (default $OUT; $WORK puts them in results.tgz, for the steps past $OUT's 8 files).
@@ -279,6 +286,7 @@ main() {
   printf '| step | status | seconds |\n|---|---|---|\n' >"$OUT/steps.md"
   environment
   # What gpu/gpu-h200_2026-11-26.md left unmeasured first; the rows measured there after, in $WORK (results.tgz)
+  step ceilings 90 40 ceilings
   step data 40 15 data
   step long-8b 260 90 suite h100-8b 8b-lora-65k-offload,8b-qlora-compiled,8b-qlora-131k-offload
   step speed-1b 90 40 suite h100 1b-lora-compiled,1b-full

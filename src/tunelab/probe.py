@@ -26,6 +26,14 @@ _cache: dict[tuple[str, torch.dtype], tuple[float, int]] = {}
 # The copy probe: a buffer well beyond the last-level cache, so that it reads the memory system, not a cache.
 COPY_MIB = 256
 _copy_cache: dict[str, float] = {}
+# The MAMF sweep (stas00/ml-engineering's mamf-finder.py, shortened to fit a bench run): M over the token counts
+# of training micro-batches, N and K over the hidden and MLP widths of 1B-70B models; every shape a multiple of
+# 256, as the finder's ranges step.
+MAMF_M = (1024, 2048, 4096, 8192)
+MAMF_NK = (2048, 4096, 8192, 14336)
+MAMF_ITERATIONS = 20
+MAMF_WARMUP = 5
+_mamf_cache: dict[tuple[str, torch.dtype], tuple[float, tuple[int, int, int]]] = {}
 
 
 def max_size(device: torch.device) -> int:
@@ -123,3 +131,46 @@ def copy_bandwidth(device: torch.device, fresh: bool = False) -> float:
     if fresh or key not in _copy_cache:
         _copy_cache[key] = measure_copy_bandwidth(device)
     return _copy_cache[key]
+
+
+def mamf_shapes() -> list[tuple[int, int, int]]:
+    """(m, n, k) of the MAMF sweep."""
+    return [(m, n, k) for m in MAMF_M for n in MAMF_NK for k in MAMF_NK]
+
+
+def measure_mamf(
+    dtype: torch.dtype,
+    device: torch.device,
+    shapes: list[tuple[int, int, int]] | None = None,
+    iterations: int = MAMF_ITERATIONS,
+    warmup: int = MAMF_WARMUP,
+) -> tuple[float, tuple[int, int, int]]:
+    """(the Maximum Achievable Matmul FLOP/s, the (m, n, k) that reached it): the best of the shapes' mean rates,
+    each over `iterations` products into a preallocated output after `warmup` (mamf-finder.py's measure: a
+    mean per shape, the maximum over shapes). plan's unmeasured GPUs scale by this ceiling (catalog.ceilings);
+    bench records it for every GPU it runs on, so that each GPU measured adds its own."""
+    best, best_shape = 0.0, (0, 0, 0)
+    for m, n, k in shapes or mamf_shapes():
+        a = torch.randn(m, k, device=device).to(dtype)
+        b = torch.randn(k, n, device=device).to(dtype)
+        out = torch.empty(m, n, device=device, dtype=dtype)
+        for _ in range(warmup):
+            torch.matmul(a, b, out=out)
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(iterations):
+            torch.matmul(a, b, out=out)
+        synchronize(device)
+        rate = 2.0 * m * n * k * iterations / (time.perf_counter() - start)
+        if rate > best:
+            best, best_shape = rate, (m, n, k)
+        del a, b, out
+    return best, best_shape
+
+
+def mamf(dtype: torch.dtype, device: torch.device, fresh: bool = False) -> tuple[float, tuple[int, int, int]]:
+    """`measure_mamf` over the default sweep, once per process for each (device, dtype)."""
+    key = (str(device), dtype)
+    if fresh or key not in _mamf_cache:
+        _mamf_cache[key] = measure_mamf(dtype, device)
+    return _mamf_cache[key]

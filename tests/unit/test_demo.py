@@ -65,3 +65,32 @@ def test_an_earlier_runs_checkpoints_are_refused_before_any_data_is_written(tmp_
     (line,) = capsys.readouterr().err.splitlines()
     assert code == 2 and "holds checkpoints of an earlier run (newest step-0000020); resume=true" in line
     assert not (out / "data").exists()
+
+
+def test_rows_are_cut_again_when_the_smaller_micro_batch_trains_slower(tmp_path, monkeypatch):
+    """The rows were fitted at the recipe's micro-batch; at the smaller one each row costs more, so the demo cuts
+    them again until plan's prediction for the run it will train fits the budget."""
+    from types import SimpleNamespace
+
+    from tunelab.recipes import predict
+
+    path = tmp_path / "train.jsonl"
+    rows = [{"i": i} for i in range(4_000)]
+    path.write_text("".join(f'{{"i": {i}}}\n' for i in range(4_000)))
+
+    def prediction_of_file(_cfg=None):  # 0.2 s a row at the smaller micro-batch, plus 40 s of compile
+        n = len(path.read_text().splitlines())
+        return SimpleNamespace(speed=SimpleNamespace(train_s=0.2 * n), overheads=SimpleNamespace(compile_s=40.0))
+
+    monkeypatch.setattr(predict, "local_prediction", prediction_of_file)
+    kept, prediction = demo.refit(rows, path, None, prediction_of_file(), budget_s=540.0)
+    assert demo.train_s(prediction) <= 540.0 and len(kept) == len(path.read_text().splitlines())
+    assert len(kept) == 2_500  # (540 - 40) / 0.2
+    fits, same = demo.refit(
+        rows[:100],
+        path,
+        None,
+        SimpleNamespace(speed=SimpleNamespace(train_s=1.0), overheads=SimpleNamespace(compile_s=0.0)),
+        540.0,
+    )
+    assert len(fits) == 100  # already within the budget: nothing cut

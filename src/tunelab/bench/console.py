@@ -56,6 +56,9 @@ def show_single(rec: dict, db: Path) -> None:
     c.print(t)
     probes = ", ".join(f"{k} {v / 1e12:.2f}" for k, v in rec["peak_probes"].items())
     copy = f"; copy probe {rec['device_bandwidth_bps'] / 1e9:.1f} GB/s" if rec.get("device_bandwidth_bps") else ""
+    if rec.get("mamf_flops"):
+        shape = "x".join(map(str, rec["mamf_shape"]))
+        copy += f"; MAMF {rec['mamf_flops'] / 1e12:.1f} TFLOP/s at {shape}, copy {rec['gpu_copy_bps'] / 1e9:.0f} GB/s"
     c.print(
         f"device peak {rec['device_peak_flops'] / 1e12:.2f} TFLOP/s ({rec['peak_source']}); probes TFLOP/s: {probes}"
         f"{copy}"

@@ -15,7 +15,7 @@ import torch
 
 from ..plan import catalog
 from ..plan.flops import FlopsPerToken
-from ..probe import copy_bandwidth, matmul_peak
+from ..probe import copy_bandwidth, mamf, matmul_peak
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,11 @@ class Peak:
     source: str  # how it was obtained, printed and stored with every record
     probes: dict[str, float]  # measured matmul FLOP/s per dtype at run time
     bandwidth: float = 0.0  # a CPU's copy probe at run time, bytes/s (probe.copy_bandwidth); 0 on a GPU
+    # A GPU's ceilings at run time: its copy probe (bytes/s; plan keeps the catalog's bandwidth for a GPU) and the
+    # MAMF sweep (probe.mamf): FLOP/s and the (m, n, k) that reached it; 0 on a CPU.
+    gpu_copy_bps: float = 0.0
+    mamf: float = 0.0
+    mamf_shape: tuple[int, int, int] = (0, 0, 0)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -55,19 +60,25 @@ def device_peak(
         return Peak(probes[compute], compute, source, probes, copy_bandwidth(device, fresh))
     row = catalog.gpu(gpu_id) if gpu_id else catalog.match_gpu(name, memory_bytes)
     dtype, (probed, n) = next(iter(measured.items()))
+    # Every GPU bench runs on adds its ceilings: the MAMF sweep and the copy bandwidth, stored with the record.
+    ceiling, shape = mamf(DTYPES[dtype], device, fresh)
+    ceilings = {"gpu_copy_bps": copy_bandwidth(device, fresh), "mamf": ceiling, "mamf_shape": shape}
+    mamf_text = f"; MAMF {ceiling / 1e12:.1f} TFLOP/s at {'x'.join(map(str, shape))}"
     if row is None:
         return Peak(
             probed,
             dtype,
             f"measured now: {n}^3 {dtype} matmul probe (no catalog row matches {name!r}; "
-            "pass --catalog-gpu ID for its datasheet figure)",
+            f"pass --catalog-gpu ID for its datasheet figure){mamf_text}",
             probes,
+            **ceilings,
         )
     return Peak(
         row.peak_flops,
         dtype,
-        f"catalog {row.id}: {row.source}; the probe reached {probed / row.peak_flops:.0%} of it",
+        f"catalog {row.id}: {row.source}; the probe reached {probed / row.peak_flops:.0%} of it{mamf_text}",
         probes,
+        **ceilings,
     )
 
 

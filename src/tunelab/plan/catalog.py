@@ -166,6 +166,30 @@ def prices(gpu_id: str) -> list[Price]:
 
 
 @dataclass(frozen=True)
+class Ceilings:
+    """What a catalog GPU's kernels reach at best, as published (gpus.yaml): 0 where nothing is published."""
+
+    mamf_flops: float  # the Maximum Achievable Matmul FLOP/s (bf16, dense)
+    mamf_source: str
+    attention_fraction: float  # fused attention kernels' share of the dense peak, per architecture
+    attention_source: str
+
+
+def ceilings(gpu_id: str) -> Ceilings:
+    """The published ceilings of a catalog GPU; an id that is not a catalog row (a CPU class) has none."""
+    rows = read("gpus.yaml")["gpus"]
+    row = rows.get(gpu_id, {})
+    arch = row.get("class", "").rsplit("-", 1)[-1]
+    kernel = (read("gpus.yaml").get("attention-kernels") or {}).get(arch, {}) if row else {}
+    return Ceilings(
+        mamf_flops=float(row.get("mamf_tflops", 0.0)) * 1e12,
+        mamf_source=row.get("mamf_source", ""),
+        attention_fraction=float(kernel.get("fraction", 0.0)),
+        attention_source=kernel.get("source", ""),
+    )
+
+
+@dataclass(frozen=True)
 class StepConstants:
     """The step-time constants (plan/steptime.py) of a device, with where each comes from."""
 
@@ -178,6 +202,8 @@ class StepConstants:
     rows: tuple[str, ...]  # the results files and rows this device's constants come from
     bandwidth_gbs: float = 0.0  # a local CPU class's measured bandwidth (0: the catalog row's)
     bandwidth_source: str = ""
+    # Carried constants scaled from the measured devices to this GPU by its published ceilings (`ceiling_scale`).
+    scaled: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -189,13 +215,16 @@ class StepConstants:
             parts.append(f"measured here: {', '.join(self.measured)}")
         if carried:
             parts.append(f"carried over ({where}): {', '.join(carried)}")
+        if self.scaled:
+            parts.append(f"scaled to this GPU's published ceilings: {', '.join(self.scaled)}")
         return "; ".join(parts)
 
 
 def step_constants(device: str, device_type: str) -> StepConstants:
     """The fitted constants (catalog/fitted.yaml, written by `tunelab bench fit --write`) of `device` (a catalog
     GPU id or a local CPU class); a device without measured rows gets those pooled over its kind's measured
-    devices (cuda or cpu), all reported as carried over."""
+    devices (cuda or cpu), all reported as carried over, and scaled to its own ceilings where published
+    (`ceiling_scale`)."""
     data = read("fitted.yaml") or {}
     kind = "cpu" if device_type == "cpu" else "cuda"
     row = (data.get("devices") or {}).get(device)
@@ -211,14 +240,39 @@ def step_constants(device: str, device_type: str) -> StepConstants:
         )
     pool = data["kinds"][kind]
     local = next((r for r in (data.get("devices") or {}).values() if r["kind"] == kind and "bandwidth_gbs" in r), {})
+    constants = {k: float(v) for k, v in pool["constants"].items()}
+    scaled = ceiling_scale(device, tuple(pool["devices"]), data.get("devices") or {}) if kind == "cuda" else {}
     return StepConstants(
-        **{k: float(v) for k, v in pool["constants"].items()},
+        **{**constants, **scaled},
         measured=(),
         carried_from=tuple(pool["devices"]),
         rows=(),
         bandwidth_gbs=float(local.get("bandwidth_gbs", 0.0)),
         bandwidth_source=local.get("bandwidth_source", ""),
+        scaled=tuple(scaled),
     )
+
+
+def ceiling_scale(device: str, measured: tuple[str, ...], rows: dict) -> dict[str, float]:
+    """An unmeasured GPU's matmul and attention constants from the measured GPUs' (`rows`, fitted.yaml): each
+    measured GPU's achieved rate over its own ceiling (its MAMF; its architecture's attention share), averaged,
+    times this GPU's ceiling over its peak. A constant is scaled only where this GPU and every measured GPU
+    have the ceiling published; otherwise the pooled constant stands."""
+    if device not in gpu_ids():
+        return {}
+    own = ceilings(device)
+    peak = gpu(device).peak_flops
+    theirs = [(d, ceilings(d), gpu(d).peak_flops) for d in measured if d in gpu_ids() and d in rows]
+    if not theirs:
+        return {}
+    out: dict[str, float] = {}
+    if own.mamf_flops and all(c.mamf_flops for _, c, _ in theirs):
+        share = [float(rows[d]["constants"]["matmul"]) * p / c.mamf_flops for d, c, p in theirs]
+        out["matmul"] = sum(share) / len(share) * own.mamf_flops / peak
+    if own.attention_fraction and all(c.attention_fraction for _, c, _ in theirs):
+        share = [float(rows[d]["constants"]["attention"]) / c.attention_fraction for d, c, _ in theirs]
+        out["attention"] = sum(share) / len(share) * own.attention_fraction
+    return out
 
 
 def stack_scale(stack: str) -> tuple[float, tuple[str, ...]]:

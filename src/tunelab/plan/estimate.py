@@ -230,7 +230,7 @@ def step_time(
         keys,
         job.compiled,
         lay.compute_bytes,
-        w.loss_tokens_per_micro_batch,
+        job.stack_row.head_positions(tokens, w.loss_tokens_per_micro_batch),
         scored_keys_per_token=scored,
     )
     ridge = fit.ridge(gpu.device_type if gpu.device_type == "cpu" else "cuda", gpu.peak_flops, bandwidth)

@@ -11,11 +11,12 @@ reported as carried over. Leaving a device out is the same fit with its rows rem
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+from . import catalog
 from .steptime import Constants
 
 # The shipped fit, which `tunelab bench fit --write` replaces.
@@ -127,7 +128,9 @@ def fit_device(obs: list[Observation], device: str, leave_out: bool = False) -> 
     kind = next(o.kind for o in obs if o.device == device)
     prior, others = pooled(obs, kind, without=device)
     if leave_out or not own:
-        return Fitted(prior, (), others, ())
+        # As plan prices a GPU without rows (catalog.step_constants): the others' constants at its own ceilings.
+        scaled = catalog.ceiling_scale(device, others, {d: {"constants": asdict(prior)} for d in others})
+        return Fitted(replace(prior, **scaled), (), others, ())
     c = solve(own, prior)
     return Fitted(c, measured_names(own, c), others, tuple(o.source for o in own))
 

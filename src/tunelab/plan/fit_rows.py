@@ -151,7 +151,7 @@ def observe(row: Row, arch: Arch, lengths: np.ndarray) -> Observed:
         keys,
         job.compiled,
         row.compute_bytes,
-        w.loss_tokens_per_micro_batch,
+        job.stack_row.head_positions(tokens, w.loss_tokens_per_micro_batch),
         scored_keys_per_token=scored,
     )
     ridge = fit.ridge(row.kind, row.peak, row.bandwidth)

@@ -18,9 +18,26 @@ from ..config import (
     published,
 )
 
+
+@dataclass(frozen=True)
+class Stack:
+    """What plan models of a training stack's step beyond the config's settings."""
+
+    name: str
+    # The head over every fed position and an fp32 cross-entropy over the whole vocabulary at once (transformers'
+    # ForCausalLMLoss: `logits.float()`), instead of tunelab's chunked head over the target positions only.
+    whole_vocab_logits: bool = False
+
+    def head_positions(self, fed: float, targets: float) -> float:
+        """Positions per micro-batch the head and the loss run over: every fed one (padding included) where the
+        stack computes the whole logits, else only those with a target (tunelab's gathered head)."""
+        return fed if self.whole_vocab_logits else targets
+
+
 # `hf-peft`: the tuned HF Trainer + PEFT recipe (bench/peers.py `hf-trainer-tuned`): the same rows per step,
 # padded to the longest of each length-grouped batch, eager, PEFT's LoRA.
-STACKS = ("tunelab", "hf-peft")
+STACK_ROWS = {"tunelab": Stack("tunelab"), "hf-peft": Stack("hf-peft", whole_vocab_logits=True)}
+STACKS = tuple(STACK_ROWS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +76,10 @@ class Job:
         for section, values in sections.items():
             own[section] = dataclasses.replace(getattr(self, section), **values)
         return dataclasses.replace(self, **own)
+
+    @property
+    def stack_row(self) -> Stack:
+        return STACK_ROWS[self.stack]
 
     @property
     def method(self) -> methods.Method:

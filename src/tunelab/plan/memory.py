@@ -206,9 +206,15 @@ def max_seq_len(arch: Arch, job: Job, s: Layout, capacity: int, loss_per_positio
 
 
 def logits_bytes(arch: Arch, job: Job, s: Layout) -> float:
-    """The loss's own memory at its peak, inside the forward (docs/formulas.md, memory derivation)."""
+    """The loss's own memory at its peak, inside the forward (docs/formulas.md, memory derivation). A stack with
+    whole-vocabulary logits (job.Stack) holds, for every fed position at once, the head's logits in the compute
+    dtype, their fp32 upcast and cross-entropy's fp32 log-probabilities saved for backward (a + 4 + 4 bytes a
+    logit: 12 GB for a 152k vocabulary at 8,192 positions in bf16)."""
     a = s.compute_bytes
-    out = s.loss_chunk * arch.vocab * (4 + a) + 2 * s.loss_rows * arch.hidden * a
+    if job.stack_row.whole_vocab_logits:
+        out = job.batch.micro_batch * s.row_len * arch.vocab * (a + 8.0)
+    else:
+        out = s.loss_chunk * arch.vocab * (4 + a) + 2 * s.loss_rows * arch.hidden * a
     if arch.logit_softcap:
         out += 3 * 4 * s.loss_chunk * arch.vocab
     if job.method.trains_base:

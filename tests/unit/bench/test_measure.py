@@ -344,3 +344,24 @@ def test_a_calibration_record_of_an_older_schema_is_not_read(tmp_path, monkeypat
     old = json.loads((calibration.calibration_dir() / "k.json").read_text())
     (calibration.calibration_dir() / "k.json").write_text(json.dumps({**old, "schema": 1}))
     assert calibration.load_calibration("k") is None
+
+
+def test_bench_records_the_mamf_probe_and_copy_bandwidth_of_every_gpu(monkeypatch, tmp_path):
+    """A GPU-only path, run here with the probes mocked: the record keeps the MAMF sweep and the copy probe beside
+    the catalog peak it divides by, for a catalog GPU and for an unlisted one alike."""
+    import torch
+
+    monkeypatch.setattr(measure, "matmul_peak", lambda dtype, device, fresh=False: (700e12, 8192))
+    monkeypatch.setattr(measure, "mamf", lambda dtype, device, fresh=False: (790e12, (2048, 4096, 14336)))
+    monkeypatch.setattr(measure, "copy_bandwidth", lambda device, fresh=False: 2.9e12)
+    cuda = torch.device("cuda")
+    listed = measure.device_peak(cuda, "NVIDIA H100 80GB HBM3", 80 * 2**30, "bf16")
+    assert listed.flops == 989e12 and listed.mamf == 790e12 and listed.mamf_shape == (2048, 4096, 14336)
+    assert listed.gpu_copy_bps == 2.9e12 and listed.bandwidth == 0.0  # plan keeps the catalog's GPU bandwidth
+    assert "MAMF 790.0 TFLOP/s at 2048x4096x14336" in listed.source
+    unlisted = measure.device_peak(cuda, "Some Future GPU", 40 * 2**30, "bf16")
+    assert unlisted.flops == 700e12 and unlisted.mamf == 790e12
+    db = tmp_path / "r.db"
+    store.insert(db, {"kind": "run", "mamf_flops": listed.mamf, "mamf_shape": list(listed.mamf_shape)})
+    (row,) = store.read(db)
+    assert row["mamf_flops"] == 790e12 and row["mamf_shape"] == [2048, 4096, 14336]

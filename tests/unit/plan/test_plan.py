@@ -558,3 +558,38 @@ def test_longest_seq_len_is_the_last_multiple_of_128_that_fits_and_offload_raise
     assert on < (off / 2 if grad_ckpt else off / 8)
     assert memory.offloaded_bytes(arch, *s.but(row_len=8192, offload=True)) > 0
     assert memory.offloaded_bytes(arch, *s.but(row_len=8192)) == 0
+
+
+def test_hf_peft_holds_the_whole_vocabulary_logits_in_fp32():
+    """transformers' loss upcasts every position's logits and keeps fp32 log-probabilities: a 152k vocabulary at
+    8,192 positions is gigabytes that tunelab's chunked head over the targets never holds."""
+    from tunelab import api
+
+    def logits(stack):
+        (r,) = api.plan(
+            None,
+            "model=Qwen/Qwen2.5-7B",
+            "method=lora",
+            "seq_len=8192",
+            "micro_batch=1",
+            "grad_ckpt=true",
+            gpu="h100-sxm",
+            examples=200,
+            mean_tokens=8192,
+            stack=stack,
+        )
+        return r.single.memory.logits_loss, r.single.layout.row_len
+
+    hf, width = logits("hf-peft")
+    own, _ = logits("tunelab")
+    assert hf == pytest.approx(width * 152064 * (2 + 4 + 4))
+    assert hf > 10 * 2**30 > 20 * own
+
+
+def test_hf_peft_runs_the_head_and_its_loss_over_every_fed_position():
+    """tunelab gathers the target positions before its head; the HF stack projects and scores every fed one, its
+    padding included, and plan's step (and the fit of the stack's residual factor) counts them so."""
+    from tunelab.plan.job import STACK_ROWS
+
+    assert STACK_ROWS["hf-peft"].head_positions(fed=4096.0, targets=1024.0) == 4096.0
+    assert STACK_ROWS["tunelab"].head_positions(fed=4096.0, targets=1024.0) == 1024.0
