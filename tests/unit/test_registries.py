@@ -14,6 +14,8 @@ PACKAGE = Path(tunelab.__file__).parent
 REPO = PACKAGE.parents[1]
 NAMES = frozenset(methods.NAMES) | frozenset(objectives.NAMES)
 REGISTRIES = {PACKAGE / "methods.py", PACKAGE / "objectives.py"}
+
+
 def name_literals(node: ast.AST) -> list[str]:
     """The registry names `node` spells as string literals: itself, or the items of a tuple, list or set."""
     if isinstance(node, ast.Constant) and node.value in NAMES:

@@ -206,6 +206,10 @@ def train(cfg: TrainConfig, show_progress: bool = True, measure: loop.Measuremen
     `accelerate launch` every process trains its share of each step and only the main process touches
     output_dir (lock, metrics, checkpoints, final weights, summary).
     """
+    if cfg.objective.row.generates:  # the step samples its own sequences: recipes/grpo.py
+        from .grpo import train as train_generating
+
+        return train_generating(cfg, show_progress)
     t0 = time.perf_counter()
     out = Path(cfg.run.output_dir)
     measure = measure or loop.Measurement()
