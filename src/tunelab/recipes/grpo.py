@@ -33,7 +33,7 @@ from ..train.checkpoint import TrainState
 from ..train.grpo import GrpoLoss, Rollout, advantages
 from ..train.lock import lock_output_dir
 from ..train.loop import build_optimizer, build_scheduler
-from .train import check_writable_dir, save_final
+from .train import check_writable_dir, save_final, truncate_metrics
 
 COMPLETIONS_LOGGED = 4  # completions per logged step in completions.jsonl
 
@@ -229,10 +229,14 @@ def _train_locked(cfg: TrainConfig, out: Path, show_progress: bool) -> dict:
     t0 = time.perf_counter()
     run = setup(cfg, out)
     found = checkpoint.find(out / "checkpoints", cfg.run.resume) if cfg.run.resume else None
+    for name in ("metrics.jsonl", "completions.jsonl"):
+        if found is None:
+            (out / name).unlink(missing_ok=True)
     if found is not None:
         run.state = checkpoint.load(found, run.root, run.optimizer, run.scheduler)
-    elif (out / "metrics.jsonl").exists():
-        (out / "metrics.jsonl").unlink()
+        # Lines past the checkpoint are about to be written again.
+        truncate_metrics(out / "metrics.jsonl", run.state.step)
+        truncate_metrics(out / "completions.jsonl", run.state.step)
     memwatch = MemoryWatch(run.device)
     settings = cfg.objective.grpo
     batch, last = None, {}
