@@ -18,13 +18,14 @@ import numpy as np
 import torch
 
 from .. import sources
-from ..config import TrainConfig
+from ..config import TrainConfig, dump_yaml
 from ..data.pipeline import prepare
 from ..data.prompts import PromptData
 from ..device import pick_device, pick_precision
 from ..errors import TunelabError
 from ..eval.generate import stops
 from ..eval.sampling import sample
+from ..io import write_atomic
 from ..memwatch import MemoryWatch
 from ..model import load as mload
 from ..model.adapters import apply_adapter
@@ -237,6 +238,8 @@ def _train_locked(cfg: TrainConfig, out: Path, show_progress: bool) -> dict:
         # Lines past the checkpoint are about to be written again.
         truncate_metrics(out / "metrics.jsonl", run.state.step)
         truncate_metrics(out / "completions.jsonl", run.state.step)
+    # `tunelab eval --adapter` reads the base model, format and template from here.
+    write_atomic(out / "config.yaml", [dump_yaml(cfg)])
     memwatch = MemoryWatch(run.device)
     settings = cfg.objective.grpo
     batch, last = None, {}
@@ -288,11 +291,13 @@ def _train_locked(cfg: TrainConfig, out: Path, show_progress: bool) -> dict:
         "total_s": time.perf_counter() - t0,
         "prompts": len(run.prompts),
         "prompts_dropped": run.prompts.dropped,
+        # What the model was trained to write at most: `tunelab eval` caps its generation there (plus slack).
+        "data": {"response_tokens_max": settings.max_completion_length},
         "peak_memory_bytes": memwatch.read().peak_bytes,
         "best_step": None,
         "final": str(final),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_atomic(out / "summary.json", [json.dumps(summary, indent=1)])
     return summary
 
 

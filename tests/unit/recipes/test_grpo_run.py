@@ -55,6 +55,7 @@ def test_grpo_run_logs_trl_metrics_and_saves_adapter(tmp_path, tiny_model_dir):
     cfg = set_rewards(grpo_config(tiny_model_dir, data, out, "grpo.beta=0.1", "grpo.num_iterations=2"))
     summary = train(cfg, show_progress=False)
     assert summary["steps"] == 4 and (out / "adapter" / "adapter_config.json").is_file()
+    assert (out / "config.yaml").is_file() and json.loads((out / "summary.json").read_text())["steps"] == 4
     rows = metrics(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for key in (

@@ -10,10 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import make_tiny_llama
+from test_preference import lora_model
 
-from tunelab.config import AdapterConfig, GrpoConfig, LoraConfig, RewardConfig
-from tunelab.model.adapters import apply_adapter
+from tunelab.config import GrpoConfig, RewardConfig
 from tunelab.train.grpo import GrpoLoss, Rollout, advantages
 
 trl = pytest.importorskip("trl")
@@ -22,16 +21,6 @@ trl = pytest.importorskip("trl")
 PROMPTS = [[5, 6, 7, 8], [11, 12, 13, 14]]
 COMPLETIONS = [[20, 21, 2], [22, 2], [23, 24, 25, 26], [30, 2], [31, 32, 33], [34, 35, 2]]
 GROUP = 3
-
-
-def lora_model(seed: int = 0):
-    model = make_tiny_llama(64, seed=seed).float()
-    model = apply_adapter(model, AdapterConfig(lora=LoraConfig(r=4, alpha=8.0)))
-    torch.manual_seed(seed + 1)
-    for name, p in model.named_parameters():
-        if "lora_B" in name:  # a trained adapter: the policy differs from the reference
-            p.data.normal_(0, 0.05)
-    return model
 
 
 def padded_completions():
