@@ -34,7 +34,9 @@ def finetune(config: TrainConfig | str | Path, *overrides: str, show_progress: b
     from .recipes.train import train as run
 
     cfg = _config(config, overrides, settings)
-    return RunSummary(**run(cfg, show_progress=show_progress))
+    summary = run(cfg, show_progress=show_progress)
+    # A generating objective (grpo) has its own summary: steps, times, rewards' last values (recipes/grpo.py).
+    return summary if cfg.objective.row.generates else RunSummary(**summary)
 
 
 def estimate(

@@ -25,7 +25,7 @@ from typing import Any, Literal, Union
 import yaml
 
 from . import hub, methods, objectives
-from .data.formats import TEMPLATES
+from .data.formats import PROMPT_FORMATS, TEMPLATES
 from .errors import TunelabError
 from .io import read_text
 from .modelref import EMBEDDED, RANDOM
@@ -41,6 +41,9 @@ ATTENTIONS = ("auto", "flex", "slots", "sdpa")
 REPORT_TO = ("none", "tensorboard", "wandb")
 OBJECTIVES = objectives.NAMES
 REFERENCES = ("auto", "adapter-disabled", "frozen-copy")
+# GRPO's loss aggregations and reward scalings, as TRL 1.16 names them (train/grpo.py).
+GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+SCALE_REWARDS = ("group", "batch", "none")
 # Formats that render a preference pair's text fields (message lists always go through the chat template).
 PAIR_FORMATS = ("alpaca", "completion", "chat")
 # The choice fields' types: `from_dict` checks a value against its field's choices where it is read, naming the
@@ -55,6 +58,8 @@ Attention = Literal[ATTENTIONS]
 ReportTo = Literal[REPORT_TO]
 ObjectiveName = Literal[OBJECTIVES]
 Reference = Literal[REFERENCES]
+GrpoLossType = Literal[GRPO_LOSS_TYPES]
+ScaleRewards = Literal[SCALE_REWARDS]
 # Keys that configs once had, with why they went: an old config fails naming the key and what to do.
 REMOVED = {"data.shuffle": "batches are always shuffled, by `seed`"}
 # Hugging Face TrainingArguments / PEFT names a user may type, and tunelab's key for each: the error says "did you
@@ -136,10 +141,11 @@ class DataConfig:
         """Whether the config names training data: data.path or data.mix."""
         return self.path is not None or bool(self.mix)
 
-    def spec(self, seq_len: int, seed: int, builder: str):
+    def spec(self, seq_len: int, seed: int, builder: str, reserve: int = 0):
         """What the data pipeline reads (data/pipeline.DataSpec): this section with each mixture source's format and
         template resolved, rows cut at `seq_len`, a mixture drawn by `seed`, examples built by `builder` (the
-        objective's data builder). data/ sits below this module (config names its templates), so it takes a spec."""
+        objective's data builder; `reserve` tokens of seq_len kept for generated completions). data/ sits below this
+        module (config names its templates), so it takes a spec."""
         from .data.pipeline import DataSpec, MixPart
 
         mix = tuple(MixPart(m.path, m.weight, m.format or self.format, m.template or self.template) for m in self.mix)
@@ -153,6 +159,7 @@ class DataConfig:
             mix,
             seed,
             builder=builder,
+            reserve=reserve,
         )
 
     @property
@@ -258,12 +265,82 @@ class PreferenceConfig:
 
 
 @dataclass(kw_only=True)
+class RewardConfig:
+    """One reward of grpo.rewards: a built-in (train/rewards.py) or `path/to/file.py:function`, its weight in the
+    summed reward, and the keyword arguments it is called with."""
+
+    name: str = ""
+    weight: float = 1.0
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class GrpoConfig:
+    """Settings of objective grpo (group relative policy optimization), named as TRL's GRPOConfig names them."""
+
+    # Completions sampled per prompt (G): the group whose rewards are normalised against each other.
+    num_generations: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    # A completion stops at EOS or after this many tokens (counted as clipped).
+    max_completion_length: int = 64
+    # The KL penalty's weight against the reference (the base with the adapter disabled); 0 runs no reference.
+    beta: float = 0.0
+    # The ratio's clip range [1 - epsilon, 1 + epsilon_high]; epsilon_high null is epsilon (DAPO's clip-higher
+    # sets it above).
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    # Optimizer steps on each generated batch (μ); above 1 the ratio is taken against the log-probs at generation.
+    num_iterations: int = 1
+    # How the per-token losses are averaged: grpo (per completion, then over completions), bnpo (over the
+    # micro-batch's tokens), dr_grpo (over completions x max_completion_length), dapo (over the step's tokens).
+    loss_type: GrpoLossType = "dapo"
+    # The advantage's scale: the group's reward std, the batch's, or none (Dr. GRPO).
+    scale_rewards: ScaleRewards = "group"
+    rewards: list[RewardConfig] = field(default_factory=list)
+    # Steps between the sampled completions written to completions.jsonl; 0 writes none.
+    log_completions_steps: int = 10
+
+    @property
+    def clip_high(self) -> float:
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    def validate(self, where: Origins) -> None:
+        _check(where, "grpo.num_generations", self.num_generations >= 2, "must be at least 2 (a group to compare)")
+        _check(where, "grpo.temperature", self.temperature > 0, f"must be positive, got {self.temperature}")
+        _check(where, "grpo.top_p", 0 < self.top_p <= 1, f"must be in (0, 1], got {self.top_p}")
+        _check(where, "grpo.max_completion_length", self.max_completion_length >= 1, "must be at least 1")
+        _check(where, "grpo.beta", self.beta >= 0, f"must be 0 or positive, got {self.beta}")
+        _check(where, "grpo.epsilon", 0 <= self.epsilon < 1, f"must be in [0, 1), got {self.epsilon}")
+        if self.epsilon_high is not None:
+            _check(
+                where, "grpo.epsilon_high", self.epsilon_high >= 0, f"must be 0 or positive, got {self.epsilon_high}"
+            )
+        _check(where, "grpo.num_iterations", self.num_iterations >= 1, "must be at least 1")
+        _check(where, "grpo.log_completions_steps", self.log_completions_steps >= 0, "must be 0 or positive")
+        if not self.rewards:
+            raise TunelabError(
+                f"{where('grpo.rewards', 'objective')}: objective grpo needs grpo.rewards, e.g. "
+                "[{name: exact_answer}] or [{name: path/to/file.py:function}]"
+            )
+        for i, reward in enumerate(self.rewards):
+            _check(where, f"grpo.rewards[{i}].name", bool(reward.name.strip()), "is empty; name a reward")
+
+
+@dataclass(kw_only=True)
 class ObjectiveConfig:
     """What a step optimizes: the objective (objectives.py's registry) and its own settings."""
 
-    # sft (the response tokens' cross-entropy), dpo or orpo (preference pairs).
+    # sft (the response tokens' cross-entropy), dpo or orpo (preference pairs), grpo (sampled completions scored
+    # by rewards).
     name: ObjectiveName = key("objective", "sft")
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)
+    grpo: GrpoConfig = field(default_factory=GrpoConfig)
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether a step scores its sequences under a reference model too: the row's own need, or GRPO's KL term."""
+        return self.row.reference or (self.row.generates and self.grpo.beta > 0)
 
     @property
     def row(self) -> objectives.Objective:
@@ -278,6 +355,13 @@ class ObjectiveConfig:
 
     def validate(self, where: Origins) -> None:
         p = self.preference
+        if self.row.generates:
+            self.grpo.validate(where)
+        elif self.grpo != GrpoConfig():
+            raise TunelabError(
+                f"{where('grpo', 'objective')}: the grpo section applies to objective grpo; drop it for objective "
+                f"{self.name}"
+            )
         if not self.row.pairs:
             if p != PreferenceConfig():
                 raise TunelabError(
@@ -469,7 +553,9 @@ class TrainConfig:
 
     def data_specs(self):
         """(the training data's spec, the held-out data's or None), as data/pipeline.prepare_split takes them."""
-        spec = self.data.spec(self.batch.seq_len, self.run.seed, self.objective.row.data_builder)
+        row = self.objective.row
+        reserve = self.objective.grpo.max_completion_length if row.generates else 0
+        spec = self.data.spec(self.batch.seq_len, self.run.seed, row.data_builder, reserve)
         return spec, self.eval.spec(self.run.seed)
 
     def validate(self, where: Origins | str = "config") -> None:
@@ -501,6 +587,9 @@ class TrainConfig:
     def _validate_objective(self, where: Origins) -> None:
         """The objective's needs (objectives.py) against the method, the data and the batches."""
         row, p = self.objective.row, self.objective.preference
+        if row.generates:
+            self._validate_generation(where)
+            return
         if not row.pairs:
             return
         name = self.objective.name
@@ -523,6 +612,43 @@ class TrainConfig:
             if bad:
                 raise TunelabError(f"{where(name_, 'objective')}: objective {name} {why}")
         if self.eval.enabled and not row.held_out_loss:
+            raise TunelabError(
+                f"{where('eval.split', 'eval.path', 'objective')}: objective {name} has no held-out loss; "
+                "drop eval.split/eval.path and score the result with `tunelab eval`"
+            )
+
+    def _validate_generation(self, where: Origins) -> None:
+        """What objective grpo runs on: one source of prompt rows in a format with a prompt, a budget left for the
+        completion, adapter methods (the reference is the adapter disabled)."""
+        g, name = self.objective.grpo, self.objective.name
+        checks = (
+            (
+                "packing",
+                not self.batch.packing,
+                "packs each prompt's completions as documents of one row; set packing: true",
+            ),
+            ("data.mix", bool(self.data.mix), "reads one source of prompts; set data.path"),
+            (
+                "data.format",
+                self.data.format not in PROMPT_FORMATS,
+                f"reads prompts in format {', '.join(PROMPT_FORMATS)}",
+            ),
+            ("data.train_on_inputs", self.data.train_on_inputs, "scores the completions only; drop it"),
+            (
+                "method",
+                self.adapter.row.trains_base,
+                "samples from the adapter and takes the base as reference; use method lora, dora or qlora",
+            ),
+        )
+        for name_, bad, why in checks:
+            if bad:
+                raise TunelabError(f"{where(name_, 'objective')}: objective {name} {why}")
+        if g.max_completion_length >= self.batch.seq_len:
+            raise TunelabError(
+                f"{where('grpo.max_completion_length', 'seq_len')}: grpo.max_completion_length "
+                f"{g.max_completion_length} leaves no room for a prompt in seq_len {self.batch.seq_len}; raise seq_len"
+            )
+        if self.eval.enabled:
             raise TunelabError(
                 f"{where('eval.split', 'eval.path', 'objective')}: objective {name} has no held-out loss; "
                 "drop eval.split/eval.path and score the result with `tunelab eval`"
@@ -798,6 +924,12 @@ def _coerce(tp: Any, value: Any, source: Origins, key: str) -> Any:
         return _coerce_union(tp, value, source, key)
     if origin is list:
         return _coerce_list(tp, value, source, key)
+    if origin is dict:  # free-form keyword arguments (grpo.rewards[i].args): a mapping with text keys
+        if value is None:
+            return {}
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise TunelabError(f"{source(key)}: {key} must be a mapping of names to values, got {value!r}")
+        return dict(value)
     return _coerce_scalar(tp, value, source, key)
 
 

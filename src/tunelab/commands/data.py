@@ -54,6 +54,11 @@ def _add_arithmetic(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="write preference pairs for objective dpo/orpo: {prompt, chosen: the correct output, rejected: a near miss}",
     )
+    p.add_argument(
+        "--prompts",
+        action="store_true",
+        help="write prompt rows for objective grpo: {instruction, answer, ...} without the output the model writes",
+    )
     p.add_argument("--test-out", help="also write a held-out set sharing no problem with the training rows")
     p.add_argument("--test-n", type=int, default=1000, help="rows in the held-out set (default 1000)")
 
@@ -93,9 +98,14 @@ def _arithmetic(args: argparse.Namespace) -> int:
     if args.contaminate is not None:
         k = ar.contaminate(rows, args.contaminate, args.contamination_type, args.seed)
         note = f", {k} contaminated ({args.contamination_type})"
+    if args.pairs and args.prompts:
+        raise TunelabError("--pairs and --prompts are exclusive; write pairs (dpo, orpo) or prompts (grpo)")
     if args.pairs:
         rows = ar.preference_pairs(rows, args.seed)
         note += " as preference pairs"
+    if args.prompts:
+        rows = ar.prompt_rows(rows)
+        note += " as prompts"
     write_atomic(Path(args.out), _jsonl(rows))
     print(f"wrote {len(rows)} rows to {args.out}{note}")
     if test_rows is not None:

@@ -37,7 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, help="score only the first N rows")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
     parser.add_argument(
-        "--max-new-tokens", type=int, help="default: per batch, its longest expected response plus slack"
+        "--max-new-tokens",
+        type=int,
+        help="the generation cap; default: the longest response the adapter was trained on (its run's summary.json) "
+        "plus slack, else per batch its longest expected response plus slack",
     )
     parser.add_argument("--device", default="auto")
     parser.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
@@ -65,6 +68,16 @@ def read_rows(path: Path, fmt: str, limit: int | None) -> list[dict]:
     if not rows:
         raise TunelabError(f"{path}: no rows to evaluate")
     return rows
+
+
+def trained_response_tokens(adapter: Path) -> int | None:
+    """The longest response the adapter's run trained on (summary.json beside the adapter), when recorded."""
+    summary = adapter.parent / "summary.json"
+    try:
+        value = json.loads(summary.read_text()).get("data", {}).get("response_tokens_max")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,7 +113,10 @@ def run(args: argparse.Namespace) -> int:
         model = load_adapter(model, args.adapter, setup.model)
     load_seconds = time.perf_counter() - started
     try:
-        result = evaluate(model, tokenizer, rows, setup.format, setup.template, args.batch_size, args.max_new_tokens)
+        trained = trained_response_tokens(Path(args.adapter)) if args.adapter else None
+        result = evaluate(
+            model, tokenizer, rows, setup.format, setup.template, args.batch_size, args.max_new_tokens, trained
+        )
     except Exception as e:
         if not out_of_memory(e):
             raise

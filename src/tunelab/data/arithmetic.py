@@ -283,6 +283,12 @@ def preference_pairs(rows: list[dict], seed: int) -> list[dict]:
     return pairs
 
 
+def prompt_rows(rows: list[dict]) -> list[dict]:
+    """Prompt rows for objective grpo: each row without its `output` (the model writes it), its `answer` and
+    operands kept for the rewards and for `tunelab eval`."""
+    return [{k: v for k, v in row.items() if k != "output"} for row in rows]
+
+
 def _off_by_random(rng: random.Random, value: int) -> int:
     return value + rng.choice((-1, 1)) * rng.randint(1, 10)
 

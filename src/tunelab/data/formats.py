@@ -70,7 +70,13 @@ TEXT_FIELDS = {
     "alpaca": ("instruction", "input", "output"),
     "completion": ("prompt", "completion"),
     "text": ("text",),
+    "alpaca-prompt": ("instruction", "input"),
+    "completion-prompt": ("prompt",),
 }
+
+# Prompt rows (objective grpo): a format's prompt without the response it would train on; the model writes the
+# responses, and the row's other fields (an `answer`) stay for the rewards.
+PROMPT_FORMATS = {"alpaca": "alpaca-prompt", "completion": "completion-prompt", "chat": "chat-prompt"}
 
 REQUIRED_FIELDS = {
     "alpaca": ("instruction", "output"),
@@ -80,6 +86,9 @@ REQUIRED_FIELDS = {
     "text": ("text",),
     # A preference pair (objective dpo or orpo): a prompt and two responses to it, the chosen one first.
     "preference": ("prompt", "chosen", "rejected"),
+    "alpaca-prompt": ("instruction",),
+    "completion-prompt": ("prompt",),
+    "chat-prompt": ("messages",),
 }
 
 
@@ -105,7 +114,7 @@ def check_fields(fmt: str, row: dict[str, Any], where: str) -> None:
             )
     if fmt == "preference":
         check_pair(row, where)
-    elif fmt == "chat":
+    elif fmt in ("chat", "chat-prompt"):
         check_messages(row["messages"], where)
     elif fmt == "sharegpt":
         check_conversations(row["conversations"], where)

@@ -44,6 +44,8 @@ class DataSpec:
     key: str = "data.path"  # the config key that names `path`, for errors
     # What builds the examples: the objective's data builder (objectives.Objective.data_builder), `module:function`.
     builder: str = ROWS
+    # Tokens of seq_len left free after each prompt for what the model writes (prompt rows: data/prompts.py).
+    reserve: int = 0
 
 
 def prepare(spec: DataSpec, tokenizer) -> TokenizedData:

@@ -79,6 +79,7 @@ class EvalResult:
     by_digits: dict[int, Bucket]
     seconds: float
     predictions: list[Prediction] = field(repr=False)
+    capped: int = 0  # responses that reached the generation cap without a stop (eval/generate.py)
 
     def summary(self) -> dict:
         """Everything but the per-row predictions, JSON-ready."""
@@ -86,6 +87,7 @@ class EvalResult:
             "accuracy": self.accuracy,
             "n": self.n,
             "correct": self.correct,
+            "capped": self.capped,
             "seconds": round(self.seconds, 3),
             "rows_per_s": round(self.n / self.seconds, 2) if self.seconds > 0 else None,
             "by_op": {op: b.as_dict() for op, b in self.by_op.items()},

@@ -1,10 +1,12 @@
 """Batched greedy generation with the training prompt, and `evaluate`, which scores it by exact match.
 
-Speed on CPU comes from: one `model.generate` call per batch (no per-token Python loop of our own), prompts
-sorted by length so a batch holds similar lengths (little left padding), each batch stopping at the
-budget of its own longest expected response. Generation runs in the weights' dtype: load the base in bf16
-on AMX CPUs and Ampere GPUs (a PEFT adapter keeps its fp32 weights; peft casts around them). Autocast over
-bf16 weights was slower on CPU in our measurement (shared cores, noisy), so there is none.
+Generation is eval/sampling.py's KV-cache loop at temperature 0 (the loop GRPO samples with): prompts sorted by
+length so a batch holds similar lengths (little left padding), each row stopping at its own EOS, the batch when
+every row has or at its cap. The cap is what the model was trained to write (the longest training response, from
+the run's summary.json, plus slack) when that is known, else `--max-new-tokens`, else the longest expected
+response of the batch's rows plus slack; how many completions reached the cap is reported, since a completion cut
+there is scored as written. Generation runs in the weights' dtype (bf16 on AMX CPUs and Ampere GPUs; a PEFT
+adapter keeps its fp32 weights, peft casts around them).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from ..data.formats import CONVERSATION_FORMATS, effective_chat_template, prompt_text, render
 from ..data.tokenize import bos_ids
 from .exact_match import EvalResult, score
+from .sampling import sample
 
 # Room past the longest expected response, for a model that adds a word or a space before its answer.
 BUDGET_SLACK = 8
@@ -74,6 +77,12 @@ def response_budgets(tokenizer, rows: Sequence[dict], fmt: str, template: str) -
     return [len(ids) + BUDGET_SLACK for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
+@dataclass(frozen=True)
+class Generated:
+    texts: list[str]  # each row's response, cut before its first stop
+    capped: list[bool]  # the response reached its cap without a stop
+
+
 @torch.inference_mode()
 def generate(
     model,
@@ -83,49 +92,26 @@ def generate(
     batch_size: int,
     stop: Stops | None = None,
     temperature: float = 0.0,
-) -> list[str]:
+) -> Generated:
     """Greedy continuations of tokenized prompts, in input order, each cut before its first stop (default: the
-    EOS ids of `stops`) or at its batch's budget; a row stops on its own while the rest of its batch goes on.
+    EOS ids of `stops`) or at its batch's largest budget; a row stops on its own while the rest of its batch goes on.
     `temperature` > 0 samples instead (`tunelab ui`'s Try it), from the model's distribution at that temperature."""
     stop = stop or stops(model, tokenizer)
-    device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stop.ids or [0])[0]
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), budgets[i]))
-    out: list[str] = [""] * len(prompts)
-    was_training = model.training
-    model.eval()
-    try:
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            width = max(len(prompts[i]) for i in chunk)
-            input_ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-            attention = torch.zeros((len(chunk), width), dtype=torch.long)
-            for row, i in enumerate(chunk):  # left padding: every prompt ends where generation starts
-                ids = prompts[i]
-                input_ids[row, width - len(ids) :] = torch.tensor(ids)
-                attention[row, width - len(ids) :] = 1
-            generated = model.generate(
-                input_ids=input_ids.to(device),
-                attention_mask=attention.to(device),
-                **(
-                    {"do_sample": True, "temperature": temperature, "top_k": 0}
-                    if temperature > 0
-                    else {"do_sample": False}
-                ),
-                max_new_tokens=max(budgets[i] for i in chunk),
-                use_cache=True,
-                eos_token_id=list(stop.ids),
-                pad_token_id=pad,
-            )
-            # Cut at the row's own first stop: what follows is padding, which need not be a special token.
-            rows = [_until(ids, stop.ids) for ids in generated[:, width:].tolist()]
-            for i, text in zip(chunk, tokenizer.batch_decode(rows, skip_special_tokens=True)):
-                for marker in stop.texts:
-                    text = text.split(marker, 1)[0]
-                out[i] = text
-    finally:
-        model.train(was_training)
-    return out
+    texts: list[str] = [""] * len(prompts)
+    capped: list[bool] = [False] * len(prompts)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        out = sample(
+            model, [prompts[i] for i in chunk], max(budgets[i] for i in chunk), stop.ids, pad, temperature=temperature
+        )
+        rows = [_until(ids, stop.ids) for ids in out.ids]
+        for i, text, cut in zip(chunk, tokenizer.batch_decode(rows, skip_special_tokens=True), out.clipped):
+            for marker in stop.texts:
+                text = text.split(marker, 1)[0]
+            texts[i], capped[i] = text, cut
+    return Generated(texts, capped)
 
 
 def _until(ids: list[int], stop_ids: Sequence[int]) -> list[int]:
@@ -140,14 +126,23 @@ def evaluate(
     template: str,
     batch_size: int = DEFAULT_BATCH_SIZE,
     max_new_tokens: int | None = None,
+    trained_response_tokens: int | None = None,
 ) -> EvalResult:
     """Exact-match accuracy of `model` on `rows` (each with an `answer`), prompted as training prompted them.
 
-    `max_new_tokens=None` gives each batch the budget of its longest expected response. Works on a PEFT
+    The cap: `max_new_tokens`, else `trained_response_tokens` (the longest response the model was trained on) plus
+    slack, else each batch's longest expected response plus slack. Works on a PEFT
     model in memory, so a demo can evaluate right after training; it runs in the model's dtype.
     """
     started = time.perf_counter()
     prompts = prompt_ids(tokenizer, [prompt_text(fmt, template, row, tokenizer) for row in rows])
-    budgets = [max_new_tokens] * len(rows) if max_new_tokens else response_budgets(tokenizer, rows, fmt, template)
-    responses = generate(model, tokenizer, prompts, budgets, batch_size, stops(model, tokenizer, fmt))
-    return score(rows, responses, time.perf_counter() - started)
+    if max_new_tokens:
+        budgets = [max_new_tokens] * len(rows)
+    elif trained_response_tokens:
+        budgets = [trained_response_tokens + BUDGET_SLACK] * len(rows)
+    else:
+        budgets = response_budgets(tokenizer, rows, fmt, template)
+    out = generate(model, tokenizer, prompts, budgets, batch_size, stops(model, tokenizer, fmt))
+    result = score(rows, out.texts, time.perf_counter() - started)
+    result.capped = sum(out.capped)
+    return result

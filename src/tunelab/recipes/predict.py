@@ -202,6 +202,11 @@ def plan_config(cfg: cfgmod.TrainConfig, r: PlanRequest) -> list[render.Result]:
     """plan's prediction for `cfg` on each GPU `r` names: one GPU, the sharded runs over `r.gpus`, single-knob
     suggestions, prices, and with `r.scenarios` other dataset sizes. What `tunelab plan` prints and
     `tunelab.plan()` returns."""
+    if cfg.objective.row.generates:
+        raise TunelabError(
+            f"objective {cfg.objective.name}: plan does not predict a generating run yet (sampling, scoring and "
+            "update); measure a short run (max_steps) and read metrics.jsonl's elapsed_s and generation_s"
+        )
     r.check_gpus()
     # The local probe measures this machine in the run's own precision (fp16 on a CPU fails as train fails).
     devices = [device_for(g, cfg.compute.precision) for g in r.gpu_ids]

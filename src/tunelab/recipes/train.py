@@ -20,7 +20,7 @@ import torch
 from .. import config as cfgmod
 from .. import families, methods, objectives, sources
 from ..config import TrainConfig
-from ..data.examples import TokenizedData
+from ..data.examples import TokenizedData, loss_tokens
 from ..data.formats import use_default_chat_template
 from ..data.packing import packing_efficiency
 from ..data.pipeline import prepare_split
@@ -206,6 +206,10 @@ def train(cfg: TrainConfig, show_progress: bool = True, measure: loop.Measuremen
     `accelerate launch` every process trains its share of each step and only the main process touches
     output_dir (lock, metrics, checkpoints, final weights, summary).
     """
+    if cfg.objective.row.generates:  # the step samples its own sequences: recipes/grpo.py
+        from .grpo import train as train_generating
+
+        return train_generating(cfg, show_progress)
     t0 = time.perf_counter()
     out = Path(cfg.run.output_dir)
     measure = measure or loop.Measurement()
@@ -376,7 +380,7 @@ def _prepare_output_dir(
     out.mkdir(parents=True, exist_ok=True)
     if resume_from is not None:
         restore_best(resume_from, out, state)
-        logged_first_loss = _truncate_metrics(out / "metrics.jsonl", state.step)
+        logged_first_loss = truncate_metrics(out / "metrics.jsonl", state.step)
         if show_progress:
             print(f"resumed from {resume_from} at step {state.step}", flush=True)
     else:
@@ -448,7 +452,12 @@ def summarize(run: Run, result: loop.LoopResult, t0: float) -> RunSummary:
         compile=None if prep.compile is None else prep.compile.as_dict(),
         activation_offload=cfg.compute.activation_offload,
         world_size=run.procs.world,
-        data={**prep.data.stats.as_dict(), "packing_efficiency": run.packing_efficiency},
+        # The longest response trained on: `tunelab eval` caps generation there (plus slack).
+        data={
+            **prep.data.stats.as_dict(),
+            "packing_efficiency": run.packing_efficiency,
+            "response_tokens_max": int(loss_tokens(prep.data).max()),
+        },
         steps=state.step,
         total_steps=prep.schedule.total_steps,
         finished=state.step >= prep.schedule.total_steps or result.stopped_early,
@@ -589,7 +598,7 @@ def _after_disk_error(out: Path) -> str:
     return "free space or choose another output_dir, then run again (save_steps keeps checkpoints to resume from)"
 
 
-def _truncate_metrics(path: Path, step: int) -> float | None:
+def truncate_metrics(path: Path, step: int) -> float | None:
     """After a resume, drop log lines past the checkpoint: they are about to be produced again. Returns the first
     training loss the kept lines hold (None without one)."""
     if not path.exists():

@@ -70,4 +70,4 @@ class Chat:
         text = prompt_text(setup.format, setup.template, prompt_row(setup.format, prompt), tokenizer) or prompt
         ids = prompt_ids(tokenizer, [text])
         stop = stops(model, tokenizer, setup.format)
-        return generate(model, tokenizer, ids, [max_new_tokens], 1, stop, temperature)[0]
+        return generate(model, tokenizer, ids, [max_new_tokens], 1, stop, temperature).texts[0]

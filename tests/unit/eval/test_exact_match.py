@@ -12,6 +12,7 @@ from tunelab.data.pipeline import DataSpec, prepare
 from tunelab.errors import TunelabError
 from tunelab.eval.exact_match import extract, parse_answer, score
 from tunelab.eval.generate import BUDGET_SLACK, Stops, evaluate, generate, prompt_ids, stops
+from tunelab.eval.sampling import Samples
 from tunelab.eval.setup import Setup, resolve_setup
 
 
@@ -171,8 +172,8 @@ def test_batched_left_padded_generation_equals_one_prompt_at_a_time(tokenizer):
     texts = [f"{'9' * k} + {k}" for k in range(1, 12)]
     prompts = prompt_ids(tokenizer, texts)
     budgets = [6] * len(prompts)
-    alone = [generate(model, tokenizer, [p], [6], batch_size=1)[0] for p in prompts]
-    assert generate(model, tokenizer, prompts, budgets, batch_size=4) == alone
+    alone = [generate(model, tokenizer, [p], [6], batch_size=1).texts[0] for p in prompts]
+    assert generate(model, tokenizer, prompts, budgets, batch_size=4).texts == alone
     assert len(set(alone)) > 1  # the check means something only if outputs differ
 
 
@@ -185,23 +186,25 @@ class AnsweringModel(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.zeros(1))
         self.calls = []
 
-    def generate(self, input_ids, attention_mask, max_new_tokens, **kwargs):
-        assert kwargs["do_sample"] is False and kwargs["use_cache"] is True
-        self.calls.append((input_ids.shape[0], max_new_tokens, self.training))
-        rows = []
-        for ids, mask in zip(input_ids, attention_mask):
-            assert mask.tolist() == sorted(mask.tolist())  # padding on the left only
-            instruction = self.tok.decode(ids[mask.bool()]).split("### Instruction:\n")[1].split("\n")[0]
+    def sample(self, prompts, max_new_tokens, stop_ids, pad_id, temperature=1.0, **kwargs):
+        """Stands in for eval/sampling.sample: the answer plus EOS per prompt, the call recorded."""
+        assert temperature == 0  # eval decodes greedily
+        self.calls.append((len(prompts), max_new_tokens, self.training))
+        ids = []
+        for prompt in prompts:
+            instruction = self.tok.decode(prompt).split("### Instruction:\n")[1].split("\n")[0]
             a, b = (int(x) for x in instruction.split(" + "))
             answer = self.tok(f"{a} + {b} = {a + b + a % 2}", add_special_tokens=False)["input_ids"]
-            rows.append(ids.tolist() + answer + [self.tok.eos_token_id])
-        width = max(map(len, rows))
-        return torch.tensor([r + [self.tok.pad_token_id] * (width - len(r)) for r in rows])
+            ids.append((answer + [self.tok.eos_token_id])[:max_new_tokens])
+        return Samples(ids, [self.tok.eos_token_id not in row for row in ids])
 
 
-def test_evaluate_keeps_row_order_and_budgets_each_batch(tokenizer, addition_rows):
+def test_evaluate_keeps_row_order_and_budgets_each_batch(tokenizer, addition_rows, monkeypatch):
+    import tunelab.eval.generate as generate_module
+
     rows = [dict(r, op="add", digits_a=len(r["instruction"].split(" + ")[0]), digits_b=1) for r in addition_rows]
     model = AnsweringModel(tokenizer).train()
+    monkeypatch.setattr(generate_module, "sample", lambda m, *a, **kw: m.sample(*a, **kw))
     result = evaluate(model, tokenizer, rows, "alpaca", "compact", batch_size=10)
     expected = [int(r["instruction"].split(" + ")[0]) % 2 == 0 for r in rows]
     assert [p.correct for p in result.predictions] == expected  # predictions line up with their rows
@@ -210,10 +213,12 @@ def test_evaluate_keeps_row_order_and_budgets_each_batch(tokenizer, addition_row
     longest = max(len(tokenizer(r["output"] + tokenizer.eos_token)["input_ids"]) for r in rows)
     assert max(c[1] for c in model.calls) == longest + BUDGET_SLACK
     assert min(c[1] for c in model.calls) < longest + BUDGET_SLACK  # short batches stop earlier
-    assert all(not training for _, _, training in model.calls) and model.training  # eval mode, then restored
     assert sum(b.n for b in result.by_digits.values()) == 64 and set(result.by_op) == {"add"}
+    assert result.capped == 0
     fixed = evaluate(model, tokenizer, rows[:5], "alpaca", "compact", batch_size=10, max_new_tokens=3)
-    assert model.calls[-1][1] == 3 and fixed.n == 5
+    assert model.calls[-1][1] == 3 and fixed.n == 5 and fixed.capped == 5  # every answer is longer: all cut
+    trained = evaluate(model, tokenizer, rows[:5], "alpaca", "compact", batch_size=10, trained_response_tokens=20)
+    assert model.calls[-1][1] == 20 + BUDGET_SLACK and trained.capped == 0
 
 
 # --- where a response stops ---
@@ -296,19 +301,19 @@ def test_end_of_turn_split_into_several_tokens_is_cut_from_the_text():
     assert stops(None, tok, "chat") == Stops((tok.eos_token_id,), ("<|eot_id|>",))
     model = successor_model(tok, {"\n": "6", "6": "E", "E": "N", "N": "D", "D": "7"}, default="7")
     stop = Stops((tok.eos_token_id,), ("END",))
-    assert generate(model, tok, [ids_of(tok, "3+3\n")], [8], 1, stop) == ["6"]
+    assert generate(model, tok, [ids_of(tok, "3+3\n")], [8], 1, stop).texts == ["6"]
 
 
 def test_alpaca_stops_at_eos_and_at_every_generation_config_eos(tokenizer):
     model = successor_model(tokenizer, {"\n": "9", "9": "<|im_end|>", "<|im_end|>": "1", "1": "</s>"})
     prompt = ids_of(tokenizer, "9\n")
     # An alpaca prompt is not a chat turn: `<|im_end|>` is no stop, the tokenizer's EOS is.
-    assert generate(model, tokenizer, [prompt], [8], 1, stops(model, tokenizer, "alpaca")) == ["91"]
+    assert generate(model, tokenizer, [prompt], [8], 1, stops(model, tokenizer, "alpaca")).texts == ["91"]
     model.generation_config.eos_token_id = [2, tokenizer.convert_tokens_to_ids("<|im_end|>")]
-    assert generate(model, tokenizer, [prompt], [8], 1, stops(model, tokenizer, "alpaca")) == ["9"]
+    assert generate(model, tokenizer, [prompt], [8], 1, stops(model, tokenizer, "alpaca")).texts == ["9"]
     model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("1")
     assert stops(model, tokenizer).ids == (2, tokenizer.convert_tokens_to_ids("1"))
-    assert generate(model, tokenizer, [prompt], [8], 1) == ["9"]  # `<|im_end|>` is skipped as special text
+    assert generate(model, tokenizer, [prompt], [8], 1).texts == ["9"]  # `<|im_end|>` is skipped as special text
 
 
 def test_rows_of_one_batch_stop_independently(tokenizer):
@@ -317,8 +322,8 @@ def test_rows_of_one_batch_stop_independently(tokenizer):
     model = successor_model(tokenizer, chain, default="z")
     prompts = [ids_of(tokenizer, "1+3\n"), ids_of(tokenizer, "long prompt =")]
     stop = stops(model, tokenizer, "chat")
-    assert generate(model, tokenizer, prompts, [10, 10], 2, stop) == ["4", "abcd"]
-    assert generate(model, tokenizer, prompts, [10, 10], 2) == ["4zzzzzzzz", "abcdzzzzz"]  # EOS only: run on
+    assert generate(model, tokenizer, prompts, [10, 10], 2, stop).texts == ["4", "abcd"]
+    assert generate(model, tokenizer, prompts, [10, 10], 2).texts == ["4zzzzzzzz", "abcdzzzzz"]  # EOS only: run on
 
 
 def test_eval_out_of_memory_is_one_line_naming_the_batch(tiny_model_dir, tmp_path, capsys, monkeypatch):

@@ -1,0 +1,318 @@
+"""`tunelab train` for objective grpo: each generation batch is prompts x G completions sampled from the policy
+(eval/sampling.py), scored by the rewards (train/rewards.py), turned into group-normalised advantages, scored under
+the policy at generation (num_iterations > 1) and the reference (beta > 0), then `num_iterations` optimizer steps
+on it (train/grpo.py). One process; metrics.jsonl as TRL names them; completions.jsonl every
+grpo.log_completions_steps; checkpoints every save_steps hold the weights, optimizer, scheduler and the RNG the
+sampler draws from (torch's global generator), so a resumed run samples what the uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import sources
+from ..config import TrainConfig, dump_yaml
+from ..data.pipeline import prepare
+from ..data.prompts import PromptData
+from ..device import pick_device, pick_precision
+from ..errors import TunelabError
+from ..eval.generate import stops
+from ..eval.sampling import sample
+from ..io import write_atomic
+from ..memwatch import MemoryWatch
+from ..model import load as mload
+from ..model.adapters import apply_adapter
+from ..train import checkpoint, rewards
+from ..train.checkpoint import TrainState
+from ..train.grpo import GrpoLoss, Rollout, advantages
+from ..train.lock import lock_output_dir
+from ..train.loop import build_optimizer, build_scheduler
+from .train import check_writable_dir, save_final, truncate_metrics
+
+COMPLETIONS_LOGGED = 4  # completions per logged step in completions.jsonl
+
+
+@dataclass
+class GrpoRun:
+    cfg: TrainConfig
+    out: Path
+    device: torch.device
+    dtype: torch.dtype
+    tokenizer: object
+    prompts: PromptData
+    rewards: list
+    root: GrpoLoss
+    optimizer: object
+    scheduler: object
+    total_steps: int
+    stop_ids: tuple[int, ...]
+    pad_id: int
+    state: TrainState = field(default_factory=TrainState)
+
+
+def steps_for(cfg: TrainConfig, prompts: int) -> int:
+    """Optimizer steps: max_steps, else epochs over the prompts, `micro_batch x grad_accum` prompts per generation
+    batch and `num_iterations` steps on each."""
+    if cfg.batch.max_steps is not None:
+        return cfg.batch.max_steps
+    per_batch = cfg.batch.micro_batch * cfg.batch.grad_accum
+    return max(1, math.ceil(cfg.batch.epochs * prompts / per_batch)) * cfg.objective.grpo.num_iterations
+
+
+def prompt_order(count: int, batch: int, generation: int, seed: int) -> list[int]:
+    """The prompt indices of generation batch `generation`: each epoch a fresh permutation drawn from `seed`."""
+    per_epoch = max(1, count // batch)
+    epoch, k = divmod(generation, per_epoch)
+    order = np.random.default_rng([seed, epoch]).permutation(count)
+    return order[k * batch : (k + 1) * batch].tolist()
+
+
+def setup(cfg: TrainConfig, out: Path) -> GrpoRun:
+    settings = cfg.objective.grpo
+    loaded = rewards.load_all(settings.rewards)  # a missing file or function fails before the model loads
+    device = pick_device(cfg.compute.device)
+    precision = pick_precision(cfg.compute.precision, device)
+    source = sources.resolve(cfg.model, cfg.trust_remote_code)
+    if not cfg.data.given:
+        raise TunelabError(
+            "data.path is not set; point it at a file of prompt rows (tunelab data arithmetic --prompts)"
+        )
+    tokenizer = sources.load_tokenizer(source)
+    prompts = prepare(cfg.data_specs()[0], tokenizer)
+    torch.manual_seed(cfg.run.seed)
+    model = mload.load_model(source, precision.compute, cfg.adapter.quant, device, attn="sdpa")
+    model = apply_adapter(model, cfg.adapter)
+    root = GrpoLoss(model, settings)
+    optimizer = build_optimizer(model, cfg.optimizer, device)
+    total = steps_for(cfg, len(prompts))
+    stop = stops(model, tokenizer, cfg.data.format)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop.ids[0]
+    return GrpoRun(
+        cfg,
+        out,
+        device,
+        precision.compute,
+        tokenizer,
+        prompts,
+        loaded,
+        root,
+        optimizer,
+        build_scheduler(optimizer, cfg.optimizer, total),
+        total,
+        stop.ids,
+        pad,
+    )
+
+
+def generate_batch(run: GrpoRun, generation: int) -> dict:
+    """One generation batch: completions, rewards, advantages, rollouts, old and reference log-probs."""
+    cfg, settings = run.cfg, run.cfg.objective.grpo
+    group = settings.num_generations
+    chosen = prompt_order(len(run.prompts), cfg.batch.micro_batch * cfg.batch.grad_accum, generation, cfg.run.seed)
+    ids = [run.prompts.ids[i] for i in chosen for _ in range(group)]
+    t0 = time.perf_counter()
+    with _autocast(run):
+        samples = sample(
+            run.root.model,
+            ids,
+            settings.max_completion_length,
+            run.stop_ids,
+            run.pad_id,
+            settings.temperature,
+            settings.top_p,
+        )
+    generation_s = time.perf_counter() - t0
+    texts = run.tokenizer.batch_decode(samples.ids, skip_special_tokens=True)
+    rows = [run.prompts.rows[i] for i in chosen for _ in range(group)]
+    per_func = rewards.score(
+        run.rewards,
+        [run.prompts.texts[i] for i in chosen for _ in range(group)],
+        texts,
+        samples.ids,
+        rows,
+        [i + 1 for i in chosen for _ in range(group)],
+    )
+    weights = torch.tensor([r.weight for r in run.rewards], dtype=torch.float32)
+    adv = advantages(per_func, weights, group, settings.scale_rewards)
+    per_micro = cfg.batch.micro_batch * group
+    micro = []
+    for start in range(0, len(ids), per_micro):
+        part = slice(start, start + per_micro)
+        rollout = Rollout.build(ids[part], samples.ids[part], run.pad_id).to(run.device)
+        with torch.no_grad(), _autocast(run):
+            old = run.root.score(rollout).logps if settings.num_iterations > 1 else None
+            ref = run.root.score(rollout, reference=True).logps if settings.beta > 0 else None
+        micro.append((rollout, old, ref, adv.advantages[part].to(run.device)[rollout.seq]))
+    return {
+        "micro": micro,
+        "samples": samples,
+        "texts": texts,
+        "per_func": per_func,
+        "adv": adv,
+        "prompts": [run.prompts.texts[i] for i in chosen for _ in range(group)],
+        "generation_s": generation_s,
+    }
+
+
+def update(run: GrpoRun, batch: dict) -> dict:
+    """One optimizer step on the generation batch: the micro-batches' losses, clipped, stepped."""
+    micro = batch["micro"]
+    step_tokens = sum(len(m[0].loss_targets) for m in micro)
+    sums: dict[str, float] = {}
+    total = 0.0
+    for rollout, old, ref, adv in micro:
+        with _autocast(run):
+            out = run.root(rollout, old, ref, adv, micro_batches=len(micro), step_tokens=step_tokens)
+        out.loss.backward()
+        total += out.loss.item()
+        for k, v in out.metrics.items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+    max_norm = run.cfg.optimizer.max_grad_norm
+    if max_norm > 0:
+        torch.nn.utils.clip_grad_norm_([p for p in run.root.parameters() if p.requires_grad], max_norm)
+    lr = run.scheduler.get_last_lr()[0]
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    tokens = max(sums.pop("tokens"), 1.0)
+    return {"loss": total, "lr": lr, **{k: v / tokens for k, v in sums.items()}}
+
+
+def batch_metrics(run: GrpoRun, batch: dict) -> dict:
+    """The generation batch's metrics as TRL names them."""
+    samples, adv, per_func = batch["samples"], batch["adv"], batch["per_func"]
+    lengths = torch.tensor([len(c) for c in samples.ids], dtype=torch.float32)
+    clipped = torch.tensor(samples.clipped)
+    done = lengths[~clipped]
+    out = {
+        "reward": torch.nanmean(adv.rewards).item(),
+        "reward_std": _std(adv.rewards),
+        "frac_reward_zero_std": adv.zero_std.float().mean().item(),
+        "completions/mean_length": lengths.mean().item(),
+        "completions/min_length": lengths.min().item(),
+        "completions/max_length": lengths.max().item(),
+        "completions/clipped_ratio": clipped.float().mean().item(),
+        "completions/mean_terminated_length": done.mean().item() if len(done) else 0.0,
+    }
+    for j, reward in enumerate(run.rewards):
+        out[f"rewards/{reward.name}/mean"] = torch.nanmean(per_func[:, j]).item()
+        out[f"rewards/{reward.name}/std"] = _std(per_func[:, j])
+    return out
+
+
+def _std(x: torch.Tensor) -> float:
+    from ..train.grpo import nanstd
+
+    value = nanstd(x).item()
+    return 0.0 if math.isnan(value) else value
+
+
+def _autocast(run: GrpoRun):
+    return torch.autocast(run.device.type, dtype=run.dtype, enabled=run.dtype != torch.float32)
+
+
+def train(cfg: TrainConfig, show_progress: bool = True) -> dict:
+    """Run a GRPO job; returns its summary (also written to output_dir/summary.json)."""
+    out = Path(cfg.run.output_dir)
+    check_writable_dir(out)
+    with lock_output_dir(out):
+        return _train_locked(cfg, out, show_progress)
+
+
+def _train_locked(cfg: TrainConfig, out: Path, show_progress: bool) -> dict:
+    t0 = time.perf_counter()
+    run = setup(cfg, out)
+    found = checkpoint.find(out / "checkpoints", cfg.run.resume) if cfg.run.resume else None
+    for name in ("metrics.jsonl", "completions.jsonl"):
+        if found is None:
+            (out / name).unlink(missing_ok=True)
+    if found is not None:
+        run.state = checkpoint.load(found, run.root, run.optimizer, run.scheduler)
+        # Lines past the checkpoint are about to be written again.
+        truncate_metrics(out / "metrics.jsonl", run.state.step)
+        truncate_metrics(out / "completions.jsonl", run.state.step)
+    # `tunelab eval --adapter` reads the base model, format and template from here.
+    write_atomic(out / "config.yaml", [dump_yaml(cfg)])
+    memwatch = MemoryWatch(run.device)
+    settings = cfg.objective.grpo
+    batch, last = None, {}
+    with (out / "metrics.jsonl").open("a") as metrics_file:
+        while run.state.step < run.total_steps:
+            step_t0 = time.perf_counter()
+            iteration = run.state.step % settings.num_iterations
+            if batch is None or iteration == 0:
+                batch = generate_batch(run, run.state.step // settings.num_iterations)
+            record = {"step": run.state.step + 1, **update(run, batch), **batch_metrics(run, batch)}
+            run.state.step += 1
+            run.state.tokens_loss += sum(len(m[0].loss_targets) for m in batch["micro"])
+            run.state.elapsed_s += time.perf_counter() - step_t0
+            record.update(
+                generation_s=batch["generation_s"] if iteration == 0 else 0.0,
+                elapsed_s=run.state.elapsed_s,
+                peak_memory_bytes=memwatch.read().peak_bytes,
+            )
+            last = record
+            if run.state.step % cfg.run.log_steps == 0 or run.state.step == run.total_steps:
+                metrics_file.write(json.dumps(record) + "\n")
+                metrics_file.flush()
+                if show_progress:
+                    print(_progress_line(run, record), flush=True)
+            every = settings.log_completions_steps
+            if every and run.state.step % every == 0 and iteration == 0:
+                _log_completions(out, run.state.step, batch)
+            # Only between generation batches: a resume then samples the next batch from the restored RNG.
+            boundary = run.state.step % settings.num_iterations == 0
+            if (
+                cfg.run.save_steps
+                and run.state.step % cfg.run.save_steps == 0
+                and boundary
+                and run.state.step < run.total_steps
+            ):
+                checkpoint.save(
+                    out / "checkpoints", run.root, run.optimizer, run.scheduler, run.state, cfg.run.save_total_limit
+                )
+    final = save_final(run.root.model, run.tokenizer, out, cfg.adapter.method)
+    summary = {
+        "output_dir": str(out),
+        "objective": cfg.objective.name,
+        "steps": run.state.step,
+        "total_steps": run.total_steps,
+        "loss_last": last.get("loss"),
+        "reward_last": last.get("reward"),
+        "tokens_nonpad_per_s": run.state.tokens_loss / max(run.state.elapsed_s, 1e-9),
+        "elapsed_s": run.state.elapsed_s,
+        "total_s": time.perf_counter() - t0,
+        "prompts": len(run.prompts),
+        "prompts_dropped": run.prompts.dropped,
+        # What the model was trained to write at most: `tunelab eval` caps its generation there (plus slack).
+        "data": {"response_tokens_max": settings.max_completion_length},
+        "peak_memory_bytes": memwatch.read().peak_bytes,
+        "best_step": None,
+        "final": str(final),
+    }
+    write_atomic(out / "summary.json", [json.dumps(summary, indent=1)])
+    return summary
+
+
+def _progress_line(run: GrpoRun, r: dict) -> str:
+    return (
+        f"step {r['step']}/{run.total_steps}  reward {r['reward']:.3f}  loss {r['loss']:.4f}  "
+        f"length {r['completions/mean_length']:.1f}  clipped {r['completions/clipped_ratio']:.2f}  "
+        f"{r['elapsed_s']:.0f}s"
+    )
+
+
+def _log_completions(out: Path, step: int, batch: dict) -> None:
+    rows = [
+        {"step": step, "prompt": p, "completion": c, "reward": float(r), "advantage": float(a)}
+        for p, c, r, a in zip(batch["prompts"], batch["texts"], batch["adv"].rewards, batch["adv"].advantages)
+    ][:COMPLETIONS_LOGGED]
+    with (out / "completions.jsonl").open("a") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)

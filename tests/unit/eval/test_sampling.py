@@ -1,0 +1,66 @@
+"""eval/sampling.py: the KV-cache loop equals decoding without a cache, stops at a stop id, counts clipped rows,
+and draws reproducibly from its generator."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import make_tiny_llama
+from tunelab.eval.sampling import pick, sample
+
+PROMPTS = [[5, 6, 7, 8, 9], [11, 12], [17, 18, 19]]
+
+
+def greedy_without_cache(model, prompt, steps):
+    ids = list(prompt)
+    for _ in range(steps):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
+        ids.append(int(logits.argmax()))
+    return ids[len(prompt) :]
+
+
+def test_greedy_with_cache_equals_full_recompute():
+    model = make_tiny_llama(64, seed=3).float()
+    out = sample(model, PROMPTS, 6, stop_ids=[63], pad_id=0, temperature=0)
+    for prompt, got, clipped in zip(PROMPTS, out.ids, out.clipped):
+        want = greedy_without_cache(model, prompt, 6)
+        if 63 in want:
+            want = want[: want.index(63) + 1]
+        assert got == want
+        assert clipped == (63 not in want)
+
+
+def test_stops_at_stop_id_and_keeps_it():
+    model = make_tiny_llama(64, seed=3).float()
+    first = sample(model, PROMPTS, 1, stop_ids=[63], pad_id=0, temperature=0)
+    stop = first.ids[0][0]
+    out = sample(model, PROMPTS, 5, stop_ids=[stop], pad_id=0, temperature=0)
+    assert out.ids[0] == [stop] and not out.clipped[0]
+
+
+def test_sampling_reproducible_from_generator_state():
+    model = make_tiny_llama(64, seed=3).float()
+    gen = torch.Generator().manual_seed(7)
+    state = gen.get_state()
+    a = sample(model, PROMPTS * 2, 8, stop_ids=[63], pad_id=0, temperature=1.0, top_p=0.9, generator=gen)
+    gen.set_state(state)
+    b = sample(model, PROMPTS * 2, 8, stop_ids=[63], pad_id=0, temperature=1.0, top_p=0.9, generator=gen)
+    assert a == b
+    assert len({tuple(x) for x in a.ids}) > 1
+
+
+def test_top_p_keeps_the_nucleus_only():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    gen = torch.Generator().manual_seed(0)
+    draws = {int(pick(logits, 1.0, 0.7, gen)) for _ in range(200)}
+    assert draws == {0, 1}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_training_mode_restored(temperature):
+    model = make_tiny_llama(64, seed=3).float()
+    model.train()
+    sample(model, PROMPTS, 2, stop_ids=[63], pad_id=0, temperature=temperature)
+    assert model.training
