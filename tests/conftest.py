@@ -192,12 +192,12 @@ def tiny_train_config(model_dir, data_file, out, *extra):
 def tiny_optimizer_run(steps: int = 2, seed: int = 0):
     """A Linear model with train/loop's AdamW and schedule after `steps` steps: all that a checkpoint holds."""
     from tunelab.config import OptimizerConfig
-    from tunelab.train import loop
+    from tunelab.train import loop, optim
 
     torch.manual_seed(seed)
     model = torch.nn.Linear(8, 4)
     spec = OptimizerConfig(lr=1e-2)
-    optimizer = loop.build_optimizer(model, spec, torch.device("cpu"))
+    optimizer = optim.build_optimizer(model, spec, torch.device("cpu"))
     scheduler = loop.build_scheduler(optimizer, spec, total_steps=10)
     for _ in range(steps):
         model(torch.randn(3, 8)).square().mean().backward()

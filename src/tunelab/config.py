@@ -24,7 +24,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from . import hub, methods, objectives
+from . import hub, methods, objectives, optimizers
 from .data.formats import PROMPT_FORMATS, TEMPLATES
 from .errors import TunelabError
 from .io import read_text
@@ -44,6 +44,9 @@ REFERENCES = ("auto", "adapter-disabled", "frozen-copy")
 # GRPO's loss aggregations and reward scalings, as TRL 1.16 names them (train/grpo.py).
 GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 SCALE_REWARDS = ("group", "batch", "none")
+OPTIMIZERS = optimizers.NAMES
+WEIGHTS = ("fp32", "bf16")
+BF16_UPDATES = ("stochastic", "kahan", "nearest")
 # Formats that render a preference pair's text fields (message lists always go through the chat template).
 PAIR_FORMATS = ("alpaca", "completion", "chat")
 # The choice fields' types: `from_dict` checks a value against its field's choices where it is read, naming the
@@ -60,6 +63,9 @@ ObjectiveName = Literal[OBJECTIVES]
 Reference = Literal[REFERENCES]
 GrpoLossType = Literal[GRPO_LOSS_TYPES]
 ScaleRewards = Literal[SCALE_REWARDS]
+OptimizerName = Literal[OPTIMIZERS]
+Weights = Literal[WEIGHTS]
+Bf16Update = Literal[BF16_UPDATES]
 # Keys that configs once had, with why they went: an old config fails naming the key and what to do.
 REMOVED = {"data.shuffle": "batches are always shuffled, by `seed`"}
 # Hugging Face TrainingArguments / PEFT names a user may type, and tunelab's key for each: the error says "did you
@@ -232,6 +238,9 @@ class AdapterConfig:
     method: Method = cli("lora")
     # Quantization of the frozen base: qlora implies nf4; goat-style recipes use int8 under plain LoRA.
     base_quant: BaseQuant = "none"
+    # The trained weights' dtype under full fine-tuning: fp32 master weights, or bf16 (half the bytes, and no
+    # fp32 residual stream), updated as optimizer.bf16_update says.
+    weights: Weights = cli("fp32")
     lora: LoraConfig = field(default_factory=LoraConfig)
 
     @property
@@ -247,6 +256,11 @@ class AdapterConfig:
         self.lora.validate(where)
         if self.base_quant in self.row.refused_base_quants:
             raise TunelabError(f"{where('base_quant', 'method')}: {self.row.refusal}")
+        if self.weights != "fp32" and not self.row.trains_base:
+            raise TunelabError(
+                f"{where('weights', 'method')}: weights: {self.weights} applies to method full (adapters train in "
+                "fp32 over the frozen base); drop weights"
+            )
 
 
 @dataclass(kw_only=True)
@@ -473,6 +487,18 @@ class OptimizerConfig:
     warmup_ratio: float = 0.03
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
+    # optimizers.py's registry: adamw, adamw_8bit and paged_adamw_8bit (bitsandbytes), adafactor.
+    optimizer: OptimizerName = cli("adamw")
+    # Update each parameter in its gradient hook and free its gradient (train/optim.py): no whole-model gradient
+    # buffer. Needs grad_accum 1 and max_grad_norm 0 (no gradient norm exists before the updates).
+    optimizer_in_backward: bool = cli(False)
+    # How an update is written to bf16 weights (weights: bf16): stochastic rounding, a Kahan compensation buffer
+    # (2 more bytes per parameter), or nearest (plain rounding: small updates are lost).
+    bf16_update: Bf16Update = "stochastic"
+
+    @property
+    def row(self) -> optimizers.Optimizer:
+        return optimizers.get(self.optimizer)
 
     def validate(self, where: Origins) -> None:
         _check(where, "lr", self.lr > 0, f"must be positive, got {self.lr}")
@@ -583,6 +609,43 @@ class TrainConfig:
                 "needs evaluations during the run; set eval.steps (or save_steps)"
             )
         self._validate_objective(where)
+        self._validate_optimizer(where)
+
+    def _validate_optimizer(self, where: Origins) -> None:
+        """The optimizer section against the batches, the precision and the weights."""
+        o = self.optimizer
+        if o.optimizer_in_backward:
+            for name, bad, why in (
+                ("grad_accum", self.batch.grad_accum > 1, "set grad_accum: 1 (raise micro_batch instead)"),
+                (
+                    "max_grad_norm",
+                    o.max_grad_norm > 0,
+                    "set max_grad_norm: 0 (the whole gradient's norm never exists to clip by)",
+                ),
+                (
+                    "precision",
+                    self.compute.precision == "fp16",
+                    "set precision: bf16 (fp16's loss scale unscales at the step)",
+                ),
+            ):
+                if bad:
+                    raise TunelabError(
+                        f"{where(name, 'optimizer_in_backward')}: optimizer_in_backward updates each parameter as "
+                        f"its gradient is made; {why}"
+                    )
+            if not o.row.in_backward:
+                raise TunelabError(
+                    f"{where('optimizer', 'optimizer_in_backward')}: optimizer {o.optimizer} cannot step one "
+                    f"parameter at a time; set optimizer: {o.row.instead} or optimizer_in_backward: false"
+                )
+        if self.adapter.weights == "fp32" and o.bf16_update != "stochastic":
+            raise TunelabError(
+                f"{where('bf16_update', 'weights')}: bf16_update applies to weights: bf16; drop it or set weights: bf16"
+            )
+        if self.adapter.weights == "bf16" and self.compute.precision in ("fp16", "fp32"):
+            raise TunelabError(
+                f"{where('precision', 'weights')}: weights: bf16 computes in bf16; set precision: bf16 or auto"
+            )
 
     def _validate_objective(self, where: Origins) -> None:
         """The objective's needs (objectives.py) against the method, the data and the batches."""

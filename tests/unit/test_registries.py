@@ -1,6 +1,6 @@
-"""The registries (methods.py, objectives.py) are the only code that knows method and objective names: everything
-else reads a row's behaviour (docs/design.md). A name compared, or a table keyed by names, elsewhere is a second
-place that must learn of each new method or objective, and forgets to."""
+"""The registries (methods.py, objectives.py, optimizers.py) are the only code that knows method, objective and
+optimizer names: everything else reads a row's behaviour (docs/design.md). A name compared, or a table keyed by
+names, elsewhere is a second place that must learn of each new method, objective or optimizer, and forgets to."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import ast
 from pathlib import Path
 
 import tunelab
-from tunelab import methods, objectives
+from tunelab import methods, objectives, optimizers
 
 PACKAGE = Path(tunelab.__file__).parent
 REPO = PACKAGE.parents[1]
-NAMES = frozenset(methods.NAMES) | frozenset(objectives.NAMES)
-REGISTRIES = {PACKAGE / "methods.py", PACKAGE / "objectives.py"}
+NAMES = frozenset(methods.NAMES) | frozenset(objectives.NAMES) | frozenset(optimizers.NAMES)
+REGISTRIES = {PACKAGE / "methods.py", PACKAGE / "objectives.py", PACKAGE / "optimizers.py"}
 
 
 def name_literals(node: ast.AST) -> list[str]:

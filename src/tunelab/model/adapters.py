@@ -56,9 +56,11 @@ def resolve_targets(model: torch.nn.Module, targets: str | list[str] | tuple[str
 
 
 def apply_adapter(model: torch.nn.Module, adapter: AdapterConfig) -> torch.nn.Module:
-    """Wrap `model` for training. Trainable weights are fp32 whatever the base dtype (peft casts adapters)."""
+    """Wrap `model` for training. Trainable weights are fp32 whatever the base dtype (peft casts adapters), but
+    for full fine-tuning with `weights: bf16`."""
     if adapter.row.trains_base:
-        model.float()  # trainable weights and their optimizer states stay fp32; compute runs under autocast
+        # fp32 master weights (compute runs under autocast), or bf16 weights that train/optim.py updates in fp32.
+        model.to(torch.bfloat16 if adapter.weights == "bf16" else torch.float32)
         for p in model.parameters():
             p.requires_grad_(True)
         return model

@@ -16,7 +16,7 @@ import torch
 from ..config import OptimizerConfig, TrainConfig
 from ..errors import TunelabError
 from ..model.adapters import count_parameters
-from ..train import checkpoint, distributed, launch, loop
+from ..train import checkpoint, distributed, launch, loop, optim
 from ..train.checkpoint import TrainState
 from ..train.preference import loss_module
 
@@ -72,15 +72,17 @@ class Strategy:
         """Gathers the weights and optimizer state a checkpoint writes (loop.LoopContext.gather_checkpoint)."""
         return None
 
-    def setup(self, accelerator, build: Callable[..., torch.nn.Module], optim: OptimizerConfig, cfg, prep) -> Trainee:
+    def setup(
+        self, accelerator, build: Callable[..., torch.nn.Module], optim_spec: OptimizerConfig, cfg, prep
+    ) -> Trainee:
         """Build the model (`build(device, meta)`), shard it, and hand it with its optimizer to Accelerate."""
         with self.loading():
             model = build(self.load_device(), self.meta())
         trainable, total = count_parameters(model)
         root = loss_module(model, cfg.objective, cfg.adapter.row.trains_base)
         self.shard(root, prep.precision.compute, prep.device)
-        optimizer = loop.build_optimizer(root, optim, prep.device)
-        scheduler = loop.build_scheduler(optimizer, optim, prep.schedule.total_steps)
+        optimizer = optim.build_optimizer(root, optim_spec, prep.device)
+        scheduler = loop.build_scheduler(optimizer, optim_spec, prep.schedule.total_steps)
         wrapped, optimizer = self.prepare(accelerator, root, optimizer, cfg)
         return Trainee(
             model=model,

@@ -41,7 +41,7 @@ from ..model import load as mload
 from ..model.adapters import apply_adapter
 from ..model.lora_linear import has_lora_dropout, has_nf4_base, nf4_layers
 from ..runtime import ACTIVATION_MEMORY_BUDGET, CompileChoice, attention_path
-from ..train import checkpoint, distributed, loop, preference, trackers
+from ..train import checkpoint, distributed, loop, optim, preference, trackers
 from ..train.batches import BatchSpec, EvalBatches, Schedule
 from ..train.checkpoint import TrainState
 from ..train.lock import PROBE_PREFIX, lock_output_dir
@@ -294,6 +294,7 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes, show_progre
         checkpoint.check_identity(resume_from, weights_identity(cfg))
     else:
         checkpoint.refuse_earlier(out / "checkpoints", out)
+    optim.check_device(cfg.optimizer, procs.device, procs.world)
     memwatch = MemoryWatch(procs.device)
     memwatch.start()  # before the model loads: CPU peak memory is relative to this RSS
 
@@ -317,9 +318,8 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes, show_progre
         project_dir=str(out) if tracked else None,  # Accelerate's logging_dir: TensorBoard writes under it
     )
     strategy = pick_strategy(accelerator, procs, cfg)
-    optim = cfg.optimizer
     trainee = strategy.setup(
-        accelerator, lambda device, meta: build_model(cfg, prep, device, meta=meta), optim, cfg, prep
+        accelerator, lambda device, meta: build_model(cfg, prep, device, meta=meta), cfg.optimizer, cfg, prep
     )
     if cfg.objective.preference.precompute_reference:
         every_example = EvalBatches(prep.data, batch_spec(cfg, prep.tokenizer.pad_token_id), prep.schedule.slots)
@@ -336,7 +336,7 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes, show_progre
         accelerator=accelerator,
         strategy=strategy,
         trainee=trainee,
-        optim=optim,
+        optim=cfg.optimizer,
         state=state,
         logged_first_loss=logged_first_loss,
         show_progress=show_progress,
@@ -509,6 +509,16 @@ def weights_identity(cfg: TrainConfig) -> dict:
             cfg.adapter.lora.targets if isinstance(cfg.adapter.lora.targets, str) else list(cfg.adapter.lora.targets)
         )
         identity.update({"lora.r": cfg.adapter.lora.r, "lora.alpha": cfg.adapter.lora.alpha, "lora.targets": targets})
+    # The optimizer state's layout and the weights' dtype: named only where they differ from the defaults, so
+    # that checkpoints written before these settings existed still resume.
+    o = cfg.optimizer
+    for name, value, default in (
+        ("optimizer", o.optimizer, "adamw"),
+        ("optimizer_in_backward", o.optimizer_in_backward, False),
+        ("weights", cfg.adapter.weights, "fp32"),
+    ):
+        if value != default:
+            identity[name] = value
     return identity
 
 

@@ -1,4 +1,4 @@
-"""The training loop: gradient accumulation, clipping, AdamW, schedule, logging, evaluation, checkpoints.
+"""The training loop: gradient accumulation, clipping, the optimizer step (train/optim.py builds it), schedule, logging, evaluation, checkpoints.
 
 Built on Accelerate (`backward`, `no_sync`, `clip_grad_norm_`, loss scaling for fp16) so DDP/FSDP come
 without a rewrite. The only host syncs are at log steps (the loss `.item()`), at evaluations, at checkpoint
@@ -122,17 +122,6 @@ class _Window:
 
     def tokens(self) -> dict[str, int]:
         return {"tokens_padded": self.padded, "tokens_nonpad": self.nonpad, "tokens_loss": self.loss}
-
-
-def build_optimizer(model: torch.nn.Module, spec: OptimizerConfig, device: torch.device) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
-    # Fused AdamW does one kernel per step for all params (CUDA, and CPU since torch 2.4). The fallback is
-    # foreach on GPUs only: on CPU foreach was slower than one tensor at a time
-    # (benchmarks/design-decisions_cpu_2026-11-22.md#fused-adamw-on-cpu).
-    try:
-        return torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay, fused=True)
-    except (RuntimeError, TypeError):
-        return torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay, foreach=device.type != "cpu")
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, spec: OptimizerConfig, total_steps: int):

@@ -353,27 +353,6 @@ def test_compiled_blocks_save_less_for_backward_than_at_full_budget(tokenizer, m
         torch._dynamo.reset()
 
 
-def test_optimizer_is_fused_adamw_and_falls_back_per_device(monkeypatch):
-    from tunelab.config import OptimizerConfig
-    from tunelab.train import loop
-
-    model = torch.nn.Linear(4, 4)
-    spec = OptimizerConfig(lr=1e-3)
-    assert loop.build_optimizer(model, spec, torch.device("cpu")).defaults["fused"] is True
-
-    real = torch.optim.AdamW
-
-    def no_fused(params, fused=None, **kwargs):  # a torch or device without fused AdamW
-        if fused:
-            raise RuntimeError("fused=True is not supported here")
-        return real(params, **kwargs)
-
-    monkeypatch.setattr(torch.optim, "AdamW", no_fused)
-    # foreach is the slowest of the three on CPU (measured: benchmarks/quickstart/quickstart_xeon-amx-2c_2026-11-22.md), the fastest fallback on GPUs.
-    assert loop.build_optimizer(model, spec, torch.device("cpu")).defaults["foreach"] is False
-    assert loop.build_optimizer(model, spec, torch.device("cuda")).defaults["foreach"] is True
-
-
 def test_the_heap_is_frozen_while_the_loop_runs_and_released_after(tiny_model_dir, data_file, tmp_path):
     """Full collections during the steps would scan the model and the libraries; the loop freezes them and
     gives them back to the collector when it ends."""

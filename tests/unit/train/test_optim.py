@@ -1,0 +1,213 @@
+"""train/optim.py: each registry optimizer builds, steps and resumes exactly from a checkpoint; the step inside
+backward matches the ordinary step and frees every gradient; bf16 weights learn where plain rounding stalls."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tunelab import optimizers
+from tunelab.config import OptimizerConfig
+from tunelab.errors import TunelabError
+from tunelab.train import checkpoint, loop, optim
+from tunelab.train.checkpoint import TrainState
+
+CPU = torch.device("cpu")
+# paged_adamw_8bit needs CUDA (check_device refuses it elsewhere); tests/gpu covers it.
+ON_CPU = [name for name in optimizers.NAMES if not optimizers.get(name).needs_cuda]
+
+
+def _model(seed: int = 0, dtype=torch.float32) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    # 64 x 128 = 8192 weights: above bitsandbytes' min_8bit_size (4096), so its 8-bit states are what is tested.
+    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Tanh(), torch.nn.Linear(128, 8)).to(dtype)
+
+
+def _steps(model, optimizer, scheduler, n: int, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    dtype = next(model.parameters()).dtype
+    for _ in range(n):
+        x = torch.randn(16, 64, generator=g).to(dtype)
+        model(x).float().square().mean().backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def _run(spec: OptimizerConfig, steps: int, dtype=torch.float32, seed: int = 0):
+    model = _model(seed, dtype)
+    optimizer = optim.build_optimizer(model, spec, CPU)
+    scheduler = loop.build_scheduler(optimizer, spec, total_steps=20)
+    _steps(model, optimizer, scheduler, steps, seed=100)
+    return model, optimizer, scheduler
+
+
+def test_adamw_is_fused_and_falls_back_per_device(monkeypatch):
+    model = torch.nn.Linear(4, 4)
+    spec = OptimizerConfig(lr=1e-3)
+    assert optim.build_optimizer(model, spec, CPU).defaults["fused"] is True
+
+    real = torch.optim.AdamW
+
+    def no_fused(params, fused=None, **kwargs):  # a torch or device without fused AdamW
+        if fused:
+            raise RuntimeError("fused=True is not supported here")
+        return real(params, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "AdamW", no_fused)
+    # foreach is the slowest of the three on CPU (benchmarks/design-decisions_cpu_2026-11-22.md), the fastest on GPUs.
+    assert optim.build_optimizer(model, spec, CPU).defaults["foreach"] is False
+    assert optim.build_optimizer(model, spec, torch.device("cuda")).defaults["foreach"] is True
+
+
+MODES = [
+    pytest.param({}, torch.float32, id="fp32"),
+    pytest.param({"optimizer_in_backward": True, "max_grad_norm": 0.0}, torch.float32, id="in-backward"),
+    pytest.param({"bf16_update": "stochastic"}, torch.bfloat16, id="bf16-stochastic"),
+    pytest.param(
+        {"bf16_update": "kahan", "optimizer_in_backward": True, "max_grad_norm": 0.0},
+        torch.bfloat16,
+        id="bf16-kahan-in-backward",
+    ),
+]
+
+
+@pytest.mark.parametrize("name", ON_CPU)
+@pytest.mark.parametrize("mode,dtype", MODES)
+def test_a_checkpoint_resumes_each_optimizer_and_mode_exactly(tmp_path, name, mode, dtype):
+    """3 steps, a checkpoint, 3 more; against the checkpoint loaded into a fresh model and optimizer and the same 3
+    more steps: bit-identical weights (the optimizer state, Kahan buffers and RNG of stochastic rounding included)."""
+    spec = OptimizerConfig(lr=1e-2, optimizer=name, **mode)
+    model, optimizer, scheduler = _run(spec, 3, dtype)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    path = checkpoint.save(tmp_path, model, optimizer, scheduler, TrainState(step=3), keep=2)
+    _steps(model, optimizer, scheduler, 3, seed=7)
+
+    fresh, fresh_opt, fresh_sched = _run(spec, 0, dtype, seed=1)
+    checkpoint.load(path, fresh, fresh_opt, fresh_sched)
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in before.items())
+    _steps(fresh, fresh_opt, fresh_sched, 3, seed=7)
+    for k, v in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[k], v), k
+    assert fresh_sched.get_last_lr() == scheduler.get_last_lr()
+    changed = [not torch.equal(before[k], v) for k, v in model.state_dict().items()]
+    assert all(changed)
+
+
+@pytest.mark.parametrize("name", ON_CPU)
+def test_the_step_in_backward_is_the_ordinary_step_and_frees_each_gradient(name):
+    spec = OptimizerConfig(lr=1e-2, optimizer=name, max_grad_norm=0.0)
+    plain, _, _ = _run(spec, 4)
+    model = _model()
+    in_backward = optim.build_optimizer(
+        model, OptimizerConfig(lr=1e-2, optimizer=name, max_grad_norm=0.0, optimizer_in_backward=True), CPU
+    )
+    scheduler = loop.build_scheduler(in_backward, spec, total_steps=20)
+    g = torch.Generator().manual_seed(100)
+    for _ in range(4):
+        model(torch.randn(16, 64, generator=g)).square().mean().backward()
+        assert all(p.grad is None for p in model.parameters())  # stepped and freed in the hooks
+        in_backward.step()
+        scheduler.step()
+    for a, b in zip(plain.parameters(), model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_lr_schedule_reaches_the_step_in_backward():
+    spec = OptimizerConfig(
+        lr=1e-2, max_grad_norm=0.0, optimizer_in_backward=True, lr_scheduler="linear", warmup_ratio=0.0
+    )
+    model, optimizer, scheduler = _run(spec, 5)
+    inner = optimizer.inner[next(model.parameters())]
+    assert inner.param_groups[0]["lr"] == pytest.approx(1e-2 * 16 / 20)  # the lr of the 5th step, 4 steps decayed
+
+
+def test_stochastic_rounding_is_unbiased_and_picks_a_neighbour():
+    x = torch.full((200_000,), 1.0 + 2**-10, dtype=torch.float32)  # a quarter of the way from 1 to 1 + 2**-7
+    r = optim.stochastic_round(x)
+    assert set(r.float().unique().tolist()) == {1.0, 1.0 + 2**-7}
+    assert r.float().mean().item() == pytest.approx(1.0 + 2**-10, abs=2e-5)
+    exact = torch.tensor([1.5, -0.375, 0.0])
+    assert torch.equal(optim.stochastic_round(exact).float(), exact)
+
+
+@pytest.mark.parametrize("update,learns", [("nearest", False), ("stochastic", True), ("kahan", True)])
+def test_bf16_weights_learn_from_updates_below_half_an_ulp_unless_rounded_to_nearest(update, learns):
+    """Weights at 1.0 (bf16 ulp 2**-7) with AdamW steps of lr = 1e-3 < 2**-8: rounding to nearest keeps every
+    weight at 1.0; stochastic rounding and the Kahan buffer move them by about 20 steps x 1e-3."""
+    w = torch.nn.Parameter(torch.ones(4096, dtype=torch.bfloat16))
+    spec = OptimizerConfig(lr=1e-3, bf16_update=update)
+    optimizer = optim.build_optimizer(torch.nn.ParameterList([w]), spec, CPU)
+    for _ in range(20):
+        w.grad = torch.ones_like(w)
+        optimizer.step()
+    moved = 1.0 - w.float().mean().item()
+    if learns:
+        assert moved == pytest.approx(0.02, rel=0.15)
+    else:
+        assert moved == 0.0
+
+
+def test_state_bytes_per_row():
+    assert optimizers.get("adamw").state_bytes_of(4096, 4096) == 8 * 4096 * 4096
+    assert optimizers.get("adamw_8bit").state_bytes_of(256, 1) == 2 * (256 + 4)
+    assert optimizers.get("adafactor").state_bytes_of(4096, 1024) == 4 * (4096 + 1024)
+    assert optimizers.get("adafactor").state_bytes_of(4096, 1) == 4 * 4096
+
+
+def test_paged_states_and_many_processes_are_refused_in_one_line():
+    with pytest.raises(TunelabError, match="set optimizer: adamw_8bit"):
+        optim.check_device(OptimizerConfig(optimizer="paged_adamw_8bit"), CPU, 1)
+    with pytest.raises(TunelabError, match="run one process"):
+        optim.check_device(OptimizerConfig(optimizer_in_backward=True, max_grad_norm=0.0), CPU, 2)
+    optim.check_device(OptimizerConfig(optimizer="adamw_8bit"), CPU, 1)
+
+
+def test_a_checkpoint_of_other_parameters_is_refused_in_one_line(tmp_path):
+    spec = OptimizerConfig(lr=1e-2, optimizer_in_backward=True, max_grad_norm=0.0)
+    _, optimizer, _ = _run(spec, 1)
+    state = optimizer.state_dict()
+    state["inner"].pop(0)
+    _, other, _ = _run(spec, 0)
+    with pytest.raises(TunelabError, match="covers 3 parameters, this run trains 4"):
+        other.load_state_dict(state)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "settings",
+    [
+        pytest.param(
+            ("optimizer=adamw_8bit", "optimizer_in_backward=true", "max_grad_norm=0", "weights=bf16"),
+            id="8bit-in-backward-bf16",
+        ),
+        pytest.param(("optimizer=adafactor", "weights=bf16", "bf16_update=kahan"), id="adafactor-bf16-kahan"),
+    ],
+)
+def test_a_full_fine_tune_resumes_its_run_exactly(tiny_model_dir, addition_rows, tmp_path, settings):
+    """`tunelab train`'s recipe under each memory lever: interrupted at step 5 after a checkpoint at 3, resumed to
+    6, the loss curve is the uninterrupted run's, and the final weights are bf16."""
+    import json
+
+    from conftest import tiny_train_config, write_jsonl
+    from safetensors.torch import load_file
+
+    from tunelab.recipes.train import train
+    from tunelab.train.loop import Measurement
+
+    data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
+    args = ("method=full", "max_steps=6", "lr=1e-3", "precision=bf16", "grad_accum=1", *settings)
+
+    def run(out, *extra, **kw):
+        return train(tiny_train_config(tiny_model_dir, data, out, *args, *extra), show_progress=False, **kw)
+
+    def curve(out):
+        return [(m["step"], m["loss"]) for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]
+
+    run(tmp_path / "full")
+    run(tmp_path / "cut", "save_steps=3", measure=Measurement(stop_at=5))
+    run(tmp_path / "cut", "save_steps=3", "resume=true")
+    assert curve(tmp_path / "cut") == curve(tmp_path / "full")
+    assert [s for s, _ in curve(tmp_path / "full")] == list(range(1, 7))
+    weights = load_file(next((tmp_path / "full" / "model").glob("*.safetensors")))
+    assert {t.dtype for t in weights.values()} == {torch.bfloat16}
