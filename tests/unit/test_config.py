@@ -265,7 +265,7 @@ def test_sections_own_their_keys_and_the_yaml_layout_is_unchanged():
     assert (cfg.optimizer.lr, cfg.adapter.lora.r, cfg.objective.name, cfg.batch.seq_len) == (1e-3, 8, "sft", 256)
     written = yaml.safe_load(dump_yaml(cfg))
     assert written["lr"] == 1e-3 and written["lora"]["r"] == 8 and written["objective"] == "sft"
-    assert "optimizer" not in written and "batch" not in written
+    assert "batch" not in written and "compute" not in written and written["optimizer"] == "adamw"
     assert load_config(None, [f"{k}={json.dumps(v)}" for k, v in written.items() if not isinstance(v, dict)])
     with pytest.raises(TunelabError, match="^override micro_batch=0: micro_batch must be at least 1, got 0$"):
         load_config(None, ["micro_batch=0"])

@@ -14,6 +14,8 @@ PACKAGE = REPO / "src" / "tunelab"
 # Names too generic to call a copy (a file's `path`, a process's `device`, a matrix's `r`).
 GENERIC = {"path", "format", "template", "seed", "device", "steps", "name", "split", "weight", "mix", "model"}
 GENERIC |= {"targets", "r", "alpha", "dropout", "reference", "beta", "objective", "attention"}
+# Objects a run builds from a setting of that name: the torch optimizer, the loaded reward functions.
+GENERIC |= {"optimizer", "rewards"}
 # Dataclasses that hold setting names for another reason.
 NOT_SETTINGS = {
     "recipes/summary.py:RunSummary": "a record of what ran (summary.json): resolved values, written, never read back",
