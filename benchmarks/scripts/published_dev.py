@@ -107,13 +107,6 @@ def targets(case: dict) -> str | list[str]:
     return names + list(MLP) if "MLP" in listed else names
 
 
-def trains_base(method: str) -> bool:
-    """Whether the method trains the base weights (full fine-tuning), as methods.py's row says."""
-    from tunelab import methods
-
-    return methods.get(method).trains_base
-
-
 def flag(text) -> bool:
     return str(text).lower().startswith(("yes", "true"))
 
@@ -134,7 +127,9 @@ def overrides(case: dict) -> dict:
     # instead, a tuned path that tunelab's own default (compile: auto) is the peer of.
     if case.get("attn_compile", "").startswith("no compile"):
         s["compile"] = False
-    if not trains_base(case["method"]):
+    from tunelab import methods
+
+    if methods.get(case["method"]).adapter:
         s["lora.r"] = case["lora_r"]
         s["lora.targets"] = targets(case)
     return s
@@ -235,8 +230,11 @@ def mamf_shares() -> str:
 def findings(doc: dict) -> list[str]:
     """Which of the two: plan pessimistic on consumer and Ampere parts, or tunelab slower there than torchtune."""
     by = {r["id"]: r for r in doc["rows"]}
-    lora = [r for r in doc["rows"] if r["tok_comparable"] and not trains_base(r["settings"]["method"])]
-    full = [r for r in doc["rows"] if r["tok_comparable"] and trains_base(r["settings"]["method"])]
+    from tunelab import methods
+
+    comparable = [r for r in doc["rows"] if r["tok_comparable"]]
+    lora = [r for r in comparable if methods.get(r["settings"]["method"]).adapter]
+    full = [r for r in comparable if methods.get(r["settings"]["method"]).trains_base]
     before = ", ".join(f"{r['id']} {pct(r['tok_error_unscaled'])}" for r in lora if r["gpu"] != "h100-sxm")
     after = ", ".join(f"{pct(r['tok_error'])}" for r in lora if r["gpu"] != "h100-sxm")
     return [
