@@ -72,11 +72,11 @@ FULL = (
 )
 GAPS = {
     "tt-l31-8b-full-rtx4090": FULL + "; and tunelab cannot fit this run on 24 GiB",
-    "tt-l31-8b-full-a6000": "DOUBTFUL case (~100% of the RTX A6000's peak): read as an RTX 6000 Ada it is 41% of its peak",
-    "tt-l31-8b-lora-rtx4090": "DOUBTFUL case (85% of the 4090's peak); within 10% once the 4090's own MAMF is used",
+    "tt-l31-8b-full-a6000": "DOUBTFUL case (~100% of the RTX A6000's peak): read as an RTX 6000 Ada it is ~42% of its peak",
+    "tt-l31-8b-lora-rtx4090": "DOUBTFUL case (85% of the 4090's peak at 6 x 7.5e9 FLOPs a token)",
     "tt-l31-8b-lora-a6000": "DOUBTFUL case; the board is ambiguous",
     "tt-l31-8b-qlora-rtx4090": "nf4 dequantization modeled as memory-bound work at the H200's share of bandwidth",
-    "tt-l31-70b-lora-8xa100": "read as the 8-GPU total, 3,497 is 437 a GPU: plan's 443 is +1% of that",
+    "tt-l31-70b-lora-8xa100": "read as the 8-GPU total, 3,497 is 437 a GPU, beside plan's per-GPU figure",
     "tt-l32-3b-full-baseline-a100": "padded short alpaca rows: the published rate counts non-padding tokens of unknown lengths",
     "tt-l32-3b-full-packed-a100": FULL,
     "tt-l32-3b-full-packed-compile-a100": FULL,
