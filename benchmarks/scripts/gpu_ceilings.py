@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         "plans": {},
     }
     for label, settings in ROWS.items() if row else ():
-        (r,) = api.plan(None, gpu=row.id, examples=2000, **SHARED, **settings)
+        (r,) = api.estimate(None, gpu=row.id, examples=2000, **SHARED, **settings)
         e = r.single
         doc["plans"][label] = {
             "tokens_per_s": e.speed.tokens_per_s,

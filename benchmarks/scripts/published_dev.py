@@ -140,7 +140,7 @@ def predict(case: dict) -> dict:
 
     settings = overrides(case)
     gid, gpus = gpu_id(case["gpu"]), case["gpus"]
-    (r,) = api.plan(
+    (r,) = api.estimate(
         None,
         *[f"{k}={','.join(v) if isinstance(v, list) else v}" for k, v in settings.items()],
         gpu=gid,

@@ -169,7 +169,7 @@ SCENARIO_EXAMPLES = (10_000, 50_000, 100_000)
 @dataclass(frozen=True, kw_only=True)
 class PlanRequest:
     """What `tunelab plan` asks beside the config: which GPUs, the workload when there is no dataset, the stack,
-    the price. The CLI's flags and `tunelab.plan()`'s keywords fill it."""
+    the price. The CLI's flags and `tunelab.estimate()`'s keywords fill it."""
 
     gpu: str | list[str] = DEFAULT_GPU  # catalog ids (comma-separated or a list) or `local`
     gpus: int = 1  # GPUs per run: >1 adds DDP / ZeRO-2 / ZeRO-3 estimates
@@ -201,7 +201,7 @@ class PlanRequest:
 def plan_config(cfg: cfgmod.TrainConfig, r: PlanRequest) -> list[render.Result]:
     """plan's prediction for `cfg` on each GPU `r` names: one GPU, the sharded runs over `r.gpus`, single-knob
     suggestions, prices, and with `r.scenarios` other dataset sizes. What `tunelab plan` prints and
-    `tunelab.plan()` returns."""
+    `tunelab.estimate()` returns."""
     if cfg.objective.row.generates:
         raise TunelabError(
             f"objective {cfg.objective.name}: plan does not predict a generating run yet (sampling, scoring and "

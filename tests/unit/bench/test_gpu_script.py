@@ -24,6 +24,7 @@ def test_script_parses_and_every_step_is_a_function():
     names = [s[0] for s in steps()]
     # what the last call left unmeasured first, then the rows it measured
     assert names == [
+        "ceilings",
         "data",
         "long-8b",
         "speed-1b",

@@ -566,7 +566,7 @@ def test_hf_peft_holds_the_whole_vocabulary_logits_in_fp32():
     from tunelab import api
 
     def logits(stack):
-        (r,) = api.plan(
+        (r,) = api.estimate(
             None,
             "model=Qwen/Qwen2.5-7B",
             "method=lora",
