@@ -162,6 +162,21 @@ def test_started_run_is_followed_and_stopped(site, page, tmp_path):
     page.wait_for_function("document.querySelector('#run-status').textContent === 'stopped'", timeout=5000)
 
 
+def test_bench_database_as_table_and_chart(site, page):
+    from tunelab.bench import store
+
+    db = site["runs"] / "bench" / "bench.sqlite"
+    for mb, rate, mfu in ((2, 1500.0, 0.21), (4, 2100.0, 0.29)):
+        store.insert(db, {"kind": "tunelab", "label": f"micro_batch={mb}", "tokens_nonpad_per_s": rate, "mfu": mfu})
+    page.goto(site["url"])
+    page.click("#tab-runs")
+    page.click("a[data-db='bench/bench.sqlite']")
+    page.wait_for_selector("#bench-table tbody tr >> nth=1")
+    cells = page.eval_on_selector_all("#bench-table tbody tr", "rows => rows.map(r => r.innerText)")
+    assert "micro_batch=2" in cells[0] and "1,500" in cells[0] and "0.210" in cells[0] and "micro_batch=4" in cells[1]
+    assert page.locator("#chart-bench canvas").count() == 1
+
+
 def test_try_it_equals_eval(site, page, tmp_path, capsys, tiny_model_dir):
     from tunelab.recipes.train import train
 

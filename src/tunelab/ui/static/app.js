@@ -237,13 +237,21 @@ function lossChart(d) {
   lossPlot.runName = d.name;
 }
 
+function benchCell(column, value) {
+  if (value == null) return "";
+  if (column.startsWith("mfu")) return num(value, 3);
+  if (column.endsWith("_per_s")) return num(value, 0);
+  if (column.endsWith("_bytes")) return gib(value);
+  return String(value);
+}
+
 async function selectBench(name) {
   selectedBench = name;
   const { rows } = await api(`/api/bench?name=${encodeURIComponent(name)}`);
   $("#bench-detail").hidden = false;
   const cols = rows.length ? Object.keys(rows[0]) : [];
   $("#bench-table thead").replaceChildren(el("tr", {}, ...cols.map((c) => el("th", {}, c.replace(/_/g, " ")))));
-  $("#bench-table tbody").replaceChildren(...rows.map((r) => el("tr", {}, ...cols.map((c) => el("td", {}, r[c] == null ? "" : typeof r[c] === "number" && !Number.isInteger(r[c]) ? num(r[c], c.startsWith("mfu") ? 3 : 1) : String(r[c]))))));
+  $("#bench-table tbody").replaceChildren(...rows.map((r) => el("tr", {}, ...cols.map((c) => el("td", {}, benchCell(c, r[c]))))));
   const xs = rows.map((_, i) => i);
   const target = $("#chart-bench");
   target.replaceChildren();
