@@ -286,7 +286,7 @@ def _train_locked(cfg: TrainConfig, out: Path, show_progress: bool) -> dict:
         "total_steps": run.total_steps,
         "loss_last": last.get("loss"),
         "reward_last": last.get("reward"),
-        "tokens_nonpad_per_s": run.state.tokens_loss / max(run.state.elapsed_s, 1e-9),
+        "completion_tokens_per_s": run.state.tokens_loss / max(run.state.elapsed_s, 1e-9),
         "elapsed_s": run.state.elapsed_s,
         "total_s": time.perf_counter() - t0,
         "prompts": len(run.prompts),
