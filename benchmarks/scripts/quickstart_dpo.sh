@@ -6,14 +6,7 @@
 set -euo pipefail
 OUT=${1:-runs/quickstart-dpo-result}
 shift || true
-PY=${PYTHON:-.venv/bin/python}
-TL="$PY -m tunelab.cli"
-mkdir -p "$OUT"
-start=$(date +%s)
-stamp() { echo "$1 $(( $(date +%s) - start ))" >> "$OUT/timings.txt"; }
-: > "$OUT/timings.txt"
-[ -d runs/quickstart/merged ] || $TL export --adapter runs/quickstart/adapter --merge --out runs/quickstart/merged
-stamp merged
+source "$(dirname "$0")/quickstart_after.sh"
 PAIRS=${PAIRS:-480}
 LIMIT=(--limit "${EVAL_LIMIT:-400}")
 rm -f runs/quickstart-dpo/data/pairs.jsonl

@@ -702,6 +702,12 @@ class TrainConfig:
                 self.adapter.row.trains_base,
                 "samples from the adapter and takes the base as reference; use method lora, dora or qlora",
             ),
+            # The GRPO recipe (recipes/grpo.py) runs eager blocks over padded rows with SDPA, in one process.
+            ("compile", self.compute.compile is True, "runs eager blocks; set compile: auto or false"),
+            ("attention", self.compute.attention != "auto", "runs SDPA over padded rows; set attention: auto"),
+            ("grad_ckpt", self.compute.grad_ckpt, "does not checkpoint activations yet; set grad_ckpt: false"),
+            ("activation_offload", self.compute.activation_offload, "does not offload activations yet; drop it"),
+            ("report_to", self.run.report_to != "none", "logs to metrics.jsonl only; set report_to: none"),
         )
         for name_, bad, why in checks:
             if bad:

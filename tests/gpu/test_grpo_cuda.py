@@ -7,7 +7,6 @@ import pytest
 import torch
 from conftest import make_tiny_llama, tiny_train_config, write_jsonl
 
-from tunelab.config import RewardConfig
 from tunelab.eval.sampling import sample
 from tunelab.recipes.train import train
 
@@ -39,8 +38,8 @@ def test_grpo_run_on_cuda(tmp_path, tiny_model_dir):
         "grpo.max_completion_length=8",
         "grpo.beta=0.1",
         "max_steps=2",
+        "grpo.rewards=[{name: exact_answer}]",
     )
-    cfg.objective.grpo.rewards = [RewardConfig(name="exact_answer")]
     summary = train(cfg, show_progress=False)
     assert summary["steps"] == 2 and (out / "adapter").is_dir()
     record = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])

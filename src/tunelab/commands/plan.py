@@ -6,13 +6,22 @@ Reads the config and flags; the prediction itself is recipes/predict.py's and pl
 from __future__ import annotations
 
 import argparse
+import json
 import typing
 
 from .. import config as cfgmod
 from .. import hub
 from ..plan import render
 from ..plan.job import STACKS
-from ..recipes.predict import DEFAULT_GPU, DEFAULT_LOSS_FRACTION, DEFAULT_MEAN_TOKENS, PlanRequest, plan_config
+from ..recipes.predict import (
+    DEFAULT_GPU,
+    DEFAULT_LOSS_FRACTION,
+    DEFAULT_MEAN_TOKENS,
+    GeneratingPlan,
+    PlanRequest,
+    plan_config,
+    plan_generating,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -94,6 +103,10 @@ def run(args: argparse.Namespace) -> int:
     )
     request.check_gpus()  # unknown ids fail before any slow work (reading the config's dataset, the local probe)
     cfg = config_from_args(args)
+    if cfg.objective.row.generates:  # a GRPO run: sampling, scoring passes and the update, by part
+        for p in plan_generating(cfg, request):
+            print(json.dumps(generating_record(p)) if args.json else generating_text(p))
+        return 0
     results = plan_config(cfg, request)
     if args.json:
         for r in results:
@@ -103,3 +116,33 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render.table(results))
     return 0
+
+
+def generating_record(p: GeneratingPlan) -> dict:
+    gen = p.step.generation
+    return {
+        "device": p.device,
+        "objective": "generating",
+        "prompts": p.prompts,
+        "prompt_tokens_mean": p.prompt_tokens,
+        "rows_per_batch": gen.rows,
+        "batches": p.batches,
+        "batch_s": p.step.batch_s,
+        "parts_s": p.step.parts(),
+        "time_s": p.time_s,
+        "kv_cache_bytes": gen.kv_cache_bytes,
+        "memory_bytes": p.memory_bytes,
+        "source": p.source,
+    }
+
+
+def generating_text(p: GeneratingPlan) -> str:
+    gen = p.step.generation
+    parts = ", ".join(f"{k} {v:.2f} s" for k, v in p.step.parts().items())
+    return (
+        f"{p.device}: {p.source}\n"
+        f"  a generation batch: {gen.rows} completions of up to {gen.completion_tokens} tokens after "
+        f"{p.prompt_tokens:.0f}-token prompts: {p.step.batch_s:.2f} s ({parts})\n"
+        f"  {p.batches} batches: {p.time_s / 60:.1f} min; memory {p.memory_bytes / 2**30:.2f} GiB "
+        f"(KV cache {gen.kv_cache_bytes / 2**20:.0f} MiB); decode assumes every completion reaches its cap"
+    )

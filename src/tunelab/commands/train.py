@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     if summary["best_step"] is not None:
         keys += ["best_step", "best_eval_loss", "early_stopped"]
     if is_main():
-        print(json.dumps({k: summary[k] for k in keys}))
+        # A generating objective's summary (recipes/grpo.py) has no token rates of packed rows.
+        print(json.dumps({k: summary[k] for k in keys if k in summary}))
     return exit_launched()
 
 

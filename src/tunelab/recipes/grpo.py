@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,6 +221,8 @@ def _autocast(run: GrpoRun):
 
 def train(cfg: TrainConfig, show_progress: bool = True) -> dict:
     """Run a GRPO job; returns its summary (also written to output_dir/summary.json)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise TunelabError(f"objective {cfg.objective.name} trains in one process; run it without --nproc")
     out = Path(cfg.run.output_dir)
     check_writable_dir(out)
     with lock_output_dir(out):
@@ -286,7 +289,7 @@ def _train_locked(cfg: TrainConfig, out: Path, show_progress: bool) -> dict:
         "total_steps": run.total_steps,
         "loss_last": last.get("loss"),
         "reward_last": last.get("reward"),
-        "tokens_nonpad_per_s": run.state.tokens_loss / max(run.state.elapsed_s, 1e-9),
+        "completion_tokens_per_s": run.state.tokens_loss / max(run.state.elapsed_s, 1e-9),
         "elapsed_s": run.state.elapsed_s,
         "total_s": time.perf_counter() - t0,
         "prompts": len(run.prompts),

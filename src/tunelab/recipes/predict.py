@@ -9,8 +9,9 @@ from dataclasses import dataclass, replace
 
 from .. import config as cfgmod
 from ..errors import TunelabError
-from ..plan import catalog, render, workload
-from ..plan.estimate import Device, Job, estimate, suggestions
+from ..plan import catalog, render, steptime, workload
+from ..plan.estimate import Device, Job, compute_bytes, estimate, suggestions
+from ..plan.generation import GrpoStep, generation
 from ..plan.job import STACKS
 from ..runtime import CompileChoice
 from ..sources import resolve_arch
@@ -204,8 +205,8 @@ def plan_config(cfg: cfgmod.TrainConfig, r: PlanRequest) -> list[render.Result]:
     `tunelab.estimate()` returns."""
     if cfg.objective.row.generates:
         raise TunelabError(
-            f"objective {cfg.objective.name}: plan does not predict a generating run yet (sampling, scoring and "
-            "update); measure a short run (max_steps) and read metrics.jsonl's elapsed_s and generation_s"
+            f"objective {cfg.objective.name}: plan predicts a generating run with plan_generating (the CLI does); "
+            "this table is for sft, dpo and orpo"
         )
     r.check_gpus()
     # The local probe measures this machine in the run's own precision (fp16 on a CPU fails as train fails).
@@ -286,3 +287,74 @@ def scaled(lengths: workload.Lengths, examples: int) -> workload.Lengths:
         source=f"{examples} examples of the mean length {lengths.mean_tokens:.1f}",
         held_out=lengths.held_out,
     )
+
+
+@dataclass(frozen=True)
+class GeneratingPlan:
+    """plan's prediction of a GRPO run on one device: a generation batch by part, the batches, the memory."""
+
+    device: str
+    prompts: int
+    prompt_tokens: float
+    step: GrpoStep
+    batches: int  # generation batches in the run
+    memory_bytes: int  # the update's memory (plan/memory.py) plus the KV cache of every sampled row
+    source: str
+
+    @property
+    def time_s(self) -> float:
+        return self.batches * self.step.batch_s
+
+
+def prompt_lengths(cfg: cfgmod.TrainConfig, r: PlanRequest) -> tuple[int, float, str]:
+    """(prompts, their mean tokens, where that comes from): the prompt rows' real lengths, else assumed."""
+    if cfg.data.given:
+        from ..data.pipeline import prepare
+
+        data = prepare(cfg.data_specs()[0], _tokenizer(cfg, r.tokenizer))
+        mean = sum(len(p) for p in data.ids) / len(data)
+        return len(data), mean, f"prompts {cfg.data.label}: {len(data)} kept, {data.dropped} dropped"
+    if r.examples is None:
+        raise TunelabError("no workload: set data.path (prompt rows) or give --examples N [--mean-tokens M]")
+    mean = r.mean_tokens or min(DEFAULT_MEAN_TOKENS, cfg.batch.seq_len // 2)
+    return r.examples, mean, f"assumed: {r.examples} prompts x {mean:g} tokens"
+
+
+def plan_generating(cfg: cfgmod.TrainConfig, r: PlanRequest) -> list[GeneratingPlan]:
+    """GRPO's prediction on each GPU `r` names (plan/generation.py): sampling from the model's bytes, KV bytes
+    and FLOPs per decode step, the scoring passes and the update from plan's step model over rows of prompt plus
+    completion, each completion assumed to reach max_completion_length."""
+    g, b = cfg.objective.grpo, cfg.batch
+    arch = resolve_arch(cfg.model)
+    prompts, mean, source = prompt_lengths(cfg, r)
+    rows = b.micro_batch * b.grad_accum * g.num_generations
+    length = mean + g.max_completion_length
+    lengths = workload.Lengths(prompts * g.num_generations, length, float(g.max_completion_length), source=source)
+    per_batch = b.micro_batch * b.grad_accum
+    batches = math.ceil(b.max_steps / g.num_iterations) if b.max_steps else math.ceil(b.epochs * prompts / per_batch)
+    job = Job.of(cfg).but(micro_batch=b.micro_batch * g.num_generations, packing=False, compile=False, max_steps=1)
+    out = []
+    for gpu_id in r.gpu_ids:
+        device = device_for(gpu_id, cfg.compute.precision)
+        update = estimate(arch, lengths, job, device)
+        gpu = device.gpu
+        bandwidth = gpu.bandwidth_gbs * 1e9 or catalog.nearest_bandwidth(gpu.peak_flops)
+        overhead = forward_launch_s(arch, update, device)
+        gen = generation(
+            arch, rows, mean, g.max_completion_length, compute_bytes(job, device), gpu.peak_flops, bandwidth, overhead
+        )
+        passes = int(g.num_iterations > 1) + int(g.beta > 0)
+        step = GrpoStep(gen, passes, update.step.total, g.num_iterations)
+        memory = update.memory.total + gen.kv_cache_bytes
+        out.append(GeneratingPlan(gpu.name, prompts, mean, step, batches, memory, source))
+    return out
+
+
+def forward_launch_s(arch, update, device: Device) -> float:
+    """The host seconds of one eager forward's kernel launches: a third of a training micro-batch's launches
+    (plan/steptime.py: backward launches about twice the forward) at the device's fitted seconds per launch."""
+    gpu = device.gpu
+    key = gpu.catalog_id or (gpu.device_class if gpu.id == "local" else gpu.id)
+    constants = catalog.step_constants(key, gpu.device_type)
+    launches = steptime.launches_per_micro_batch(arch, update.layout.targets, update.job.method, False, False) / 3
+    return launches * constants.launch_s

@@ -57,6 +57,9 @@ def test_arithmetic_prompts_command(tmp_path):
         ("grpo.rewards=[]", "objective grpo needs grpo.rewards"),
         ("grpo.loss_type=ppo", "grpo.loss_type must be one of grpo, bnpo, dr_grpo, dapo"),
         ("eval.split=0.1", "objective grpo has no held-out loss"),
+        ("compile=true", "objective grpo runs eager blocks"),
+        ("grad_ckpt=true", "objective grpo does not checkpoint activations yet"),
+        ("report_to=tensorboard", "objective grpo logs to metrics.jsonl only"),
     ],
 )
 def test_config_refuses_one_line(tmp_path, override, message):

@@ -31,18 +31,9 @@ def grpo_config(model_dir, data, out, *extra):
         "grpo.log_completions_steps=1",
         "max_steps=4",
         "lr=5e-2",
+        "grpo.rewards=[{name: exact_answer}, {name: length, weight: 0.5, args: {max_tokens: 3}}]",
         *extra,
     )
-
-
-def set_rewards(cfg):
-    from tunelab.config import RewardConfig
-
-    cfg.objective.grpo.rewards = [
-        RewardConfig(name="exact_answer"),
-        RewardConfig(name="length", weight=0.5, args={"max_tokens": 3}),
-    ]
-    return cfg
 
 
 def metrics(out):
@@ -52,7 +43,7 @@ def metrics(out):
 def test_grpo_run_logs_trl_metrics_and_saves_adapter(tmp_path, tiny_model_dir):
     data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
     out = tmp_path / "run"
-    cfg = set_rewards(grpo_config(tiny_model_dir, data, out, "grpo.beta=0.1", "grpo.num_iterations=2"))
+    cfg = grpo_config(tiny_model_dir, data, out, "grpo.beta=0.1", "grpo.num_iterations=2")
     summary = train(cfg, show_progress=False)
     assert summary["steps"] == 4 and (out / "adapter" / "adapter_config.json").is_file()
     assert (out / "config.yaml").is_file() and json.loads((out / "summary.json").read_text())["steps"] == 4
@@ -78,12 +69,12 @@ def test_grpo_run_logs_trl_metrics_and_saves_adapter(tmp_path, tiny_model_dir):
 def test_resume_repeats_the_uninterrupted_steps(tmp_path, tiny_model_dir):
     data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
     whole = tmp_path / "whole"
-    train(set_rewards(grpo_config(tiny_model_dir, data, whole)), show_progress=False)
+    train(grpo_config(tiny_model_dir, data, whole), show_progress=False)
     cut = tmp_path / "cut"
-    train(set_rewards(grpo_config(tiny_model_dir, data, cut, "save_steps=2")), show_progress=False)
+    train(grpo_config(tiny_model_dir, data, cut, "save_steps=2"), show_progress=False)
     # As after a kill at step 4: the checkpoint of step 2, and metrics lines past it that the resume drops.
     shutil.rmtree(cut / "adapter")
-    train(set_rewards(grpo_config(tiny_model_dir, data, cut, "save_steps=2", "resume=true")), show_progress=False)
+    train(grpo_config(tiny_model_dir, data, cut, "save_steps=2", "resume=true"), show_progress=False)
     a, b = metrics(whole), metrics(cut)
     assert [r["step"] for r in b] == [1, 2, 3, 4]
     for x, y in zip(a[2:], b[2:]):

@@ -1,0 +1,92 @@
+"""A GRPO step's time and memory by part (objective grpo, train/grpo.py): sampling (prefill and decode), the
+scoring passes (log-probs at generation with num_iterations > 1, the reference's with beta > 0) and the update.
+
+Sampling is eval/sampling.py's loop: one prefill of the rows' prompts (2·N FLOPs per token, compute-bound), then
+one forward per completion token over every row, which reads the weights and the KV cache once each (decode is
+memory-bound at small batch: Pope et al. 2022, §3.1), so its time is the larger of bytes over the bandwidth and
+FLOPs over the peak, plus the host time of one forward's kernel launches (plan/steptime.py's launch count and the
+device's fitted seconds per launch). Each completion is assumed to run to max_completion_length: an upper bound, as a tuned
+model stops at EOS earlier. The KV cache holds 2 (K, V) x layers x kv_heads x head_dim values per token of every
+row. A scoring pass is one forward without gradients over the rows: a third of a training step's FLOPs
+(forward 2·N, backward 4·N per token), so it is taken as a third of the update's predicted time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .arch import Arch
+
+
+@dataclass(frozen=True)
+class Generation:
+    rows: int  # completions sampled per generation batch (prompts x G)
+    prompt_tokens: float  # their mean prompt length
+    completion_tokens: int  # the cap each completion is assumed to reach
+    prefill_s: float
+    decode_s: float
+    decode_bytes: float  # bytes read per decode step, at the mean context
+    kv_cache_bytes: int  # the KV cache at the last decode step
+
+    @property
+    def total_s(self) -> float:
+        return self.prefill_s + self.decode_s
+
+
+def kv_bytes_per_token(arch: Arch, compute_bytes: int) -> int:
+    return 2 * arch.layers * arch.kv_heads * arch.head_dim * compute_bytes
+
+
+def generation(
+    arch: Arch,
+    rows: int,
+    prompt_tokens: float,
+    completion_tokens: int,
+    compute_bytes: int,
+    peak_flops: float,
+    bandwidth_bps: float,
+    step_overhead_s: float = 0.0,
+) -> Generation:
+    """One generation batch of `rows` completions (see the module's docstring); `step_overhead_s`: the host time
+    of one forward's kernel launches, paid by the prefill and by every decode step."""
+    params = arch.total_params
+    prefill_s = 2 * params * rows * prompt_tokens / peak_flops + step_overhead_s
+    kv = kv_bytes_per_token(arch, compute_bytes)
+    mean_context = prompt_tokens + completion_tokens / 2
+    decode_bytes = params * compute_bytes + kv * rows * mean_context
+    per_step = max(decode_bytes / bandwidth_bps, 2 * params * rows / peak_flops) + step_overhead_s
+    return Generation(
+        rows,
+        prompt_tokens,
+        completion_tokens,
+        prefill_s,
+        completion_tokens * per_step,
+        decode_bytes,
+        int(kv * rows * (prompt_tokens + completion_tokens)),
+    )
+
+
+@dataclass(frozen=True)
+class GrpoStep:
+    """One generation batch and the optimizer steps on it, in seconds by part."""
+
+    generation: Generation
+    scoring_passes: int  # forwards without gradients per generation batch: old log-probs, reference
+    update_s: float  # one optimizer step on the batch (plan's step model)
+    iterations: int  # num_iterations: optimizer steps per generation batch
+
+    @property
+    def scoring_s(self) -> float:
+        return self.scoring_passes * self.update_s / 3
+
+    @property
+    def batch_s(self) -> float:
+        return self.generation.total_s + self.scoring_s + self.iterations * self.update_s
+
+    def parts(self) -> dict[str, float]:
+        return {
+            "prefill": self.generation.prefill_s,
+            "decode": self.generation.decode_s,
+            "scoring passes": self.scoring_s,
+            "update": self.iterations * self.update_s,
+        }

@@ -1,0 +1,60 @@
+"""plan/generation.py and `tunelab plan` on a grpo config: sampling time from the model's bytes, the KV cache's
+bytes and FLOPs per decode step, the scoring passes as forwards, the step printed by part."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import write_jsonl
+from test_plan import small_arch
+
+from tunelab.cli import main
+from tunelab.plan.generation import GrpoStep, generation, kv_bytes_per_token
+
+
+def test_decode_is_bytes_over_bandwidth_when_memory_bound():
+    arch = small_arch()
+    got = generation(
+        arch, rows=4, prompt_tokens=10, completion_tokens=6, compute_bytes=2, peak_flops=1e15, bandwidth_bps=1e9
+    )
+    kv = kv_bytes_per_token(arch, 2)
+    assert kv == 2 * 2 * 2 * 16 * 2
+    step_bytes = arch.total_params * 2 + kv * 4 * (10 + 3)
+    assert got.decode_bytes == step_bytes
+    assert got.decode_s == pytest.approx(6 * step_bytes / 1e9)
+    assert got.prefill_s == pytest.approx(2 * arch.total_params * 4 * 10 / 1e15)
+    assert got.kv_cache_bytes == kv * 4 * 16
+
+
+def test_decode_is_flops_over_peak_when_compute_bound_and_overhead_per_forward():
+    arch = small_arch()
+    got = generation(arch, 1000, 10, 5, 2, peak_flops=1e6, bandwidth_bps=1e15, step_overhead_s=0.01)
+    assert got.decode_s == pytest.approx(5 * (2 * arch.total_params * 1000 / 1e6 + 0.01))
+
+
+def test_step_parts_add_up():
+    gen = generation(small_arch(), 4, 10, 6, 2, 1e12, 1e9)
+    step = GrpoStep(gen, scoring_passes=2, update_s=3.0, iterations=2)
+    assert step.parts()["scoring passes"] == pytest.approx(2.0)  # each a forward: a third of an update
+    assert step.batch_s == pytest.approx(sum(step.parts().values()))
+    assert step.parts()["update"] == 6.0
+
+
+def test_plan_cli_on_a_grpo_config(tmp_path, tiny_model_dir, capsys):
+    rows = [{"instruction": f"{a} + {a}", "answer": str(2 * a)} for a in range(20)]
+    data = write_jsonl(tmp_path / "prompts.jsonl", rows)
+    config = tmp_path / "grpo.yaml"
+    config.write_text(
+        f"model: {tiny_model_dir}\nobjective: grpo\ndata:\n  path: {data}\n  template: compact\nseq_len: 64\n"
+        "micro_batch: 2\ngrpo:\n  num_generations: 4\n  max_completion_length: 16\n  beta: 0.1\n"
+        "  rewards:\n    - name: exact_answer\n"
+    )
+    assert main(["plan", "--config", str(config), "--gpu", "h100-sxm", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["prompts"] == 20 and record["rows_per_batch"] == 8 and record["batches"] == 10
+    assert set(record["parts_s"]) == {"prefill", "decode", "scoring passes", "update"}
+    assert record["parts_s"]["scoring passes"] > 0  # beta > 0: the reference pass
+    assert record["kv_cache_bytes"] > 0 and record["memory_bytes"] > record["kv_cache_bytes"]
+    assert main(["plan", "--config", str(config), "--gpu", "h100-sxm"]) == 0
+    assert "a generation batch: 8 completions of up to 16 tokens" in capsys.readouterr().out
