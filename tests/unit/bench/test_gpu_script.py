@@ -25,6 +25,7 @@ def test_script_parses_and_every_step_is_a_function():
     # what the last call left unmeasured first, then the rows it measured
     assert names == [
         "data",
+        "optim-8b",
         "long-8b",
         "speed-1b",
         "calibrated",
