@@ -486,7 +486,7 @@ class OptimizerConfig:
     lr_scheduler: Scheduler = "cosine"
     warmup_ratio: float = 0.03
     weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = cli(1.0)
     # optimizers.py's registry: adamw, adamw_8bit and paged_adamw_8bit (bitsandbytes), adafactor.
     optimizer: OptimizerName = cli("adamw")
     # Update each parameter in its gradient hook and free its gradient (train/optim.py): no whole-model gradient

@@ -7,9 +7,10 @@ Pure composition of the formula modules; `commands/plan.py` and `recipes/predict
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 
-from .. import methods
+from .. import methods, optimizers
 from ..errors import TunelabError
 from ..runtime import CompileChoice, attention_path, compile_choice, hashed_dropout, slot_products
 from . import catalog, comm, fit, memory, steptime, timing, workload
@@ -99,6 +100,7 @@ def layout(arch: Arch, job: Job, w: workload.Workload, d: Device, sharding: str,
         attention_probs=probs,
         attention=path,
         dropout_mask_kept=not hashed_dropout(device_type, job.compute.compile),
+        offload_capable=device_type == "cuda",
         offload=job.compute.activation_offload
         and device_type == "cuda",  # on a CPU activations are in host memory anyway
         reference_copy=reference and job.method.trains_base,
@@ -316,6 +318,8 @@ def suggestions(arch: Arch, lengths: workload.Lengths, base: Estimate) -> list[S
         )
     if not base.fits and not job.compute.grad_ckpt:
         variants.append(("gradient checkpointing on, for memory", job.but(grad_ckpt=True)))
+    if not base.fits:
+        variants += frugal_variant(arch, lengths, base)
     out = []
     for label, v in variants:
         e = estimate(arch, lengths, v, base.device, base.gpus, base.sharding)
@@ -323,6 +327,47 @@ def suggestions(arch: Arch, lengths: workload.Lengths, base: Estimate) -> list[S
         if "for memory" in label or base.time_s - e.time_s > 0.01 * base.time_s:
             out.append(Suggestion(label, e.time_s, base.time_s - e.time_s, e.memory.total, e.fits))
     return sorted(out, key=lambda x: -x.saved_s)
+
+
+def memory_levers(job: Job, cuda: bool) -> list[tuple[str, dict]]:
+    """The memory levers a job can still pull, each (its name, its config changes): a smaller-state optimizer
+    (optimizers.py: the 8-bit one, paged on CUDA), the step inside backward (where grad_accum is 1: accumulation
+    would need the whole gradient) and, under full fine-tuning, bf16 weights."""
+    levers = []
+    small = min(
+        (o for o in optimizers.REGISTRY.values() if o.bitsandbytes and o.needs_cuda == cuda),
+        key=lambda o: o.state_bytes,
+        default=None,
+    )
+    if small is not None and small.state_bytes < job.optim.state_bytes:
+        levers.append((small.name, {"optimizer": small.name}))
+    if not job.optimizer.optimizer_in_backward and job.batch.grad_accum == 1 and job.optim.in_backward:
+        levers.append(("optimizer_in_backward", {"optimizer_in_backward": True, "max_grad_norm": 0.0}))
+    if job.method.trains_base and job.weight_bytes == 4:
+        levers.append(("bf16 weights", {"weights": "bf16"}))
+    if not job.compute.grad_ckpt:
+        levers.append(("gradient checkpointing", {"grad_ckpt": True}))
+    return levers
+
+
+def frugal_variant(arch: Arch, lengths: workload.Lengths, base: Estimate) -> list[tuple[str, Job]]:
+    """The cheapest combination of memory levers that fits: fewest levers first (each costs speed or exactness),
+    then the lowest peak; labelled with its peak's longest seq_len. None fits: all of them, said so."""
+    levers = memory_levers(base.job, base.device.gpu.device_type == "cuda")
+    trials = []
+    for n in range(1, len(levers) + 1):
+        for combo in itertools.combinations(levers, n):
+            changes = {k: v for _, c in combo for k, v in c.items()}
+            job = base.job.but(**changes)
+            e = estimate(arch, lengths, job, base.device, base.gpus, base.sharding)
+            # None fitting, the combination with the lowest peak is the nearest miss.
+            trials.append((not e.fits, n if e.fits else 0, e.memory.total, combo, job, e))
+    if not trials:
+        return []
+    _, _, _, combo, job, e = min(trials, key=lambda t: t[:3])
+    names = " + ".join(name for name, _ in combo)
+    what = "fits" if e.fits else "still does not fit"
+    return [(f"{names}: {what}, longest seq_len {e.max_seq_len:,}, for memory", job)]
 
 
 def calibration_scale(record: CalibrationRecord, key: str, compiled: bool) -> tuple[float, str] | None:

@@ -7,12 +7,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from .. import methods, objectives
+from .. import methods, objectives, optimizers
 from ..config import (
     AdapterConfig,
     BatchConfig,
     ComputeConfig,
     ObjectiveConfig,
+    OptimizerConfig,
     RunConfig,
     TrainConfig,
     published,
@@ -46,6 +47,7 @@ class Job:
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     batch: BatchConfig = field(default_factory=BatchConfig)
     compute: ComputeConfig = field(default_factory=ComputeConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     run: RunConfig = field(default_factory=RunConfig)
     eval_every: int = 0  # optimizer steps between evaluations (EvalConfig.every); used when lengths hold some out
     stack: str = "tunelab"  # STACKS
@@ -57,6 +59,7 @@ class Job:
             objective=cfg.objective,
             batch=cfg.batch,
             compute=cfg.compute,
+            optimizer=cfg.optimizer,
             run=cfg.run,
             eval_every=cfg.eval.every(cfg.run.save_steps),
             stack=stack,
@@ -84,6 +87,15 @@ class Job:
     @property
     def method(self) -> methods.Method:
         return self.adapter.row
+
+    @property
+    def optim(self) -> optimizers.Optimizer:
+        return self.optimizer.row
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of each trained weight (and of its gradient): fp32 master weights, or bf16 (`weights: bf16`)."""
+        return 2 if self.method.trains_base and self.adapter.weights == "bf16" else 4
 
     @property
     def goal(self) -> objectives.Objective:

@@ -14,8 +14,7 @@ from .flops import adapter_params
 from .job import Job
 
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
-ADAM_STATE_BYTES = 8  # exp_avg + exp_avg_sq, fp32
-TRAINABLE_BYTES = 4  # fp32 weights (and fp32 grads)
+TRAINABLE_BYTES = 4  # fp32 weights (and fp32 grads); full fine-tuning's `weights: bf16` is Job.weight_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +35,7 @@ class Layout:
     attention_probs: bool = False  # attention keeps its probabilities (tunelab's CPU slot path)
     attention: str = "slots"  # runtime.attention_path: flex | slots | sdpa | flash
     dropout_mask_kept: bool = True  # LoRA dropout's mask is kept for backward (not drawn again: runtime.hashed_dropout)
+    offload_capable: bool = False  # a CUDA device: unified memory pages out (paged optimizer states)
     offload: bool = False  # activation_offload on a CUDA device (model/offload.py): saved activations on the host
     reference_copy: bool = False  # a frozen copy of the model as DPO's reference (full fine-tuning)
     reference_forward: bool = False  # each step runs the reference forward (DPO, not precomputed)
@@ -82,10 +82,59 @@ def trainable_params(arch: Arch, job: Job, s: Layout) -> int:
     return adapter_params(arch, s.targets, job.adapter.lora.r) + extra
 
 
+def fp32_master(job: Job) -> bool:
+    """Full fine-tuning with fp32 master weights: the embedding output, so the residual stream, is fp32, and
+    autocast casts each weight to the compute dtype. With `weights: bf16` neither happens."""
+    return job.method.trains_base and job.weight_bytes == 4
+
+
 def stream_bytes(job: Job, s: Layout) -> int:
-    """Bytes per element of the residual stream: fp32 under full fine-tuning (fp32 master weights make the
-    embedding output fp32), else the compute dtype (frozen weights are stored in it)."""
-    return 4 if job.method.trains_base else s.compute_bytes
+    """Bytes per element of the residual stream: fp32 under full fine-tuning with fp32 master weights, else the
+    compute dtype (frozen or bf16 weights are stored in it)."""
+    return 4 if fp32_master(job) else s.compute_bytes
+
+
+def trained_shapes(arch: Arch, job: Job, s: Layout) -> list[tuple[int, int, int]]:
+    """(rows, cols, how many) of the trained tensors: every weight under full fine-tuning (the block linears,
+    the embedding and an untied head, the norms as vectors), else each adapter's A and B (and DoRA's magnitude)."""
+    shapes = arch.linears()
+    if job.method.trains_base:
+        out = [(d_out, d_in, arch.layers) for d_in, d_out in shapes.values()]
+        out.append((arch.vocab, arch.hidden, 1 if arch.tied else 2))
+        vectors = arch.total_params - arch.block_linear_params - arch.vocab * arch.hidden * (1 if arch.tied else 2)
+        return [*out, (max(vectors, 0), 1, 1)]
+    r = job.adapter.lora.r
+    out = []
+    for t in s.targets:
+        d_in, d_out = shapes[t]
+        out += [(r, d_in, arch.layers), (d_out, r, arch.layers)]
+        if job.method.magnitude:
+            out.append((d_out, 1, arch.layers))
+    return out
+
+
+def optimizer_state_bytes(arch: Arch, job: Job, s: Layout) -> float:
+    """The optimizer's state over every trained tensor (optimizers.Optimizer.state_bytes_of), and under
+    `weights: bf16` with `bf16_update: kahan` a bf16 compensation buffer per weight."""
+    row = job.optim
+    if row.paged and s.offload_capable:
+        # Paged states live in CUDA unified memory, outside the caching allocator's peak, and the driver moves
+        # them to host memory under pressure (optimizers.Optimizer.paged): what the device must hold is the rest.
+        return 0.0
+    total = sum(n * row.state_bytes_of(rows, cols) for rows, cols, n in trained_shapes(arch, job, s))
+    if job.method.trains_base and job.weight_bytes == 2 and job.optimizer.bf16_update == "kahan":
+        total += 2 * arch.total_params
+    return total
+
+
+def gradient_bytes(arch: Arch, job: Job, s: Layout, trainable: int) -> float:
+    """The gradients alive at the peak. The whole buffer in the weights' dtype; with the step inside backward
+    (optimizer_in_backward) each gradient is freed by its hook, so only the largest tensor's is, plus, for
+    bf16 weights, its fp32 copy and the fp32 shadow weight it steps through (train/optim.PerParameter)."""
+    if not job.optimizer.optimizer_in_backward:
+        return trainable * job.weight_bytes
+    largest = max(rows * cols for rows, cols, _ in trained_shapes(arch, job, s))
+    return largest * (job.weight_bytes + (8 if job.weight_bytes == 2 else 0))
 
 
 def _adapter_bytes(arch: Arch, job: Job, s: Layout) -> float:
@@ -119,13 +168,14 @@ def row_bytes_per_token_layer(arch: Arch, job: Job, s: Layout) -> float:
     full = job.method.trains_base
     norms = 2 * 4 * h * (2 if full else 1)
     mlp = 3 * a * i
+    master = fp32_master(job)
     groups = {
         "attn_in": ("q_proj", "k_proj", "v_proj"),
         "o": ("o_proj",),
         "mlp_in": ("gate_proj", "up_proj"),
         "down": ("down_proj",),
     }
-    if full and a < 4:  # autocast casts each linear's fp32 input on its own
+    if master and a < 4:  # autocast casts each linear's fp32 input on its own
         inputs = a * sum(d_in for d_in, _ in shapes.values())
     elif (
         job.adapter.lora.dropout > 0
@@ -218,8 +268,9 @@ def logits_bytes(arch: Arch, job: Job, s: Layout) -> float:
     if arch.logit_softcap:
         out += 3 * 4 * s.loss_chunk * arch.vocab
     if job.method.trains_base:
-        head_copy = a if a < 4 and s.sharding != "zero3" else 0
-        out += arch.vocab * arch.hidden * (head_copy + 4 + a + (4 if a < 4 else 0))
+        w = job.weight_bytes
+        head_copy = a if a < w and s.sharding != "zero3" else 0
+        out += arch.vocab * arch.hidden * (head_copy + w + a + (w if a < w else 0))
     return out
 
 
@@ -228,7 +279,7 @@ def reference_bytes(arch: Arch, job: Job, s: Layout) -> tuple[float, float]:
     master dtype (none with the adapter disabled, or once a precomputed table replaces it), and the reference
     forward's transient, run without gradients after the policy's forward: one layer's activations of the
     micro-batch and the summed log-probs, while every policy activation is still alive."""
-    weights = arch.total_params * TRAINABLE_BYTES if s.reference_copy else 0.0
+    weights = arch.total_params * job.weight_bytes if s.reference_copy else 0.0
     transient = (
         row_bytes_per_token_layer(arch, job, s) * job.batch.micro_batch * s.row_len if s.reference_forward else 0.0
     )
@@ -240,8 +291,8 @@ def breakdown(arch: Arch, job: Job, s: Layout) -> MemoryBreakdown:
     of an optimizer step, when all activations and the logits are alive and the states exist."""
     trainable = trainable_params(arch, job, s)
     if job.method.trains_base:
-        weights = arch.total_params * TRAINABLE_BYTES
-        if s.compute_bytes < 4 and s.sharding != "zero3":
+        weights = arch.total_params * job.weight_bytes
+        if fp32_master(job) and s.compute_bytes < 4 and s.sharding != "zero3":
             # autocast's cached 16-bit copies of the block weights (docs/formulas.md, memory derivation)
             embedding_and_head = arch.vocab * arch.hidden * (1 if arch.tied else 2)
             weights += (arch.total_params - embedding_and_head) * s.compute_bytes
@@ -249,8 +300,8 @@ def breakdown(arch: Arch, job: Job, s: Layout) -> MemoryBreakdown:
     else:
         weights = frozen_weight_bytes(arch, job.adapter.quant, s.compute_bytes)
         adapters = trainable * TRAINABLE_BYTES
-    grads = trainable * TRAINABLE_BYTES
-    states = trainable * ADAM_STATE_BYTES
+    grads = gradient_bytes(arch, job, s, trainable)
+    states = optimizer_state_bytes(arch, job, s)
     world = max(1, s.world)
     if s.sharding == "ddp":
         grads *= 2  # DDP's flat all-reduce buckets copy the gradients
