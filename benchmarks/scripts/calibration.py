@@ -43,8 +43,8 @@ def main() -> int:
     from tunelab.device import device_name, pick_device
     from tunelab.libraries import quiet_libraries
     from tunelab.plan.calibration import device_key, load_calibration, save_calibration
+    from tunelab.recipes.finetune import finetune
     from tunelab.recipes.predict import local_prediction
-    from tunelab.recipes.train import train
 
     quiet_libraries()
     r = random.Random(0)
@@ -84,7 +84,7 @@ def main() -> int:
         save_calibration(replace(record, step_scale={}))  # the same record, as older plans read it
         flat = local_prediction(cfg)
         save_calibration(record)
-        summary = train(cfg, show_progress=False)
+        summary = finetune(cfg, show_progress=False)
         measured = summary["train_s"]
         rows.append(
             {

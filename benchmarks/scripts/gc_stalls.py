@@ -27,7 +27,7 @@ def main() -> None:
     import torch
 
     from tunelab.config import load_config
-    from tunelab.recipes.train import train
+    from tunelab.recipes.finetune import finetune
     from tunelab.train import loop
 
     in_loop = [False]
@@ -58,7 +58,7 @@ def main() -> None:
             events.clear()
             with TemporaryDirectory() as out:
                 cfg = load_config(args.config, [*overrides, f"output_dir={out}"])
-                summary = train(cfg, show_progress=False)
+                summary = finetune(cfg, show_progress=False)
             full = [d for g, d in events if g == 2]
             rows.append(
                 {

@@ -30,8 +30,8 @@ def load_config(path: str | Path | None = None, *overrides: str, **settings: Any
 def finetune(config: TrainConfig | str | Path, *overrides: str, show_progress: bool = False, **settings: Any):
     """Fine-tune as `tunelab train` does and return the run's summary (recipes.summary.RunSummary, also written to
     output_dir/summary.json). `config`: a TrainConfig, or a YAML path read with `overrides` and `settings`."""
+    from .recipes.finetune import finetune as run
     from .recipes.summary import RunSummary
-    from .recipes.train import train as run
 
     cfg = _config(config, overrides, settings)
     summary = run(cfg, show_progress=show_progress)

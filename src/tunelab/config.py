@@ -519,7 +519,7 @@ class ComputeConfig:
     precision: Precision = cli("auto")
     device: str = "auto"
     grad_ckpt: bool = cli(False)
-    # torch.compile each decoder block (recipes/train.py: compile_blocks): fused element-wise passes. `auto`
+    # torch.compile each decoder block (recipes/finetune.py: compile_blocks): fused element-wise passes. `auto`
     # compiles when plan predicts the one-off compile is paid back within the run (runtime.compile_choice).
     compile: Union[bool, str] = "auto"
     # Keep the activations saved for backward in pinned host memory instead of the device's (model/offload.py):

@@ -32,7 +32,7 @@ class Objective:
     mean_over: str = "tokens"
     # The metrics each log line adds beside the loss, as TRL names them.
     metrics: tuple[str, ...] = ()
-    # The loss on each pair's sequence log-probabilities (objectives with pairs; train/preference.py PAIR_LOSSES):
+    # The loss on each pair's sequence log-probabilities (objectives with pairs; train/pair_loss.py PAIR_LOSSES):
     # `sigmoid`, -logσ(β·margin) of the summed log-probs' margin over the reference's (DPO); `odds_ratio`, the
     # chosen responses' NLL minus λ·logσ(log odds ratio) of the mean per-token log-probs (ORPO).
     pair_loss: str = ""
@@ -69,8 +69,8 @@ GRPO_METRICS = (
     "clip_ratio/region_mean",
 )
 
-_PAIR_LOSS = "train.preference:PreferenceLoss"
-_PAIRS = "data.preference:prepare_pairs"
+_PAIR_LOSS = "train.pair_loss:PreferenceLoss"
+_PAIRS = "data.pairs:prepare_pairs"
 
 REGISTRY: dict[str, Objective] = {
     o.name: o

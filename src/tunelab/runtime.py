@@ -15,7 +15,7 @@ LOGIT_CHUNK = 256
 MATH_MAX_LEN = 256
 
 # torch.compile's activation memory budget (AOTAutograd's partitioner; 1.0 keeps whatever is cheapest to
-# keep; recipes/train.compile_blocks sets it). 0.9 recomputes norm outputs and one MLP tensor per layer, which
+# keep; recipes/finetune.compile_blocks sets it). 0.9 recomputes norm outputs and one MLP tensor per layer, which
 # lowered the quickstart's peak memory at no clear speed cost, where 0.5 saved more but cost speed
 # (benchmarks/design-decisions_cpu_2026-11-22.md#activation-memory-budget).
 ACTIVATION_MEMORY_BUDGET = 0.9

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import tiny_train_config, write_jsonl
 
-from tunelab.recipes.train import train, training_attention
+from tunelab.recipes.finetune import finetune, training_attention
 
 pytestmark = pytest.mark.gpu
 
@@ -45,7 +45,7 @@ def cuda_config(model_dir, data_file, out, *extra):
     ids=["lora", "qlora", "full", "lora-dropout-compiled"],
 )
 def test_bf16_packed_training_on_cuda(tiny_model_dir, data_file, tmp_path, extra):
-    summary = train(cuda_config(tiny_model_dir, data_file, tmp_path / "run", *extra), show_progress=False)
+    summary = finetune(cuda_config(tiny_model_dir, data_file, tmp_path / "run", *extra), show_progress=False)
     assert summary["device"].lower() != "cpu" and summary["precision"] == "bf16"
     assert summary["loss_last"] < summary["loss_first"]
     # CUDA memory is the allocator's: max allocated, and max reserved beside it (docs/metrics.md).
@@ -56,7 +56,7 @@ def test_bf16_packed_training_on_cuda(tiny_model_dir, data_file, tmp_path, extra
 @pytest.mark.skipif(importlib.util.find_spec("flash_attn") is None, reason="flash-attn is not installed")
 def test_flash_attn_varlen_takes_packed_rows(tiny_model_dir, data_file, tmp_path):
     assert training_attention(torch.device("cuda")) == "flash_attention_2"
-    summary = train(cuda_config(tiny_model_dir, data_file, tmp_path / "run"), show_progress=False)
+    summary = finetune(cuda_config(tiny_model_dir, data_file, tmp_path / "run"), show_progress=False)
     assert summary["loss_last"] < summary["loss_first"]
 
 
@@ -96,7 +96,7 @@ def test_no_host_sync_between_log_steps_on_cuda(tiny_model_dir, data_file, tmp_p
         *extra,
     )
     try:
-        train(cfg, show_progress=False)
+        finetune(cfg, show_progress=False)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert len(seen) == steps * accum
@@ -122,6 +122,6 @@ def test_batches_reach_the_device_from_page_locked_memory(tiny_model_dir, data_f
         return out
 
     monkeypatch.setattr(loop, "forward", profiled)
-    train(cuda_config(tiny_model_dir, data_file, tmp_path / "run", "max_steps=2"), show_progress=False)
+    finetune(cuda_config(tiny_model_dir, data_file, tmp_path / "run", "max_steps=2"), show_progress=False)
     # Kineto names them "Memcpy HtoD (Pinned -> Device)" or "(Pageable -> Device)".
     assert copies and not any("Pageable" in name for name in copies), copies

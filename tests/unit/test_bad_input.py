@@ -735,13 +735,13 @@ CASES = [
 @pytest.fixture(scope="module")
 def trained_checkpoint(tmp_path_factory, tiny_model_dir) -> Path:
     """One step of a tiny LoRA run (r 4) with its checkpoint: what a resume from another config points at."""
-    from tunelab.recipes.train import train
+    from tunelab.recipes.finetune import finetune
     from tunelab.train.loop import Measurement
 
     folder = tmp_path_factory.mktemp("ckpt")
     data = write_jsonl(folder / "d.jsonl", ROWS)
     cfg = tiny_train_config(tiny_model_dir, data, folder / "run", "lora.r=4", "save_steps=1", "max_steps=2")
-    train(cfg, show_progress=False, measure=Measurement(stop_at=1))
+    finetune(cfg, show_progress=False, measure=Measurement(stop_at=1))
     (step,) = checkpoint.list_checkpoints(folder / "run" / "checkpoints")
     return step
 

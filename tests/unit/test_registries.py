@@ -78,7 +78,7 @@ if kind == "other": pass
 
 
 def test_every_pair_objective_names_a_pair_loss_the_loss_module_has():
-    from tunelab.train.preference import PAIR_LOSSES
+    from tunelab.train.pair_loss import PAIR_LOSSES
 
     for row in objectives.REGISTRY.values():
         assert (row.pair_loss in PAIR_LOSSES) if row.pairs else not row.pair_loss, row.name

@@ -19,7 +19,7 @@ GENERIC |= {"optimizer", "rewards"}
 # Dataclasses that hold setting names for another reason.
 NOT_SETTINGS = {
     "recipes/summary.py:RunSummary": "a record of what ran (summary.json): resolved values, written, never read back",
-    "recipes/train.py:Prepared": "the resolved precision (a torch dtype pair) and compile decision of a run",
+    "recipes/finetune.py:Prepared": "the resolved precision (a torch dtype pair) and compile decision of a run",
     "plan/fit_rows.py:Row": "a measured row's conditions, read from benchmarks/plan-accuracy/rows",
     "bench/suite_schema.py:Row": "a suite row's overrides as suites.yaml writes them",
     "data/pipeline.py:DataSpec": "data/ sits below config (config names its templates); DataConfig.spec() builds it",

@@ -6,7 +6,7 @@ from conftest import tiny_train_config, write_jsonl
 
 from tunelab import sources
 from tunelab.model import load
-from tunelab.recipes.train import prepare_run
+from tunelab.recipes.finetune import prepare_run
 
 
 @pytest.fixture

@@ -61,7 +61,7 @@ from ..train.loop import step_statistics
 from . import store
 
 PEERS = ("hf-trainer-seed", "hf-trainer-tuned", "hf-trainer-liger", "trl-sft", "trl-dpo")
-# Peers that train on preference pairs (data/preference.py's rows) instead of single responses.
+# Peers that train on preference pairs (data/pairs.py's rows) instead of single responses.
 PAIR_PEERS = ("trl-dpo",)
 # Formats whose rendering is one prompt followed by one trained response (or all trained, for `text`):
 # the single prompt/completion split that Trainer recipes and TRL's prompt-completion datasets express.

@@ -1,4 +1,4 @@
-"""One measured bench point: recipes/train.py's `train` for warm-up + N optimizer steps in a fresh process, and
+"""One measured bench point: recipes/finetune.py's `train` for warm-up + N optimizer steps in a fresh process, and
 its record beside plan's prediction; `tunelab bench` and bench suites both measure through it."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _peer_in_child(name: str, cfg: cfgmod.TrainConfig, steps: int, warmup: int) 
 def pairs_per_micro_batch(cfg: cfgmod.TrainConfig) -> int:
     """tunelab's mean pairs per packed micro-batch for `cfg`: a pair peer batches that many, so both train equal
     pairs per step."""
-    from ..recipes.train import prepare_run
+    from ..recipes.finetune import prepare_run
 
     schedule = prepare_run(cfg).schedule
     return max(1, round(len(schedule.data) / 2 / len(schedule.global_rows(0)) / schedule.steps_per_epoch))
@@ -86,7 +86,7 @@ def predicted_figures(e) -> dict:
 
 
 def measure_point(cfg: cfgmod.TrainConfig, stop_at: int, warmup: int) -> dict:
-    """`train()` for `stop_at` optimizer steps in a fresh process; its summary.
+    """`finetune()` for `stop_at` optimizer steps in a fresh process; its summary.
 
     Fresh, because CPU peak memory is peak RSS minus RSS before the model loads: in a process that already
     trained (or ran a probe), allocator and oneDNN arenas are resident, and every later point would read
@@ -104,7 +104,7 @@ def measure_peer(name: str, cfg: cfgmod.TrainConfig, steps: int, warmup: int) ->
 
 # What a point's process imports before it trains (torch, transformers, peft, accelerate, bitsandbytes): ~5 s of
 # CPU each time on a 2-core CPU host, more than many CPU points' own steps.
-PRELOAD = ["tunelab.recipes.train"]
+PRELOAD = ["tunelab.recipes.finetune"]
 
 
 def start_method() -> str:
@@ -149,11 +149,11 @@ def _with_environment(environ: dict, fn, *args):
 
 def _train_in_child(cfg: cfgmod.TrainConfig, stop_at: int, warmup: int) -> dict:
     from ..libraries import quiet_libraries
-    from ..recipes.train import train
+    from ..recipes.finetune import finetune
     from ..train.loop import Measurement
 
     quiet_libraries()
-    return train(cfg, show_progress=False, measure=Measurement(stop_at=stop_at, warmup_window=warmup))
+    return finetune(cfg, show_progress=False, measure=Measurement(stop_at=stop_at, warmup_window=warmup))
 
 
 def device_peak(device_ref: str, summary: dict, catalog_gpu: str | None, fresh: bool = False) -> measure.Peak:

@@ -58,7 +58,7 @@ def _profile_in_child(cfg: cfgmod.TrainConfig, warmup: int, steps: int, out: str
 
     from ..device import pick_device
     from ..libraries import quiet_libraries
-    from ..recipes.train import train
+    from ..recipes.finetune import finetune
     from ..train.loop import Measurement
 
     quiet_libraries()
@@ -78,7 +78,7 @@ def _profile_in_child(cfg: cfgmod.TrainConfig, warmup: int, steps: int, out: str
             stamps[step] = time.perf_counter()
             prof.step()
 
-        train(
+        finetune(
             cfg, show_progress=False, measure=Measurement(stop_at=warmup + steps, warmup_window=warmup, on_step=on_step)
         )
     return found

@@ -3,7 +3,7 @@ every record (`run`, `sweep`, `profile`, `peers`, `suite`); fit this device's ca
 the database (`export`); fit plan's step-time constants to the measured rows (`fit`).
 
 Parses each subcommand's options, reads the config and prints: the measuring loops are bench/runs.py's (each point
-recipes/train.py's `train` in a fresh process, bench/points.py), the tables bench/console.py's.
+recipes/finetune.py's `train` in a fresh process, bench/points.py), the tables bench/console.py's.
 """
 
 from __future__ import annotations

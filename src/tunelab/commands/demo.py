@@ -142,9 +142,9 @@ def run(args: argparse.Namespace, overrides: list[str]) -> None:
     predicted_train_s = train_s(prediction)
 
     # 4. Train.
-    from ..recipes.train import train
+    from ..recipes.finetune import finetune
 
-    summary = train(cfg)
+    summary = finetune(cfg)
 
     # 5. Tuned accuracy, stored beside the adapter.
     tuned = score(cfg, test_rows, adapter=out / "adapter")

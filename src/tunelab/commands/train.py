@@ -42,11 +42,11 @@ def run(args: argparse.Namespace) -> int:
         hub.go_offline()
     if args.nproc is not None or args.accelerate_config is not None:
         return _launch(args)
-    from ..recipes.train import train
+    from ..recipes.finetune import finetune
     from ..train.distributed import exit_launched, is_main
 
     cfg = cfgmod.load_config(args.config, args.overrides)
-    summary = train(cfg, show_progress=not args.quiet)
+    summary = finetune(cfg, show_progress=not args.quiet)
     keys = ["output_dir", "steps", "loss_last", "tokens_nonpad_per_s", "peak_memory_bytes", "elapsed_s"]
     if summary["best_step"] is not None:
         keys += ["best_step", "best_eval_loss", "early_stopped"]

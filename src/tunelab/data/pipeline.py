@@ -1,5 +1,5 @@
 """Data settings -> tokenized examples with loss targets, plus the statistics of what the data became: one source
-of supervised rows (read: data/read.py, tokenized: data/tokenize.py) or of preference pairs (data/preference.py),
+of supervised rows (read: data/read.py, tokenized: data/tokenize.py) or of preference pairs (data/pairs.py),
 a mixture (`data.mix`, each source prepared so, then its examples drawn by weight), and a held-out split.
 """
 
@@ -50,7 +50,7 @@ class DataSpec:
 
 def prepare(spec: DataSpec, tokenizer) -> TokenizedData:
     """Tokenized examples from `spec`, by the builder the objective names: supervised rows (prepare_rows) or
-    preference pairs (data/preference.py)."""
+    preference pairs (data/pairs.py)."""
     return objectives.load(spec.builder)(spec, tokenizer)
 
 

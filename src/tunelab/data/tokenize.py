@@ -1,4 +1,4 @@
-"""Rows -> tokenized sequences, for supervised rows (data/pipeline.py) and preference pairs (data/preference.py)
+"""Rows -> tokenized sequences, for supervised rows (data/pipeline.py) and preference pairs (data/pairs.py)
 alike: each row's fields checked, rendered into segments by its format (data/formats.py), each segment tokenized,
 the prompt masked, the sequence cut to its length and its targets shifted (data/examples.py).
 

@@ -1,6 +1,6 @@
 """How one training job runs across processes: one `Strategy` per way (one process or DDP, FSDP2, DeepSpeed
 ZeRO), each owning how the model loads and is wrapped, how its full weights are gathered for a save, and how a
-checkpoint is loaded and gathered. The recipe (recipes/train.py) asks `pick_strategy` once and never branches on
+checkpoint is loaded and gathered. The recipe (recipes/finetune.py) asks `pick_strategy` once and never branches on
 the way itself."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ..errors import TunelabError
 from ..model.adapters import count_parameters
 from ..train import checkpoint, distributed, launch, loop, optim
 from ..train.checkpoint import TrainState
-from ..train.preference import loss_module
+from ..train.pair_loss import loss_module
 
 
 @dataclass(kw_only=True)
@@ -27,7 +27,7 @@ class Trainee:
 
     model: torch.nn.Module  # the adapted model: evaluated, saved
     root: torch.nn.Module  # CausalLMLoss around it, as built (before Accelerate wrapped it)
-    wrapped: torch.nn.Module  # what the loop calls: `root` as Accelerate or DeepSpeed prepared it
+    loss_fn: torch.nn.Module  # what the loop calls: `root` as Accelerate or DeepSpeed prepared it
     optimizer: object
     scheduler: object
     params_trainable: int
@@ -83,11 +83,11 @@ class Strategy:
         self.shard(root, prep.precision.compute, prep.device)
         optimizer = optim.build_optimizer(root, optim_spec, prep.device)
         scheduler = loop.build_scheduler(optimizer, optim_spec, prep.schedule.total_steps)
-        wrapped, optimizer = self.prepare(accelerator, root, optimizer, cfg)
+        loss_fn, optimizer = self.prepare(accelerator, root, optimizer, cfg)
         return Trainee(
             model=model,
             root=root,
-            wrapped=wrapped,
+            loss_fn=loss_fn,
             optimizer=optimizer,
             scheduler=scheduler,
             params_trainable=trainable,
@@ -131,13 +131,13 @@ class Fsdp2(Strategy):
         return accelerator.prepare(root, optimizer)
 
     def gather(self, trainee: Trainee, trainable_only: bool):
-        return functools.partial(distributed.full_state_dict, trainee.wrapped, trainable_only)
+        return functools.partial(distributed.full_state_dict, trainee.loss_fn, trainable_only)
 
     def load_checkpoint(self, path: Path, trainee: Trainee) -> TrainState:
-        return distributed.load_checkpoint(path, trainee.wrapped, trainee.optimizer, trainee.scheduler)
+        return distributed.load_checkpoint(path, trainee.loss_fn, trainee.optimizer, trainee.scheduler)
 
     def checkpoint_gatherer(self, trainee: Trainee):
-        return functools.partial(distributed.gather_checkpoint, trainee.wrapped, trainee.optimizer)
+        return functools.partial(distributed.gather_checkpoint, trainee.loss_fn, trainee.optimizer)
 
 
 @dataclass

@@ -19,7 +19,7 @@ from pathlib import Path
 from ..errors import TunelabError
 
 LOCK = ".tunelab.lock"
-# The prefix of the file a run writes and removes to learn that output_dir is writable (recipes/train.py).
+# The prefix of the file a run writes and removes to learn that output_dir is writable (recipes/finetune.py).
 PROBE_PREFIX = ".tmp-probe-"
 
 

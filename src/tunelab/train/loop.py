@@ -135,10 +135,10 @@ def build_scheduler(optimizer: torch.optim.Optimizer, spec: OptimizerConfig, tot
 
 @dataclass(kw_only=True)
 class LoopContext:
-    """What one run of the loop works with: built by recipes/train.py, read by `run`."""
+    """What one run of the loop works with: built by recipes/finetune.py, read by `run`."""
 
     accelerator: object
-    model: torch.nn.Module  # returns the summed token loss (train/loss.CausalLMLoss)
+    loss_fn: torch.nn.Module  # the loss module the objective names (train/loss.CausalLMLoss, ...), prepared
     optimizer: object
     scheduler: object
     schedule: Schedule
@@ -157,38 +157,38 @@ class LoopContext:
     gather_checkpoint: Callable[[], tuple[dict, dict] | None] | None = None
 
 
-def forward(model: torch.nn.Module, batch: Batch, device: torch.device) -> torch.Tensor:
+def forward(loss_fn: torch.nn.Module, batch: Batch, device: torch.device) -> torch.Tensor:
     """The summed loss of one micro-batch (train/loss.CausalLMLoss's inputs, copied to the device)."""
-    return model(
+    return loss_fn(
         to_device(batch.input_ids, device),
         None if batch.position_ids is None else to_device(batch.position_ids, device),
         to_device(batch.loss_index, device),
         to_device(batch.loss_targets, device),
         batch.layout,
-        # Sequence-scoring objectives (train/preference.py) take which sequence each target belongs to.
+        # Sequence-scoring objectives (train/pair_loss.py) take which sequence each target belongs to.
         **({} if batch.seqs is None else {"seqs": batch.seqs}),
     )
 
 
 def eval_loss(
-    model: torch.nn.Module, batches: Iterable[Batch], device: torch.device, accelerator=None
+    loss_fn: torch.nn.Module, batches: Iterable[Batch], device: torch.device, accelerator=None
 ) -> tuple[float, int]:
     """(token-mean loss, loss tokens) over `batches`: no gradients, dropout off, and the loss counted as training
     counts it, the sum over every loss token divided by their number (not a mean of per-batch means).
 
     With several processes each passes its own share of the batches and `accelerator` sums loss and tokens.
     """
-    was_training = model.training
-    model.eval()
+    was_training = loss_fn.training
+    loss_fn.eval()
     total = torch.zeros((), dtype=torch.float64, device=device)
     tokens = 0
     try:
         with torch.no_grad():
             for batch in batches:
-                total += forward(model, batch, device).double()
+                total += forward(loss_fn, batch, device).double()
                 tokens += batch.tokens_loss
     finally:
-        model.train(was_training)
+        loss_fn.train(was_training)
     if accelerator is not None and accelerator.num_processes > 1:
         both = torch.stack([total, torch.tensor(float(tokens), dtype=torch.float64, device=device)])
         total, tokens = accelerator.reduce(both, "sum").unbind()
@@ -328,7 +328,7 @@ def run(ctx: LoopContext) -> LoopResult:
     meter = ThroughputMeter(state, result, min(state.step + ctx.measure.warmup_window, stop), padded_to_feed)
     losses = _LossWindow(torch.zeros((), device=device))
     metrics_file = (ctx.out_dir / "metrics.jsonl").open("a") if ctx.out_dir is not None else None
-    ctx.model.train()
+    ctx.loss_fn.train()
     with HeapFreeze() as heap:
         try:
             for step, batches in schedule.iterate(state.step, stop):
@@ -385,13 +385,13 @@ class _LossWindow:
 
 def _optimizer_step(ctx: LoopContext, batches: list[Batch], scale: float, losses: _LossWindow) -> float:
     """Accumulate the step's micro-batches, clip, step; returns the learning rate the step trained at."""
-    accelerator, model, optimizer, scheduler = ctx.accelerator, ctx.model, ctx.optimizer, ctx.scheduler
+    accelerator, loss_fn, optimizer, scheduler = ctx.accelerator, ctx.loss_fn, ctx.optimizer, ctx.scheduler
     for i, batch in enumerate(batches):
         last = i == len(batches) - 1
         # Accumulation boundary for DeepSpeed, whose engine steps inside `backward` when it is set.
         accelerator.sync_gradients = last
-        with nullcontext() if last else no_sync(accelerator, model):
-            loss_sum = forward(model, batch, accelerator.device)
+        with nullcontext() if last else no_sync(accelerator, loss_fn):
+            loss_sum = forward(loss_fn, batch, accelerator.device)
             # Normalise by the step's loss tokens, not per micro-batch: packed micro-batches hold
             # different numbers of targets, and a per-micro-batch mean would weight them unequally.
             accelerator.backward(loss_sum * scale)
@@ -399,7 +399,7 @@ def _optimizer_step(ctx: LoopContext, batches: list[Batch], scale: float, losses
     # DeepSpeed clips inside its own step (train/distributed.prepare_deepspeed gives it max_grad_norm);
     # Accelerate's clip would only read its norm back, a host sync every step.
     if ctx.optim.max_grad_norm > 0 and accelerator.distributed_type != "DEEPSPEED":
-        accelerator.clip_grad_norm_(model.parameters(), ctx.optim.max_grad_norm)
+        accelerator.clip_grad_norm_(loss_fn.parameters(), ctx.optim.max_grad_norm)
     step_lr = scheduler.get_last_lr()[0]  # the rate this step trains at; scheduler.step() sets the next one
     optimizer.step()
     scheduler.step()
@@ -431,7 +431,7 @@ def _log_step(ctx: LoopContext, metrics_file, meter: ThroughputMeter, losses: _L
         "peak_memory_bytes": mem.peak_bytes,
     }
     # Objectives that log more than the loss (preference rewards, log-probs) keep their own window of it.
-    window_metrics = getattr(ctx.accelerator.unwrap_model(ctx.model), "window_metrics", None)
+    window_metrics = getattr(ctx.accelerator.unwrap_model(ctx.loss_fn), "window_metrics", None)
     if window_metrics is not None:
         record.update(window_metrics(ctx.accelerator if world > 1 else None))
     meter.result.losses.append((state.step, loss))
@@ -454,7 +454,7 @@ def _save_checkpoint(ctx: LoopContext, elapsed_s: float) -> None:
         # Checkpoint time stays inside the timing windows: it is part of what the run costs.
         checkpoint.save(
             ctx.out_dir / "checkpoints",
-            ctx.accelerator.unwrap_model(ctx.model).model,
+            ctx.accelerator.unwrap_model(ctx.loss_fn).model,
             ctx.optimizer,
             ctx.scheduler,
             ctx.state,
@@ -491,7 +491,7 @@ def _evaluate_step(ctx: LoopContext, metrics_file) -> bool:
     ev, state, device = ctx.evaluation, ctx.state, ctx.accelerator.device
     synchronize(device)
     start = time.perf_counter()
-    loss, tokens = eval_loss(ctx.model, ev.batches, device, ctx.accelerator)
+    loss, tokens = eval_loss(ctx.loss_fn, ev.batches, device, ctx.accelerator)
     seconds = time.perf_counter() - start
     state.evaluations += 1
     state.eval_s += seconds

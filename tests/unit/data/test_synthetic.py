@@ -120,7 +120,7 @@ def test_pairs_are_preference_rows_that_load_as_pairs(tmp_path, tokenizer, capsy
         assert lo <= min(lengths) and max(lengths) <= hi
     assert any(r["chosen"] != r["rejected"] for r in rows)
     spec = DataSpec(
-        str(out), "alpaca", "compact", train_on_inputs=False, seq_len=128, builder="data.preference:prepare_pairs"
+        str(out), "alpaca", "compact", train_on_inputs=False, seq_len=128, builder="data.pairs:prepare_pairs"
     )
     data = preference.prepare_pairs(spec, tokenizer)
     assert len(data) == 24 and data.stats.dropped == 0  # chosen and rejected of every pair

@@ -276,14 +276,14 @@ def test_trains_end_to_end_with_lora(family, vocab, tmp_path, addition_rows):
     linear layer of its blocks (Phi-3's fused qkv_proj and gate_up_proj included), two steps, an adapter saved."""
     from conftest import tiny_train_config
 
-    from tunelab.recipes.train import train
+    from tunelab.recipes.finetune import finetune
 
     model_dir = tmp_path / family
     build(family, vocab, "eager").save_pretrained(model_dir)
     make_tokenizer().save_pretrained(model_dir)
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
     cfg = tiny_train_config(model_dir, data, tmp_path / "run", "max_steps=2", "method=lora", "device=cpu")
-    summary = train(cfg, show_progress=False)
+    summary = finetune(cfg, show_progress=False)
     assert (tmp_path / "run" / "adapter" / "adapter_model.safetensors").is_file()
     config = json.loads((tmp_path / "run" / "adapter" / "adapter_config.json").read_text())
     expected = (

@@ -19,7 +19,7 @@ from torch.nn.attention.flex_attention import BlockMask, create_mask
 from tunelab.config import AdapterConfig, LoraConfig
 from tunelab.model import attention
 from tunelab.model.adapters import apply_adapter
-from tunelab.recipes.train import compile_blocks
+from tunelab.recipes.finetune import compile_blocks
 from tunelab.runtime import attention_path
 from tunelab.train.loss import CausalLMLoss
 

@@ -14,8 +14,8 @@ from tunelab.plan import catalog, timing, workload
 from tunelab.plan.calibration import CalibrationRecord
 from tunelab.plan.estimate import Device, Job, estimate
 from tunelab.plan.flops import flops_per_token, forward_flops_per_token
+from tunelab.recipes.finetune import finetune
 from tunelab.recipes.predict import dataset_lengths
-from tunelab.recipes.train import train
 from tunelab.sources import resolve_arch
 
 LLAMA2 = "meta-llama/Llama-2-7b-hf"
@@ -71,7 +71,7 @@ def test_predicted_eval_time_beside_a_measured_run(tiny_model_dir, tmp_path, add
     measured (a forward is about half a LoRA step here; per-call overheads make the tiny model's ratio loose)."""
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
     cfg = config(tiny_model_dir, data, tmp_path / "run", "epochs=2", "eval.split=0.25", "eval.steps=3")
-    summary = train(cfg, show_progress=False)
+    summary = finetune(cfg, show_progress=False)
 
     arch = resolve_arch(cfg.model)
     peak = 1e12

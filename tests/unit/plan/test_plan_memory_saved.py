@@ -34,7 +34,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from tunelab.config import load_config
 from tunelab.plan import memory
 from tunelab.plan.estimate import Job, estimate
-from tunelab.recipes import train as command
+from tunelab.recipes import finetune as command
 from tunelab.recipes.predict import dataset_lengths, local_device
 from tunelab.sources import resolve_arch
 from tunelab.train.loss import CausalLMLoss

@@ -9,7 +9,7 @@ import shutil
 import pytest
 from conftest import tiny_train_config, write_jsonl
 
-from tunelab.recipes.train import train
+from tunelab.recipes.finetune import finetune
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +44,7 @@ def test_grpo_run_logs_trl_metrics_and_saves_adapter(tmp_path, tiny_model_dir):
     data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
     out = tmp_path / "run"
     cfg = grpo_config(tiny_model_dir, data, out, "grpo.beta=0.1", "grpo.num_iterations=2")
-    summary = train(cfg, show_progress=False)
+    summary = finetune(cfg, show_progress=False)
     assert summary["steps"] == 4 and (out / "adapter" / "adapter_config.json").is_file()
     assert (out / "config.yaml").is_file() and json.loads((out / "summary.json").read_text())["steps"] == 4
     rows = metrics(out)
@@ -69,12 +69,12 @@ def test_grpo_run_logs_trl_metrics_and_saves_adapter(tmp_path, tiny_model_dir):
 def test_resume_repeats_the_uninterrupted_steps(tmp_path, tiny_model_dir):
     data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
     whole = tmp_path / "whole"
-    train(grpo_config(tiny_model_dir, data, whole), show_progress=False)
+    finetune(grpo_config(tiny_model_dir, data, whole), show_progress=False)
     cut = tmp_path / "cut"
-    train(grpo_config(tiny_model_dir, data, cut, "save_steps=2"), show_progress=False)
+    finetune(grpo_config(tiny_model_dir, data, cut, "save_steps=2"), show_progress=False)
     # As after a kill at step 4: the checkpoint of step 2, and metrics lines past it that the resume drops.
     shutil.rmtree(cut / "adapter")
-    train(grpo_config(tiny_model_dir, data, cut, "save_steps=2", "resume=true"), show_progress=False)
+    finetune(grpo_config(tiny_model_dir, data, cut, "save_steps=2", "resume=true"), show_progress=False)
     a, b = metrics(whole), metrics(cut)
     assert [r["step"] for r in b] == [1, 2, 3, 4]
     for x, y in zip(a[2:], b[2:]):

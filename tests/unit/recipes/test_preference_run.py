@@ -10,7 +10,7 @@ import pytest
 from conftest import tiny_train_config, write_jsonl
 
 from tunelab.errors import TunelabError
-from tunelab.recipes import train as recipe
+from tunelab.recipes import finetune as recipe
 from tunelab.train import loop
 
 pytestmark = pytest.mark.slow  # trains
@@ -31,7 +31,7 @@ def losses(out) -> list[float]:
 
 def run(model_dir, data, out, *extra, measure=None):
     cfg = tiny_train_config(model_dir, data, out, "seq_len=128", "micro_batch=2", *extra)
-    return recipe.train(cfg, show_progress=False, measure=measure)
+    return recipe.finetune(cfg, show_progress=False, measure=measure)
 
 
 def test_dpo_logs_trl_metrics_and_resumes_exactly(tiny_model_dir, tmp_path):
@@ -109,7 +109,7 @@ def test_dpo_on_two_processes_equals_one(tiny_model_dir, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     from tunelab.config import load_config
 
-    recipe.train(load_config(config, ["micro_batch=2", f"output_dir={tmp_path / 'one'}"]), show_progress=False)
+    recipe.finetune(load_config(config, ["micro_batch=2", f"output_dir={tmp_path / 'one'}"]), show_progress=False)
     lines = {
         name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         for name in ("one", "two")

@@ -75,12 +75,12 @@ def two_procs(setup):
 
 def test_two_processes_train_what_one_process_of_twice_the_micro_batch_trains(setup, two_procs):
     from tunelab.config import load_config
-    from tunelab.recipes.train import train
+    from tunelab.recipes.finetune import finetune
 
     tmp, config = setup
     out2, _ = two_procs
     out1 = tmp / "one"
-    summary = train(load_config(config, [f"output_dir={out1}", "micro_batch=8"]), show_progress=False)
+    summary = finetune(load_config(config, [f"output_dir={out1}", "micro_batch=8"]), show_progress=False)
     assert summary["world_size"] == 1
     assert json.loads((out2 / "summary.json").read_text())["world_size"] == 2
     train1, eval1, _ = _metrics(out1)

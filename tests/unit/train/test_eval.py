@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from tunelab.data.examples import IGNORE
 from tunelab.data.pipeline import prepare_split
-from tunelab.recipes.train import train
+from tunelab.recipes.finetune import finetune
 from tunelab.train import loop
 
 pytestmark = pytest.mark.slow  # every test here trains or compiles
@@ -46,7 +46,7 @@ def test_eval_loss_is_the_token_mean_over_the_held_out_rows(tiny_model_dir, data
 
     out = tmp_path / "run"
     cfg = config(tiny_model_dir, data_file, out, "max_steps=3", "eval.split=0.25", "eval.steps=3", "lora.dropout=0.1")
-    summary = train(cfg, show_progress=False)
+    summary = finetune(cfg, show_progress=False)
     (record,) = eval_records(out)
     assert record["step"] == 3 and summary["best_step"] == 3 and summary["evaluations"] == 1
 
@@ -75,7 +75,7 @@ def test_early_stopping_stops_after_patience_and_still_saves(tiny_model_dir, dat
         tiny_model_dir, data_file, out, "max_steps=8", "log_steps=3", "eval.split=0.25", "eval.steps=1",
         "eval.early_stopping_patience=2",
     )  # fmt: skip
-    summary = train(cfg)
+    summary = finetune(cfg)
     printed = capsys.readouterr().out
     # Evaluations at 1, 2 (best), 3, 4: two in a row without improvement stop the run at step 4.
     assert [(m["step"], m["eval_loss"]) for m in eval_records(out)] == [(1, 2.0), (2, 1.5), (3, 1.6), (4, 1.7)]
@@ -107,7 +107,7 @@ def test_best_holds_the_weights_of_the_best_step(tiny_model_dir, data_file, tmp_
     cfg = config(
         tiny_model_dir, data_file, out, "max_steps=3", "save_steps=1", "save_total_limit=5", "eval.split=0.25"
     )  # evaluations at the saves (1, 2) and at the end (3)
-    summary = train(cfg, show_progress=False)
+    summary = finetune(cfg, show_progress=False)
     assert (summary["best_step"], summary["best_eval_loss"], summary["evaluations"]) == (2, 1.0, 3)
     assert json.loads((out / "best" / "tunelab_best.json").read_text()) == {"step": 2, "eval_loss": 1.0}
     best = load_file(out / "best" / "adapter_model.safetensors")
@@ -121,7 +121,7 @@ def test_best_holds_the_weights_of_the_best_step(tiny_model_dir, data_file, tmp_
 def test_keep_best_false_writes_no_best(tiny_model_dir, data_file, tmp_path):
     out = tmp_path / "run"
     cfg = config(tiny_model_dir, data_file, out, "max_steps=2", "eval.split=0.25", "eval.keep_best=false")
-    summary = train(cfg, show_progress=False)
+    summary = finetune(cfg, show_progress=False)
     assert summary["best_step"] == 2 and not (out / "best").exists()
 
 
@@ -133,11 +133,11 @@ def test_resume_keeps_best_loss_patience_and_best_dir(tiny_model_dir, data_file,
     args = ["max_steps=8", "save_steps=1", "save_total_limit=5", "eval.split=0.25", "eval.steps=1"]
     args.append("eval.early_stopping_patience=2")
     fake_evaluate(monkeypatch, [1.0, 1.2, 0.5])
-    train(config(tiny_model_dir, data_file, out, *args), show_progress=False, measure=loop.Measurement(stop_at=3))
+    finetune(config(tiny_model_dir, data_file, out, *args), show_progress=False, measure=loop.Measurement(stop_at=3))
     assert json.loads((out / "best" / "tunelab_best.json").read_text())["step"] == 3
     fake_evaluate(monkeypatch, [1.1])
     resume = f"resume={out / 'checkpoints' / 'step-0000002'}"
-    summary = train(config(tiny_model_dir, data_file, out, *args, resume), show_progress=False)
+    summary = finetune(config(tiny_model_dir, data_file, out, *args, resume), show_progress=False)
     assert summary["steps"] == 3 and summary["early_stopped"]
     assert (summary["best_step"], summary["best_eval_loss"], summary["evaluations"]) == (1, 1.0, 3)
     assert [(m["step"], m["eval_loss"]) for m in eval_records(out)] == [(1, 1.0), (2, 1.2), (3, 1.1)]

@@ -74,12 +74,12 @@ def _fsdp_run(setup, method: str) -> Path:
 def _pair(setup, method: str) -> tuple[Path, Path]:
     """(one process with micro_batch 8, FSDP on two processes with micro_batch 4) output dirs for `method`."""
     from tunelab.config import load_config
-    from tunelab.recipes.train import train
+    from tunelab.recipes.finetune import finetune
 
     tmp, config = setup
     out1 = tmp / f"{method}-one"
     out2 = _fsdp_run(setup, method)
-    train(load_config(config, [f"output_dir={out1}", "micro_batch=8", f"method={method}"]), show_progress=False)
+    finetune(load_config(config, [f"output_dir={out1}", "micro_batch=8", f"method={method}"]), show_progress=False)
     return out1, out2
 
 
@@ -150,13 +150,13 @@ def _base(setup) -> Path:
     return Path(load_config(setup[1], []).model)
 
 
-# Runs `train()` under `accelerate launch` (2 processes, fsdp2.yaml) with the main process's checkpoint write
+# Runs `finetune()` under `accelerate launch` (2 processes, fsdp2.yaml) with the main process's checkpoint write
 # failing.
 DRIVER = """
 import sys
 from tunelab.config import load_config
 from tunelab.errors import TunelabError
-from tunelab.recipes.train import train
+from tunelab.recipes.finetune import finetune
 from tunelab.train import checkpoint
 
 def fail(*args, **kwargs):
@@ -165,7 +165,7 @@ checkpoint.save = fail
 from tunelab.train.distributed import exit_launched
 
 try:
-    train(load_config(sys.argv[1], sys.argv[2:]), show_progress=False)
+    finetune(load_config(sys.argv[1], sys.argv[2:]), show_progress=False)
 except TunelabError as e:
     sys.exit(f"error: {e}")
 # As `tunelab train` does: a launched gloo process that reaches interpreter teardown can abort there.
@@ -238,14 +238,14 @@ def test_fsdp2_full_fine_tuning_resumes_from_a_checkpoint_as_if_never_stopped(se
     from transformers import AutoModelForCausalLM
 
     from tunelab.config import load_config
-    from tunelab.recipes.train import train
+    from tunelab.recipes.finetune import finetune
 
     path = _resumed_as_uninterrupted(setup, "full")
     _full_tensors(path, AutoModelForCausalLM.from_pretrained(_base(setup)))
     # The same checkpoint resumes on one process (micro_batch 8 = 2 x 4): the FSDP run's losses, up to the
     # summation order (REL, as above).
     one = tmp_path / "one"
-    train(
+    finetune(
         load_config(setup[1], [f"output_dir={one}", "micro_batch=8", "method=full", f"resume={path}"]),
         show_progress=False,
     )

@@ -92,7 +92,7 @@ class SyncCounter(TorchFunctionMode):
     "attention,method", [("flex", "lora"), ("flex", "dora"), ("flex", "qlora"), ("flex", "full"), ("slots", "lora")]
 )
 def test_no_host_sync_between_log_steps(tiny_model_dir, tmp_path, addition_rows, monkeypatch, method, attention):
-    from tunelab.recipes.train import train
+    from tunelab.recipes.finetune import finetune
     from tunelab.train import loop
 
     steps, accum = 4, 2
@@ -117,7 +117,7 @@ def test_no_host_sync_between_log_steps(tiny_model_dir, tmp_path, addition_rows,
         "packing=true",
     )
     with counter:
-        train(cfg, show_progress=False)
+        finetune(cfg, show_progress=False)
 
     assert counter.micro_batch == steps * accum
     assert counter.seen > 1000 * steps

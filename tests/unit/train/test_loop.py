@@ -10,7 +10,7 @@ from conftest import tiny_train_config as config
 from tunelab.cli import main
 from tunelab.config import load_config
 from tunelab.errors import TunelabError
-from tunelab.recipes.train import train
+from tunelab.recipes.finetune import finetune
 from tunelab.train.loop import Measurement
 
 pytestmark = pytest.mark.slow  # every test here trains or compiles
@@ -60,7 +60,7 @@ def test_lora_run_writes_every_output(tiny_model_dir, data_file, tmp_path):
         assert key in metrics[-1]
     # The counters are the sums of what the first 4 steps' batches feed: every position of the packed rows,
     # the non-padding ones, and the response tokens scored.
-    from tunelab.recipes.train import prepare_run
+    from tunelab.recipes.finetune import prepare_run
 
     prep = prepare_run(load_config(out / "config.yaml"))
     fed = [b for _, step in prep.schedule.iterate(0, 4) for b in step]
@@ -104,7 +104,7 @@ def _yaml(tmp_path):
 # (test_reference_loop.py), and compiled dropout's backward in test_lora_linear.py.
 @pytest.mark.parametrize("extra", [[], ["lora.dropout=0.1", "precision=bf16"]], ids=["plain", "dropout-bf16"])
 def test_loss_goes_down(tiny_model_dir, data_file, tmp_path, extra):
-    summary = train(
+    summary = finetune(
         config(tiny_model_dir, data_file, tmp_path / "r", "max_steps=16", "lr=3e-2", *extra), show_progress=False
     )
     assert summary["loss_last"] < summary["loss_first"] - 0.3
@@ -117,20 +117,20 @@ def test_a_run_shorter_than_the_warm_up_reports_its_whole_run_and_logs_the_rate_
     step trained at (linear decay from 1e-2 without warm-up: 1e-2, then 5e-3), not the next step's."""
     out = tmp_path / "short"
     extra = ("max_steps=2", "lr_scheduler=linear", "warmup_ratio=0")
-    summary = train(config(tiny_model_dir, data_file, out, *extra), show_progress=False)
+    summary = finetune(config(tiny_model_dir, data_file, out, *extra), show_progress=False)
     assert summary["rate_window"] == "all steps" and summary["steady_window_steps"] == 2
     assert summary["tokens_nonpad_per_s"] == pytest.approx(summary["tokens_nonpad"] / summary["steady_window_s"])
     assert 0 < summary["steady_window_s"] <= summary["train_s"]
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["lr"] for m in logged if "loss" in m] == pytest.approx([1e-2, 5e-3])
-    longer = train(config(tiny_model_dir, data_file, tmp_path / "longer", "max_steps=3"), show_progress=False)
+    longer = finetune(config(tiny_model_dir, data_file, tmp_path / "longer", "max_steps=3"), show_progress=False)
     assert longer["rate_window"] == "steady" and longer["steady_window_steps"] == 1
 
 
 @pytest.mark.parametrize("method", ["dora", "full", "qlora"])
 def test_other_methods_train(tiny_model_dir, data_file, tmp_path, method):
     extra = ["precision=bf16"] if method == "qlora" else []
-    summary = train(
+    summary = finetune(
         config(tiny_model_dir, data_file, tmp_path / method, f"method={method}", "max_steps=6", *extra),
         show_progress=False,
     )
@@ -145,8 +145,8 @@ def test_other_methods_train(tiny_model_dir, data_file, tmp_path, method):
 def test_grad_checkpointing_gives_the_same_losses(tiny_model_dir, data_file, tmp_path, offload):
     """With activation_offload on a CPU the run checkpoints as without it (the tensors already are in host
     memory): the same losses, and the summary says it was on."""
-    plain = train(config(tiny_model_dir, data_file, tmp_path / "a", "max_steps=3"), show_progress=False)
-    ckpt = train(
+    plain = finetune(config(tiny_model_dir, data_file, tmp_path / "a", "max_steps=3"), show_progress=False)
+    ckpt = finetune(
         config(
             tiny_model_dir, data_file, tmp_path / "b", "max_steps=3", "grad_ckpt=true", f"activation_offload={offload}"
         ),
@@ -160,15 +160,15 @@ def test_grad_checkpointing_gives_the_same_losses(tiny_model_dir, data_file, tmp
 def test_resume_reproduces_the_uninterrupted_run(tiny_model_dir, data_file, tmp_path):
     """Interrupted at step 4 (checkpoint at 4), resumed to 8: the loss curve matches an uninterrupted run."""
     full = tmp_path / "full"
-    train(config(tiny_model_dir, data_file, full, "max_steps=8", "lora.dropout=0.1"), show_progress=False)
+    finetune(config(tiny_model_dir, data_file, full, "max_steps=8", "lora.dropout=0.1"), show_progress=False)
     cut = tmp_path / "cut"
-    train(
+    finetune(
         config(tiny_model_dir, data_file, cut, "max_steps=8", "save_steps=4", "lora.dropout=0.1"),
         show_progress=False,
         measure=Measurement(stop_at=6),
     )  # dies at step 6, after the checkpoint at 4
     assert not (cut / "adapter").exists()  # an unfinished run leaves no final adapter
-    resumed = train(
+    resumed = finetune(
         config(tiny_model_dir, data_file, cut, "max_steps=8", "save_steps=4", "lora.dropout=0.1", "resume=true"),
         show_progress=False,
     )
@@ -185,14 +185,16 @@ def test_resume_with_a_smaller_micro_batch_and_the_same_rows_per_step_reproduces
     """What the out-of-memory line offers: resume from the last checkpoint at micro_batch 2 x grad_accum 4
     instead of 4 x 2; each optimizer step sums the same rows, so the losses are an uninterrupted run's."""
     full, cut = tmp_path / "full", tmp_path / "cut"
-    train(config(tiny_model_dir, data_file, full, "max_steps=6", "micro_batch=4", "grad_accum=2"), show_progress=False)
+    finetune(
+        config(tiny_model_dir, data_file, full, "max_steps=6", "micro_batch=4", "grad_accum=2"), show_progress=False
+    )
     shape = ("max_steps=6", "save_steps=3")
-    train(
+    finetune(
         config(tiny_model_dir, data_file, cut, *shape, "micro_batch=4", "grad_accum=2"),
         show_progress=False,
         measure=Measurement(stop_at=4),
     )
-    train(
+    finetune(
         config(tiny_model_dir, data_file, cut, *shape, "micro_batch=2", "grad_accum=4", "resume=true"),
         show_progress=False,
     )
@@ -206,10 +208,10 @@ def test_a_new_run_refuses_an_output_dir_holding_an_earlier_runs_checkpoints(tin
     """Otherwise its saves mix with the earlier run's: stopped after its own step-2, the earlier run's step-4
     would be the newest, and resume=true would continue that run under this one's settings."""
     out = tmp_path / "out"
-    train(config(tiny_model_dir, data_file, out, "max_steps=6", "save_steps=2"), show_progress=False)
+    finetune(config(tiny_model_dir, data_file, out, "max_steps=6", "save_steps=2"), show_progress=False)
     before = sorted(p.name for p in (out / "checkpoints").iterdir())
     with pytest.raises(TunelabError, match=r"holds checkpoints of an earlier run \(newest step-0000004\); resume=true"):
-        train(config(tiny_model_dir, data_file, out, "max_steps=4", "save_steps=2", "lr=1e-3"), show_progress=False)
+        finetune(config(tiny_model_dir, data_file, out, "max_steps=4", "save_steps=2", "lr=1e-3"), show_progress=False)
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == before
 
 
@@ -219,13 +221,13 @@ def test_a_new_run_refuses_an_output_dir_holding_an_earlier_runs_best_weights(ti
     (out / "best").mkdir(parents=True)
     (out / "best" / "tunelab_best.json").write_text('{"step": 6, "eval_loss": 0.7}')
     with pytest.raises(TunelabError, match=r"holds best/, the best weights of an earlier run"):
-        train(config(tiny_model_dir, data_file, out, "max_steps=1"), show_progress=False)
+        finetune(config(tiny_model_dir, data_file, out, "max_steps=1"), show_progress=False)
     assert sorted(p.name for p in out.iterdir()) == ["best"]
 
 
 def test_resume_skips_a_truncated_latest_checkpoint(tiny_model_dir, data_file, tmp_path, capsys):
     out = tmp_path / "cut"
-    train(
+    finetune(
         config(tiny_model_dir, data_file, out, "max_steps=8", "save_steps=2"),
         show_progress=False,
         measure=Measurement(stop_at=6),
@@ -234,7 +236,7 @@ def test_resume_skips_a_truncated_latest_checkpoint(tiny_model_dir, data_file, t
     weights = latest / "trainable.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])  # as a crash or a full disk mid-write would leave it
     capsys.readouterr()
-    summary = train(config(tiny_model_dir, data_file, out, "max_steps=8", "save_steps=2", "resume=true"))
+    summary = finetune(config(tiny_model_dir, data_file, out, "max_steps=8", "save_steps=2", "resume=true"))
     printed = capsys.readouterr()
     assert f"checkpoint {latest} is incomplete or corrupt (trainable.safetensors has 100 bytes" in printed.err
     assert f"); resuming from {previous}\n" in printed.err
@@ -245,14 +247,14 @@ def test_resume_skips_a_truncated_latest_checkpoint(tiny_model_dir, data_file, t
 
 def test_resume_true_without_a_checkpoint_says_it_starts_over(tiny_model_dir, data_file, tmp_path, capsys):
     out = tmp_path / "first"
-    summary = train(config(tiny_model_dir, data_file, out, "max_steps=2", "resume=true"))
+    summary = finetune(config(tiny_model_dir, data_file, out, "max_steps=2", "resume=true"))
     assert f"resume: no checkpoint in {out / 'checkpoints'} yet; starting from step 0\n" in capsys.readouterr().out
     assert summary["steps"] == 2
 
 
 def test_checkpoints_rotate(tiny_model_dir, data_file, tmp_path):
     out = tmp_path / "rot"
-    train(
+    finetune(
         config(tiny_model_dir, data_file, out, "max_steps=7", "save_steps=2", "save_total_limit=2"), show_progress=False
     )
     names = sorted(p.name for p in (out / "checkpoints").iterdir())
@@ -260,7 +262,7 @@ def test_checkpoints_rotate(tiny_model_dir, data_file, tmp_path):
 
 
 def test_unpacked_run(tiny_model_dir, data_file, tmp_path):
-    summary = train(
+    summary = finetune(
         config(tiny_model_dir, data_file, tmp_path / "u", "max_steps=3", "packing=false"), show_progress=False
     )
     assert summary["tokens_padded"] >= summary["tokens_nonpad"] and summary["steps"] == 3
@@ -271,7 +273,7 @@ def test_export_merge_matches_base_plus_adapter(tiny_model_dir, data_file, tmp_p
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "run"
-    train(config(tiny_model_dir, data_file, out, "max_steps=3"), show_progress=False)
+    finetune(config(tiny_model_dir, data_file, out, "max_steps=3"), show_progress=False)
     assert main(["export", "--adapter", str(out / "adapter"), "--merge", "--out", str(tmp_path / "merged")]) == 0
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
     tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), out / "adapter")
@@ -309,7 +311,7 @@ def test_demo_scores_each_kept_checkpoint(tiny_model_dir, data_file, tmp_path):
 
     out = tmp_path / "run"
     cfg = config(tiny_model_dir, data_file, out, "max_steps=6", "save_steps=2", "save_total_limit=10")
-    train(cfg, show_progress=False)
+    finetune(cfg, show_progress=False)
     rows = read_rows(data_file, "alpaca", 8)
     results = score_checkpoints(cfg, rows, out / "checkpoints")
     assert [state.step for state, _ in results] == [2, 4]
@@ -323,7 +325,7 @@ def test_compiled_blocks_save_less_for_backward_than_at_full_budget(tokenizer, m
     import torch._functorch.config as aot_config
     from conftest import make_tiny_llama
 
-    from tunelab.recipes import train as command
+    from tunelab.recipes import finetune as command
 
     monkeypatch.setattr(aot_config, "activation_memory_budget", aot_config.activation_memory_budget)  # restored after
     compile_without_inductor(monkeypatch, "aot_eager_decomp_partition")  # what is saved is the partitioner's choice
@@ -367,7 +369,7 @@ def test_the_heap_is_frozen_while_the_loop_runs_and_released_after(tiny_model_di
     assert gc.get_freeze_count() == 0
     gc.callbacks.append(watch)
     try:
-        train(config(tiny_model_dir, data_file, tmp_path / "run", "max_steps=4"), show_progress=False)
+        finetune(config(tiny_model_dir, data_file, tmp_path / "run", "max_steps=4"), show_progress=False)
     finally:
         gc.callbacks.remove(watch)
     frozen = [n for n in seen if n]
@@ -426,7 +428,7 @@ def test_a_compiled_run_compiles_nothing_after_its_first_steps(
             "eval.split=0.1",
             "eval.steps=3",
         )
-        train(cfg, show_progress=False)
+        finetune(cfg, show_progress=False)
     finally:
         torch._dynamo.reset()
     # 15 micro-batches (7.5 steps of grad_accum 2 in the epoch), evaluations after steps 3, 6 and the last

@@ -192,14 +192,14 @@ def test_a_full_fine_tune_resumes_its_run_exactly(tiny_model_dir, addition_rows,
     from conftest import tiny_train_config, write_jsonl
     from safetensors.torch import load_file
 
-    from tunelab.recipes.train import train
+    from tunelab.recipes.finetune import finetune
     from tunelab.train.loop import Measurement
 
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
     args = ("method=full", "max_steps=6", "lr=1e-3", "precision=bf16", "grad_accum=1", *settings)
 
     def run(out, *extra, **kw):
-        return train(tiny_train_config(tiny_model_dir, data, out, *args, *extra), show_progress=False, **kw)
+        return finetune(tiny_train_config(tiny_model_dir, data, out, *args, *extra), show_progress=False, **kw)
 
     def curve(out):
         return [(m["step"], m["loss"]) for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]

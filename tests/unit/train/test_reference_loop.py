@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from conftest import write_jsonl
 
 from tunelab.config import load_config
-from tunelab.recipes.train import prepare_run, train
+from tunelab.recipes.finetune import finetune, prepare_run
 
 pytestmark = pytest.mark.slow  # every test here trains or compiles
 
@@ -118,7 +118,7 @@ def test_bf16_losses_follow_an_fp32_reference_loop(tiny_model_dir, addition_rows
     cfg = run_config(
         tiny_model_dir, data, tmp_path / "run", f"compile={str(compile_blocks).lower()}", f"device={device}"
     )
-    train(cfg, show_progress=False)
+    finetune(cfg, show_progress=False)
     ours = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     reference = reference_losses(cfg)
     assert len(ours) == STEPS

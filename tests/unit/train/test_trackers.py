@@ -112,7 +112,7 @@ def assert_same_series(tb: dict, jl: dict) -> None:
 @pytest.mark.slow
 def test_tensorboard_scalars_are_the_metrics_records(tiny_model_dir, tmp_path, addition_rows, capsys):
     pytest.importorskip("tensorboard")
-    from tunelab.recipes.train import train
+    from tunelab.recipes.finetune import finetune
 
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
     out = tmp_path / "run"
@@ -120,7 +120,7 @@ def test_tensorboard_scalars_are_the_metrics_records(tiny_model_dir, tmp_path, a
         tiny_model_dir, data, out, "max_steps=4", "log_steps=2", "eval.split=0.25", "eval.steps=2",
         "report_to=tensorboard",
     )  # fmt: skip
-    train(cfg)
+    finetune(cfg)
     assert f"tensorboard: logging to {out / 'tensorboard'}" in capsys.readouterr().out
     tb, jl = tensorboard_scalars(out), jsonl_scalars(out)
     assert {"loss", "lr", "tokens_loss_per_s", "peak_memory_bytes", "eval_loss", "eval_tokens", "eval_s"} <= set(jl)
@@ -133,15 +133,15 @@ def test_a_resumed_run_shows_each_step_once(tiny_model_dir, tmp_path, addition_r
     """The killed run logged past its last checkpoint; the resumed one purges those steps as metrics.jsonl drops
     them, so TensorBoard reads the resumed run's values."""
     pytest.importorskip("tensorboard")
-    from tunelab.recipes.train import train
+    from tunelab.recipes.finetune import finetune
     from tunelab.train.loop import Measurement
 
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
     out = tmp_path / "run"
     args = ("max_steps=6", "log_steps=1", "save_steps=2", "report_to=tensorboard", "lr_scheduler=constant")
-    train(tiny_train_config(tiny_model_dir, data, out, *args), show_progress=False, measure=Measurement(stop_at=3))
+    finetune(tiny_train_config(tiny_model_dir, data, out, *args), show_progress=False, measure=Measurement(stop_at=3))
     assert [s for s, _ in jsonl_scalars(out)["loss"]] == [1, 2, 3]
-    train(tiny_train_config(tiny_model_dir, data, out, *args, "resume=true", "seed=7"), show_progress=False)
+    finetune(tiny_train_config(tiny_model_dir, data, out, *args, "resume=true", "seed=7"), show_progress=False)
     jl = jsonl_scalars(out)
     assert [s for s, _ in jl["loss"]] == [1, 2, 3, 4, 5, 6]
     assert_same_series(tensorboard_scalars(out), jl)
@@ -152,7 +152,7 @@ def test_wandb_offline_run_holds_every_metrics_record(tiny_model_dir, tmp_path, 
     """Without a key, W&B logs offline under output_dir/wandb; its run file holds every name and value that
     metrics.jsonl has (W&B stores each value as its JSON text)."""
     pytest.importorskip("wandb")
-    from tunelab.recipes.train import train
+    from tunelab.recipes.finetune import finetune
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
@@ -162,7 +162,7 @@ def test_wandb_offline_run_holds_every_metrics_record(tiny_model_dir, tmp_path, 
     cfg = tiny_train_config(
         tiny_model_dir, data, out, "max_steps=4", "log_steps=2", "eval.split=0.25", "eval.steps=2", "report_to=wandb"
     )
-    train(cfg, show_progress=False)
+    finetune(cfg, show_progress=False)
     runs = sorted((out / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1
     stored = runs[0].read_bytes()

@@ -178,10 +178,10 @@ def test_bench_database_as_table_and_chart(site, page):
 
 
 def test_try_it_equals_eval(site, page, tmp_path, capsys, tiny_model_dir):
-    from tunelab.recipes.train import train
+    from tunelab.recipes.finetune import finetune
 
     run = site["runs"] / "tuned"
-    train(tiny_train_config(tiny_model_dir, site["data"], run, "max_steps=6", "compile=false"), show_progress=False)
+    finetune(tiny_train_config(tiny_model_dir, site["data"], run, "max_steps=6", "compile=false"), show_progress=False)
     prompt, budget = "123 + 456", 12
     rows = write_jsonl(tmp_path / "one.jsonl", [{"instruction": prompt, "output": "", "answer": "579"}])
     predictions = tmp_path / "predictions.jsonl"

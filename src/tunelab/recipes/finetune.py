@@ -41,7 +41,7 @@ from ..model import load as mload
 from ..model.adapters import apply_adapter
 from ..model.lora_linear import has_lora_dropout, has_nf4_base, nf4_layers
 from ..runtime import ACTIVATION_MEMORY_BUDGET, CompileChoice, attention_path
-from ..train import checkpoint, distributed, loop, optim, preference, trackers
+from ..train import checkpoint, distributed, loop, optim, pair_loss, trackers
 from ..train.batches import BatchSpec, EvalBatches, Schedule
 from ..train.checkpoint import TrainState
 from ..train.lock import PROBE_PREFIX, lock_output_dir
@@ -198,7 +198,7 @@ def compile_blocks(model: torch.nn.Module) -> None:
         decoder.norm.compile()
 
 
-def train(cfg: TrainConfig, show_progress: bool = True, measure: loop.Measurement | None = None) -> dict:
+def finetune(cfg: TrainConfig, show_progress: bool = True, measure: loop.Measurement | None = None) -> dict:
     """Run one training job and return its summary (also written to output_dir/summary.json). `measure`: what a
     measuring caller (bench, tests) asks of the run (stop early, the warm-up window, a per-step callback).
 
@@ -323,7 +323,7 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes, show_progre
     )
     if cfg.objective.preference.precompute_reference:
         every_example = EvalBatches(prep.data, batch_spec(cfg, prep.tokenizer.pad_token_id), prep.schedule.slots)
-        preference.precompute(trainee.root, every_example, prep.device, len(prep.data))
+        pair_loss.precompute(trainee.root, every_example, prep.device, len(prep.data))
     state = TrainState() if resume_from is None else strategy.load_checkpoint(resume_from, trainee)
     logged_first_loss = _prepare_output_dir(cfg, out, procs, resume_from, state, show_progress)
     return Run(
@@ -403,7 +403,7 @@ def fit(run: Run, measure: loop.Measurement) -> loop.LoopResult:
             result = loop.run(
                 loop.LoopContext(
                     accelerator=run.accelerator,
-                    model=trainee.wrapped,
+                    loss_fn=trainee.loss_fn,
                     optimizer=trainee.optimizer,
                     scheduler=trainee.scheduler,
                     schedule=run.prep.schedule,
@@ -443,7 +443,7 @@ def summarize(run: Run, result: loop.LoopResult, t0: float) -> RunSummary:
         precision=prep.precision.name,
         params_trainable=run.trainee.params_trainable,
         params_total=run.trainee.params_total,
-        params_local=distributed.local_numel(run.trainee.wrapped),
+        params_local=distributed.local_numel(run.trainee.loss_fn),
         seq_len=cfg.batch.seq_len,
         micro_batch=cfg.batch.micro_batch,
         grad_accum=cfg.batch.grad_accum,

@@ -1,4 +1,4 @@
-"""recipes/train.py: the compiled decoder blocks trace whole, for every method."""
+"""recipes/finetune.py: the compiled decoder blocks trace whole, for every method."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import compile_without_inductor, tiny_train_config, write_jsonl
 
-from tunelab.recipes import train as recipe
+from tunelab.recipes import finetune as recipe
 from tunelab.train import loop
 from tunelab.train.loss import CausalLMLoss
 

@@ -1,7 +1,7 @@
 """Preference objectives (DPO, ORPO) as the loss module the loop calls, and their per-step metrics.
 
 A micro-batch holds pairs packed as documents of its rows: the chosen sequence of a pair, then its rejected one
-(data/preference.py). Each sequence's log-probability is the sum over its response tokens, computed by the same
+(data/pairs.py). Each sequence's log-probability is the sum over its response tokens, computed by the same
 gather-then-chunked head as supervised training (train/loss.py, score_tokens): logits exist one chunk at a time, and
 each token's gradient with respect to its hidden state is formed in the forward, so backward is a row scaling.
 

@@ -1,4 +1,4 @@
-"""data/preference.py: pairs as two examples each (chosen at 2i), in text and message forms; cutting and errors."""
+"""data/pairs.py: pairs as two examples each (chosen at 2i), in text and message forms; cutting and errors."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tunelab.errors import TunelabError
 
 
 def spec(path, fmt="completion", seq_len=128) -> DataSpec:
-    return DataSpec(str(path), fmt, "compact", False, seq_len, builder="data.preference:prepare_pairs")
+    return DataSpec(str(path), fmt, "compact", False, seq_len, builder="data.pairs:prepare_pairs")
 
 
 def decoded(tokenizer, data, i) -> tuple[str, str]:

@@ -1,4 +1,4 @@
-"""train/preference.py: DPO and ORPO on packed pairs equal TRL's computations on padded rows, in fp32."""
+"""train/pair_loss.py: DPO and ORPO on packed pairs equal TRL's computations on padded rows, in fp32."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tunelab.config import AdapterConfig, LoraConfig, ObjectiveConfig, Preferenc
 from tunelab.data.examples import IGNORE, DatasetStats, TokenizedData
 from tunelab.data.packing import collate
 from tunelab.model.adapters import apply_adapter
-from tunelab.train.preference import PreferenceLoss, dpo_loss
+from tunelab.train.pair_loss import PreferenceLoss, dpo_loss
 
 pytest.importorskip("trl")
 
