@@ -90,7 +90,7 @@ LONGEST_FIRST = (
     "tests/unit/bench/test_measure.py",
     "tests/unit/train/test_distributed.py",
     "tests/unit/train/test_kill.py",
-    "tests/unit/recipes/test_train.py",
+    "tests/unit/recipes/test_finetune.py",
 )
 _missing = [f for f in LONGEST_FIRST if not (REPO / f).is_file()]
 assert not _missing, f"conftest.LONGEST_FIRST names files that are gone: {_missing}"

@@ -106,7 +106,7 @@ def test_parse_range_reads_a_single_count():
 
 def test_pairs_are_preference_rows_that_load_as_pairs(tmp_path, tokenizer, capsys):
     """`--pairs`: {prompt, chosen, rejected} at the drawn lengths, read by the DPO data path as pairs."""
-    from tunelab.data import preference
+    from tunelab.data import pairs
     from tunelab.data.pipeline import DataSpec
 
     out = tmp_path / "pairs.jsonl"
@@ -122,5 +122,5 @@ def test_pairs_are_preference_rows_that_load_as_pairs(tmp_path, tokenizer, capsy
     spec = DataSpec(
         str(out), "alpaca", "compact", train_on_inputs=False, seq_len=128, builder="data.pairs:prepare_pairs"
     )
-    data = preference.prepare_pairs(spec, tokenizer)
+    data = pairs.prepare_pairs(spec, tokenizer)
     assert len(data) == 24 and data.stats.dropped == 0  # chosen and rejected of every pair

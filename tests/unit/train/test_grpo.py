@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_preference import lora_model
+from test_pair_loss import lora_model
 
 from tunelab.config import GrpoConfig, RewardConfig
 from tunelab.train.grpo import GrpoLoss, Rollout, advantages
