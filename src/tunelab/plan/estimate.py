@@ -211,6 +211,21 @@ def attention_work(w: workload.Workload, attention: str, device_type: str) -> tu
     return steptime.attention_keys(lengths.lengths, lengths.mean_tokens, w.batching.batch.seq_len, True), 0.0
 
 
+def step_shape(job: Job, w: workload.Workload, keys: float, scored: float, compute_bytes: int) -> steptime.Shape:
+    """What the step model prices for `job`: its mean micro-batch in `w`, `keys` attention keys per token (`scored`
+    of them written out), in `compute_bytes` a value; plan's estimate and the fit of measured rows share it."""
+    tokens = w.epoch.tokens_padded / w.epoch.micro_batches
+    return steptime.Shape(
+        job.batch.grad_accum,
+        round(tokens),
+        keys,
+        job.compiled,
+        compute_bytes,
+        job.stack_row.head_positions(tokens, w.loss_tokens_per_micro_batch),
+        scored_keys_per_token=scored,
+    )
+
+
 def step_time(
     arch: Arch, lengths: workload.Lengths, job: Job, lay: memory.Layout, d: Device, w: workload.Workload
 ) -> tuple[steptime.Breakdown, catalog.StepConstants, timing.Efficiency, float]:
@@ -226,15 +241,7 @@ def step_time(
     tokens = w.epoch.tokens_padded / w.epoch.micro_batches
     keys, scored = attention_work(w, job.compute.attention, gpu.device_type)
     accum = job.batch.grad_accum
-    shape = steptime.Shape(
-        accum,
-        round(tokens),
-        keys,
-        job.compiled,
-        lay.compute_bytes,
-        job.stack_row.head_positions(tokens, w.loss_tokens_per_micro_batch),
-        scored_keys_per_token=scored,
-    )
+    shape = step_shape(job, w, keys, scored, lay.compute_bytes)
     ridge = fit.ridge(gpu.device_type if gpu.device_type == "cpu" else "cuda", gpu.peak_flops, bandwidth)
     work = steptime.work(
         arch, job.method, job.adapter.quant, lay.targets, job.adapter.lora.r, job.compute.grad_ckpt, shape, ridge

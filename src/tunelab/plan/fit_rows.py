@@ -17,7 +17,7 @@ from ..config import AdapterConfig, BatchConfig, ComputeConfig, LoraConfig, RunC
 from . import arch as archmod
 from . import fit, steptime, workload
 from .arch import Arch
-from .estimate import attention_work
+from .estimate import attention_work, step_shape
 from .job import STACKS, Job
 
 KINDS = tuple(fit.ASSUMED)  # cuda | cpu
@@ -140,20 +140,11 @@ def observe(row: Row, arch: Arch, lengths: np.ndarray) -> Observed:
     b = workload.Batching(batch, seed=job.run.seed)
     mean = float(lengths.mean())
     w = workload.build(workload.Lengths(len(lengths), mean, row.loss_fraction * mean, "", lengths), b, batch.epochs)
-    tokens = w.epoch.tokens_padded / w.epoch.micro_batches
     if batch.packing:
         keys, scored = attention_work(w, job.compute.attention, row.kind)
     else:
         keys, scored = padded_keys(lengths, b), 0.0
-    shape = steptime.Shape(
-        batch.grad_accum,
-        round(tokens),
-        keys,
-        job.compiled,
-        row.compute_bytes,
-        job.stack_row.head_positions(tokens, w.loss_tokens_per_micro_batch),
-        scored_keys_per_token=scored,
-    )
+    shape = step_shape(job, w, keys, scored, row.compute_bytes)
     ridge = fit.ridge(row.kind, row.peak, row.bandwidth)
     targets = archmod.adapter_targets(arch, job.adapter.lora.targets)
     lora = job.adapter.lora
