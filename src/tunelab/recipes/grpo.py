@@ -36,7 +36,7 @@ from ..train.grpo import GrpoLoss, Rollout, advantages
 from ..train.lock import lock_output_dir
 from ..train.loop import build_scheduler
 from ..train.optim import build_optimizer
-from .train import check_writable_dir, save_final, truncate_metrics
+from .finetune import check_writable_dir, save_final, truncate_metrics
 
 COMPLETIONS_LOGGED = 4  # completions per logged step in completions.jsonl
 

@@ -49,6 +49,15 @@ class Job:
         }
 
 
+# `python -m tunelab ARGS`, except that SIGINT (the page's Stop) raises KeyboardInterrupt in the child even where
+# this server was started with SIGINT ignored (a background job of a non-interactive shell, a test runner's worker):
+# an ignored signal stays ignored across fork and exec, and Python then installs no handler for it.
+CHILD = (
+    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "from tunelab.cli import main; sys.exit(main())"
+)
+
+
 class Jobs:
     """Runs this server started. `runs`: the --runs folder, where every run's output_dir must lie so that the
     page can show it; `configs`: the folder of shipped configs the page offers."""
@@ -81,9 +90,7 @@ class Jobs:
             number = len(self._jobs) + 1
             log = self._logs / f"job-{number}.log"
             with log.open("wb") as sink:
-                process = subprocess.Popen(
-                    [sys.executable, "-m", "tunelab", *argv], stdout=sink, stderr=subprocess.STDOUT
-                )
+                process = subprocess.Popen([sys.executable, "-c", CHILD, *argv], stdout=sink, stderr=subprocess.STDOUT)
             job = self._jobs[number] = Job(number, ["tunelab", *argv], run, process, log)
         return job.view()
 

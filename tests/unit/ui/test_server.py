@@ -118,3 +118,26 @@ def test_bad_input_is_one_line(tmp_path):
     r = c.post("/api/start", json={"config": "tiny.yaml", "overrides": ["lora.rr=3"]})
     assert r.status_code == 400 and "lora.rr" in r.json()["error"]
     assert c.post("/api/generate", json={"run": "../x", "prompt": "hi"}).status_code == 400
+
+
+def test_a_started_run_stops_on_sigint_even_where_the_server_ignores_it():
+    """A server started with SIGINT ignored (a background job of a script, a test runner's worker) passes that on
+    to its children across exec; the page's Stop must still end a run as Ctrl-C does."""
+    import signal
+    import subprocess
+    import sys
+
+    from tunelab.ui.jobs import CHILD
+
+    waiting = CHILD.replace("from tunelab.cli import main; sys.exit(main())", "import time; time.sleep(30)")
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        child = subprocess.Popen([sys.executable, "-c", waiting], stderr=subprocess.DEVNULL)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    import time
+
+    time.sleep(1.0)
+    child.send_signal(signal.SIGINT)
+    assert child.wait(timeout=20) != 0  # KeyboardInterrupt, not the 30 s sleep's clean exit
+    assert "from tunelab.cli import main; sys.exit(main())" in CHILD
