@@ -94,3 +94,12 @@ def test_rows_are_cut_again_when_the_smaller_micro_batch_trains_slower(tmp_path,
         540.0,
     )
     assert len(fits) == 100  # already within the budget: nothing cut
+
+
+def test_the_training_peak_on_cpu_counts_from_before_any_model_loaded():
+    # The run's own peak is relative to the RSS at its start, after the base model's scoring left the allocator
+    # holding pages; the demo's figure is the training's absolute peak above the RSS before anything loaded.
+    summary = {"peak_memory_bytes": 1_000, "peak_memory_absolute_bytes": 5_000}
+    assert demo.training_peak(summary, start_rss=2_000) == 3_000
+    assert demo.training_peak(summary, start_rss=4_500) == 1_000  # never below what the run itself measured
+    assert demo.training_peak(summary, start_rss=None) == 1_000  # CUDA: the allocator's own peak
