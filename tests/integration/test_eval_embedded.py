@@ -142,3 +142,41 @@ def test_adapter_run_uses_its_config_and_is_applied(tmp_path, capsys, rows_file,
     random_adapter = make_run(tmp_path / "random", init_lora_weights=False)
     run_eval(capsys, "--data", str(rows_file), "--adapter", str(random_adapter), "--predictions", str(tuned_pred))
     assert responses(tuned_pred) != responses(base_pred)
+
+
+def test_a_checkpoint_is_scored_as_the_adapter_saved_from_the_same_weights(tmp_path, capsys, rows_file):
+    # A run's checkpoint (RUN/checkpoints/step-N: trainable weights, manifest) and the adapter saved from the
+    # same weights answer alike; the checkpoint's run config supplies base model, template and LoRA settings.
+    from tunelab.config import AdapterConfig, LoraConfig
+    from tunelab.model.adapters import apply_adapter
+    from tunelab.train import checkpoint
+
+    adapter = AdapterConfig(lora=LoraConfig(r=4, alpha=8, targets=["q_proj", "v_proj"]))
+    model = apply_adapter(load_model(resolve("embedded"), torch.float32, "none", torch.device("cpu")), adapter)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.02)  # not the identity: the answers must move
+    model.save_pretrained(tmp_path / "run" / "adapter")
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    step = checkpoint.save(tmp_path / "run" / "checkpoints", model, optimizer, scheduler, checkpoint.TrainState(3), 1)
+    cfg = TrainConfig(model="embedded")
+    cfg.data.template = "compact"
+    cfg.adapter.lora = adapter.lora
+    (tmp_path / "run" / "config.yaml").write_text(dump_yaml(cfg))
+
+    saved, scored = tmp_path / "saved.jsonl", tmp_path / "checkpoint.jsonl"
+    common = ["--data", str(rows_file), "--precision", "fp32"]
+    run_eval(capsys, *common, "--adapter", str(tmp_path / "run" / "adapter"), "--predictions", str(saved))
+    summary = run_eval(capsys, *common, "--adapter", str(step), "--predictions", str(scored))
+    assert summary["template"] == "compact" and summary["adapter"] == str(step)
+    assert responses(scored) == responses(saved)
+    plain = tmp_path / "base.jsonl"
+    run_eval(capsys, *common, "--template", "compact", "--predictions", str(plain))
+    assert responses(scored) != responses(plain)  # the checkpoint's weights were read, not left at the base
+
+    (step / "trainable.safetensors").write_bytes(b"cut short")
+    assert main(["eval", "--data", str(rows_file), "--adapter", str(step)]) == 2
+    assert "not a complete checkpoint" in capsys.readouterr().err

@@ -27,7 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--data", required=True, help="jsonl rows with an `answer` (e.g. from `tunelab data arithmetic`)"
     )
     parser.add_argument(
-        "--adapter", help="a trained adapter directory (RUN/adapter); without it the base model is scored"
+        "--adapter",
+        help="a trained adapter (RUN/adapter) or a checkpoint of a run (RUN/checkpoints/step-N); without it the "
+        "base model is scored",
     )
     parser.add_argument("--model", help="base model: embedded, an HF directory, a .gguf file or a cached hub id")
     parser.add_argument("--format", choices=FORMATS, help="row format (default: the run's, else alpaca)")
@@ -70,14 +72,36 @@ def read_rows(path: Path, fmt: str, limit: int | None) -> list[dict]:
     return rows
 
 
-def trained_response_tokens(adapter: Path) -> int | None:
-    """The longest response the adapter's run trained on (summary.json beside the adapter), when recorded."""
-    summary = adapter.parent / "summary.json"
+def run_folder(adapter: Path, setup) -> Path:
+    """The training run an adapter (RUN/adapter) or a checkpoint (RUN/checkpoints/step-N) belongs to."""
+    return adapter.parent if setup.checkpoint_adapter is None else adapter.parent.parent
+
+
+def trained_response_tokens(run: Path) -> int | None:
+    """The longest response the run trained on (its summary.json), when recorded."""
+    summary = run / "summary.json"
     try:
         value = json.loads(summary.read_text()).get("data", {}).get("response_tokens_max")
     except (OSError, ValueError, AttributeError):
         return None
     return value if isinstance(value, int) and value > 0 else None
+
+
+def load_checkpoint(model, folder: Path, adapter):
+    """`model` built as training built it (`adapter`: the run's settings), with the checkpoint's trainable weights,
+    packed for generation as a saved adapter is (model/adapters.load_adapter)."""
+    from ..model.adapters import apply_adapter
+    from ..model.lora_linear import pack_for_inference
+    from ..train.checkpoint import load_weights, verify
+
+    problem = verify(folder)
+    if problem is not None:
+        raise TunelabError(f"{folder}: not a complete checkpoint ({problem}); pick another under checkpoints/")
+    model = apply_adapter(model, adapter)
+    load_weights(folder, model)
+    model.requires_grad_(False)
+    pack_for_inference(model)
+    return model
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     from ..model.load import load_model
     from ..sources import load_tokenizer, resolve
 
-    if args.adapter:
+    if args.adapter and setup.checkpoint_adapter is None:
         check_adapter(Path(args.adapter))
 
     device = pick_device(args.device)
@@ -107,13 +131,15 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(source)
     # Weights in the compute dtype (bf16 on AMX CPUs): generation runs in the weights' dtype.
     model = load_model(source, precision.compute, "none", device)
-    if args.adapter:
+    if setup.checkpoint_adapter is not None:
+        model = load_checkpoint(model, Path(args.adapter), setup.checkpoint_adapter)
+    elif args.adapter:
         from ..model.adapters import load_adapter
 
         model = load_adapter(model, args.adapter, setup.model)
     load_seconds = time.perf_counter() - started
     try:
-        trained = trained_response_tokens(Path(args.adapter)) if args.adapter else None
+        trained = trained_response_tokens(run_folder(Path(args.adapter), setup)) if args.adapter else None
         result = evaluate(
             model, tokenizer, rows, setup.format, setup.template, args.batch_size, args.max_new_tokens, trained
         )

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import load_config
+from ..config import AdapterConfig, load_config
 from ..errors import TunelabError
 from ..modelref import EMBEDDED
 
@@ -19,15 +19,30 @@ class Setup:
     model: str
     format: str
     template: str
+    # A training checkpoint (RUN/checkpoints/step-N) rather than a saved adapter: the run's adapter settings, to
+    # build the model as training did before its trainable weights are read.
+    checkpoint_adapter: AdapterConfig | None = None
+
+
+def is_checkpoint(folder: Path) -> bool:
+    """A checkpoint `tunelab train` wrote (train/checkpoint.py: trainable weights, manifest written last)."""
+    return (folder / "manifest.json").is_file() and (folder / "trainable.safetensors").is_file()
 
 
 def resolve_setup(adapter: str | None, model: str | None, fmt: str | None, template: str | None) -> Setup:
     if adapter is None:
         return Setup(model or EMBEDDED, fmt or "alpaca", template or "alpaca")
     folder = Path(adapter)
+    if is_checkpoint(folder):
+        config_path = folder.parent.parent / "config.yaml"
+        if not config_path.is_file():
+            raise TunelabError(f"{config_path}: not found beside the checkpoint {folder}, so its run is unknown")
+        cfg = load_config(config_path)
+        return Setup(model or cfg.model, fmt or cfg.data.format, template or cfg.data.template, cfg.adapter)
     if not (folder / "adapter_config.json").is_file():
         raise TunelabError(
-            f"{folder}: not an adapter directory (no adapter_config.json); pass RUN/adapter of a training run"
+            f"{folder}: not an adapter directory (no adapter_config.json); pass RUN/adapter or "
+            f"RUN/checkpoints/step-N of a training run"
         )
     config_path = folder.parent / "config.yaml"
     if not config_path.is_file():
