@@ -74,22 +74,28 @@ def pytest_sessionfinish(session, exitstatus):
         shutil.rmtree(_OWN_INDUCTOR_CACHE, ignore_errors=True)
 
 
-# The test files that take longest, longest first (benchmarks/test-suite/make-test_xeon-amx-2c_2026-11-25.md). With
+# The test files that take longest, longest first (benchmarks/test-suite/make-test_xeon-amx-2c_2026-11-27.md). With
 # `--dist loadfile --no-loadscope-reorder` (the Makefile's) pytest-xdist hands out whole files in collection
 # order as workers free up; a long file handed out last ran on one worker while the other sat idle for a
 # minute. Longest first, the short files fill in around them at the end.
 LONGEST_FIRST = (
+    "tests/unit/ui/test_browser.py",
+    "tests/unit/train/test_reference_loop.py",
+    "tests/integration/test_api.py",
     "tests/unit/plan/test_plan_memory_measured.py",
+    "tests/unit/plan/test_plan_memory_saved.py",
     "tests/integration/test_methods.py",
     "tests/integration/test_gguf_embedded.py",
     "tests/unit/train/test_fsdp.py",
     "tests/unit/bench/test_suite.py",
-    "tests/unit/plan/test_plan_memory_saved.py",
-    "tests/unit/train/test_loop.py",
-    "tests/unit/train/test_reference_loop.py",
-    "tests/unit/bench/test_measure.py",
-    "tests/unit/train/test_distributed.py",
+    "tests/unit/recipes/test_preference_run.py",
+    "tests/integration/test_peers_embedded.py",
     "tests/unit/train/test_kill.py",
+    "tests/unit/model/test_families.py",
+    "tests/unit/train/test_distributed.py",
+    "tests/integration/test_eval_embedded.py",
+    "tests/unit/train/test_loop.py",
+    "tests/unit/bench/test_measure.py",
     "tests/unit/recipes/test_finetune.py",
 )
 _missing = [f for f in LONGEST_FIRST if not (REPO / f).is_file()]
