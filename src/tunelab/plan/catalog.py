@@ -275,9 +275,10 @@ def ceiling_scale(device: str, measured: tuple[str, ...], rows: dict) -> dict[st
     return out
 
 
-def stack_scale(stack: str) -> tuple[float, tuple[str, ...]]:
-    """A peer stack's factor on the modeled step (catalog/fitted.yaml `stacks`) and the rows it was fitted on."""
-    if stack == "tunelab":
+def stack_scale(stack: str, kind: str) -> tuple[float, tuple[str, ...]]:
+    """A peer stack's factor on the modeled step on a kind of device (cuda | cpu: catalog/fitted.yaml `stacks`)
+    and the rows it was fitted on; 1 for a stack without measured rows (tunelab's own)."""
+    row = (read("fitted.yaml") or {}).get("stacks", {}).get(stack)
+    if row is None:
         return 1.0, ()
-    row = (read("fitted.yaml") or {})["stacks"][stack]
-    return float(row["scale"]), tuple(row["rows"])
+    return float(row["scale"][kind]), tuple(row["rows"])

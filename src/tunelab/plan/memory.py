@@ -166,8 +166,11 @@ def row_bytes_per_token_layer(arch: Arch, job: Job, s: Layout) -> float:
         )
     shapes = arch.linears()
     full = job.method.trains_base
-    norms = 2 * 4 * h * (2 if full else 1)
-    mlp = 3 * a * i
+    liger = job.hf is not None and job.hf.use_liger_kernel
+    # HF's RMSNorm keeps its fp32 upcast input; Liger's keeps the input in the compute dtype (and a scalar per
+    # row). Eager SwiGLU keeps gate, up and SiLU's output; Liger's recomputes SiLU in backward.
+    norms = 2 * (a if liger else 4) * h * (2 if full else 1)
+    mlp = (2 if liger else 3) * a * i
     master = fp32_master(job)
     groups = {
         "attn_in": ("q_proj", "k_proj", "v_proj"),
@@ -193,6 +196,10 @@ def attention_bytes_per_position(arch: Arch, job: Job, s: Layout) -> float:
     a = s.compute_bytes
     q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
     kept = a * arch.heads * s.slot_len if s.attention_probs else 4 * arch.heads
+    if job.hf is not None and job.hf.eager_attention:
+        # transformers' eager attention keeps softmax's fp32 output and its cast back for the product with V,
+        # per head, over the row's whole (padded) width.
+        kept = (4 + a) * arch.heads * s.row_len
     # The eager slot path's backward needs no output (its softmax correction comes from P and dP); compiled,
     # the partitioner keeps a hidden-sized tensor there, as SDPA and flex keep their output.
     outputs = 0 if s.attention_probs and not job.compiled else q
@@ -257,11 +264,11 @@ def max_seq_len(arch: Arch, job: Job, s: Layout, capacity: int, loss_per_positio
 
 def logits_bytes(arch: Arch, job: Job, s: Layout) -> float:
     """The loss's own memory at its peak, inside the forward (docs/formulas.md, memory derivation). A stack with
-    whole-vocabulary logits (job.Stack) holds, for every fed position at once, the head's logits in the compute
+    whole-vocabulary logits (Job.whole_vocab_logits) holds, for every fed position at once, the head's logits in the compute
     dtype, their fp32 upcast and cross-entropy's fp32 log-probabilities saved for backward (a + 4 + 4 bytes a
     logit: 12 GB for a 152k vocabulary at 8,192 positions in bf16)."""
     a = s.compute_bytes
-    if job.stack_row.whole_vocab_logits:
+    if job.whole_vocab_logits:
         out = job.batch.micro_batch * s.row_len * arch.vocab * (a + 8.0)
     else:
         out = s.loss_chunk * arch.vocab * (4 + a) + 2 * s.loss_rows * arch.hidden * a
