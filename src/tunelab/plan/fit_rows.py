@@ -14,8 +14,8 @@ import numpy as np
 
 from .. import methods
 from ..config import AdapterConfig, BatchConfig, ComputeConfig, LoraConfig, RunConfig
-from . import arch as archmod
 from ..errors import TunelabError
+from . import arch as archmod
 from . import fit, hfstack, steptime, workload
 from .arch import Arch
 from .estimate import attention_work, hf_fed, stack_job, step_shape

@@ -51,6 +51,9 @@ class HfStack:
     group_by_length: bool = False
     optim: str = "adamw_torch"  # OPTIMS
     use_liger_kernel: bool = False
+    # PEFT's prepare_model_for_kbit_training on a quantized base (what HF's QLoRA recipes call): fp32 embedding,
+    # head and norms, so an fp32 residual stream. Read only where the base is quantized.
+    prepare_model_for_kbit_training: bool = True
 
     def check(self) -> HfStack:
         for name, choices in (("attn_implementation", ATTENTION), ("padding", PADDING), ("optim", tuple(OPTIMS))):
@@ -92,6 +95,7 @@ TUNED_PEER = HfStack(group_by_length=True, optim="adamw_torch_fused")
 # bench/peers.py's HF Trainer recipes plan models, each as its changes to TUNED_PEER (a measured row's `hf`).
 PEERS = {"hf-trainer-tuned": "", "hf-trainer-liger": "use_liger_kernel=true"}
 FIELDS = tuple(f.name for f in dataclasses.fields(HfStack))
+BOOLS = tuple(f.name for f in dataclasses.fields(HfStack) if f.type in ("bool", bool))
 # TrainingArguments names that `--hf` passes on to tunelab's own settings (config.HF_NAMES holds the rest).
 PRECISION_FLAGS = {"bf16": "bf16", "fp16": "fp16"}
 
@@ -106,7 +110,7 @@ def parse(items: list[str] | dict | None, base: HfStack | None = None) -> tuple[
     overrides: list[str] = []
     for key, value in pairs:
         if key in FIELDS:
-            spec[key] = _bool(key, value) if key in ("group_by_length", "use_liger_kernel") else str(value)
+            spec[key] = _bool(key, value) if key in BOOLS else str(value)
         elif key in PRECISION_FLAGS:
             if _bool(key, value):
                 overrides.append(f"precision={PRECISION_FLAGS[key]}")

@@ -8,7 +8,6 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .. import methods, objectives, optimizers
-from .hfstack import HfStack
 from ..config import (
     AdapterConfig,
     BatchConfig,
@@ -19,6 +18,7 @@ from ..config import (
     TrainConfig,
     published,
 )
+from .hfstack import HfStack
 
 
 @dataclass(frozen=True)

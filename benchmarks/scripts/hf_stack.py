@@ -1,0 +1,192 @@
+"""`tunelab plan --stack hf-peft` against HF Trainer + PEFT runs: measured here (bench/peers.py's recipes beside
+tunelab on the H200) and published (benchmarks/plan-accuracy/published-hf-dev.yaml).
+
+    .venv/bin/python benchmarks/scripts/hf_stack.py [--cases benchmarks/plan-accuracy/published-hf-dev.yaml]
+        [--out benchmarks/plan-accuracy/hf-stack_<date>]
+
+Each case is predicted by plan's own estimate (the numbers `tunelab plan --stack hf-peft --hf ...` prints) with
+the case's model shapes (no weights), method, LoRA rank on every linear layer, seq_len, micro-batch, gradient
+checkpointing and its HF choices (`hf`), on the catalog GPU it names, over its documents' lengths: the suite's
+synthetic rows tokenized as bench tokenized them, or every row seq_len tokens where the case pads to
+max_length. Written to `<out>.md` and `<out>.json`: predicted and measured step time (so tokens/s) and peak
+memory, the errors, and what explains each gap. Nothing is tuned per case: the constants are plan's catalog.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+GIB = 2**30
+
+# What explains each row's gap, from the case's notes and plan's parts.
+GAPS = {
+    "h200-1b-hf-tuned": "memory: whole-vocabulary logits of 16 padded rows (128k vocabulary) dominate; time: the "
+    "fitted cuda residual is a geometric mean over the HF rows, the 1B rows sit below it and the 8B above",
+    "h200-1b-hf-liger": "Liger's fused linear cross-entropy removes the logits; what is left is activations",
+    "h200-8b-hf-liger": "8B at micro-batch 16: plan's eager activations (HF's saved tensors) carry the peak",
+    "h200-8b-hf-tuned-oom": "ran out of memory on the H200: plan must predict a peak above the 136 GiB allocated",
+    "unsloth-hf-fa2-8b-qlora-16gb": "capacity at the longest context that fitted: the true peak is at most this; "
+    "checkpointing and optimizer not stated (assumed)",
+    "unsloth-hf-fa2-8b-qlora-24gb": "as the 16 GB row",
+    "unsloth-hf-fa2-8b-qlora-40gb": "as the 16 GB row; seq above the 8,192 of the kept-back set",
+    "unsloth-hf-fa2-8b-qlora-80gb": "as the 16 GB row; seq above the 8,192 of the kept-back set",
+}
+
+
+def lengths_of(case: dict) -> np.ndarray:
+    from tunelab.bench.fit_data import synthetic_lengths
+
+    text = case["lengths"]
+    if text == "max_length":
+        return np.full(64 * case["micro_batch"], case["seq_len"])
+    return synthetic_lengths(json.loads(text.removeprefix("synthetic:")), case["seq_len"])
+
+
+def predict(case: dict):
+    from tunelab.config import AdapterConfig, BatchConfig, ComputeConfig, LoraConfig
+    from tunelab.methods import get
+    from tunelab.plan import hfstack, workload
+    from tunelab.plan.estimate import Job, estimate
+    from tunelab.recipes.predict import device_for
+    from tunelab.sources import resolve_arch
+
+    method = get(case["method"])
+    job = Job(
+        adapter=AdapterConfig(method=method.name, base_quant=method.base_quant, lora=LoraConfig(r=case["lora_r"])),
+        batch=BatchConfig(seq_len=case["seq_len"], micro_batch=case["micro_batch"], packing=False),
+        compute=ComputeConfig(grad_ckpt=case["grad_ckpt"], compile=False),
+        stack="hf-peft",
+        hf=hfstack.parse(case.get("hf") or {})[0],
+    )
+    arr = lengths_of(case)
+    mean = float(arr.mean())
+    lengths = workload.Lengths(len(arr), mean, mean * case.get("loss_fraction", 0.8), "case", arr)
+    return estimate(resolve_arch(case["model"]), lengths, job, device_for(case["gpu"], "auto"))
+
+
+def row(case: dict) -> dict:
+    e = predict(case)
+    mem = e.memory.total / GIB
+    out = {
+        "id": case["id"],
+        "kind": case["kind"],
+        "source": case["source"],
+        "conf": case.get("conf", ""),
+        "hf": e.job.hf.label(),
+        "grad_ckpt": case["grad_ckpt"],
+        "mem_gib_pred": mem,
+        "step_s_pred": e.step.total,
+        "gap": GAPS.get(case["id"], ""),
+    }
+    if "step_s" in case:
+        out["step_s"] = case["step_s"]
+        out["toks_error"] = case["step_s"] / e.step.total - 1  # tokens/s error = measured step / predicted - 1
+    if "mem_gib" in case:
+        out["mem_gib"] = case["mem_gib"]
+        out["mem_error"] = mem / case["mem_gib"] - 1
+        out["mem_bound"] = "at most" if case.get("mem_is_capacity") else "measured"
+    if "oom_above_gib" in case:
+        out["oom_above_gib"] = case["oom_above_gib"]
+        out["oom_predicted"] = mem > case["oom_above_gib"]
+    return out
+
+
+def pct(x) -> str:
+    return "" if x is None else f"{x:+.0%}"
+
+
+def markdown(rows: list[dict], cases_path: str, commit: str) -> str:
+    from tunelab.markdown import table
+
+    toks = [abs(r["toks_error"]) for r in rows if "toks_error" in r]
+    mems = [abs(r["mem_error"]) for r in rows if "mem_error" in r and r["mem_bound"] == "measured"]
+    caps = [r["mem_error"] for r in rows if r.get("mem_bound") == "at most"]
+    lines = [
+        "# `tunelab plan --stack hf-peft` against HF Trainer + PEFT runs",
+        "",
+        f"Cases: `{cases_path}`; code: tunelab {commit}; command: `python benchmarks/scripts/hf_stack.py`. Plan "
+        "only (no training ran): Intel Xeon, AVX-512F without BF16/AMX, fp32, 2 cores, while other sessions ran.",
+        "",
+        "tokens/s error = predicted tokens/s / measured - 1 (the same fed tokens: measured step / predicted step "
+        "- 1); memory error = predicted peak / measured - 1. Where the figure is a card's capacity at the "
+        "longest context that fitted, the true peak is at most it (a negative error within a step of the next "
+        "capacity is consistent).",
+        "",
+        f"- median |tokens/s error| over {len(toks)} measured rows: {statistics.median(toks):.0%}" if toks else "",
+        f"- median |memory error| over {len(mems)} measured peaks: {statistics.median(mems):.0%}" if mems else "",
+        f"- capacity rows (peak at most the figure): errors {', '.join(pct(c) for c in caps)}" if caps else "",
+        "",
+    ]
+    header = [
+        "case",
+        "kind",
+        "HF choices",
+        "ckpt",
+        "step s pred / meas",
+        "tok/s err",
+        "GiB pred / meas",
+        "mem err",
+        "explains the gap",
+    ]
+    body = []
+    for r in rows:
+        step = f"{r['step_s_pred']:.3f} / {r['step_s']:.3f}" if "step_s" in r else f"{r['step_s_pred']:.3f} / -"
+        if "mem_gib" in r:
+            mem = f"{r['mem_gib_pred']:.2f} / {r['mem_gib']:.2f}" + (
+                " (capacity)" if r["mem_bound"] == "at most" else ""
+            )
+            err = pct(r["mem_error"])
+        else:
+            mem = f"{r['mem_gib_pred']:.2f} / OOM above {r['oom_above_gib']}"
+            err = "OOM predicted" if r["oom_predicted"] else "OOM missed"
+        body.append(
+            [
+                r["id"],
+                r["kind"],
+                r["hf"],
+                "yes" if r["grad_ckpt"] else "no",
+                step,
+                pct(r.get("toks_error")),
+                mem,
+                err,
+                r["gap"],
+            ]
+        )
+    lines += table(header, body)
+    lines += ["", "Sources:", ""] + [f"- {r['id']}: {r['source']}" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--cases", default=str(REPO / "benchmarks/plan-accuracy/published-hf-dev.yaml"))
+    p.add_argument("--out", default=str(REPO / f"benchmarks/plan-accuracy/hf-stack_{time.strftime('%Y-%m-%d')}"))
+    a = p.parse_args()
+    sys.path.insert(0, str(REPO / "src"))
+    import subprocess
+
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    cases = yaml.safe_load(Path(a.cases).read_text())["cases"]
+    rows = [row(c) for c in cases]
+    Path(a.out + ".json").write_text(json.dumps(rows, indent=1) + "\n")
+    text = markdown(
+        rows, str(Path(a.cases).relative_to(REPO)) if Path(a.cases).is_relative_to(REPO) else a.cases, commit
+    )
+    Path(a.out + ".md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
