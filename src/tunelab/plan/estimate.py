@@ -128,6 +128,7 @@ def estimate(
         raise TunelabError(
             f"seq_len {job.batch.seq_len} is over {arch.name}'s maximum of {arch.max_positions} positions; lower seq_len"
         )
+    job = stack_job(job)  # an HF script runs eager blocks: no `compile: auto` to resolve
     if not isinstance(job.compute.compile, bool):
         eager = estimate(arch, lengths, job.but(compile=False), d, gpus, sharding, scaling)
         kind = d.gpu.device_type
@@ -138,7 +139,6 @@ def estimate(
             eager if not choice.chosen else estimate(arch, lengths, job.but(compile=True), d, gpus, sharding, scaling)
         )
         return replace(resolved, job=replace(resolved.job, compute=job.compute), compile_choice=choice)
-    job = stack_job(job)
     b = job.batch
     batching = workload.Batching(b, gpus, job.run.seed, group=job.goal.sequences)
     w, feed = hf_fed(job, workload.build(lengths, batching, b.epochs, b.max_steps))

@@ -98,6 +98,12 @@ FIELDS = tuple(f.name for f in dataclasses.fields(HfStack))
 BOOLS = tuple(f.name for f in dataclasses.fields(HfStack) if f.type in ("bool", bool))
 # TrainingArguments names that `--hf` passes on to tunelab's own settings (config.HF_NAMES holds the rest).
 PRECISION_FLAGS = {"bf16": "bf16", "fp16": "fp16"}
+# TrainingArguments / from_pretrained names plan does not model for an HF script, and what to do instead.
+NOT_MODELED = {
+    "torch_compile": "plan models an HF script's eager blocks only; drop it",
+    "load_in_4bit": "set the method instead (method=qlora)",
+    "load_in_8bit": "set the base instead (base_quant=int8)",
+}
 
 
 def parse(items: list[str] | dict | None, base: HfStack | None = None) -> tuple[HfStack, list[str]]:
@@ -114,6 +120,8 @@ def parse(items: list[str] | dict | None, base: HfStack | None = None) -> tuple[
         elif key in PRECISION_FLAGS:
             if _bool(key, value):
                 overrides.append(f"precision={PRECISION_FLAGS[key]}")
+        elif key in NOT_MODELED:
+            raise TunelabError(f"hf {key}: {NOT_MODELED[key]}")
         elif key in HF_NAMES and HF_NAMES[key] not in ("method", "base_quant"):
             text = str(value).lower() if isinstance(value, bool) else str(value)
             overrides.append(f"{HF_NAMES[key]}={text}")

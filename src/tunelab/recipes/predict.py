@@ -244,7 +244,11 @@ def plan_config(cfg: cfgmod.TrainConfig, r: PlanRequest) -> list[render.Result]:
             [(n, estimate(arch, scaled(lengths, n), job, device)) for n in SCENARIO_EXAMPLES] if r.scenarios else None
         )
         prices = price_rows(device.gpu.id, r.price_per_hour)
-        results.append(render.Result(arch, single, multi, suggestions(arch, lengths, single), prices, scenarios))
+        # Beside an HF script's prediction, tunelab's own run of the same config: what it would save.
+        own = estimate(arch, lengths, job.but(stack="tunelab", hf=None), device) if job.hf is not None else None
+        results.append(
+            render.Result(arch, single, multi, suggestions(arch, lengths, single), prices, scenarios, tunelab=own)
+        )
     return results
 
 

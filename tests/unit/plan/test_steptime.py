@@ -96,7 +96,7 @@ def test_hf_peft_stack_pads_runs_eager_and_applies_its_fitted_factor():
 
     assert per_token(peer) > 1.5 * per_token(ours)
     assert peer.step.fixed_s > ours.step.fixed_s  # eager launches
-    scale, rows = catalog.stack_scale("hf-peft")
+    scale, rows = catalog.stack_scale("hf-peft", "cuda")
     assert rows and scale > 0 and "stack hf-peft" in peer.efficiency.label
     assert peer.speed.train_s > ours.speed.train_s
 

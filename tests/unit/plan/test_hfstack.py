@@ -1,0 +1,189 @@
+"""plan's HF Trainer + PEFT stack (plan/hfstack.py): the spec's validation, each part's direction on time and
+memory, the `--hf` flags end to end, and the Python API's `hf=`."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tunelab import api
+from tunelab.cli import main
+from tunelab.config import AdapterConfig, BatchConfig, ComputeConfig, LoraConfig, RunConfig
+from tunelab.errors import TunelabError
+from tunelab.plan import catalog, hfstack, workload
+from tunelab.plan.estimate import Device, Job, estimate
+from tunelab.sources import resolve_arch
+
+
+def one_b():
+    return resolve_arch("random:llama-3.2-1b")
+
+
+def h100() -> Device:
+    return Device(catalog.gpu("h100-sxm"), catalog.runtime_overhead("cuda"))
+
+
+def lengths(lo: int = 200, hi: int = 4000, n: int = 256) -> workload.Lengths:
+    arr = np.random.default_rng(0).integers(lo, hi, n)
+    return workload.Lengths(len(arr), float(arr.mean()), float(arr.mean()) / 2, "test", arr)
+
+
+def hf_job(seq_len: int = 4096, micro_batch: int = 2, grad_ckpt: bool = False, method: str = "lora", **spec) -> Job:
+    quant = "nf4" if method == "qlora" else "none"
+    return Job(
+        adapter=AdapterConfig(method=method, base_quant=quant, lora=LoraConfig(r=16)),
+        batch=BatchConfig(seq_len=seq_len, micro_batch=micro_batch),
+        compute=ComputeConfig(precision="bf16", compile=False, grad_ckpt=grad_ckpt),
+        run=RunConfig(save_total_limit=1),
+        stack="hf-peft",
+        hf=hfstack.HfStack(**spec).check(),
+    )
+
+
+def run(job: Job, data: workload.Lengths | None = None):
+    return estimate(one_b(), data or lengths(), job, h100())
+
+
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        (["attn_implementation=flash"], "hf attn_implementation='flash': choose from eager, sdpa, flash_attention_2"),
+        (["padding=packed"], "hf padding='packed': choose from longest, max_length, padding_free"),
+        (["optim=sgd"], "hf optim='sgd': choose from adamw_torch"),
+        (["use_liger_kernel=maybe"], "hf use_liger_kernel='maybe': choose from true, false"),
+        (["padding=padding_free"], "only in flash_attention_2"),
+        (["nonsense=1"], "hf nonsense: not a choice plan models; choose from attn_implementation"),
+        (["torch_compile=true"], "hf torch_compile: plan models an HF script's eager blocks only"),
+        (["attn_implementation"], "--hf 'attn_implementation': write KEY=VALUE"),
+    ],
+)
+def test_bad_hf_choices_name_the_key_and_the_choices(items, message):
+    with pytest.raises(TunelabError, match=None) as err:
+        hfstack.parse(items)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_hf_names_of_tunelab_settings_become_config_overrides():
+    spec, overrides = hfstack.parse(
+        ["attn_implementation=eager", "gradient_checkpointing=true", "per_device_train_batch_size=4", "bf16=true"]
+    )
+    assert spec.attn_implementation == "eager"
+    assert overrides == ["grad_ckpt=true", "micro_batch=4", "precision=bf16"]
+    assert hfstack.parse({"use_liger_kernel": True, "optim": "paged_adamw_8bit"})[0].optimizer == "paged_adamw_8bit"
+
+
+def test_eager_attention_holds_the_scores_and_takes_longer_than_sdpa_at_long_seq():
+    data = lengths(6000, 8000)
+    eager, sdpa = run(hf_job(8192, 1, attn_implementation="eager"), data), run(hf_job(8192, 1), data)
+    assert eager.memory.activations > 2 * sdpa.memory.activations
+    assert eager.step.total > sdpa.step.total
+
+
+def test_flash_attention_computes_causal_keys_and_padding_nothing():
+    sdpa, flash = run(hf_job()), run(hf_job(attn_implementation="flash_attention_2"))
+    assert flash.step.attention_s < 0.6 * sdpa.step.attention_s
+    assert flash.memory.activations < sdpa.memory.activations  # no k, v repeated to every head
+
+
+def test_liger_removes_the_whole_vocabulary_logits():
+    plain, liger = run(hf_job()), run(hf_job(use_liger_kernel=True))
+    assert plain.memory.logits_loss > 20 * liger.memory.logits_loss
+    assert liger.memory.activations < plain.memory.activations  # fused norms and SwiGLU keep less
+    assert liger.step.memory_s < plain.step.memory_s and liger.step.fixed_s < plain.step.fixed_s
+
+
+def test_gradient_checkpointing_lowers_memory_and_raises_time():
+    off, on = run(hf_job()), run(hf_job(grad_ckpt=True))
+    assert on.memory.activations < 0.5 * off.memory.activations
+    assert on.step.total > off.step.total
+
+
+def test_an_8bit_optimizer_keeps_fewer_state_bytes_and_a_fused_one_moves_fewer():
+    torch_adamw, eight = run(hf_job()), run(hf_job(optim="adamw_8bit"))
+    assert eight.memory.optimizer_states < 0.5 * torch_adamw.memory.optimizer_states
+    assert eight.job.optimizer.optimizer == "adamw_8bit"
+    fused = run(hf_job(optim="adamw_torch_fused"))
+    assert fused.step.memory_s < torch_adamw.step.memory_s
+
+
+def test_padding_to_max_length_feeds_more_than_the_longest_and_padding_free_feeds_none():
+    longest, grouped = run(hf_job()), run(hf_job(group_by_length=True))
+    full = run(hf_job(padding="max_length"))
+    free = run(hf_job(padding="padding_free", attn_implementation="flash_attention_2"))
+    fed = {
+        k: e.work.tokens_padded for k, e in (("max", full), ("longest", longest), ("grouped", grouped), ("free", free))
+    }
+    assert fed["max"] > fed["longest"] > fed["grouped"] > fed["free"] == longest.work.tokens_nonpad
+    assert full.speed.train_s > longest.speed.train_s > free.speed.train_s
+
+
+def test_kbit_preparation_keeps_the_unquantized_weights_in_fp32():
+    arch = one_b()
+    prepared = estimate(arch, lengths(), hf_job(method="qlora"), h100())
+    plain = estimate(arch, lengths(), hf_job(method="qlora", prepare_model_for_kbit_training=False), h100())
+    rest = arch.total_params - arch.block_linear_params
+    assert prepared.memory.weights - plain.memory.weights == pytest.approx(rest * 2, rel=1e-6)
+
+
+def test_the_hf_stack_takes_its_optimizer_from_optim_not_the_config():
+    job = hf_job(optim="paged_adamw_8bit")
+    assert run(job).job.optimizer.optimizer == "paged_adamw_8bit"
+    assert run(job.but(stack="tunelab", hf=None)).job.optimizer.optimizer == "adamw"
+
+
+def test_plan_cli_takes_hf_flags_and_says_what_tunelab_would_save(capsys):
+    argv = [
+        "plan",
+        "--model",
+        "llama-3.2-1b",
+        "--examples",
+        "500",
+        "--mean-tokens",
+        "1500",
+        "--seq-len",
+        "2048",
+        "--gpu",
+        "h100-sxm",
+    ]
+    assert (
+        main([*argv, "--stack", "hf-peft", "--hf", "attn_implementation=eager", "--hf", "gradient_checkpointing=true"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "HF script assumed: attn_implementation=eager" in out and "gradient_checkpointing=True" in out
+    assert "tunelab with this config" in out and "saves" in out
+    assert "compile auto" not in out
+    assert main([*argv, "--stack", "hf-peft", "--hf", "use_liger_kernel=true", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert "use_liger_kernel=True" in record["hf"] and record["tunelab_time_s"] < record["time_s"]
+    assert main([*argv, "--hf", "optim=adamw_torch"]) == 2  # --hf without --stack hf-peft
+    assert "add --stack hf-peft" in capsys.readouterr().err
+
+
+def test_api_estimate_takes_the_hf_choices():
+    def peak(**hf):
+        (r,) = api.estimate(
+            None,
+            "model=random:llama-3.2-1b",
+            "seq_len=4096",
+            gpu="h100-sxm",
+            examples=64,
+            mean_tokens=2048,
+            stack="hf-peft",
+            hf=hf,
+        )
+        return r.single
+
+    plain, ckpt = peak(), peak(gradient_checkpointing=True, attn_implementation="flash_attention_2")
+    assert ckpt.job.compute.grad_ckpt and ckpt.job.hf.attn_implementation == "flash_attention_2"
+    assert ckpt.memory.total < plain.memory.total
+
+
+def test_shipped_fit_has_the_hf_stack_residual_per_device_kind():
+    cuda, rows = catalog.stack_scale("hf-peft", "cuda")
+    cpu, _ = catalog.stack_scale("hf-peft", "cpu")
+    assert cuda > 0 and cpu > 0 and any("hf-trainer-liger" in r for r in rows)
+    assert catalog.stack_scale("tunelab", "cuda") == (1.0, ())
