@@ -25,19 +25,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import TunelabError
+from ..optimizers import HF_OPTIMS
 
 ATTENTION = ("eager", "sdpa", "flash_attention_2")
 PADDING = ("longest", "max_length", "padding_free")
-# TrainingArguments' `optim` -> (tunelab's optimizer row it stores states as, whether its step is one fused
-# kernel per parameter group): bitsandbytes' 8-bit steps are fused kernels; `adamw_torch` is the foreach path.
-OPTIMS = {
-    "adamw_torch": ("adamw", False),
-    "adamw_torch_fused": ("adamw", True),
-    "adamw_8bit": ("adamw_8bit", True),
-    "adamw_bnb_8bit": ("adamw_8bit", True),
-    "paged_adamw_8bit": ("paged_adamw_8bit", True),
-    "adafactor": ("adafactor", False),
-}
+# TrainingArguments' `optim` -> (tunelab's optimizer row, fused step): optimizers.HF_OPTIMS.
+OPTIMS = HF_OPTIMS
 # Padded widths round up to this (the tuned recipe's DataCollatorForSeq2Seq pad_to_multiple_of=8).
 PAD_MULTIPLE = 8
 

@@ -180,7 +180,7 @@ def step_lines(e: Estimate) -> list[str]:
     parts = {"matmul": b.matmul_s, "attention": b.attention_s, "memory-bound": b.memory_s, "fixed": b.fixed_s}
     bound = max(parts, key=lambda k: parts[k])
     shown = ", ".join(f"{k} {v * 1e3:,.1f} ms ({v / b.total:.0%})" for k, v in parts.items())
-    mode = "compiled" if e.compiled and e.job.stack == "tunelab" else "eager"
+    mode = "compiled" if e.compiled and e.job.hf is None else "eager"
     bound = bound.removesuffix("-bound") + "-bound"  # "memory-bound", not "memory-bound-bound"
     lines = [f"  step ({e.job.stack}, {mode}): {b.total * 1e3:,.1f} ms = {shown}; {bound}"]
     g, record = e.device.gpu, e.device.calibration
