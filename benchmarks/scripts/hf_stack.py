@@ -46,6 +46,29 @@ GAPS = {
 }
 
 
+# plan before this model (main at abf5e41: one residual factor on tunelab's step with the padded rows, whole
+# logits at a + 8 bytes, no HF choices), on the same rows and lengths, computed once with main's code.
+BEFORE = [
+    "## Before: main at abf5e41 (one residual factor, no HF choices)",
+    "",
+    "Computed with main's `plan.estimate` on the same rows and lengths (`Job(stack='hf-peft')`, micro-batch 16, "
+    "seq 2048, padded): main has no Liger, attention or optim choice, so the Liger rows are predicted as the "
+    "tuned peer.",
+    "",
+    "| case | step s (main) | memory GiB (main) | measured | memory error (main) |",
+    "|---|---|---|---|---|",
+    "| h200-1b-hf-tuned | 0.318 | 54.41 | 0.382 s, 63.30 GiB | -14% |",
+    "| h200-1b-hf-liger | 0.318 | 54.41 | 0.336 s, 31.27 GiB | +74% |",
+    "| h200-8b-hf-liger | 1.361 | 144.82 | 1.156 s, 120.00 GiB | +21% |",
+    "| h200-8b-hf-tuned-oom | 1.361 | 144.82 | OOM above 136.14 GiB | OOM predicted |",
+    "",
+    "`bench fit` on main put the tuned peer rows' steps at the same errors as now within 1-4 points (main's "
+    "residual 1.492 over all rows; now 1.574 on cuda, 1.404 on cpu): on the tuned peer's own configuration the "
+    "parts change little; they change what other HF choices (Liger, flash_attention_2, padding-free, max_length, "
+    "the optimizer, eager attention, kbit preparation) predict, which one factor could not.",
+]
+
+
 def lengths_of(case: dict) -> np.ndarray:
     from tunelab.bench.fit_data import synthetic_lengths
 
@@ -85,7 +108,7 @@ def row(case: dict) -> dict:
         "kind": case["kind"],
         "source": case["source"],
         "conf": case.get("conf", ""),
-        "hf": e.job.hf.label(),
+        "hf": e.job.hf.label(e.job.adapter.quant != "none"),
         "grad_ckpt": case["grad_ckpt"],
         "mem_gib_pred": mem,
         "step_s_pred": e.step.total,
@@ -179,7 +202,44 @@ def markdown(rows: list[dict], cases_path: str, commit: str) -> str:
         )
     lines += table(header, body)
     lines += ["", "Sources:", ""] + [f"- {r['id']}: {r['source']}" for r in rows]
+    lines += ["", *fit_section(), "", *BEFORE]
     return "\n".join(lines) + "\n"
+
+
+def fit_section() -> list[str]:
+    """Every measured HF row of benchmarks/plan-accuracy/rows (H200 and CPU classes), as `tunelab bench fit`
+    predicts its step: with its device in the fit (the residual from every HF row of its kind) and left out (from
+    the other devices' rows only)."""
+    from tunelab.bench import fitting
+    from tunelab.markdown import table
+
+    result = fitting.run(REPO / "benchmarks/plan-accuracy/rows")
+    hf = [r for r in result.rows() if r["stack"] != "tunelab"]
+    body = [
+        [
+            r["device"],
+            r["label"],
+            r["hf"] or "tuned peer",
+            f"{r['measured_s']:.3f}",
+            f"{r['predicted_s_in']:.3f}",
+            pct(r["error_in"]),
+            f"{r['predicted_s_out']:.3f}",
+            pct(r["error_out"]),
+        ]
+        for r in hf
+    ]
+    ins = statistics.median(abs(r["error_in"]) for r in hf)
+    outs = statistics.median(abs(r["error_out"]) for r in hf)
+    head = ["device", "row", "hf", "measured s", "in: predicted", "error", "out: predicted", "error"]
+    return [
+        "## The measured HF rows in `tunelab bench fit` (step time)",
+        "",
+        f"{len(hf)} rows; median |step error| {ins:.0%} in the fit, {outs:.0%} with the row's device left out. The "
+        "residual is per device kind (fitted.yaml `stacks`); a GPU row left out takes the CPU rows' residual, the "
+        "only other HF rows, which is why the H200 rows' out-of-fit errors are larger.",
+        "",
+        *table(head, body),
+    ]
 
 
 def main() -> int:

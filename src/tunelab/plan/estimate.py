@@ -320,7 +320,7 @@ def step_time(
     useful = tokens * accum * f.useful / (gpu.peak_flops * step.total)
     label = f"step model, useful MFU {useful:.0%}; constants for {whose}: {constants.label}"
     if job.hf is not None:
-        label += f"; stack {job.stack} ({job.hf.label()}) x {scale:.2f} from {len(peer_rows)} measured peer rows"
+        label += f"; stack {job.stack} ({job.hf.label(job.adapter.quant != 'none')}) x {scale:.2f} from {len(peer_rows)} measured peer rows"
     if gpu.id == "local" and not constants.measured:
         label += "; `tunelab bench calibrate` measures this device"
     return step, constants, timing.Efficiency(value, label), modeled

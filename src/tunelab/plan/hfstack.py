@@ -78,8 +78,10 @@ class HfStack:
     def eager_attention(self) -> bool:
         return self.attn_implementation == "eager"
 
-    def label(self) -> str:
-        return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
+    def label(self, quantized: bool = True) -> str:
+        """The choices as KEY=VALUE; the kbit preparation only where the base is quantized (it reads nothing else)."""
+        names = [f.name for f in dataclasses.fields(self) if quantized or f.name != "prepare_model_for_kbit_training"]
+        return ", ".join(f"{n}={getattr(self, n)}" for n in names)
 
 
 # bench/peers.py's `hf-trainer-tuned`: transformers' default attention, padded to the longest of length-grouped

@@ -138,7 +138,7 @@ def record(r: Result, e: Estimate) -> dict:
         "step_s": e.step.as_dict() if e.step is not None else None,
         "step_constants": e.constants.label if e.constants is not None else None,
         "stack": e.job.stack,
-        **({"hf": e.job.hf.label()} if e.job.hf is not None else {}),
+        **({"hf": e.job.hf.label(e.job.adapter.quant != "none")} if e.job.hf is not None else {}),
         **(
             {"tunelab_time_s": r.tunelab.time_s, "tunelab_memory_bytes": r.tunelab.memory.total}
             if r.tunelab is not None and e is r.single
@@ -204,7 +204,7 @@ def stack_lines(r: Result) -> list[str]:
         return []
     b, c = e.job.batch, e.job.compute
     lines = [
-        f"  HF script assumed: {e.job.hf.label()}, gradient_checkpointing={c.grad_ckpt}, "
+        f"  HF script assumed: {e.job.hf.label(e.job.adapter.quant != 'none')}, gradient_checkpointing={c.grad_ckpt}, "
         f"per_device_train_batch_size={b.micro_batch}, gradient_accumulation_steps={b.grad_accum}, "
         f"{run_precision(c.precision, e.device)}, PEFT LoRA r={e.job.adapter.lora.r} (--hf KEY=VALUE changes them)"
     ]
