@@ -351,7 +351,9 @@ def suggestions(arch: Arch, lengths: workload.Lengths, base: Estimate) -> list[S
                 job.but(micro_batch=mb, grad_accum=accum),
             )
         )
-    if not b.packing:
+    if job.hf is not None:  # an HF script changes its own choices; packing is its `padding`
+        variants += [(f"--hf {label}", job.but(hf=spec)) for label, spec in hfstack.alternatives(job.hf)]
+    elif not b.packing:
         variants.append(("packing on", job.but(packing=True)))
     if job.compute.grad_ckpt:
         variants.append(("gradient checkpointing off", job.but(grad_ckpt=False)))

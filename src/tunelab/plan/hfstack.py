@@ -144,6 +144,22 @@ def _bool(key: str, value) -> bool:
     return text in ("true", "1", "yes")
 
 
+def alternatives(spec: HfStack) -> list[tuple[str, HfStack]]:
+    """Single changes an HF script can make to `spec`, each as its `--hf` flags and the changed spec: the kernels
+    and the feeding that plan prices differently (what `plan` suggests beside the script's own prediction)."""
+    out = []
+    if spec.attn_implementation != "flash_attention_2":
+        out.append(("attn_implementation=flash_attention_2", {"attn_implementation": "flash_attention_2"}))
+    if spec.padding != "padding_free":
+        changes = {"padding": "padding_free", "attn_implementation": "flash_attention_2"}
+        out.append(("padding=padding_free attn_implementation=flash_attention_2", changes))
+    if not spec.use_liger_kernel:
+        out.append(("use_liger_kernel=true", {"use_liger_kernel": True}))
+    if spec.optim == "adamw_torch":
+        out.append(("optim=adamw_torch_fused", {"optim": "adamw_torch_fused"}))
+    return [(label, dataclasses.replace(spec, **changes)) for label, changes in out]
+
+
 @dataclass(frozen=True)
 class Fed:
     """What one epoch of the HF stack feeds, as plan's workload counts it."""

@@ -187,3 +187,13 @@ def test_shipped_fit_has_the_hf_stack_residual_per_device_kind():
     cpu, _ = catalog.stack_scale("hf-peft", "cpu")
     assert cuda > 0 and cpu > 0 and any("hf-trainer-liger" in r for r in rows)
     assert catalog.stack_scale("tunelab", "cuda") == (1.0, ())
+
+
+def test_plan_suggests_the_hf_scripts_own_changes():
+    from tunelab.plan.estimate import suggestions
+
+    base = run(hf_job())
+    found = {s.change: s for s in suggestions(one_b(), lengths(), base)}
+    assert found["--hf use_liger_kernel=true"].peak_memory_bytes < base.memory.total
+    assert found["--hf padding=padding_free attn_implementation=flash_attention_2"].saved_s > 0
+    assert "packing on" not in found  # an HF script's packing is its padding choice
