@@ -205,8 +205,14 @@ def hf_fed(job: Job, w: workload.Workload) -> tuple[workload.Workload, hfstack.F
         lengths = hfstack.assumed_lengths(w.lengths.examples, w.lengths.mean_tokens)
     b = job.batch
     feed = hfstack.fed(job.hf, lengths, b.micro_batch, b.seq_len, job.run.seed)
-    epoch = replace(w.epoch, tokens_padded=feed.tokens_padded, widest_row=feed.widest_row)
-    return replace(w, epoch=epoch), feed
+    epoch = replace(
+        w.epoch,
+        tokens_padded=feed.tokens_padded,
+        widest_row=feed.widest_row,
+        micro_batches=feed.micro_batches,
+        rows=feed.rows,
+    )
+    return workload.from_epoch(w.lengths, w.batching, epoch, b.epochs, b.max_steps), feed
 
 
 def job_flops(arch: Arch, job: Job, lay: memory.Layout, w: workload.Workload, keys: float) -> FlopsPerToken:

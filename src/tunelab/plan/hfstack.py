@@ -6,7 +6,8 @@ The choices that are tunelab settings too (`gradient_checkpointing`, `per_device
 `lora_dropout`, ...) stay the config's (config.HF_NAMES maps them); this spec holds only what tunelab's own run
 has no setting for. What it changes:
 - what is fed: padded to each batch's longest (`group_by_length` or random batches), to `max_length`, or
-  padding-free (examples concatenated with position ids: DataCollatorWithFlattening);
+  padding-free (examples concatenated with position ids: DataCollatorWithFlattening), or packed (TRL's
+  `packing=True` without position ids: rows of seq_len, causal over the whole row);
 - attention: `eager` computes and keeps the whole S x S scores per head (fp32 softmax), `sdpa` with a padding
   mask computes the whole padded rectangle, `flash_attention_2` unpads (varlen) and computes document-causal keys;
 - the head: the whole-vocabulary logits over every fed position and their fp32 cross-entropy, unless
@@ -28,7 +29,7 @@ from ..errors import TunelabError
 from ..optimizers import HF_OPTIMS
 
 ATTENTION = ("eager", "sdpa", "flash_attention_2")
-PADDING = ("longest", "max_length", "padding_free")
+PADDING = ("longest", "max_length", "padding_free", "packed")
 # TrainingArguments' `optim` -> (tunelab's optimizer row, fused step): optimizers.HF_OPTIMS.
 OPTIMS = HF_OPTIMS
 # Padded widths round up to this (the tuned recipe's DataCollatorForSeq2Seq pad_to_multiple_of=8).
@@ -73,6 +74,11 @@ class HfStack:
         """transformers' ForCausalLMLoss materialises the logits and their fp32 upcast; Liger's fused linear
         cross-entropy never does."""
         return not self.use_liger_kernel
+
+    @property
+    def padding_mask(self) -> bool:
+        """Whether the batch carries a padding mask (padded rows), which takes sdpa off its GQA-aware path."""
+        return self.padding in ("longest", "max_length")
 
     @property
     def eager_attention(self) -> bool:
@@ -166,6 +172,8 @@ class Fed:
 
     tokens_padded: int  # fed positions, padding included
     widest_row: int  # the widest micro-batch's row width (what memory holds at the peak)
+    micro_batches: int  # per epoch
+    rows: int  # fed rows per epoch: examples, or packed rows
     keys_per_token: float  # keys a fed position's query meets in the attention kernel
     scored_keys_per_token: float  # of them, those whose scores are written out (eager)
 
@@ -190,6 +198,14 @@ def fed(spec: HfStack, lengths: np.ndarray, micro_batch: int, seq_len: int, seed
     arr = np.minimum(np.asarray(lengths, dtype=np.float64), seq_len)
     rows = len(arr)
     batches = math.ceil(rows / micro_batch)
+    if spec.padding == "packed":
+        # TRL's `packing=True` without position ids: examples concatenated into rows of seq_len, one causal mask
+        # over the whole row (no padding mask, so no repeat_kv either): every token meets (S + 1) / 2 keys.
+        full = max(1, math.ceil(arr.sum() / seq_len))
+        keys = (seq_len + 1) / 2
+        return Fed(
+            full * seq_len, seq_len, math.ceil(full / micro_batch), full, keys, keys if spec.eager_attention else 0.0
+        )
     if spec.padding == "padding_free":  # each micro-batch one row of its examples: memory at the fullest one
         w = None
         tokens = float(arr.sum())
@@ -209,9 +225,9 @@ def fed(spec: HfStack, lengths: np.ndarray, micro_batch: int, seq_len: int, seed
     if spec.attn_implementation == "flash_attention_2" or w is None:
         causal = float((arr * (arr + 1) / 2).sum() / arr.sum())
         keys = causal * float(arr.sum()) / tokens  # per fed position: padding computes nothing
-        return Fed(round(tokens), widest, keys, 0.0)
+        return Fed(round(tokens), widest, batches, rows, keys, 0.0)
     rect = float((w**2).sum() / w.sum())  # each fed query meets its row's whole width
-    return Fed(round(tokens), widest, rect, rect if spec.eager_attention else 0.0)
+    return Fed(round(tokens), widest, batches, rows, rect, rect if spec.eager_attention else 0.0)
 
 
 def assumed_lengths(examples: int, mean_tokens: float) -> np.ndarray:

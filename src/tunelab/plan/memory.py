@@ -206,7 +206,7 @@ def attention_bytes_per_position(arch: Arch, job: Job, s: Layout) -> float:
     a = s.compute_bytes
     q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
     kept = a * arch.heads * s.slot_len if s.attention_probs else 4 * arch.heads
-    if job.hf is not None and job.hf.attn_implementation != "flash_attention_2":
+    if job.hf is not None and job.hf.attn_implementation != "flash_attention_2" and job.hf.padding_mask:
         # transformers' sdpa and eager paths with a padding mask repeat k and v to every query head (repeat_kv)
         # before the kernel, which keeps the repeated copies.
         kv = q

@@ -50,7 +50,7 @@ def run(job: Job, data: workload.Lengths | None = None):
     ("items", "message"),
     [
         (["attn_implementation=flash"], "hf attn_implementation='flash': choose from eager, sdpa, flash_attention_2"),
-        (["padding=packed"], "hf padding='packed': choose from longest, max_length, padding_free"),
+        (["padding=bucketed"], "hf padding='bucketed': choose from longest, max_length, padding_free, packed"),
         (["optim=sgd"], "hf optim='sgd': choose from adamw_torch"),
         (["use_liger_kernel=maybe"], "hf use_liger_kernel='maybe': choose from true, false"),
         (["padding=padding_free"], "only in flash_attention_2"),
@@ -197,3 +197,16 @@ def test_plan_suggests_the_hf_scripts_own_changes():
     assert found["--hf use_liger_kernel=true"].peak_memory_bytes < base.memory.total
     assert found["--hf padding=padding_free attn_implementation=flash_attention_2"].saved_s > 0
     assert "packing on" not in found  # an HF script's packing is its padding choice
+
+
+def test_trl_packing_fills_rows_and_attends_over_the_whole_row():
+    """TRL's packing=True without position ids: rows of seq_len, no padding, causal over the whole row, so fewer
+    micro-batches than padded examples and more attention per token than padding-free's documents."""
+    data = lengths(200, 1000)
+    packed = run(hf_job(4096, 2, padding="packed"), data)
+    free = run(hf_job(4096, 2, padding="padding_free", attn_implementation="flash_attention_2"), data)
+    assert packed.work.tokens_padded == pytest.approx(packed.work.tokens_nonpad, rel=0.03)  # the last row
+    assert packed.work.epoch.micro_batches < free.work.epoch.micro_batches
+    assert packed.layout.row_len == 4096
+    per_token = [e.step.attention_s * e.work.epoch.micro_batches / e.work.epoch.tokens_padded for e in (packed, free)]
+    assert per_token[0] > 3 * per_token[1]
