@@ -29,12 +29,11 @@ GIB = 2**30
 
 # What explains each row's gap, from the case's notes and plan's parts.
 GAPS = {
-    "h200-1b-hf-tuned": "time: the cuda residual (fitted.yaml) is one geometric mean over the three H200 HF rows; "
-    "the 1B rows sit above it and the 8B row below, as a fixed host time per step (the Trainer's loop, PEFT's "
-    "per-module dispatch) is a larger share of a 1B step, which one factor does not separate. Memory: the "
-    "whole-vocabulary logits (12 B a logit at backward's start, 16 x 1,152 x 128k) and the activations",
-    "h200-1b-hf-liger": "as h200-1b-hf-tuned for time; memory: Liger's fused cross-entropy leaves the activations",
-    "h200-8b-hf-liger": "time: the shared cuda residual is pulled up by the 1B rows (see h200-1b-hf-tuned)",
+    "h200-1b-hf-tuned": "time: sdpa over padded rows runs PyTorch's masked kernel, priced at the stack's fitted "
+    "bytes per head-pair (fitted.yaml `stacks`, from these three rows); memory: the whole-vocabulary logits "
+    "(12 B a logit at backward's start, 16 x 1,152 x 128k) and the activations",
+    "h200-1b-hf-liger": "as h200-1b-hf-tuned; memory: Liger's fused cross-entropy leaves the activations",
+    "h200-8b-hf-liger": "as h200-1b-hf-tuned; the same bytes per head-pair at 32 layers of 4,096 hidden",
     "h200-8b-hf-tuned-oom": "ran out of memory on the H200 (136 GiB allocated): plan's peak is above it, as it "
     "must be; the whole logits of 16 padded rows are most of the difference from the Liger row",
     "unsloth-hf-fa2-8b-qlora-16gb": "the figure is the card's capacity at the longest context that fitted: the "
@@ -62,10 +61,10 @@ BEFORE = [
     "| h200-8b-hf-liger | 1.361 | 144.82 | 1.156 s, 120.00 GiB | +21% |",
     "| h200-8b-hf-tuned-oom | 1.361 | 144.82 | OOM above 136.14 GiB | OOM predicted |",
     "",
-    "`bench fit` on main put the tuned peer rows' steps at the same errors as now within 1-4 points (main's "
-    "residual 1.492 over all rows; now 1.574 on cuda, 1.404 on cpu): on the tuned peer's own configuration the "
-    "parts change little; they change what other HF choices (Liger, flash_attention_2, padding-free, max_length, "
-    "the optimizer, eager attention, kbit preparation) predict, which one factor could not.",
+    "`bench fit` on main: the H200 tuned peer's step -16% in the fit (-24% left out), the CPU rows -27%..+27% "
+    "with one residual factor (1.492) on every HF step. That factor multiplied every choice's step alike; the "
+    "parts price each choice (a flash_attention_2, padding-free or packed run pays no masked kernel; Liger no "
+    "whole logits; an 8-bit or fused optimizer its own bytes).",
 ]
 
 
@@ -115,14 +114,9 @@ def row(case: dict) -> dict:
         "gap": GAPS.get(case["id"], ""),
     }
     if "step_s" in case:
-        from tunelab.plan import catalog
-
         out["step_s"] = case["step_s"]
         out["toks_error"] = case["step_s"] / e.step.total - 1  # tokens/s error = measured step / predicted - 1
-        # Out of the fit: the GPU rows' residual is fitted on these very rows, so also with the CPU rows' only.
-        cuda, _ = catalog.stack_scale("hf-peft", "cuda")
-        cpu, _ = catalog.stack_scale("hf-peft", "cpu")
-        out["toks_error_out"] = case["step_s"] / (e.step.total * cpu / cuda) - 1
+        out["masked_s"] = masked_seconds(case, e)
     if "mem_gib" in case:
         out["mem_gib"] = case["mem_gib"]
         out["mem_error"] = mem / case["mem_gib"] - 1
@@ -133,6 +127,39 @@ def row(case: dict) -> dict:
     return out
 
 
+def masked_seconds(case: dict, e) -> float:
+    """The step's seconds in sdpa's masked kernel (the stack's fitted bytes per head-pair), as plan prices them."""
+    from tunelab.plan import catalog, hfstack, steptime
+
+    if not e.job.hf.masked_kernel:
+        return 0.0
+    b = e.job.batch
+    feed = hfstack.fed(e.job.hf, lengths_of(case), b.micro_batch, b.seq_len, e.job.run.seed)
+    tokens = e.work.epoch.tokens_padded / e.work.epoch.micro_batches
+    pairs = steptime.masked_head_pairs(predict_arch(case), tokens, feed.keys_per_token, e.job.compute.grad_ckpt)
+    per_pair, _ = catalog.stack_pair_bytes("hf-peft", "cuda")
+    bandwidth = e.device.gpu.bandwidth_gbs * 1e9 * e.constants.bandwidth
+    return pairs * b.grad_accum * per_pair / bandwidth
+
+
+def predict_arch(case: dict):
+    from tunelab.sources import resolve_arch
+
+    return resolve_arch(case["model"])
+
+
+def leave_one_out(rows: list[dict]) -> None:
+    """Each measured step predicted with the masked kernel's bytes per head-pair from the other measured GPU rows
+    only (what that row alone implies, averaged over the others): `toks_error_out`."""
+    timed = [r for r in rows if "step_s" in r and r["masked_s"] > 0]
+    # the bytes per pair each row implies, relative to the shipped (fitted on all of them) figure
+    implied = {r["id"]: (r["step_s"] - (r["step_s_pred"] - r["masked_s"])) / r["masked_s"] for r in timed}
+    for r in timed:
+        others = [v for k, v in implied.items() if k != r["id"]]
+        ratio = sum(others) / len(others) if others else 1.0
+        r["toks_error_out"] = r["step_s"] / (r["step_s_pred"] - r["masked_s"] + r["masked_s"] * ratio) - 1
+
+
 def pct(x) -> str:
     return "" if x is None else f"{x:+.0%}"
 
@@ -141,7 +168,7 @@ def markdown(rows: list[dict], cases_path: str, commit: str) -> str:
     from tunelab.markdown import table
 
     toks = [abs(r["toks_error"]) for r in rows if "toks_error" in r]
-    outs = [abs(r["toks_error_out"]) for r in rows if "toks_error_out" in r]
+    outs = [abs(r["toks_error_out"]) for r in rows if "toks_error_out" in r] or [float("nan")]
     mems = [abs(r["mem_error"]) for r in rows if "mem_error" in r and r["mem_bound"] == "measured"]
     caps = [r["mem_error"] for r in rows if r.get("mem_bound") == "at most"]
     lines = [
@@ -156,8 +183,8 @@ def markdown(rows: list[dict], cases_path: str, commit: str) -> str:
         "capacity is consistent).",
         "",
         f"- median |tokens/s error| over {len(toks)} measured rows: {statistics.median(toks):.0%} with the shipped "
-        f"cuda residual (fitted on these rows: in the fit); {statistics.median(outs):.0%} with the CPU rows' "
-        "residual only (these rows out of the fit)"
+        f"masked-kernel bytes per head-pair (fitted on these rows: in the fit); {statistics.median(outs):.0%} "
+        "with each row left out (the figure from the other GPU rows only)"
         if toks
         else "",
         f"- median |memory error| over {len(mems)} measured peaks: {statistics.median(mems):.0%}" if mems else "",
@@ -186,7 +213,7 @@ def markdown(rows: list[dict], cases_path: str, commit: str) -> str:
         else:
             mem = f"{r['mem_gib_pred']:.2f} / OOM above {r['oom_above_gib']}"
             err = "OOM predicted" if r["oom_predicted"] else "OOM missed"
-        toks_err = f"{pct(r['toks_error'])} / {pct(r['toks_error_out'])}" if "toks_error" in r else ""
+        toks_err = f"{pct(r['toks_error'])} / {pct(r.get('toks_error_out'))}" if "toks_error" in r else ""
         body.append(
             [
                 r["id"],
@@ -235,8 +262,9 @@ def fit_section() -> list[str]:
         "## The measured HF rows in `tunelab bench fit` (step time)",
         "",
         f"{len(hf)} rows; median |step error| {ins:.0%} in the fit, {outs:.0%} with the row's device left out. The "
-        "residual is per device kind (fitted.yaml `stacks`); a GPU row left out takes the CPU rows' residual, the "
-        "only other HF rows, which is why the H200 rows' out-of-fit errors are larger.",
+        "masked kernel's bytes per head-pair is per device kind (fitted.yaml `stacks`); with the H200 left out no "
+        "other GPU has HF rows, so its rows are predicted from the parts alone (no masked-kernel term): what plan "
+        "knew of an HF GPU step before any was measured. The table above leaves out one row at a time instead.",
         "",
         *table(head, body),
     ]
@@ -255,6 +283,7 @@ def main() -> int:
     ).stdout.strip()
     cases = yaml.safe_load(Path(a.cases).read_text())["cases"]
     rows = [row(c) for c in cases]
+    leave_one_out(rows)
     Path(a.out + ".json").write_text(json.dumps(rows, indent=1) + "\n")
     text = markdown(
         rows, str(Path(a.cases).relative_to(REPO)) if Path(a.cases).is_relative_to(REPO) else a.cases, commit

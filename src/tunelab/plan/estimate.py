@@ -294,8 +294,10 @@ def step_time(
     )
     c = steptime.Constants(constants.matmul, constants.attention, constants.bandwidth, constants.launch_s)
     step = steptime.breakdown(work, gpu.peak_flops, bandwidth, c)
-    scale, peer_rows = catalog.stack_scale(job.stack, "cpu" if gpu.device_type == "cpu" else "cuda")
-    step = step.scaled(scale)
+    per_pair, peer_rows = catalog.stack_pair_bytes(job.stack, "cpu" if gpu.device_type == "cpu" else "cuda")
+    if job.hf is not None and job.hf.masked_kernel:  # attention with a padding mask: the fitted bytes per head-pair
+        pairs = steptime.masked_head_pairs(arch, shape.tokens, keys, job.compute.grad_ckpt) * accum
+        step = replace(step, attention_s=step.attention_s + pairs * per_pair / (bandwidth * c.bandwidth))
     lora = job.adapter.lora
     f = flops_per_token(
         arch, job.adapter.method, lay.targets, lora.r, w.epoch.widest_row, job.compute.grad_ckpt, lora.dropout, keys
@@ -326,7 +328,9 @@ def step_time(
     useful = tokens * accum * f.useful / (gpu.peak_flops * step.total)
     label = f"step model, useful MFU {useful:.0%}; constants for {whose}: {constants.label}"
     if job.hf is not None:
-        label += f"; stack {job.stack} ({job.hf.label(job.adapter.quant != 'none')}) x {scale:.2f} from {len(peer_rows)} measured peer rows"
+        label += f"; stack {job.stack} ({job.hf.label(job.adapter.quant != 'none')})"
+        if job.hf.masked_kernel:
+            label += f", masked attention {per_pair:.0f} B a head-pair from {len(peer_rows)} measured HF rows"
     if gpu.id == "local" and not constants.measured:
         label += "; `tunelab bench calibrate` measures this device"
     return step, constants, timing.Efficiency(value, label), modeled

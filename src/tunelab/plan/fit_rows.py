@@ -146,6 +146,7 @@ class Observed:
     tokens_per_step: float
     nonpad_per_step: float
     keys_per_token: float
+    masked_pairs: float = 0.0  # head-pairs per step through a masked attention kernel (hfstack.masked_kernel)
 
 
 def observe(row: Row, arch: Arch, lengths: np.ndarray) -> Observed:
@@ -178,7 +179,11 @@ def observe(row: Row, arch: Arch, lengths: np.ndarray) -> Observed:
         row.measured_s,
         fit=row.fit and row.stack == "tunelab",
     )
-    return Observed(row, o, shape.tokens, w.epoch.tokens_nonpad / w.epoch.micro_batches, shape.keys_per_token)
+    masked = 0.0
+    if job.hf is not None and job.hf.masked_kernel:
+        masked = steptime.masked_head_pairs(arch, shape.tokens, keys, job.compute.grad_ckpt) * shape.micro_batches
+    nonpad = w.epoch.tokens_nonpad / w.epoch.micro_batches
+    return Observed(row, o, shape.tokens, nonpad, shape.keys_per_token, masked)
 
 
 def padded_keys(lengths: np.ndarray, b: workload.Batching) -> float:
@@ -192,26 +197,32 @@ def padded_keys(lengths: np.ndarray, b: workload.Batching) -> float:
     return float((widths**2).sum() / widths.sum())
 
 
+def achieved_bandwidth(x: Observed, c: steptime.Constants) -> float:
+    """Bytes/s the row's device moves memory-bound work at under constants `c`."""
+    return x.row.bandwidth * c.bandwidth
+
+
 def stack_ratios(observed: list[Observed], fits: dict[str, fit.DeviceFit]) -> dict[str, dict[str, tuple]]:
-    """Per peer stack, each of its rows' measured step over the modeled one (its device in the fit): label +
-    device -> (device, kind, ratio). Keyed by label and device, so a row measured again under the same label on
-    the same device (a suite run repeated) counts once, as its last measurement."""
+    """Per peer stack, each of its rows' bytes per masked head-pair: what its step takes beyond plan's parts (its
+    device in the fit), at the device's achieved bandwidth, over the head-pairs its masked kernel passes over:
+    label + device -> (device, kind, bytes). Rows without a masked kernel have nothing to tell. Keyed by label
+    and device, so a row measured again under the same label on the same device counts once, as its last."""
     ratios: dict[str, dict[str, tuple]] = {s: {} for s in STACKS if s != "tunelab"}
     for x in observed:
-        if x.row.stack != "tunelab":
-            o = x.observation
-            modeled = fit.predict_s(fits[o.device].included.constants, o.coefficients)
-            ratios[x.row.stack][x.row.label + x.row.device] = (x.row.device, x.row.kind, o.measured_s / modeled)
+        if x.row.stack != "tunelab" and x.masked_pairs > 0:
+            o, c = x.observation, fits[x.observation.device].included.constants
+            excess = o.measured_s - fit.predict_s(c, o.coefficients)
+            per_pair = excess * achieved_bandwidth(x, c) / x.masked_pairs
+            ratios[x.row.stack][x.row.label + x.row.device] = (x.row.device, x.row.kind, per_pair)
     return ratios
 
 
-def kind_scale(found: dict[str, tuple], kind: str, leave_out: str = "") -> float:
-    """A peer stack's factor on one kind of device (cuda | cpu): the geometric mean over its rows on that kind
-    (without device `leave_out`'s), else over all its rows. Per kind, as the host's share of an eager step
-    differs between a GPU (the launches wait on Python) and a CPU (the kernels are the step)."""
+def kind_pair_bytes(found: dict[str, tuple], kind: str, leave_out: str = "") -> float:
+    """A peer stack's bytes per masked head-pair on one kind of device (cuda | cpu), the mean over its rows on
+    that kind (without device `leave_out`'s); 0 where no other row of the kind tells: a GPU's and a CPU's masked
+    kernels are different code, so one kind's figure says nothing of the other's."""
     seen = [v for dev, k, v in found.values() if k == kind and dev != leave_out]
-    seen = seen or [v for dev, _k, v in found.values() if dev != leave_out]
-    return fit.stack_scale(seen or [1.0])
+    return fit.pair_bytes(seen or [0.0])
 
 
 @dataclass(frozen=True)
@@ -239,16 +250,17 @@ class Accuracy:
 
 
 def accuracy(observed: list[Observed], fits: dict[str, fit.DeviceFit], ratios: dict[str, dict]) -> list[Accuracy]:
-    """Every row predicted in and out of the fit; a peer stack's rows scaled by the stack's factor from its
-    rows (left out: from those of the other devices)."""
+    """Every row predicted in and out of the fit; a peer stack's rows with its masked kernel's bytes per
+    head-pair from its rows (left out: from those of the other devices)."""
     out = []
     for x in observed:
         o, device = x.observation, x.row.device
         predicted = []
         for c, left_out in ((fits[device].included.constants, False), (fits[device].left_out.constants, True)):
             pred = fit.predict_s(c, o.coefficients)
-            if x.row.stack != "tunelab":
-                pred *= kind_scale(ratios[x.row.stack], x.row.kind, device if left_out else "")
+            if x.masked_pairs:
+                per_pair = kind_pair_bytes(ratios[x.row.stack], x.row.kind, device if left_out else "")
+                pred += x.masked_pairs * per_pair / achieved_bandwidth(x, c)
             predicted.append(pred)
         part = np.array(o.coefficients) * fit.to_x(fits[device].included.constants)
         out.append(Accuracy(x, predicted[0], predicted[1], dict(zip(PARTS, part.round(5).tolist()))))
@@ -259,7 +271,7 @@ def catalog_document(
     observed: list[Observed], fits: dict[str, fit.DeviceFit], ratios: dict[str, dict], cpu: CpuBandwidth | None
 ) -> dict:
     """catalog/fitted.yaml's content: each device with fitted rows (its constants, which of them its rows
-    determine, the rows), each kind's constants pooled over its devices, each peer stack's factor."""
+    determine, the rows), each kind's constants pooled over its devices, each peer stack's bytes per masked head-pair."""
     kind_of = {x.row.device: x.row.kind for x in observed}
     devices = {}
     for device, f in ((d, v.included) for d, v in fits.items()):
@@ -278,7 +290,7 @@ def catalog_document(
         kinds[kind] = {"constants": rounded(c), "devices": list(used)}
     stacks = {
         stack: {
-            "scale": {kind: float(f"{kind_scale(found, kind):.4g}") for kind in KINDS},
+            "masked_pair_bytes": {kind: float(f"{kind_pair_bytes(found, kind):.4g}") for kind in KINDS},
             "rows": [x.row.source for x in observed if x.row.stack == stack],
         }
         for stack, found in ratios.items()

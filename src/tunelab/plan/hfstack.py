@@ -81,6 +81,12 @@ class HfStack:
         return self.padding in ("longest", "max_length")
 
     @property
+    def masked_kernel(self) -> bool:
+        """Attention over padded rows with transformers' 4D padding mask (sdpa's masked kernel, or eager's), not a
+        causal path: its cost per head-pair is the stack's fitted part (catalog/fitted.yaml `stacks`)."""
+        return self.attn_implementation != "flash_attention_2" and self.padding_mask
+
+    @property
     def eager_attention(self) -> bool:
         return self.attn_implementation == "eager"
 

@@ -205,6 +205,14 @@ def score_bytes_per_pair(compiled: bool) -> tuple[float, float]:
     return (8.0, 14.0) if compiled else (57.0, 70.0)
 
 
+def masked_head_pairs(arch: Arch, tokens: float, keys_per_token: float, grad_ckpt: bool) -> float:
+    """(head, query, key) triples one micro-batch's attention passes over, forward, backward (twice the work, one
+    more pass) and a recomputed forward: what an attention kernel that reads a padding mask per head does per
+    pair, beside its FLOPs (docs/formulas.md, "The HF Trainer + PEFT stack from its parts")."""
+    passes = 4.0 if grad_ckpt else 3.0
+    return passes * arch.layers * arch.heads * keys_per_token * tokens
+
+
 def elementwise_elements_per_token(
     arch: Arch, targets: tuple[str, ...], method: Method, compiled: bool, fused_ops: bool = False
 ) -> float:

@@ -182,11 +182,23 @@ def test_api_estimate_takes_the_hf_choices():
     assert ckpt.memory.total < plain.memory.total
 
 
-def test_shipped_fit_has_the_hf_stack_residual_per_device_kind():
-    cuda, rows = catalog.stack_scale("hf-peft", "cuda")
-    cpu, _ = catalog.stack_scale("hf-peft", "cpu")
+def test_shipped_fit_prices_sdpas_masked_kernel_per_device_kind():
+    cuda, rows = catalog.stack_pair_bytes("hf-peft", "cuda")
+    cpu, _ = catalog.stack_pair_bytes("hf-peft", "cpu")
     assert cuda > 0 and cpu > 0 and any("hf-trainer-liger" in r for r in rows)
-    assert catalog.stack_scale("tunelab", "cuda") == (1.0, ())
+    assert catalog.stack_pair_bytes("tunelab", "cuda") == (0.0, ())
+
+
+def test_only_attention_with_a_padding_mask_pays_the_masked_kernel():
+    """The fitted bytes per head-pair are attention's with a 4D padding mask: a flash_attention_2, padding-free or
+    packed run takes a causal path and pays none of it, so its attention is the kernel's FLOPs alone."""
+    data = lengths(1000, 1100)  # nearly equal lengths: padding changes little between the runs
+    masked = run(hf_job(), data)
+    flash = run(hf_job(attn_implementation="flash_attention_2"), data)
+    assert masked.job.hf.masked_kernel and not flash.job.hf.masked_kernel
+    assert not hfstack.HfStack(padding="packed").masked_kernel
+    assert masked.step.attention_s > 3 * flash.step.attention_s
+    assert "masked attention" in masked.efficiency.label and "masked attention" not in flash.efficiency.label
 
 
 def test_plan_suggests_the_hf_scripts_own_changes():
