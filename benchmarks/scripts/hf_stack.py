@@ -45,6 +45,23 @@ GAPS = {
 }
 
 
+# What the figures above can and cannot say.
+CAVEATS = [
+    "## What these figures can and cannot say",
+    "",
+    "- Time is checked on three measured GPU rows only, all sdpa over length-grouped padded rows on the H200, and "
+    "the masked-attention bytes per head-pair are fitted on those same rows: the in-fit errors are in-sample; the "
+    "leave-one-row-out errors use two rows each. No published HF run with a step time and a configuration plan "
+    "can reproduce was found in the time given (Unsloth's tables give speed ratios, not times): flash_attention_2, "
+    "padding-free, packed, Liger-on-8B-with-checkpointing and 8-bit runs are priced by their parts, untested here.",
+    "- The memory terms of the HF stack (PEFT's per-module input copies, repeat_kv under a padding mask, the loss's "
+    "12 B a logit at backward's start, prepare_model_for_kbit_training's fp32 weights) follow transformers' and "
+    "PEFT's code; they were added after the measured peaks showed plan 14-18% low, and are not fitted (no constant).",
+    "- The Unsloth rows give a card's capacity at the longest context that fitted, with gradient checkpointing and "
+    "the optimizer assumed; their errors bound plan's peak from above only.",
+    "- Plan only: nothing was trained for this file; no GPU was lent to this session.",
+]
+
 # plan before this model (main at abf5e41: one residual factor on tunelab's step with the padded rows, whole
 # logits at a + 8 bytes, no HF choices), on the same rows and lengths, computed once with main's code.
 BEFORE = [
@@ -229,7 +246,7 @@ def markdown(rows: list[dict], cases_path: str, commit: str) -> str:
         )
     lines += table(header, body)
     lines += ["", "Sources:", ""] + [f"- {r['id']}: {r['source']}" for r in rows]
-    lines += ["", *fit_section(), "", *BEFORE]
+    lines += ["", *CAVEATS, "", *fit_section(), "", *BEFORE]
     return "\n".join(lines) + "\n"
 
 
