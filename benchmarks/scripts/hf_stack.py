@@ -54,6 +54,11 @@ CAVEATS = [
     "leave-one-row-out errors use two rows each. No published HF run with a step time and a configuration plan "
     "can reproduce was found in the time given (Unsloth's tables give speed ratios, not times): flash_attention_2, "
     "padding-free, packed, Liger-on-8B-with-checkpointing and 8-bit runs are priced by their parts, untested here.",
+    "- The three rows share one width (~1,150 tokens, batches of 16) and 32 heads, so their excess over the parts "
+    "fits a cost per head-pair (what the step prices: attention with a padding mask) as well as a cost per token "
+    "and layer; the two part ways at longer rows, where the per-head-pair form grows with the width squared. An "
+    "sdpa run over padded rows much wider than these is priced by that extrapolation; flash_attention_2, "
+    "padding-free and packed runs are not affected.",
     "- The memory terms of the HF stack (PEFT's per-module input copies, repeat_kv under a padding mask, the loss's "
     "12 B a logit at backward's start, prepare_model_for_kbit_training's fp32 weights) follow transformers' and "
     "PEFT's code; they were added after the measured peaks showed plan 14-18% low, and are not fitted (no constant).",
