@@ -65,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with --stack hf-peft, the script's choice by its TrainingArguments name: attn_implementation="
         f"{'|'.join(hfstack.ATTENTION)}, padding={'|'.join(hfstack.PADDING)}, group_by_length, "
         f"optim={'|'.join(hfstack.OPTIMS)}, use_liger_kernel, or a tunelab setting's HF name "
-        "(gradient_checkpointing=true, per_device_train_batch_size=4, bf16=true); repeatable",
+        "(gradient_checkpointing=true, per_device_train_batch_size=4, bf16=true), or a YAML file of them; repeatable",
     )
     p.add_argument("--price-per-hour", type=float, help="your own price per GPU-hour (replaces the catalog's)")
     p.add_argument(

@@ -118,7 +118,10 @@ def parse(items: list[str] | dict | None, base: HfStack | None = None) -> tuple[
     a TrainingArguments name that is a tunelab setting (config.HF_NAMES) becomes that setting's override."""
     from ..config import HF_NAMES
 
-    pairs = items.items() if isinstance(items, dict) else [_split(x) for x in items or []]
+    if isinstance(items, dict):
+        pairs = list(items.items())
+    else:
+        pairs = [p for x in items or [] for p in (_read(x) if x.endswith((".yaml", ".yml")) else [_split(x)])]
     spec: dict = {}
     overrides: list[str] = []
     for key, value in pairs:
@@ -138,6 +141,23 @@ def parse(items: list[str] | dict | None, base: HfStack | None = None) -> tuple[
             )
             raise TunelabError(f"hf {key}: not a choice plan models; choose from {', '.join(known)}")
     return dataclasses.replace(base or HfStack(), **spec).check(), overrides
+
+
+def _read(path: str) -> list[tuple[str, object]]:
+    """A YAML file of TrainingArguments choices (`attn_implementation: sdpa`, ...), as `--hf FILE.yaml` gives."""
+    from pathlib import Path
+
+    import yaml
+
+    try:
+        found = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise TunelabError(
+            f"--hf {path}: cannot read it ({e}); give a YAML mapping of TrainingArguments names"
+        ) from None
+    if not isinstance(found, dict):
+        raise TunelabError(f"--hf {path}: expected a mapping of TrainingArguments names to values")
+    return list(found.items())
 
 
 def _split(item: str) -> tuple[str, str]:

@@ -222,3 +222,14 @@ def test_trl_packing_fills_rows_and_attends_over_the_whole_row():
     assert packed.layout.row_len == 4096
     per_token = [e.step.attention_s * e.work.epoch.micro_batches / e.work.epoch.tokens_padded for e in (packed, free)]
     assert per_token[0] > 3 * per_token[1]
+
+
+def test_hf_choices_load_from_a_yaml_file(tmp_path):
+    path = tmp_path / "hf.yaml"
+    path.write_text("attn_implementation: eager\ngradient_checkpointing: true\nuse_liger_kernel: true\n")
+    spec, overrides = hfstack.parse([str(path), "optim=adamw_8bit"])
+    assert (spec.attn_implementation, spec.use_liger_kernel, spec.optim) == ("eager", True, "adamw_8bit")
+    assert overrides == ["grad_ckpt=true"]
+    (tmp_path / "bad.yaml").write_text("- a list\n")
+    with pytest.raises(TunelabError, match="expected a mapping of TrainingArguments names"):
+        hfstack.parse([str(tmp_path / "bad.yaml")])
