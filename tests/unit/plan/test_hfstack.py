@@ -233,3 +233,17 @@ def test_hf_choices_load_from_a_yaml_file(tmp_path):
     (tmp_path / "bad.yaml").write_text("- a list\n")
     with pytest.raises(TunelabError, match="expected a mapping of TrainingArguments names"):
         hfstack.parse([str(tmp_path / "bad.yaml")])
+
+
+def test_the_shipped_hf_choices_are_the_tuned_peers(capsys):
+    """configs/hf/trainer-tuned.yaml is bench/peers.py's tuned recipe (hfstack.TUNED_PEER, what the measured HF
+    rows ran), and `tunelab plan --hf FILE` takes it."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "configs" / "hf" / "trainer-tuned.yaml"
+    spec, overrides = hfstack.parse([str(path)])
+    assert spec == hfstack.TUNED_PEER
+    assert overrides == ["grad_ckpt=false", "micro_batch=16", "precision=bf16"]
+    argv = ["plan", "--model", "llama-3.2-1b", "--examples", "200", "--mean-tokens", "600", "--gpu", "h200"]
+    assert main([*argv, "--stack", "hf-peft", "--hf", str(path)]) == 0
+    assert "group_by_length=True, optim=adamw_torch_fused" in capsys.readouterr().out
