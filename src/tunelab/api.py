@@ -50,15 +50,24 @@ def estimate(
     stack: str = "tunelab",
     price_per_hour: float | None = None,
     tokenizer: str | None = None,
+    hf: dict[str, Any] | None = None,
     **settings: Any,
 ):
     """plan's prediction for `config` on each GPU in `gpu` (catalog ids or `local`): a list of plan.render.Result,
     one per GPU, whose `single` Estimate holds the time (`time_s`), the memory (`memory.total`, `fits`), the
     step by part (`step`), and whose `cost_usd(single)` prices it. `examples` (and `mean_tokens`) describe the
-    workload when the config names no dataset. The same function `tunelab plan` prints from."""
+    workload when the config names no dataset. `hf`: with `stack="hf-peft"`, the HF script's choices by their
+    TrainingArguments names (`{"attn_implementation": "eager", "gradient_checkpointing": True}`: `--hf`'s).
+    The same function `tunelab plan` prints from."""
+    from .plan import hfstack
     from .recipes.predict import PlanRequest, plan_config
 
-    cfg = _config(config, overrides, settings)
+    _, settings_of_hf = hfstack.parse(hf)
+    if isinstance(config, TrainConfig) and settings_of_hf:
+        from .errors import TunelabError
+
+        raise TunelabError(f"hf: {', '.join(settings_of_hf)} are config settings; pass a config path or set them on it")
+    cfg = _config(config, (*overrides, *settings_of_hf), settings)
     request = PlanRequest(
         gpu=gpu,
         gpus=gpus,
@@ -68,6 +77,7 @@ def estimate(
         tokenizer=tokenizer,
         stack=stack,
         price_per_hour=price_per_hour,
+        hf=dict(hf or {}),
     )
     return plan_config(cfg, request)
 

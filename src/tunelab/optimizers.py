@@ -68,6 +68,17 @@ REGISTRY: dict[str, Optimizer] = {
     )
 }
 NAMES = tuple(REGISTRY)
+# TrainingArguments' `optim` values an HF script uses -> (the row whose states it keeps, whether its step is one
+# fused kernel per parameter group): bitsandbytes' 8-bit steps are fused; `adamw_torch` is torch's foreach path.
+# plan's HF stack (plan/hfstack.py) reads it.
+HF_OPTIMS: dict[str, tuple[str, bool]] = {
+    "adamw_torch": ("adamw", False),
+    "adamw_torch_fused": ("adamw", True),
+    "adamw_8bit": ("adamw_8bit", True),
+    "adamw_bnb_8bit": ("adamw_8bit", True),
+    "paged_adamw_8bit": ("paged_adamw_8bit", True),
+    "adafactor": ("adafactor", False),
+}
 
 
 def get(name: str) -> Optimizer:

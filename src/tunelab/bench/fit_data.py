@@ -21,6 +21,7 @@ import numpy as np
 import yaml
 
 from ..errors import TunelabError
+from ..plan import hfstack
 from ..plan.fit_rows import CpuBandwidth, Row, check_row, length_spec
 
 FILE_KEYS = ("date", "defaults", "rows", "suites", "cpu_bandwidth")
@@ -139,10 +140,12 @@ def suite_doc_rows(doc: dict, name: str, cpu: CpuBandwidth | None) -> tuple[list
     by_label = {r.get("label"): r for r in doc["records"]}
     rows, left_out = [], []
     for rec in doc["records"]:
-        kind, source = rec.get("kind"), str(rec.get("peak_source", ""))
+        kind = rec.get("kind")
+        # A peer ran against the tunelab row it follows: that row's probe and peak are its own.
+        source = str(rec.get("peak_source") or by_label.get(rec.get("against"), {}).get("peak_source", ""))
         gpu_id = source.removeprefix("catalog ").split(":")[0]
-        if kind not in ("tunelab", "hf-trainer-tuned") or "error" in rec or "skipped" in rec:
-            left_out.append(f"{name}: left out {rec.get('label', '?')}: not a tunelab or hf-trainer-tuned row that ran")
+        if (kind != "tunelab" and kind not in hfstack.PEERS) or "error" in rec or "skipped" in rec:
+            left_out.append(f"{name}: left out {rec.get('label', '?')}: not a tunelab or HF Trainer row that ran")
             continue
         if not on_cpu and (not source.startswith("catalog ") or gpu_id not in catalog.gpu_ids()):
             left_out.append(f"{name}: left out {rec.get('label')}: its peak is not a catalog row")
@@ -166,7 +169,7 @@ def suite_doc_rows(doc: dict, name: str, cpu: CpuBandwidth | None) -> tuple[list
                 "lengths": "synthetic:" + json.dumps(doc["definition"]["data"], sort_keys=True),
                 "loss_fraction": seen["tokens_loss"] / seen["tokens_nonpad"] if seen else 0.5,
             }
-        else:
+        elif kind == "tunelab":
             gpu = catalog.gpu(gpu_id)
             place = {
                 "device": gpu_id,
@@ -177,6 +180,19 @@ def suite_doc_rows(doc: dict, name: str, cpu: CpuBandwidth | None) -> tuple[list
                 "compute_bytes": 2,
                 "lengths": f"mean:{(rec.get('data') or {}).get('mean_len', seq / 2)}",
                 "loss_fraction": 0.5,
+            }
+        else:  # a peer pads its rows: their spread sets its padding, so the suite's own synthetic rows
+            gpu, ran = catalog.gpu(gpu_id), by_label[rec["against"]]
+            seen = ran.get("data") or {}
+            place = {
+                "device": gpu_id,
+                "kind": gpu.device_type,
+                "label": rec["label"],
+                "peak": ran["device_peak_flops"],
+                "bandwidth": gpu.bandwidth_gbs * 1e9,
+                "compute_bytes": 2,
+                "lengths": "synthetic:" + json.dumps(doc["definition"]["data"], sort_keys=True),
+                "loss_fraction": seen["tokens_loss"] / seen["tokens_nonpad"] if seen else 0.5,
             }
         rows.append(
             Row(
@@ -193,6 +209,7 @@ def suite_doc_rows(doc: dict, name: str, cpu: CpuBandwidth | None) -> tuple[list
                 r=int((cfg.get("lora") or {}).get("r", 16)),
                 packing=kind == "tunelab",
                 stack="tunelab" if kind == "tunelab" else "hf-peft",
+                hf=hfstack.PEERS.get(kind, ""),
             )
         )
     return rows, left_out

@@ -11,7 +11,7 @@ import typing
 
 from .. import config as cfgmod
 from .. import hub
-from ..plan import render
+from ..plan import hfstack, render
 from ..plan.job import STACKS
 from ..recipes.predict import (
     DEFAULT_GPU,
@@ -54,7 +54,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--stack",
         choices=STACKS,
         default="tunelab",
-        help="tunelab, or hf-peft: the tuned HF Trainer + PEFT recipe (padded batches, eager) on the same GPU",
+        help="tunelab, or hf-peft: an HF Trainer + PEFT script with the same settings on the same GPU (its choices: "
+        "--hf)",
+    )
+    p.add_argument(
+        "--hf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --stack hf-peft, the script's choice by its TrainingArguments name: attn_implementation="
+        f"{'|'.join(hfstack.ATTENTION)}, padding={'|'.join(hfstack.PADDING)}, group_by_length, "
+        f"optim={'|'.join(hfstack.OPTIMS)}, use_liger_kernel, or a tunelab setting's HF name "
+        "(gradient_checkpointing=true, per_device_train_batch_size=4, bf16=true), or a YAML file of them; repeatable",
     )
     p.add_argument("--price-per-hour", type=float, help="your own price per GPU-hour (replaces the catalog's)")
     p.add_argument(
@@ -79,7 +90,8 @@ def _setting_flag(p: argparse.ArgumentParser, key: str, tp, help_text: str) -> N
 
 
 def config_from_args(args: argparse.Namespace) -> cfgmod.TrainConfig:
-    overrides = list(args.overrides)
+    # `--hf` names that are tunelab settings (gradient_checkpointing, ...) are overrides like any other.
+    overrides = [*args.overrides, *hfstack.parse(getattr(args, "hf", []))[1]]
     for dest, value in vars(args).items():
         if dest.startswith("setting:") and value is not None:
             key = dest.removeprefix("setting:")
@@ -98,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         loss_fraction=args.loss_fraction,
         tokenizer=args.tokenizer,
         stack=args.stack,
+        hf=list(args.hf),
         price_per_hour=args.price_per_hour,
         scenarios=args.format == "md" and not args.json,
     )

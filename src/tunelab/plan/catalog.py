@@ -275,9 +275,11 @@ def ceiling_scale(device: str, measured: tuple[str, ...], rows: dict) -> dict[st
     return out
 
 
-def stack_scale(stack: str) -> tuple[float, tuple[str, ...]]:
-    """A peer stack's factor on the modeled step (catalog/fitted.yaml `stacks`) and the rows it was fitted on."""
-    if stack == "tunelab":
-        return 1.0, ()
-    row = (read("fitted.yaml") or {})["stacks"][stack]
-    return float(row["scale"]), tuple(row["rows"])
+def stack_pair_bytes(stack: str, kind: str) -> tuple[float, tuple[str, ...]]:
+    """A peer stack's fitted bytes per masked head-pair on a kind of device (cuda | cpu: catalog/fitted.yaml
+    `stacks`: what its masked attention kernel moves beyond plan's parts) and the rows it was fitted on; 0 for a
+    stack without measured rows (tunelab's own)."""
+    row = (read("fitted.yaml") or {}).get("stacks", {}).get(stack)
+    if row is None:
+        return 0.0, ()
+    return float(row["masked_pair_bytes"][kind]), tuple(row["rows"])

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from .. import methods, optimizers
 from ..errors import TunelabError
 from ..runtime import CompileChoice, attention_path, compile_choice, hashed_dropout, slot_products
-from . import catalog, comm, fit, memory, steptime, timing, workload
+from . import catalog, comm, fit, hfstack, memory, steptime, timing, workload
 from .arch import Arch, adapter_targets
 from .calibration import CalibrationRecord, scale_key
 from .catalog import Gpu
@@ -78,6 +78,11 @@ def compute_bytes(job: Job, d: Device) -> int:
     return 4 if run_precision(job.compute.precision, d) == "fp32" else 2  # bf16 and fp16 are both 2 bytes
 
 
+def head_rows(job: Job, w: workload.Workload) -> float:
+    """Positions per micro-batch the head and the loss run over (Job.head_positions)."""
+    return job.head_positions(w.epoch.tokens_padded / w.epoch.micro_batches, w.loss_tokens_per_micro_batch)
+
+
 def layout(arch: Arch, job: Job, w: workload.Workload, d: Device, sharding: str, gpus: int) -> memory.Layout:
     """What plan derives for memory from the job, the workload's micro-batches and the device."""
     device_type = d.gpu.device_type
@@ -91,7 +96,7 @@ def layout(arch: Arch, job: Job, w: workload.Workload, d: Device, sharding: str,
         compute_bytes=compute_bytes(job, d),
         targets=adapter_targets(arch, job.adapter.lora.targets),
         row_len=w.epoch.widest_row,
-        loss_rows=max(1, round(w.loss_tokens_per_micro_batch)),
+        loss_rows=max(1, round(head_rows(job, w))),
         runtime_overhead=d.runtime_overhead,
         sharding=sharding,
         world=gpus,
@@ -123,6 +128,7 @@ def estimate(
         raise TunelabError(
             f"seq_len {job.batch.seq_len} is over {arch.name}'s maximum of {arch.max_positions} positions; lower seq_len"
         )
+    job = stack_job(job)  # an HF script runs eager blocks: no `compile: auto` to resolve
     if not isinstance(job.compute.compile, bool):
         eager = estimate(arch, lengths, job.but(compile=False), d, gpus, sharding, scaling)
         kind = d.gpu.device_type
@@ -133,19 +139,17 @@ def estimate(
             eager if not choice.chosen else estimate(arch, lengths, job.but(compile=True), d, gpus, sharding, scaling)
         )
         return replace(resolved, job=replace(resolved.job, compute=job.compute), compile_choice=choice)
-    if job.stack == "hf-peft":
-        job = job.but(packing=False, compile=False)
     b = job.batch
     batching = workload.Batching(b, gpus, job.run.seed, group=job.goal.sequences)
-    w = workload.build(lengths, batching, b.epochs, b.max_steps)
+    w, feed = hf_fed(job, workload.build(lengths, batching, b.epochs, b.max_steps))
     ckpt = workload.checkpoints(w.optimizer_steps, job.run.save_steps, job.run.save_total_limit)
     lay = layout(arch, job, w, d, sharding, gpus)
     f = job_flops(arch, job, lay, w, steptime.attention_keys(lengths.lengths, lengths.mean_tokens, b.seq_len, True))
     mem = memory.breakdown(arch, job, lay)
-    loss_per_row = w.loss_tokens_per_micro_batch / b.micro_batch
+    loss_per_row = head_rows(job, w) / b.micro_batch
     biggest = memory.max_micro_batch(arch, job, lay, d.gpu.memory_bytes, loss_per_row)
     longest = memory.max_seq_len(arch, job, lay, d.gpu.memory_bytes, loss_per_row / max(1, w.epoch.widest_row))
-    step, constants, eff, model_step_s = step_time(arch, lengths, job, lay, d, w)
+    step, constants, eff, model_step_s = step_time(arch, lengths, job, lay, d, w, feed)
     if f.reference:  # DPO's reference forward: its FLOPs at the rate the step's own work runs
         step = step.scaled(f.hardware / (f.hardware - f.reference))
     tokens_per_step = w.epoch.tokens_padded / w.epoch.micro_batches * b.grad_accum
@@ -183,6 +187,34 @@ def estimate(
     )
 
 
+def stack_job(job: Job) -> Job:
+    """The job as its stack runs it: an HF Trainer + PEFT script (Stack.hf) feeds unpacked examples (its padding
+    is the spec's), runs eager blocks and keeps its `optim`'s states (optimizers.py's row)."""
+    if not job.stack_row.hf:
+        return job
+    spec = job.hf or hfstack.HfStack()
+    return job.but(packing=False, compile=False, optimizer=spec.optimizer, hf=spec)
+
+
+def hf_fed(job: Job, w: workload.Workload) -> tuple[workload.Workload, hfstack.Fed | None]:
+    """`w` with what the HF stack feeds (hfstack.fed: its padding) and its attention work; unchanged for tunelab."""
+    if job.hf is None:
+        return w, None
+    lengths = w.lengths.lengths
+    if lengths is None:
+        lengths = hfstack.assumed_lengths(w.lengths.examples, w.lengths.mean_tokens)
+    b = job.batch
+    feed = hfstack.fed(job.hf, lengths, b.micro_batch, b.seq_len, job.run.seed)
+    epoch = replace(
+        w.epoch,
+        tokens_padded=feed.tokens_padded,
+        widest_row=feed.widest_row,
+        micro_batches=feed.micro_batches,
+        rows=feed.rows,
+    )
+    return workload.from_epoch(w.lengths, w.batching, epoch, b.epochs, b.max_steps), feed
+
+
 def job_flops(arch: Arch, job: Job, lay: memory.Layout, w: workload.Workload, keys: float) -> FlopsPerToken:
     """FLOPs per fed token of the job's step at `keys` attention keys per token, the reference forward's included."""
     lora = job.adapter.lora
@@ -215,19 +247,30 @@ def step_shape(job: Job, w: workload.Workload, keys: float, scored: float, compu
     """What the step model prices for `job`: its mean micro-batch in `w`, `keys` attention keys per token (`scored`
     of them written out), in `compute_bytes` a value; plan's estimate and the fit of measured rows share it."""
     tokens = w.epoch.tokens_padded / w.epoch.micro_batches
+    hf = job.hf
     return steptime.Shape(
         job.batch.grad_accum,
         round(tokens),
         keys,
         job.compiled,
         compute_bytes,
-        job.stack_row.head_positions(tokens, w.loss_tokens_per_micro_batch),
+        head_rows(job, w),
         scored_keys_per_token=scored,
+        whole_logits=job.whole_vocab_logits,
+        fused_ops=hf is not None and hf.use_liger_kernel,
+        eager_attention=hf is not None and hf.eager_attention,
+        fused_optimizer=hf is None or hf.fused_optimizer,
     )
 
 
 def step_time(
-    arch: Arch, lengths: workload.Lengths, job: Job, lay: memory.Layout, d: Device, w: workload.Workload
+    arch: Arch,
+    lengths: workload.Lengths,
+    job: Job,
+    lay: memory.Layout,
+    d: Device,
+    w: workload.Workload,
+    feed: hfstack.Fed | None = None,
 ) -> tuple[steptime.Breakdown, catalog.StepConstants, timing.Efficiency, float]:
     """One optimizer step's seconds by part (plan/steptime.py) on one GPU, the constants used, the achieved
     fraction of the peak it implies, and the step model's own seconds. A calibration record of the device for
@@ -239,7 +282,10 @@ def step_time(
     constants = catalog.step_constants(device, gpu.device_type)
     bandwidth = gpu.bandwidth_gbs * 1e9 or constants.bandwidth_gbs * 1e9 or catalog.nearest_bandwidth(gpu.peak_flops)
     tokens = w.epoch.tokens_padded / w.epoch.micro_batches
-    keys, scored = attention_work(w, job.compute.attention, gpu.device_type)
+    if feed is not None:
+        keys, scored = feed.keys_per_token, feed.scored_keys_per_token
+    else:
+        keys, scored = attention_work(w, job.compute.attention, gpu.device_type)
     accum = job.batch.grad_accum
     shape = step_shape(job, w, keys, scored, lay.compute_bytes)
     ridge = fit.ridge(gpu.device_type if gpu.device_type == "cpu" else "cuda", gpu.peak_flops, bandwidth)
@@ -248,15 +294,17 @@ def step_time(
     )
     c = steptime.Constants(constants.matmul, constants.attention, constants.bandwidth, constants.launch_s)
     step = steptime.breakdown(work, gpu.peak_flops, bandwidth, c)
-    scale, peer_rows = catalog.stack_scale(job.stack)
-    step = step.scaled(scale)
+    per_pair, peer_rows = catalog.stack_pair_bytes(job.stack, "cpu" if gpu.device_type == "cpu" else "cuda")
+    if job.hf is not None and job.hf.masked_kernel:  # attention with a padding mask: the fitted bytes per head-pair
+        pairs = steptime.masked_head_pairs(arch, shape.tokens, keys, job.compute.grad_ckpt) * accum
+        step = replace(step, attention_s=step.attention_s + pairs * per_pair / (bandwidth * c.bandwidth))
     lora = job.adapter.lora
     f = flops_per_token(
         arch, job.adapter.method, lay.targets, lora.r, w.epoch.widest_row, job.compute.grad_ckpt, lora.dropout, keys
     )
     key = job.method.key(job.adapter.quant)
     modeled = step.total
-    record = d.calibration if job.stack == "tunelab" else None
+    record = d.calibration if job.hf is None else None  # a calibration record measures tunelab's own step
     found = calibration_scale(record, key, job.compiled) if record is not None else None
     if found is not None:
         scale, measured_as = found
@@ -279,8 +327,10 @@ def step_time(
     # counts attention a packed row never computes and passes 1 on long rows of short documents.
     useful = tokens * accum * f.useful / (gpu.peak_flops * step.total)
     label = f"step model, useful MFU {useful:.0%}; constants for {whose}: {constants.label}"
-    if job.stack != "tunelab":
-        label += f"; stack {job.stack} x {scale:.2f} from {len(peer_rows)} measured peer rows"
+    if job.hf is not None:
+        label += f"; stack {job.stack} ({job.hf.label(job.adapter.quant != 'none')})"
+        if job.hf.masked_kernel:
+            label += f", masked attention {per_pair:.0f} B a head-pair from {len(peer_rows)} measured HF rows"
     if gpu.id == "local" and not constants.measured:
         label += "; `tunelab bench calibrate` measures this device"
     return step, constants, timing.Efficiency(value, label), modeled
@@ -311,7 +361,9 @@ def suggestions(arch: Arch, lengths: workload.Lengths, base: Estimate) -> list[S
                 job.but(micro_batch=mb, grad_accum=accum),
             )
         )
-    if not b.packing:
+    if job.hf is not None:  # an HF script changes its own choices; packing is its `padding`
+        variants += [(f"--hf {label}", job.but(hf=spec)) for label, spec in hfstack.alternatives(job.hf)]
+    elif not b.packing:
         variants.append(("packing on", job.but(packing=True)))
     if job.compute.grad_ckpt:
         variants.append(("gradient checkpointing off", job.but(grad_ckpt=False)))

@@ -135,9 +135,9 @@ def fit_device(obs: list[Observation], device: str, leave_out: bool = False) -> 
     return Fitted(c, measured_names(own, c), others, tuple(o.source for o in own))
 
 
-def stack_scale(measured_over_model: list[float]) -> float:
-    """A stack's factor on the modeled step: the geometric mean of its rows' measured / modeled step time."""
-    return float(math.exp(sum(math.log(v) for v in measured_over_model) / len(measured_over_model)))
+def pair_bytes(per_row: list[float]) -> float:
+    """A stack's bytes per masked head-pair: the mean of its rows' (arithmetic: a row's excess can be negative)."""
+    return float(sum(per_row) / len(per_row))
 
 
 @dataclass(frozen=True)

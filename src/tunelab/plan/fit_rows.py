@@ -14,11 +14,12 @@ import numpy as np
 
 from .. import methods
 from ..config import AdapterConfig, BatchConfig, ComputeConfig, LoraConfig, RunConfig
+from ..errors import TunelabError
 from . import arch as archmod
-from . import fit, steptime, workload
+from . import fit, hfstack, steptime, workload
 from .arch import Arch
-from .estimate import attention_work, step_shape
-from .job import STACKS, Job
+from .estimate import attention_work, hf_fed, stack_job, step_shape
+from .job import STACK_ROWS, STACKS, Job
 
 KINDS = tuple(fit.ASSUMED)  # cuda | cpu
 # What `synthetic:` lengths name: `tunelab data synthetic`'s parameters (a suite's `data` entry, bench/suites.yaml).
@@ -53,6 +54,8 @@ class Row:
     loss_fraction: float  # positions with a target over non-padding positions
     stack: str = "tunelab"  # estimate.STACKS: tunelab, or the tuned HF Trainer + PEFT peer
     base_quant: str = "none"
+    # An HF stack row's choices where they differ from the tuned peer's (hfstack.TUNED_PEER): `key=value,...`
+    hf: str = ""
     fit: bool = True  # False: predicted and shown, never fitted (rows of older code)
     note: str = ""
 
@@ -76,6 +79,11 @@ def check_row(row: Row) -> str | None:
         return f"base_quant {row.base_quant!r}: {methods.get(row.method).refusal}"
     if row.stack not in STACKS:
         return f"stack {row.stack!r}: choose from {', '.join(STACKS)}"
+    if row.hf:
+        try:
+            row_spec(row)
+        except TunelabError as e:
+            return str(e)
     for name in ("micro_batch", "seq_len", "r", "compute_bytes", "measured_s", "peak", "bandwidth"):
         if not getattr(row, name) > 0:
             return f"{name} must be positive, got {getattr(row, name)!r}"
@@ -107,6 +115,14 @@ def length_spec(text: str) -> tuple[str, object]:
     raise ValueError(f"expected mean:<tokens>, span:<lo>-<hi> or synthetic:<json with {', '.join(SYNTHETIC)}>")
 
 
+def row_spec(row: Row) -> hfstack.HfStack | None:
+    """An HF stack row's choices: the tuned peer's (bench/peers.py), changed by the row's `hf`."""
+    if not STACK_ROWS[row.stack].hf:
+        return None
+    items = [x for x in row.hf.split(",") if x.strip()]
+    return hfstack.parse(items, hfstack.TUNED_PEER)[0]
+
+
 def row_job(row: Row) -> Job:
     """plan's job for a measured row: the one place a row becomes plan's inputs. One optimizer step of one
     micro-batch row group, LoRA on every linear layer, no dropout, checkpoints or evaluation. The row's compute
@@ -117,6 +133,7 @@ def row_job(row: Row) -> Job:
         compute=ComputeConfig(grad_ckpt=row.grad_ckpt, compile=bool(row.compiled)),
         run=RunConfig(save_total_limit=1),
         stack=row.stack,
+        hf=row_spec(row),
     )
 
 
@@ -129,18 +146,22 @@ class Observed:
     tokens_per_step: float
     nonpad_per_step: float
     keys_per_token: float
+    masked_pairs: float = 0.0  # head-pairs per step through a masked attention kernel (hfstack.masked_kernel)
 
 
 def observe(row: Row, arch: Arch, lengths: np.ndarray) -> Observed:
     """The row's step (plan/steptime.py) on `lengths`, batched as train batches it: packed rows price
     attention as plan does (document-causal keys on a GPU, the slots' squares on a CPU), padded rows by each
     micro-batch's width."""
-    job = row_job(row)
+    job = stack_job(row_job(row))
     batch = job.batch
     b = workload.Batching(batch, seed=job.run.seed)
     mean = float(lengths.mean())
-    w = workload.build(workload.Lengths(len(lengths), mean, row.loss_fraction * mean, "", lengths), b, batch.epochs)
-    if batch.packing:
+    built = workload.build(workload.Lengths(len(lengths), mean, row.loss_fraction * mean, "", lengths), b, batch.epochs)
+    w, feed = hf_fed(job, built)
+    if feed is not None:
+        keys, scored = feed.keys_per_token, feed.scored_keys_per_token
+    elif batch.packing:
         keys, scored = attention_work(w, job.compute.attention, row.kind)
     else:
         keys, scored = padded_keys(lengths, b), 0.0
@@ -158,7 +179,11 @@ def observe(row: Row, arch: Arch, lengths: np.ndarray) -> Observed:
         row.measured_s,
         fit=row.fit and row.stack == "tunelab",
     )
-    return Observed(row, o, shape.tokens, w.epoch.tokens_nonpad / w.epoch.micro_batches, shape.keys_per_token)
+    masked = 0.0
+    if job.hf is not None and job.hf.masked_kernel:
+        masked = steptime.masked_head_pairs(arch, shape.tokens, keys, job.compute.grad_ckpt) * shape.micro_batches
+    nonpad = w.epoch.tokens_nonpad / w.epoch.micro_batches
+    return Observed(row, o, shape.tokens, nonpad, shape.keys_per_token, masked)
 
 
 def padded_keys(lengths: np.ndarray, b: workload.Batching) -> float:
@@ -172,17 +197,32 @@ def padded_keys(lengths: np.ndarray, b: workload.Batching) -> float:
     return float((widths**2).sum() / widths.sum())
 
 
+def achieved_bandwidth(x: Observed, c: steptime.Constants) -> float:
+    """Bytes/s the row's device moves memory-bound work at under constants `c`."""
+    return x.row.bandwidth * c.bandwidth
+
+
 def stack_ratios(observed: list[Observed], fits: dict[str, fit.DeviceFit]) -> dict[str, dict[str, tuple]]:
-    """Per peer stack, each of its rows' measured step over the modeled one (its device in the fit): label +
-    device -> (device, ratio). Keyed by label and device, so a row measured again under the same label on the
-    same device (a suite run repeated) counts once, as its last measurement."""
+    """Per peer stack, each of its rows' bytes per masked head-pair: what its step takes beyond plan's parts (its
+    device in the fit), at the device's achieved bandwidth, over the head-pairs its masked kernel passes over:
+    label + device -> (device, kind, bytes). Rows without a masked kernel have nothing to tell. Keyed by label
+    and device, so a row measured again under the same label on the same device counts once, as its last."""
     ratios: dict[str, dict[str, tuple]] = {s: {} for s in STACKS if s != "tunelab"}
     for x in observed:
-        if x.row.stack != "tunelab":
-            o = x.observation
-            modeled = fit.predict_s(fits[o.device].included.constants, o.coefficients)
-            ratios[x.row.stack][x.row.label + x.row.device] = (x.row.device, o.measured_s / modeled)
+        if x.row.stack != "tunelab" and x.masked_pairs > 0:
+            o, c = x.observation, fits[x.observation.device].included.constants
+            excess = o.measured_s - fit.predict_s(c, o.coefficients)
+            per_pair = excess * achieved_bandwidth(x, c) / x.masked_pairs
+            ratios[x.row.stack][x.row.label + x.row.device] = (x.row.device, x.row.kind, per_pair)
     return ratios
+
+
+def kind_pair_bytes(found: dict[str, tuple], kind: str, leave_out: str = "") -> float:
+    """A peer stack's bytes per masked head-pair on one kind of device (cuda | cpu), the mean over its rows on
+    that kind (without device `leave_out`'s); 0 where no other row of the kind tells: a GPU's and a CPU's masked
+    kernels are different code, so one kind's figure says nothing of the other's."""
+    seen = [v for dev, k, v in found.values() if k == kind and dev != leave_out]
+    return fit.pair_bytes(seen or [0.0])
 
 
 @dataclass(frozen=True)
@@ -210,17 +250,17 @@ class Accuracy:
 
 
 def accuracy(observed: list[Observed], fits: dict[str, fit.DeviceFit], ratios: dict[str, dict]) -> list[Accuracy]:
-    """Every row predicted in and out of the fit; a peer stack's rows scaled by the stack's factor from its
-    rows (left out: from those of the other devices)."""
+    """Every row predicted in and out of the fit; a peer stack's rows with its masked kernel's bytes per
+    head-pair from its rows (left out: from those of the other devices)."""
     out = []
     for x in observed:
         o, device = x.observation, x.row.device
         predicted = []
         for c, left_out in ((fits[device].included.constants, False), (fits[device].left_out.constants, True)):
             pred = fit.predict_s(c, o.coefficients)
-            if x.row.stack != "tunelab":
-                seen = [v for dev, v in ratios[x.row.stack].values() if not left_out or dev != device]
-                pred *= fit.stack_scale(seen or [1.0])
+            if x.masked_pairs:
+                per_pair = kind_pair_bytes(ratios[x.row.stack], x.row.kind, device if left_out else "")
+                pred += x.masked_pairs * per_pair / achieved_bandwidth(x, c)
             predicted.append(pred)
         part = np.array(o.coefficients) * fit.to_x(fits[device].included.constants)
         out.append(Accuracy(x, predicted[0], predicted[1], dict(zip(PARTS, part.round(5).tolist()))))
@@ -231,7 +271,7 @@ def catalog_document(
     observed: list[Observed], fits: dict[str, fit.DeviceFit], ratios: dict[str, dict], cpu: CpuBandwidth | None
 ) -> dict:
     """catalog/fitted.yaml's content: each device with fitted rows (its constants, which of them its rows
-    determine, the rows), each kind's constants pooled over its devices, each peer stack's factor."""
+    determine, the rows), each kind's constants pooled over its devices, each peer stack's bytes per masked head-pair."""
     kind_of = {x.row.device: x.row.kind for x in observed}
     devices = {}
     for device, f in ((d, v.included) for d, v in fits.items()):
@@ -250,7 +290,7 @@ def catalog_document(
         kinds[kind] = {"constants": rounded(c), "devices": list(used)}
     stacks = {
         stack: {
-            "scale": float(f"{fit.stack_scale([v for _d, v in found.values()] or [1.0]):.4g}"),
+            "masked_pair_bytes": {kind: float(f"{kind_pair_bytes(found, kind):.4g}") for kind in KINDS},
             "rows": [x.row.source for x in observed if x.row.stack == stack],
         }
         for stack, found in ratios.items()

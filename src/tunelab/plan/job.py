@@ -18,6 +18,7 @@ from ..config import (
     TrainConfig,
     published,
 )
+from .hfstack import HfStack
 
 
 @dataclass(frozen=True)
@@ -25,19 +26,18 @@ class Stack:
     """What plan models of a training stack's step beyond the config's settings."""
 
     name: str
-    # The head over every fed position and an fp32 cross-entropy over the whole vocabulary at once (transformers'
-    # ForCausalLMLoss: `logits.float()`), instead of tunelab's chunked head over the target positions only.
-    whole_vocab_logits: bool = False
-
-    def head_positions(self, fed: float, targets: float) -> float:
-        """Positions per micro-batch the head and the loss run over: every fed one (padding included) where the
-        stack computes the whole logits, else only those with a target (tunelab's gathered head)."""
-        return fed if self.whole_vocab_logits else targets
+    # Whether the stack's step is the HF Trainer + PEFT one, its choices an HfStack spec (plan/hfstack.py): the
+    # head over every fed position, padded or padding-free feeding, HF's attention, PEFT's unfused LoRA, never
+    # compiled blocks; else tunelab's own step from the config alone.
+    hf: bool = False
+    description: str = ""
 
 
-# `hf-peft`: the tuned HF Trainer + PEFT recipe (bench/peers.py `hf-trainer-tuned`): the same rows per step,
-# padded to the longest of each length-grouped batch, eager, PEFT's LoRA.
-STACK_ROWS = {"tunelab": Stack("tunelab"), "hf-peft": Stack("hf-peft", whole_vocab_logits=True)}
+# `hf-peft`: an HF Trainer + PEFT script, its choices under their TrainingArguments names (`--hf KEY=VALUE`).
+STACK_ROWS = {
+    "tunelab": Stack("tunelab", description="tunelab's own run of this config"),
+    "hf-peft": Stack("hf-peft", hf=True, description="the HF Trainer + PEFT script with the same settings"),
+}
 STACKS = tuple(STACK_ROWS)
 
 
@@ -51,9 +51,10 @@ class Job:
     run: RunConfig = field(default_factory=RunConfig)
     eval_every: int = 0  # optimizer steps between evaluations (EvalConfig.every); used when lengths hold some out
     stack: str = "tunelab"  # STACKS
+    hf: HfStack | None = None  # the HF script's choices where the stack row is HF's (Stack.hf), else None
 
     @classmethod
-    def of(cls, cfg: TrainConfig, stack: str = "tunelab") -> Job:
+    def of(cls, cfg: TrainConfig, stack: str = "tunelab", hf: HfStack | None = None) -> Job:
         return cls(
             adapter=cfg.adapter,
             objective=cfg.objective,
@@ -63,6 +64,7 @@ class Job:
             run=cfg.run,
             eval_every=cfg.eval.every(cfg.run.save_steps),
             stack=stack,
+            hf=(hf or HfStack()) if STACK_ROWS[stack].hf else None,
         )
 
     def but(self, **changes) -> Job:
@@ -71,7 +73,7 @@ class Job:
         sections: dict[str, dict] = {}
         own = {}
         for name, value in changes.items():
-            if name in ("eval_every", "stack"):
+            if name in ("eval_every", "stack", "hf"):
                 own[name] = value
                 continue
             section, attr = keys[name]
@@ -83,6 +85,18 @@ class Job:
     @property
     def stack_row(self) -> Stack:
         return STACK_ROWS[self.stack]
+
+    def head_positions(self, fed: float, targets: float) -> float:
+        """Positions per micro-batch the head and the loss run over: every fed one (padding included) under the HF
+        stack (transformers' loss and Liger's fused one both take the whole sequence), else only those with a
+        target (tunelab's gathered head)."""
+        return fed if self.hf is not None else targets
+
+    @property
+    def whole_vocab_logits(self) -> bool:
+        """The whole logits and their fp32 cross-entropy at once (transformers' ForCausalLMLoss: `logits.float()`),
+        instead of a chunked head."""
+        return self.hf is not None and self.hf.whole_vocab_logits
 
     @property
     def method(self) -> methods.Method:

@@ -88,10 +88,16 @@ def fp32_master(job: Job) -> bool:
     return job.method.trains_base and job.weight_bytes == 4
 
 
+def kbit_prepared(job: Job) -> bool:
+    """An HF script's quantized base after PEFT's prepare_model_for_kbit_training: the weights left unquantized
+    (embedding, head, norms) are cast to fp32, so the embedding's output and the residual stream are fp32."""
+    return job.hf is not None and job.hf.prepare_model_for_kbit_training and job.adapter.quant != "none"
+
+
 def stream_bytes(job: Job, s: Layout) -> int:
-    """Bytes per element of the residual stream: fp32 under full fine-tuning with fp32 master weights, else the
-    compute dtype (frozen or bf16 weights are stored in it)."""
-    return 4 if fp32_master(job) else s.compute_bytes
+    """Bytes per element of the residual stream: fp32 under full fine-tuning with fp32 master weights or a
+    kbit-prepared HF base, else the compute dtype (frozen or bf16 weights are stored in it)."""
+    return 4 if fp32_master(job) or kbit_prepared(job) else s.compute_bytes
 
 
 def trained_shapes(arch: Arch, job: Job, s: Layout) -> list[tuple[int, int, int]]:
@@ -166,8 +172,11 @@ def row_bytes_per_token_layer(arch: Arch, job: Job, s: Layout) -> float:
         )
     shapes = arch.linears()
     full = job.method.trains_base
-    norms = 2 * 4 * h * (2 if full else 1)
-    mlp = 3 * a * i
+    liger = job.hf is not None and job.hf.use_liger_kernel
+    # HF's RMSNorm keeps its fp32 upcast input; Liger's keeps the input in the compute dtype (and a scalar per
+    # row). Eager SwiGLU keeps gate, up and SiLU's output; Liger's recomputes SiLU in backward.
+    norms = 2 * (a if liger else 4) * h * (2 if full else 1)
+    mlp = (2 if liger else 3) * a * i
     master = fp32_master(job)
     groups = {
         "attn_in": ("q_proj", "k_proj", "v_proj"),
@@ -177,6 +186,10 @@ def row_bytes_per_token_layer(arch: Arch, job: Job, s: Layout) -> float:
     }
     if master and a < 4:  # autocast casts each linear's fp32 input on its own
         inputs = a * sum(d_in for d_in, _ in shapes.values())
+    elif job.hf is not None and not full and job.adapter.lora.dropout == 0:
+        # PEFT casts each adapted module's input to its fp32 adapter's dtype and autocast casts it back: every
+        # adapted linear keeps its own copy of its input for lora_A's gradient, not one per shared input.
+        inputs = a * sum(shapes[t][0] for t in s.targets)
     elif (
         job.adapter.lora.dropout > 0
     ):  # adapters keep their dropped copies instead (_adapter_bytes); frozen linears nothing
@@ -193,6 +206,14 @@ def attention_bytes_per_position(arch: Arch, job: Job, s: Layout) -> float:
     a = s.compute_bytes
     q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
     kept = a * arch.heads * s.slot_len if s.attention_probs else 4 * arch.heads
+    if job.hf is not None and job.hf.attn_implementation != "flash_attention_2" and job.hf.padding_mask:
+        # transformers' sdpa and eager paths with a padding mask repeat k and v to every query head (repeat_kv)
+        # before the kernel, which keeps the repeated copies.
+        kv = q
+    if job.hf is not None and job.hf.eager_attention:
+        # transformers' eager attention keeps softmax's fp32 output and its cast back for the product with V,
+        # per head, over the row's whole (padded) width.
+        kept = (4 + a) * arch.heads * s.row_len
     # The eager slot path's backward needs no output (its softmax correction comes from P and dP); compiled,
     # the partitioner keeps a hidden-sized tensor there, as SDPA and flex keep their output.
     outputs = 0 if s.attention_probs and not job.compiled else q
@@ -257,12 +278,15 @@ def max_seq_len(arch: Arch, job: Job, s: Layout, capacity: int, loss_per_positio
 
 def logits_bytes(arch: Arch, job: Job, s: Layout) -> float:
     """The loss's own memory at its peak, inside the forward (docs/formulas.md, memory derivation). A stack with
-    whole-vocabulary logits (job.Stack) holds, for every fed position at once, the head's logits in the compute
+    whole-vocabulary logits (Job.whole_vocab_logits) holds, for every fed position at once, the head's logits in the compute
     dtype, their fp32 upcast and cross-entropy's fp32 log-probabilities saved for backward (a + 4 + 4 bytes a
-    logit: 12 GB for a 152k vocabulary at 8,192 positions in bf16)."""
+    logit), and at backward's start three fp32 tensors a logit (15 GB for a 152k vocabulary at 8,192
+    positions)."""
     a = s.compute_bytes
-    if job.stack_row.whole_vocab_logits:
-        out = job.batch.micro_batch * s.row_len * arch.vocab * (a + 8.0)
+    if job.whole_vocab_logits:
+        # Backward starts with three fp32 tensors a logit (the saved log-probabilities, NLL's gradient and
+        # log_softmax's): 12 bytes, more than the forward's a + 8 in bf16.
+        out = job.batch.micro_batch * s.row_len * arch.vocab * max(a + 8.0, 12.0)
     else:
         out = s.loss_chunk * arch.vocab * (4 + a) + 2 * s.loss_rows * arch.hidden * a
     if arch.logit_softcap:
@@ -299,6 +323,8 @@ def breakdown(arch: Arch, job: Job, s: Layout) -> MemoryBreakdown:
         adapters = 0
     else:
         weights = frozen_weight_bytes(arch, job.adapter.quant, s.compute_bytes)
+        if kbit_prepared(job):  # the unquantized rest in fp32 (kbit_prepared)
+            weights += (arch.total_params - arch.block_linear_params) * (4 - s.compute_bytes)
         adapters = trainable * TRAINABLE_BYTES
     grads = gradient_bytes(arch, job, s, trainable)
     states = optimizer_state_bytes(arch, job, s)

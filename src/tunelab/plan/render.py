@@ -12,7 +12,7 @@ from ..markdown import table as markdown_table
 from . import catalog, memory, timing
 from .arch import Arch
 from .catalog import Price
-from .estimate import Estimate, Suggestion
+from .estimate import Estimate, Suggestion, run_precision
 from .memory import MemoryBreakdown
 
 
@@ -24,6 +24,7 @@ class Result:
     suggestions: list[Suggestion]
     prices: list[Price]
     scenarios: list[tuple[int, Estimate]] | None = None
+    tunelab: Estimate | None = None  # beside an HF stack's prediction: tunelab's own run of the same config
 
     def cost_usd(self, e: Estimate) -> dict[str, float]:
         hours = e.time_s / 3600
@@ -137,6 +138,12 @@ def record(r: Result, e: Estimate) -> dict:
         "step_s": e.step.as_dict() if e.step is not None else None,
         "step_constants": e.constants.label if e.constants is not None else None,
         "stack": e.job.stack,
+        **({"hf": e.job.hf.label(e.job.adapter.quant != "none")} if e.job.hf is not None else {}),
+        **(
+            {"tunelab_time_s": r.tunelab.time_s, "tunelab_memory_bytes": r.tunelab.memory.total}
+            if r.tunelab is not None and e is r.single
+            else {}
+        ),
         "cost_usd": r.cost_usd(e),
         "assumptions": assumptions(e),
     }
@@ -173,7 +180,7 @@ def step_lines(e: Estimate) -> list[str]:
     parts = {"matmul": b.matmul_s, "attention": b.attention_s, "memory-bound": b.memory_s, "fixed": b.fixed_s}
     bound = max(parts, key=lambda k: parts[k])
     shown = ", ".join(f"{k} {v * 1e3:,.1f} ms ({v / b.total:.0%})" for k, v in parts.items())
-    mode = "compiled" if e.compiled and e.job.stack == "tunelab" else "eager"
+    mode = "compiled" if e.compiled and e.job.hf is None else "eager"
     bound = bound.removesuffix("-bound") + "-bound"  # "memory-bound", not "memory-bound-bound"
     lines = [f"  step ({e.job.stack}, {mode}): {b.total * 1e3:,.1f} ms = {shown}; {bound}"]
     g, record = e.device.gpu, e.device.calibration
@@ -185,6 +192,30 @@ def step_lines(e: Estimate) -> list[str]:
         lines.append(
             f"  step constants fitted on: {'; '.join(e.constants.rows[:3])}"
             + (" ..." if len(e.constants.rows) > 3 else "")
+        )
+    return lines
+
+
+def stack_lines(r: Result) -> list[str]:
+    """For an HF stack's prediction: the script's choices plan assumed, and what tunelab's own run of the same
+    config would take and hold beside it."""
+    e, own = r.single, r.tunelab
+    if e.job.hf is None:
+        return []
+    b, c = e.job.batch, e.job.compute
+    lines = [
+        f"  HF script assumed: {e.job.hf.label(e.job.adapter.quant != 'none')}, gradient_checkpointing={c.grad_ckpt}, "
+        f"per_device_train_batch_size={b.micro_batch}, gradient_accumulation_steps={b.grad_accum}, "
+        f"{run_precision(c.precision, e.device)}, PEFT LoRA r={e.job.adapter.lora.r} (--hf KEY=VALUE changes them)"
+    ]
+    if own is not None:
+        mode = "compiled" if own.compiled else "eager"
+        saved = e.time_s - own.time_s
+        lines.append(
+            f"  tunelab with this config ({'packed' if own.job.batch.packing else 'padded'}, {mode}): "
+            f"{duration(own.time_s)}, peak {gib(own.memory.total)}: "
+            + (f"saves {duration(saved)} ({e.time_s / own.time_s:.2f}x)" if saved > 0 else f"costs {duration(-saved)}")
+            + f" and {gib(abs(e.memory.total - own.memory.total))} {'less' if own.memory.total <= e.memory.total else 'more'} memory"
         )
     return lines
 
@@ -211,11 +242,12 @@ def table(results: list[Result]) -> str:
             + f" + checkpoints {duration(e.overheads.checkpoint_s)}"
             + (f" + evaluation {duration(e.overheads.eval_s)}" if e.evaluations is not None else "")
             + f" = {duration(e.time_s)}",
-            *([f"  {e.compile_choice.why}"] if e.compile_choice else []),
+            *([f"  {e.compile_choice.why}"] if e.compile_choice and e.job.hf is None else []),
             f"  memory: peak {gib(e.memory.total)} of {gib(g.memory_bytes)} -> {'fits' if e.fits else 'DOES NOT FIT'};"
             f" largest micro-batch that fits: {e.max_micro_batch}",
             f"  longest seq_len that fits at micro-batch {e.job.batch.micro_batch}: {longest_label(r.arch, e)}",
             *breakdown_lines(e.memory),
+            *stack_lines(r),
         ]
         idle = r.idle_gpus(e)
         for provider, usd in r.cost_usd(e).items():

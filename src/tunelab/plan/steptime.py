@@ -58,6 +58,11 @@ class Shape:
     # Of keys_per_token, those whose scores attention writes out (the CPU slot path's explicit products): their
     # element-wise passes are memory-bound work per query-key pair (score_bytes_per_pair). 0: fused kernels only.
     scored_keys_per_token: float = 0.0
+    # The HF Trainer + PEFT stack's parts (plan/hfstack.py); tunelab's own step leaves them at their defaults.
+    whole_logits: bool = False  # the whole-vocabulary logits and their fp32 cross-entropy (loss_bytes_per_token)
+    fused_ops: bool = False  # Liger's fused RMSNorm, SwiGLU and RoPE (elementwise_elements_per_token)
+    eager_attention: bool = False  # attention as two batched GEMMs and a written-out softmax (eager_score_bytes)
+    fused_optimizer: bool = True  # one fused kernel per parameter group (step_bytes); False: foreach AdamW
 
 
 @dataclass(frozen=True)
@@ -200,7 +205,17 @@ def score_bytes_per_pair(compiled: bool) -> tuple[float, float]:
     return (8.0, 14.0) if compiled else (57.0, 70.0)
 
 
-def elementwise_elements_per_token(arch: Arch, targets: tuple[str, ...], method: Method, compiled: bool) -> float:
+def masked_head_pairs(arch: Arch, tokens: float, keys_per_token: float, grad_ckpt: bool) -> float:
+    """(head, query, key) triples one micro-batch's attention passes over, forward, backward (twice the work, one
+    more pass) and a recomputed forward: what an attention kernel that reads a padding mask per head does per
+    pair, beside its FLOPs (docs/formulas.md, "The HF Trainer + PEFT stack from its parts")."""
+    passes = 4.0 if grad_ckpt else 3.0
+    return passes * arch.layers * arch.heads * keys_per_token * tokens
+
+
+def elementwise_elements_per_token(
+    arch: Arch, targets: tuple[str, ...], method: Method, compiled: bool, fused_ops: bool = False
+) -> float:
     """Elements read and written per token per forward by the non-GEMM ops of all blocks (the backward moves
     twice as many). Eager: HF's RMSNorm upcasts and runs ~7 kernels (8h), rotary's rotate_half, products and sum
     ~6 passes over q and k, the attention layout copies 2 over q, k, v and the output, SiLU and product 5i,
@@ -213,16 +228,34 @@ def elementwise_elements_per_token(arch: Arch, targets: tuple[str, ...], method:
     outs = 0 if method.trains_base else sum(shapes[t][1] for t in targets)
     if compiled:
         per_layer = 2 * 2 * h + 2 * (q + kv) + (2 * q + 2 * kv) + 3 * i + 2 * outs
+    elif fused_ops:  # Liger's kernels: each norm, rotary and SwiGLU one read and one write, the rest eager
+        per_layer = 2 * 2 * h + 2 * (q + kv) + 2 * (2 * q + 2 * kv) + 3 * i + 2 * 3 * h + 5 * outs
     else:
         per_layer = 2 * 8 * h + 12 * (q + kv) + 2 * (2 * q + 2 * kv) + 5 * i + 2 * 3 * h + 5 * outs
     return float(arch.layers * per_layer)
 
 
-def loss_bytes_per_token(arch: Arch, compute_bytes: int) -> float:
+def eager_score_bytes_per_pair() -> tuple[float, float]:
+    """(forward, backward) bytes per query-key pair per head per layer of transformers' eager attention. Forward:
+    QKᵀ written in bf16 (2), the mask added (2 + 2), softmax in fp32 (2 + 4), cast back (4 + 2), read by the
+    product with V (2): 20. Backward: dP written (2), cast to fp32 (2 + 4), softmax's backward reads P and dP and
+    writes dS (12), cast back (4 + 2), read by two products (4): 30."""
+    return 20.0, 30.0
+
+
+def loss_bytes_per_token(arch: Arch, compute_bytes: int, whole_logits: bool = False) -> float:
     """The loss over the vocabulary, per position with a target: logits written and read in the compute dtype,
     upcast to fp32 and reduced (log-sum-exp), the gradient written in fp32 and cast back: ~2 + 2 reads/writes in
-    the compute dtype and 4 fp32 passes."""
-    return arch.vocab * (4.0 * compute_bytes + 4 * 4.0)
+    the compute dtype and 4 fp32 passes. transformers' whole-logits loss adds two fp32 passes: `logits.float()`
+    writes an fp32 copy that log_softmax reads, and log_softmax writes fp32 log-probs that its backward reads."""
+    return arch.vocab * (4.0 * compute_bytes + 4 * 4.0 + (8.0 if whole_logits else 0.0))
+
+
+def optimizer_bytes_per_param(fused: bool) -> float:
+    """Bytes an AdamW step moves per trainable parameter. Fused: parameter, gradient and two moments read (16 B),
+    three written (12 B). foreach (HF's `adamw_torch`): each of its ~10 element-wise ops (two moment updates,
+    sqrt, bias corrections, division, eps, addcdiv, weight decay) reads and writes its fp32 operands: ~80 B."""
+    return 28.0 if fused else 80.0
 
 
 def head_gradient_bytes(arch: Arch, compute_bytes: int, chunks: int) -> float:
@@ -235,7 +268,13 @@ def head_gradient_bytes(arch: Arch, compute_bytes: int, chunks: int) -> float:
 
 
 def step_bytes(
-    arch: Arch, method: Method, base_quant: str, trainable: int, micro_batches: int, grad_ckpt: bool
+    arch: Arch,
+    method: Method,
+    base_quant: str,
+    trainable: int,
+    micro_batches: int,
+    grad_ckpt: bool,
+    fused_optimizer: bool = True,
 ) -> float:
     """Per-step traffic that does not scale with tokens: fused AdamW reads parameter, gradient and two moments
     (16 B) and writes three (12 B) per trainable parameter; gradient clipping (on by default, max_grad_norm 1)
@@ -243,7 +282,7 @@ def step_bytes(
     fp32, 8 B) each micro-batch; an nf4 base is dequantized (0.5 B read, 2 B written) on every forward and
     backward; full fine-tuning's fp32 weights are cast for every micro-batch's products and their gradients cast
     back."""
-    total = trainable * (28.0 + 12.0 + 8.0 * micro_batches)
+    total = trainable * (optimizer_bytes_per_param(fused_optimizer) + 12.0 + 8.0 * micro_batches)
     if method.trains_base:  # autocast casts each fp32 weight to 16 bits (4 + 2 B) and each gradient back (2 + 4 B)
         total += arch.total_params * 12.0 * micro_batches
     if base_quant == "nf4":
@@ -253,14 +292,15 @@ def step_bytes(
 
 
 def launches_per_micro_batch(
-    arch: Arch, targets: tuple[str, ...], method: Method, compiled: bool, grad_ckpt: bool
+    arch: Arch, targets: tuple[str, ...], method: Method, compiled: bool, grad_ckpt: bool, fused_ops: bool = False
 ) -> float:
     """Kernel launches of one micro-batch. Eager, per block forward: norms 2 x 7, rotary 2 x 6, attention 6,
     SwiGLU 2, residual adds 2, its 7 GEMMs, and 4 per adapted matrix (A, B, scale, add); the backward launches
     about twice the forward. Compiled blocks keep the GEMMs (7 + 2 per adapter) and attention's kernels and fuse
-    the rest into ~5 kernels. The head, loss and embedding add ~100."""
+    the rest into ~5 kernels; Liger's kernels make the norms' 14, rotary's 12 and SwiGLU's 2 four (24 fewer). The head, loss
+    and embedding add ~100."""
     adapters = 0 if method.trains_base else len(targets)
-    per_fwd = (14 + 2 * adapters + 2 + 5) if compiled else (43 + 4 * adapters)
+    per_fwd = (14 + 2 * adapters + 2 + 5) if compiled else (43 - (24 if fused_ops else 0) + 4 * adapters)
     passes = 4 if grad_ckpt else 3
     return arch.layers * per_fwd * passes + 100.0
 
@@ -280,24 +320,30 @@ def work(
     gemms = gemm_shapes(arch, method, targets, r, shape.tokens, grad_ckpt, shape.loss_tokens, shape.loss_chunk)
     gemm_f, gemm_b = split_gemms(gemms, cb, ridge)
     fwd_passes = 4.0 if grad_ckpt else 3.0  # forward + backward (2x), + the recomputed forward
-    elements = elementwise_elements_per_token(arch, targets, method, shape.compiled) * fwd_passes
+    elements = elementwise_elements_per_token(arch, targets, method, shape.compiled, shape.fused_ops) * fwd_passes
     # Full fine-tuning keeps fp32 weights under autocast (model/adapters.py): the residual stream and its
     # element-wise ops run in fp32.
     per_token = elements * (4 if method.trains_base else cb)
-    per_micro_batch = per_token * shape.tokens + loss_bytes_per_token(arch, cb) * shape.loss_tokens
+    loss = loss_bytes_per_token(arch, cb, shape.whole_logits) * shape.loss_tokens
+    per_micro_batch = per_token * shape.tokens + loss
     if shape.scored_keys_per_token:
-        fwd, bwd = score_bytes_per_pair(shape.compiled)
+        fwd, bwd = eager_score_bytes_per_pair() if shape.eager_attention else score_bytes_per_pair(shape.compiled)
         pairs = shape.scored_keys_per_token * shape.tokens * arch.heads * arch.layers
         per_micro_batch += pairs * (fwd * (2 if grad_ckpt else 1) + bwd)
     if method.trains_base:
         per_micro_batch += head_gradient_bytes(arch, cb, head_chunks(shape.loss_tokens, shape.loss_chunk))
     trainable = arch.total_params if method.trains_base else adapter_params(arch, targets, r)
-    memory = per_micro_batch * mb + step_bytes(arch, method, base_quant, trainable, mb, grad_ckpt)
-    launches = launches_per_micro_batch(arch, targets, method, shape.compiled, grad_ckpt) * mb + 20.0
+    memory = per_micro_batch * mb + step_bytes(
+        arch, method, base_quant, trainable, mb, grad_ckpt, shape.fused_optimizer
+    )
+    launches = launches_per_micro_batch(arch, targets, method, shape.compiled, grad_ckpt, shape.fused_ops) * mb + 20.0
+    attention = attention_flops(arch, shape.tokens, shape.keys_per_token, grad_ckpt) * mb
+    # Eager attention's products are batched GEMMs: they run at the GEMMs' rate, not a fused kernel's.
+    gemm_f, attention = (gemm_f * mb + attention, 0.0) if shape.eager_attention else (gemm_f * mb, attention)
     return Work(
-        matmul_flops=gemm_f * mb,
+        matmul_flops=gemm_f,
         matmul_bytes=gemm_b * mb,
-        attention_flops=attention_flops(arch, shape.tokens, shape.keys_per_token, grad_ckpt) * mb,
+        attention_flops=attention,
         memory_bytes=memory,
         launches=launches,
     )

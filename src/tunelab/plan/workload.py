@@ -203,7 +203,11 @@ def _counted(lengths: Lengths, b: Batching) -> EpochCounts:
 
 
 def build(lengths: Lengths, b: Batching, epochs: float, max_steps: int | None = None) -> Workload:
-    epoch = epoch_counts(lengths, b)
+    return from_epoch(lengths, b, epoch_counts(lengths, b), epochs, max_steps)
+
+
+def from_epoch(lengths: Lengths, b: Batching, epoch: EpochCounts, epochs: float, max_steps: int | None) -> Workload:
+    """The run's steps from one epoch's counts (another stack's batching: plan/hfstack.py)."""
     steps_per_epoch = max(1, math.ceil(epoch.micro_batches / b.micro_batches_per_step))
     steps = max_steps if max_steps is not None else max(1, math.ceil(steps_per_epoch * epochs))
     epochs_run = epochs if max_steps is None else steps / steps_per_epoch

@@ -5,14 +5,14 @@ probe the local device."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from .. import config as cfgmod
 from ..errors import TunelabError
-from ..plan import catalog, render, steptime, workload
+from ..plan import catalog, hfstack, render, steptime, workload
 from ..plan.estimate import Device, Job, compute_bytes, estimate, suggestions
 from ..plan.generation import GrpoStep, generation
-from ..plan.job import STACKS
+from ..plan.job import STACK_ROWS, STACKS
 from ..runtime import CompileChoice
 from ..sources import resolve_arch
 
@@ -179,6 +179,9 @@ class PlanRequest:
     loss_fraction: float = DEFAULT_LOSS_FRACTION  # the assumed share of their tokens with a loss target
     tokenizer: str | None = None  # a local model whose tokenizer measures data.path when the model is not local
     stack: str = "tunelab"  # plan.job.STACKS
+    # An HF stack's choices by their TrainingArguments names (`--hf KEY=VALUE`, plan/hfstack.py): KEY=VALUE items
+    # or a mapping; those that are tunelab settings reach the config before this request is made.
+    hf: list[str] | dict = field(default_factory=list)
     price_per_hour: float | None = None  # the user's own price per GPU-hour, replacing the catalog's
     scenarios: bool = False  # also estimate SCENARIO_EXAMPLES examples of the same mean length
 
@@ -194,6 +197,14 @@ class PlanRequest:
             raise TunelabError("--gpu is empty; name catalog ids like h100-sxm,rtx-4090 or `local`")
         if self.stack not in STACKS:
             raise TunelabError(f"stack must be one of {', '.join(STACKS)}; got {self.stack!r}")
+        if self.hf and not STACK_ROWS[self.stack].hf:
+            raise TunelabError(
+                f"--hf describes an HF Trainer + PEFT script; add --stack hf-peft (got --stack {self.stack})"
+            )
+        self.hf_spec()  # bad choices fail here, naming the key
+
+    def hf_spec(self) -> hfstack.HfStack | None:
+        return hfstack.parse(self.hf)[0] if STACK_ROWS[self.stack].hf else None
         for g in self.gpu_ids:
             if g != "local":
                 catalog.gpu(g)
@@ -218,7 +229,7 @@ def plan_config(cfg: cfgmod.TrainConfig, r: PlanRequest) -> list[render.Result]:
         )
     arch = resolve_arch(cfg.model)
     lengths = workload_lengths(cfg, r)
-    job = Job.of(cfg, stack=r.stack)
+    job = Job.of(cfg, stack=r.stack, hf=r.hf_spec())
     results = []
     for device in devices:
         single = estimate(arch, lengths, job, device)
@@ -233,7 +244,11 @@ def plan_config(cfg: cfgmod.TrainConfig, r: PlanRequest) -> list[render.Result]:
             [(n, estimate(arch, scaled(lengths, n), job, device)) for n in SCENARIO_EXAMPLES] if r.scenarios else None
         )
         prices = price_rows(device.gpu.id, r.price_per_hour)
-        results.append(render.Result(arch, single, multi, suggestions(arch, lengths, single), prices, scenarios))
+        # Beside an HF script's prediction, tunelab's own run of the same config: what it would save.
+        own = estimate(arch, lengths, job.but(stack="tunelab", hf=None), device) if job.hf is not None else None
+        results.append(
+            render.Result(arch, single, multi, suggestions(arch, lengths, single), prices, scenarios, tunelab=own)
+        )
     return results
 
 

@@ -157,3 +157,40 @@ def test_a_rows_base_is_the_registrys_not_its_methods_name():
     assert row_job(row).adapter.quant == "nf4"
     assert row_job(replace(row, method="lora", base_quant="nf4")).adapter.quant == "nf4"
     assert row_job(replace(row, method="lora")).adapter.quant == "none"
+
+
+def test_a_gpu_suites_liger_peer_is_an_hf_row_with_the_probe_of_the_row_it_follows():
+    """A GPU suite's HF peers (tuned, Liger) are hf-peft rows: the Liger peer's `hf` names its kernels, its peak
+    is the tunelab row's it ran against, and its lengths are the suite's synthetic rows (a padded peer's padding
+    follows their spread)."""
+    from tunelab.bench.fit_data import suite_doc_rows
+
+    data = {"rows": 200, "prompt_tokens": "8-40", "response_tokens": "8-60", "dist": "triangular", "seed": 0}
+    ran = {
+        "kind": "tunelab",
+        "label": "8b-lora",
+        "model": "random:llama-3.1-8b",
+        "method": "lora",
+        "grad_ckpt": False,
+        "micro_batch": 4,
+        "seq_len": 2048,
+        "data": {"mean_len": 600.0, "tokens_nonpad": 1000, "tokens_loss": 800},
+        "config": {"compile": True, "lora": {"r": 16}},
+        "step_time_median_s": 0.5,
+        "device_peak_flops": 989e12,
+        "peak_source": "catalog h200: datasheet",
+    }
+    peer = {
+        **{k: ran[k] for k in ("model", "method", "grad_ckpt", "seq_len")},
+        "kind": "hf-trainer-liger",
+        "label": "peer hf-trainer-liger",
+        "micro_batch": 16,
+        "step_time_median_s": 1.2,
+        "against": "8b-lora",
+    }
+    doc = {"date": "2026-12-01", "suite": "gpu", "device": {"type": "cuda"}, "definition": {"data": data}}
+    rows, left_out = suite_doc_rows({**doc, "records": [ran, peer]}, "gpu.json", None)
+    assert not left_out
+    hf = next(r for r in rows if r.stack == "hf-peft")
+    assert hf.hf == "use_liger_kernel=true" and hf.peak == 989e12 and hf.device == "h200"
+    assert hf.lengths.startswith("synthetic:") and hf.loss_fraction == 0.8 and not hf.packing

@@ -561,8 +561,9 @@ def test_longest_seq_len_is_the_last_multiple_of_128_that_fits_and_offload_raise
 
 
 def test_hf_peft_holds_the_whole_vocabulary_logits_in_fp32():
-    """transformers' loss upcasts every position's logits and keeps fp32 log-probabilities: a 152k vocabulary at
-    8,192 positions is gigabytes that tunelab's chunked head over the targets never holds."""
+    """transformers' loss upcasts every position's logits and keeps fp32 log-probabilities, and its backward
+    starts with three fp32 tensors a logit: a 152k vocabulary at 8,192 positions is gigabytes that tunelab's
+    chunked head over the targets never holds."""
     from tunelab import api
 
     def logits(stack):
@@ -582,14 +583,15 @@ def test_hf_peft_holds_the_whole_vocabulary_logits_in_fp32():
 
     hf, width = logits("hf-peft")
     own, _ = logits("tunelab")
-    assert hf == pytest.approx(width * 152064 * (2 + 4 + 4))
+    assert hf == pytest.approx(width * 152064 * (4 + 4 + 4))
     assert hf > 10 * 2**30 > 20 * own
 
 
 def test_hf_peft_runs_the_head_and_its_loss_over_every_fed_position():
     """tunelab gathers the target positions before its head; the HF stack projects and scores every fed one, its
     padding included, and plan's step (and the fit of the stack's residual factor) counts them so."""
-    from tunelab.plan.job import STACK_ROWS
+    from tunelab.plan.hfstack import HfStack
+    from tunelab.plan.job import Job
 
-    assert STACK_ROWS["hf-peft"].head_positions(fed=4096.0, targets=1024.0) == 4096.0
-    assert STACK_ROWS["tunelab"].head_positions(fed=4096.0, targets=1024.0) == 1024.0
+    assert Job(stack="hf-peft", hf=HfStack()).head_positions(fed=4096.0, targets=1024.0) == 4096.0
+    assert Job().head_positions(fed=4096.0, targets=1024.0) == 1024.0

@@ -84,7 +84,7 @@ def test_compile_fuses_bytes_and_launches_and_speeds_the_step_up():
     assert compiled.speed.tokens_per_s > 1.15 * eager.speed.tokens_per_s
 
 
-def test_hf_peft_stack_pads_runs_eager_and_applies_its_fitted_factor():
+def test_hf_peft_stack_pads_runs_eager_and_prices_its_masked_kernel():
     s = settings(compile=True)
     ours = estimate(one_b(), lengths(), s, h200())
     peer = estimate(one_b(), lengths(), s.but(stack="hf-peft"), h200())
@@ -96,8 +96,8 @@ def test_hf_peft_stack_pads_runs_eager_and_applies_its_fitted_factor():
 
     assert per_token(peer) > 1.5 * per_token(ours)
     assert peer.step.fixed_s > ours.step.fixed_s  # eager launches
-    scale, rows = catalog.stack_scale("hf-peft")
-    assert rows and scale > 0 and "stack hf-peft" in peer.efficiency.label
+    per_pair, rows = catalog.stack_pair_bytes("hf-peft", "cuda")
+    assert rows and per_pair > 0 and "stack hf-peft" in peer.efficiency.label
     assert peer.speed.train_s > ours.speed.train_s
 
 
