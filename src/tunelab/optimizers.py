@@ -40,6 +40,13 @@ class Optimizer:
     # What to use where this optimizer cannot run, named in the refusal.
     instead: str = "adamw"
 
+    @property
+    def elementwise(self) -> bool:
+        """Each value's update reads only that value's gradient and state (bitsandbytes' 256-value blocks aside,
+        which chunks aligned to 256 keep), so a large bf16 weight can step in chunks (runtime.STEP_CHUNK) with the
+        same result; a factored second moment spans the whole matrix."""
+        return not self.factored
+
     def state_bytes_of(self, rows: int, cols: int) -> float:
         """Optimizer state of one trainable (rows x cols) matrix, or of a vector when `cols` is 1."""
         if self.factored and cols > 1:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..runtime import LOGIT_CHUNK
+from ..runtime import LOGIT_CHUNK, STEP_CHUNK
 from .arch import Arch
 from .flops import adapter_params
 from .job import Job
@@ -128,13 +128,34 @@ def optimizer_state_bytes(arch: Arch, job: Job, s: Layout) -> float:
 
 
 def gradient_bytes(arch: Arch, job: Job, s: Layout, trainable: int) -> float:
-    """The gradients alive at the peak. The whole buffer in the weights' dtype; with the step inside backward
-    (optimizer_in_backward) each gradient is freed by its hook, so only the largest tensor's is, plus, for
-    bf16 weights, its fp32 copy and the fp32 shadow weight it steps through (train/optim.PerParameter)."""
+    """The gradients alive at the peak (the start of the last backward, every activation alive). The whole buffer
+    in the weights' dtype; with the step inside backward (optimizer_in_backward) each gradient is freed by its
+    hook, so only the largest block tensor's is, plus a tied embedding's whole gradient, which autograd holds
+    until the embedding adds its share at the end of backward. An untied head's gradient is the loss's
+    (logits_bytes), stepped and freed first; an untied embedding's is made last, once the activations are freed.
+    For bf16 weights, plus the fp32 temporaries of the largest weight's step (step_temporary_bytes)."""
     if not job.optimizer.optimizer_in_backward:
         return trainable * job.weight_bytes
-    largest = max(rows * cols for rows, cols, _ in trained_shapes(arch, job, s))
-    return largest * (job.weight_bytes + (8 if job.weight_bytes == 2 else 0))
+    shapes = trained_shapes(arch, job, s)
+    embedding = arch.vocab * arch.hidden if job.method.trains_base else 0
+    block = max(rows * cols for rows, cols, _ in shapes if rows * cols != embedding)
+    tied = embedding if arch.tied else 0
+    largest = max(rows * cols for rows, cols, _ in shapes)
+    return (block + tied) * job.weight_bytes + step_temporary_bytes(job, largest)
+
+
+# Bytes per value of a bf16 weight's piece while it steps (train/optim.PerParameter): its fp32 value and gradient
+# during the inner step (8), then the value, stochastic rounding's int32 noise and the bf16 result (10).
+STEP_TEMPORARY_BYTES = 10
+
+
+def step_temporary_bytes(job: Job, values: int) -> float:
+    """The fp32 temporaries of one bf16 weight of `values` stepping: a piece of at most runtime.STEP_CHUNK values
+    at a time for an element-wise optimizer (optimizers.Optimizer.elementwise), the whole weight otherwise."""
+    if job.weight_bytes != 2:
+        return 0.0
+    piece = min(values, STEP_CHUNK) if job.optim.elementwise else values
+    return STEP_TEMPORARY_BYTES * piece
 
 
 def _adapter_bytes(arch: Arch, job: Job, s: Layout) -> float:
@@ -270,7 +291,9 @@ def logits_bytes(arch: Arch, job: Job, s: Layout) -> float:
     if job.method.trains_base:
         w = job.weight_bytes
         head_copy = a if a < w and s.sharding != "zero3" else 0
-        out += arch.vocab * arch.hidden * (head_copy + w + a + (w if a < w else 0))
+        # its cast, the fp32 gradient the loss sums from forward to backward, each chunk's increment (a) or, as
+        # wide, backward's result in the weights' dtype, which fp32 master weights make 4 B wider than a
+        out += arch.vocab * arch.hidden * (head_copy + 4 + a + (w if a < w else 0))
     return out
 
 
