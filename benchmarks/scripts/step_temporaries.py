@@ -33,8 +33,15 @@ def case(name: str, update: str, chunked: bool) -> dict:
     opt.step()
     extra = memwatch.peak_rss_bytes() - base
     piece = max(e - s for s, e in opt.spans[w])
-    return {"optimizer": name, "bf16_update": update, "chunked": chunk > 0, "values": VALUES, "piece": piece,
-            "peak_extra_bytes": extra, "bytes_per_piece_value": round(extra / piece, 2)}
+    return {
+        "optimizer": name,
+        "bf16_update": update,
+        "chunked": chunk > 0,
+        "values": VALUES,
+        "piece": piece,
+        "peak_extra_bytes": extra,
+        "bytes_per_piece_value": round(extra / piece, 2),
+    }
 
 
 if __name__ == "__main__":

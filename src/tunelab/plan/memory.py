@@ -133,7 +133,7 @@ def gradient_bytes(arch: Arch, job: Job, s: Layout, trainable: int) -> float:
     hook, so only the largest block tensor's is, plus a tied embedding's whole gradient, which autograd holds
     until the embedding adds its share at the end of backward. An untied head's gradient is the loss's
     (logits_bytes), stepped and freed first; an untied embedding's is made last, once the activations are freed.
-    For bf16 weights, plus the fp32 temporaries of the largest weight's step (step_temporary_bytes)."""
+    Plus the temporaries of the largest weight's step (step_temporary_bytes)."""
     if not job.optimizer.optimizer_in_backward:
         return trainable * job.weight_bytes
     shapes = trained_shapes(arch, job, s)
@@ -144,18 +144,23 @@ def gradient_bytes(arch: Arch, job: Job, s: Layout, trainable: int) -> float:
     return (block + tied) * job.weight_bytes + step_temporary_bytes(job, largest)
 
 
-# Bytes per value of a bf16 weight's piece while it steps (train/optim.PerParameter): its fp32 value and gradient
-# during the inner step (8), then the value, stochastic rounding's int32 noise and the bf16 result (10).
-STEP_TEMPORARY_BYTES = 10
+# Bytes per value of a bf16 weight's piece while it steps (train/optim.PerParameter), measured
+# (benchmarks/optimizers/step-memory_xeon-amx-2c_2026-11-27.md): its fp32 value and gradient during the inner step
+# (8); stochastic rounding then holds the value, its int32 noise and the bf16 result (10).
+SHADOW_BYTES = 8
+STOCHASTIC_BYTES = 10
 
 
 def step_temporary_bytes(job: Job, values: int) -> float:
-    """The fp32 temporaries of one bf16 weight of `values` stepping: a piece of at most runtime.STEP_CHUNK values
-    at a time for an element-wise optimizer (optimizers.Optimizer.elementwise), the whole weight otherwise."""
+    """What one weight of `values` allocates while it steps: the optimizer's own scratch (Optimizer.step_scratch),
+    and for bf16 weights the fp32 shadow, each over a piece of at most runtime.STEP_CHUNK values for an
+    element-wise optimizer (optimizers.Optimizer.elementwise), the whole weight otherwise."""
+    row = job.optim
     if job.weight_bytes != 2:
-        return 0.0
-    piece = min(values, STEP_CHUNK) if job.optim.elementwise else values
-    return STEP_TEMPORARY_BYTES * piece
+        return row.step_scratch * values
+    piece = min(values, STEP_CHUNK) if row.elementwise else values
+    shadow = STOCHASTIC_BYTES if job.optimizer.bf16_update == "stochastic" else SHADOW_BYTES
+    return piece * (shadow + row.step_scratch)
 
 
 def _adapter_bytes(arch: Arch, job: Job, s: Layout) -> float:

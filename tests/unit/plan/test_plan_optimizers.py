@@ -51,12 +51,16 @@ def test_bf16_weights_halve_weights_and_gradients_and_drop_the_autocast_copies(a
     assert kahan.optimizer_states == b.optimizer_states + arch.total_params * 2
     # in backward: the block's bf16 gradient, and the fp32 temporaries of one piece of the largest weight's step
     ib = memory.breakdown(arch, *full(weights="bf16", optimizer_in_backward=True, max_grad_norm=0.0))
-    assert ib.gradients == 11008 * 4096 * 2 + memory.STEP_TEMPORARY_BYTES * STEP_CHUNK
+    assert ib.gradients == 11008 * 4096 * 2 + memory.STOCHASTIC_BYTES * STEP_CHUNK
+    eight = memory.breakdown(
+        arch, *full(weights="bf16", optimizer="adamw_8bit", optimizer_in_backward=True, max_grad_norm=0.0)
+    )
+    assert eight.gradients == 11008 * 4096 * 2 + (memory.STOCHASTIC_BYTES + 18) * STEP_CHUNK
     # Adafactor's factored moment spans the matrix: the head steps whole, its temporaries at its full size
     af = memory.breakdown(
         arch, *full(weights="bf16", optimizer="adafactor", optimizer_in_backward=True, max_grad_norm=0.0)
     )
-    assert af.gradients == 11008 * 4096 * 2 + memory.STEP_TEMPORARY_BYTES * 32000 * 4096
+    assert af.gradients == 11008 * 4096 * 2 + (memory.STOCHASTIC_BYTES + 6) * 32000 * 4096
 
 
 def test_the_loss_holds_a_trained_heads_fp32_gradient_and_its_result(arch):
