@@ -39,6 +39,17 @@ class Optimizer:
     in_backward: bool = True
     # What to use where this optimizer cannot run, named in the refusal.
     instead: str = "adamw"
+    # Bytes per value its step allocates and frees beyond the weight, gradient and states, measured on CPU
+    # (benchmarks/optimizers/step-memory_xeon-amx-2c_2026-11-27.md): fused AdamW none, bitsandbytes' 8-bit step
+    # its dequantized moments and update, Adafactor its update and squared gradient. Taken for CUDA too, unmeasured.
+    step_scratch: float = 0.0
+
+    @property
+    def elementwise(self) -> bool:
+        """Each value's update reads only that value's gradient and state (bitsandbytes' 256-value blocks aside,
+        which chunks aligned to 256 keep), so a large bf16 weight can step in chunks (runtime.STEP_CHUNK) with the
+        same result; a factored second moment spans the whole matrix."""
+        return not self.factored
 
     def state_bytes_of(self, rows: int, cols: int) -> float:
         """Optimizer state of one trainable (rows x cols) matrix, or of a vector when `cols` is 1."""
@@ -52,19 +63,26 @@ REGISTRY: dict[str, Optimizer] = {
     for o in (
         # torch's AdamW: exp_avg and exp_avg_sq, fp32.
         Optimizer("adamw", state_bytes=8, builder="train.optim:build_adamw"),
-        Optimizer("adamw_8bit", state_bytes=_BLOCKWISE_8BIT, builder="train.optim:build_adamw_8bit", bitsandbytes=True),
+        Optimizer(
+            "adamw_8bit",
+            state_bytes=_BLOCKWISE_8BIT,
+            builder="train.optim:build_adamw_8bit",
+            bitsandbytes=True,
+            step_scratch=18,
+        ),
         Optimizer(
             "paged_adamw_8bit",
             state_bytes=_BLOCKWISE_8BIT,
             builder="train.optim:build_paged_adamw_8bit",
             bitsandbytes=True,
+            step_scratch=18,
             paged=True,
             # bitsandbytes falls back to ordinary memory off CUDA (a warning): adamw_8bit, said plainly.
             needs_cuda=True,
             instead="adamw_8bit",
         ),
         # torch's Adafactor (no first moment, factored second moment): the low-memory choice on every device.
-        Optimizer("adafactor", state_bytes=4, builder="train.optim:build_adafactor", factored=True),
+        Optimizer("adafactor", state_bytes=4, builder="train.optim:build_adafactor", factored=True, step_scratch=6),
     )
 }
 NAMES = tuple(REGISTRY)

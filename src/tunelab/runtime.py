@@ -14,6 +14,11 @@ LOGIT_CHUNK = 256
 # cost more memory than the flash kernel's extra time.
 MATH_MAX_LEN = 256
 
+# Values of a bf16 weight stepped at once (train/optim.PerParameter): each piece goes through an fp32 copy of the
+# weight and of its gradient, so a 525M-value embedding costs 2 x 32 MiB of temporaries, not 2 x 2 GiB. A multiple
+# of 256, bitsandbytes' quantization block, so chunked 8-bit states quantize exactly as one tensor's would.
+STEP_CHUNK = 1 << 23
+
 # torch.compile's activation memory budget (AOTAutograd's partitioner; 1.0 keeps whatever is cheapest to
 # keep; recipes/finetune.compile_blocks sets it). 0.9 recomputes norm outputs and one MLP tensor per layer, which
 # lowered the quickstart's peak memory at no clear speed cost, where 0.5 saved more but cost speed

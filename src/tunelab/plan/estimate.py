@@ -351,7 +351,9 @@ def suggestions(arch: Arch, lengths: workload.Lengths, base: Estimate) -> list[S
     model prices it: smaller micro-batches launch more kernels per token)."""
     job, b = base.job, base.job.batch
     variants: list[tuple[str, Job]] = []
-    split = accumulation_split(b.micro_batch, b.grad_accum, base.max_micro_batch) if not base.fits else None
+    # The step inside backward needs grad_accum 1 (config refuses more): no split of the micro-batch there.
+    splittable = not base.fits and not job.optimizer.optimizer_in_backward
+    split = accumulation_split(b.micro_batch, b.grad_accum, base.max_micro_batch) if splittable else None
     if split is not None:
         mb, accum = split
         variants.append(

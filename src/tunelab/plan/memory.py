@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..runtime import LOGIT_CHUNK
+from ..runtime import LOGIT_CHUNK, STEP_CHUNK
 from .arch import Arch
 from .flops import adapter_params
 from .job import Job
@@ -134,13 +134,39 @@ def optimizer_state_bytes(arch: Arch, job: Job, s: Layout) -> float:
 
 
 def gradient_bytes(arch: Arch, job: Job, s: Layout, trainable: int) -> float:
-    """The gradients alive at the peak. The whole buffer in the weights' dtype; with the step inside backward
-    (optimizer_in_backward) each gradient is freed by its hook, so only the largest tensor's is, plus, for
-    bf16 weights, its fp32 copy and the fp32 shadow weight it steps through (train/optim.PerParameter)."""
+    """The gradients alive at the peak (the start of the last backward, every activation alive). The whole buffer
+    in the weights' dtype; with the step inside backward (optimizer_in_backward) each gradient is freed by its
+    hook, so only the largest block tensor's is, plus a tied embedding's whole gradient, which autograd holds
+    until the embedding adds its share at the end of backward. An untied head's gradient is the loss's
+    (logits_bytes), stepped and freed first; an untied embedding's is made last, once the activations are freed.
+    Plus the temporaries of the largest weight's step (step_temporary_bytes)."""
     if not job.optimizer.optimizer_in_backward:
         return trainable * job.weight_bytes
-    largest = max(rows * cols for rows, cols, _ in trained_shapes(arch, job, s))
-    return largest * (job.weight_bytes + (8 if job.weight_bytes == 2 else 0))
+    shapes = trained_shapes(arch, job, s)
+    embedding = arch.vocab * arch.hidden if job.method.trains_base else 0
+    block = max(rows * cols for rows, cols, _ in shapes if rows * cols != embedding)
+    tied = embedding if arch.tied else 0
+    largest = max(rows * cols for rows, cols, _ in shapes)
+    return (block + tied) * job.weight_bytes + step_temporary_bytes(job, largest)
+
+
+# Bytes per value of a bf16 weight's piece while it steps (train/optim.PerParameter), measured
+# (benchmarks/optimizers/step-memory_xeon-amx-2c_2026-11-27.md): its fp32 value and gradient during the inner step
+# (8); stochastic rounding then holds the value, its int32 noise and the bf16 result (10).
+SHADOW_BYTES = 8
+STOCHASTIC_BYTES = 10
+
+
+def step_temporary_bytes(job: Job, values: int) -> float:
+    """What one weight of `values` allocates while it steps: the optimizer's own scratch (Optimizer.step_scratch),
+    and for bf16 weights the fp32 shadow, each over a piece of at most runtime.STEP_CHUNK values for an
+    element-wise optimizer (optimizers.Optimizer.elementwise), the whole weight otherwise."""
+    row = job.optim
+    if job.weight_bytes != 2:
+        return row.step_scratch * values
+    piece = min(values, STEP_CHUNK) if row.elementwise else values
+    shadow = STOCHASTIC_BYTES if job.optimizer.bf16_update == "stochastic" else SHADOW_BYTES
+    return piece * (shadow + row.step_scratch)
 
 
 def _adapter_bytes(arch: Arch, job: Job, s: Layout) -> float:
@@ -294,7 +320,9 @@ def logits_bytes(arch: Arch, job: Job, s: Layout) -> float:
     if job.method.trains_base:
         w = job.weight_bytes
         head_copy = a if a < w and s.sharding != "zero3" else 0
-        out += arch.vocab * arch.hidden * (head_copy + w + a + (w if a < w else 0))
+        # its cast, the fp32 gradient the loss sums from forward to backward, each chunk's increment (a) or, as
+        # wide, backward's result in the weights' dtype, which fp32 master weights make 4 B wider than a
+        out += arch.vocab * arch.hidden * (head_copy + 4 + a + (w if a < w else 0))
     return out
 
 

@@ -118,7 +118,8 @@ def head_pass(
             if out.grad_hidden is not None:
                 torch.mm(grad, w, out=out.grad_hidden[start : start + n])
             if out.grad_weight is not None:
-                out.grad_weight += (grad.T @ h).float()
+                # added into the fp32 sum as it is (the add upcasts each value): no fp32 copy of the increment
+                out.grad_weight += grad.T @ h
     return out
 
 
@@ -152,7 +153,9 @@ class LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss):
         grad_hidden, grad_weight = ctx.saved_tensors
-        grad_w = None if grad_weight is None else (grad_weight * grad_loss).to(ctx.weight_dtype)
+        grad_w = None
+        if grad_weight is not None:  # scaled in fp32 and written in the weight's dtype, with no fp32 copy between
+            grad_w = torch.mul(grad_weight, grad_loss, out=torch.empty_like(grad_weight, dtype=ctx.weight_dtype))
         return grad_hidden * grad_loss.to(grad_hidden.dtype), grad_w, None, None, None
 
 

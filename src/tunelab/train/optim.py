@@ -13,6 +13,7 @@ import torch
 from .. import optimizers
 from ..config import OptimizerConfig
 from ..errors import TunelabError
+from ..runtime import STEP_CHUNK
 
 
 def build_adamw(params: list, lr: float, weight_decay: float, device: torch.device) -> torch.optim.Optimizer:
@@ -76,42 +77,63 @@ def build_optimizer(model: torch.nn.Module, spec: OptimizerConfig, device: torch
     """The run's optimizer over `model`'s trainable parameters: the row's own over all of them, or a PerParameter
     where the step runs inside backward or the weights are bf16."""
     params = [p for p in model.parameters() if p.requires_grad]
-    build = optimizers.load(optimizers.get(spec.optimizer))
+    row = optimizers.get(spec.optimizer)
+    build = optimizers.load(row)
     lr, decay = spec.lr, spec.weight_decay
     if not spec.optimizer_in_backward and not any(p.dtype == torch.bfloat16 for p in params):
         return build(params, lr, decay, device)
-    return PerParameter(params, lambda shadow: build([shadow], lr, decay, device), spec)
+    chunk = STEP_CHUNK if row.elementwise else 0
+    return PerParameter(params, lambda shadow: build([shadow], lr, decay, device), spec, chunk=chunk)
 
 
 def stochastic_round(x: torch.Tensor) -> torch.Tensor:
     """fp32 `x` as bf16, rounded up or down with probability proportional to its distance from each neighbour,
     so that the expected value is `x` (Gupta et al. 2015, "Deep Learning with Limited Numerical Precision",
-    section 3.2): random bits added below bf16's 16 kept bits of the fp32 pattern, then truncated."""
+    section 3.2): random bits added below bf16's 16 kept bits of the fp32 pattern, then truncated. In place on
+    the noise, so the only temporaries are the noise (4 B a value) and the bf16 result (2 B)."""
     bits = x.contiguous().view(torch.int32)
     noise = torch.randint_like(bits, 0, 1 << 16)
-    return ((bits + noise) & -65536).view(torch.float32).to(torch.bfloat16)
+    return noise.add_(bits).bitwise_and_(-65536).view(torch.float32).to(torch.bfloat16)
+
+
+def pieces(numel: int, chunk: int) -> list[tuple[int, int]]:
+    """[start, end) spans of a flattened weight of `numel` values stepped one at a time: one span when `chunk` is 0
+    or the weight fits in it, else near-equal spans of at most `chunk` values, each a multiple of 256 but the last
+    (bitsandbytes' block, so its blockwise states quantize as for the whole tensor; the last is still far above its
+    4096-value min_8bit_size, below which it would keep fp32 states)."""
+    if not chunk or numel <= chunk:
+        return [(0, numel)]
+    count = -(-numel // chunk)
+    size = -(-numel // count // 256) * 256
+    return [(start, min(start + size, numel)) for start in range(0, numel, size)]
 
 
 class PerParameter(torch.optim.Optimizer):
-    """One inner optimizer per trainable parameter, stepped one parameter at a time.
+    """One inner optimizer per trainable parameter (per piece of a large bf16 one), stepped one at a time.
 
     `param_groups` is one group over every parameter, so the LR scheduler sets its `lr` as for any optimizer;
     each inner optimizer takes it at its step. A bf16 parameter is stepped through an fp32 shadow that exists only
     during its own step (the inner optimizer's state is keyed by the shadow), and written back by
     `spec.bf16_update`: `stochastic`, `kahan` (a bf16 buffer keeps what rounding lost, added back at the next
     step: Zamirai et al. 2020, "Revisiting BFloat16 Training", section 4) or `nearest` (plain rounding, which
-    loses every update below half a bf16 ulp of the weight).
+    loses every update below half a bf16 ulp of the weight). With `chunk` > 0 (an element-wise optimizer:
+    optimizers.Optimizer.elementwise) a bf16 parameter of more values steps in pieces of at most `chunk` values
+    (`pieces`), each with its own shadow and inner optimizer, so the fp32 temporaries stay bounded; the update is
+    the unchunked one, value for value, and stochastic rounding draws the same random stream in the same order.
 
     In backward (`spec.optimizer_in_backward`) each parameter steps in its post-accumulate-grad hook and its
     gradient is freed there; `step` and `zero_grad` then do nothing."""
 
-    def __init__(self, params: list, build: Callable[[torch.nn.Parameter], torch.optim.Optimizer], spec):
+    def __init__(
+        self, params: list, build: Callable[[torch.nn.Parameter], torch.optim.Optimizer], spec, chunk: int = 0
+    ):
         super().__init__(params, {"lr": spec.lr})
         self.update = spec.bf16_update
         self.in_backward = spec.optimizer_in_backward
         self.params = list(params)
-        self.shadows = {p: _shadow(p) for p in self.params}
-        self.inner = {p: build(self.shadows[p]) for p in self.params}
+        self.spans = {p: pieces(p.numel(), chunk if p.dtype == torch.bfloat16 else 0) for p in self.params}
+        self.shadows = {p: [_shadow(p) for _ in self.spans[p]] for p in self.params}
+        self.inner = {p: [build(shadow) for shadow in self.shadows[p]] for p in self.params}
         self.compensation = {
             p: torch.zeros_like(p) for p in self.params if p.dtype == torch.bfloat16 and self.update == "kahan"
         }
@@ -125,27 +147,36 @@ class PerParameter(torch.optim.Optimizer):
     def step_param(self, p: torch.nn.Parameter) -> None:
         if p.grad is None:
             return
-        inner = self.inner[p]
-        for group in inner.param_groups:
-            group["lr"] = self.param_groups[0]["lr"]
-        shadow = self.shadows[p]
-        if shadow is p:
-            inner.step()
+        lr = self.param_groups[0]["lr"]
+        for inner in self.inner[p]:
+            for group in inner.param_groups:
+                group["lr"] = lr
+        if self.shadows[p][0] is p:
+            self.inner[p][0].step()
             return
-        value = p.float()
-        if p in self.compensation:
-            value += self.compensation[p].float()
+        weight, grad = p.view(-1), p.grad.reshape(-1)
+        compensation = self.compensation[p].view(-1) if p in self.compensation else None
+        for (start, end), shadow, inner in zip(self.spans[p], self.shadows[p], self.inner[p]):
+            kept = None if compensation is None else compensation[start:end]
+            self._step_piece(weight[start:end], grad[start:end], kept, shadow, inner)
+
+    def _step_piece(self, weight, grad, compensation, shadow, inner) -> None:
+        """One piece of a bf16 weight: its fp32 value (plus the Kahan buffer) and gradient into the shadow, the inner
+        step, the result written back; at most two fp32 temporaries of the piece alive at once."""
+        value = weight.float()
+        if compensation is not None:
+            value += compensation.float()
         shadow.data = value
-        shadow.grad = p.grad.float()
+        shadow.grad = grad.float()
         inner.step()
-        if self.update == "stochastic":
-            p.copy_(stochastic_round(shadow.data))
-        else:
-            p.copy_(shadow.data)
-            if p in self.compensation:
-                self.compensation[p].copy_(shadow.data - p.float())
         shadow.grad = None
-        shadow.data = torch.empty(0, device=p.device)
+        if self.update == "stochastic":
+            weight.copy_(stochastic_round(shadow.data))
+        else:
+            weight.copy_(shadow.data)
+            if compensation is not None:
+                compensation.copy_(shadow.data.sub_(weight.float()))
+        shadow.data = torch.empty(0, device=weight.device)
 
     def step(self, closure=None):
         if not self.in_backward:
@@ -158,10 +189,12 @@ class PerParameter(torch.optim.Optimizer):
             p.grad = None
 
     def state_dict(self) -> dict:
-        """Each parameter's inner state by its index, its Kahan buffer, and the shared group (lr, step count)."""
+        """Each parameter's inner state by its index (a list, one per piece, for a chunked one), its Kahan buffer,
+        and the shared group (lr, step count)."""
         out = {"param_groups": [{k: v for k, v in self.param_groups[0].items() if k != "params"}], "inner": {}}
         for i, p in enumerate(self.params):
-            entry = {"optimizer": self.inner[p].state_dict()}
+            states = [inner.state_dict() for inner in self.inner[p]]
+            entry = {"optimizer": states[0] if len(states) == 1 else states}
             if p in self.compensation:
                 entry["compensation"] = self.compensation[p]
             out["inner"][i] = entry
@@ -177,7 +210,14 @@ class PerParameter(torch.optim.Optimizer):
         self.param_groups[0].update(state["param_groups"][0])
         for i, p in enumerate(self.params):
             entry = inner[i]
-            self.inner[p].load_state_dict(entry["optimizer"])
+            saved = entry["optimizer"] if isinstance(entry["optimizer"], list) else [entry["optimizer"]]
+            if len(saved) != len(self.inner[p]):
+                raise TunelabError(
+                    f"resume: the checkpoint steps parameter {i} in {len(saved)} pieces, this run in "
+                    f"{len(self.inner[p])}; resume with the tunelab version and optimizer it was saved with"
+                )
+            for optimizer, sd in zip(self.inner[p], saved):
+                optimizer.load_state_dict(sd)
             if p in self.compensation:
                 self.compensation[p].copy_(entry["compensation"])
 

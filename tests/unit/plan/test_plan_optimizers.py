@@ -8,6 +8,7 @@ from conftest import plan_setup
 
 from tunelab.cli import main
 from tunelab.plan import memory
+from tunelab.runtime import STEP_CHUNK
 from tunelab.sources import resolve_arch
 
 LLAMA2 = "meta-llama/Llama-2-7b-hf"
@@ -32,9 +33,15 @@ def test_8bit_states_are_blockwise_bytes_and_adafactor_factored(arch):
     assert (eight.weights, eight.gradients) == (adamw.weights, adamw.gradients)
 
 
-def test_the_step_in_backward_keeps_only_the_largest_gradient(arch):
+def test_the_step_in_backward_keeps_only_the_largest_block_gradient(arch):
     f = memory.breakdown(arch, *full(optimizer_in_backward=True, max_grad_norm=0.0))
-    assert f.gradients == 32000 * 4096 * 4  # the embedding's (and head's) fp32 gradient, one at a time
+    # Llama-2's untied head: its gradient is the loss's (logits), stepped first; the embedding's comes last, once
+    # the activations are freed. At the peak: one MLP matrix's fp32 gradient.
+    assert f.gradients == 11008 * 4096 * 4
+    tied = resolve_arch("HuggingFaceTB/SmolLM2-135M-Instruct")
+    t = memory.breakdown(tied, *full(optimizer_in_backward=True, max_grad_norm=0.0))
+    # a tied embedding's gradient waits for the embedding's share at the end of backward, beside the block's
+    assert t.gradients == (tied.vocab * tied.hidden + tied.intermediate * tied.hidden) * 4
 
 
 def test_bf16_weights_halve_weights_and_gradients_and_drop_the_autocast_copies(arch):
@@ -42,9 +49,30 @@ def test_bf16_weights_halve_weights_and_gradients_and_drop_the_autocast_copies(a
     assert b.weights == arch.total_params * 2 and b.gradients == arch.total_params * 2
     kahan = memory.breakdown(arch, *full(weights="bf16", bf16_update="kahan"))
     assert kahan.optimizer_states == b.optimizer_states + arch.total_params * 2
-    # in backward: the largest tensor's bf16 gradient, and the fp32 shadow weight and gradient it steps through
+    # in backward: the block's bf16 gradient, and the fp32 temporaries of one piece of the largest weight's step
     ib = memory.breakdown(arch, *full(weights="bf16", optimizer_in_backward=True, max_grad_norm=0.0))
-    assert ib.gradients == 32000 * 4096 * (2 + 8)
+    assert ib.gradients == 11008 * 4096 * 2 + memory.STOCHASTIC_BYTES * STEP_CHUNK
+    eight = memory.breakdown(
+        arch, *full(weights="bf16", optimizer="adamw_8bit", optimizer_in_backward=True, max_grad_norm=0.0)
+    )
+    assert eight.gradients == 11008 * 4096 * 2 + (memory.STOCHASTIC_BYTES + 18) * STEP_CHUNK
+    # Adafactor's factored moment spans the matrix: the head steps whole, its temporaries at its full size
+    af = memory.breakdown(
+        arch, *full(weights="bf16", optimizer="adafactor", optimizer_in_backward=True, max_grad_norm=0.0)
+    )
+    assert af.gradients == 11008 * 4096 * 2 + (memory.STOCHASTIC_BYTES + 6) * 32000 * 4096
+
+
+def test_the_loss_holds_a_trained_heads_fp32_gradient_and_its_result(arch):
+    """The head's fp32 gradient summed from forward to backward (4 B), with each chunk's increment in the compute
+    dtype or backward's result in the weights' (2 B for bf16 weights, 4 + 2 more for fp32 master weights and
+    their autocast copy of the head)."""
+    chunk = memory.breakdown(arch, *plan_setup(targets=())).logits_loss  # LoRA: the head frozen
+    bf16 = memory.breakdown(arch, *full(weights="bf16")).logits_loss
+    fp32 = memory.breakdown(arch, *full()).logits_loss
+    head = 32000 * 4096
+    assert bf16 - chunk == head * (4 + 2)
+    assert fp32 - chunk == head * (2 + 4 + 2 + 4)
 
 
 def test_paged_states_are_off_the_cuda_peak_only(arch):
@@ -60,3 +88,30 @@ def test_plan_names_the_cheapest_combination_that_fits(capsys):
     (result,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     changes = [s["change"] for s in result["suggestions"] if "paged_adamw_8bit" in s["change"]]
     assert len(changes) == 1 and ": fits, longest seq_len" in changes[0], result["suggestions"]
+
+
+def test_no_suggestion_is_a_combination_the_config_refuses(monkeypatch, capsys):
+    """With the step in backward (grad_accum must stay 1) and a peak that does not fit, every variant plan
+    estimates for a suggestion passes config validation: no micro-batch split into accumulation."""
+    from tunelab.config import TrainConfig
+    from tunelab.plan import estimate
+
+    tried = []
+    real = estimate.estimate
+
+    def recording(arch, lengths, job, *args, **kwargs):
+        tried.append(job)
+        return real(arch, lengths, job, *args, **kwargs)
+
+    monkeypatch.setattr(estimate, "estimate", recording)
+    argv = ["plan", "--model", "meta-llama/Llama-3.1-8B", "--method", "full", "--gpu", "rtx-4090", "--json"]
+    argv += ["--seq-len", "4096", "--micro-batch", "4", "--examples", "1000", "--weights", "bf16", "--grad-ckpt"]
+    argv += ["--optimizer", "paged_adamw_8bit", "--optimizer-in-backward", "--max-grad-norm", "0"]
+    assert main(argv) == 0
+    (result,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert not result["fits"] and result["max_micro_batch"] >= 1  # a smaller micro-batch would fit
+    assert tried, "plan suggested nothing for a job that does not fit"
+    for job in tried:
+        sections = ("adapter", "objective", "batch", "compute", "optimizer", "run")
+        TrainConfig(**{name: getattr(job, name) for name in sections}).validate()
+    assert not any("grad_accum" in s["change"] for s in result["suggestions"]), result["suggestions"]

@@ -118,7 +118,7 @@ def test_the_lr_schedule_reaches_the_step_in_backward():
         lr=1e-2, max_grad_norm=0.0, optimizer_in_backward=True, lr_scheduler="linear", warmup_ratio=0.0
     )
     model, optimizer, scheduler = _run(spec, 5)
-    inner = optimizer.inner[next(model.parameters())]
+    inner = optimizer.inner[next(model.parameters())][0]
     assert inner.param_groups[0]["lr"] == pytest.approx(1e-2 * 16 / 20)  # the lr of the 5th step, 4 steps decayed
 
 
@@ -211,3 +211,60 @@ def test_a_full_fine_tune_resumes_its_run_exactly(tiny_model_dir, addition_rows,
     assert [s for s, _ in curve(tmp_path / "full")] == list(range(1, 7))
     weights = load_file(next((tmp_path / "full" / "model").glob("*.safetensors")))
     assert {t.dtype for t in weights.values()} == {torch.bfloat16}
+
+
+def test_pieces_cover_a_weight_in_aligned_spans_of_at_most_a_chunk():
+    assert optim.pieces(1000, 0) == [(0, 1000)] and optim.pieces(1000, 4096) == [(0, 1000)]
+    for numel in (128256 * 4096, optim.STEP_CHUNK + 1, 3 * optim.STEP_CHUNK):  # Llama-3's embedding among them
+        spans = optim.pieces(numel, optim.STEP_CHUNK)
+        assert spans[0][0] == 0 and spans[-1][1] == numel and len(spans) > 1
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+        assert all((e - s) % 256 == 0 and e - s <= optim.STEP_CHUNK for s, e in spans[:-1])
+        assert spans[-1][1] - spans[-1][0] >= 4096  # bitsandbytes keeps smaller tensors' states in fp32
+
+
+def _bf16_weights(chunk: int, monkeypatch, name: str, update: str, in_backward: bool, steps: int = 4):
+    monkeypatch.setattr(optim, "STEP_CHUNK", chunk)
+    torch.manual_seed(0)
+    model = _model(0, torch.bfloat16)
+    extra = {"optimizer_in_backward": True, "max_grad_norm": 0.0} if in_backward else {}
+    spec = OptimizerConfig(lr=1e-2, optimizer=name, bf16_update=update, weight_decay=0.01, **extra)
+    optimizer = optim.build_optimizer(model, spec, CPU)
+    scheduler = loop.build_scheduler(optimizer, spec, total_steps=20)
+    _steps(model, optimizer, scheduler, steps, seed=100)
+    return model, optimizer
+
+
+@pytest.mark.parametrize("name", ON_CPU)
+@pytest.mark.parametrize("update", ["stochastic", "kahan", "nearest"])
+@pytest.mark.parametrize("in_backward", [False, True], ids=["step", "in-backward"])
+def test_a_large_bf16_weight_steps_in_chunks_bit_identically(monkeypatch, name, update, in_backward):
+    """The 64 x 128 weight in pieces of 4096 values against whole: the same weights bit for bit (AdamW and
+    8-bit AdamW are element-wise, bitsandbytes' blocks aligned; stochastic rounding draws the same CPU stream in
+    the same order); Adafactor's factored moment is never split."""
+    whole, _ = _bf16_weights(0, monkeypatch, name, update, in_backward)
+    chunked, optimizer = _bf16_weights(4096, monkeypatch, name, update, in_backward)
+    first = next(chunked.parameters())
+    assert len(optimizer.spans[first]) == (2 if optimizers.get(name).elementwise else 1)
+    for a, b in zip(whole.parameters(), chunked.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_a_chunked_weight_resumes_exactly_and_refuses_other_pieces(monkeypatch, tmp_path):
+    """A checkpoint of 8-bit states in two pieces and their Kahan buffer, loaded into a fresh run: the next step in
+    backward gives the same weights; a run that steps the weight whole refuses that state in one line."""
+    model, optimizer = _bf16_weights(4096, monkeypatch, "adamw_8bit", "kahan", True, steps=2)
+    scheduler = loop.build_scheduler(optimizer, OptimizerConfig(), 20)
+    path = checkpoint.save(tmp_path, model, optimizer, scheduler, TrainState(step=2), keep=2)
+    state = optimizer.state_dict()
+    assert len(state["inner"][0]["optimizer"]) == 2
+    fresh, fresh_opt = _bf16_weights(4096, monkeypatch, "adamw_8bit", "kahan", True, steps=0)
+    checkpoint.load(path, fresh, fresh_opt, loop.build_scheduler(fresh_opt, OptimizerConfig(), 20))
+    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    for m in (model, fresh):
+        m(x).float().square().mean().backward()  # each weight steps in its hook
+    for a, b in zip(model.parameters(), fresh.parameters()):
+        assert torch.equal(a, b)
+    _, whole = _bf16_weights(0, monkeypatch, "adamw_8bit", "kahan", True, steps=0)
+    with pytest.raises(TunelabError, match="steps parameter 0 in 2 pieces, this run in 1"):
+        whole.load_state_dict(state)

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Longer runs than optimizers.sh (STEPS, default 64) for the modes whose 8-step curves differ (fp32 AdamW, bf16
+# weights with stochastic rounding and with Kahan, 8-bit AdamW, Adafactor), then each model's held-out exact
+# match on optimizers.sh's 100 test rows. Each run's metrics.jsonl and summary.json under $OUT/<name>/, the
+# scores in $OUT/<name>.eval.json.
+#   OUT=/tmp/optim-long STEPS=64 flock /tmp/tunelab-cpu.lock benchmarks/scripts/optimizers_long.sh
+set -euo pipefail
+OUT=${OUT:-/tmp/optim-long}
+STEPS=${STEPS:-64}
+PY=${PY:-python}
+RUNS=${RUNS:-"adamw adamw-bf16-stochastic adamw-bf16-kahan adamw_8bit adafactor"}
+mkdir -p "$OUT"
+[ -f "$OUT/train.jsonl" ] || $PY -m tunelab data arithmetic --out "$OUT/train.jsonl" --n 2000 --response aligned \
+  --test-out "$OUT/test.jsonl" --test-n 100 --seed 0
+common=(method=full "data.path=$OUT/train.jsonl" seq_len=128 micro_batch=4 "max_steps=$STEPS" lr=2e-5
+  log_steps=1 compile=false max_grad_norm=0 warmup_ratio=0)
+declare -A SETTINGS=(
+  [adamw]="" [adamw-bf16-stochastic]="weights=bf16" [adamw-bf16-kahan]="weights=bf16 bf16_update=kahan"
+  [adamw_8bit]="optimizer=adamw_8bit" [adafactor]="optimizer=adafactor"
+)
+for name in $RUNS; do
+  rm -rf "${OUT:?}/$name"
+  # shellcheck disable=SC2086
+  $PY -m tunelab train --config configs/quickstart.yaml "${common[@]}" "output_dir=$OUT/$name" ${SETTINGS[$name]} \
+    --quiet > "$OUT/$name.log" 2>&1 || { echo "$name failed"; tail -3 "$OUT/$name.log"; continue; }
+  $PY -m tunelab eval --model "$OUT/$name/model" --data "$OUT/test.jsonl" --format alpaca --template compact --json \
+    > "$OUT/$name.eval.json" 2> "$OUT/$name.eval.log" || echo "$name eval failed"
+done
