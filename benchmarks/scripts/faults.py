@@ -74,16 +74,7 @@ def _child(kind: str, n: int, census: str | None, argv: list[str]) -> int:
 
     optim_mod.register_optimizer_step_pre_hook(step_hook)
 
-    import tunelab.eval.sampling as sampling
-
-    real_pick = sampling.pick
-
-    def pick(*a, **k):
-        if hit("generate"):
-            die()
-        return real_pick(*a, **k)
-
-    sampling.pick = pick  # sample() looks it up in its module at every token
+    _arm_generate(hit, die)
 
     real_replace = os.replace
 
@@ -129,6 +120,20 @@ def _child(kind: str, n: int, census: str | None, argv: list[str]) -> int:
     from tunelab.cli import main
 
     return main(argv)
+
+
+def _arm_generate(hit, die) -> None:
+    """The `generate` event: every token the sampler draws (eval/sampling.py's pick, looked up at each token)."""
+    import tunelab.eval.sampling as sampling
+
+    real_pick = sampling.pick
+
+    def pick(*a, **k):
+        if hit("generate"):
+            die()
+        return real_pick(*a, **k)
+
+    sampling.pick = pick
 
 
 def _phase(event: str, path: str) -> str:
