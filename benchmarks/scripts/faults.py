@@ -17,7 +17,8 @@ A census run (uninterrupted, instrumented) counts the run's events; each kill th
 A quarter of the kills fall in optimizer steps, a quarter in checkpoint writes, a quarter in the final save
 (adapter and summary), a quarter at random times; with `--objective grpo` a fifth each, the fifth in generation.
 The GRPO run samples 2 completions of 2 prompts per step from the same tiny model, rewarded by a reward file's
-function (the share of digits in the completion: groups whose rewards differ) with a KL term (beta > 0, so the
+function (the completion's length in characters: the random model's tokens differ in length, so groups'
+rewards differ) with a KL term (beta > 0, so the
 reference pass runs too); a resumed run must sample what the uninterrupted one did (the sampler's RNG is in the
 checkpoint), so its losses, rewards and final weights are the same.
 
@@ -42,8 +43,17 @@ from pathlib import Path
 
 STEPS = 12
 SAVE_STEPS = 3
-# Per step the values a resumed run must repeat: the loss, and for grpo the mean reward of the sampled completions.
-COMPARED = {"sft": ("loss",), "grpo": ("loss", "reward")}
+# Per step the values a resumed run must repeat: the loss, and where the objective samples (grpo) the mean reward
+# of the sampled completions.
+LOSS_ONLY, WITH_REWARD = ("loss",), ("loss", "reward")
+
+
+def compared(objective: str) -> tuple[str, ...]:
+    from tunelab import objectives
+
+    return WITH_REWARD if objectives.get(objective).generates else LOSS_ONLY
+
+
 # A GRPO loss can be ~0 (advantages sum to 0 over a group of equal lengths): relative differences are taken
 # against at least this.
 LOSS_FLOOR = 1e-3
@@ -173,8 +183,11 @@ def make_run(root: Path, objective: str = "sft") -> Path:
     LlamaForCausalLM(config).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
     r = random.Random(0)
+    from tunelab import objectives
+
+    generates = objectives.get(objective).generates  # prompt rows with answers, sampled completions
     rows = []
-    answer = "answer" if objective == "grpo" else "output"
+    answer = "answer" if generates else "output"
     for _ in range(256):
         a, b = r.randint(0, 999), r.randint(0, 999)
         rows.append({"instruction": f"{a} + {b}", answer: f"{a + b}"})
@@ -183,23 +196,20 @@ def make_run(root: Path, objective: str = "sft") -> Path:
     cfg = root / "run.yaml"
     cfg.write_text(
         f"model: {model_dir}\ndata:\n  path: {data}\n  template: compact\nmethod: lora\nseq_len: 64\n"
-        f"micro_batch: {2 if objective == 'grpo' else 4}\ngrad_accum: 1\nmax_steps: {STEPS}\n"
+        f"micro_batch: {2 if generates else 4}\ngrad_accum: 1\nmax_steps: {STEPS}\n"
         f"save_steps: {SAVE_STEPS}\nsave_total_limit: 2\nlog_steps: 1\nlr: 1.0e-2\nprecision: fp32\ndevice: cpu\n"
-        "seed: 0\n" + (grpo_section(root) if objective == "grpo" else "")
+        f"seed: 0\nobjective: {objective}\n" + (sampling_section(root) if generates else "")
     )
     return cfg
 
 
-def grpo_section(root: Path) -> str:
+def sampling_section(root: Path) -> str:
     """objective grpo's keys: G 2, 6 tokens per completion, a KL term, a reward file's function."""
     reward = root / "reward.py"
-    reward.write_text(
-        "def digits(prompts, completions, **rows):\n"
-        "    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]\n"
-    )
+    reward.write_text("def chars(prompts, completions, **rows):\n    return [len(c) / 32 for c in completions]\n")
     return (
-        "objective: grpo\ngrpo:\n  num_generations: 2\n  max_completion_length: 6\n  beta: 0.04\n"
-        f"  log_completions_steps: 0\n  rewards:\n    - name: {reward}:digits\n"
+        "grpo:\n  num_generations: 2\n  max_completion_length: 6\n  beta: 0.04\n"
+        f"  log_completions_steps: 0\n  rewards:\n    - name: {reward}:chars\n"
     )
 
 
@@ -258,7 +268,7 @@ def _run_child(kind: str, n: int, census: str, argv: list[str], errors: str, env
 
 
 def losses(out: Path, keys: tuple[str, ...] = ("loss",)) -> dict[tuple[int, str], float]:
-    """(step, key) -> the logged value of each of `keys` (COMPARED's), each step logged once."""
+    """(step, key) -> the logged value of each of `keys` (compared()'s), each step logged once."""
     steps: dict[tuple[int, str], float] = {}
     for line in (out / "metrics.jsonl").read_text().splitlines():
         rec = json.loads(line)
@@ -385,12 +395,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", type=Path, default=Path("build/faults"))
     p.add_argument("--out", type=Path, help="write <out>.json and <out>.md")
-    p.add_argument("--objective", choices=tuple(COMPARED), default="sft", help="the run killed: sft or grpo")
+    p.add_argument("--objective", default="sft", help="the run killed: sft (default) or grpo")
     args = p.parse_args(argv)
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
     cfg = make_run(args.work, args.objective)
-    keys = COMPARED[args.objective]
+    keys = compared(args.objective)
     ref = args.work / "reference"
     census_file = args.work / "census.json"
     server()
@@ -425,7 +435,7 @@ def write_results(out: Path, census: dict, wall: float, results: list[dict], obj
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
         "run": f"tiny random Llama (2 layers, hidden 64), LoRA, objective {objective}, fp32 CPU, {STEPS} steps, "
-        f"checkpoint every {SAVE_STEPS}; compared per step: {', '.join(COMPARED[objective])}",
+        f"checkpoint every {SAVE_STEPS}; compared per step: {', '.join(compared(objective))}",
         "census": census,
         "census_wall_s": round(wall, 1),
     }

@@ -46,7 +46,7 @@ def test_grpo_kill_9_during_generation_and_during_the_update_then_resume(tmp_pat
     census = tmp_path / "census.json"
     assert faults.train(cfg, tmp_path / "reference", census=census) == 0
     events = json.loads(census.read_text())
-    keys = faults.COMPARED["grpo"]
+    keys = faults.compared("grpo")
     reference = faults.losses(tmp_path / "reference", keys)
     weights = faults.adapter_weights(tmp_path / "reference")
     # The rewards differ within groups: a resumed run that sampled other completions would log other rewards.
