@@ -12,7 +12,8 @@ num_iterations, loss_type, scale_rewards and lr; tunelab's rewards wrapped as TR
 rewards.score, so TRL's rewards are tunelab's).
 
 Both sides are measured over the steady-state window (optimizer steps after `warmup`): completions per second
-(the headline: prompts x G completions per generation batch, generation batches per step 1 / num_iterations),
+(the headline: prompts x G completions per generation batch, generation batches per step 1 / num_iterations, over
+the median step; the window's total is kept beside it),
 completion tokens per second (the completions' real lengths: an untuned model that does not stop at EOS writes
 to the cap on both sides, a tuned one stops earlier), the median step and peak memory. Each run is its own
 process (points.in_fresh_process), interleaved with the other side's over rounds.
@@ -124,14 +125,18 @@ def window_rates(step_ends: list[float], lengths: list[float], rows: int, iterat
         raise TunelabError(f"the GRPO run ended before its steady-state window (after {warmup} warm-up steps)")
     seconds = step_ends[-1] - step_ends[0]
     steps = len(step_ends) - 1
-    completions = steps * rows / iterations
-    tokens = sum(lengths) * rows / iterations
-    times = [b - a for a, b in zip(step_ends, step_ends[1:])]
+    per_step = rows / iterations  # completions generated per optimizer step
+    mean_length = statistics.fmean(lengths) if lengths else float("nan")
+    median = statistics.median(b - a for a, b in zip(step_ends, step_ends[1:]))
     return {
-        "completions_per_s": completions / seconds,
-        "completion_tokens_per_s": tokens / seconds,
-        "completion_mean_length": statistics.fmean(lengths) if lengths else float("nan"),
-        "step_time_median_s": statistics.median(times),
+        # The headline from the median step: a shared machine that pauses a process (another job's exclusive
+        # timing) adds its pause to one step, which the median leaves out and the window's total does not.
+        "completions_per_s": per_step / median,
+        "completion_tokens_per_s": per_step * mean_length / median,
+        "completions_per_s_window": steps * per_step / seconds,
+        "completion_tokens_per_s_window": sum(lengths) * per_step / seconds,
+        "completion_mean_length": mean_length,
+        "step_time_median_s": median,
         "steady_window_steps": steps,
         "steady_window_s": seconds,
     }

@@ -69,7 +69,11 @@ def test_wrapped_reward_scores_as_tunelab_does():
 def test_window_rates_count_generated_completions():
     # Steps end at 10, 12, 14 s: two windowed steps, 16 completions each, a new batch every step.
     r = grpo_peer.window_rates([10.0, 12.0, 14.0], [24.0, 20.0], rows=16, iterations=1, warmup=1)
-    assert r["completions_per_s"] == pytest.approx(32 / 4)
-    assert r["completion_tokens_per_s"] == pytest.approx((24 + 20) * 16 / 4)
+    assert r["completions_per_s"] == r["completions_per_s_window"] == pytest.approx(32 / 4)
+    assert r["completion_tokens_per_s_window"] == pytest.approx((24 + 20) * 16 / 4)
+    assert r["completion_tokens_per_s"] == pytest.approx(22 * 16 / 2)
+    # A step paused by another process: the window's rate drops, the median step's does not.
+    paused = grpo_peer.window_rates([0.0, 2.0, 302.0, 304.0], [8.0] * 3, 16, 1, 1)
+    assert paused["completions_per_s"] == pytest.approx(8) and paused["completions_per_s_window"] < 1
     # num_iterations 2: a generation batch every other step.
     assert grpo_peer.window_rates([0.0, 1.0, 2.0], [8.0, 8.0], 16, 2, 1)["completions_per_s"] == pytest.approx(8)
