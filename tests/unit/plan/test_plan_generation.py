@@ -74,13 +74,21 @@ def test_scoring_scale_applies_to_the_scoring_passes_only():
     assert step.parts()["scoring passes"] == pytest.approx(0.5) and step.parts()["update"] == 3.0
 
 
-def test_the_fitted_grpo_constants_load_for_the_fitted_cpu_class():
+def test_grpo_constants_read_a_devices_row_of_grpo_yaml(monkeypatch):
     from tunelab.plan import catalog
 
-    fit = catalog.grpo_constants("cpu-fp32")
-    assert fit is not None and fit.rows  # written by benchmarks/scripts/plan_grpo.py --fit from measured runs
-    assert fit.decode_op_s > 0 and fit.update_scale > 0 and fit.scoring_scale > 0
+    row = {"constants": {"decode_op_s": 1.5e-4, "update_scale": 0.8, "scoring_scale": 1.2}, "rows": ["run-a"]}
+    monkeypatch.setattr(catalog, "read", lambda name: {"devices": {"cpu-fp32": row}} if name == "grpo.yaml" else {})
+    assert catalog.grpo_constants("cpu-fp32") == catalog.GrpoConstants(1.5e-4, 0.8, 1.2, ("run-a",))
     assert catalog.grpo_constants("no-such-device") is None
+
+
+def test_every_fitted_row_of_the_shipped_grpo_yaml_reads():
+    from tunelab.plan import catalog
+
+    for device in (catalog.read("grpo.yaml") or {}).get("devices") or {}:
+        fit = catalog.grpo_constants(device)
+        assert fit.rows and fit.decode_op_s > 0 and fit.update_scale > 0 and fit.scoring_scale > 0
 
 
 def test_plan_applies_a_devices_grpo_fit(tmp_path, tiny_model_dir, monkeypatch, capsys):
