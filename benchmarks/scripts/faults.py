@@ -1,6 +1,6 @@
 """kill -9 at seeded moments of a training run, then resume: nothing lost, nothing half-written.
 
-    python benchmarks/scripts/faults.py [--kills 20] [--seed 0] [--out benchmarks/faults_<device>_<date>]
+    python benchmarks/scripts/faults.py [--kills 20] [--seed 0] [--objective sft|grpo] [--out benchmarks/faults_<device>_<date>]
 
 A census run (uninterrupted, instrumented) counts the run's events; each kill then picks one event at random
 (seeded) and SIGKILLs the training process there:
@@ -10,10 +10,17 @@ A census run (uninterrupted, instrumented) counts the run's events; each kill th
   summary and the final adapter);
 - `torn`: in the middle of the n-th safetensors file write (half its bytes on disk), checkpoints and the
   final adapter alike;
-- `time`: after a uniform random delay over the census run's training window, wherever that lands.
+- `time`: after a uniform random delay over the census run's training window, wherever that lands;
+- `generate` (objective grpo): at the n-th token the sampler draws (eval/sampling.py's `pick`), in the middle of
+  a generation batch.
 
 A quarter of the kills fall in optimizer steps, a quarter in checkpoint writes, a quarter in the final save
-(adapter and summary), a quarter at random times.
+(adapter and summary), a quarter at random times; with `--objective grpo` a fifth each, the fifth in generation.
+The GRPO run samples 2 completions of 2 prompts per step from the same tiny model, rewarded by a reward file's
+function (the completion's length in characters: the random model's tokens differ in length, so groups'
+rewards differ) with a KL term (beta > 0, so the
+reference pass runs too); a resumed run must sample what the uninterrupted one did (the sampler's RNG is in the
+checkpoint), so its losses, rewards and final weights are the same.
 
 After each kill the output dir is inspected (every visible file complete: JSON parses, safetensors load,
 checkpoints match their manifests), then `resume: true` runs to the end. A kill passes when the resumed
@@ -36,13 +43,27 @@ from pathlib import Path
 
 STEPS = 12
 SAVE_STEPS = 3
+# Per step the values a resumed run must repeat: the loss, and where the objective samples (grpo) the mean reward
+# of the sampled completions.
+LOSS_ONLY, WITH_REWARD = ("loss",), ("loss", "reward")
+
+
+def compared(objective: str) -> tuple[str, ...]:
+    from tunelab import objectives
+
+    return WITH_REWARD if objectives.get(objective).generates else LOSS_ONLY
+
+
+# A GRPO loss can be ~0 (advantages sum to 0 over a group of equal lengths): relative differences are taken
+# against at least this.
+LOSS_FLOOR = 1e-3
 
 
 # ---- the child: arm one kill (or count events), then run `tunelab train` in this process ----
 
 
 def _child(kind: str, n: int, census: str | None, argv: list[str]) -> int:
-    counts = {"step": 0, "rename": 0, "torn": 0}
+    counts = {"step": 0, "rename": 0, "torn": 0, "generate": 0}
     events: list[dict] = []
 
     def hit(event: str, path: str = "") -> bool:
@@ -62,6 +83,8 @@ def _child(kind: str, n: int, census: str | None, argv: list[str]) -> int:
             die()
 
     optim_mod.register_optimizer_step_pre_hook(step_hook)
+
+    _arm_generate(hit, die)
 
     real_replace = os.replace
 
@@ -109,9 +132,23 @@ def _child(kind: str, n: int, census: str | None, argv: list[str]) -> int:
     return main(argv)
 
 
+def _arm_generate(hit, die) -> None:
+    """The `generate` event: every token the sampler draws (eval/sampling.py's pick, looked up at each token)."""
+    import tunelab.eval.sampling as sampling
+
+    real_pick = sampling.pick
+
+    def pick(*a, **k):
+        if hit("generate"):
+            die()
+        return real_pick(*a, **k)
+
+    sampling.pick = pick
+
+
 def _phase(event: str, path: str) -> str:
-    if event == "step":
-        return "step"
+    if event in ("step", "generate"):
+        return event
     if "checkpoints" in path:
         return "checkpoint"
     return "final" if ("adapter" in path or "summary" in path) else "setup"
@@ -120,8 +157,9 @@ def _phase(event: str, path: str) -> str:
 # ---- the harness ----
 
 
-def make_run(root: Path) -> Path:
-    """A tiny random Llama (the embedded tokenizer), 256 addition rows and a config; returns the config path."""
+def make_run(root: Path, objective: str = "sft") -> Path:
+    """A tiny random Llama (the embedded tokenizer), 256 addition rows (prompt rows with answers for grpo) and a
+    config; returns the config path."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -145,19 +183,34 @@ def make_run(root: Path) -> Path:
     LlamaForCausalLM(config).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
     r = random.Random(0)
+    from tunelab import objectives
+
+    generates = objectives.get(objective).generates  # prompt rows with answers, sampled completions
     rows = []
+    answer = "answer" if generates else "output"
     for _ in range(256):
         a, b = r.randint(0, 999), r.randint(0, 999)
-        rows.append({"instruction": f"{a} + {b}", "output": f"{a + b}"})
+        rows.append({"instruction": f"{a} + {b}", answer: f"{a + b}"})
     data = root / "data.jsonl"
     data.write_text("".join(json.dumps(x) + "\n" for x in rows))
     cfg = root / "run.yaml"
     cfg.write_text(
         f"model: {model_dir}\ndata:\n  path: {data}\n  template: compact\nmethod: lora\nseq_len: 64\n"
-        f"micro_batch: 4\ngrad_accum: 1\nmax_steps: {STEPS}\nsave_steps: {SAVE_STEPS}\nsave_total_limit: 2\n"
-        "log_steps: 1\nlr: 1.0e-2\nprecision: fp32\ndevice: cpu\nseed: 0\n"
+        f"micro_batch: {2 if generates else 4}\ngrad_accum: 1\nmax_steps: {STEPS}\n"
+        f"save_steps: {SAVE_STEPS}\nsave_total_limit: 2\nlog_steps: 1\nlr: 1.0e-2\nprecision: fp32\ndevice: cpu\n"
+        f"seed: 0\nobjective: {objective}\n" + (sampling_section(root) if generates else "")
     )
     return cfg
+
+
+def sampling_section(root: Path) -> str:
+    """objective grpo's keys: G 2, 6 tokens per completion, a KL term, a reward file's function."""
+    reward = root / "reward.py"
+    reward.write_text("def chars(prompts, completions, **rows):\n    return [len(c) / 32 for c in completions]\n")
+    return (
+        "grpo:\n  num_generations: 2\n  max_completion_length: 6\n  beta: 0.04\n"
+        f"  log_completions_steps: 0\n  rewards:\n    - name: {reward}:chars\n"
+    )
 
 
 def train(cfg: Path, out: Path, *extra: str, kind: str = "none", n: int = 0, census: Path | None = None, delay=None):
@@ -214,14 +267,19 @@ def _run_child(kind: str, n: int, census: str, argv: list[str], errors: str, env
     sys.exit(_child(kind, n, census or None, argv))
 
 
-def losses(out: Path) -> dict[int, float]:
-    steps: dict[int, float] = {}
+def losses(out: Path, keys: tuple[str, ...] = ("loss",)) -> dict[tuple[int, str], float]:
+    """(step, key) -> the logged value of each of `keys` (compared()'s), each step logged once."""
+    steps: dict[tuple[int, str], float] = {}
     for line in (out / "metrics.jsonl").read_text().splitlines():
         rec = json.loads(line)
-        if rec["step"] in steps:
+        if (rec["step"], keys[0]) in steps:
             raise AssertionError(f"step {rec['step']} logged twice")
-        steps[rec["step"]] = rec["loss"]
+        steps.update({(rec["step"], k): rec[k] for k in keys})
     return steps
+
+
+def rel_diff(got: float, want: float) -> float:
+    return abs(got - want) / max(abs(want), LOSS_FLOOR)
 
 
 def half_written(out: Path) -> list[str]:
@@ -272,25 +330,31 @@ def adapter_weights(out: Path) -> dict:
 
 def moments(events: list[dict], start: float, kills: int, seed: int) -> list[tuple[str, int, float | None, str]]:
     """`kills` seeded (kind, n, delay, phase) picks, a quarter each in optimizer steps, checkpoint writes, the
-    final save, and at a random time over the training window (first step to last write) of the census run."""
+    final save, and at a random time over the training window (first step to last write) of the census run; a
+    fifth each, the fifth in generation, when the run generates."""
     r = random.Random(seed)
-    by_phase = {p: [e for e in events if e["phase"] == p] for p in ("step", "checkpoint", "final")}
+    phases = ("step", "generate", "checkpoint", "final") if any(e["phase"] == "generate" for e in events) else None
+    phases = phases or ("step", "checkpoint", "final")
+    by_phase = {p: [e for e in events if e["phase"] == p] for p in phases}
     window = (min(e["t"] for e in by_phase["step"]) - start, max(e["t"] for e in events) - start)
     # Each phase's events in a seeded order, taken in turn: no event is picked twice before all are picked.
     order = {p: r.sample(events, len(events)) for p, events in by_phase.items()}
     picks = []
+    cycle = (*phases, "time")
     for i in range(kills):
-        phase = ("step", "checkpoint", "final", "time")[i % 4]
+        phase = cycle[i % len(cycle)]
         if phase == "time":
             picks.append(("time", 0, r.uniform(*window), phase))
             continue
-        e = order[phase][(i // 4) % len(order[phase])]
+        e = order[phase][(i // len(cycle)) % len(order[phase])]
         kind = e["event"] if e["event"] != "rename" else r.choice(("rename-before", "rename-after"))
         picks.append((kind, e["n"], None, phase))
     return picks
 
 
-def run_kill(cfg: Path, root: Path, reference: dict, ref_weights: dict, kind: str, n: int, delay, phase) -> dict:
+def run_kill(
+    cfg: Path, root: Path, reference: dict, ref_weights: dict, kind: str, n: int, delay, phase, keys=("loss",)
+) -> dict:
     import torch
 
     out = root / f"kill-{kind}-{n}-{0 if delay is None else int(delay * 1000)}"
@@ -299,9 +363,9 @@ def run_kill(cfg: Path, root: Path, reference: dict, ref_weights: dict, kind: st
     after_kill = half_written(out) if out.exists() else []
     checkpoints = sorted(p.name for p in (out / "checkpoints").glob("step-*")) if out.exists() else []
     rc_resume = train(cfg, out, "resume=true")
-    got = losses(out)
-    steps_ok = sorted(got) == list(range(1, STEPS + 1))
-    worst = max((abs(got[s] - reference[s]) / abs(reference[s]) for s in reference if s in got), default=float("inf"))
+    got = losses(out, keys)
+    steps_ok = sorted({s for s, _ in got}) == list(range(1, STEPS + 1))
+    worst = max((rel_diff(got[s], reference[s]) for s in reference if s in got), default=float("inf"))
     weights = adapter_weights(out)
     same_weights = weights.keys() == ref_weights.keys() and all(
         torch.allclose(weights[k], ref_weights[k], rtol=1e-5, atol=1e-7) for k in weights
@@ -331,10 +395,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", type=Path, default=Path("build/faults"))
     p.add_argument("--out", type=Path, help="write <out>.json and <out>.md")
+    p.add_argument("--objective", default="sft", help="the run killed: sft (default) or grpo")
     args = p.parse_args(argv)
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
-    cfg = make_run(args.work)
+    cfg = make_run(args.work, args.objective)
+    keys = compared(args.objective)
     ref = args.work / "reference"
     census_file = args.work / "census.json"
     server()
@@ -342,22 +408,22 @@ def main(argv: list[str] | None = None) -> int:
     assert train(cfg, ref, census=census_file) == 0
     wall = time.time() - start
     events = json.loads(census_file.read_text())
-    census = {k: sum(e["event"] == k for e in events) for k in ("step", "rename", "torn")}
+    census = {k: sum(e["event"] == k for e in events) for k in ("step", "rename", "torn", "generate")}
     census["final_save_events"] = sum(e["phase"] == "final" for e in events)
-    reference, ref_weights = losses(ref), adapter_weights(ref)
+    reference, ref_weights = losses(ref, keys), adapter_weights(ref)
     results = []
     for kind, n, delay, phase in moments(events, start, args.kills, args.seed):
-        res = run_kill(cfg, args.work, reference, ref_weights, kind, n, delay, phase)
+        res = run_kill(cfg, args.work, reference, ref_weights, kind, n, delay, phase, keys)
         results.append(res)
         print(json.dumps(res), flush=True)
     passed = sum(r["ok"] for r in results)
     print(f"{passed}/{len(results)} kills resumed to the uninterrupted run's losses and weights", flush=True)
     if args.out:
-        write_results(args.out, census, wall, results)
+        write_results(args.out, census, wall, results, args.objective)
     return 0 if passed == len(results) else 1
 
 
-def write_results(out: Path, census: dict, wall: float, results: list[dict]) -> None:
+def write_results(out: Path, census: dict, wall: float, results: list[dict], objective: str = "sft") -> None:
     import platform
 
     import torch
@@ -368,7 +434,8 @@ def write_results(out: Path, census: dict, wall: float, results: list[dict]) -> 
         "machine": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
-        "run": f"tiny random Llama (2 layers, hidden 64), LoRA, fp32 CPU, {STEPS} steps, checkpoint every {SAVE_STEPS}",
+        "run": f"tiny random Llama (2 layers, hidden 64), LoRA, objective {objective}, fp32 CPU, {STEPS} steps, "
+        f"checkpoint every {SAVE_STEPS}; compared per step: {', '.join(compared(objective))}",
         "census": census,
         "census_wall_s": round(wall, 1),
     }
@@ -379,7 +446,7 @@ def write_results(out: Path, census: dict, wall: float, results: list[dict]) -> 
         f"{meta['date']}, `{meta['command']}`, {meta['machine']} ({meta['cpu_count']} cores), torch {meta['torch']}.",
         f"Run: {meta['run']}. Census of the uninterrupted run: {census} in {meta['census_wall_s']} s.",
         "",
-        "| phase | kind | event | delay s | killed | checkpoints at kill | half-written | resume | max rel loss diff | same weights | ok |",
+        "| phase | kind | event | delay s | killed | checkpoints at kill | half-written | resume | max rel diff | same weights | ok |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:

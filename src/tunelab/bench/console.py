@@ -109,6 +109,38 @@ def show_comparison(rows: list[dict], db: Path) -> None:
     c.print(f"stored in {db}")
 
 
+def show_grpo_comparison(rows: list[dict], db: Path) -> None:
+    """bench/grpo_peer.py's rows: completions per second first (the work a GRPO step exists for)."""
+    from rich.table import Table
+
+    t = Table(title="tunelab's GRPO beside its peer (same model, prompts, rewards, completions per step)")
+    for col in (
+        "peer",
+        "peer completions/s",
+        "tunelab completions/s",
+        "tunelab / peer",
+        "completion tok/s ratio",
+        "mean length (peer, tunelab)",
+        "peer peak mem",
+        "tunelab peak mem",
+    ):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(
+            r["kind"],
+            f"{r['completions_per_s']:.3f}",
+            f"{r['tunelab_completions_per_s']:.3f}",
+            f"{r['completions_per_s_ratio']:.2f}x",
+            f"{r['completion_tokens_per_s_ratio']:.2f}x",
+            f"{r['completion_mean_length']:.1f}, {r['tunelab_completion_mean_length']:.1f}",
+            gib(r["peak_memory_bytes"]),
+            gib(r["tunelab_peak_memory_bytes"]),
+        )
+    c = _console()
+    c.print(t)
+    c.print(f"records in {db.with_name('grpo-peers.jsonl')}")
+
+
 def show_sweep(records: list[dict], db: Path, labels: list[str], failed: dict[str, tuple[str, int]]) -> None:
     """The sweep's points in their order; one that ran out of memory shows as such."""
     from rich.table import Table

@@ -60,7 +60,9 @@ from ..model.adapters import resolve_targets
 from ..train.loop import step_statistics
 from . import store
 
-PEERS = ("hf-trainer-seed", "hf-trainer-tuned", "hf-trainer-liger", "trl-sft", "trl-dpo")
+PEERS = ("hf-trainer-seed", "hf-trainer-tuned", "hf-trainer-liger", "trl-sft", "trl-dpo", "trl-grpo")
+# Peers that sample their own completions (objective grpo): bench/grpo_peer.py measures them beside tunelab's GRPO.
+GENERATING_PEERS = ("trl-grpo",)
 # Peers that train on preference pairs (data/pairs.py's rows) instead of single responses.
 PAIR_PEERS = ("trl-dpo",)
 # Formats whose rendering is one prompt followed by one trained response (or all trained, for `text`):

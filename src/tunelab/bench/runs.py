@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import methods
+from .. import methods, objectives
 from ..config import TrainConfig
 from ..errors import OutOfMemory, TunelabError
 from ..recipes.predict import local_prediction
@@ -106,6 +106,30 @@ def peer_names(given: str) -> list[str]:
     return names
 
 
+def check_peers_fit(names: list[str], generates: bool) -> None:
+    """A generating objective (grpo) runs against generating peers only, and they against it only."""
+    from . import peers
+
+    wrong = [n for n in names if (n in peers.GENERATING_PEERS) != generates]
+    if wrong:
+        need = "objective grpo" if not generates else "the peers " + ", ".join(peers.GENERATING_PEERS)
+        raise TunelabError(f"peers {', '.join(wrong)}: this config's objective runs against {need}")
+
+
+def grpo_peer_rounds(cfg: TrainConfig, names: list[str], rounds: int, m: Measuring) -> list[dict]:
+    """tunelab's GRPO and trl-grpo interleaved `rounds` times (bench/grpo_peer.py), stored as JSON lines beside
+    the database (the runs table's columns are token rates of a training step); tunelab over the peer."""
+    from . import grpo_peer
+
+    records = grpo_peer.grpo_rounds(
+        cfg, rounds, m.stop_at, m.warmup, log=lambda line: print(line, file=sys.stderr, flush=True)
+    )
+    m.db.parent.mkdir(parents=True, exist_ok=True)
+    with m.db.with_name("grpo-peers.jsonl").open("a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    return grpo_peer.compare_grpo(records)
+
+
 def peer_rounds(cfg: TrainConfig, names: list[str], rounds: int, m: Measuring) -> list[dict]:
     """tunelab and each peer in turn, `rounds` times, each run in a fresh process, each stored; then each peer
     beside tunelab (bench/compare.py's rows).
@@ -116,6 +140,10 @@ def peer_rounds(cfg: TrainConfig, names: list[str], rounds: int, m: Measuring) -
 
     if rounds < 1:
         raise TunelabError(f"--rounds must be at least 1, got {rounds}")
+    generates = objectives.get(cfg.objective.name).generates
+    check_peers_fit(names, generates)
+    if generates:
+        return grpo_peer_rounds(cfg, names, rounds, m)
     prediction = local_prediction(cfg)
     check_length(prediction, m.stop_at)
     peak, records = None, []

@@ -81,7 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "names",
         metavar="NAME[,NAME]",
         help="hf-trainer-seed, hf-trainer-tuned, hf-trainer-liger (CUDA), trl-sft, trl-dpo (objective dpo: equal "
-        "pairs per step)",
+        "pairs per step), trl-grpo (objective grpo: equal prompts x G completions per step)",
     )
     peers.add_argument("--rounds", type=int, default=2, help="interleaved rounds: tunelab, peers, tunelab, ... (2)")
     measured_options(peers, DEFAULT_STEPS)
@@ -182,6 +182,8 @@ def run_peers(args: argparse.Namespace) -> int:
     if args.json:
         for row in rows:
             print(json.dumps(row), flush=True)
+    elif rows and "completions_per_s" in rows[0]:
+        console.show_grpo_comparison(rows, m.db)
     else:
         console.show_comparison(rows, m.db)
     return 0

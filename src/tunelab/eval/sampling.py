@@ -4,7 +4,9 @@
 Prompts are left-padded so every row's next token sits in the last column; the prefill computes the logits of that
 column only (`logits_to_keep=1`), then each step feeds one token per row through transformers' DynamicCache. A row
 stops at its first stop id (kept: the model is trained to write it) or at `max_new_tokens`, where it counts as
-clipped; the batch stops when every row has. Not `model.generate`: its per-step processors and checks cost more
+clipped; the batch stops when every row has. Rows that share a prompt (GRPO's G completions of each) share its
+prefill: the distinct prompts are prefilled once and their cache rows and last logits copied to every row that
+repeats them, a G-th of the prefill's compute. Not `model.generate`: its per-step processors and checks cost more
 than the step on a small model, and GRPO needs the sampler's own random generator (checkpointed for resume).
 """
 
@@ -53,6 +55,7 @@ def sample(
     with its adapter on); its training mode is restored after."""
     device = next(model.parameters()).device
     rows, width = len(prompts), max(len(p) for p in prompts)
+    distinct, copies = (t.to(device) for t in _distinct(prompts))
     input_ids = torch.full((rows, width), pad_id, dtype=torch.long)
     attention = torch.zeros((rows, width), dtype=torch.long)
     for r, ids in enumerate(prompts):
@@ -66,14 +69,17 @@ def sample(
     try:
         cache = DynamicCache(config=model.config)  # filled in place by each forward
         out = model(
-            input_ids=input_ids,
-            attention_mask=attention,
-            position_ids=positions,
+            input_ids=input_ids[distinct],
+            attention_mask=attention[distinct],
+            position_ids=positions[distinct],
             cache=cache,
             use_cache=True,
             logits_to_keep=1,
         )
         logits = out.logits[:, -1].float()
+        if len(distinct) < rows:
+            cache.reorder_cache(copies)  # each row's copy of its prompt's cache
+            logits = logits[copies]
         position = positions[:, -1:]
         done = torch.zeros(rows, dtype=torch.bool, device=device)
         tokens = []
@@ -103,3 +109,16 @@ def sample(
         ids.append(row if end is None else row[: end + 1])
         clipped.append(end is None)
     return Samples(ids, clipped)
+
+
+def _distinct(prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the rows of the distinct prompts, in first-seen order; for every row, its prompt's index among them)."""
+    first: dict[tuple[int, ...], int] = {}
+    distinct, copies = [], []
+    for r, ids in enumerate(prompts):
+        key = tuple(ids)
+        if key not in first:
+            first[key] = len(distinct)
+            distinct.append(r)
+        copies.append(first[key])
+    return torch.as_tensor(distinct, dtype=torch.long), torch.as_tensor(copies, dtype=torch.long)

@@ -283,3 +283,25 @@ def stack_pair_bytes(stack: str, kind: str) -> tuple[float, tuple[str, ...]]:
     if row is None:
         return 0.0, ()
     return float(row["masked_pair_bytes"][kind]), tuple(row["rows"])
+
+
+@dataclass(frozen=True)
+class GrpoConstants:
+    """A device's GRPO fit (catalog/grpo.yaml): seconds per op of a decode step's forward, and the factors on
+    plan's update and scoring passes, with the measured runs they come from."""
+
+    decode_op_s: float
+    update_scale: float
+    scoring_scale: float
+    rows: tuple[str, ...]
+
+
+def grpo_constants(device: str) -> GrpoConstants | None:
+    """The GRPO fit of `device` (a catalog GPU id or a local CPU class), None where no GRPO run was fitted."""
+    row = ((read("grpo.yaml") or {}).get("devices") or {}).get(device)
+    if row is None:
+        return None
+    c = row["constants"]
+    return GrpoConstants(
+        float(c["decode_op_s"]), float(c["update_scale"]), float(c["scoring_scale"]), tuple(row["rows"])
+    )

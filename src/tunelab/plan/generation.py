@@ -1,14 +1,20 @@
 """A GRPO step's time and memory by part (objective grpo, train/grpo.py): sampling (prefill and decode), the
 scoring passes (log-probs at generation with num_iterations > 1, the reference's with beta > 0) and the update.
 
-Sampling is eval/sampling.py's loop: one prefill of the rows' prompts (2·N FLOPs per token, compute-bound), then
+Sampling is eval/sampling.py's loop: one prefill of the distinct prompts (2·N FLOPs per token, compute-bound; the G
+rows of a prompt copy its cache), then
 one forward per completion token over every row, which reads the weights and the KV cache once each (decode is
 memory-bound at small batch: Pope et al. 2022, §3.1), so its time is the larger of bytes over the bandwidth and
-FLOPs over the peak, plus the host time of one forward's kernel launches (plan/steptime.py's launch count and the
-device's fitted seconds per launch). Each completion is assumed to run to max_completion_length: an upper bound, as a tuned
+FLOPs over the peak, plus the per-op cost of one forward at batch B (plan/steptime.py's launch count times
+seconds per op: a GRPO fit's `decode_op_s` where the device has one, catalog/grpo.yaml, else the step fit's
+launch_s). On a CPU that per-op cost is far above a launch: each of a decode step's ~2,000 small ops (the LoRA
+layers' included) pays dispatch, a small GEMM's poor blocking and a pass over its weight
+(benchmarks/grpo/plan-grpo_*). Each completion is assumed to run to max_completion_length: an upper bound, as a tuned
 model stops at EOS earlier. The KV cache holds 2 (K, V) x layers x kv_heads x head_dim values per token of every
 row. A scoring pass is one forward without gradients over the rows: a third of a training step's FLOPs
-(forward 2·N, backward 4·N per token), so it is taken as a third of the update's predicted time.
+(forward 2·N, backward 4·N per token), so it is taken as a third of the update's predicted time. The update
+and the scoring passes are then scaled by the device's GRPO fit (`update_scale`, `scoring_scale`): plan's step
+model is fitted on packed SFT rows, and GRPO's rows are right-padded prompt + completion.
 """
 
 from __future__ import annotations
@@ -46,11 +52,14 @@ def generation(
     peak_flops: float,
     bandwidth_bps: float,
     step_overhead_s: float = 0.0,
+    distinct_prompts: int | None = None,
 ) -> Generation:
-    """One generation batch of `rows` completions (see the module's docstring); `step_overhead_s`: the host time
-    of one forward's kernel launches, paid by the prefill and by every decode step."""
+    """One generation batch of `rows` completions (see the module's docstring); `step_overhead_s`: the per-op
+    time of one forward, paid by the prefill and by every decode step; `distinct_prompts`: the prompts the
+    prefill runs over (rows / G), all rows where None."""
     params = arch.total_params
-    prefill_s = 2 * params * rows * prompt_tokens / peak_flops + step_overhead_s
+    prefilled = rows if distinct_prompts is None else distinct_prompts
+    prefill_s = 2 * params * prefilled * prompt_tokens / peak_flops + step_overhead_s
     kv = kv_bytes_per_token(arch, compute_bytes)
     mean_context = prompt_tokens + completion_tokens / 2
     decode_bytes = params * compute_bytes + kv * rows * mean_context
@@ -72,12 +81,13 @@ class GrpoStep:
 
     generation: Generation
     scoring_passes: int  # forwards without gradients per generation batch: old log-probs, reference
-    update_s: float  # one optimizer step on the batch (plan's step model)
+    update_s: float  # one optimizer step on the batch (plan's step model, times the GRPO fit's update_scale)
     iterations: int  # num_iterations: optimizer steps per generation batch
+    scoring_scale: float = 1.0  # the GRPO fit's factor on a scoring pass (a third of the update)
 
     @property
     def scoring_s(self) -> float:
-        return self.scoring_passes * self.update_s / 3
+        return self.scoring_passes * self.update_s / 3 * self.scoring_scale
 
     @property
     def batch_s(self) -> float:

@@ -30,6 +30,7 @@ from ..io import write_atomic
 from ..memwatch import MemoryWatch
 from ..model import load as mload
 from ..model.adapters import apply_adapter
+from ..model.lora_linear import pack_for_inference
 from ..train import checkpoint, rewards
 from ..train.checkpoint import TrainState
 from ..train.grpo import GrpoLoss, Rollout, advantages
@@ -91,6 +92,8 @@ def setup(cfg: TrainConfig, out: Path) -> GrpoRun:
     torch.manual_seed(cfg.run.seed)
     model = mload.load_model(source, precision.compute, cfg.adapter.quant, device, attn="sdpa")
     model = apply_adapter(model, cfg.adapter)
+    # Sampling and the scoring passes run without autograd: over [W | sB] packed once, not concatenated per call.
+    pack_for_inference(model)
     root = GrpoLoss(model, settings)
     optimizer = build_optimizer(model, cfg.optimizer, device)
     total = steps_for(cfg, len(prompts))

@@ -354,22 +354,43 @@ def plan_generating(cfg: cfgmod.TrainConfig, r: PlanRequest) -> list[GeneratingP
         update = estimate(arch, lengths, job, device)
         gpu = device.gpu
         bandwidth = gpu.bandwidth_gbs * 1e9 or catalog.nearest_bandwidth(gpu.peak_flops)
-        overhead = forward_launch_s(arch, update, device)
+        fit = catalog.grpo_constants(device_key(device))
+        overhead = forward_launch_s(arch, update, device, fit.decode_op_s if fit else None)
         gen = generation(
-            arch, rows, mean, g.max_completion_length, compute_bytes(job, device), gpu.peak_flops, bandwidth, overhead
+            arch,
+            rows,
+            mean,
+            g.max_completion_length,
+            compute_bytes(job, device),
+            gpu.peak_flops,
+            bandwidth,
+            overhead,
+            distinct_prompts=per_batch,
         )
         passes = int(g.num_iterations > 1) + int(g.beta > 0)
-        step = GrpoStep(gen, passes, update.step.total, g.num_iterations)
+        update_s = update.step.total * (fit.update_scale if fit else 1.0)
+        scoring = fit.scoring_scale if fit else 1.0
+        step = GrpoStep(gen, passes, update_s, g.num_iterations, scoring)
         memory = update.memory.total + gen.kv_cache_bytes
         out.append(GeneratingPlan(gpu.name, prompts, mean, step, batches, memory, source))
     return out
 
 
-def forward_launch_s(arch, update, device: Device) -> float:
-    """The host seconds of one eager forward's kernel launches: a third of a training micro-batch's launches
-    (plan/steptime.py: backward launches about twice the forward) at the device's fitted seconds per launch."""
+def device_key(device: Device) -> str:
+    """The key a device's fitted constants are filed under: its catalog id, or a local machine's class."""
     gpu = device.gpu
-    key = gpu.catalog_id or (gpu.device_class if gpu.id == "local" else gpu.id)
-    constants = catalog.step_constants(key, gpu.device_type)
-    launches = steptime.launches_per_micro_batch(arch, update.layout.targets, update.job.method, False, False) / 3
-    return launches * constants.launch_s
+    return gpu.catalog_id or (gpu.device_class if gpu.id == "local" else gpu.id)
+
+
+def forward_launches(arch, update) -> float:
+    """One eager forward's ops: a third of a training micro-batch's launches (plan/steptime.py: backward launches
+    about twice the forward)."""
+    return steptime.launches_per_micro_batch(arch, update.layout.targets, update.job.method, False, False) / 3
+
+
+def forward_launch_s(arch, update, device: Device, op_s: float | None = None) -> float:
+    """The per-op seconds of one eager forward: its ops at `op_s` (a GRPO fit's decode_op_s), else at the
+    device's fitted seconds per launch."""
+    if op_s is None:
+        op_s = catalog.step_constants(device_key(device), device.gpu.device_type).launch_s
+    return forward_launches(arch, update) * op_s

@@ -64,3 +64,20 @@ def test_training_mode_restored(temperature):
     model.train()
     sample(model, PROMPTS, 2, stop_ids=[63], pad_id=0, temperature=temperature)
     assert model.training
+
+
+def test_repeated_prompts_share_one_prefill_and_decode_as_if_each_had_its_own():
+    model = make_tiny_llama(64, seed=3).float()
+    repeated = [p for p in PROMPTS for _ in range(3)]  # GRPO's G copies of each prompt
+    calls = []
+    handle = model.register_forward_pre_hook(
+        lambda m, args, kwargs: calls.append(kwargs["input_ids"].shape), with_kwargs=True
+    )
+    try:
+        out = sample(model, repeated, 4, stop_ids=[63], pad_id=0, temperature=0)
+    finally:
+        handle.remove()
+    assert calls[0][0] == len(PROMPTS)  # the prefill ran over the distinct prompts only
+    assert all(shape[0] == len(repeated) for shape in calls[1:])
+    alone = sample(model, PROMPTS, 4, stop_ids=[63], pad_id=0, temperature=0)
+    assert out.ids == [ids for ids in alone.ids for _ in range(3)]

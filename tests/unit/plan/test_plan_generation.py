@@ -58,3 +58,58 @@ def test_plan_cli_on_a_grpo_config(tmp_path, tiny_model_dir, capsys):
     assert record["kv_cache_bytes"] > 0 and record["memory_bytes"] > record["kv_cache_bytes"]
     assert main(["plan", "--config", str(config), "--gpu", "h100-sxm"]) == 0
     assert "a generation batch: 8 completions of up to 16 tokens" in capsys.readouterr().out
+
+
+def test_prefill_runs_over_the_distinct_prompts_only():
+    arch = small_arch()
+    every_row = generation(arch, 8, 10, 6, 2, 1e12, 1e9)
+    shared = generation(arch, 8, 10, 6, 2, 1e12, 1e9, distinct_prompts=2)
+    assert shared.prefill_s == pytest.approx(every_row.prefill_s / 4)
+    assert shared.decode_s == every_row.decode_s  # every row still decodes its own tokens
+
+
+def test_scoring_scale_applies_to_the_scoring_passes_only():
+    gen = generation(small_arch(), 4, 10, 6, 2, 1e12, 1e9)
+    step = GrpoStep(gen, scoring_passes=1, update_s=3.0, iterations=1, scoring_scale=0.5)
+    assert step.parts()["scoring passes"] == pytest.approx(0.5) and step.parts()["update"] == 3.0
+
+
+def test_grpo_constants_read_a_devices_row_of_grpo_yaml(monkeypatch):
+    from tunelab.plan import catalog
+
+    row = {"constants": {"decode_op_s": 1.5e-4, "update_scale": 0.8, "scoring_scale": 1.2}, "rows": ["run-a"]}
+    monkeypatch.setattr(catalog, "read", lambda name: {"devices": {"cpu-fp32": row}} if name == "grpo.yaml" else {})
+    assert catalog.grpo_constants("cpu-fp32") == catalog.GrpoConstants(1.5e-4, 0.8, 1.2, ("run-a",))
+    assert catalog.grpo_constants("no-such-device") is None
+
+
+def test_every_fitted_row_of_the_shipped_grpo_yaml_reads():
+    from tunelab.plan import catalog
+
+    for device in (catalog.read("grpo.yaml") or {}).get("devices") or {}:
+        fit = catalog.grpo_constants(device)
+        assert fit.rows and fit.decode_op_s > 0 and fit.update_scale > 0 and fit.scoring_scale > 0
+
+
+def test_plan_applies_a_devices_grpo_fit(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    from tunelab.plan import catalog
+
+    rows = [{"instruction": f"{a} + {a}", "answer": str(2 * a)} for a in range(20)]
+    data = write_jsonl(tmp_path / "prompts.jsonl", rows)
+    config = tmp_path / "grpo.yaml"
+    config.write_text(
+        f"model: {tiny_model_dir}\nobjective: grpo\ndata:\n  path: {data}\n  template: compact\nseq_len: 64\n"
+        "micro_batch: 2\ngrpo:\n  num_generations: 4\n  max_completion_length: 16\n  beta: 0.1\n"
+        "  rewards:\n    - name: exact_answer\n"
+    )
+
+    def parts(fit):
+        monkeypatch.setattr(catalog, "grpo_constants", lambda device: fit)
+        assert main(["plan", "--config", str(config), "--gpu", "h100-sxm", "--json"]) == 0
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])["parts_s"]
+
+    base = parts(catalog.GrpoConstants(0.0, 1.0, 1.0, ()))
+    slower = parts(catalog.GrpoConstants(1e-3, 2.0, 0.5, ()))
+    assert slower["decode"] > base["decode"] and slower["prefill"] > base["prefill"]  # per-op cost per forward
+    assert slower["update"] == pytest.approx(2 * base["update"])
+    assert slower["scoring passes"] == pytest.approx(base["scoring passes"])  # 2 x 0.5
