@@ -40,7 +40,7 @@ class Optimizer:
     # What to use where this optimizer cannot run, named in the refusal.
     instead: str = "adamw"
     # Bytes per value its step allocates and frees beyond the weight, gradient and states, measured on CPU
-    # (benchmarks/optimizers/step-memory_xeon-amx-2c_2026-11-27.md): fused AdamW none, bitsandbytes' 8-bit step
+    # (benchmarks/optimizers/step-memory_xeon-fp32-2c_2026-11-27.md): fused AdamW none, bitsandbytes' 8-bit step
     # its dequantized moments and update, Adafactor its update and squared gradient. Taken for CUDA too, unmeasured.
     step_scratch: float = 0.0
 

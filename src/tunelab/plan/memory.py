@@ -151,7 +151,7 @@ def gradient_bytes(arch: Arch, job: Job, s: Layout, trainable: int) -> float:
 
 
 # Bytes per value of a bf16 weight's piece while it steps (train/optim.PerParameter), measured
-# (benchmarks/optimizers/step-memory_xeon-amx-2c_2026-11-27.md): its fp32 value and gradient during the inner step
+# (benchmarks/optimizers/step-memory_xeon-fp32-2c_2026-11-27.md): its fp32 value and gradient during the inner step
 # (8); stochastic rounding then holds the value, its int32 noise and the bf16 result (10).
 SHADOW_BYTES = 8
 STOCHASTIC_BYTES = 10
