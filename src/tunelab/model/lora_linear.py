@@ -185,19 +185,19 @@ class _FusedForward:
     saved adapter are peft's. It covers the plain case (one active LoRA adapter, unmerged, no DoRA, a dense
     or nf4 base weight, LoRA dropout or none); anything else (an int8 base, say) takes peft's own forward."""
 
-    _packed: tuple[torch.Tensor, int] | None = None  # see pack_for_inference
+    _packed: torch.Tensor | None = None  # see pack_for_inference
 
     def _inference_forward(self, x: torch.Tensor, name: str) -> torch.Tensor | None:
         """Without autograd, over a packed weight: [x | xAᵀ]·[W | sB]ᵀ with no weight concatenated per call.
-        The sB columns are rewritten when B has changed since they were written (B's version counter)."""
-        packed, version = self._packed
+        The sB columns are rewritten on every call (d_out x r values, beside the d_out x d_in product): B's
+        version counter cannot tell whether B changed, since a fused AdamW step updates it in place without
+        bumping it, and GRPO samples between optimizer steps."""
+        packed = self._packed
         if torch.is_grad_enabled() or x.dtype != packed.dtype or self._dropout_p(name):
             return None
         lora_b = self.lora_B[name].weight
         width = x.shape[-1]
-        if lora_b._version != version:
-            packed[:, width:] = lora_b * self.scaling[name]
-            self._packed = (packed, lora_b._version)
+        torch.mul(lora_b, self.scaling[name], out=packed[:, width:])
         x2 = x.reshape(-1, width)
         y, _ = _fused_product(x2, x2, self.lora_A[name].weight.to(x.dtype), packed, self.base_layer.bias)
         return y.view(*x.shape[:-1], y.shape[-1])
@@ -274,7 +274,7 @@ def pack_for_inference(model: torch.nn.Module) -> int:
         lora_b = module.lora_B[name].weight
         packed = torch.cat([weight, (lora_b.detach() * module.scaling[name]).to(weight.dtype)], dim=1)
         base.weight = torch.nn.Parameter(packed[:, : weight.shape[1]], requires_grad=base.weight.requires_grad)
-        module._packed = (packed, lora_b._version)
+        module._packed = packed
         count += 1
     return count
 

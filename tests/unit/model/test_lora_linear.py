@@ -211,13 +211,21 @@ def test_packed_inference_weight_computes_the_fused_result_from_one_copy_of_w():
     reference = copy.deepcopy(fused)
     assert pack_for_inference(fused) == 1
     layer = fused.base_model.model.proj
-    packed, _ = layer._packed
+    packed = layer._packed
     assert layer.base_layer.weight.untyped_storage().data_ptr() == packed.untyped_storage().data_ptr()
     x = torch.randn(7, 64)
     with torch.no_grad():
         torch.testing.assert_close(fused(x), reference(x), rtol=0, atol=0)
         for m in (fused, reference):
             m.base_model.model.proj.lora_B["default"].weight.mul_(-3.0)
+        torch.testing.assert_close(fused(x), reference(x), rtol=0, atol=0)
+    # A fused AdamW step writes B in place without bumping its version counter (GRPO samples right after one).
+    for m in (fused, reference):
+        b = m.base_model.model.proj.lora_B["default"].weight
+        b.grad = torch.ones_like(b)
+        torch.optim.AdamW([b], lr=0.1, fused=True).step()
+        b.grad = None
+    with torch.no_grad():
         torch.testing.assert_close(fused(x), reference(x), rtol=0, atol=0)
     y0, gx0, g0 = grads(reference, x)
     y1, gx1, g1 = grads(fused, x)
