@@ -537,7 +537,7 @@ class ComputeConfig:
 
 @dataclass(kw_only=True)
 class RunConfig:
-    """Where the run writes, how often, and its seed."""
+    """Where the run writes, how often, how long at most, and its seed."""
 
     output_dir: str = "runs/default"
     resume: Union[bool, str] = False
@@ -545,6 +545,10 @@ class RunConfig:
     save_steps: int = 0
     save_total_limit: int = 2
     log_steps: int = 10
+    # Training time allowed, over every resume of the run (0: none). The run ends, and saves as a finished run,
+    # after the last optimizer step that its mean step time says still ends within it: a run sized by a
+    # prediction keeps a wall-clock budget when the machine is slower than predicted.
+    max_minutes: float = 0.0
     # Also send metrics.jsonl's records to an experiment tracker (train/trackers.py).
     report_to: ReportTo = "none"
 
@@ -557,6 +561,12 @@ class RunConfig:
         )
         _check(where, "output_dir", bool(self.output_dir.strip()), "is empty; name the folder the run writes to")
         _check(where, "save_steps", self.save_steps >= 0, "must be 0 (only the final save) or positive")
+        _check(
+            where,
+            "max_minutes",
+            0 <= self.max_minutes < math.inf,
+            f"must be 0 (no limit) or a positive number of minutes, got {self.max_minutes}",
+        )
 
 
 @dataclass(kw_only=True)

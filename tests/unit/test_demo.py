@@ -103,3 +103,52 @@ def test_the_training_peak_on_cpu_counts_from_before_any_model_loaded():
     assert demo.training_peak(summary, start_rss=2_000) == 3_000
     assert demo.training_peak(summary, start_rss=4_500) == 1_000  # never below what the run itself measured
     assert demo.training_peak(summary, start_rss=None) == 1_000  # CUDA: the allocator's own peak
+
+
+def test_training_is_limited_to_what_the_budget_leaves_or_the_configs_own_limit_if_shorter():
+    from tunelab.config import load_config
+
+    cfg = load_config("configs/quickstart.yaml", [])
+    assert cfg.run.max_minutes == 0
+    assert demo.with_time_limit(cfg, 600.0).run.max_minutes == 10.0
+    assert demo.with_time_limit(cfg, -5.0).run.max_minutes > 0  # never 0, which would mean no limit
+    own = load_config("configs/quickstart.yaml", ["max_minutes=4"])
+    assert demo.with_time_limit(own, 600.0).run.max_minutes == 4.0
+
+
+def test_the_demo_trains_under_the_time_its_budget_leaves_and_says_when_it_stopped_there(monkeypatch, tmp_path, capsys):
+    """demo.run end to end with scoring and training replaced: the training config it hands over carries
+    max_minutes = budget - slack - time spent - the base scoring's time - the setup reserve."""
+    import json
+
+    from tunelab.recipes import finetune as finetune_mod
+
+    scored = {"accuracy": 0.5, "n": 4, "seconds": 100.0, "by_digits": {"2": {"n": 4, "accuracy": 0.5}}}
+    monkeypatch.setattr(demo, "score", lambda cfg, rows, adapter: dict(scored))
+    handed = {}
+
+    def fake_finetune(cfg):
+        handed["cfg"] = cfg
+        steps = 5
+        return {
+            "steps": steps, "total_steps": 9, "time_limited": True, "loss_first": 2.0, "loss_last": 1.0,
+            "train_s": 60.0, "tokens_nonpad_per_s": 1.0, "tokens_padded_per_s": 1.0, "tokens_loss_per_s": 1.0,
+            "peak_memory_bytes": 1, "peak_memory_absolute_bytes": 1,
+        }  # fmt: skip
+
+    monkeypatch.setattr(finetune_mod, "finetune", fake_finetune)
+    out = tmp_path / "demo"
+    code = demo.main(
+        [
+            "configs/quickstart.yaml", "--minutes", "20", "--train-rows", "1200", "--test-rows", "4",
+            f"output_dir={out}", f"data.path={out}/data/train.jsonl",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    limit = handed["cfg"].run.max_minutes * 60
+    most = 20 * 60 - demo.END_SLACK_S - scored["seconds"] - demo.SETUP_RESERVE_S
+    assert most - 30 < limit < most  # data, plan and this test's overheads took some seconds
+    printed = capsys.readouterr().out
+    assert "training stopped at its time limit after 5 of 9 steps" in printed
+    result = json.loads((out / "eval.json").read_text())
+    assert result["train"]["time_limited"] and result["train"]["total_steps"] == 9

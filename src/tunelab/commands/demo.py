@@ -8,7 +8,9 @@ before/after table by digit count, and the measured run beside the prediction. L
 
 The demo keeps to a time budget (`--minutes`, data generation to the final table): when plan predicts that
 the recipe's training would not fit in what the budget leaves after scoring, it says so and trains on the
-first rows that fit, so a machine that computes in fp32 gets a shorter run, never a silent two-hour one.
+first rows that fit, so a machine that computes in fp32 gets a shorter run, never a silent two-hour one; and
+training's time limit (`max_minutes`) is what the budget leaves, so a machine slower than plan predicts ends
+training at the last step that fits rather than overrunning.
 """
 
 from __future__ import annotations
@@ -48,6 +50,11 @@ MIN_MICRO_BATCH = 4
 TIME_MARGIN = 0.15
 # Scoring time reserved for the tuned model when the base model, whose scoring it is timed against, is skipped.
 SCORING_RESERVE_S = 120.0
+# The demo aims to end this long before --minutes: `make demo`'s own start and the interpreter's exit.
+END_SLACK_S = 45.0
+# What the demo spends outside the training loop and the two scorings once training is sized: loading the model
+# and packing the rows before the loop, the final save, loading the tuned model.
+SETUP_RESERVE_S = 45.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,9 +146,10 @@ def run(args: argparse.Namespace, overrides: list[str]) -> None:
     # Fit training to what the budget leaves: the tuned model's scoring takes at most the base model's (the
     # same prompts; a tuned model stops at its EOS, the base model runs to each batch's budget).
     scoring_s = base["seconds"] if base is not None else SCORING_RESERVE_S
-    left_s = args.minutes * 60 - (time.perf_counter() - started) - scoring_s
+    left_s = args.minutes * 60 - END_SLACK_S - (time.perf_counter() - started) - scoring_s - SETUP_RESERVE_S
     cfg, prediction = fit_budget(args, cfg, console, train_rows, train_path, prediction, left_s)
     predicted_train_s = train_s(prediction)
+    cfg = with_time_limit(cfg, left_s)
 
     # 4. Train.
     from ..recipes.finetune import finetune
@@ -216,6 +224,16 @@ def fit_budget(
     return cfg, prediction
 
 
+def with_time_limit(cfg, left_s: float):
+    """The config with training limited to `left_s` (run.max_minutes, or the config's own limit if shorter).
+    plan sized the rows with TIME_MARGIN to spare; the limit holds the budget on a machine slower than plan
+    says, ending the run at the last step that fits (its learning rate then is near the schedule's end)."""
+    minutes = max(left_s, 1.0) / 60  # 0 would mean no limit
+    if cfg.run.max_minutes:
+        minutes = min(minutes, cfg.run.max_minutes)
+    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, max_minutes=minutes))
+
+
 def refit(train_rows: list[dict], train_path: Path, cfg, prediction, budget_s: float):
     """(rows, prediction) cut again when the smaller micro-batch makes the cut rows' training slower than the
     budget (more steps, more launches per token): the rows were fitted at the recipe's micro-batch, the run
@@ -252,6 +270,8 @@ def results(base: dict | None, tuned: dict, summary: dict, prediction, peak: int
                 k: summary[k]
                 for k in (
                     "steps",
+                    "total_steps",
+                    "time_limited",
                     "loss_first",
                     "loss_last",
                     "train_s",
@@ -382,6 +402,7 @@ def show(
     for col in ("", "measured", "predicted"):
         figures.add_column(col, justify="right")
     figures.add_row("training time", f"{summary['train_s'] / 60:.1f} min", f"{predicted_train_s / 60:.1f} min")
+    figures.add_row("optimizer steps", f"{summary['steps']:,}", f"{prediction.work.optimizer_steps:,}")
     figures.add_row(
         "tokens/s fed (padded)", f"{summary['tokens_padded_per_s']:,.0f}", f"{prediction.speed.tokens_per_s:,.0f}"
     )
@@ -389,6 +410,11 @@ def show(
     figures.add_row("tokens/s with loss", f"{summary['tokens_loss_per_s']:,.0f}", "")
     figures.add_row("peak memory", gib(peak), gib(prediction.memory.total))
     console.print(figures)
+    if summary["time_limited"]:
+        console.print(
+            f"[bold yellow]budget[/]: training stopped at its time limit after {summary['steps']:,} of "
+            f"{summary['total_steps']:,} steps: this machine ran slower than plan predicted"
+        )
 
 
 if __name__ == "__main__":

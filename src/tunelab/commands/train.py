@@ -50,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
     keys = ["output_dir", "steps", "loss_last", "tokens_nonpad_per_s", "peak_memory_bytes", "elapsed_s"]
     if summary["best_step"] is not None:
         keys += ["best_step", "best_eval_loss", "early_stopped"]
+    if summary.get("time_limited"):
+        keys.append("time_limited")
     if is_main():
         # A generating objective's summary (recipes/grpo.py) has no token rates of packed rows.
         print(json.dumps({k: summary[k] for k in keys if k in summary}))

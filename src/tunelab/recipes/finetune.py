@@ -420,10 +420,16 @@ def fit(run: Run, measure: loop.Measurement) -> loop.LoopResult:
                 )
             )
 
-    finished = state.step >= run.prep.schedule.total_steps or result.stopped_early
+    finished = state.step >= run.prep.schedule.total_steps or result.stopped_early or result.time_limited
     weights = gather() if finished and gather is not None else None  # every process takes part in gathering
     if finished and procs.main:
         save_final(trainee.model, run.prep.tokenizer, out, cfg.adapter.method, weights)
+    if run.show_progress and result.time_limited:
+        print(
+            f"time limit: max_minutes {cfg.run.max_minutes:g} ended training after step {state.step} of "
+            f"{run.prep.schedule.total_steps}; saved as a finished run",
+            flush=True,
+        )
     if run.show_progress and state.best_step is not None:
         kept = f"; weights in {out / BEST}" if cfg.eval.keep_best else ""
         print(f"best: step {state.best_step}, eval loss {state.best_eval_loss:.4f}{kept}", flush=True)
@@ -460,8 +466,9 @@ def summarize(run: Run, result: loop.LoopResult, t0: float) -> RunSummary:
         },
         steps=state.step,
         total_steps=prep.schedule.total_steps,
-        finished=state.step >= prep.schedule.total_steps or result.stopped_early,
+        finished=state.step >= prep.schedule.total_steps or result.stopped_early or result.time_limited,
         early_stopped=result.stopped_early,
+        time_limited=result.time_limited,
         loss_first=run.logged_first_loss
         if run.logged_first_loss is not None
         else (result.losses[0][1] if result.losses else None),

@@ -35,6 +35,7 @@ class RunSummary:
     total_steps: int
     finished: bool
     early_stopped: bool
+    time_limited: bool  # ended by max_minutes before the schedule's end
     loss_first: float | None
     loss_last: float | None
     tokens_padded: int

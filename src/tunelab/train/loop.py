@@ -67,6 +67,8 @@ class LoopResult:
     state: TrainState
     steps_run: int
     stopped_early: bool = False
+    # Ended by the run's max_minutes before the schedule's end (`out_of_time`).
+    time_limited: bool = False
     losses: list[tuple[int, float]] = field(default_factory=list)
     steady_s: float = 0.0
     steady_steps: int = 0
@@ -350,6 +352,8 @@ def run(ctx: LoopContext) -> LoopResult:
                 ):
                     with meter.paused():
                         stopping = result.stopped_early = _evaluate_step(ctx, metrics_file)
+                if not stopping and state.step < stop and out_of_time(spec.run.max_minutes, meter, result, ctx, world):
+                    stopping = result.time_limited = True
                 if state.step % spec.run.log_steps == 0 or state.step == stop or stopping:
                     _log_step(ctx, metrics_file, meter, losses, step_lr, world)
                 else:
@@ -373,6 +377,20 @@ def run(ctx: LoopContext) -> LoopResult:
     result.peak_reserved_bytes = mem.peak_reserved_bytes
     result.peak_absolute_bytes = mem.peak_absolute_bytes
     return result
+
+
+def out_of_time(max_minutes: float, meter: ThroughputMeter, result: LoopResult, ctx: LoopContext, world: int) -> bool:
+    """Whether one more step, at this session's mean step time, would end past `max_minutes` of training (over
+    every resume: the meter counts the checkpoint's elapsed time). Under several processes the main one decides
+    and all follow: one small reduction per step, paid only by a run that sets a limit."""
+    if max_minutes <= 0:
+        return False
+    session_s = time.perf_counter() - meter.loop_start
+    late = meter.elapsed_s() + session_s / max(result.steps_run, 1) > max_minutes * 60
+    if world == 1:
+        return late
+    flag = torch.tensor(float(late and ctx.accelerator.is_main_process), device=ctx.accelerator.device)
+    return ctx.accelerator.reduce(flag, "sum").item() > 0
 
 
 @dataclass

@@ -436,3 +436,57 @@ def test_a_compiled_run_compiles_nothing_after_its_first_steps(
     first_eval = [t for t, _ in graphs].index(False)
     assert graphs[0][1] > 0 and {n for _, n in graphs[:first_eval]} == {graphs[0][1]}, graphs
     assert {n for _, n in graphs[first_eval:]} == {graphs[first_eval][1]}, graphs
+
+
+class FakeClock:
+    """The loop's `time` module with a clock that moves only inside an optimizer step: each "takes" `step_s`."""
+
+    def __init__(self, monkeypatch, step_s: float):
+        from tunelab.train import loop
+
+        self.now = 1000.0
+        real_step = loop._optimizer_step
+
+        def timed_step(*args):
+            lr = real_step(*args)
+            self.now += step_s
+            return lr
+
+        monkeypatch.setattr(loop, "time", self)
+        monkeypatch.setattr(loop, "_optimizer_step", timed_step)
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def test_max_minutes_ends_the_run_after_the_last_step_that_fits_and_saves_it(
+    tiny_model_dir, data_file, tmp_path, monkeypatch, capsys
+):
+    FakeClock(monkeypatch, 60.0)
+    out = tmp_path / "run"
+    summary = finetune(config(tiny_model_dir, data_file, out, "max_steps=8", "log_steps=5", "max_minutes=3.5"))
+    # 60 s a step: after step 3 (180 s) a fourth would end at 240 s, past 210.
+    assert summary["steps"] == 3 and summary["total_steps"] == 8
+    assert summary["time_limited"] and summary["finished"] and not summary["early_stopped"]
+    assert (out / "adapter" / "adapter_model.safetensors").is_file()
+    assert [m["step"] for m in read_metrics(out)] == [3]  # the last step's window is logged
+    assert "time limit: max_minutes 3.5 ended training after step 3 of 8" in capsys.readouterr().out
+
+
+def test_max_minutes_counts_the_training_time_before_a_resume(tiny_model_dir, data_file, tmp_path, monkeypatch):
+    FakeClock(monkeypatch, 60.0)
+    out = tmp_path / "run"
+    args = (tiny_model_dir, data_file, out, "max_steps=8", "save_steps=2", "max_minutes=3.5")
+    finetune(config(*args), show_progress=False, measure=Measurement(stop_at=2))
+    resumed = finetune(config(*args, "resume=true"), show_progress=False)
+    # 120 s before the resume: one more step fits (180 s), a second would end at 240 s.
+    assert resumed["steps"] == 3 and resumed["time_limited"]
+
+
+def test_unlimited_runs_and_bad_limits(tiny_model_dir, data_file, tmp_path):
+    summary = finetune(config(tiny_model_dir, data_file, tmp_path / "run", "max_steps=2"), show_progress=False)
+    assert summary["steps"] == 2 and not summary["time_limited"]
+    with pytest.raises(TunelabError, match=r"max_minutes must be 0 \(no limit\) or a positive number"):
+        config(tiny_model_dir, data_file, tmp_path / "bad", "max_minutes=-1")
+    with pytest.raises(TunelabError, match=r"max_minutes must be a finite number"):
+        config(tiny_model_dir, data_file, tmp_path / "bad", "max_minutes=inf")
