@@ -54,6 +54,9 @@ class Estimate:
     constants: catalog.StepConstants | None = None  # the step model's constants and where they come from
     model_step_s: float = 0.0  # the step model's own step, before a calibration record scales it
     compiled: bool = False  # whether the predicted run compiles its blocks (`compile: auto` as resolved, per stack)
+    # The schedule's optimizer steps where `max_minutes` ends the run before them (then `work` is the steps that
+    # run); 0 when it does not.
+    time_limited_from: int = 0
 
     @property
     def fits(self) -> bool:
@@ -161,6 +164,13 @@ def estimate(
         evals = workload.evaluations(lengths.held_out, batching, w.optimizer_steps, job.eval_every)
         forward = forward_flops_per_token(arch, job.adapter.method, lay.targets, job.adapter.lora.r, evals.widest_row)
         eval_s = timing.evaluation_seconds(evals.count * evals.tokens_padded, forward, d.gpu.peak_flops, eff.value)
+    fixed = timing.overheads(on_disk, ckpt.written, periodic, final, job.compiled, d.gpu.device_type, eval_s)
+    runs = timing.steps_within(
+        job.run.max_minutes * 60, w.optimizer_steps, speed.train_s + fixed.compile_s, fixed.compile_s
+    )
+    if runs < w.optimizer_steps:  # the same job stopped by its time limit: the steps that run, nothing after
+        limited = estimate(arch, lengths, job.but(max_steps=runs, max_minutes=0.0), d, gpus, sharding, scaling)
+        return replace(limited, job=job, time_limited_from=w.optimizer_steps)
     return Estimate(
         job=job,
         device=d,
@@ -174,7 +184,7 @@ def estimate(
         memory=mem,
         max_micro_batch=biggest,
         speed=speed,
-        overheads=timing.overheads(on_disk, ckpt.written, periodic, final, job.compiled, d.gpu.device_type, eval_s),
+        overheads=fixed,
         evaluations=evals,
         forward_flops=forward,
         comm_bytes=comm.step_bytes(arch, job, lay, b.grad_accum),

@@ -99,6 +99,7 @@ def record(r: Result, e: Estimate) -> dict:
         "tokens_nonpad_per_s": e.speed.tokens_per_s * w.tokens_nonpad / w.tokens_padded,
         "time_s": e.time_s,
         "train_s": e.speed.train_s,
+        **({"time_limited_from_steps": e.time_limited_from} if e.time_limited_from else {}),
         "overheads_s": {
             "model_load": e.overheads.model_load_s,
             "compile": e.overheads.compile_s,
@@ -172,6 +173,15 @@ def breakdown_lines(m: MemoryBreakdown) -> list[str]:
     return [f"    {k.replace('_', ' '):<18} {gib(v):>12}" for k, v in m.as_dict().items()]
 
 
+def time_limit_lines(e) -> list[str]:
+    if not e.time_limited_from:
+        return []
+    return [
+        f"  time limit: max_minutes {e.job.run.max_minutes:g} ends training after {e.work.optimizer_steps:,} of the "
+        f"schedule's {e.time_limited_from:,} steps; tokens, time and cost here are those steps'"
+    ]
+
+
 def step_lines(e: Estimate) -> list[str]:
     """One optimizer step by part (plan/steptime.py): what bounds the run, and where the constants come from."""
     b = e.step
@@ -235,6 +245,7 @@ def table(results: list[Result]) -> str:
             f" naive upper bound examples x seq_len x epochs = {w.tokens_upper_bound:,}",
             f"  steps: {w.optimizer_steps:,} optimizer steps ({w.steps_per_epoch:,}/epoch); checkpoints {e.checkpoints.written} written, {e.checkpoints.kept} kept, + final save"
             + (f"; {e.evaluations.count} evaluations" if e.evaluations is not None else ""),
+            *time_limit_lines(e),
             f"  speed: {e.speed.tokens_per_s:,.0f} tokens/s fed ({e.efficiency.label})",
             *step_lines(e),
             f"  time: train {duration(e.speed.train_s)} + model load {duration(e.overheads.model_load_s)}"

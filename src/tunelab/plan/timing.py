@@ -9,6 +9,8 @@ Fixed overheads are separate lines: model load, torch.compile, checkpoint writes
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from ..methods import Method
@@ -72,6 +74,14 @@ def overheads(
         checkpoint_s=(periodic_checkpoints * periodic_bytes + final_bytes) / write_bps,
         eval_s=eval_s,
     )
+
+
+def steps_within(limit_s: float, steps: int, train_s: float, fixed_s: float) -> int:
+    """How many of a run's `steps` (`train_s` in all, `fixed_s` of it once: compilation) end within `limit_s`
+    (`max_minutes`; 0: all): the loop stops after the last step that its mean step time says still fits."""
+    if limit_s <= 0 or train_s <= limit_s:
+        return steps
+    return min(steps, max(1, math.floor((limit_s - fixed_s) / ((train_s - fixed_s) / steps))))
 
 
 def evaluation_seconds(tokens_padded: int, forward_flops_per_token: float, peak_flops: float, eff: float) -> float:

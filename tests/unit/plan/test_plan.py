@@ -595,3 +595,29 @@ def test_hf_peft_runs_the_head_and_its_loss_over_every_fed_position():
 
     assert Job(stack="hf-peft", hf=HfStack()).head_positions(fed=4096.0, targets=1024.0) == 4096.0
     assert Job().head_positions(fed=4096.0, targets=1024.0) == 1024.0
+
+
+def test_a_time_limit_predicts_the_steps_that_run_before_it(capsys):
+    args = ("--config", "configs/goat-7b.yaml", "--examples", "304000", "--mean-tokens", "40", "--gpu", "a100-80gb")
+    (whole,) = plan_json(capsys, *args)
+    limit_min = whole["train_s"] / 2 / 60
+    (cut,) = plan_json(capsys, *args, f"max_minutes={limit_min}")
+    compile_s = whole["overheads_s"]["compile"]
+    step_s = whole["train_s"] / whole["optimizer_steps"]
+    assert cut["time_limited_from_steps"] == whole["optimizer_steps"] == 2375
+    assert cut["optimizer_steps"] == math.floor((limit_min * 60 - compile_s) / step_s)
+    assert cut["train_s"] + compile_s <= limit_min * 60
+    assert cut["cost_usd"] and all(cut["cost_usd"][k] < v for k, v in whole["cost_usd"].items())
+    assert "time_limited_from_steps" not in whole
+    assert main(["plan", *args, f"max_minutes={limit_min}"]) == 0
+    assert f"ends training after {cut['optimizer_steps']:,} of the schedule's 2,375 steps" in capsys.readouterr().out
+    # A limit the run ends within changes nothing.
+    (roomy,) = plan_json(capsys, *args, f"max_minutes={whole['train_s']}")
+    assert roomy["optimizer_steps"] == 2375 and "time_limited_from_steps" not in roomy
+
+
+def test_steps_within_a_limit():
+    assert timing.steps_within(0, 100, 1000.0, 100.0) == 100  # no limit
+    assert timing.steps_within(2000, 100, 1000.0, 100.0) == 100
+    assert timing.steps_within(550, 100, 1000.0, 100.0) == 50  # 9 s a step after 100 s of compile
+    assert timing.steps_within(50, 100, 1000.0, 100.0) == 1  # the first step always runs
