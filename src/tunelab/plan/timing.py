@@ -10,7 +10,6 @@ Fixed overheads are separate lines: model load, torch.compile, checkpoint writes
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 from ..methods import Method
