@@ -35,7 +35,7 @@ from ..train import checkpoint, rewards
 from ..train.checkpoint import TrainState
 from ..train.grpo import GrpoLoss, Rollout, advantages
 from ..train.lock import lock_output_dir
-from ..train.loop import build_scheduler
+from ..train.loop import build_scheduler, past_limit
 from ..train.optim import build_optimizer
 from .finetune import check_writable_dir, save_final, truncate_metrics
 
@@ -249,9 +249,10 @@ def _train_locked(cfg: TrainConfig, out: Path, show_progress: bool) -> dict:
     write_atomic(out / "config.yaml", [dump_yaml(cfg)])
     memwatch = MemoryWatch(run.device)
     settings = cfg.objective.grpo
-    batch, last = None, {}
+    batch, last, time_limited = None, {}, False
+    session_start, session_steps = run.state.elapsed_s, 0
     with (out / "metrics.jsonl").open("a") as metrics_file:
-        while run.state.step < run.total_steps:
+        while run.state.step < run.total_steps and not time_limited:
             step_t0 = time.perf_counter()
             iteration = run.state.step % settings.num_iterations
             if batch is None or iteration == 0:
@@ -266,7 +267,19 @@ def _train_locked(cfg: TrainConfig, out: Path, show_progress: bool) -> dict:
                 peak_memory_bytes=memwatch.read().peak_bytes,
             )
             last = record
-            if run.state.step % cfg.run.log_steps == 0 or run.state.step == run.total_steps:
+            session_steps += 1
+            # Only between generation batches, as checkpoints: the next batch's generation and its updates.
+            boundary = run.state.step % settings.num_iterations == 0
+            time_limited = (
+                boundary
+                and run.state.step < run.total_steps
+                and past_limit(
+                    cfg.run.max_minutes,
+                    run.state.elapsed_s,
+                    (run.state.elapsed_s - session_start) / session_steps * settings.num_iterations,
+                )
+            )
+            if run.state.step % cfg.run.log_steps == 0 or run.state.step == run.total_steps or time_limited:
                 metrics_file.write(json.dumps(record) + "\n")
                 metrics_file.flush()
                 if show_progress:
@@ -275,7 +288,6 @@ def _train_locked(cfg: TrainConfig, out: Path, show_progress: bool) -> dict:
             if every and run.state.step % every == 0 and iteration == 0:
                 _log_completions(out, run.state.step, batch)
             # Only between generation batches: a resume then samples the next batch from the restored RNG.
-            boundary = run.state.step % settings.num_iterations == 0
             if (
                 cfg.run.save_steps
                 and run.state.step % cfg.run.save_steps == 0
@@ -285,12 +297,19 @@ def _train_locked(cfg: TrainConfig, out: Path, show_progress: bool) -> dict:
                 checkpoint.save(
                     out / "checkpoints", run.root, run.optimizer, run.scheduler, run.state, cfg.run.save_total_limit
                 )
+    if time_limited and show_progress:
+        print(
+            f"time limit: max_minutes {cfg.run.max_minutes:g} ended training after step {run.state.step} of "
+            f"{run.total_steps}; saved as a finished run",
+            flush=True,
+        )
     final = save_final(run.root.model, run.tokenizer, out, cfg.adapter.method)
     summary = {
         "output_dir": str(out),
         "objective": cfg.objective.name,
         "steps": run.state.step,
         "total_steps": run.total_steps,
+        "time_limited": time_limited,
         "loss_last": last.get("loss"),
         "reward_last": last.get("reward"),
         "completion_tokens_per_s": run.state.tokens_loss / max(run.state.elapsed_s, 1e-9),

@@ -379,6 +379,11 @@ def run(ctx: LoopContext) -> LoopResult:
     return result
 
 
+def past_limit(max_minutes: float, elapsed_s: float, next_s: float) -> bool:
+    """Whether work of `next_s` more seconds, after `elapsed_s` of training, would end past `max_minutes` (0: never)."""
+    return max_minutes > 0 and elapsed_s + next_s > max_minutes * 60
+
+
 def out_of_time(max_minutes: float, meter: ThroughputMeter, result: LoopResult, ctx: LoopContext, world: int) -> bool:
     """Whether one more step, at this session's mean step time, would end past `max_minutes` of training (over
     every resume: the meter counts the checkpoint's elapsed time). Under several processes the main one decides
@@ -386,7 +391,7 @@ def out_of_time(max_minutes: float, meter: ThroughputMeter, result: LoopResult, 
     if max_minutes <= 0:
         return False
     session_s = time.perf_counter() - meter.loop_start
-    late = meter.elapsed_s() + session_s / max(result.steps_run, 1) > max_minutes * 60
+    late = past_limit(max_minutes, meter.elapsed_s(), session_s / max(result.steps_run, 1))
     if world == 1:
         return late
     flag = torch.tensor(float(late and ctx.accelerator.is_main_process), device=ctx.accelerator.device)

@@ -80,3 +80,34 @@ def test_resume_repeats_the_uninterrupted_steps(tmp_path, tiny_model_dir):
     for x, y in zip(a[2:], b[2:]):
         assert y["reward"] == x["reward"]
         assert y["loss"] == pytest.approx(x["loss"], abs=1e-6)
+
+
+def test_max_minutes_ends_a_grpo_run_between_generation_batches(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    from tunelab.recipes import grpo
+
+    class Clock:  # the recipe's `time`, moving 60 s in each update and nowhere else
+        now = 1000.0
+
+        def perf_counter(self):
+            return self.now
+
+    clock, real_update = Clock(), grpo.update
+
+    def timed_update(run, batch):
+        metrics = real_update(run, batch)
+        clock.now += 60.0
+        return metrics
+
+    monkeypatch.setattr(grpo, "time", clock)
+    monkeypatch.setattr(grpo, "update", timed_update)
+    data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
+    out = tmp_path / "run"
+    cfg = grpo_config(
+        tiny_model_dir, data, out, "grpo.num_iterations=2", "max_steps=8", "max_minutes=4.5", "log_steps=5"
+    )
+    summary = finetune(cfg)
+    # A batch (2 updates) is 120 s: after step 2 (120 s) the next ends at 240 <= 270; after step 4 it would end at 360.
+    assert summary["steps"] == 4 and summary["total_steps"] == 8 and summary["time_limited"]
+    assert (out / "adapter" / "adapter_config.json").is_file()
+    assert [r["step"] for r in metrics(out)] == [4]  # the last step is logged
+    assert "time limit: max_minutes 4.5 ended training after step 4 of 8" in capsys.readouterr().out
