@@ -78,67 +78,58 @@ def show_single(rec: dict, db: Path) -> None:
     c.print(f"stored in {db}")
 
 
-def show_comparison(rows: list[dict], db: Path) -> None:
+def _peer_table(title: str, columns: dict, rows: list[dict], footer: str) -> None:
+    """One row per peer: its name, then `columns` (each header and how a row's cell is written), then both
+    sides' peak memory."""
     from rich.table import Table
 
-    t = Table(title="tunelab beside its peers (same model, data, machine; means over interleaved runs)")
-    for col in (
-        "peer",
-        "peer non-pad tok/s",
-        "tunelab non-pad tok/s",
-        "tunelab / peer",
-        "padded ratio",
-        "loss-token ratio",
-        "peer peak mem",
-        "tunelab peak mem",
-    ):
-        t.add_column(col, justify="right")
+    columns = {
+        "peer": lambda r: r["kind"],
+        **columns,
+        "peer peak mem": lambda r: gib(r["peak_memory_bytes"]),
+        "tunelab peak mem": lambda r: gib(r["tunelab_peak_memory_bytes"]),
+    }
+    t = Table(title=title)
+    for header in columns:
+        t.add_column(header, justify="right")
     for r in rows:
-        t.add_row(
-            r["kind"],
-            f"{r['tokens_nonpad_per_s']:,.1f}",
-            f"{r['tunelab_tokens_nonpad_per_s']:,.1f}",
-            f"{r['tokens_nonpad_ratio']:.2f}x",
-            f"{r['tokens_padded_ratio']:.2f}x",
-            f"{r['tokens_loss_ratio']:.2f}x",
-            gib(r["peak_memory_bytes"]),
-            gib(r["tunelab_peak_memory_bytes"]),
-        )
+        t.add_row(*(cell(r) for cell in columns.values()))
     c = _console()
     c.print(t)
-    c.print(f"stored in {db}")
+    c.print(footer)
+
+
+def show_comparison(rows: list[dict], db: Path) -> None:
+    _peer_table(
+        "tunelab beside its peers (same model, data, machine; means over interleaved runs)",
+        {
+            "peer non-pad tok/s": lambda r: f"{r['tokens_nonpad_per_s']:,.1f}",
+            "tunelab non-pad tok/s": lambda r: f"{r['tunelab_tokens_nonpad_per_s']:,.1f}",
+            "tunelab / peer": lambda r: f"{r['tokens_nonpad_ratio']:.2f}x",
+            "padded ratio": lambda r: f"{r['tokens_padded_ratio']:.2f}x",
+            "loss-token ratio": lambda r: f"{r['tokens_loss_ratio']:.2f}x",
+        },
+        rows,
+        f"stored in {db}",
+    )
 
 
 def show_grpo_comparison(rows: list[dict], db: Path) -> None:
     """bench/grpo_peer.py's rows: completions per second first (the work a GRPO step exists for)."""
-    from rich.table import Table
-
-    t = Table(title="tunelab's GRPO beside its peer (same model, prompts, rewards, completions per step)")
-    for col in (
-        "peer",
-        "peer completions/s",
-        "tunelab completions/s",
-        "tunelab / peer",
-        "completion tok/s ratio",
-        "mean length (peer, tunelab)",
-        "peer peak mem",
-        "tunelab peak mem",
-    ):
-        t.add_column(col, justify="right")
-    for r in rows:
-        t.add_row(
-            r["kind"],
-            f"{r['completions_per_s']:.3f}",
-            f"{r['tunelab_completions_per_s']:.3f}",
-            f"{r['completions_per_s_ratio']:.2f}x",
-            f"{r['completion_tokens_per_s_ratio']:.2f}x",
-            f"{r['completion_mean_length']:.1f}, {r['tunelab_completion_mean_length']:.1f}",
-            gib(r["peak_memory_bytes"]),
-            gib(r["tunelab_peak_memory_bytes"]),
-        )
-    c = _console()
-    c.print(t)
-    c.print(f"records in {db.with_name('grpo-peers.jsonl')}")
+    _peer_table(
+        "tunelab's GRPO beside its peer (same model, prompts, rewards, completions per step)",
+        {
+            "peer completions/s": lambda r: f"{r['completions_per_s']:.3f}",
+            "tunelab completions/s": lambda r: f"{r['tunelab_completions_per_s']:.3f}",
+            "tunelab / peer": lambda r: f"{r['completions_per_s_ratio']:.2f}x",
+            "completion tok/s ratio": lambda r: f"{r['completion_tokens_per_s_ratio']:.2f}x",
+            "mean length (peer, tunelab)": lambda r: (
+                f"{r['completion_mean_length']:.1f}, {r['tunelab_completion_mean_length']:.1f}"
+            ),
+        },
+        rows,
+        f"records in {db.with_name('grpo-peers.jsonl')}",
+    )
 
 
 def show_sweep(records: list[dict], db: Path, labels: list[str], failed: dict[str, tuple[str, int]]) -> None:
