@@ -12,6 +12,8 @@ than the step on a small model, and GRPO needs the sampler's own random generato
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -68,12 +70,12 @@ def sample(
     model.eval()
     try:
         cache = DynamicCache(config=model.config)  # filled in place by each forward
+        with_cache = {cache_keyword(): cache, "use_cache": True}
         out = model(
             input_ids=input_ids[distinct],
             attention_mask=attention[distinct],
             position_ids=positions[distinct],
-            cache=cache,
-            use_cache=True,
+            **with_cache,
             logits_to_keep=1,
         )
         logits = out.logits[:, -1].float()
@@ -95,8 +97,7 @@ def sample(
                 input_ids=token[:, None],
                 attention_mask=attention,
                 position_ids=position,
-                cache=cache,
-                use_cache=True,
+                **with_cache,
             )
             logits = out.logits[:, -1].float()
     finally:
@@ -109,6 +110,16 @@ def sample(
         ids.append(row if end is None else row[: end + 1])
         clipped.append(end is None)
     return Samples(ids, clipped)
+
+
+@functools.cache
+def cache_keyword() -> str:
+    """The keyword decoder forwards take their KV cache under: `cache` where transformers renamed it, else
+    `past_key_values` (transformers 5.17, which GPU hosts have, swallows an unknown `cache` into its kwargs and
+    decodes every step without the earlier tokens)."""
+    from transformers import LlamaModel
+
+    return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
 
 
 def _distinct(prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -81,3 +81,34 @@ def test_repeated_prompts_share_one_prefill_and_decode_as_if_each_had_its_own():
     assert all(shape[0] == len(repeated) for shape in calls[1:])
     alone = sample(model, PROMPTS, 4, stop_ids=[63], pad_id=0, temperature=0)
     assert out.ids == [ids for ids in alone.ids for _ in range(3)]
+
+
+class OlderForward(torch.nn.Module):
+    """A causal LM as transformers 5.17 calls it: the KV cache under `past_key_values`, other keywords swallowed."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner, self.config = model, model.config
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None, **kw):
+        assert "cache" not in kw, "5.17 would swallow `cache` and decode without the earlier tokens"
+        return self.inner(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            cache=past_key_values, use_cache=use_cache, **kw,
+        )  # fmt: skip
+
+
+def test_the_cache_goes_under_the_keyword_the_installed_transformers_takes(monkeypatch):
+    import inspect
+
+    from transformers import LlamaModel
+
+    from tunelab.eval import sampling
+
+    assert sampling.cache_keyword() in inspect.signature(LlamaModel.forward).parameters
+    model = make_tiny_llama(64, seed=3).float()
+    monkeypatch.setattr(sampling, "cache_keyword", lambda: "past_key_values")
+    out = sample(OlderForward(model), PROMPTS, 6, stop_ids=[63], pad_id=0, temperature=0)
+    for prompt, got in zip(PROMPTS, out.ids):
+        want = greedy_without_cache(model, prompt, 6)
+        assert got == (want[: want.index(63) + 1] if 63 in want else want)
