@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from .. import sources
+from ..config import FORMATS, TEMPLATES
 from ..data import arithmetic as ar
 from ..data import synthetic as sy
 from ..errors import TunelabError
+from ..eval.setup import read_rows, resolve_setup
 from ..io import check_output_file, write_atomic
 
 
@@ -158,6 +162,73 @@ def _synthetic(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_pairs(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--data",
+        required=True,
+        help="jsonl rows with an `answer` and the reference response (e.g. the SFT run's training rows)",
+    )
+    p.add_argument("--out", required=True, help="preference pairs {prompt, chosen, rejected, answer}, as jsonl")
+    p.add_argument(
+        "--adapter",
+        help="the model's adapter (RUN/adapter or RUN/checkpoints/step-N); its run's config gives the base model, "
+        "format and template, as for `tunelab eval`",
+    )
+    p.add_argument("--model", help="base model: embedded, an HF directory (e.g. a merged SFT model), a .gguf file")
+    p.add_argument("--format", choices=FORMATS, help="row format (default: the run's, else alpaca)")
+    p.add_argument("--template", choices=TEMPLATES, help="alpaca prompt template (default: the run's, else alpaca)")
+    p.add_argument("--limit", type=int, help="use only the first N rows")
+    p.add_argument("--samples", type=int, default=4, help="completions sampled per prompt (default 4)")
+    p.add_argument(
+        "--temperature", type=float, default=1.0, help="sampling temperature; 0 is greedy, one sample (default 1.0)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="the sampler's seed")
+    p.add_argument("--batch-size", type=int, help="completions generated at a time (default: tunelab eval's)")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        help="the generation cap (default as `tunelab eval`: the adapter's longest trained response plus slack)",
+    )
+    p.add_argument("--device", default="auto")
+    p.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
+
+
+def _pairs(args: argparse.Namespace) -> int:
+    """Sample the model on prompts whose answers are known; write its wrong answers as the rejected side."""
+    from ..eval.onpolicy import Sampling, check_sampling
+
+    check_output_file(Path(args.out), "--out")
+    for name in ("limit", "batch_size", "max_new_tokens"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise TunelabError(f"--{name.replace('_', '-')} {value}: must be at least 1")
+    setup = resolve_setup(args.adapter, args.model, args.format, args.template)
+    rows = read_rows(Path(args.data), setup.format, args.limit)
+    from ..eval.generate import DEFAULT_BATCH_SIZE
+
+    batch = args.batch_size or DEFAULT_BATCH_SIZE
+    sampling = Sampling(args.samples, args.temperature, args.seed, batch, args.max_new_tokens)
+    check_sampling(sampling)
+
+    from ..device import pick_device, pick_precision
+    from ..eval.onpolicy import sample_pairs
+    from ..recipes.generation import load_for_generation, run_folder, trained_response_tokens
+
+    device = pick_device(args.device)
+    model, tokenizer = load_for_generation(setup, args.adapter, device, pick_precision(args.precision, device))
+    if args.adapter:
+        trained = trained_response_tokens(run_folder(Path(args.adapter), setup))
+        sampling = dataclasses.replace(sampling, trained_response_tokens=trained)
+    started = time.perf_counter()
+    pairs, counts = sample_pairs(model, tokenizer, rows, setup.format, setup.template, sampling, args.data)
+    write_atomic(Path(args.out), _jsonl(pairs))
+    print(
+        f"wrote {counts.pairs} pairs to {args.out} from {len(rows)} prompts x {sampling.samples} samples at "
+        f"temperature {sampling.temperature:g} in {time.perf_counter() - started:.0f} s: {counts.line()}"
+    )
+    return 0
+
+
 def _jsonl(rows: Sequence[dict]) -> Iterator[str]:
     return (json.dumps(row) + "\n" for row in rows)
 
@@ -173,5 +244,11 @@ SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Cal
         "generate alpaca rows of English words at token lengths drawn from a distribution",
         _add_synthetic,
         _synthetic,
+    ),
+    "pairs": (
+        "write on-policy preference pairs (dpo, orpo): a model's own wrong answers to prompts with known answers, "
+        "each against the reference response",
+        _add_pairs,
+        _pairs,
     ),
 }

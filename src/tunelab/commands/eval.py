@@ -14,11 +14,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..config import FORMATS, TEMPLATES
-from ..data.read import iter_jsonl
 from ..errors import TunelabError
-from ..eval.exact_match import EvalResult, parse_answer
+from ..eval.exact_match import EvalResult
 from ..eval.generate import DEFAULT_BATCH_SIZE
-from ..eval.setup import resolve_setup
+from ..eval.setup import read_rows, resolve_setup
 from ..io import check_output_file, write_atomic
 
 
@@ -51,59 +50,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--predictions", help="write every row's response and verdict to this jsonl file")
 
 
-def read_rows(path: Path, fmt: str, limit: int | None) -> list[dict]:
-    """jsonl rows that can be prompted in `fmt` and carry a checkable `answer`; errors name the line."""
-    if path.is_dir():
-        raise TunelabError(f"{path}: is a directory; pass --data a .jsonl file")
-    if not path.is_file():
-        raise TunelabError(f"{path}: data file not found")
-    rows = []
-    for number, row in iter_jsonl(path, fmt):
-        if limit is not None and len(rows) >= limit:
-            break
-        where = f"{path}:{number}"
-        if "answer" not in row:
-            raise TunelabError(f"{where}: no 'answer' field; eval compares the response's last integer against it")
-        if parse_answer(row["answer"]) is None:
-            raise TunelabError(f"{where}: answer {row['answer']!r} is not an integer or 'QUOTIENT R REMAINDER'")
-        rows.append(row)
-    if not rows:
-        raise TunelabError(f"{path}: no rows to evaluate")
-    return rows
-
-
-def run_folder(adapter: Path, setup) -> Path:
-    """The training run an adapter (RUN/adapter) or a checkpoint (RUN/checkpoints/step-N) belongs to."""
-    return adapter.parent if setup.checkpoint_adapter is None else adapter.parent.parent
-
-
-def trained_response_tokens(run: Path) -> int | None:
-    """The longest response the run trained on (its summary.json), when recorded."""
-    summary = run / "summary.json"
-    try:
-        value = json.loads(summary.read_text()).get("data", {}).get("response_tokens_max")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, int) and value > 0 else None
-
-
-def load_checkpoint(model, folder: Path, adapter):
-    """`model` built as training built it (`adapter`: the run's settings), with the checkpoint's trainable weights,
-    packed for generation as a saved adapter is (model/adapters.load_adapter)."""
-    from ..model.adapters import apply_adapter
-    from ..model.lora_linear import pack_for_inference
-    from ..train.checkpoint import load_weights, verify
-
-    problem = verify(folder)
-    if problem is not None:
-        raise TunelabError(f"{folder}: not a complete checkpoint ({problem}); pick another under checkpoints/")
-    model = apply_adapter(model, adapter)
-    load_weights(folder, model)
-    model.requires_grad_(False)
-    pack_for_inference(model)
-    return model
-
-
 def run(args: argparse.Namespace) -> int:
     for name in ("limit", "batch_size", "max_new_tokens"):
         value = getattr(args, name)
@@ -117,26 +63,12 @@ def run(args: argparse.Namespace) -> int:
 
     from ..device import device_name, out_of_memory, pick_device, pick_precision
     from ..eval.generate import evaluate
-    from ..model.adapters import check_adapter
-    from ..model.load import load_model
-    from ..sources import load_tokenizer, resolve
-
-    if args.adapter and setup.checkpoint_adapter is None:
-        check_adapter(Path(args.adapter))
+    from ..recipes.generation import load_for_generation, run_folder, trained_response_tokens
 
     device = pick_device(args.device)
     precision = pick_precision(args.precision, device)
     started = time.perf_counter()
-    source = resolve(setup.model)
-    tokenizer = load_tokenizer(source)
-    # Weights in the compute dtype (bf16 on AMX CPUs): generation runs in the weights' dtype.
-    model = load_model(source, precision.compute, "none", device)
-    if setup.checkpoint_adapter is not None:
-        model = load_checkpoint(model, Path(args.adapter), setup.checkpoint_adapter)
-    elif args.adapter:
-        from ..model.adapters import load_adapter
-
-        model = load_adapter(model, args.adapter, setup.model)
+    model, tokenizer = load_for_generation(setup, args.adapter, device, precision)
     load_seconds = time.perf_counter() - started
     try:
         trained = trained_response_tokens(run_folder(Path(args.adapter), setup)) if args.adapter else None

@@ -77,6 +77,23 @@ def response_budgets(tokenizer, rows: Sequence[dict], fmt: str, template: str) -
     return [len(ids) + BUDGET_SLACK for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
+def generation_caps(
+    tokenizer,
+    rows: Sequence[dict],
+    fmt: str,
+    template: str,
+    max_new_tokens: int | None = None,
+    trained_response_tokens: int | None = None,
+) -> list[int]:
+    """Each row's generation cap: `max_new_tokens`, else `trained_response_tokens` (the longest response the model
+    was trained on) plus slack, else its own expected response plus slack."""
+    if max_new_tokens:
+        return [max_new_tokens] * len(rows)
+    if trained_response_tokens:
+        return [trained_response_tokens + BUDGET_SLACK] * len(rows)
+    return response_budgets(tokenizer, rows, fmt, template)
+
+
 @dataclass(frozen=True)
 class Generated:
     texts: list[str]  # each row's response, cut before its first stop
@@ -92,10 +109,12 @@ def generate(
     batch_size: int,
     stop: Stops | None = None,
     temperature: float = 0.0,
+    generator: torch.Generator | None = None,
 ) -> Generated:
     """Greedy continuations of tokenized prompts, in input order, each cut before its first stop (default: the
     EOS ids of `stops`) or at its batch's largest budget; a row stops on its own while the rest of its batch goes on.
-    `temperature` > 0 samples instead (`tunelab ui`'s Try it), from the model's distribution at that temperature."""
+    `temperature` > 0 samples instead (`tunelab ui`'s Try it, `tunelab data pairs`), from the model's distribution
+    at that temperature, drawing from `generator` when given."""
     stop = stop or stops(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stop.ids or [0])[0]
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), budgets[i]))
@@ -104,7 +123,13 @@ def generate(
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         out = sample(
-            model, [prompts[i] for i in chunk], max(budgets[i] for i in chunk), stop.ids, pad, temperature=temperature
+            model,
+            [prompts[i] for i in chunk],
+            max(budgets[i] for i in chunk),
+            stop.ids,
+            pad,
+            temperature=temperature,
+            generator=generator,
         )
         rows = [_until(ids, stop.ids) for ids in out.ids]
         for i, text, cut in zip(chunk, tokenizer.batch_decode(rows, skip_special_tokens=True), out.clipped):
@@ -136,13 +161,8 @@ def evaluate(
     """
     started = time.perf_counter()
     prompts = prompt_ids(tokenizer, [prompt_text(fmt, template, row, tokenizer) for row in rows])
-    if max_new_tokens:
-        budgets = [max_new_tokens] * len(rows)
-    elif trained_response_tokens:
-        budgets = [trained_response_tokens + BUDGET_SLACK] * len(rows)
-    else:
-        budgets = response_budgets(tokenizer, rows, fmt, template)
-    out = generate(model, tokenizer, prompts, budgets, batch_size, stops(model, tokenizer, fmt))
+    caps = generation_caps(tokenizer, rows, fmt, template, max_new_tokens, trained_response_tokens)
+    out = generate(model, tokenizer, prompts, caps, batch_size, stops(model, tokenizer, fmt))
     result = score(rows, out.texts, time.perf_counter() - started)
     result.capped = sum(out.capped)
     return result

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import AdapterConfig, load_config
+from ..data.read import iter_jsonl
 from ..errors import TunelabError
 from ..modelref import EMBEDDED
+from .exact_match import parse_answer
 
 
 @dataclass(frozen=True)
@@ -68,3 +70,24 @@ def prompt_row(fmt: str, text: str) -> dict:
     if fmt == "sharegpt":
         return {"conversations": [{"from": "human", "value": text}]}
     return {"text": text}
+
+
+def read_rows(path: Path, fmt: str, limit: int | None) -> list[dict]:
+    """jsonl rows that can be prompted in `fmt` and carry a checkable `answer`; errors name the line."""
+    if path.is_dir():
+        raise TunelabError(f"{path}: is a directory; pass --data a .jsonl file")
+    if not path.is_file():
+        raise TunelabError(f"{path}: data file not found")
+    rows = []
+    for number, row in iter_jsonl(path, fmt):
+        if limit is not None and len(rows) >= limit:
+            break
+        where = f"{path}:{number}"
+        if "answer" not in row:
+            raise TunelabError(f"{where}: no 'answer' field; eval compares the response's last integer against it")
+        if parse_answer(row["answer"]) is None:
+            raise TunelabError(f"{where}: answer {row['answer']!r} is not an integer or 'QUOTIENT R REMAINDER'")
+        rows.append(row)
+    if not rows:
+        raise TunelabError(f"{path}: no rows to evaluate")
+    return rows
