@@ -1,17 +1,31 @@
 #!/usr/bin/env bash
 # GRPO after `make demo` (configs/quickstart-grpo.yaml): merge the quickstart's adapter into the base, write
-# addition prompts with their answers, score exact match on the quickstart's held-out additions before, train
-# GRPO rewarded by the exact sum, score again. Writes everything into OUT (default runs/quickstart-grpo-result).
-# Usage: [PROMPTS=4000] [EVAL_LIMIT=400] benchmarks/scripts/quickstart_grpo.sh [OUT] [extra train overrides...]
+# addition prompts with their answers (sums whose longer operand has 5-8 digits), score exact match on the
+# quickstart's held-out additions before, train GRPO rewarded by the exact sum, score again. Writes everything
+# into OUT (default runs/quickstart-grpo-result).
+# Usage: [PROMPTS=6000] [EVAL_LIMIT=400] benchmarks/scripts/quickstart_grpo.sh [OUT] [extra train overrides...]
 set -euo pipefail
 OUT=${1:-runs/quickstart-grpo-result}
 shift || true
 source "$(dirname "$0")/quickstart_after.sh"
 # One generation cap for both scores: the rows' `output` would otherwise budget the merged model's responses.
 LIMIT=(--limit "${EVAL_LIMIT:-400}" --max-new-tokens "${EVAL_CAP:-48}")
-rm -f runs/quickstart-grpo/prompts.jsonl
-$TL data arithmetic --prompts --n "${PROMPTS:-4000}" --digits 1-8 --templates plain --seed 1 \
-  --out runs/quickstart-grpo/prompts.jsonl
+rm -f runs/quickstart-grpo/prompts.jsonl runs/quickstart-grpo/prompts-1to8.jsonl
+$TL data arithmetic --prompts --n "${PROMPTS:-6000}" --digits 1-8 --templates plain --seed 1 \
+  --out runs/quickstart-grpo/prompts-1to8.jsonl
+# Keep the sums whose longer operand has 5-8 digits (where the SFT model is about half right, so a group's
+# completions disagree) and none of the held-out problems.
+$PY - <<'PYEOF'
+import json
+test = {(r["a"], r["b"]) for r in map(json.loads, open("runs/quickstart/data/test.jsonl"))}
+rows = [json.loads(line) for line in open("runs/quickstart-grpo/prompts-1to8.jsonl")]
+keep = [
+    r for r in rows
+    if max(r["digits_a"], r["digits_b"]) >= 5 and {(r["a"], r["b"]), (r["b"], r["a"])}.isdisjoint(test)
+]
+open("runs/quickstart-grpo/prompts.jsonl", "w").writelines(json.dumps(r) + "\n" for r in keep)
+print(f"kept {len(keep)} of {len(rows)} prompts: longer operand 5-8 digits, none held out")
+PYEOF
 stamp prompts
 $TL eval --model runs/quickstart/merged --format alpaca --template compact \
   --data runs/quickstart/data/test.jsonl "${LIMIT[@]}" --json --out "$OUT/eval-before.json" | tail -1

@@ -113,3 +113,32 @@ def test_plan_applies_a_devices_grpo_fit(tmp_path, tiny_model_dir, monkeypatch, 
     assert slower["decode"] > base["decode"] and slower["prefill"] > base["prefill"]  # per-op cost per forward
     assert slower["update"] == pytest.approx(2 * base["update"])
     assert slower["scoring passes"] == pytest.approx(base["scoring passes"])  # 2 x 0.5
+
+
+def test_shipped_grpo_fit_of_the_fp32_cpu_class_changes_plans_prediction(tmp_path, tiny_model_dir, monkeypatch):
+    """catalog/grpo.yaml's cpu-fp32 row (benchmarks/scripts/plan_grpo.py --write) is what plan uses on that class:
+    its update is plan's own times update_scale and its decode pays decode_op_s per op, not the step fit's."""
+    from tunelab import config as cfgmod
+    from tunelab.plan import catalog
+    from tunelab.plan.estimate import Device
+    from tunelab.recipes import predict
+
+    shipped = catalog.grpo_constants("cpu-fp32")
+    assert shipped is not None and any("quickstart-grpo_xeon-fp32-2c" in row for row in shipped.rows)
+    cpu = catalog.Gpu("local", "a fp32-only CPU", 16 * 2**30, 20.0, 2e11, False, "cpu-fp32", "test")
+    monkeypatch.setattr(predict, "local_device", lambda *a, **k: Device(cpu, catalog.runtime_overhead("cpu")))
+    rows = [{"instruction": f"{a} + {a}", "answer": str(2 * a)} for a in range(20)]
+    data = write_jsonl(tmp_path / "prompts.jsonl", rows)
+    config = tmp_path / "grpo.yaml"
+    config.write_text(
+        f"model: {tiny_model_dir}\nobjective: grpo\ndata:\n  path: {data}\n  template: compact\nseq_len: 64\n"
+        "micro_batch: 2\ngrpo:\n  num_generations: 4\n  max_completion_length: 16\n"
+        "  rewards:\n    - name: exact_answer\n"
+    )
+    cfg = cfgmod.load_config(config, [])
+    fitted = predict.plan_generating(cfg, predict.PlanRequest(gpu="local"))[0].step
+    monkeypatch.setattr(catalog, "grpo_constants", lambda device: None)
+    unfitted = predict.plan_generating(cfg, predict.PlanRequest(gpu="local"))[0].step
+    assert fitted.update_s == pytest.approx(unfitted.update_s * shipped.update_scale)
+    assert fitted.update_s != pytest.approx(unfitted.update_s, rel=0.01)
+    assert fitted.generation.decode_s != pytest.approx(unfitted.generation.decode_s, rel=0.01)
