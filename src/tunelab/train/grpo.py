@@ -192,8 +192,15 @@ class GrpoLoss(CausalLMLoss):
         with self.reference_model() if reference else nullcontext():
             hidden = self.hidden_states(rollout.input_ids, rollout.position_ids, None)
             head = self.model.get_output_embeddings()
+            # At the sampling temperature, as TRL's GRPOTrainer scores: the log-probs of the distribution sampled from.
             return score_tokens(
-                hidden, head.weight, rollout.loss_index, rollout.loss_targets, self.softcap, entropy=entropy
+                hidden,
+                head.weight,
+                rollout.loss_index,
+                rollout.loss_targets,
+                self.softcap,
+                entropy=entropy,
+                temperature=self.settings.temperature,
             )
 
     def forward(self, rollout: Rollout, old, ref, adv, micro_batches: int, step_tokens: int) -> TokenLoss:

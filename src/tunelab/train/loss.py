@@ -66,6 +66,7 @@ def head_pass(
     grad_hidden: bool = False,
     grad_weight: bool = False,
     scale: torch.Tensor | None = None,
+    temperature: float = 1.0,
 ) -> HeadPass:
     """The head `hidden @ weight.T` over `hidden`'s rows (already gathered at the targets), `chunk` rows at a time.
 
@@ -73,7 +74,8 @@ def head_pass(
     gradient with respect to its logits (softmax - onehot, through the soft cap's tanh) is formed here, while the
     logits exist, so no caller keeps them for backward: `grad_hidden` and `grad_weight` ask for its products with
     the head and with the hidden states. `scale` (fp32, one factor per row) multiplies each row's gradient first,
-    for a backward that needs a per-token factor inside the head's sum over rows.
+    for a backward that needs a per-token factor inside the head's sum over rows. `temperature` divides the
+    (soft-capped) logits, as a sampler at that temperature does: the log-probs of the distribution sampled from.
     """
     w = weight.to(hidden.dtype)
     k = hidden.shape[0]
@@ -90,7 +92,7 @@ def head_pass(
     for start in range(0, k, chunk):
         h, t = hidden[start : start + chunk], targets[start : start + chunk]
         n = h.shape[0]
-        logits, squash = _chunk_logits(h, w, low[:n], full[:n], softcap)
+        logits, squash = _chunk_logits(h, w, low[:n], full[:n], softcap, temperature)
         index = torch.arange(n, device=t.device)
         target_logit = logits[index, t]
         top = logits.amax(dim=-1, keepdim=True)
@@ -112,6 +114,8 @@ def head_pass(
             grad[index, t] -= 1.0
             if softcap:
                 grad.mul_(1.0 - squash.square())
+            if temperature != 1.0:
+                grad.div_(temperature)
             if scale is not None:
                 grad.mul_(scale[start : start + n, None])
             grad = low[:n].copy_(grad)  # rounded to the compute dtype once, for both products
@@ -123,14 +127,17 @@ def head_pass(
     return out
 
 
-def _chunk_logits(h, w, low, full, softcap):
+def _chunk_logits(h, w, low, full, softcap, temperature=1.0):
     """One chunk's fp32 logits in `full` (the matmul in the compute dtype into `low`), soft-capped when
-    `softcap` is set (Gemma-2's final logits: z -> c * tanh(z / c)); also tanh(z / c), which the gradient needs."""
+    `softcap` is set (Gemma-2's final logits: z -> c * tanh(z / c)), then divided by `temperature`; also
+    tanh(z / c), which the gradient needs."""
     logits = full.copy_(torch.mm(h, w.T, out=low))
-    if not softcap:
-        return logits, None
-    squash = torch.tanh(logits / softcap)
-    logits.copy_(squash * softcap)
+    squash = None
+    if softcap:
+        squash = torch.tanh(logits / softcap)
+        logits.copy_(squash * softcap)
+    if temperature != 1.0:
+        logits.div_(temperature)
     return logits, squash
 
 
@@ -170,10 +177,20 @@ class LinearTokenLogProbs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, softcap, chunk, entropy):
-        out = head_pass(hidden, weight, targets, softcap, chunk, rows=True, entropy=entropy, grad_hidden=True)
+    def forward(ctx, hidden, weight, targets, softcap, chunk, entropy, temperature=1.0):
+        out = head_pass(
+            hidden,
+            weight,
+            targets,
+            softcap,
+            chunk,
+            rows=True,
+            entropy=entropy,
+            grad_hidden=True,
+            temperature=temperature,
+        )
         ctx.save_for_backward(out.grad_hidden, hidden if ctx.needs_input_grad[1] else None, weight, targets)
-        ctx.softcap, ctx.chunk = softcap, chunk
+        ctx.softcap, ctx.chunk, ctx.temperature = softcap, chunk, temperature
         spread = out.entropy if entropy else out.logps.new_empty(0)
         ctx.mark_non_differentiable(spread)
         return out.logps, spread
@@ -184,9 +201,18 @@ class LinearTokenLogProbs(torch.autograd.Function):
         scale = grad_logps.neg()  # logp = -nll: the saved rows are d nll / d hidden
         grad_w = None
         if hidden is not None:
-            again = head_pass(hidden, weight, targets, ctx.softcap, ctx.chunk, grad_weight=True, scale=scale)
+            again = head_pass(
+                hidden,
+                weight,
+                targets,
+                ctx.softcap,
+                ctx.chunk,
+                grad_weight=True,
+                scale=scale,
+                temperature=ctx.temperature,
+            )
             grad_w = again.grad_weight.to(weight.dtype)
-        return grad_hidden * scale.to(grad_hidden.dtype)[:, None], grad_w, None, None, None, None
+        return grad_hidden * scale.to(grad_hidden.dtype)[:, None], grad_w, None, None, None, None, None
 
 
 def gather_targets(hidden: torch.Tensor, loss_index: torch.Tensor) -> torch.Tensor:
@@ -215,18 +241,27 @@ class TokenScores(NamedTuple):
 
 
 def score_tokens(
-    hidden, weight, loss_index, loss_targets, softcap=None, chunk: int = LOGIT_CHUNK, entropy: bool = False
+    hidden,
+    weight,
+    loss_index,
+    loss_targets,
+    softcap=None,
+    chunk: int = LOGIT_CHUNK,
+    entropy: bool = False,
+    temperature: float = 1.0,
 ) -> TokenScores:
     """The log-probability of each target at the positions `loss_index` (flat indices into hidden's B·T) and, with
     `entropy`, how spread each of those positions' distributions is, from one pass of the head: sequence scores of
-    the preference objectives, and per-token scores of sampled completions. Without gradients (a reference
-    model) no gradient matmul runs."""
+    the preference objectives, and per-token scores of sampled completions (at the `temperature` they were
+    sampled at, as TRL's GRPO scores them). Without gradients (a reference model) no gradient matmul runs."""
     selected = gather_targets(hidden, loss_index)
     with torch.autocast(selected.device.type, enabled=False):
         if not torch.is_grad_enabled():
-            out = head_pass(selected, weight, loss_targets, softcap, chunk, rows=True, entropy=entropy)
+            out = head_pass(
+                selected, weight, loss_targets, softcap, chunk, rows=True, entropy=entropy, temperature=temperature
+            )
             return TokenScores(out.logps, out.entropy)
-        logps, spread = LinearTokenLogProbs.apply(selected, weight, loss_targets, softcap, chunk, entropy)
+        logps, spread = LinearTokenLogProbs.apply(selected, weight, loss_targets, softcap, chunk, entropy, temperature)
         return TokenScores(logps, spread if entropy else None)
 
 

@@ -52,6 +52,7 @@ def trl_loss(model, settings: GrpoConfig, adv, old, ref):
 
     def logps_and_entropies(m, input_ids, attention_mask, logits_to_keep, **kw):
         logits = m(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][:, -logits_to_keep:]
+        logits = logits / settings.temperature  # TRL's fused head divides by it: add_fused_lm_head(temperature=...)
         return selective_log_softmax(logits, input_ids[:, -logits_to_keep:]), entropy_from_logits(logits), None
 
     accelerator = SimpleNamespace(
@@ -100,8 +101,10 @@ def grads(model) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
 @pytest.mark.parametrize("beta,iterations", [(0.0, 1), (0.1, 2)])
-def test_loss_and_gradients_equal_trl(loss_type, beta, iterations):
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_loss_and_gradients_equal_trl(loss_type, beta, iterations, temperature):
     settings = GrpoConfig(
+        temperature=temperature,
         loss_type=loss_type,
         beta=beta,
         num_iterations=iterations,

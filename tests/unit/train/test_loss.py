@@ -47,9 +47,11 @@ def test_fused_loss_under_bf16_autocast_is_close_to_fp32():
 
 @pytest.mark.parametrize("softcap", [None, 30.0])
 @pytest.mark.parametrize("grad", [False, True])
-def test_token_logps_and_entropy_match_full_logits(softcap, grad):
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_token_logps_and_entropy_match_full_logits(softcap, grad, temperature):
     """The per-token face of the same chunked head (preference objectives, objectives scoring sampled tokens):
-    log-probs with gradients for hidden and a trained head, and each position's entropy, in one pass."""
+    log-probs with gradients for hidden and a trained head, and each position's entropy, in one pass; at a
+    sampling temperature, those of the soft-capped logits divided by it (TRL's GRPO scoring)."""
     torch.manual_seed(0)
     hidden = torch.randn(2, 30, 16, requires_grad=True)
     weight = (torch.randn(97, 16) * 3).requires_grad_(True)
@@ -58,13 +60,15 @@ def test_token_logps_and_entropy_match_full_logits(softcap, grad):
     scale = torch.linspace(-1.0, 2.0, 7)
 
     with torch.set_grad_enabled(grad):
-        logps, entropy = score_tokens(hidden, weight, index, targets, softcap, chunk=3, entropy=True)
-        alone = score_tokens(hidden, weight, index, targets, softcap, chunk=3)
+        logps, entropy = score_tokens(
+            hidden, weight, index, targets, softcap, chunk=3, entropy=True, temperature=temperature
+        )
+        alone = score_tokens(hidden, weight, index, targets, softcap, chunk=3, temperature=temperature)
     assert torch.equal(logps, alone.logps) and alone.entropy is None
     logits = hidden.reshape(-1, 16)[index] @ weight.T
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
-    log_probs = F.log_softmax(logits, dim=-1)
+    log_probs = F.log_softmax(logits / temperature, dim=-1)
     want = log_probs.gather(1, targets[:, None]).squeeze(1)
     assert torch.allclose(logps, want, atol=1e-5)
     assert torch.allclose(entropy, -(log_probs.exp() * log_probs).sum(-1), atol=1e-5)
