@@ -25,8 +25,6 @@ from tunelab.markdown import num, table
 SETTINGS = ("optimizer", "optimizer_in_backward", "weights", "bf16_update")
 # Steps whose loss the markdown table shows (a plot shows every step).
 SHOWN = (1, 2, 4, 6, 8, 10, 12, 16, 24, 32, 48, 64)
-# fp32 AdamW, the reference every other row is compared against.
-REFERENCE = "adamw"
 
 
 def plan_peak(config: Path) -> int:
@@ -69,8 +67,9 @@ def collect(root: Path) -> list[dict]:
     return rows
 
 
-def markdown(rows: list[dict]) -> list[str]:
-    """Two tables: loss at fixed steps, then final loss, exact match and peaks against plan."""
+def markdown(rows: list[dict], reference: str) -> list[str]:
+    """Two tables: loss at fixed steps, then final loss (against the `reference` run's), exact match and peaks
+    against plan."""
     steps = [s for s in SHOWN if s <= max(len(r["loss_curve"]) for r in rows)]
     curves = table(
         ["run", "settings", *(f"step {s}" for s in steps)],
@@ -83,9 +82,9 @@ def markdown(rows: list[dict]) -> list[str]:
             for r in rows
         ],
     )
-    ref = next((r for r in rows if r["run"] == REFERENCE), None)
+    ref = next((r for r in rows if r["run"] == reference), None)
     results = table(
-        ["run", "final loss", "vs fp32 AdamW", "held-out exact match", "peak measured GiB", "plan GiB", "plan error"],
+        ["run", "final loss", f"vs {reference}", "held-out exact match", "peak measured GiB", "plan GiB", "plan error"],
         [
             [
                 r["run"],
@@ -106,6 +105,7 @@ def main_() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("source", type=Path, help="the runs' folder ($OUT), or with --markdown/--plot this script's JSON")
     p.add_argument("--markdown", action="store_true", help="print the results file's tables from the JSON")
+    p.add_argument("--reference", default="adamw", help="the run the final losses are compared with")
     p.add_argument("--plot", type=Path, help="write the loss curves as a PNG (tunelab's report plot) from the JSON")
     args = p.parse_args()
     if not (args.markdown or args.plot):
@@ -113,7 +113,7 @@ def main_() -> None:
         return
     rows = json.loads(args.source.read_text())
     if args.markdown:
-        print("\n".join(markdown(rows)))
+        print("\n".join(markdown(rows, args.reference)))
     if args.plot:
         from tunelab.report import plots
 
