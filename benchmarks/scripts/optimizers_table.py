@@ -45,7 +45,8 @@ def collect(root: Path) -> list[dict]:
     rows = []
     for run in sorted(p for p in root.iterdir() if (p / "summary.json").is_file() and p.name != "probe"):
         summary = json.loads((run / "summary.json").read_text())
-        curve = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+        logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        curve = [r["loss"] for r in logged]
         predicted = plan_peak(run / "config.yaml")
         measured = summary["peak_memory_bytes"]
         scores = root / f"{run.name}.eval.json"
@@ -56,6 +57,8 @@ def collect(root: Path) -> list[dict]:
                 "settings": settings(run / "config.yaml"),
                 "loss_curve": curve,
                 "loss_last": curve[-1],
+                # the peak so far at each logged step: on CPU the RSS peak, which allocator retention can grow
+                "peak_curve_bytes": [r["peak_memory_bytes"] for r in logged],
                 "exact_match": score.get("accuracy"),
                 "exact_match_n": score.get("n"),
                 "peak_measured_bytes": measured,
@@ -68,8 +71,8 @@ def collect(root: Path) -> list[dict]:
 
 
 def markdown(rows: list[dict], reference: str) -> list[str]:
-    """Two tables: loss at fixed steps, then final loss (against the `reference` run's), exact match and peaks
-    against plan."""
+    """Three tables: loss at fixed steps; final loss (against the `reference` run's), exact match and peaks
+    against plan; the peak so far at the same steps beside plan's."""
     steps = [s for s in SHOWN if s <= max(len(r["loss_curve"]) for r in rows)]
     curves = table(
         ["run", "settings", *(f"step {s}" for s in steps)],
@@ -98,7 +101,19 @@ def markdown(rows: list[dict], reference: str) -> list[str]:
             for r in rows
         ],
     )
-    return [*curves, "", *results]
+    growth = table(
+        ["run: peak so far, GiB", *(f"step {s}" for s in steps), "plan"],
+        [
+            [
+                r["run"],
+                *(num(r["peak_curve_bytes"][s - 1] / 2**30, 2) for s in steps if s <= len(r["peak_curve_bytes"])),
+                num(r["peak_plan_bytes"] / 2**30, 2),
+            ]
+            for r in rows
+            if "peak_curve_bytes" in r
+        ],
+    )
+    return [*curves, "", *results, "", *growth]
 
 
 def main_() -> None:
