@@ -8,15 +8,17 @@ set -euo pipefail
 OUT=${OUT:-/tmp/optim-long}
 STEPS=${STEPS:-64}
 PY=${PY:-python}
-RUNS=${RUNS:-"adamw adamw-bf16-stochastic adamw-bf16-kahan adamw_8bit adafactor"}
+RUNS=${RUNS:-"adamw adamw-bf16-nearest adamw-bf16-stochastic adamw-bf16-kahan adamw_8bit adafactor"}
 mkdir -p "$OUT"
 [ -f "$OUT/train.jsonl" ] || $PY -m tunelab data arithmetic --out "$OUT/train.jsonl" --n 2000 --response aligned \
   --test-out "$OUT/test.jsonl" --test-n 100 --seed 0
 common=(method=full "data.path=$OUT/train.jsonl" seq_len=128 micro_batch=4 "max_steps=$STEPS" lr=2e-5
   log_steps=1 compile=false max_grad_norm=0 warmup_ratio=0)
 declare -A SETTINGS=(
-  [adamw]="" [adamw-bf16-stochastic]="weights=bf16" [adamw-bf16-kahan]="weights=bf16 bf16_update=kahan"
+  [adamw]="" [adamw-bf16-nearest]="weights=bf16 bf16_update=nearest" [adamw-bf16-stochastic]="weights=bf16" [adamw-bf16-kahan]="weights=bf16 bf16_update=kahan"
   [adamw_8bit]="optimizer=adamw_8bit" [adafactor]="optimizer=adafactor"
+  [adamw-in-backward]="optimizer_in_backward=true"
+  [adamw_8bit-in-backward-bf16]="optimizer=adamw_8bit optimizer_in_backward=true weights=bf16"
 )
 for name in $RUNS; do
   rm -rf "${OUT:?}/$name"
