@@ -140,6 +140,7 @@ def generating_record(p: GeneratingPlan) -> dict:
         "prompt_tokens_mean": p.prompt_tokens,
         "rows_per_batch": gen.rows,
         "batches": p.batches,
+        **({"time_limited_from_batches": p.time_limited_from} if p.time_limited_from else {}),
         "batch_s": p.step.batch_s,
         "parts_s": p.step.parts(),
         "time_s": p.time_s,
@@ -158,4 +159,9 @@ def generating_text(p: GeneratingPlan) -> str:
         f"{p.prompt_tokens:.0f}-token prompts: {p.step.batch_s:.2f} s ({parts})\n"
         f"  {p.batches} batches: {p.time_s / 60:.1f} min; memory {p.memory_bytes / 2**30:.2f} GiB "
         f"(KV cache {gen.kv_cache_bytes / 2**20:.0f} MiB); decode assumes every completion reaches its cap"
+        + (
+            f"\n  time limit: max_minutes ends training after {p.batches} of the schedule's {p.time_limited_from} batches"
+            if p.time_limited_from
+            else ""
+        )
     )

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 
 from .. import config as cfgmod
 from ..errors import TunelabError
-from ..plan import catalog, hfstack, render, steptime, workload
+from ..plan import catalog, hfstack, render, steptime, timing, workload
 from ..plan.estimate import Device, Job, compute_bytes, estimate, suggestions
 from ..plan.generation import GrpoStep, generation
 from ..plan.job import STACK_ROWS, STACKS
@@ -315,6 +315,9 @@ class GeneratingPlan:
     batches: int  # generation batches in the run
     memory_bytes: int  # the update's memory (plan/memory.py) plus the KV cache of every sampled row
     source: str
+    # The schedule's batches where `max_minutes` ends the run before them (then `batches` are those that run); 0
+    # when it does not.
+    time_limited_from: int = 0
 
     @property
     def time_s(self) -> float:
@@ -372,7 +375,10 @@ def plan_generating(cfg: cfgmod.TrainConfig, r: PlanRequest) -> list[GeneratingP
         scoring = fit.scoring_scale if fit else 1.0
         step = GrpoStep(gen, passes, update_s, g.num_iterations, scoring)
         memory = update.memory.total + gen.kv_cache_bytes
-        out.append(GeneratingPlan(gpu.name, prompts, mean, step, batches, memory, source))
+        # The run checks its time limit between generation batches (recipes/grpo.py), as the loop between steps.
+        runs = timing.steps_within(cfg.run.max_minutes * 60, batches, batches * step.batch_s, 0.0)
+        limited = batches if runs < batches else 0
+        out.append(GeneratingPlan(gpu.name, prompts, mean, step, runs, memory, source, limited))
     return out
 
 

@@ -58,6 +58,15 @@ def test_plan_cli_on_a_grpo_config(tmp_path, tiny_model_dir, capsys):
     assert record["kv_cache_bytes"] > 0 and record["memory_bytes"] > record["kv_cache_bytes"]
     assert main(["plan", "--config", str(config), "--gpu", "h100-sxm"]) == 0
     assert "a generation batch: 8 completions of up to 16 tokens" in capsys.readouterr().out
+    assert "time_limited_from_batches" not in record
+    # A time limit of three and a half batches: the run ends between batches, after three.
+    limit = f"max_minutes={3.5 * record['batch_s'] / 60}"
+    assert main(["plan", "--config", str(config), "--gpu", "h100-sxm", "--json", limit]) == 0
+    cut = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (cut["batches"], cut["time_limited_from_batches"]) == (3, 10)
+    assert cut["time_s"] == pytest.approx(3 * record["batch_s"])
+    assert main(["plan", "--config", str(config), "--gpu", "h100-sxm", limit]) == 0
+    assert "ends training after 3 of the schedule's 10 batches" in capsys.readouterr().out
 
 
 def test_prefill_runs_over_the_distinct_prompts_only():
