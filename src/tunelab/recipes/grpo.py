@@ -250,7 +250,7 @@ def _train_locked(cfg: TrainConfig, out: Path, show_progress: bool) -> dict:
     memwatch = MemoryWatch(run.device)
     settings = cfg.objective.grpo
     batch, last, time_limited = None, {}, False
-    session_start, session_steps = run.state.elapsed_s, 0
+    start_s, start_step = run.state.elapsed_s, run.state.step  # where this process took over (0, or a resume)
     with (out / "metrics.jsonl").open("a") as metrics_file:
         while run.state.step < run.total_steps and not time_limited:
             step_t0 = time.perf_counter()
@@ -267,7 +267,6 @@ def _train_locked(cfg: TrainConfig, out: Path, show_progress: bool) -> dict:
                 peak_memory_bytes=memwatch.read().peak_bytes,
             )
             last = record
-            session_steps += 1
             # Only between generation batches, as checkpoints: the next batch's generation and its updates.
             boundary = run.state.step % settings.num_iterations == 0
             time_limited = (
@@ -276,7 +275,7 @@ def _train_locked(cfg: TrainConfig, out: Path, show_progress: bool) -> dict:
                 and past_limit(
                     cfg.run.max_minutes,
                     run.state.elapsed_s,
-                    (run.state.elapsed_s - session_start) / session_steps * settings.num_iterations,
+                    (run.state.elapsed_s - start_s) / (run.state.step - start_step) * settings.num_iterations,
                 )
             )
             if run.state.step % cfg.run.log_steps == 0 or run.state.step == run.total_steps or time_limited:

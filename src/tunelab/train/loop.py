@@ -385,13 +385,14 @@ def past_limit(max_minutes: float, elapsed_s: float, next_s: float) -> bool:
 
 
 def out_of_time(max_minutes: float, meter: ThroughputMeter, result: LoopResult, ctx: LoopContext, world: int) -> bool:
-    """Whether one more step, at this session's mean step time, would end past `max_minutes` of training (over
-    every resume: the meter counts the checkpoint's elapsed time). Under several processes the main one decides
-    and all follow: one small reduction per step, paid only by a run that sets a limit."""
+    """Whether one more step, at the mean step time since this process started its loop, would end past
+    `max_minutes` of training (over every resume: the meter counts the checkpoint's elapsed time). Under several
+    processes the main one decides and all follow: one small reduction per step, paid only by a run that sets a
+    limit."""
     if max_minutes <= 0:
         return False
-    session_s = time.perf_counter() - meter.loop_start
-    late = past_limit(max_minutes, meter.elapsed_s(), session_s / max(result.steps_run, 1))
+    loop_s = time.perf_counter() - meter.loop_start
+    late = past_limit(max_minutes, meter.elapsed_s(), loop_s / max(result.steps_run, 1))
     if world == 1:
         return late
     flag = torch.tensor(float(late and ctx.accelerator.is_main_process), device=ctx.accelerator.device)
