@@ -169,21 +169,15 @@ def suite_doc_rows(doc: dict, name: str, cpu: CpuBandwidth | None) -> tuple[list
                 "lengths": "synthetic:" + json.dumps(doc["definition"]["data"], sort_keys=True),
                 "loss_fraction": seen["tokens_loss"] / seen["tokens_nonpad"] if seen else 0.5,
             }
-        elif kind == "tunelab":
+        else:
+            ran = rec if kind == "tunelab" else by_label[rec["against"]]
+            if kind == "tunelab":
+                lengths, loss_fraction = f"mean:{(rec.get('data') or {}).get('mean_len', seq / 2)}", 0.5
+            else:  # a peer pads its rows: their spread sets its padding, so the suite's own synthetic rows
+                seen = ran.get("data") or {}
+                lengths = "synthetic:" + json.dumps(doc["definition"]["data"], sort_keys=True)
+                loss_fraction = seen["tokens_loss"] / seen["tokens_nonpad"] if seen else 0.5
             gpu = catalog.gpu(gpu_id)
-            place = {
-                "device": gpu_id,
-                "kind": gpu.device_type,
-                "label": rec["label"],
-                "peak": rec["device_peak_flops"],
-                "bandwidth": gpu.bandwidth_gbs * 1e9,
-                "compute_bytes": 2,
-                "lengths": f"mean:{(rec.get('data') or {}).get('mean_len', seq / 2)}",
-                "loss_fraction": 0.5,
-            }
-        else:  # a peer pads its rows: their spread sets its padding, so the suite's own synthetic rows
-            gpu, ran = catalog.gpu(gpu_id), by_label[rec["against"]]
-            seen = ran.get("data") or {}
             place = {
                 "device": gpu_id,
                 "kind": gpu.device_type,
@@ -191,8 +185,8 @@ def suite_doc_rows(doc: dict, name: str, cpu: CpuBandwidth | None) -> tuple[list
                 "peak": ran["device_peak_flops"],
                 "bandwidth": gpu.bandwidth_gbs * 1e9,
                 "compute_bytes": 2,
-                "lengths": "synthetic:" + json.dumps(doc["definition"]["data"], sort_keys=True),
-                "loss_fraction": seen["tokens_loss"] / seen["tokens_nonpad"] if seen else 0.5,
+                "lengths": lengths,
+                "loss_fraction": loss_fraction,
             }
         rows.append(
             Row(
