@@ -19,6 +19,7 @@ import torch
 
 from ..data.formats import CONVERSATION_FORMATS, effective_chat_template, prompt_text, render
 from ..data.tokenize import bos_ids
+from ..model.prepack import prepacked
 from .exact_match import EvalResult, score
 from .sampling import sample
 
@@ -120,22 +121,24 @@ def generate(
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), budgets[i]))
     texts: list[str] = [""] * len(prompts)
     capped: list[bool] = [False] * len(prompts)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        out = sample(
-            model,
-            [prompts[i] for i in chunk],
-            max(budgets[i] for i in chunk),
-            stop.ids,
-            pad,
-            temperature=temperature,
-            generator=generator,
-        )
-        rows = [_until(ids, stop.ids) for ids in out.ids]
-        for i, text, cut in zip(chunk, tokenizer.batch_decode(rows, skip_special_tokens=True), out.clipped):
-            for marker in stop.texts:
-                text = text.split(marker, 1)[0]
-            texts[i], capped[i] = text, cut
+    # Weights laid out once for every batch (CPU fp32; model/prepack.py); sample() reuses them.
+    with prepacked(model, min(batch_size, len(prompts))):
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            out = sample(
+                model,
+                [prompts[i] for i in chunk],
+                max(budgets[i] for i in chunk),
+                stop.ids,
+                pad,
+                temperature=temperature,
+                generator=generator,
+            )
+            rows = [_until(ids, stop.ids) for ids in out.ids]
+            for i, text, cut in zip(chunk, tokenizer.batch_decode(rows, skip_special_tokens=True), out.clipped):
+                for marker in stop.texts:
+                    text = text.split(marker, 1)[0]
+                texts[i], capped[i] = text, cut
     return Generated(texts, capped)
 
 

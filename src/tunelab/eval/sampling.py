@@ -6,7 +6,8 @@ column only (`logits_to_keep=1`), then each step feeds one token per row through
 stops at its first stop id (kept: the model is trained to write it) or at `max_new_tokens`, where it counts as
 clipped; the batch stops when every row has. Rows that share a prompt (GRPO's G completions of each) share its
 prefill: the distinct prompts are prefilled once and their cache rows and last logits copied to every row that
-repeats them, a G-th of the prefill's compute. Not `model.generate`: its per-step processors and checks cost more
+repeats them, a G-th of the prefill's compute. On CPUs that compute in fp32 the weights are reordered once per call
+for products with few rows (model/prepack.py). Not `model.generate`: its per-step processors and checks cost more
 than the step on a small model, and GRPO needs the sampler's own random generator (checkpointed for resume).
 """
 
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
+
+from ..model.prepack import prepacked
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,19 @@ def pick(logits: torch.Tensor, temperature: float, top_p: float, generator: torc
         drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return draw(probs, generator)
+
+
+def draw(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One index per row of non-negative `weights` (B, V), with probability proportional to its weight: the first
+    index whose running sum exceeds a uniform draw times the row's total (inverse-CDF sampling). One uniform per
+    row, where torch.multinomial draws an exponential per vocabulary entry (15% of a CPU decode step on the
+    embedded model; benchmarks/design-decisions_cpu_2026-11-28.md#prepacked-decode-weights). The running sum is
+    fp64, so a zero weight is never drawn and the last entries keep their mass."""
+    cdf = weights.double().cumsum(-1)
+    u = torch.rand(weights.shape[0], 1, generator=generator, device=weights.device, dtype=torch.float64)
+    index = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
+    return index.squeeze(-1).clamp(max=weights.shape[-1] - 1)
 
 
 @torch.no_grad()
@@ -69,37 +84,38 @@ def sample(
     was_training = model.training
     model.eval()
     try:
-        cache = DynamicCache(config=model.config)  # filled in place by each forward
-        with_cache = {cache_keyword(): cache, "use_cache": True}
-        out = model(
-            input_ids=input_ids[distinct],
-            attention_mask=attention[distinct],
-            position_ids=positions[distinct],
-            **with_cache,
-            logits_to_keep=1,
-        )
-        logits = out.logits[:, -1].float()
-        if len(distinct) < rows:
-            cache.reorder_cache(copies)  # each row's copy of its prompt's cache
-            logits = logits[copies]
-        position = positions[:, -1:]
-        done = torch.zeros(rows, dtype=torch.bool, device=device)
-        tokens = []
-        for step in range(max_new_tokens):
-            token = pick(logits, temperature, top_p, generator).masked_fill(done, pad_id)
-            tokens.append(token)
-            done = done | torch.isin(token, stops)
-            if step == max_new_tokens - 1 or bool(done.all()):
-                break
-            attention = torch.cat([attention, attention.new_ones(rows, 1)], dim=1)
-            position = position + 1
+        with prepacked(model, rows):  # CPU fp32: the weights laid out once for the few-row products
+            cache = DynamicCache(config=model.config)  # filled in place by each forward
+            with_cache = {cache_keyword(): cache, "use_cache": True}
             out = model(
-                input_ids=token[:, None],
-                attention_mask=attention,
-                position_ids=position,
+                input_ids=input_ids[distinct],
+                attention_mask=attention[distinct],
+                position_ids=positions[distinct],
                 **with_cache,
+                logits_to_keep=1,
             )
             logits = out.logits[:, -1].float()
+            if len(distinct) < rows:
+                cache.reorder_cache(copies)  # each row's copy of its prompt's cache
+                logits = logits[copies]
+            position = positions[:, -1:]
+            done = torch.zeros(rows, dtype=torch.bool, device=device)
+            tokens = []
+            for step in range(max_new_tokens):
+                token = pick(logits, temperature, top_p, generator).masked_fill(done, pad_id)
+                tokens.append(token)
+                done = done | torch.isin(token, stops)
+                if step == max_new_tokens - 1 or bool(done.all()):
+                    break
+                attention = torch.cat([attention, attention.new_ones(rows, 1)], dim=1)
+                position = position + 1
+                out = model(
+                    input_ids=token[:, None],
+                    attention_mask=attention,
+                    position_ids=position,
+                    **with_cache,
+                )
+                logits = out.logits[:, -1].float()
     finally:
         model.train(was_training)
     table = torch.stack(tokens, dim=1).tolist() if tokens else [[] for _ in range(rows)]

@@ -37,6 +37,7 @@ from peft.tuners.lora import Linear as PeftLoraLinear
 
 from ..device import compute_dtype
 from ..runtime import hashed_dropout
+from .prepack import linear as prepacked_linear
 
 
 def _fused_product(
@@ -186,6 +187,7 @@ class _FusedForward:
     or nf4 base weight, LoRA dropout or none); anything else (an int8 base, say) takes peft's own forward."""
 
     _packed: torch.Tensor | None = None  # see pack_for_inference
+    _prepacked: torch.Tensor | None = None  # W + sBA reordered for CPU decoding (model/prepack.py)
 
     def _inference_forward(self, x: torch.Tensor, name: str) -> torch.Tensor | None:
         """Without autograd, over a packed weight: [x | xAᵀ]·[W | sB]ᵀ with no weight concatenated per call.
@@ -195,12 +197,31 @@ class _FusedForward:
         packed = self._packed
         if torch.is_grad_enabled() or x.dtype != packed.dtype or self._dropout_p(name):
             return None
-        lora_b = self.lora_B[name].weight
         width = x.shape[-1]
-        torch.mul(lora_b, self.scaling[name], out=packed[:, width:])
         x2 = x.reshape(-1, width)
+        if self._prepacked is not None:  # W + sBA, with B as it stood when it was reordered
+            y = prepacked_linear(x2, self._prepacked, self.base_layer.bias)
+            return y.view(*x.shape[:-1], y.shape[-1])
+        torch.mul(self.lora_B[name].weight, self.scaling[name], out=packed[:, width:])
         y, _ = _fused_product(x2, x2, self.lora_A[name].weight.to(x.dtype), packed, self.base_layer.bias)
         return y.view(*x.shape[:-1], y.shape[-1])
+
+    def prepack_inference(self, reorder) -> torch.nn.Module | None:
+        """If `pack_for_inference` packed this fp32 layer: keep `reorder(W + sBA)`, B as it stands now, for the
+        inference calls until `unpack_inference` (one product per call: no xAᵀ, no concatenation; in fp32 the
+        merge's rounding is the product's own), and return the base layer that covers; else None."""
+        name = self._fused_adapter()
+        if self._packed is None or name is None or self._packed.dtype != torch.float32:
+            return None
+        with torch.no_grad():
+            lora_a, lora_b = self.lora_A[name].weight.float(), self.lora_B[name].weight.float()
+            merged = torch.addmm(self.base_layer.weight, lora_b, lora_a, alpha=self.scaling[name])
+        self._prepacked = reorder(merged)
+        return self.base_layer
+
+    def unpack_inference(self) -> None:
+        """Drop what `prepack_inference` kept."""
+        self._prepacked = None
 
     def _fused_adapter(self) -> str | None:
         if self.disable_adapters or self.merged or len(self.active_adapters) != 1:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.conftest import make_tiny_llama
-from tunelab.eval.sampling import pick, sample
+from tunelab.eval.sampling import draw, pick, sample
 
 PROMPTS = [[5, 6, 7, 8, 9], [11, 12], [17, 18, 19]]
 
@@ -112,3 +112,33 @@ def test_the_cache_goes_under_the_keyword_the_installed_transformers_takes(monke
     for prompt, got in zip(PROMPTS, out.ids):
         want = greedy_without_cache(model, prompt, 6)
         assert got == (want[: want.index(63) + 1] if 63 in want else want)
+
+
+def test_draw_follows_the_weights_and_never_draws_a_zero_weight():
+    weights = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0]]).repeat(4000, 1)
+    got = draw(weights, torch.Generator().manual_seed(1))
+    counts = torch.bincount(got, minlength=6).double() / got.numel()
+    assert counts[[0, 2, 5]].sum() == 0
+    torch.testing.assert_close(counts[[1, 3, 4]], torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64), atol=0.03, rtol=0)
+    # The last entry with weight keeps its mass (a running sum rounding below the total must not lose it).
+    last = draw(torch.tensor([[1e-8, 0.0, 1.0]]).repeat(500, 1), torch.Generator().manual_seed(2))
+    assert set(last.tolist()) <= {0, 2} and (last == 2).all()
+
+
+def test_rows_enough_for_prepacked_weights_decode_as_the_plain_product(monkeypatch):
+    """At MIN_ROWS rows or more the sampler runs over weights reordered once (model/prepack.py): greedy output
+    equals the plain product's, and a seeded draw the same tokens."""
+    from tunelab.model import prepack
+
+    model = make_tiny_llama(64, seed=3).float()
+    prompts = (PROMPTS * prepack.MIN_ROWS)[: prepack.MIN_ROWS + 1]
+    if not prepack.applies(model, len(prompts)):
+        pytest.skip("weights are reordered on AVX-512 CPUs with oneDNN only")
+    calls = []
+    monkeypatch.setattr(prepack, "reorder", lambda w, rows, real=prepack.reorder: calls.append(rows) or real(w, rows))
+    packed = sample(model, prompts, 6, stop_ids=[63], pad_id=0, temperature=0)
+    drawn = sample(model, prompts, 6, [63], 0, 1.0, 0.9, torch.Generator().manual_seed(5))
+    assert calls and set(calls) == {len(prompts)}
+    monkeypatch.setattr(prepack, "MIN_ROWS", 10**6)
+    assert sample(model, prompts, 6, stop_ids=[63], pad_id=0, temperature=0) == packed
+    assert sample(model, prompts, 6, [63], 0, 1.0, 0.9, torch.Generator().manual_seed(5)) == drawn

@@ -1,0 +1,89 @@
+"""Decoding over weights reordered once into oneDNN's blocked layout, on CPUs that compute in fp32.
+
+A decode step multiplies a few rows (one per completion) by every weight. On AVX-512 CPUs the fp32 matmul
+torch dispatches to (MKL's sgemm) re-lays the weight out on every call when the rows are few, so a 16-row step
+of the embedded model ran at a third of what the same product over a weight laid out once takes; under an AVX2
+cap the two measured within 10% either way, so AVX2 CPUs keep torch's product
+(benchmarks/design-decisions_cpu_2026-11-28.md#prepacked-decode-weights). `prepacked` reorders each linear
+layer's weight once for the length of a generation (a fused LoRA layer's [W | sB], B as it stands then) and
+restores the layers on exit. It costs one more copy of the weights while it lasts; the results equal the plain
+product's to fp32 rounding (the summation order differs). Applies to fp32 weights on an AVX-512 CPU (torch's
+CPU capability) with oneDNN and at least `MIN_ROWS` rows; bf16 weights (the AMX and AVX-512 BF16 classes) keep
+torch's product, not measured there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+
+import torch
+
+# Below 8 rows the reordered product measured no faster, and at one row slower, than torch's on small matrices
+# (same file as above); generation batches are 16 (GRPO's groups) to 64 (eval) rows.
+MIN_ROWS = 8
+_ACTIVE = "_tunelab_prepacked"
+
+
+def applies(model: torch.nn.Module, rows: int) -> bool:
+    """Whether `prepacked` reorders `model`'s weights for `rows` rows: fp32 weights on an AVX-512 CPU, oneDNN
+    present, no autocast to another dtype, enough rows."""
+    param = next(model.parameters(), None)
+    return (
+        param is not None
+        and param.device.type == "cpu"
+        and param.dtype == torch.float32
+        and rows >= MIN_ROWS
+        and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+        and torch.backends.mkldnn.is_available()
+        and not torch.is_autocast_enabled("cpu")
+    )
+
+
+def reorder(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    """`weight` (d_out, d_in) as a oneDNN tensor laid out for products with about `rows` rows (any count works)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), rows)
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x·Wᵀ (+ bias) over a weight `reorder` laid out."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def _packed_forward(module: torch.nn.Linear, packed: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    if torch.is_grad_enabled() or x.dtype != torch.float32:
+        return torch.nn.functional.linear(x, module.weight, module.bias)
+    return linear(x, packed, module.bias)
+
+
+@contextlib.contextmanager
+def prepacked(model: torch.nn.Module, rows: int) -> Iterator[int]:
+    """Within the block, `model`'s linear layers multiply without autograd over weights reordered once (see the
+    module's docstring); yields how many layers. Weights must not change inside the block: it is for generation,
+    between optimizer steps. Nested blocks reuse the outer one's weights. A layer whose forward someone else
+    replaced (accelerate's offload hooks) keeps it."""
+    if getattr(model, _ACTIVE, False) or not applies(model, rows):
+        yield 0
+        return
+    fused, plain, covered = [], [], set()
+    try:
+        setattr(model, _ACTIVE, True)
+        for module in model.modules():
+            # tunelab's fused LoRA layers (model/lora_linear.py) reorder their own [W | sB].
+            hook = getattr(module, "prepack_inference", None)
+            base = hook(functools.partial(reorder, rows=rows)) if hook is not None else None
+            if base is not None:  # its base and LoRA's A and B layers are read through it
+                fused.append(module)
+                covered.update(id(m) for m in module.modules())
+        for module in model.modules():
+            if type(module) is torch.nn.Linear and id(module) not in covered and "forward" not in vars(module):
+                module.forward = functools.partial(_packed_forward, module, reorder(module.weight, rows))
+                plain.append(module)
+        yield len(fused) + len(plain)
+    finally:
+        for module in fused:
+            module.unpack_inference()
+        for module in plain:
+            del module.forward
+        setattr(model, _ACTIVE, False)
