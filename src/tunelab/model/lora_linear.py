@@ -94,7 +94,9 @@ class _LoraLinearFn(torch.autograd.Function):
     Elsewhere torch.rand, and backward keeps copy and mask."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, lora_a, lora_b, scaling: float, dequantize=None, dropout: float = 0.0):
+    def forward(
+        ctx, x, weight, bias, lora_a, lora_b, scaling: float, dequantize=None, dropout: float = 0.0, packed=None
+    ):
         dtype = compute_dtype(x)
         lead, width = x.shape[:-1], x.shape[-1]
         with torch.autocast(x.device.type, enabled=False):
@@ -110,7 +112,12 @@ class _LoraLinearFn(torch.autograd.Function):
             a = lora_a.to(dtype)
             b = (lora_b * scaling).to(dtype)
             w = (weight if dequantize is None else dequantize()).to(dtype)
-            y, xa = _fused_product(x2, dropped, a, torch.cat([w, b], dim=1), bias)
+            if packed is not None and packed.dtype == dtype:  # [W | sB] held by pack_for_inference: write sB only
+                packed[:, width:].copy_(b)
+                weight_cat = packed
+            else:
+                weight_cat = torch.cat([w, b], dim=1)
+            y, xa = _fused_product(x2, dropped, a, weight_cat, bias)
         base_w = w if dequantize is None else None
         if seed is not None:  # backward draws the mask again: keep x and the seed, not the copy and the mask
             ctx.save_for_backward(x2, xa, a, b, base_w, seed)
@@ -145,7 +152,7 @@ class _LoraLinearFn(torch.autograd.Function):
             grad_a = (gb.T @ dropped).to(ctx.param_dtypes[0])
             grad_b = (g.T @ xa).to(ctx.param_dtypes[1]).mul_(ctx.scaling)
             grad_bias = g.sum(0).to(ctx.bias_dtype) if ctx.needs_input_grad[2] else None
-        return grad_x, None, grad_bias, grad_a, grad_b, None, None, None
+        return grad_x, None, grad_bias, grad_a, grad_b, None, None, None, None
 
 
 def _is_nf4(base: torch.nn.Module) -> bool:
@@ -255,6 +262,7 @@ class _FusedForward:
             self.scaling[name],
             dequantize,
             self._dropout_p(name),
+            self._packed,
         )
 
     def _dropout_p(self, name: str) -> float:
