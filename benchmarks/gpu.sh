@@ -19,8 +19,9 @@
 #   profile    bench profile of the compiled 8B LoRA row (3 steps)
 #   speed-8b   8B LoRA compiled (with the HF + Liger and HF Trainer + PEFT peers) and at seq 4096, into results.tgz
 #   dpo        DPO on the 1B shape beside TRL's DPOTrainer, into results.tgz
-#   grpo       GRPO on the 1B shape beside TRL's GRPOTrainer (no vLLM) at equal completions per step, and the
-#              sampler's decode tokens/s against the bandwidth roofline (scripts/decode_roofline.py), into results.tgz
+#   grpo       GRPO on the 1B shape beside TRL's GRPOTrainer (no vLLM) at equal completions per step (tunelab's
+#              sampler in its CUDA default, compiled), and the decode tokens/s of each decode mode (dynamic, static,
+#              compiled) against the bandwidth roofline (scripts/decode_roofline.py), into results.tgz
 #   launch     the same 1B training run plain and under `accelerate launch` with one process
 # Files under $OUT (names of letters, digits, '.', '_', '-' only; at most 8): gpu.log (everything printed),
 # steps.md (each step's status and seconds, rewritten after each), the two suites' .json/.md (rewritten after
@@ -174,15 +175,16 @@ dpo() {
 # GRPOTrainer at equal completions per step, and the decode loop against the bandwidth roofline (issue 50).
 grpo() {
   local model=random:llama-3.2-1b rows=32 tokens=128 shape=(micro_batch=4 grpo.num_generations=8
-    grpo.max_completion_length=128) steps=(--steps 3 --warmup 1)
+    grpo.max_completion_length=128) steps=(--steps 3 --warmup 1) decodes=dynamic,static,compiled
   if [ "$DRY" = 1 ]; then
     model=random:smollm2-135m rows=4 tokens=8 shape=(micro_batch=2 grpo.num_generations=2
-      grpo.max_completion_length=8 precision=fp32) steps=(--steps 2 --warmup 1)
+      grpo.max_completion_length=8 precision=fp32) steps=(--steps 2 --warmup 1) decodes=dynamic,static
   fi
   "${TL[@]}" data arithmetic --prompts --n 400 --digits 1-8 --seed 1 --out "$WORK/prompts.jsonl" >/dev/null || return
   printf 'method: lora\nobjective: grpo\ndata:\n  template: compact\ngrpo:\n  beta: 0.0\n  rewards:\n    - name: exact_answer\n' \
     >"$WORK/grpo.yaml"
-  "$PY" benchmarks/scripts/decode_roofline.py "$model" --rows "$rows" --prompts 4 --tokens "$tokens" --device $DEVICE |
+  "$PY" benchmarks/scripts/decode_roofline.py "$model" --rows "$rows" --prompts 4 --tokens "$tokens" --device $DEVICE \
+    --decode "$decodes" |
     tee "$WORK/decode.jsonl"
   "${TL[@]}" bench peers trl-grpo --config "$WORK/grpo.yaml" "${steps[@]}" --rounds 1 --json --db "$WORK/grpo.sqlite" \
     model="$model" data.path="$WORK/prompts.jsonl" seq_len=512 lora.r=16 lora.alpha=32 lora.dropout=0.0 \
@@ -338,7 +340,7 @@ main() {
   step profile 120 60 profile
   step speed-8b 215 90 suite h100-8b 8b-lora-compiled,8b-lora-seq4096-compiled "$WORK"
   step dpo 100 60 dpo
-  step grpo 110 60 grpo
+  step grpo 150 70 grpo
   step launch 90 50 launch
   pack
   echo "== done in $((SECONDS - START)) s of the ${BUDGET} s budget"

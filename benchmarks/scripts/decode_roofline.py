@@ -2,12 +2,13 @@
 (packed, as the GRPO run samples), `rows` completions of `prompts` distinct prompts, every row decoding to the cap.
 
     python benchmarks/scripts/decode_roofline.py MODEL [--rows 32] [--prompts 4] [--prompt-tokens 64]
-        [--tokens 128] [--device auto] [--precision auto]
+        [--tokens 128] [--device auto] [--precision auto] [--decode auto[,static,...]]
 
 One decode step reads the weights and the KV cache once (plan/generation.py); its roofline is those bytes over the
 device's memory bandwidth (the catalog's for a GPU, the copy probe's on a CPU). Decode seconds per step come from
 two runs, one of `--tokens` and one of a single token (the prefill), so the prefill is not counted. Prints one
-JSON line: measured decode tokens/s (rows / seconds per step), the roofline's, and their ratio.
+JSON line per decode mode (decoding.py; each timed after a warm-up call of its shapes, which compiles the compiled
+mode): measured decode tokens/s (rows / seconds per step), the roofline's, and their ratio.
 """
 
 from __future__ import annotations
@@ -27,21 +28,18 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--device", default="auto")
     p.add_argument("--precision", default="auto")
+    p.add_argument("--decode", default="auto", help="decode modes, comma-separated (decoding.py)")
     args = p.parse_args(argv)
 
     import torch
 
-    from tunelab import sources
+    from tunelab import decoding, sources
     from tunelab.config import AdapterConfig
-    from tunelab.device import device_name, pick_device, pick_precision, synchronize
+    from tunelab.device import pick_device, pick_precision, synchronize
     from tunelab.eval.sampling import sample
     from tunelab.model import load as mload
     from tunelab.model.adapters import apply_adapter
     from tunelab.model.lora_linear import pack_for_inference
-    from tunelab.plan import catalog
-    from tunelab.plan.generation import kv_bytes_per_token
-    from tunelab.probe import copy_bandwidth
-    from tunelab.sources import resolve_arch
 
     dev = pick_device(args.device)
     prec = pick_precision(args.precision, dev)
@@ -54,15 +52,29 @@ def main(argv=None) -> int:
     prompts = [distinct[i % args.prompts] for i in range(args.rows)]
     never = [-1]  # no stop id: every row decodes to the cap
 
-    def timed(tokens: int) -> float:
-        sample(model, prompts, tokens, never, 0, 1.0, 1.0)  # warm-up of this shape
+    def timed(tokens: int, decode: str) -> float:
+        sample(model, prompts, tokens, never, 0, 1.0, 1.0, decode=decode)  # warm-up of this shape
         synchronize(dev)
         t0 = time.perf_counter()
-        sample(model, prompts, tokens, never, 0, 1.0, 1.0)
+        sample(model, prompts, tokens, never, 0, 1.0, 1.0, decode=decode)
         synchronize(dev)
         return time.perf_counter() - t0
 
-    per_step = (timed(args.tokens) - timed(1)) / (args.tokens - 1)
+    for decode in args.decode.split(","):
+        per_step = (timed(args.tokens, decode) - timed(1, decode)) / (args.tokens - 1)
+        report(args, dev, prec, decoding.resolve(decode, dev.type).name, per_step)
+    return 0
+
+
+def report(args, dev, prec, decode: str, per_step: float) -> None:
+    import torch
+
+    from tunelab.device import device_name
+    from tunelab.plan import catalog
+    from tunelab.plan.generation import kv_bytes_per_token
+    from tunelab.probe import copy_bandwidth
+    from tunelab.sources import resolve_arch
+
     arch = resolve_arch(args.model)
     name = device_name(dev)
     row = catalog.match_gpu(name, 0) if dev.type == "cuda" else None
@@ -77,6 +89,7 @@ def main(argv=None) -> int:
                 "device": name,
                 "model": args.model,
                 "precision": prec.name,
+                "decode": decode,
                 "rows": args.rows,
                 "distinct_prompts": args.prompts,
                 "prompt_tokens": args.prompt_tokens,
@@ -92,7 +105,6 @@ def main(argv=None) -> int:
         ),
         flush=True,
     )
-    return 0
 
 
 if __name__ == "__main__":

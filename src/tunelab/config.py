@@ -24,7 +24,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from . import hub, methods, objectives, optimizers
+from . import decoding, hub, methods, objectives, optimizers
 from .data.formats import PROMPT_FORMATS, TEMPLATES
 from .errors import TunelabError
 from .io import read_text
@@ -314,6 +314,9 @@ class GrpoConfig:
     rewards: list[RewardConfig] = field(default_factory=list)
     # Steps between the sampled completions written to completions.jsonl; 0 writes none.
     log_completions_steps: int = 10
+    # How the sampler's decode loop runs (decoding.py): auto is compiled (a static cache, CUDA graphs) on CUDA and
+    # dynamic (eager, a growing cache) elsewhere.
+    decode: str = decoding.AUTO
 
     @property
     def clip_high(self) -> float:
@@ -332,6 +335,7 @@ class GrpoConfig:
             )
         _check(where, "grpo.num_iterations", self.num_iterations >= 1, "must be at least 1")
         _check(where, "grpo.log_completions_steps", self.log_completions_steps >= 0, "must be 0 or positive")
+        _choice(where, "grpo.decode", self.decode, decoding.NAMES)
         if not self.rewards:
             raise TunelabError(
                 f"{where('grpo.rewards', 'objective')}: objective grpo needs grpo.rewards, e.g. "

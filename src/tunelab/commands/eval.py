@@ -13,6 +13,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from .. import decoding
 from ..config import FORMATS, TEMPLATES
 from ..errors import TunelabError
 from ..eval.exact_match import EvalResult
@@ -42,6 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="the generation cap; default: the longest response the adapter was trained on (its run's summary.json) "
         "plus slack, else per batch its longest expected response plus slack",
+    )
+    parser.add_argument(
+        "--decode",
+        choices=decoding.NAMES,
+        default=decoding.AUTO,
+        help="the decode loop: auto (compiled on CUDA, dynamic elsewhere), dynamic (eager, a growing KV cache), "
+        "static (eager, a preallocated cache), compiled (static, the step compiled; CUDA graphs on CUDA)",
     )
     parser.add_argument("--device", default="auto")
     parser.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
@@ -73,7 +81,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         trained = trained_response_tokens(run_folder(Path(args.adapter), setup)) if args.adapter else None
         result = evaluate(
-            model, tokenizer, rows, setup.format, setup.template, args.batch_size, args.max_new_tokens, trained
+            model,
+            tokenizer,
+            rows,
+            setup.format,
+            setup.template,
+            args.batch_size,
+            args.max_new_tokens,
+            trained,
+            decode=args.decode,
         )
     except Exception as e:
         if not out_of_memory(e):

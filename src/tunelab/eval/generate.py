@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import decoding
 from ..data.formats import CONVERSATION_FORMATS, effective_chat_template, prompt_text, render
 from ..data.tokenize import bos_ids
 from ..model.prepack import prepacked
@@ -111,6 +112,7 @@ def generate(
     stop: Stops | None = None,
     temperature: float = 0.0,
     generator: torch.Generator | None = None,
+    decode: str = decoding.AUTO,
 ) -> Generated:
     """Greedy continuations of tokenized prompts, in input order, each cut before its first stop (default: the
     EOS ids of `stops`) or at its batch's largest budget; a row stops on its own while the rest of its batch goes on.
@@ -133,6 +135,7 @@ def generate(
                 pad,
                 temperature=temperature,
                 generator=generator,
+                decode=decode,
             )
             rows = [_until(ids, stop.ids) for ids in out.ids]
             for i, text, cut in zip(chunk, tokenizer.batch_decode(rows, skip_special_tokens=True), out.clipped):
@@ -155,17 +158,18 @@ def evaluate(
     batch_size: int = DEFAULT_BATCH_SIZE,
     max_new_tokens: int | None = None,
     trained_response_tokens: int | None = None,
+    decode: str = decoding.AUTO,
 ) -> EvalResult:
     """Exact-match accuracy of `model` on `rows` (each with an `answer`), prompted as training prompted them.
 
     The cap: `max_new_tokens`, else `trained_response_tokens` (the longest response the model was trained on) plus
-    slack, else each batch's longest expected response plus slack. Works on a PEFT
+    slack, else each batch's longest expected response plus slack. `decode`: decoding.py's mode. Works on a PEFT
     model in memory, so a demo can evaluate right after training; it runs in the model's dtype.
     """
     started = time.perf_counter()
     prompts = prompt_ids(tokenizer, [prompt_text(fmt, template, row, tokenizer) for row in rows])
     caps = generation_caps(tokenizer, rows, fmt, template, max_new_tokens, trained_response_tokens)
-    out = generate(model, tokenizer, prompts, caps, batch_size, stops(model, tokenizer, fmt))
+    out = generate(model, tokenizer, prompts, caps, batch_size, stops(model, tokenizer, fmt), decode=decode)
     result = score(rows, out.texts, time.perf_counter() - started)
     result.capped = sum(out.capped)
     return result

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from .. import decoding
 from ..model.prepack import prepacked
 
 
@@ -67,55 +68,35 @@ def sample(
     temperature: float = 1.0,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
+    decode: str = decoding.AUTO,
 ) -> Samples:
     """One completion per prompt in `prompts` (token ids), in order. `model` is a causal LM (a peft model samples
-    with its adapter on); its training mode is restored after."""
+    with its adapter on); its training mode is restored after. `decode`: decoding.py's mode."""
     device = next(model.parameters()).device
+    mode = decoding.resolve(decode, device.type)
     rows, width = len(prompts), max(len(p) for p in prompts)
-    distinct, copies = (t.to(device) for t in _distinct(prompts))
     input_ids = torch.full((rows, width), pad_id, dtype=torch.long)
     attention = torch.zeros((rows, width), dtype=torch.long)
     for r, ids in enumerate(prompts):
         input_ids[r, width - len(ids) :] = torch.as_tensor(list(ids), dtype=torch.long)
         attention[r, width - len(ids) :] = 1
-    input_ids, attention = input_ids.to(device), attention.to(device)
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    batch = _Batch(input_ids.to(device), attention.to(device), *(t.to(device) for t in _distinct(prompts)))
     stops = torch.as_tensor(list(stop_ids), dtype=torch.long, device=device)
     was_training = model.training
     model.eval()
     try:
         with prepacked(model, rows):  # CPU fp32: the weights laid out once for the few-row products
-            cache = DynamicCache(config=model.config)  # filled in place by each forward
-            with_cache = {cache_keyword(): cache, "use_cache": True}
-            out = model(
-                input_ids=input_ids[distinct],
-                attention_mask=attention[distinct],
-                position_ids=positions[distinct],
-                **with_cache,
-                logits_to_keep=1,
-            )
-            logits = out.logits[:, -1].float()
-            if len(distinct) < rows:
-                cache.reorder_cache(copies)  # each row's copy of its prompt's cache
-                logits = logits[copies]
-            position = positions[:, -1:]
+            steps = _StaticSteps(model, batch, max_new_tokens, mode.compiled) if mode.static_cache else None
+            logits, step = steps.prefill() if steps is not None else _dynamic_steps(model, batch)
             done = torch.zeros(rows, dtype=torch.bool, device=device)
             tokens = []
-            for step in range(max_new_tokens):
+            for k in range(max_new_tokens):
                 token = pick(logits, temperature, top_p, generator).masked_fill(done, pad_id)
                 tokens.append(token)
                 done = done | torch.isin(token, stops)
-                if step == max_new_tokens - 1 or bool(done.all()):
+                if k == max_new_tokens - 1 or bool(done.all()):
                     break
-                attention = torch.cat([attention, attention.new_ones(rows, 1)], dim=1)
-                position = position + 1
-                out = model(
-                    input_ids=token[:, None],
-                    attention_mask=attention,
-                    position_ids=position,
-                    **with_cache,
-                )
-                logits = out.logits[:, -1].float()
+                logits = step(token)
     finally:
         model.train(was_training)
     table = torch.stack(tokens, dim=1).tolist() if tokens else [[] for _ in range(rows)]
@@ -126,6 +107,117 @@ def sample(
         ids.append(row if end is None else row[: end + 1])
         clipped.append(end is None)
     return Samples(ids, clipped)
+
+
+@dataclass(frozen=True)
+class _Batch:
+    input_ids: torch.Tensor  # (rows, width), left-padded
+    attention: torch.Tensor  # (rows, width), 1 on prompt tokens
+    distinct: torch.Tensor  # the rows of the distinct prompts
+    copies: torch.Tensor  # for every row, its prompt's index among them
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return (self.attention.cumsum(-1) - 1).clamp(min=0)
+
+
+def _dynamic_steps(model, batch: _Batch):
+    """(the prefill's last logits, a step function token -> next logits) over a DynamicCache that grows by one
+    position a step; the distinct prompts are prefilled once and their cache rows copied to the rows repeating them."""
+    cache = DynamicCache(config=model.config)  # filled in place by each forward
+    with_cache = {cache_keyword(): cache, "use_cache": True}
+    d = batch.distinct
+    out = model(
+        input_ids=batch.input_ids[d],
+        attention_mask=batch.attention[d],
+        position_ids=batch.positions[d],
+        **with_cache,
+        logits_to_keep=1,
+    )
+    logits = out.logits[:, -1].float()
+    if len(d) < batch.input_ids.shape[0]:
+        cache.reorder_cache(batch.copies)  # each row's copy of its prompt's cache
+        logits = logits[batch.copies]
+    state = {"attention": batch.attention, "position": batch.positions[:, -1:]}
+
+    def step(token: torch.Tensor) -> torch.Tensor:
+        state["attention"] = torch.cat([state["attention"], state["attention"].new_ones(len(token), 1)], dim=1)
+        state["position"] = state["position"] + 1
+        out = model(
+            input_ids=token[:, None], attention_mask=state["attention"], position_ids=state["position"], **with_cache
+        )
+        return out.logits[:, -1].float()
+
+    return logits, step
+
+
+# A static cache's length is rounded up to a multiple of this, so a compiled step sees few distinct shapes.
+STATIC_LENGTH_QUANTUM = 64
+
+
+class _StaticSteps:
+    """The prefill and the decode steps over a StaticCache of `rows x length` (the prompts' width plus the cap,
+    rounded up): every step has the same shapes; the attention mask is allocated once at full length (positions
+    past the current one are hidden by causality). Every row is prefilled (a static cache's batch is fixed by its
+    first write), and the cache is kept on the model and reset for the next call of the same shape, so a compiled
+    step's static addresses stay the same."""
+
+    def __init__(self, model, batch: _Batch, max_new_tokens: int, compiled: bool):
+        rows, width = batch.input_ids.shape
+        quantum = STATIC_LENGTH_QUANTUM
+        length = -(-(width + max_new_tokens) // quantum) * quantum
+        self.model, self.batch, self.compiled = model, batch, compiled
+        self.cache = _static_cache(model, rows, length)
+        self.mask = batch.attention.new_ones(rows, length)
+        self.mask[:, :width] = batch.attention
+        self.position = batch.positions[:, -1:]
+        self.forward = _compiled_decode_step() if compiled else _decode_step
+
+    def prefill(self):
+        out = self.model(
+            input_ids=self.batch.input_ids,
+            attention_mask=self.mask,
+            position_ids=self.batch.positions,
+            **{cache_keyword(): self.cache, "use_cache": True},
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1].float(), self.step
+
+    def step(self, token: torch.Tensor) -> torch.Tensor:
+        self.position = self.position + 1
+        if self.compiled and token.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs were read; reuse its buffers
+        return self.forward(self.model, token[:, None], self.mask, self.position, self.cache)
+
+
+def _decode_step(model, token, mask, position, cache) -> torch.Tensor:
+    out = model(
+        input_ids=token, attention_mask=mask, position_ids=position, **{cache_keyword(): cache, "use_cache": True}
+    )
+    return out.logits[:, -1].float().clone()  # a CUDA graph's output buffer is overwritten by its next replay
+
+
+@functools.cache
+def _compiled_decode_step():
+    """`_decode_step` under torch.compile, made once per process: CUDA graphs on CUDA (mode reduce-overhead), fixed
+    shapes (one graph per rows x length)."""
+    return torch.compile(_decode_step, mode="reduce-overhead", dynamic=False)
+
+
+def _static_cache(model, rows: int, length: int):
+    """The model's StaticCache for `rows x length`, reset, made on first use of that shape and kept on the model."""
+    from transformers import StaticCache
+
+    kept = getattr(model, "_tunelab_static_caches", None)
+    if kept is None:
+        kept = {}
+        model._tunelab_static_caches = kept
+    key = (rows, length)
+    if key not in kept:
+        kept[key] = StaticCache(config=model.config, max_cache_len=length)
+    else:
+        kept[key].reset()
+    return kept[key]
 
 
 @functools.cache

@@ -132,6 +132,7 @@ def generate_batch(run: GrpoRun, generation: int) -> dict:
             run.pad_id,
             settings.temperature,
             settings.top_p,
+            decode=settings.decode,
         )
     generation_s = time.perf_counter() - t0
     texts = run.tokenizer.batch_decode(samples.ids, skip_special_tokens=True)

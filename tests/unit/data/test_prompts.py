@@ -56,6 +56,7 @@ def test_arithmetic_prompts_command(tmp_path):
         ("data.format=text", "objective grpo reads prompts in format alpaca, completion, chat"),
         ("grpo.rewards=[]", "objective grpo needs grpo.rewards"),
         ("grpo.loss_type=ppo", "grpo.loss_type must be one of grpo, bnpo, dr_grpo, dapo"),
+        ("grpo.decode=statc", "grpo.decode must be one of auto, dynamic, static, compiled; got 'statc' .*'static'"),
         ("eval.split=0.1", "objective grpo has no held-out loss"),
         ("compile=true", "objective grpo runs eager blocks"),
         ("grad_ckpt=true", "objective grpo does not checkpoint activations yet"),

@@ -91,10 +91,15 @@ class OlderForward(torch.nn.Module):
         self.inner, self.config = model, model.config
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None, **kw):
+        import inspect
+
+        from transformers import LlamaModel
+
         assert "cache" not in kw, "5.17 would swallow `cache` and decode without the earlier tokens"
+        installed = "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
         return self.inner(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            cache=past_key_values, use_cache=use_cache, **kw,
+            use_cache=use_cache, **{installed: past_key_values}, **kw,
         )  # fmt: skip
 
 
@@ -142,3 +147,26 @@ def test_rows_enough_for_prepacked_weights_decode_as_the_plain_product(monkeypat
     monkeypatch.setattr(prepack, "MIN_ROWS", 10**6)
     assert sample(model, prompts, 6, stop_ids=[63], pad_id=0, temperature=0) == packed
     assert sample(model, prompts, 6, [63], 0, 1.0, 0.9, torch.Generator().manual_seed(5)) == drawn
+
+
+@pytest.mark.parametrize("decode", ["static", pytest.param("compiled", marks=pytest.mark.slow)])
+def test_static_cache_decodes_as_the_growing_cache(decode):
+    """decoding.py's static modes (a preallocated cache; compiled, the step under torch.compile) give the dynamic
+    mode's greedy tokens and seeded draws, and a second call of the same shape reuses the reset cache."""
+    model = make_tiny_llama(64, seed=3).float()
+    prompts = PROMPTS * 2
+    want = sample(model, prompts, 7, stop_ids=[63], pad_id=0, temperature=0, decode="dynamic")
+    drawn = sample(model, prompts, 7, [63], 0, 1.0, 0.9, torch.Generator().manual_seed(5), decode="dynamic")
+    for _ in range(2):
+        assert sample(model, prompts, 7, stop_ids=[63], pad_id=0, temperature=0, decode=decode) == want
+        got = sample(model, prompts, 7, [63], 0, 1.0, 0.9, torch.Generator().manual_seed(5), decode=decode)
+        assert got == drawn
+    assert len(model._tunelab_static_caches) == 1
+
+
+def test_auto_decode_is_dynamic_on_cpu_and_compiled_on_cuda():
+    from tunelab import decoding
+
+    assert decoding.resolve("auto", "cpu").name == "dynamic"
+    assert decoding.resolve("auto", "cuda").compiled and decoding.resolve("auto", "cuda").static_cache
+    assert decoding.resolve("static", "cuda").name == "static"
