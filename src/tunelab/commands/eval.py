@@ -47,9 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--decode",
         choices=decoding.NAMES,
-        default=decoding.AUTO,
-        help="the decode loop: auto (compiled on CUDA, dynamic elsewhere), dynamic (eager, a growing KV cache), "
-        "static (eager, a preallocated cache), compiled (static, the step compiled; CUDA graphs on CUDA)",
+        default="dynamic",
+        help="the decode loop: dynamic (default: eager, a growing KV cache), static (eager, a preallocated cache), "
+        "compiled (static, the step compiled, CUDA graphs on CUDA: pays for its compile on large evaluations), "
+        "auto (compiled on CUDA, dynamic elsewhere)",
     )
     parser.add_argument("--device", default="auto")
     parser.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"])

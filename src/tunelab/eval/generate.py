@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import decoding
 from ..data.formats import CONVERSATION_FORMATS, effective_chat_template, prompt_text, render
 from ..data.tokenize import bos_ids
 from ..model.prepack import prepacked
@@ -112,7 +111,7 @@ def generate(
     stop: Stops | None = None,
     temperature: float = 0.0,
     generator: torch.Generator | None = None,
-    decode: str = decoding.AUTO,
+    decode: str = "dynamic",
 ) -> Generated:
     """Greedy continuations of tokenized prompts, in input order, each cut before its first stop (default: the
     EOS ids of `stops`) or at its batch's largest budget; a row stops on its own while the rest of its batch goes on.
@@ -158,12 +157,13 @@ def evaluate(
     batch_size: int = DEFAULT_BATCH_SIZE,
     max_new_tokens: int | None = None,
     trained_response_tokens: int | None = None,
-    decode: str = decoding.AUTO,
+    decode: str = "dynamic",
 ) -> EvalResult:
     """Exact-match accuracy of `model` on `rows` (each with an `answer`), prompted as training prompted them.
 
     The cap: `max_new_tokens`, else `trained_response_tokens` (the longest response the model was trained on) plus
-    slack, else each batch's longest expected response plus slack. `decode`: decoding.py's mode. Works on a PEFT
+    slack, else each batch's longest expected response plus slack. `decode`: decoding.py's mode (dynamic by
+    default: an evaluation is too short for a compile to pay for itself, and its batches change shape). Works on a PEFT
     model in memory, so a demo can evaluate right after training; it runs in the model's dtype.
     """
     started = time.perf_counter()
