@@ -9,7 +9,9 @@ per generation batch (the first left out: warm-up): sampling = generation_s; its
 completion (the loop runs until every row has stopped); update = a step that reuses the batch (num_iterations > 1),
 else the generating step minus sampling minus plan's scoring passes; scoring = the generating step minus sampling
 minus the update. The fit: decode_op_s from (sampling - plan's prefill FLOP time - steps x plan's bytes/FLOP time
-per decode step) / ((steps + 1) x a forward's ops); update_scale and scoring_scale as measured over plan's. plan is
+per decode step) / ((steps + 1) x a forward's ops); where the fitted runs sample at several batch sizes, also the
+fraction of the peak a decode step's products reach (decode_flop_efficiency, the best of a grid); update_scale and
+scoring_scale as measured over plan's. plan is
 asked with the run's measured decode steps as its completion length (the per-step model is what is fitted; how
 long completions run is the run's), and with the config's cap, as `tunelab plan` prints.
 """
@@ -70,27 +72,43 @@ def predicted(cfg: cfgmod.TrainConfig, fit: catalog.GrpoConstants | None, steps:
 
 
 def fit_constants(runs: list[tuple[Path, cfgmod.TrainConfig, dict]]) -> catalog.GrpoConstants:
-    ops, update, scoring = [], [], []
+    """decode_op_s (and, where the runs sample at more than one batch size, decode_flop_efficiency: the grid value
+    whose op cost fits every batch's sampling time best, in squared relative error), update_scale, scoring_scale."""
+    sizes = {cfg.batch.micro_batch * cfg.batch.grad_accum * cfg.objective.grpo.num_generations for _, cfg, _ in runs}
+    grid = [e / 100 for e in range(5, 101)] if len(sizes) > 1 else [1.0]
+    best = min((sampling_fit(runs, e) for e in grid), key=lambda fit: fit[2])
+    update, scoring = [], []
     for _, cfg, m in runs:
         zero = predicted(cfg, catalog.GrpoConstants(0.0, 1.0, 1.0, ()), m["decode_steps"])
-        one = predicted(cfg, catalog.GrpoConstants(1.0, 1.0, 1.0, ()), m["decode_steps"])
-        steps = m["decode_steps"]
-        launches = (one.step.generation.total_s - zero.step.generation.total_s) / (steps + 1)
-        for b in m["samples"]:
-            ops.append((b["sampling_s"] - zero.step.generation.total_s) / ((b["steps"] + 1) * launches))
-        iters = cfg.objective.grpo.num_iterations
         up = m["update_only_s"] if m["update_only_s"] is not None else None
         if up is not None:
             update.append(up / zero.step.update_s)
             if zero.step.scoring_passes:
                 rest = m["generating_step_s"] - m["sampling_s"] - up
                 scoring.append(rest / zero.step.scoring_s)  # over plan's at update_scale 1: divided by it below
-        elif iters == 1 and not zero.step.scoring_passes:
+        elif cfg.objective.grpo.num_iterations == 1 and not zero.step.scoring_passes:
             update.append((m["generating_step_s"] - m["sampling_s"]) / zero.step.update_s)
     med = lambda xs: statistics.median(xs) if xs else 1.0  # noqa: E731
     # plan's scoring pass is a third of the (scaled) update: its own factor is what remains after update_scale.
     scoring_scale = med(scoring) / med(update)
-    return catalog.GrpoConstants(med(ops), med(update), scoring_scale, tuple(str(r) for r, _, _ in runs))
+    rows = tuple(str(r) for r, _, _ in runs)
+    return catalog.GrpoConstants(best[0], med(update), scoring_scale, rows, best[1])
+
+
+def sampling_fit(runs, efficiency: float) -> tuple[float, float, float]:
+    """(decode_op_s, efficiency, squared relative error over every batch) at this decode FLOP efficiency: the op
+    cost is the median over batches of what their sampling time leaves after plan's prefill and decode FLOPs."""
+    per_batch, shapes = [], []
+    for _, cfg, m in runs:
+        zero = predicted(cfg, catalog.GrpoConstants(0.0, 1.0, 1.0, (), efficiency), m["decode_steps"])
+        one = predicted(cfg, catalog.GrpoConstants(1.0, 1.0, 1.0, (), efficiency), m["decode_steps"])
+        launches = (one.step.generation.total_s - zero.step.generation.total_s) / (m["decode_steps"] + 1)
+        for b in m["samples"]:
+            per_batch.append((b["sampling_s"] - zero.step.generation.total_s) / ((b["steps"] + 1) * launches))
+            shapes.append((b, zero.step.generation.total_s, launches))
+    op_s = max(statistics.median(per_batch), 0.0)
+    error = sum(((base + (b["steps"] + 1) * n * op_s) / b["sampling_s"] - 1) ** 2 for b, base, n in shapes)
+    return op_s, efficiency, error
 
 
 def table_rows(run: Path, cfg, m: dict, fit) -> list[str]:
@@ -165,6 +183,7 @@ def main(argv=None) -> int:
                 "decode_op_s": float(f"{fit.decode_op_s:.4g}"),
                 "update_scale": float(f"{fit.update_scale:.4g}"),
                 "scoring_scale": float(f"{fit.scoring_scale:.4g}"),
+                "decode_flop_efficiency": float(f"{fit.decode_flop_efficiency:.4g}"),
             },
             "rows": list(fit.rows),
         }

@@ -288,12 +288,15 @@ def stack_pair_bytes(stack: str, kind: str) -> tuple[float, tuple[str, ...]]:
 @dataclass(frozen=True)
 class GrpoConstants:
     """A device's GRPO fit (catalog/grpo.yaml): seconds per op of a decode step's forward, and the factors on
-    plan's update and scoring passes, with the measured runs they come from."""
+    plan's update and scoring passes, with the measured runs they come from; the fraction of the peak a decode
+    step's few-row products reach (1 where the fitted runs had one batch size, which cannot tell it from the
+    per-op cost)."""
 
     decode_op_s: float
     update_scale: float
     scoring_scale: float
     rows: tuple[str, ...]
+    decode_flop_efficiency: float = 1.0
 
 
 def grpo_constants(device: str) -> GrpoConstants | None:
@@ -303,5 +306,9 @@ def grpo_constants(device: str) -> GrpoConstants | None:
         return None
     c = row["constants"]
     return GrpoConstants(
-        float(c["decode_op_s"]), float(c["update_scale"]), float(c["scoring_scale"]), tuple(row["rows"])
+        float(c["decode_op_s"]),
+        float(c["update_scale"]),
+        float(c["scoring_scale"]),
+        tuple(row["rows"]),
+        float(c.get("decode_flop_efficiency", 1.0)),
     )

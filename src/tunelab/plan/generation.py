@@ -5,11 +5,11 @@ Sampling is eval/sampling.py's loop: one prefill of the distinct prompts (2·N F
 rows of a prompt copy its cache), then
 one forward per completion token over every row, which reads the weights and the KV cache once each (decode is
 memory-bound at small batch: Pope et al. 2022, §3.1), so its time is the larger of bytes over the bandwidth and
-FLOPs over the peak, plus the per-op cost of one forward at batch B (plan/steptime.py's launch count times
-seconds per op: a GRPO fit's `decode_op_s` where the device has one, catalog/grpo.yaml, else the step fit's
-launch_s). On a CPU that per-op cost is far above a launch: each of a decode step's ~2,000 small ops (the LoRA
-layers' included) pays dispatch, a small GEMM's poor blocking and a pass over its weight
-(benchmarks/grpo/plan-grpo_*). Each completion is assumed to run to max_completion_length: an upper bound, as a tuned
+FLOPs over the peak times the fraction of it products of B rows reach (a GRPO fit's `decode_flop_efficiency`,
+else 1), plus the per-op cost of one forward at batch B (plan/steptime.py's launch count times seconds per op: a
+GRPO fit's `decode_op_s` where the device has one, catalog/grpo.yaml, else the step fit's launch_s). On a CPU
+that per-op cost is far above a launch (dispatch and framework code around each of a decode step's ~2,000 small
+ops), and a 16-row product runs well below the peak (benchmarks/grpo/). Each completion is assumed to run to max_completion_length: an upper bound, as a tuned
 model stops at EOS earlier. The KV cache holds 2 (K, V) x layers x kv_heads x head_dim values per token of every
 row. A scoring pass is one forward without gradients over the rows: a third of a training step's FLOPs
 (forward 2·N, backward 4·N per token), so it is taken as a third of the update's predicted time. The update
@@ -53,6 +53,7 @@ def generation(
     bandwidth_bps: float,
     step_overhead_s: float = 0.0,
     distinct_prompts: int | None = None,
+    decode_flop_efficiency: float = 1.0,
 ) -> Generation:
     """One generation batch of `rows` completions (see the module's docstring); `step_overhead_s`: the per-op
     time of one forward, paid by the prefill and by every decode step; `distinct_prompts`: the prompts the
@@ -63,7 +64,8 @@ def generation(
     kv = kv_bytes_per_token(arch, compute_bytes)
     mean_context = prompt_tokens + completion_tokens / 2
     decode_bytes = params * compute_bytes + kv * rows * mean_context
-    per_step = max(decode_bytes / bandwidth_bps, 2 * params * rows / peak_flops) + step_overhead_s
+    decode_flops_s = 2 * params * rows / (peak_flops * decode_flop_efficiency)
+    per_step = max(decode_bytes / bandwidth_bps, decode_flops_s) + step_overhead_s
     return Generation(
         rows,
         prompt_tokens,

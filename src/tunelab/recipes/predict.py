@@ -369,6 +369,7 @@ def plan_generating(cfg: cfgmod.TrainConfig, r: PlanRequest) -> list[GeneratingP
             bandwidth,
             overhead,
             distinct_prompts=per_batch,
+            decode_flop_efficiency=fit.decode_flop_efficiency if fit else 1.0,
         )
         passes = int(g.num_iterations > 1) + int(g.beta > 0)
         update_s = update.step.total * (fit.update_scale if fit else 1.0)

@@ -89,7 +89,24 @@ def test_grpo_constants_read_a_devices_row_of_grpo_yaml(monkeypatch):
     row = {"constants": {"decode_op_s": 1.5e-4, "update_scale": 0.8, "scoring_scale": 1.2}, "rows": ["run-a"]}
     monkeypatch.setattr(catalog, "read", lambda name: {"devices": {"cpu-fp32": row}} if name == "grpo.yaml" else {})
     assert catalog.grpo_constants("cpu-fp32") == catalog.GrpoConstants(1.5e-4, 0.8, 1.2, ("run-a",))
+    assert catalog.grpo_constants("cpu-fp32").decode_flop_efficiency == 1.0  # a fit from one batch size
     assert catalog.grpo_constants("no-such-device") is None
+    row["constants"]["decode_flop_efficiency"] = 0.45
+    assert catalog.grpo_constants("cpu-fp32").decode_flop_efficiency == 0.45
+
+
+def test_decode_flop_efficiency_divides_the_flop_bound_decode_step_only():
+    arch = small_arch()
+    full = generation(arch, 1000, 10, 5, 2, peak_flops=1e6, bandwidth_bps=1e15, step_overhead_s=0.01)
+    half = generation(
+        arch, 1000, 10, 5, 2, peak_flops=1e6, bandwidth_bps=1e15, step_overhead_s=0.01, decode_flop_efficiency=0.5
+    )
+    assert half.decode_s - 5 * 0.01 == pytest.approx(2 * (full.decode_s - 5 * 0.01))
+    assert half.prefill_s == full.prefill_s
+    memory_bound = dict(peak_flops=1e15, bandwidth_bps=1e3, step_overhead_s=0.0)
+    assert generation(arch, 4, 10, 5, 2, **memory_bound, decode_flop_efficiency=0.5).decode_s == pytest.approx(
+        generation(arch, 4, 10, 5, 2, **memory_bound).decode_s
+    )
 
 
 def test_every_fitted_row_of_the_shipped_grpo_yaml_reads():
@@ -98,6 +115,7 @@ def test_every_fitted_row_of_the_shipped_grpo_yaml_reads():
     for device in (catalog.read("grpo.yaml") or {}).get("devices") or {}:
         fit = catalog.grpo_constants(device)
         assert fit.rows and fit.decode_op_s > 0 and fit.update_scale > 0 and fit.scoring_scale > 0
+        assert 0 < fit.decode_flop_efficiency <= 1
 
 
 def test_plan_applies_a_devices_grpo_fit(tmp_path, tiny_model_dir, monkeypatch, capsys):
