@@ -120,7 +120,7 @@ def test_no_suggestion_is_a_combination_the_config_refuses(monkeypatch, capsys):
 
     monkeypatch.setattr(estimate, "estimate", recording)
     argv = ["plan", "--model", "meta-llama/Llama-3.1-8B", "--method", "full", "--gpu", "rtx-4090", "--json"]
-    argv += ["--seq-len", "4096", "--micro-batch", "4", "--examples", "1000", "--weights", "bf16", "--grad-ckpt"]
+    argv += ["--seq-len", "4096", "--micro-batch", "6", "--examples", "1000", "--weights", "bf16", "--grad-ckpt"]
     argv += ["--optimizer", "paged_adamw_8bit", "--optimizer-in-backward", "--max-grad-norm", "0"]
     assert main(argv) == 0
     (result,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
