@@ -153,8 +153,9 @@ def head_weight_grad(
     if k == 0:
         return out.zero_()
     cols = max(1, min(vocab, chunk * vocab // k))  # k x cols <= chunk x vocab: the scratch buffers hold a slice
-    low = _scratch("low", (chunk, vocab), hidden.dtype, hidden.device).view(-1)
-    full = _scratch("full", (chunk, vocab), torch.float32, hidden.device).view(-1)
+    held = max(chunk, -(-k * cols // vocab))  # more rows only when k exceeds chunk x vocab (a tiny vocabulary)
+    low = _scratch("low", (held, vocab), hidden.dtype, hidden.device).view(-1)
+    full = _scratch("full", (held, vocab), torch.float32, hidden.device).view(-1)
     rows = torch.arange(k, device=hidden.device)
     scale = (scale if scale.dim() == 0 else scale[:, None]).to(torch.float32)
     lse = lse[:, None]

@@ -121,6 +121,17 @@ def test_score_tokens_head_gradient_with_per_token_factors():
     assert torch.allclose(got, expected, rtol=0, atol=1e-5 * expected.abs().max().item())
 
 
+def test_more_rows_than_a_chunk_of_logits_holds():
+    """A vocabulary so small that the rows outnumber a chunk's logits (60 rows, 5 x 2): slices of one head row."""
+    torch.manual_seed(0)
+    hidden = torch.randn(60, HIDDEN, requires_grad=True)
+    weight = torch.randn(5, HIDDEN, requires_grad=True)
+    targets = torch.randint(0, 5, (60,))
+    got = torch.autograd.grad(token_loss_sum(hidden, weight, torch.arange(60), targets, chunk=2), weight)[0]
+    want = torch.autograd.grad(F.cross_entropy(hidden @ weight.T, targets, reduction="sum"), weight)[0]
+    assert torch.allclose(got, want, rtol=0, atol=1e-5 * want.abs().max().item())
+
+
 class _Fp32HeadSized(TorchDispatchMode):
     """The distinct fp32 storages of at least `numel` values that any operation returns."""
 
