@@ -318,12 +318,21 @@ def logits_bytes(arch: Arch, job: Job, s: Layout) -> float:
     if arch.logit_softcap:
         out += 3 * 4 * s.loss_chunk * arch.vocab
     if job.method.trains_base:
-        w = job.weight_bytes
-        head_copy = a if a < w and s.sharding != "zero3" else 0
-        # its cast, the fp32 gradient the loss sums from forward to backward, each chunk's increment (a) or, as
-        # wide, backward's result in the weights' dtype, which fp32 master weights make 4 B wider than a
-        out += arch.vocab * arch.hidden * (head_copy + 4 + a + (w if a < w else 0))
+        out += head_gradient_bytes(arch, job, s)
     return out
+
+
+def head_gradient_bytes(arch: Arch, job: Job, s: Layout) -> float:
+    """A trained head's own memory in the loss, the larger of two moments that do not overlap: the forward's cast
+    of the head to the compute dtype (when the dtypes differ), freed with the forward's last chunk, and backward's
+    gradient in the weights' dtype (train/loss.head_weight_grad) with one vocabulary slice's cast and, when the
+    weights are wider than the compute dtype, its product before it is widened. No fp32 sum: each slice's sum over
+    the rows accumulates inside its matmul; the slice's logits reuse the forward chunk's buffers (logits_bytes)."""
+    a, w = s.compute_bytes, job.weight_bytes
+    cast = a if a != w and s.sharding != "zero3" else 0
+    slice_values = min(arch.vocab, s.loss_chunk * arch.vocab / max(1, s.loss_rows)) * arch.hidden
+    backward = arch.vocab * arch.hidden * w + slice_values * (cast + (a if a < w else 0))
+    return max(arch.vocab * arch.hidden * cast, backward)
 
 
 def reference_bytes(arch: Arch, job: Job, s: Layout) -> tuple[float, float]:

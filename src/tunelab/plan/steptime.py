@@ -138,8 +138,9 @@ def gemm_shapes(
     products per token). A weight's forward is m x d_in x d_out; its input gradient m x d_out x d_in; a trained
     weight adds its weight gradient d_in x m x d_out. LoRA's A (d_in x r) and B (r x d_out) are trained:
     three products each. Gradient checkpointing runs the block forwards twice. The head runs over the
-    `loss_tokens` positions with a target only (train/loss.py gathers them first), a trained head's weight
-    gradient one chunk of `chunk` rows at a time."""
+    `loss_tokens` positions with a target only (train/loss.py gathers them first); a trained head's backward
+    recomputes its logits and makes its weight gradient over all rows, one vocabulary slice at a time (as many
+    slices as the forward has chunks of `chunk` rows)."""
     shapes: list[tuple[int, int, int, int]] = []
     fwd = 2 if grad_ckpt else 1
     full = method.trains_base
@@ -161,9 +162,10 @@ def gemm_shapes(
             ]
     rows = max(1, round(loss_tokens))
     head = [(rows, arch.hidden, arch.vocab, 1), (rows, arch.vocab, arch.hidden, 1)]
-    if full:
-        chunks = head_chunks(loss_tokens, chunk)
-        head.append((arch.vocab, max(1, round(rows / chunks)), arch.hidden, chunks))
+    if full:  # backward recomputes the logits and makes the weight gradient, a vocabulary slice at a time
+        slices = head_chunks(loss_tokens, chunk)
+        cols = max(1, round(arch.vocab / slices))
+        head += [(rows, arch.hidden, cols, slices), (cols, rows, arch.hidden, slices)]
     return shapes + head
 
 
@@ -258,13 +260,14 @@ def optimizer_bytes_per_param(fused: bool) -> float:
     return 28.0 if fused else 80.0
 
 
-def head_gradient_bytes(arch: Arch, compute_bytes: int, chunks: int) -> float:
-    """A trained head's weight gradient, per micro-batch, as train/loss.py makes it, per head weight: the fp32
-    weight cast to the compute dtype (4 + c B), an fp32 accumulator zeroed (4 B) and scaled by the loss's
-    gradient in backward (4 + 4 B); then every chunk's product written in the compute dtype (c), cast to fp32
-    (c + 4) and added (4 + 4 + 4): 20 B a chunk in bf16, the term that makes full fine-tuning's head costly."""
-    per_chunk = 2 * compute_bytes + 16
-    return arch.vocab * arch.hidden * (16 + compute_bytes + chunks * per_chunk)
+def head_gradient_bytes(arch: Arch, compute_bytes: int, loss_tokens: float) -> float:
+    """A trained head's weight gradient, per micro-batch, as train/loss.head_weight_grad makes it in backward: per
+    head weight, the fp32 weight cast to the compute dtype again (4 + c B) and each slice's product written (c)
+    and, below fp32, widened into the fp32 gradient (c + 4); per logit of the recomputed slices, written (c),
+    upcast (c + 4), shifted and exponentiated (8), scaled (8) and cast back for the product (4 + c)."""
+    widen = compute_bytes + 4 if compute_bytes < 4 else 0
+    per_logit = 3 * compute_bytes + 24
+    return arch.vocab * arch.hidden * (4 + 2 * compute_bytes + widen) + arch.vocab * loss_tokens * per_logit
 
 
 def step_bytes(
@@ -331,7 +334,7 @@ def work(
         pairs = shape.scored_keys_per_token * shape.tokens * arch.heads * arch.layers
         per_micro_batch += pairs * (fwd * (2 if grad_ckpt else 1) + bwd)
     if method.trains_base:
-        per_micro_batch += head_gradient_bytes(arch, cb, head_chunks(shape.loss_tokens, shape.loss_chunk))
+        per_micro_batch += head_gradient_bytes(arch, cb, shape.loss_tokens)
     trainable = arch.total_params if method.trains_base else adapter_params(arch, targets, r)
     memory = per_micro_batch * mb + step_bytes(
         arch, method, base_quant, trainable, mb, grad_ckpt, shape.fused_optimizer

@@ -9,7 +9,9 @@ On a CPU one fp32 log_softmax over a step's logits took longer than the model's 
 (benchmarks/design-decisions_cpu_2026-11-22.md#fused-chunked-head-and-loss).
 
 `head_pass` is that chunk loop, written once: each target's negative log-probability, optionally its distribution's
-entropy, and the gradients of the negative log-probabilities with respect to the hidden states and the head.
+entropy and log-sum-exp, and the gradient of the negative log-probabilities with respect to the hidden states.
+`head_weight_grad` is the head's own gradient, made in backward one vocabulary slice at a time straight into a
+tensor of the weight's dtype, so no fp32 sum the size of the head waits from forward to backward.
 `token_loss_sum` (supervised cross-entropy) and `score_tokens` (per-token log-probabilities and entropies: the
 preference objectives, and any objective that scores sampled tokens) are its two public faces.
 """
@@ -50,8 +52,8 @@ class HeadPass:
     nll_sum: torch.Tensor  # fp32 scalar: the rows' -log p(target), summed chunk by chunk
     logps: torch.Tensor | None = None  # fp32 (K,): each row's log p(target)
     entropy: torch.Tensor | None = None  # fp32 (K,): each row's distribution's entropy, without a gradient
+    lse: torch.Tensor | None = None  # fp32 (K,): each row's log Σ exp(logits), what head_weight_grad recomputes from
     grad_hidden: torch.Tensor | None = None  # (K, h), hidden's dtype: row i is d nll_i / d hidden_i
-    grad_weight: torch.Tensor | None = None  # fp32, weight's shape: sum over rows of scale_i · d nll_i / d weight
 
 
 def head_pass(
@@ -63,18 +65,16 @@ def head_pass(
     *,
     rows: bool = False,
     entropy: bool = False,
+    lse: bool = False,
     grad_hidden: bool = False,
-    grad_weight: bool = False,
-    scale: torch.Tensor | None = None,
     temperature: float = 1.0,
 ) -> HeadPass:
     """The head `hidden @ weight.T` over `hidden`'s rows (already gathered at the targets), `chunk` rows at a time.
 
     Logits are computed in the compute dtype and upcast to fp32 for the softmax, as autocast would. Each chunk's
     gradient with respect to its logits (softmax - onehot, through the soft cap's tanh) is formed here, while the
-    logits exist, so no caller keeps them for backward: `grad_hidden` and `grad_weight` ask for its products with
-    the head and with the hidden states. `scale` (fp32, one factor per row) multiplies each row's gradient first,
-    for a backward that needs a per-token factor inside the head's sum over rows. `temperature` divides the
+    logits exist, so no caller keeps them for backward: `grad_hidden` asks for its product with the head. The head's
+    own gradient is head_weight_grad's, made in backward from the `lse` this pass keeps. `temperature` divides the
     (soft-capped) logits, as a sampler at that temperature does: the log-probs of the distribution sampled from.
     """
     w = weight.to(hidden.dtype)
@@ -84,8 +84,8 @@ def head_pass(
         nll_sum=torch.zeros((), **f32),
         logps=torch.empty(k, **f32) if rows else None,
         entropy=torch.empty(k, **f32) if entropy else None,
+        lse=torch.empty(k, **f32) if lse else None,
         grad_hidden=torch.empty_like(hidden) if grad_hidden else None,
-        grad_weight=torch.zeros_like(weight, dtype=torch.float32) if grad_weight else None,
     )
     low = _scratch("low", (chunk, w.shape[0]), hidden.dtype, hidden.device)
     full = _scratch("full", (chunk, w.shape[0]), torch.float32, hidden.device)
@@ -109,21 +109,76 @@ def head_pass(
             out.logps[start : start + n] = target_logit - top - log_total
         if entropy:
             out.entropy[start : start + n] = log_total - kept.mul_(probs).sum(dim=-1) / total.squeeze(1)
-        if grad_hidden or grad_weight:
+        if lse:
+            out.lse[start : start + n] = top + log_total
+        if grad_hidden:
             grad = probs.div_(total)
             grad[index, t] -= 1.0
-            if softcap:
-                grad.mul_(1.0 - squash.square())
-            if temperature != 1.0:
-                grad.div_(temperature)
-            if scale is not None:
-                grad.mul_(scale[start : start + n, None])
-            grad = low[:n].copy_(grad)  # rounded to the compute dtype once, for both products
-            if out.grad_hidden is not None:
-                torch.mm(grad, w, out=out.grad_hidden[start : start + n])
-            if out.grad_weight is not None:
-                # added into the fp32 sum as it is (the add upcasts each value): no fp32 copy of the increment
-                out.grad_weight += grad.T @ h
+            grad = low[:n].copy_(_logit_grad_factors(grad, squash, softcap, temperature))
+            torch.mm(grad, w, out=out.grad_hidden[start : start + n])
+    return out
+
+
+def _logit_grad_factors(grad, squash, softcap, temperature):
+    """d nll / d (final logit) -> d nll / d (raw logit): through the soft cap's tanh and the temperature, in place."""
+    if softcap:
+        grad.mul_(1.0 - squash.square())
+    if temperature != 1.0:
+        grad.div_(temperature)
+    return grad
+
+
+def head_weight_grad(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    lse: torch.Tensor,
+    softcap: float | None,
+    chunk: int,
+    scale: torch.Tensor,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """d (Σ_i scale_i · nll_i) / d weight, in the weight's dtype, from `lse` (head_pass's, the same logits).
+
+    The vocabulary is cut into slices of rows of `weight`; each slice's logits over all K rows are recomputed (one
+    more head matmul than a forward that forms the gradient while its logits exist), turned into the softmax from
+    `lse`, and multiplied by the hidden states in one matmul whose sum over the K rows accumulates in fp32 inside the
+    matmul and is rounded once, into that slice of the result. So the head's gradient never exists in fp32 as a
+    whole: at the peak it costs the weight's bytes, not 4 more (docs/formulas.md, the loss's memory). A slice's
+    logits are no larger than a forward chunk's and live in the same scratch buffers. `scale` (fp32, () or (K,))
+    is the incoming gradient: the loss's scalar or each row's factor.
+    """
+    k, vocab = hidden.shape[0], weight.shape[0]
+    out = torch.empty_like(weight)
+    if k == 0:
+        return out.zero_()
+    cols = max(1, min(vocab, chunk * vocab // k))  # k x cols <= chunk x vocab: the scratch buffers hold a slice
+    held = max(chunk, -(-k * cols // vocab))  # more rows only when k exceeds chunk x vocab (a tiny vocabulary)
+    low = _scratch("low", (held, vocab), hidden.dtype, hidden.device).view(-1)
+    full = _scratch("full", (held, vocab), torch.float32, hidden.device).view(-1)
+    rows = torch.arange(k, device=hidden.device)
+    scale = (scale if scale.dim() == 0 else scale[:, None]).to(torch.float32)
+    lse = lse[:, None]
+    for start in range(0, vocab, cols):
+        n = min(cols, vocab - start)
+        logits, squash = _chunk_logits(
+            hidden,
+            weight[start : start + n].to(hidden.dtype),  # the slice cast, not the whole head
+            low[: k * n].view(k, n),
+            full[: k * n].view(k, n),
+            softcap,
+            temperature,
+        )
+        grad = logits.sub_(lse).exp_()
+        # -1 at each row's target when it falls in this slice, without a host sync: 0 elsewhere
+        local = targets - start
+        hit = ((local >= 0) & (local < n)).to(torch.float32)
+        grad.index_put_((rows, local.clamp(0, n - 1)), -hit, accumulate=True)
+        grad = low[: k * n].view(k, n).copy_(_logit_grad_factors(grad, squash, softcap, temperature).mul_(scale))
+        if out.dtype == grad.dtype:
+            torch.mm(grad.T, hidden, out=out[start : start + n])
+        else:  # fp32 master weights under a bf16 compute dtype: the slice's product, then its widening
+            out[start : start + n].copy_(grad.T @ hidden)
     return out
 
 
@@ -145,24 +200,28 @@ class LinearCrossEntropy(torch.autograd.Function):
     """Sum of cross-entropy of `hidden @ weight.T` against `targets`, never holding all logits.
 
     Each chunk's logits live only inside the forward: the loss and the gradient of the loss with respect to
-    the logits (softmax - onehot) are both computed there, and only the small gradients with respect to
-    `hidden` (K x h) and, when trainable, `weight` are kept for backward. This is the fused linear
-    cross-entropy of Liger-Kernel (Hsu et al. 2024, arXiv 2410.10989), which ships only for GPUs.
+    the logits (softmax - onehot) are both computed there, and only the small gradient with respect to
+    `hidden` (K x h) is kept for backward. This is the fused linear cross-entropy of Liger-Kernel (Hsu et al.
+    2024, arXiv 2410.10989), which ships only for GPUs. When the head trains (full fine-tuning), the forward also
+    keeps the rows, the targets and each row's log-sum-exp (K x h and 2 K values), and backward makes the head's
+    gradient from them (head_weight_grad) instead of the forward holding its fp32 sum until then.
     """
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, softcap, chunk):
-        out = head_pass(hidden, weight, targets, softcap, chunk, grad_hidden=True, grad_weight=ctx.needs_input_grad[1])
-        ctx.save_for_backward(out.grad_hidden, out.grad_weight)
-        ctx.weight_dtype = weight.dtype
+        trains_head = ctx.needs_input_grad[1]
+        out = head_pass(hidden, weight, targets, softcap, chunk, lse=trains_head, grad_hidden=True)
+        kept = (hidden, weight, targets, out.lse) if trains_head else (None, None, None, None)
+        ctx.save_for_backward(out.grad_hidden, *kept)
+        ctx.softcap, ctx.chunk = softcap, chunk
         return out.nll_sum
 
     @staticmethod
     def backward(ctx, grad_loss):
-        grad_hidden, grad_weight = ctx.saved_tensors
+        grad_hidden, hidden, weight, targets, lse = ctx.saved_tensors
         grad_w = None
-        if grad_weight is not None:  # scaled in fp32 and written in the weight's dtype, with no fp32 copy between
-            grad_w = torch.mul(grad_weight, grad_loss, out=torch.empty_like(grad_weight, dtype=ctx.weight_dtype))
+        if hidden is not None:
+            grad_w = head_weight_grad(hidden, weight, targets, lse, ctx.softcap, ctx.chunk, grad_loss)
         return grad_hidden * grad_loss.to(grad_hidden.dtype), grad_w, None, None, None
 
 
@@ -172,7 +231,8 @@ class LinearTokenLogProbs(torch.autograd.Function):
 
     d logp / d hidden = -(d nll / d hidden) is formed per row in the forward (as LinearCrossEntropy does for the
     summed loss); backward scales those rows by the incoming per-token gradient. When the head trains (full
-    fine-tuning) its gradient needs that per-token factor inside the sum, so backward recomputes the chunks.
+    fine-tuning) its gradient needs that per-token factor inside the sum, so backward makes it from the saved
+    log-sum-exps (head_weight_grad).
     The entropy is a metric: it carries no gradient.
     """
 
@@ -186,10 +246,11 @@ class LinearTokenLogProbs(torch.autograd.Function):
             chunk,
             rows=True,
             entropy=entropy,
+            lse=ctx.needs_input_grad[1],
             grad_hidden=True,
             temperature=temperature,
         )
-        ctx.save_for_backward(out.grad_hidden, hidden if ctx.needs_input_grad[1] else None, weight, targets)
+        ctx.save_for_backward(out.grad_hidden, hidden if ctx.needs_input_grad[1] else None, weight, targets, out.lse)
         ctx.softcap, ctx.chunk, ctx.temperature = softcap, chunk, temperature
         spread = out.entropy if entropy else out.logps.new_empty(0)
         ctx.mark_non_differentiable(spread)
@@ -197,21 +258,11 @@ class LinearTokenLogProbs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logps, _grad_entropy):
-        grad_hidden, hidden, weight, targets = ctx.saved_tensors
+        grad_hidden, hidden, weight, targets, lse = ctx.saved_tensors
         scale = grad_logps.neg()  # logp = -nll: the saved rows are d nll / d hidden
         grad_w = None
         if hidden is not None:
-            again = head_pass(
-                hidden,
-                weight,
-                targets,
-                ctx.softcap,
-                ctx.chunk,
-                grad_weight=True,
-                scale=scale,
-                temperature=ctx.temperature,
-            )
-            grad_w = again.grad_weight.to(weight.dtype)
+            grad_w = head_weight_grad(hidden, weight, targets, lse, ctx.softcap, ctx.chunk, scale, ctx.temperature)
         return grad_hidden * scale.to(grad_hidden.dtype)[:, None], grad_w, None, None, None, None, None
 
 

@@ -135,8 +135,10 @@ def test_memory_hand_count_llama2_qlora_and_full():
     embedding_and_head = 2 * 32000 * 4096  # untied: neither is an autocast copy
     assert f.weights == a.total_params * 4 + (a.total_params - embedding_and_head) * 2  # fp32 master + block copies
     assert (f.gradients, f.optimizer_states) == (a.total_params * 4, a.total_params * 8)
-    head = 32000 * 4096  # the LM head: its fp32 gradient, accumulated in the loss's forward chunk by chunk
-    assert f.logits_loss == 2048 * 32000 * (4 + 2) + 2 * 5 * 4096 * 2 + head * (2 + 4 + 2 + 4)  # + the bf16 head
+    # the LM head's gradient, made in the loss's backward in the weights' dtype (fp32): 5 target rows make one
+    # vocabulary slice, the whole head, so its bf16 cast and its bf16 product before widening are head-sized too
+    head = 32000 * 4096
+    assert f.logits_loss == 2048 * 32000 * (4 + 2) + 2 * 5 * 4096 * 2 + head * (4 + 2 + 2)
     z3 = memory.breakdown(a, *setup(method="full", targets=(), sharding="zero3", world=4))
     assert z3.optimizer_states == a.total_params * 2 and z3.gradients == a.total_params
     # the whole head's gradient, until the root's reduce-scatter; FSDP's gathered head is bf16 already: no copy

@@ -9,9 +9,9 @@ measured peak. Each run is a fresh process (bench.points.measure_point), as a re
 The runs use eager blocks: a process of ~10 s each where compiled blocks take 15-45 s (the compiler), and what
 compiled blocks save is counted exactly in-process by test_plan_memory_saved.py. Measured on the AMX class
 (benchmarks/test-suite/make-test_xeon-amx-2c_2026-11-26.md): lora / qlora / full within -5 / -11 / +1% eager
-and -3 / -5 / +13% compiled. Full fine-tuning's prediction holds the LM head in bf16, its fp32 gradient and
-the two per-chunk increments the loss makes of it (plan/memory.logits_bytes: 12 B per head weight, 96 MiB
-here), which this process's measured peak shows only in part.
+and -3 / -5 / +13% compiled (before the head's gradient moved into the loss's backward). Full fine-tuning's
+prediction holds the LM head's gradient in the weights' dtype, or the forward's cast of the head where that is
+larger (plan/memory.head_gradient_bytes).
 """
 
 import random

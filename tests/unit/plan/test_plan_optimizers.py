@@ -2,6 +2,7 @@
 backward, bf16 weights, paged states off the device's peak; and the cheapest combination of levers that fits."""
 
 import json
+from dataclasses import replace
 
 import pytest
 from conftest import plan_setup
@@ -63,16 +64,30 @@ def test_bf16_weights_halve_weights_and_gradients_and_drop_the_autocast_copies(a
     assert af.gradients == 11008 * 4096 * 2 + (memory.STOCHASTIC_BYTES + 6) * 32000 * 4096
 
 
-def test_the_loss_holds_a_trained_heads_fp32_gradient_and_its_result(arch):
-    """The head's fp32 gradient summed from forward to backward (4 B), with each chunk's increment in the compute
-    dtype or backward's result in the weights' (2 B for bf16 weights, 4 + 2 more for fp32 master weights and
-    their autocast copy of the head)."""
+def test_the_loss_holds_a_trained_heads_gradient_in_the_weights_dtype_and_no_fp32_sum(arch):
+    """The head's gradient is made in the loss's backward, a vocabulary slice at a time, straight into the weights'
+    dtype: 2 B a head weight for bf16 weights computed in bf16, no fp32 sum (the replaced path held 4 B more). For
+    fp32 master weights, 4 B and a slice's bf16 cast and product; with 5 target rows (plan_setup) one slice is the
+    whole head, with 64 chunks of rows a 64th of it."""
     chunk = memory.breakdown(arch, *plan_setup(targets=())).logits_loss  # LoRA: the head frozen
     bf16 = memory.breakdown(arch, *full(weights="bf16")).logits_loss
     fp32 = memory.breakdown(arch, *full()).logits_loss
     head = 32000 * 4096
-    assert bf16 - chunk == head * (4 + 2)
-    assert fp32 - chunk == head * (2 + 4 + 2 + 4)
+    assert bf16 - chunk == head * 2
+    assert fp32 - chunk == head * (4 + 2 + 2)
+    job, s = full()
+    rows = 64 * s.loss_chunk
+    many = memory.head_gradient_bytes(arch, job, replace(s, loss_rows=rows))
+    assert many == head * 4 + head / 64 * (2 + 2)
+
+
+def test_the_forwards_cast_of_the_head_counts_when_it_is_the_larger_moment(arch):
+    """bf16 weights computed in fp32 (a CPU without bf16 units): the forward's fp32 cast of the head (4 B) is freed
+    before backward's bf16 gradient (2 B) and its slices exist; the larger of the two moments counts, not both."""
+    job, s = full(weights="bf16")
+    s = replace(s, compute_bytes=4, loss_rows=64 * s.loss_chunk)
+    head = 32000 * 4096
+    assert memory.head_gradient_bytes(arch, job, s) == head * 4
 
 
 def test_paged_states_are_off_the_cuda_peak_only(arch):
@@ -105,7 +120,7 @@ def test_no_suggestion_is_a_combination_the_config_refuses(monkeypatch, capsys):
 
     monkeypatch.setattr(estimate, "estimate", recording)
     argv = ["plan", "--model", "meta-llama/Llama-3.1-8B", "--method", "full", "--gpu", "rtx-4090", "--json"]
-    argv += ["--seq-len", "4096", "--micro-batch", "4", "--examples", "1000", "--weights", "bf16", "--grad-ckpt"]
+    argv += ["--seq-len", "4096", "--micro-batch", "6", "--examples", "1000", "--weights", "bf16", "--grad-ckpt"]
     argv += ["--optimizer", "paged_adamw_8bit", "--optimizer-in-backward", "--max-grad-norm", "0"]
     assert main(argv) == 0
     (result,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
