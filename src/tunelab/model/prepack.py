@@ -77,7 +77,8 @@ def prepacked(model: torch.nn.Module, rows: int) -> Iterator[int]:
                 fused.append(module)
                 covered.update(id(m) for m in module.modules())
         for module in model.modules():
-            if type(module) is torch.nn.Linear and id(module) not in covered and "forward" not in vars(module):
+            plain_fp32 = type(module) is torch.nn.Linear and module.weight.dtype == torch.float32
+            if plain_fp32 and id(module) not in covered and "forward" not in vars(module):
                 module.forward = functools.partial(_packed_forward, module, reorder(module.weight, rows))
                 plain.append(module)
         yield len(fused) + len(plain)

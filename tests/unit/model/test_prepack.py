@@ -96,6 +96,15 @@ def test_autograd_inside_the_block_takes_the_training_path():
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-7, msg=name)
 
 
+def test_a_layer_kept_in_another_dtype_keeps_torchs_product():
+    model = make_tiny_llama(64, seed=4).eval()
+    model.lm_head.to(torch.bfloat16)
+    with torch.no_grad(), prepack.prepacked(model, ROWS) as layers:
+        assert "forward" not in vars(model.lm_head)
+        assert layers == sum(type(m) is torch.nn.Linear for m in model.modules()) - 1
+    untouched(model)
+
+
 def test_nested_blocks_reuse_the_outer_weights_and_a_replaced_forward_is_kept():
     model = make_tiny_llama(64).eval()
     hooked = model.lm_head
