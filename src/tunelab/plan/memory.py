@@ -135,8 +135,8 @@ def optimizer_state_bytes(arch: Arch, job: Job, s: Layout) -> float:
 
 def gradient_bytes(arch: Arch, job: Job, s: Layout, trainable: int) -> float:
     """The gradients alive at the peak (the start of the last backward, every activation alive). The whole buffer
-    in the weights' dtype; with the step inside backward (optimizer_in_backward) each gradient is freed by its
-    hook, so only the largest block tensor's is, plus a tied embedding's whole gradient, which autograd holds
+    in the weights' dtype; with the step inside backward (optimizer_in_backward; a block's moment,
+    backward_moments) each gradient is freed by its hook, so only the largest block tensor's is, plus a tied embedding's whole gradient, which autograd holds
     until the embedding adds its share at the end of backward. An untied head's gradient is the loss's
     (logits_bytes), stepped and freed first; an untied embedding's is made last, once the activations are freed.
     Plus the temporaries of the largest weight's step (step_temporary_bytes)."""
@@ -260,12 +260,13 @@ def _layer_bytes(arch: Arch, job: Job, s: Layout) -> tuple[float, float, float]:
     return per_layer, stream_bytes(job, s) * arch.hidden * tokens, 4 * arch.hidden * tokens
 
 
-def activation_bytes(arch: Arch, job: Job, s: Layout) -> float:
+def activation_bytes(arch: Arch, job: Job, s: Layout, recomputed: bool = True) -> float:
+    """Saved activations of one micro-batch; `recomputed=False`: before backward recomputes a checkpointed layer."""
     per_layer, layer_input, residual = _layer_bytes(arch, job, s)
     kept = min(arch.layers, OFFLOAD_LAYERS) if s.offload else arch.layers
     if job.compute.grad_ckpt:
         # each layer's saved input (the residual stream) + one layer recomputed
-        return kept * layer_input + per_layer + residual
+        return kept * layer_input + (per_layer if recomputed else 0) + residual
     return kept * per_layer + residual
 
 
@@ -347,9 +348,63 @@ def reference_bytes(arch: Arch, job: Job, s: Layout) -> tuple[float, float]:
     return weights, transient
 
 
+@dataclass(frozen=True)
+class Moment:
+    """The transient bytes alive together at one moment of a step (weights, states and overhead aside)."""
+
+    name: str
+    activations: float
+    gradients: float
+    logits_loss: float
+
+    @property
+    def total(self) -> float:
+        return self.activations + self.gradients + self.logits_loss
+
+
+def loss_scratch_bytes(arch: Arch, s: Layout) -> float:
+    """The loss's chunk logits in the compute dtype and fp32 (train/loss._scratch): kept across steps, so alive at
+    every moment."""
+    return s.loss_chunk * arch.vocab * (4 + s.compute_bytes)
+
+
+def backward_moments(arch: Arch, job: Job, s: Layout, trainable: int) -> tuple[Moment, ...]:
+    """With the step inside backward, the moments whose transients coexist (docs/formulas.md, "the step in
+    backward: a peak per moment"). The loss's: its forward or backward with every saved activation but no layer
+    recomputed yet, the head's gradient made and (untied) stepped in its hook, which autograd runs as soon as it is
+    ready. A block's: one layer recomputed, its largest gradient and step, a tied head's gradient still held, the
+    loss's scratch. A trained embedding's, at backward's end: its gradient (a tied one's two shares summed) and
+    step, beside one hidden-sized gradient of the micro-batch."""
+    head = arch.vocab * arch.hidden if job.method.trains_base else 0
+    untied_head = 0 if arch.tied else head
+    loss = Moment(
+        "loss",
+        activation_bytes(arch, job, s, recomputed=False),
+        step_temporary_bytes(job, untied_head) if untied_head else 0.0,
+        logits_bytes(arch, job, s),
+    )
+    scratch = loss_scratch_bytes(arch, s)
+    block = Moment("block", activation_bytes(arch, job, s), gradient_bytes(arch, job, s, trainable), scratch)
+    if not head:
+        return loss, block
+    _, layer_input, _ = _layer_bytes(arch, job, s)
+    shares = 2 if arch.tied else 1
+    embedding = Moment(
+        "embedding", layer_input, shares * head * job.weight_bytes + step_temporary_bytes(job, head), scratch
+    )
+    return loss, block, embedding
+
+
+def moments_apply(job: Job, s: Layout) -> bool:
+    """Where the code guarantees the moments: tunelab's own loop (not an HF stack's whole-vocabulary loss), one
+    process (sharding adds buckets and gathers the moments do not model), the step inside backward."""
+    return job.optimizer.optimizer_in_backward and job.hf is None and s.sharding == "single"
+
+
 def breakdown(arch: Arch, job: Job, s: Layout) -> MemoryBreakdown:
     """Peak memory per process (per GPU when sharded): everything alive at the start of the last backward
-    of an optimizer step, when all activations and the logits are alive and the states exist."""
+    of an optimizer step, when all activations and the logits are alive and the states exist; with the step
+    inside backward, the largest of the moments whose transients coexist (backward_moments)."""
     trainable = trainable_params(arch, job, s)
     if job.method.trains_base:
         weights = arch.total_params * job.weight_bytes
@@ -381,13 +436,17 @@ def breakdown(arch: Arch, job: Job, s: Layout) -> MemoryBreakdown:
         # reduce-scatter at the end of backward.
         grads, states = grads / world, states / world
     ref_weights, ref_transient = reference_bytes(arch, job, s)
+    peak = Moment("all at once", activation_bytes(arch, job, s), grads, logits_bytes(arch, job, s))
+    if moments_apply(job, s):
+        # the transients that never coexist: the largest moment, not their sum
+        peak = max(backward_moments(arch, job, s, trainable), key=lambda m: m.total)
     return MemoryBreakdown(
         weights=round(weights + ref_weights),
         adapters=round(adapters),
-        gradients=round(grads),
+        gradients=round(peak.gradients),
         optimizer_states=round(states),
-        activations=round(activation_bytes(arch, job, s) + ref_transient),
-        logits_loss=round(logits_bytes(arch, job, s)),
+        activations=round(peak.activations + ref_transient),
+        logits_loss=round(peak.logits_loss),
         runtime_overhead=s.runtime_overhead,
     )
 
