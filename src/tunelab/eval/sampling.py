@@ -86,8 +86,10 @@ def sample(
     model.eval()
     try:
         with prepacked(model, rows):  # CPU fp32: the weights laid out once for the few-row products
-            steps = _StaticSteps(model, batch, max_new_tokens, mode.compiled) if mode.static_cache else None
-            logits, step = steps.prefill() if steps is not None else _dynamic_steps(model, batch)
+            if mode.static_cache:
+                logits, step = _static_steps(model, batch, max_new_tokens, mode.compiled)
+            else:
+                logits, step = _dynamic_steps(model, batch)
             done = torch.zeros(rows, dtype=torch.bool, device=device)
             tokens = []
             for k in range(max_new_tokens):
@@ -155,39 +157,35 @@ def _dynamic_steps(model, batch: _Batch):
 STATIC_LENGTH_QUANTUM = 64
 
 
-class _StaticSteps:
-    """The prefill and the decode steps over a StaticCache of `rows x length` (the prompts' width plus the cap,
-    rounded up): every step has the same shapes; the attention mask is allocated once at full length (positions
-    past the current one are hidden by causality). Every row is prefilled (a static cache's batch is fixed by its
-    first write), and the cache is kept on the model and reset for the next call of the same shape, so a compiled
-    step's static addresses stay the same."""
+def _static_steps(model, batch: _Batch, max_new_tokens: int, compiled: bool):
+    """(the prefill's last logits, a step function token -> next logits) over a StaticCache of `rows x length` (the
+    prompts' width plus the cap, rounded up): every step has the same shapes; the attention mask is allocated once
+    at full length (positions past the current one are hidden by causality). Every row is prefilled (a static
+    cache's batch is fixed by its first write), and the cache is kept on the model and reset for the next call of
+    the same shape, so a compiled step's static addresses stay the same."""
+    rows, width = batch.input_ids.shape
+    length = -(-(width + max_new_tokens) // STATIC_LENGTH_QUANTUM) * STATIC_LENGTH_QUANTUM
+    cache = _static_cache(model, rows, length)
+    mask = batch.attention.new_ones(rows, length)
+    mask[:, :width] = batch.attention
+    positions = batch.positions
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=mask,
+        position_ids=positions,
+        **{cache_keyword(): cache, "use_cache": True},
+        logits_to_keep=1,
+    )
+    forward = _compiled_decode_step() if compiled else _decode_step
+    state = {"position": positions[:, -1:]}
 
-    def __init__(self, model, batch: _Batch, max_new_tokens: int, compiled: bool):
-        rows, width = batch.input_ids.shape
-        quantum = STATIC_LENGTH_QUANTUM
-        length = -(-(width + max_new_tokens) // quantum) * quantum
-        self.model, self.batch, self.compiled = model, batch, compiled
-        self.cache = _static_cache(model, rows, length)
-        self.mask = batch.attention.new_ones(rows, length)
-        self.mask[:, :width] = batch.attention
-        self.position = batch.positions[:, -1:]
-        self.forward = _compiled_decode_step() if compiled else _decode_step
-
-    def prefill(self):
-        out = self.model(
-            input_ids=self.batch.input_ids,
-            attention_mask=self.mask,
-            position_ids=self.batch.positions,
-            **{cache_keyword(): self.cache, "use_cache": True},
-            logits_to_keep=1,
-        )
-        return out.logits[:, -1].float(), self.step
-
-    def step(self, token: torch.Tensor) -> torch.Tensor:
-        self.position = self.position + 1
-        if self.compiled and token.device.type == "cuda":
+    def step(token: torch.Tensor) -> torch.Tensor:
+        state["position"] = state["position"] + 1
+        if compiled and token.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs were read; reuse its buffers
-        return self.forward(self.model, token[:, None], self.mask, self.position, self.cache)
+        return forward(model, token[:, None], mask, state["position"], cache)
+
+    return out.logits[:, -1].float(), step
 
 
 def _decode_step(model, token, mask, position, cache) -> torch.Tensor:
