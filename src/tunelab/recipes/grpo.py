@@ -33,13 +33,14 @@ from ..model.adapters import apply_adapter
 from ..model.lora_linear import pack_for_inference
 from ..train import checkpoint, rewards
 from ..train.checkpoint import TrainState
-from ..train.grpo import GrpoLoss, Rollout, advantages
+from ..train.grpo import GrpoLoss, Rollout, advantages, trains_on
 from ..train.lock import lock_output_dir
 from ..train.loop import build_scheduler, past_limit
 from ..train.optim import build_optimizer
 from .finetune import check_writable_dir, save_final, truncate_metrics
 
 COMPLETIONS_LOGGED = 4  # completions per logged step in completions.jsonl
+CLIP_METRICS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean")
 
 
 @dataclass
@@ -147,11 +148,15 @@ def generate_batch(run: GrpoRun, generation: int) -> dict:
     )
     weights = torch.tensor([r.weight for r in run.rewards], dtype=torch.float32)
     adv = advantages(per_func, weights, group, settings.scale_rewards)
+    keep = trains_on(adv.advantages, settings).tolist()
     per_micro = cfg.batch.micro_batch * group
     micro = []
     for start in range(0, len(ids), per_micro):
         part = slice(start, start + per_micro)
-        rollout = Rollout.build(ids[part], samples.ids[part], run.pad_id).to(run.device)
+        rollout = Rollout.build(ids[part], samples.ids[part], run.pad_id, keep[part]).to(run.device)
+        if rollout.rows == 0:  # no completion here carries a gradient
+            micro.append((rollout, None, None, None))
+            continue
         with torch.no_grad(), _autocast(run):
             old = run.root.score(rollout).logps if settings.num_iterations > 1 else None
             ref = run.root.score(rollout, reference=True).logps if settings.beta > 0 else None
@@ -168,27 +173,41 @@ def generate_batch(run: GrpoRun, generation: int) -> dict:
 
 
 def update(run: GrpoRun, batch: dict) -> dict:
-    """One optimizer step on the generation batch: the micro-batches' losses, clipped, stepped."""
+    """One optimizer step on the generation batch: the micro-batches' losses, clipped, stepped. Micro-batches
+    without a completion that carries a gradient are not run; a step where none does is still taken, on zero
+    gradients (AdamW's moments and weight decay move the weights as TRL's step would)."""
     micro = batch["micro"]
-    step_tokens = sum(len(m[0].loss_targets) for m in micro)
-    sums: dict[str, float] = {}
+    step_tokens = sum(m[0].tokens for m in micro)
+    sums: dict[str, float] = {"tokens": 0.0, **dict.fromkeys(CLIP_METRICS, 0.0)}
     total = 0.0
     for rollout, old, ref, adv in micro:
+        if rollout.rows == 0:
+            continue
         with _autocast(run):
             out = run.root(rollout, old, ref, adv, micro_batches=len(micro), step_tokens=step_tokens)
         out.loss.backward()
         total += out.loss.item()
         for k, v in out.metrics.items():
             sums[k] = sums.get(k, 0.0) + float(v)
+    trained = [p for p in run.root.parameters() if p.requires_grad]
+    for p in trained:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
     max_norm = run.cfg.optimizer.max_grad_norm
     if max_norm > 0:
-        torch.nn.utils.clip_grad_norm_([p for p in run.root.parameters() if p.requires_grad], max_norm)
+        torch.nn.utils.clip_grad_norm_(trained, max_norm)
     lr = run.scheduler.get_last_lr()[0]
     run.optimizer.step()
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
-    tokens = max(sums.pop("tokens"), 1.0)
-    return {"loss": total, "lr": lr, **{k: v / tokens for k, v in sums.items()}}
+    # Clip ratios over every completion token (a left-out completion has none clipped), as TRL's; entropy and KL
+    # over the tokens the update ran.
+    ran = max(sums.pop("tokens"), 1.0)
+    return {
+        "loss": total,
+        "lr": lr,
+        **{k: v / (max(step_tokens, 1) if k in CLIP_METRICS else ran) for k, v in sums.items()},
+    }
 
 
 def batch_metrics(run: GrpoRun, batch: dict) -> dict:
@@ -260,7 +279,7 @@ def _train_locked(cfg: TrainConfig, out: Path, show_progress: bool) -> dict:
                 batch = generate_batch(run, run.state.step // settings.num_iterations)
             record = {"step": run.state.step + 1, **update(run, batch), **batch_metrics(run, batch)}
             run.state.step += 1
-            run.state.tokens_loss += sum(len(m[0].loss_targets) for m in batch["micro"])
+            run.state.tokens_loss += sum(m[0].tokens for m in batch["micro"])
             run.state.elapsed_s += time.perf_counter() - step_t0
             record.update(
                 generation_s=batch["generation_s"] if iteration == 0 else 0.0,

@@ -12,6 +12,11 @@ the micro-batch's tokens; dr_grpo, the sum over completions x max_completion_len
 of the whole step. grpo, bnpo and dr_grpo are then divided by the step's micro-batches, as TRL divides by its
 gradient accumulation steps.
 
+With β = 0 a completion whose advantage is 0 (its group's rewards all equal) has a zero loss and gradient, so the
+update leaves it out of the forward and backward (`trains_on`) while every denominator above still counts it: the
+loss and gradients are TRL's, at the cost of the completions that carry a signal. Clip ratios are over every
+completion token, as TRL's; entropy is over the tokens of the completions the update ran.
+
 Per-token log-probs and entropies come from the shared chunked head (train/loss.py: score_tokens).
 """
 
@@ -64,6 +69,14 @@ def advantages(per_func: torch.Tensor, weights: torch.Tensor, group: int, scale:
     return Advantages(torch.nan_to_num(adv, nan=0.0), rewards, torch.isclose(std, torch.zeros_like(std)))
 
 
+def trains_on(adv: torch.Tensor, settings: GrpoConfig) -> torch.Tensor:
+    """The completions whose gradient can be nonzero: all of them under a KL term (β > 0), else those with a
+    nonzero advantage (a zero one zeroes both sides of the clipped min, whatever the ratio)."""
+    if settings.beta != 0.0:
+        return torch.ones_like(adv, dtype=torch.bool)
+    return adv != 0
+
+
 @dataclass
 class TokenLoss:
     loss: torch.Tensor  # the micro-batch's share of the step's loss (its gradient is the step's, summed)
@@ -81,9 +94,11 @@ def token_loss(
     micro_batches: int,
     step_tokens: int,
     entropy: torch.Tensor | None = None,
+    micro_tokens: int | None = None,
 ) -> TokenLoss:
     """The loss over K completion tokens (flat): `logps` (K,) with gradients, `old`/`ref` (K,) or None, `adv` (K,)
-    each token's completion's advantage, `seq` (K,) its completion's index among `sequences`."""
+    each token's completion's advantage, `seq` (K,) its completion's index among `sequences`. `micro_tokens` is
+    the micro-batch's completion tokens, the left-out completions' included (default K)."""
     old = logps.detach() if old is None else old
     coef_1 = torch.exp(logps - old)
     coef_2 = torch.clamp(coef_1, 1 - settings.epsilon, 1 + settings.clip_high)
@@ -93,7 +108,10 @@ def token_loss(
         kl = torch.exp(ref - logps) - (ref - logps) - 1
         per_token = per_token + settings.beta * kl
     tokens = per_token.shape[0]
-    loss = AGGREGATIONS[settings.loss_type](per_token, seq, sequences, settings, micro_batches, step_tokens)
+    micro_tokens = tokens if micro_tokens is None else micro_tokens
+    loss = AGGREGATIONS[settings.loss_type](
+        per_token, seq, sequences, micro_tokens, settings, micro_batches, step_tokens
+    )
     low = (coef_1 < 1 - settings.epsilon) & (adv < 0)
     high = (coef_1 > 1 + settings.clip_high) & (adv > 0)
     metrics = {
@@ -109,25 +127,25 @@ def token_loss(
     return TokenLoss(loss, metrics)
 
 
-def _per_completion(per_token, seq, sequences, settings, micro_batches, step_tokens):
-    """grpo: each completion's token mean, then the mean over the micro-batch's completions."""
+def _per_completion(per_token, seq, sequences, micro_tokens, settings, micro_batches, step_tokens):
+    """grpo: each completion's token mean, then the mean over the micro-batch's completions (a left-out one's is 0)."""
     zeros = torch.zeros(sequences, dtype=per_token.dtype, device=per_token.device)
     counts = zeros.index_add(0, seq, torch.ones_like(per_token))
     sums = zeros.index_add(0, seq, per_token)
     return (sums / counts.clamp(min=1.0)).mean() / micro_batches
 
 
-def _per_micro_batch_token(per_token, seq, sequences, settings, micro_batches, step_tokens):
+def _per_micro_batch_token(per_token, seq, sequences, micro_tokens, settings, micro_batches, step_tokens):
     """bnpo: the mean over the micro-batch's tokens."""
-    return per_token.sum() / max(per_token.shape[0], 1) / micro_batches
+    return per_token.sum() / max(micro_tokens, 1) / micro_batches
 
 
-def _per_budget(per_token, seq, sequences, settings, micro_batches, step_tokens):
+def _per_budget(per_token, seq, sequences, micro_tokens, settings, micro_batches, step_tokens):
     """dr_grpo: the sum over completions x max_completion_length (no length bias)."""
     return per_token.sum() / (sequences * settings.max_completion_length) / micro_batches
 
 
-def _per_step_token(per_token, seq, sequences, settings, micro_batches, step_tokens):
+def _per_step_token(per_token, seq, sequences, micro_tokens, settings, micro_batches, step_tokens):
     """dapo: the sum over the whole step's completion tokens."""
     return per_token.sum() / max(step_tokens, 1)
 
@@ -143,18 +161,30 @@ AGGREGATIONS = {
 
 @dataclass
 class Rollout:
-    """One micro-batch of completions as right-padded rows, the flat completion-token positions and their tokens."""
+    """One micro-batch of completions as right-padded rows, the flat completion-token positions and their tokens.
+    Completions left out (`keep`) have no row but count in `sequences` and `tokens`, the loss's denominators."""
 
-    input_ids: torch.Tensor  # (N, T)
+    input_ids: torch.Tensor  # (N, T), N the rows kept
     position_ids: torch.Tensor  # (N, T)
     loss_index: torch.Tensor  # (K,) flat indices into N·T: the positions that predict a completion token
     loss_targets: torch.Tensor  # (K,)
-    seq: torch.Tensor  # (K,) the completion each token belongs to
-    sequences: int
+    seq: torch.Tensor  # (K,) the row each token belongs to
+    sequences: int  # the micro-batch's completions, left-out ones included
+    tokens: int  # their completion tokens
+
+    @property
+    def rows(self) -> int:
+        return self.input_ids.shape[0]
 
     @classmethod
-    def build(cls, prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> Rollout:
-        width = max(len(p) + len(c) for p, c in zip(prompts, completions))
+    def build(
+        cls, prompts: list[list[int]], completions: list[list[int]], pad_id: int, keep: list[bool] | None = None
+    ) -> Rollout:
+        sequences, tokens = len(prompts), sum(len(c) for c in completions)
+        if keep is not None:
+            prompts = [p for p, k in zip(prompts, keep) if k]
+            completions = [c for c, k in zip(completions, keep) if k]
+        width = max((len(p) + len(c) for p, c in zip(prompts, completions)), default=0)
         ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
         index, targets, seq = [], [], []
         for i, (p, c) in enumerate(zip(prompts, completions)):
@@ -166,13 +196,13 @@ class Rollout:
             seq.extend([i] * len(c))
         positions = torch.arange(width).expand(len(prompts), width).contiguous()
         as_long = lambda x: torch.as_tensor(x, dtype=torch.long)  # noqa: E731
-        return cls(ids, positions, as_long(index), as_long(targets), as_long(seq), len(prompts))
+        return cls(ids, positions, as_long(index), as_long(targets), as_long(seq), sequences, tokens)
 
     def to(self, device: torch.device) -> Rollout:
         moved = {
             k: getattr(self, k).to(device) for k in ("input_ids", "position_ids", "loss_index", "loss_targets", "seq")
         }
-        return Rollout(**moved, sequences=self.sequences)
+        return Rollout(**moved, sequences=self.sequences, tokens=self.tokens)
 
 
 class GrpoLoss(CausalLMLoss):
@@ -216,6 +246,7 @@ class GrpoLoss(CausalLMLoss):
             micro_batches,
             step_tokens,
             scores.entropy,
+            rollout.tokens,
         )
 
     @contextmanager

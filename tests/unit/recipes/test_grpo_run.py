@@ -111,3 +111,48 @@ def test_max_minutes_ends_a_grpo_run_between_generation_batches(tmp_path, tiny_m
     assert (out / "adapter" / "adapter_config.json").is_file()
     assert [r["step"] for r in metrics(out)] == [4]  # the last step is logged
     assert "time limit: max_minutes 4.5 ended training after step 4 of 8" in capsys.readouterr().out
+
+
+def test_leaving_out_equal_reward_groups_trains_the_same_adapter(tmp_path, tiny_model_dir, monkeypatch):
+    """β = 0: the update leaves out completions whose group's rewards are all equal (every group but one prompt's
+    here, and whole micro-batches), and trains the adapter the full update trains, zero-gradient steps included."""
+    import torch
+    from safetensors.torch import load_file
+
+    from tunelab.recipes import grpo
+
+    data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
+    extra = ("grpo.beta=0.0", f"grpo.rewards=[{{name: '{tmp_path}/r.py:r'}}]", "micro_batch=1", "grad_accum=2")
+    left_out, whole = tmp_path / "left-out", tmp_path / "whole"
+    cfg = grpo_config(tiny_model_dir, data, left_out, *extra)
+    # Rewards that differ within the group of one prompt of the first generation batch, equal (0) elsewhere.
+    rewarded = prompt_rows()[grpo.prompt_order(4, 2, 0, cfg.run.seed)[0]]["instruction"]
+    (tmp_path / "r.py").write_text(
+        "def r(prompts, completions, **row):\n"
+        f"    return [float(sum(map(ord, c)) % 7) if {rewarded!r} in p else 0.0 for p, c in zip(prompts, completions)]\n"
+    )
+    ran = []
+    real_update = grpo.update
+
+    def counting_update(run, batch):
+        ran.append([m[0].rows for m in batch["micro"]])
+        return real_update(run, batch)
+
+    monkeypatch.setattr(grpo, "update", counting_update)
+    finetune(cfg, show_progress=False)
+    monkeypatch.setattr(grpo, "trains_on", lambda adv, settings: torch.ones_like(adv, dtype=torch.bool))
+    finetune(grpo_config(tiny_model_dir, data, whole, *extra), show_progress=False)
+    rows_left_out, rows_whole = ran[:4], ran[4:]
+    assert all(r == [3, 3] for r in rows_whole)
+    # The rewarded prompt's micro-batch alone in the two batches that hold it (the first one among them, so
+    # AdamW's moments are nonzero in the steps after), nothing run in the two that do not.
+    assert sum(r.count(3) for r in rows_left_out) == 2 and rows_left_out.count([0, 0]) == 2
+    assert rows_left_out[0] != [0, 0]
+    a, b = metrics(left_out), metrics(whole)
+    for x, y in zip(a, b):
+        assert x["loss"] == pytest.approx(y["loss"], abs=1e-6) and x["reward"] == y["reward"]
+        assert x["clip_ratio/region_mean"] == y["clip_ratio/region_mean"]
+    wa = load_file(left_out / "adapter" / "adapter_model.safetensors")
+    wb = load_file(whole / "adapter" / "adapter_model.safetensors")
+    for name in wb:
+        torch.testing.assert_close(wa[name], wb[name], atol=1e-6, rtol=1e-5, msg=name)

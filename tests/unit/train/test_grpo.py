@@ -176,3 +176,55 @@ def test_advantages_equal_trl(scale):
 def test_equal_rewards_give_zero_advantage_and_zero_std_flag():
     got = advantages(torch.ones(6, 1), torch.ones(1), 3, "group")
     assert torch.all(got.advantages == 0) and got.zero_std.all()
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("iterations", [1, 2])
+def test_leaving_out_zero_advantage_completions_keeps_loss_gradients_and_clip_ratios(loss_type, iterations):
+    """β = 0: the completions of a group whose rewards are equal (advantage 0) are left out of the forward, and the
+    loss, its gradients and the clip ratios over all tokens are those of the full micro-batch."""
+    from tunelab.train.grpo import trains_on
+
+    settings = GrpoConfig(
+        loss_type=loss_type,
+        num_iterations=iterations,
+        epsilon_high=0.28,
+        max_completion_length=6,
+        rewards=[RewardConfig(name="exact_answer")],
+    )
+    model = lora_model()
+    root = GrpoLoss(model, settings)
+    adv = torch.tensor([1.2, -0.3, -0.9, 0.0, 0.0, 0.0])  # the second group's rewards all equal
+    prompts = [PROMPTS[i // GROUP] for i in range(len(COMPLETIONS))]
+    full = Rollout.build(prompts, COMPLETIONS, pad_id=0)
+    keep = trains_on(adv, settings)
+    assert keep.tolist() == [True, True, True, False, False, False]
+    part = Rollout.build(prompts, COMPLETIONS, pad_id=0, keep=keep.tolist())
+    assert (part.rows, part.sequences, part.tokens) == (3, full.sequences, full.tokens)
+    gen = torch.Generator().manual_seed(1)
+
+    def run(rollout):
+        with torch.no_grad():
+            now = root.score(rollout).logps
+        old = now + (torch.rand(now.shape, generator=gen) - 0.5) * 0.8 if iterations > 1 else None
+        out = root(rollout, old, None, adv[keep][rollout.seq] if rollout is part else adv[rollout.seq], 1, full.tokens)
+        out.loss.backward()
+        return out, grads(model)
+
+    gen.manual_seed(1)
+    whole, whole_grads = run(full)
+    gen.manual_seed(1)  # the same perturbation of the kept rows' old log-probs: they come first in both
+    left, left_grads = run(part)
+    assert left.loss.item() == pytest.approx(whole.loss.item(), abs=1e-6)
+    for name, g in whole_grads.items():
+        torch.testing.assert_close(left_grads[name], g, atol=1e-6, rtol=1e-5, msg=name)
+    for key in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"):
+        assert left.metrics[key].item() == whole.metrics[key].item(), key
+    assert left.metrics["tokens"].item() == len(part.loss_targets) < full.tokens
+
+
+def test_a_kl_term_trains_on_every_completion():
+    from tunelab.train.grpo import trains_on
+
+    settings = GrpoConfig(beta=0.04, rewards=[RewardConfig(name="exact_answer")])
+    assert trains_on(torch.tensor([0.0, 1.0, 0.0]), settings).all()
