@@ -12,14 +12,15 @@ minus the update. The fit: decode_op_s from (sampling - plan's prefill FLOP time
 per decode step) / ((steps + 1) x a forward's ops); where the fitted runs sample at several batch sizes, also the
 fraction of the peak a decode step's products reach (decode_flop_efficiency, the best of a grid); update_scale and
 scoring_scale as measured over plan's. plan is
-asked with the run's measured decode steps as its completion length (the per-step model is what is fitted; how
-long completions run is the run's), and with the config's cap, as `tunelab plan` prints.
+asked with the run's measured decode steps as its completion length and the run's share of completions the update
+ran (`tunelab plan --from-run`: the per-step model is what is fitted; how long completions run and how many carry
+a gradient are the run's), and with its upper bounds (the config's cap, every completion), as `tunelab plan`
+prints without a trial run.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
@@ -34,8 +35,10 @@ from tunelab.recipes import predict
 GRPO_YAML = Path(__file__).resolve().parents[2] / "src" / "tunelab" / "plan" / "catalog" / "grpo.yaml"
 
 
-def measured(run: Path) -> dict:
-    """Per-part medians over the run's generation batches after the first."""
+def measured(run: Path, left_out: bool = False) -> dict:
+    """Per-part medians over the run's generation batches after the first. `left_out`: the run's update left
+    zero-advantage completions out though its metrics predate `update_completions` (its share is then
+    1 - frac_reward_zero_std, exact for group scaling)."""
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     prev, batches, updates = 0.0, [], []
     for r in recs:
@@ -46,7 +49,12 @@ def measured(run: Path) -> dict:
         elif batches:
             updates.append(step_s)
     later = batches[1:] or batches
+    # The update's share of completions (runs before it left zero-advantage ones out have no such field: all).
+    ran = [r["update_completions"] / r["completions_per_batch"] for r in recs if "update_completions" in r]
+    if left_out and not ran:
+        ran = [1 - r["frac_reward_zero_std"] for r in recs]
     return {
+        "share": statistics.fmean(ran) if ran else 1.0,
         "batches": len(batches),
         "sampling_s": statistics.median(b["sampling_s"] for b in later),
         "decode_steps": statistics.median(b["steps"] for b in later),
@@ -57,16 +65,15 @@ def measured(run: Path) -> dict:
     }
 
 
-def predicted(cfg: cfgmod.TrainConfig, fit: catalog.GrpoConstants | None, steps: int | None):
-    """plan's GeneratingPlan for `cfg` on this machine with `fit` as its GRPO constants (None: plan's own)."""
-    if steps is not None:
-        g = dataclasses.replace(cfg.objective.grpo, max_completion_length=int(round(steps)))
-        cfg = dataclasses.replace(cfg, objective=dataclasses.replace(cfg.objective, grpo=g))
+def predicted(cfg: cfgmod.TrainConfig, fit: catalog.GrpoConstants | None, steps: float | None, share: float = 1.0):
+    """plan's GeneratingPlan for `cfg` on this machine with `fit` as its GRPO constants (None: plan's own), the
+    decode running `steps` (None: to the cap) and the update over `share` of the completions."""
     real = catalog.grpo_constants
     if fit is not None:
         catalog.grpo_constants = lambda device: fit
     try:
-        return predict.plan_generating(cfg, predict.PlanRequest(gpu="local"))[0]
+        request = predict.PlanRequest(gpu="local", completion_tokens=steps, signal_share=share)
+        return predict.plan_generating(cfg, request)[0]
     finally:
         catalog.grpo_constants = real
 
@@ -79,7 +86,7 @@ def fit_constants(runs: list[tuple[Path, cfgmod.TrainConfig, dict]]) -> catalog.
     best = min((sampling_fit(runs, e) for e in grid), key=lambda fit: fit[2])
     update, scoring = [], []
     for _, cfg, m in runs:
-        zero = predicted(cfg, catalog.GrpoConstants(0.0, 1.0, 1.0, ()), m["decode_steps"])
+        zero = predicted(cfg, catalog.GrpoConstants(0.0, 1.0, 1.0, ()), m["decode_steps"], m["share"])
         up = m["update_only_s"] if m["update_only_s"] is not None else None
         if up is not None:
             update.append(up / zero.step.update_s)
@@ -112,7 +119,7 @@ def sampling_fit(runs, efficiency: float) -> tuple[float, float, float]:
 
 
 def table_rows(run: Path, cfg, m: dict, fit) -> list[str]:
-    at_steps = predicted(cfg, fit, m["decode_steps"])
+    at_steps = predicted(cfg, fit, m["decode_steps"], m["share"])
     at_cap = predicted(cfg, fit, None)
     s = at_steps.step
     iters = cfg.objective.grpo.num_iterations
@@ -131,7 +138,7 @@ def table_rows(run: Path, cfg, m: dict, fit) -> list[str]:
         ),
         ("generation batch", s.batch_s, measured_batch),
         (
-            f"generation batch, plan at the cap ({cfg.objective.grpo.max_completion_length})",
+            f"generation batch, plan's upper bound (the cap {cfg.objective.grpo.max_completion_length}, every completion)",
             at_cap.step.batch_s,
             measured_batch,
         ),
@@ -152,10 +159,17 @@ def main(argv=None) -> int:
     p.add_argument("--fit", type=Path, action="append", default=[])
     p.add_argument("--check", type=Path, action="append", default=[])
     p.add_argument("--set", action="append", default=[], help="KEY=VALUE for every run's config")
+    p.add_argument(
+        "--zero-std-out",
+        type=Path,
+        action="append",
+        default=[],
+        help="a run whose update left equal-reward groups out before metrics counted them (3b570b7)",
+    )
     p.add_argument("--write", action="store_true", help="store the fit for this machine's class in grpo.yaml")
     p.add_argument("--out", type=Path, help="append the table to this markdown file")
     args = p.parse_args(argv)
-    fits = [(r, load(r, args.set), measured(r)) for r in args.fit]
+    fits = [(r, load(r, args.set), measured(r, r in args.zero_std_out)) for r in args.fit]
     fit = fit_constants(fits) if fits else None
     key = predict.device_key(predict.local_device(fits[0][1].compute.precision if fits else "auto"))
     lines = [f"device class `{key}`; fitted: {fit}", "", "| run | part | plan (s) | measured (s) | plan vs measured |"]
@@ -163,12 +177,13 @@ def main(argv=None) -> int:
     for r, cfg, m in fits:
         lines += table_rows(r, cfg, m, fit)
     for r in args.check:
-        cfg, m = load(r, args.set), measured(r)
+        cfg, m = load(r, args.set), measured(r, r in args.zero_std_out)
         lines += [
             row.replace(f"| {r.name} |", f"| {r.name} (not in the fit) |", 1) for row in table_rows(r, cfg, m, fit)
         ]
         lines.append(
-            f"<!-- {r.name}: mean completion length {m['mean_length']:.1f}, decode steps {m['decode_steps']} -->"
+            f"<!-- {r.name}: mean completion length {m['mean_length']:.1f}, decode steps {m['decode_steps']}, "
+            f"update share {m['share']:.3f} -->"
         )
     text = "\n".join(lines)
     print(text)

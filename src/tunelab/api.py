@@ -51,6 +51,9 @@ def estimate(
     price_per_hour: float | None = None,
     tokenizer: str | None = None,
     hf: dict[str, Any] | None = None,
+    completion_tokens: float | None = None,
+    signal_share: float | None = None,
+    from_run: str | Path | None = None,
     **settings: Any,
 ):
     """plan's prediction for `config` on each GPU in `gpu` (catalog ids or `local`): a list of plan.render.Result,
@@ -58,9 +61,11 @@ def estimate(
     step by part (`step`), and whose `cost_usd(single)` prices it. `examples` (and `mean_tokens`) describe the
     workload when the config names no dataset. `hf`: with `stack="hf-peft"`, the HF script's choices by their
     TrainingArguments names (`{"attn_implementation": "eager", "gradient_checkpointing": True}`: `--hf`'s).
-    The same function `tunelab plan` prints from."""
+    For objective grpo, a list of recipes.predict.GeneratingPlan (a generation batch by part, `time_s`,
+    `memory_bytes`), with `completion_tokens` and `signal_share` (or both from a trial run's folder, `from_run`)
+    in place of their upper bounds. The same functions `tunelab plan` prints from."""
     from .plan import hfstack
-    from .recipes.predict import PlanRequest, plan_config
+    from .recipes.predict import PlanRequest, grpo_workload, plan_config, plan_generating
 
     _, settings_of_hf = hfstack.parse(hf)
     if isinstance(config, TrainConfig) and settings_of_hf:
@@ -78,8 +83,9 @@ def estimate(
         stack=stack,
         price_per_hour=price_per_hour,
         hf=dict(hf or {}),
+        **grpo_workload(completion_tokens, signal_share, from_run),
     )
-    return plan_config(cfg, request)
+    return plan_generating(cfg, request) if cfg.objective.row.generates else plan_config(cfg, request)
 
 
 def export(

@@ -19,6 +19,7 @@ from ..recipes.predict import (
     DEFAULT_MEAN_TOKENS,
     GeneratingPlan,
     PlanRequest,
+    grpo_workload,
     plan_config,
     plan_generating,
 )
@@ -68,6 +69,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(gradient_checkpointing=true, per_device_train_batch_size=4, bf16=true), or a YAML file of them; repeatable",
     )
     p.add_argument("--price-per-hour", type=float, help="your own price per GPU-hour (replaces the catalog's)")
+    grpo = p.add_argument_group("objective grpo (defaults: upper bounds)")
+    grpo.add_argument(
+        "--completion-tokens",
+        type=float,
+        help="decode steps per generation batch: the longest completion's tokens (default max_completion_length)",
+    )
+    grpo.add_argument(
+        "--signal-share",
+        type=float,
+        help="share of completions whose group's rewards differ, the ones the update runs on with beta 0 (default 1)",
+    )
+    grpo.add_argument(
+        "--from-run",
+        metavar="DIR",
+        help="take both from a GRPO run's metrics.jsonl (a few steps of the same config calibrate them)",
+    )
     p.add_argument(
         "--offline",
         action="store_true",
@@ -113,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         hf=list(args.hf),
         price_per_hour=args.price_per_hour,
         scenarios=args.format == "md" and not args.json,
+        **grpo_workload(args.completion_tokens, args.signal_share, args.from_run),
     )
     request.check_gpus()  # unknown ids fail before any slow work (reading the config's dataset, the local probe)
     cfg = config_from_args(args)
@@ -141,6 +159,8 @@ def generating_record(p: GeneratingPlan) -> dict:
         "rows_per_batch": gen.rows,
         "batches": p.batches,
         **({"time_limited_from_batches": p.time_limited_from} if p.time_limited_from else {}),
+        "decode_steps": gen.completion_tokens,
+        "update_share": p.step.signal_share,
         "batch_s": p.step.batch_s,
         "parts_s": p.step.parts(),
         "time_s": p.time_s,
@@ -155,10 +175,12 @@ def generating_text(p: GeneratingPlan) -> str:
     parts = ", ".join(f"{k} {v:.2f} s" for k, v in p.step.parts().items())
     return (
         f"{p.device}: {p.source}\n"
-        f"  a generation batch: {gen.rows} completions of up to {gen.completion_tokens} tokens after "
-        f"{p.prompt_tokens:.0f}-token prompts: {p.step.batch_s:.2f} s ({parts})\n"
+        f"  a generation batch: {gen.rows} completions after {p.prompt_tokens:.0f}-token prompts, "
+        f"{gen.completion_tokens:g} decode steps, the update over {p.step.signal_share:.0%} of them: "
+        f"{p.step.batch_s:.2f} s ({parts})\n"
         f"  {p.batches} batches: {p.time_s / 60:.1f} min; memory {p.memory_bytes / 2**30:.2f} GiB "
-        f"(KV cache {gen.kv_cache_bytes / 2**20:.0f} MiB); decode assumes every completion reaches its cap"
+        f"(KV cache {gen.kv_cache_bytes / 2**20:.0f} MiB)\n"
+        f"  assumed: {p.assumption}"
         + (
             f"\n  time limit: max_minutes ends training after {p.batches} of the schedule's {p.time_limited_from} batches"
             if p.time_limited_from

@@ -9,12 +9,14 @@ FLOPs over the peak times the fraction of it products of B rows reach (a GRPO fi
 else 1), plus the per-op cost of one forward at batch B (plan/steptime.py's launch count times seconds per op: a
 GRPO fit's `decode_op_s` where the device has one, catalog/grpo.yaml, else the step fit's launch_s). On a CPU
 that per-op cost is far above a launch (dispatch and framework code around each of a decode step's ~2,000 small
-ops), and a 16-row product runs well below the peak (benchmarks/grpo/). Each completion is assumed to run to max_completion_length: an upper bound, as a tuned
-model stops at EOS earlier. The KV cache holds 2 (K, V) x layers x kv_heads x head_dim values per token of every
+ops), and a 16-row product runs well below the peak (benchmarks/grpo/). The decode runs until the batch's longest
+completion stops: max_completion_length unless the caller knows better (a trial run's, recipes/predict.py), an
+upper bound, as a tuned model stops at EOS earlier. The KV cache holds 2 (K, V) x layers x kv_heads x head_dim values per token of every
 row. A scoring pass is one forward without gradients over the rows: a third of a training step's FLOPs
 (forward 2·N, backward 4·N per token), so it is taken as a third of the update's predicted time. The update
 and the scoring passes are then scaled by the device's GRPO fit (`update_scale`, `scoring_scale`): plan's step
-model is fitted on packed SFT rows, and GRPO's rows are right-padded prompt + completion.
+model is fitted on packed SFT rows, and GRPO's rows are right-padded prompt + completion. With beta 0 the update
+runs over the completions whose advantage is not 0 only (train/grpo.py), a share the caller gives (default all).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from .arch import Arch
 class Generation:
     rows: int  # completions sampled per generation batch (prompts x G)
     prompt_tokens: float  # their mean prompt length
-    completion_tokens: int  # the cap each completion is assumed to reach
+    completion_tokens: float  # the decode steps: the batch's longest completion, the cap unless known
     prefill_s: float
     decode_s: float
     decode_bytes: float  # bytes read per decode step, at the mean context
@@ -47,7 +49,7 @@ def generation(
     arch: Arch,
     rows: int,
     prompt_tokens: float,
-    completion_tokens: int,
+    completion_tokens: float,
     compute_bytes: int,
     peak_flops: float,
     bandwidth_bps: float,
@@ -86,6 +88,7 @@ class GrpoStep:
     update_s: float  # one optimizer step on the batch (plan's step model, times the GRPO fit's update_scale)
     iterations: int  # num_iterations: optimizer steps per generation batch
     scoring_scale: float = 1.0  # the GRPO fit's factor on a scoring pass (a third of the update)
+    signal_share: float = 1.0  # the share of completions the update runs over (already in update_s)
 
     @property
     def scoring_s(self) -> float:

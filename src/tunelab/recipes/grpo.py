@@ -206,6 +206,9 @@ def update(run: GrpoRun, batch: dict) -> dict:
     return {
         "loss": total,
         "lr": lr,
+        # Not TRL's: how many of the batch's completions the update ran (plan's signal share, `--from-run`).
+        "update_completions": sum(m[0].rows for m in micro),
+        "completions_per_batch": sum(m[0].sequences for m in micro),
         **{k: v / (max(step_tokens, 1) if k in CLIP_METRICS else ran) for k, v in sums.items()},
     }
 

@@ -4,8 +4,11 @@ probe the local device."""
 
 from __future__ import annotations
 
+import json
 import math
+import statistics
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from .. import config as cfgmod
 from ..errors import TunelabError
@@ -184,6 +187,13 @@ class PlanRequest:
     hf: list[str] | dict = field(default_factory=list)
     price_per_hour: float | None = None  # the user's own price per GPU-hour, replacing the catalog's
     scenarios: bool = False  # also estimate SCENARIO_EXAMPLES examples of the same mean length
+    # A GRPO run's (plan_generating): the decode steps of a generation batch, which run until its longest
+    # completion stops (default max_completion_length, an upper bound), and the share of completions whose
+    # group's rewards differ, the only ones the update runs with beta 0 (default 1, an upper bound). A short
+    # trial run measures both: `grpo_trial`.
+    completion_tokens: float | None = None
+    signal_share: float | None = None
+    grpo_from: str | None = None  # where those two come from (a trial run's folder), for plan's text
 
     @property
     def gpu_ids(self) -> list[str]:
@@ -318,6 +328,7 @@ class GeneratingPlan:
     # The schedule's batches where `max_minutes` ends the run before them (then `batches` are those that run); 0
     # when it does not.
     time_limited_from: int = 0
+    assumption: str = ""  # the decode steps and the update's share: where each comes from
 
     @property
     def time_s(self) -> float:
@@ -338,16 +349,79 @@ def prompt_lengths(cfg: cfgmod.TrainConfig, r: PlanRequest) -> tuple[int, float,
     return r.examples, mean, f"assumed: {r.examples} prompts x {mean:g} tokens"
 
 
+@dataclass(frozen=True)
+class GrpoTrial:
+    """What a GRPO run measured that plan otherwise assumes at its upper bound (PlanRequest's fields)."""
+
+    completion_tokens: float  # the median over generation batches of the longest completion: the decode steps
+    signal_share: float  # the mean share of completions the update ran on
+    batches: int
+
+
+def grpo_trial(run_dir: str | Path) -> GrpoTrial:
+    """The decode steps and the update's share of completions a GRPO run measured (its metrics.jsonl): a short
+    trial run of the same config calibrates plan's two workload assumptions."""
+    path = Path(run_dir) / "metrics.jsonl"
+    try:
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError) as e:
+        raise TunelabError(f"{path}: cannot read a GRPO run's metrics ({e}); point --from-run at a GRPO run folder")
+    batches = [r for r in records if r.get("generation_s", 0) > 0 and "completions/max_length" in r]
+    if not batches:
+        raise TunelabError(f"{path}: no generation batches logged; run the GRPO config for a few steps first")
+    share = [
+        r["update_completions"] / r["completions_per_batch"]
+        if "update_completions" in r
+        else 1 - r["frac_reward_zero_std"]
+        for r in batches
+    ]
+    return GrpoTrial(
+        statistics.median(r["completions/max_length"] for r in batches), statistics.fmean(share), len(batches)
+    )
+
+
+def grpo_workload(completion_tokens=None, signal_share=None, from_run=None) -> dict:
+    """PlanRequest's GRPO fields from the values given, or from a trial run's folder (`from_run`) when named."""
+    if from_run is None:
+        return {"completion_tokens": completion_tokens, "signal_share": signal_share}
+    trial = grpo_trial(from_run)
+    return {
+        "completion_tokens": trial.completion_tokens,
+        "signal_share": trial.signal_share,
+        "grpo_from": f"{from_run} ({trial.batches} generation batches)",
+    }
+
+
 def plan_generating(cfg: cfgmod.TrainConfig, r: PlanRequest) -> list[GeneratingPlan]:
     """GRPO's prediction on each GPU `r` names (plan/generation.py): sampling from the model's bytes, KV bytes
     and FLOPs per decode step, the scoring passes and the update from plan's step model over rows of prompt plus
-    completion, each completion assumed to reach max_completion_length."""
+    completion. Each batch's decode runs `r.completion_tokens` steps (default max_completion_length) and, with
+    beta 0, the update runs over `r.signal_share` of the completions (default all)."""
     g, b = cfg.objective.grpo, cfg.batch
     arch = resolve_arch(cfg.model)
     prompts, mean, source = prompt_lengths(cfg, r)
     rows = b.micro_batch * b.grad_accum * g.num_generations
-    length = mean + g.max_completion_length
-    lengths = workload.Lengths(prompts * g.num_generations, length, float(g.max_completion_length), source=source)
+    steps = min(r.completion_tokens or g.max_completion_length, g.max_completion_length)
+    share = 1.0 if g.beta > 0 or r.signal_share is None else r.signal_share
+    if not 0 < steps or not 0 <= share <= 1:
+        raise TunelabError(
+            f"completion tokens must be above 0 and the signal share within 0-1; got {steps:g} and {share:g}"
+        )
+    length = mean + steps
+    given = f"from {r.grpo_from}" if r.grpo_from else "given"
+    assumption = (
+        (f"the decode steps {given}" if r.completion_tokens else f"every batch decodes to the cap ({steps} tokens)")
+        + "; "
+        + (
+            "the update over every completion (beta > 0: the KL term trains on all)"
+            if g.beta > 0
+            else f"the update's share of completions {given}"
+            if r.signal_share is not None
+            else "the update over every completion (with beta 0 it runs only those whose group's rewards differ)"
+        )
+        + ("" if r.grpo_from else "; --from-run DIR takes both from a trial run")
+    )
+    lengths = workload.Lengths(prompts * g.num_generations, length, float(steps), source=source)
     per_batch = b.micro_batch * b.grad_accum
     batches = math.ceil(b.max_steps / g.num_iterations) if b.max_steps else math.ceil(b.epochs * prompts / per_batch)
     job = Job.of(cfg).but(micro_batch=b.micro_batch * g.num_generations, packing=False, compile=False, max_steps=1)
@@ -363,7 +437,7 @@ def plan_generating(cfg: cfgmod.TrainConfig, r: PlanRequest) -> list[GeneratingP
             arch,
             rows,
             mean,
-            g.max_completion_length,
+            steps,
             compute_bytes(job, device),
             gpu.peak_flops,
             bandwidth,
@@ -372,14 +446,15 @@ def plan_generating(cfg: cfgmod.TrainConfig, r: PlanRequest) -> list[GeneratingP
             decode_flop_efficiency=fit.decode_flop_efficiency if fit else 1.0,
         )
         passes = int(g.num_iterations > 1) + int(g.beta > 0)
-        update_s = update.step.total * (fit.update_scale if fit else 1.0)
+        # The update and the old log-probs' pass run over the completions that carry a gradient (train/grpo.py).
+        update_s = update.step.total * (fit.update_scale if fit else 1.0) * share
         scoring = fit.scoring_scale if fit else 1.0
-        step = GrpoStep(gen, passes, update_s, g.num_iterations, scoring)
+        step = GrpoStep(gen, passes, update_s, g.num_iterations, scoring, share)
         memory = update.memory.total + gen.kv_cache_bytes
         # The run checks its time limit between generation batches (recipes/grpo.py), as the loop between steps.
         runs = timing.steps_within(cfg.run.max_minutes * 60, batches, batches * step.batch_s, 0.0)
         limited = batches if runs < batches else 0
-        out.append(GeneratingPlan(gpu.name, prompts, mean, step, runs, memory, source, limited))
+        out.append(GeneratingPlan(gpu.name, prompts, mean, step, runs, memory, source, limited, assumption))
     return out
 
 

@@ -57,7 +57,9 @@ def test_plan_cli_on_a_grpo_config(tmp_path, tiny_model_dir, capsys):
     assert record["parts_s"]["scoring passes"] > 0  # beta > 0: the reference pass
     assert record["kv_cache_bytes"] > 0 and record["memory_bytes"] > record["kv_cache_bytes"]
     assert main(["plan", "--config", str(config), "--gpu", "h100-sxm"]) == 0
-    assert "a generation batch: 8 completions of up to 16 tokens" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "a generation batch: 8 completions after" in text and "16 decode steps, the update over 100%" in text
+    assert "every batch decodes to the cap (16 tokens)" in text and "KL term trains on all" in text
     assert "time_limited_from_batches" not in record
     # A time limit of three and a half batches: the run ends between batches, after three.
     limit = f"max_minutes={3.5 * record['batch_s'] / 60}"
@@ -169,3 +171,70 @@ def test_shipped_grpo_fit_of_the_fp32_cpu_class_changes_plans_prediction(tmp_pat
     assert fitted.update_s == pytest.approx(unfitted.update_s * shipped.update_scale)
     assert fitted.update_s != pytest.approx(unfitted.update_s, rel=0.01)
     assert fitted.generation.decode_s != pytest.approx(unfitted.generation.decode_s, rel=0.01)
+
+
+def test_a_trial_runs_decode_steps_and_update_share_calibrate_plan(tmp_path, tiny_model_dir, capsys):
+    """`--from-run` (and the API's from_run) takes the decode steps (the median batch's longest completion) and the
+    update's share of completions from a GRPO run's metrics.jsonl; with beta 0 the update scales by the share."""
+    import tunelab
+
+    rows = [{"instruction": f"{a} + {a}", "answer": str(2 * a)} for a in range(20)]
+    data = write_jsonl(tmp_path / "prompts.jsonl", rows)
+    config = tmp_path / "grpo.yaml"
+    config.write_text(
+        f"model: {tiny_model_dir}\nobjective: grpo\ndata:\n  path: {data}\n  template: compact\nseq_len: 64\n"
+        "micro_batch: 2\ngrpo:\n  num_generations: 4\n  max_completion_length: 16\n"
+        "  rewards:\n    - name: exact_answer\n"
+    )
+    trial = tmp_path / "trial"
+    trial.mkdir()
+    write_jsonl(
+        trial / "metrics.jsonl",
+        [
+            {
+                "step": i + 1,
+                "generation_s": 1.0,
+                "completions/max_length": n,
+                "update_completions": k,
+                "completions_per_batch": 8,
+                "frac_reward_zero_std": 0.0,
+            }
+            for i, (n, k) in enumerate([(8, 2), (10, 4), (12, 6)])
+        ],
+    )
+
+    def plan(*flags):
+        assert main(["plan", "--config", str(config), "--gpu", "h100-sxm", "--json", *flags]) == 0
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    bound, given, calibrated = (
+        plan(),
+        plan("--completion-tokens", "10", "--signal-share", "0.5"),
+        plan("--from-run", str(trial)),
+    )
+    assert (bound["decode_steps"], bound["update_share"]) == (16, 1.0)
+    assert (calibrated["decode_steps"], calibrated["update_share"]) == (10, 0.5)
+    assert calibrated["batch_s"] == pytest.approx(given["batch_s"])
+    assert calibrated["parts_s"]["decode"] < bound["parts_s"]["decode"]
+    # Half the completions over rows of 10 completion tokens instead of 16: less than half the update's time.
+    assert calibrated["parts_s"]["update"] < 0.5 * bound["parts_s"]["update"]
+    assert main(["plan", "--config", str(config), "--gpu", "h100-sxm", "--from-run", str(trial)]) == 0
+    assert f"from {trial} (3 generation batches)" in capsys.readouterr().out
+    api = tunelab.estimate(config, gpu="h100-sxm", from_run=trial)[0]
+    assert api.step.batch_s == pytest.approx(calibrated["batch_s"]) and api.time_s > 0
+    # Under a KL term the update trains every completion whatever the trial says.
+    kl = plan("--from-run", str(trial), "grpo.beta=0.1")
+    assert kl["update_share"] == 1.0
+
+
+def test_from_run_without_a_grpo_runs_metrics_is_one_line(tmp_path, tiny_model_dir, capsys):
+    rows = [{"instruction": "1 + 1", "answer": "2"}]
+    data = write_jsonl(tmp_path / "prompts.jsonl", rows)
+    config = tmp_path / "grpo.yaml"
+    config.write_text(
+        f"model: {tiny_model_dir}\nobjective: grpo\ndata:\n  path: {data}\n  template: compact\n"
+        "grpo:\n  rewards:\n    - name: exact_answer\n"
+    )
+    assert main(["plan", "--config", str(config), "--from-run", str(tmp_path / "nope")]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "metrics.jsonl" in err[0] and "--from-run" in err[0]
