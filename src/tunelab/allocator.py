@@ -13,6 +13,7 @@ TUNELAB_ALLOCATOR=system opts out; an LD_PRELOAD already naming jemalloc is left
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 from pathlib import Path
@@ -29,6 +30,11 @@ CANDIDATES = (
 # reuse; without it runs were faster and smaller
 # (benchmarks/design-decisions_cpu_2026-11-22.md#jemalloc-oversize-threshold-0).
 MALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1,oversize_threshold:0"
+# Except in a full fine-tune, whose resident memory grew by 0.2 GiB a step with decay off while its live bytes
+# stayed flat (64 steps of the 135M model: 2.4 -> 14.5 GiB, one arena or eight); returning freed pages after a
+# second kept it flat at no measured cost to its step, where LoRA runs paid 4% for it
+# (benchmarks/design-decisions_cpu_2026-11-28.md#full-fine-tuning-returns-freed-pages).
+FULL_WEIGHTS_DECAY_MS = 1000
 
 
 def find_jemalloc() -> str | None:
@@ -47,3 +53,21 @@ def reexec_with_jemalloc() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
+
+def decay_freed_pages(ms: int) -> bool:
+    """Have jemalloc return pages freed `ms` milliseconds ago to the system from now on, in every arena and in
+    those made later. False (nothing changed) when the process does not run on jemalloc."""
+    try:
+        ctl = ctypes.CDLL(None).mallctl
+    except (OSError, AttributeError):  # glibc malloc: no mallctl
+        return False
+    ctl.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p, ctypes.c_size_t]
+    count, size = ctypes.c_uint(), ctypes.c_size_t(ctypes.sizeof(ctypes.c_uint))
+    if ctl(b"arenas.narenas", ctypes.byref(count), ctypes.byref(size), None, 0):
+        return False
+    value = ctypes.c_ssize_t(ms)
+    names = [f"arena.{i}.dirty_decay_ms" for i in range(count.value)] + ["arenas.dirty_decay_ms"]
+    # An arena not yet in use answers with an error: there is nothing in it to decay.
+    results = [ctl(name.encode(), None, None, ctypes.byref(value), ctypes.sizeof(value)) for name in names]
+    return results[-1] == 0

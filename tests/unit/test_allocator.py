@@ -44,3 +44,46 @@ def test_no_reexec_without_jemalloc(execs, monkeypatch):
     monkeypatch.setattr(allocator, "find_jemalloc", lambda: None)
     allocator.reexec_with_jemalloc()
     assert execs == []
+
+
+@pytest.mark.skipif(allocator.find_jemalloc() is None, reason="needs libjemalloc2")
+def test_decay_freed_pages_sets_every_arenas_decay_under_jemalloc():
+    """In a process on jemalloc the decay reads back from an arena in use and from arenas made later."""
+    import os
+    import subprocess
+
+    code = (
+        "import ctypes; from tunelab import allocator\n"
+        "assert allocator.decay_freed_pages(1000)\n"
+        "ctl = ctypes.CDLL(None).mallctl\n"
+        "ctl.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p, "
+        "ctypes.c_size_t]\n"
+        "for name in (b'arena.0.dirty_decay_ms', b'arenas.dirty_decay_ms'):\n"
+        "    v, n = ctypes.c_ssize_t(), ctypes.c_size_t(8)\n"
+        "    assert ctl(name, ctypes.byref(v), ctypes.byref(n), None, 0) == 0 and v.value == 1000, (name, v.value)\n"
+    )
+    env = {**os.environ, "LD_PRELOAD": allocator.find_jemalloc(), "MALLOC_CONF": allocator.MALLOC_CONF}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_decay_freed_pages_is_a_no_op_on_the_system_allocator():
+    if "jemalloc" in __import__("os").environ.get("LD_PRELOAD", ""):
+        pytest.skip("this process runs on jemalloc")
+    assert allocator.decay_freed_pages(1000) is False
+
+
+@pytest.mark.parametrize("method,returned", [("full", True), ("lora", False)])
+def test_a_cpu_full_fine_tune_returns_freed_pages(
+    tiny_model_dir, addition_rows, tmp_path, monkeypatch, method, returned
+):
+    """Only a method that trains the base weights asks jemalloc to return freed pages (its RSS grew every step)."""
+    from conftest import tiny_train_config, write_jsonl
+
+    from tunelab.recipes.finetune import finetune
+
+    calls = []
+    monkeypatch.setattr(allocator, "decay_freed_pages", lambda ms: calls.append(ms) or True)
+    data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
+    finetune(tiny_train_config(tiny_model_dir, data, tmp_path / "run", f"method={method}", "max_steps=1"), False)
+    assert calls == ([allocator.FULL_WEIGHTS_DECAY_MS] if returned else [])

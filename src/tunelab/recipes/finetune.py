@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
+from .. import allocator, families, methods, objectives, sources
 from .. import config as cfgmod
-from .. import families, methods, objectives, sources
 from ..config import TrainConfig
 from ..data.examples import TokenizedData, loss_tokens
 from ..data.formats import use_default_chat_template
@@ -299,6 +299,8 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes, show_progre
     memwatch.start()  # before the model loads: CPU peak memory is relative to this RSS
 
     prep = prepare_run(cfg, procs)
+    if prep.device.type == "cpu" and methods.get(cfg.adapter.method).trains_base:
+        allocator.decay_freed_pages(allocator.FULL_WEIGHTS_DECAY_MS)
     group = objectives.get(cfg.objective.name).sequences
     efficiency = packing_efficiency(
         prep.data.lengths, cfg.batch.seq_len, cfg.batch.micro_batch, cfg.batch.packing, cfg.run.seed, group
