@@ -23,17 +23,22 @@ _ctl = _lib.mallctl
 _ctl.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p, ctypes.c_size_t]
 
 
-def _read(name: str) -> int:
+def read(name: str) -> int:
     value, size = ctypes.c_uint64(), ctypes.c_size_t(8)
     if _ctl(name.encode(), ctypes.byref(value), ctypes.byref(size), None, 0):
         raise RuntimeError(f"mallctl {name} failed: run under jemalloc (LD_PRELOAD)")
     return value.value
 
 
-def _stats() -> dict[str, int]:
+def stats() -> dict[str, int]:
     epoch = ctypes.c_uint64(1)
     _ctl(b"epoch", None, None, ctypes.byref(epoch), 8)
-    return {"allocated": _read("stats.allocated"), "resident": _read("stats.resident")}
+    return {"allocated": read("stats.allocated"), "resident": read("stats.resident")}
+
+
+def reset_peak() -> None:
+    """Start this thread's `thread.peak` over (jemalloc 5.3)."""
+    _ctl(b"thread.peak.reset", None, None, None, 0)
 
 
 GIB = 2**30
@@ -43,18 +48,18 @@ real_step, real_forward = loop._optimizer_step, loop.forward
 
 def forward(*args, **kwargs):
     out = real_forward(*args, **kwargs)
-    state["forward_end"] = _stats()["allocated"]
-    state["forward_peak"] = _read("thread.peak.read")
+    state["forward_end"] = stats()["allocated"]
+    state["forward_peak"] = read("thread.peak.read")
     return out
 
 
 def optimizer_step(*args, **kwargs):
     state["step"] += 1
-    start = _stats()["allocated"]
-    _ctl(b"thread.peak.reset", None, None, None, 0)
+    start = stats()["allocated"]
+    reset_peak()
     out = real_step(*args, **kwargs)
-    peak = _read("thread.peak.read")  # net bytes this thread allocated since the reset, at its highest
-    after = _stats()
+    peak = read("thread.peak.read")  # net bytes this thread allocated since the reset, at its highest
+    after = stats()
     row = {
         "step": state["step"],
         "live_start_gib": start / GIB,

@@ -13,6 +13,19 @@ from tunelab.cli import main
 from tunelab.plan.generation import GrpoStep, generation, kv_bytes_per_token
 
 
+def grpo_config_file(tmp_path, model_dir, beta: float = 0.0):
+    """A GRPO config over 20 addition prompts: micro-batch 2, G = 4, completions of up to 16 tokens."""
+    rows = [{"instruction": f"{a} + {a}", "answer": str(2 * a)} for a in range(20)]
+    data = write_jsonl(tmp_path / "prompts.jsonl", rows)
+    config = tmp_path / "grpo.yaml"
+    config.write_text(
+        f"model: {model_dir}\nobjective: grpo\ndata:\n  path: {data}\n  template: compact\nseq_len: 64\n"
+        f"micro_batch: 2\ngrpo:\n  num_generations: 4\n  max_completion_length: 16\n  beta: {beta}\n"
+        "  rewards:\n    - name: exact_answer\n"
+    )
+    return config
+
+
 def test_decode_is_bytes_over_bandwidth_when_memory_bound():
     arch = small_arch()
     got = generation(
@@ -42,14 +55,7 @@ def test_step_parts_add_up():
 
 
 def test_plan_cli_on_a_grpo_config(tmp_path, tiny_model_dir, capsys):
-    rows = [{"instruction": f"{a} + {a}", "answer": str(2 * a)} for a in range(20)]
-    data = write_jsonl(tmp_path / "prompts.jsonl", rows)
-    config = tmp_path / "grpo.yaml"
-    config.write_text(
-        f"model: {tiny_model_dir}\nobjective: grpo\ndata:\n  path: {data}\n  template: compact\nseq_len: 64\n"
-        "micro_batch: 2\ngrpo:\n  num_generations: 4\n  max_completion_length: 16\n  beta: 0.1\n"
-        "  rewards:\n    - name: exact_answer\n"
-    )
+    config = grpo_config_file(tmp_path, tiny_model_dir, beta=0.1)
     assert main(["plan", "--config", str(config), "--gpu", "h100-sxm", "--json"]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert record["prompts"] == 20 and record["rows_per_batch"] == 8 and record["batches"] == 10
@@ -123,14 +129,7 @@ def test_every_fitted_row_of_the_shipped_grpo_yaml_reads():
 def test_plan_applies_a_devices_grpo_fit(tmp_path, tiny_model_dir, monkeypatch, capsys):
     from tunelab.plan import catalog
 
-    rows = [{"instruction": f"{a} + {a}", "answer": str(2 * a)} for a in range(20)]
-    data = write_jsonl(tmp_path / "prompts.jsonl", rows)
-    config = tmp_path / "grpo.yaml"
-    config.write_text(
-        f"model: {tiny_model_dir}\nobjective: grpo\ndata:\n  path: {data}\n  template: compact\nseq_len: 64\n"
-        "micro_batch: 2\ngrpo:\n  num_generations: 4\n  max_completion_length: 16\n  beta: 0.1\n"
-        "  rewards:\n    - name: exact_answer\n"
-    )
+    config = grpo_config_file(tmp_path, tiny_model_dir, beta=0.1)
 
     def parts(fit):
         monkeypatch.setattr(catalog, "grpo_constants", lambda device: fit)
@@ -156,14 +155,7 @@ def test_shipped_grpo_fit_of_the_fp32_cpu_class_changes_plans_prediction(tmp_pat
     assert shipped is not None and any("quickstart-grpo_xeon-fp32-2c" in row for row in shipped.rows)
     cpu = catalog.Gpu("local", "a fp32-only CPU", 16 * 2**30, 20.0, 2e11, False, "cpu-fp32", "test")
     monkeypatch.setattr(predict, "local_device", lambda *a, **k: Device(cpu, catalog.runtime_overhead("cpu")))
-    rows = [{"instruction": f"{a} + {a}", "answer": str(2 * a)} for a in range(20)]
-    data = write_jsonl(tmp_path / "prompts.jsonl", rows)
-    config = tmp_path / "grpo.yaml"
-    config.write_text(
-        f"model: {tiny_model_dir}\nobjective: grpo\ndata:\n  path: {data}\n  template: compact\nseq_len: 64\n"
-        "micro_batch: 2\ngrpo:\n  num_generations: 4\n  max_completion_length: 16\n"
-        "  rewards:\n    - name: exact_answer\n"
-    )
+    config = grpo_config_file(tmp_path, tiny_model_dir)
     cfg = cfgmod.load_config(config, [])
     fitted = predict.plan_generating(cfg, predict.PlanRequest(gpu="local"))[0].step
     monkeypatch.setattr(catalog, "grpo_constants", lambda device: None)
@@ -178,14 +170,7 @@ def test_a_trial_runs_decode_steps_and_update_share_calibrate_plan(tmp_path, tin
     update's share of completions from a GRPO run's metrics.jsonl; with beta 0 the update scales by the share."""
     import tunelab
 
-    rows = [{"instruction": f"{a} + {a}", "answer": str(2 * a)} for a in range(20)]
-    data = write_jsonl(tmp_path / "prompts.jsonl", rows)
-    config = tmp_path / "grpo.yaml"
-    config.write_text(
-        f"model: {tiny_model_dir}\nobjective: grpo\ndata:\n  path: {data}\n  template: compact\nseq_len: 64\n"
-        "micro_batch: 2\ngrpo:\n  num_generations: 4\n  max_completion_length: 16\n"
-        "  rewards:\n    - name: exact_answer\n"
-    )
+    config = grpo_config_file(tmp_path, tiny_model_dir)
     trial = tmp_path / "trial"
     trial.mkdir()
     write_jsonl(
