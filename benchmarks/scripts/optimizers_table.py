@@ -45,7 +45,9 @@ def collect(root: Path) -> list[dict]:
     rows = []
     for run in sorted(p for p in root.iterdir() if (p / "summary.json").is_file() and p.name != "probe"):
         summary = json.loads((run / "summary.json").read_text())
-        logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        logged = [r for r in records if "loss" in r]  # eval lines (EVAL_STEPS) hold eval_loss alone
+        held_out = [(r["step"], r["eval_loss"]) for r in records if "eval_loss" in r]
         curve = [r["loss"] for r in logged]
         predicted = plan_peak(run / "config.yaml")
         measured = summary["peak_memory_bytes"]
@@ -59,6 +61,7 @@ def collect(root: Path) -> list[dict]:
                 "loss_last": curve[-1],
                 # the peak so far at each logged step: on CPU the RSS peak, which allocator retention can grow
                 "peak_curve_bytes": [r["peak_memory_bytes"] for r in logged],
+                "eval_loss_curve": held_out,
                 "exact_match": score.get("accuracy"),
                 "exact_match_n": score.get("n"),
                 "peak_measured_bytes": measured,
@@ -113,7 +116,22 @@ def markdown(rows: list[dict], reference: str) -> list[str]:
             if "peak_curve_bytes" in r
         ],
     )
-    return [*curves, "", *results, "", *growth]
+    evals = sorted({step for r in rows for step, _ in r.get("eval_loss_curve", [])})
+    held_out = table(
+        ["run: held-out loss", *(f"step {s}" for s in evals), f"vs {reference} at the end"],
+        [
+            [
+                r["run"],
+                *(num(dict(r["eval_loss_curve"]).get(s, float("nan")), 4) for s in evals),
+                "n/a"
+                if ref is None or not ref.get("eval_loss_curve")
+                else f"{r['eval_loss_curve'][-1][1] - ref['eval_loss_curve'][-1][1]:+.4f}",
+            ]
+            for r in rows
+            if r.get("eval_loss_curve")
+        ],
+    )
+    return [*curves, "", *results, "", *growth, *(["", *held_out] if evals else [])]
 
 
 def main_() -> None:
