@@ -35,10 +35,8 @@ from tunelab.recipes import predict
 GRPO_YAML = Path(__file__).resolve().parents[2] / "src" / "tunelab" / "plan" / "catalog" / "grpo.yaml"
 
 
-def measured(run: Path, left_out: bool = False) -> dict:
-    """Per-part medians over the run's generation batches after the first. `left_out`: the run's update left
-    zero-advantage completions out though its metrics predate `update_completions` (its share is then
-    1 - frac_reward_zero_std, exact for group scaling)."""
+def measured(run: Path) -> dict:
+    """Per-part medians over the run's generation batches after the first."""
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     prev, batches, updates = 0.0, [], []
     for r in recs:
@@ -51,8 +49,6 @@ def measured(run: Path, left_out: bool = False) -> dict:
     later = batches[1:] or batches
     # The update's share of completions (runs before it left zero-advantage ones out have no such field: all).
     ran = [r["update_completions"] / r["completions_per_batch"] for r in recs if "update_completions" in r]
-    if left_out and not ran:
-        ran = [1 - r["frac_reward_zero_std"] for r in recs]
     return {
         "share": statistics.fmean(ran) if ran else 1.0,
         "batches": len(batches),
@@ -159,17 +155,10 @@ def main(argv=None) -> int:
     p.add_argument("--fit", type=Path, action="append", default=[])
     p.add_argument("--check", type=Path, action="append", default=[])
     p.add_argument("--set", action="append", default=[], help="KEY=VALUE for every run's config")
-    p.add_argument(
-        "--zero-std-out",
-        type=Path,
-        action="append",
-        default=[],
-        help="a run whose update left equal-reward groups out before metrics counted them (3b570b7)",
-    )
     p.add_argument("--write", action="store_true", help="store the fit for this machine's class in grpo.yaml")
     p.add_argument("--out", type=Path, help="append the table to this markdown file")
     args = p.parse_args(argv)
-    fits = [(r, load(r, args.set), measured(r, r in args.zero_std_out)) for r in args.fit]
+    fits = [(r, load(r, args.set), measured(r)) for r in args.fit]
     fit = fit_constants(fits) if fits else None
     key = predict.device_key(predict.local_device(fits[0][1].compute.precision if fits else "auto"))
     lines = [f"device class `{key}`; fitted: {fit}", "", "| run | part | plan (s) | measured (s) | plan vs measured |"]
@@ -177,7 +166,7 @@ def main(argv=None) -> int:
     for r, cfg, m in fits:
         lines += table_rows(r, cfg, m, fit)
     for r in args.check:
-        cfg, m = load(r, args.set), measured(r, r in args.zero_std_out)
+        cfg, m = load(r, args.set), measured(r)
         lines += [
             row.replace(f"| {r.name} |", f"| {r.name} (not in the fit) |", 1) for row in table_rows(r, cfg, m, fit)
         ]

@@ -408,19 +408,6 @@ def plan_generating(cfg: cfgmod.TrainConfig, r: PlanRequest) -> list[GeneratingP
             f"completion tokens must be above 0 and the signal share within 0-1; got {steps:g} and {share:g}"
         )
     length = mean + steps
-    given = f"from {r.grpo_from}" if r.grpo_from else "given"
-    assumption = (
-        (f"the decode steps {given}" if r.completion_tokens else f"every batch decodes to the cap ({steps} tokens)")
-        + "; "
-        + (
-            "the update over every completion (beta > 0: the KL term trains on all)"
-            if g.beta > 0
-            else f"the update's share of completions {given}"
-            if r.signal_share is not None
-            else "the update over every completion (with beta 0 it runs only those whose group's rewards differ)"
-        )
-        + ("" if r.grpo_from else "; --from-run DIR takes both from a trial run")
-    )
     lengths = workload.Lengths(prompts * g.num_generations, length, float(steps), source=source)
     per_batch = b.micro_batch * b.grad_accum
     batches = math.ceil(b.max_steps / g.num_iterations) if b.max_steps else math.ceil(b.epochs * prompts / per_batch)
@@ -454,8 +441,24 @@ def plan_generating(cfg: cfgmod.TrainConfig, r: PlanRequest) -> list[GeneratingP
         # The run checks its time limit between generation batches (recipes/grpo.py), as the loop between steps.
         runs = timing.steps_within(cfg.run.max_minutes * 60, batches, batches * step.batch_s, 0.0)
         limited = batches if runs < batches else 0
-        out.append(GeneratingPlan(gpu.name, prompts, mean, step, runs, memory, source, limited, assumption))
+        out.append(
+            GeneratingPlan(gpu.name, prompts, mean, step, runs, memory, source, limited, _grpo_assumption(g, r, steps))
+        )
     return out
+
+
+def _grpo_assumption(g: cfgmod.GrpoConfig, r: PlanRequest, steps: float) -> str:
+    """plan's text on where a GRPO plan's decode steps and update share come from."""
+    given = f"from {r.grpo_from}" if r.grpo_from else "given"
+    decode = f"the decode steps {given}" if r.completion_tokens else f"every batch decodes to the cap ({steps} tokens)"
+    if g.beta > 0:
+        update = "the update over every completion (beta > 0: the KL term trains on all)"
+    elif r.signal_share is not None:
+        update = f"the update's share of completions {given}"
+    else:
+        update = "the update over every completion (with beta 0 it runs only those whose group's rewards differ)"
+    hint = "" if r.grpo_from else "; --from-run DIR takes both from a trial run"
+    return f"{decode}; {update}{hint}"
 
 
 def device_key(device: Device) -> str:
