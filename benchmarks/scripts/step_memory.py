@@ -42,6 +42,19 @@ def reset_peak() -> None:
 
 
 GIB = 2**30
+
+
+def rss_parts() -> dict[str, float]:
+    """The RSS by kind (/proc/self/status): anonymous pages (the heap, jemalloc's and others'), file-backed pages
+    (mapped files: libraries, a memory-mapped model), shared memory."""
+    parts = {}
+    for line in open("/proc/self/status"):
+        key, _, value = line.partition(":")
+        if key in ("RssAnon", "RssFile", "RssShmem"):
+            parts[f"{key[3:].lower()}_gib"] = int(value.split()[0]) * 1024 / GIB
+    return parts
+
+
 state = {"step": 0, "forward_end": 0}
 real_step, real_forward = loop._optimizer_step, loop.forward
 
@@ -70,6 +83,7 @@ def optimizer_step(*args, **kwargs):
         "resident_gib": after["resident"] / GIB,
         "rss_gib": memwatch.rss_bytes() / GIB,
         "rss_peak_gib": memwatch.peak_rss_bytes() / GIB,
+        **rss_parts(),
     }
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     return out

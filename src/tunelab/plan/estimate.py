@@ -78,7 +78,11 @@ def run_precision(precision: str, device: Device) -> str:
 
 
 def compute_bytes(job: Job, d: Device) -> int:
-    return 4 if run_precision(job.compute.precision, d) == "fp32" else 2  # bf16 and fp16 are both 2 bytes
+    """Bytes of an activation: bf16 and fp16 are both 2; full fine-tuning with bf16 weights casts the model to bf16
+    (model/adapters.apply_adapter), so every product's output is bf16 even where the run's precision is fp32."""
+    if job.method.trains_base and job.weight_bytes == 2:
+        return 2
+    return 4 if run_precision(job.compute.precision, d) == "fp32" else 2
 
 
 def head_rows(job: Job, w: workload.Workload) -> float:

@@ -142,12 +142,17 @@ def gradient_bytes(arch: Arch, job: Job, s: Layout, trainable: int) -> float:
     Plus the temporaries of the largest weight's step (step_temporary_bytes)."""
     if not job.optimizer.optimizer_in_backward:
         return trainable * job.weight_bytes
-    shapes = trained_shapes(arch, job, s)
-    embedding = arch.vocab * arch.hidden if job.method.trains_base else 0
-    block = max(rows * cols for rows, cols, _ in shapes if rows * cols != embedding)
-    tied = embedding if arch.tied else 0
-    largest = max(rows * cols for rows, cols, _ in shapes)
+    block, tied = _held_in_backward(arch, job, s)
+    largest = max(rows * cols for rows, cols, _ in trained_shapes(arch, job, s))
     return (block + tied) * job.weight_bytes + step_temporary_bytes(job, largest)
+
+
+def _held_in_backward(arch: Arch, job: Job, s: Layout) -> tuple[int, int]:
+    """(values of the largest block tensor, of a tied embedding): the gradients a block's moment holds with the
+    step inside backward."""
+    embedding = arch.vocab * arch.hidden if job.method.trains_base else 0
+    block = max(rows * cols for rows, cols, _ in trained_shapes(arch, job, s) if rows * cols != embedding)
+    return block, embedding if arch.tied else 0
 
 
 # Bytes per value of a bf16 weight's piece while it steps (train/optim.PerParameter), measured
@@ -384,7 +389,9 @@ def backward_moments(arch: Arch, job: Job, s: Layout, trainable: int) -> tuple[M
         logits_bytes(arch, job, s),
     )
     scratch = loss_scratch_bytes(arch, s)
-    block = Moment("block", activation_bytes(arch, job, s), gradient_bytes(arch, job, s, trainable), scratch)
+    held, tied = _held_in_backward(arch, job, s)  # only block weights step here: the largest one's temporaries
+    gradients = (held + tied) * job.weight_bytes + step_temporary_bytes(job, held)
+    block = Moment("block", activation_bytes(arch, job, s), gradients, scratch)
     if not head:
         return loss, block
     _, layer_input, _ = _layer_bytes(arch, job, s)
@@ -395,16 +402,37 @@ def backward_moments(arch: Arch, job: Job, s: Layout, trainable: int) -> tuple[M
     return loss, block, embedding
 
 
+def fresh_gradient_moments(arch: Arch, job: Job, s: Layout, trainable: int) -> tuple[Moment, ...]:
+    """With one micro-batch a step and the step after backward, the moments whose transients coexist (docs/formulas.md,
+    "one micro-batch a step: gradients replace activations"). No gradient is held at backward's start (the loop frees
+    them, train/loop: zero_grad(set_to_none=True)), and backward makes them as it frees the activations, so the peak
+    is the larger of its start and its end. The loss's: every saved activation, no layer recomputed, the loss's
+    memory with the head's gradient. The first block's: one layer recomputed, the head's gradient held, the loss's
+    scratch. The end's: every gradient, one hidden-sized tensor of the micro-batch, the scratch, and the step's
+    temporaries of the largest weight."""
+    loss = Moment("loss", activation_bytes(arch, job, s, recomputed=False), 0.0, logits_bytes(arch, job, s))
+    scratch = loss_scratch_bytes(arch, s)
+    head = arch.vocab * arch.hidden * job.weight_bytes if job.method.trains_base else 0
+    block = Moment("block", activation_bytes(arch, job, s), head, scratch)
+    _, layer_input, _ = _layer_bytes(arch, job, s)
+    largest = max((rows * cols for rows, cols, _ in trained_shapes(arch, job, s)), default=0)
+    gradients = trainable * job.weight_bytes + step_temporary_bytes(job, largest)
+    return loss, block, Moment("gradients", layer_input, gradients, scratch)
+
+
 def moments_apply(job: Job, s: Layout) -> bool:
     """Where the code guarantees the moments: tunelab's own loop (not an HF stack's whole-vocabulary loss), one
-    process (sharding adds buckets and gathers the moments do not model), the step inside backward."""
-    return job.optimizer.optimizer_in_backward and job.hf is None and s.sharding == "single"
+    process (sharding adds buckets and gathers the moments do not model), and either the step inside backward or
+    one micro-batch a step (no gradient held from an earlier one)."""
+    fresh = job.batch.grad_accum == 1
+    return (job.optimizer.optimizer_in_backward or fresh) and job.hf is None and s.sharding == "single"
 
 
 def breakdown(arch: Arch, job: Job, s: Layout) -> MemoryBreakdown:
     """Peak memory per process (per GPU when sharded): everything alive at the start of the last backward
     of an optimizer step, when all activations and the logits are alive and the states exist; with the step
-    inside backward, the largest of the moments whose transients coexist (backward_moments)."""
+    inside backward or one micro-batch a step, the largest of the moments whose transients coexist
+    (backward_moments, fresh_gradient_moments)."""
     trainable = trainable_params(arch, job, s)
     if job.method.trains_base:
         weights = arch.total_params * job.weight_bytes
@@ -439,7 +467,8 @@ def breakdown(arch: Arch, job: Job, s: Layout) -> MemoryBreakdown:
     peak = Moment("all at once", activation_bytes(arch, job, s), grads, logits_bytes(arch, job, s))
     if moments_apply(job, s):
         # the transients that never coexist: the largest moment, not their sum
-        peak = max(backward_moments(arch, job, s, trainable), key=lambda m: m.total)
+        moments = backward_moments if job.optimizer.optimizer_in_backward else fresh_gradient_moments
+        peak = max(moments(arch, job, s, trainable), key=lambda m: m.total)
     return MemoryBreakdown(
         weights=round(weights + ref_weights),
         adapters=round(adapters),

@@ -130,6 +130,7 @@ class PerParameter(torch.optim.Optimizer):
         super().__init__(params, {"lr": spec.lr})
         self.update = spec.bf16_update
         self.in_backward = spec.optimizer_in_backward
+        self.chunk = chunk
         self.params = list(params)
         self.spans = {p: pieces(p.numel(), chunk if p.dtype == torch.bfloat16 else 0) for p in self.params}
         self.shadows = {p: [_shadow(p) for _ in self.spans[p]] for p in self.params}
@@ -154,8 +155,16 @@ class PerParameter(torch.optim.Optimizer):
         if self.shadows[p][0] is p:
             self.inner[p][0].step()
             return
-        weight, grad = p.view(-1), p.grad.reshape(-1)
-        compensation = self.compensation[p].view(-1) if p in self.compensation else None
+        # A weight that is not cut into pieces (a factored optimizer's) steps in its own shape, so Adafactor factors
+        # its matrix's second moment; pieces are flat spans.
+        flat = self.chunk > 0
+        weight, grad = (p.view(-1), p.grad.reshape(-1)) if flat else (p.data, p.grad)
+        compensation = self.compensation.get(p)
+        if compensation is not None and flat:
+            compensation = compensation.view(-1)
+        if not flat:
+            self._step_piece(weight, grad, compensation, self.shadows[p][0], self.inner[p][0])
+            return
         for (start, end), shadow, inner in zip(self.spans[p], self.shadows[p], self.inner[p]):
             kept = None if compensation is None else compensation[start:end]
             self._step_piece(weight[start:end], grad[start:end], kept, shadow, inner)

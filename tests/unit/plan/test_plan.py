@@ -91,7 +91,9 @@ def small_arch() -> archmod.Arch:
 
 
 def setup(**kw):
-    return plan_setup(**kw)
+    """Two micro-batches a step: the first's gradients are alive through the second's backward, so every term these
+    hand counts check is at the peak at once (one micro-batch a step: tests/unit/plan/test_plan_moments.py)."""
+    return plan_setup(**{"grad_accum": 2, **kw})
 
 
 def test_memory_hand_count_lora():

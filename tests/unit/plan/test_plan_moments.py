@@ -78,9 +78,9 @@ def test_a_tied_heads_gradient_is_held_through_backward_and_counted_once(smol):
     m = moments(smol, job, s)
     head = smol.vocab * smol.hidden
     assert m["loss"].gradients == 0
-    assert m["block"].gradients == (head + smol.intermediate * smol.hidden) * 2 + memory.STOCHASTIC_BYTES * min(
-        head, STEP_CHUNK
-    )
+    # only block weights step at a block's moment: the largest block matrix's temporaries, not the head's
+    block = smol.intermediate * smol.hidden
+    assert m["block"].gradients == (head + block) * 2 + memory.STOCHASTIC_BYTES * min(block, STEP_CHUNK)
     assert m["block"].logits_loss == memory.loss_scratch_bytes(smol, s)
     assert m["embedding"].gradients == 2 * head * 2 + memory.STOCHASTIC_BYTES * min(head, STEP_CHUNK)
 
@@ -96,10 +96,12 @@ def test_lora_in_backward_has_no_embedding_moment(llama):
     assert list(moments(llama, job, s)) == ["loss", "block"]
 
 
-# breakdown(...).total at main 9fff630, before the moments (tests/unit/plan/test_plan_moments.py's cases)
+# breakdown(...).total at main 9fff630, before the moments (tests/unit/plan/test_plan_moments.py's cases); the
+# single-process cases at two micro-batches a step, where the first's gradients are alive through the second's
+# backward and every transient coexists
 BEFORE = {
-    "lora": ("llama", {}, 14027124736),
-    "full-adamw": ("llama", {"method": "full", "targets": ()}, 122360209408),
+    "lora": ("llama", {"grad_accum": 2}, 14027124736),
+    "full-adamw": ("llama", {"method": "full", "targets": (), "grad_accum": 2}, 122360209408),
     "full-bf16-8bit-ckpt": (
         "llama",
         {
@@ -110,11 +112,20 @@ BEFORE = {
             "grad_ckpt": True,
             "row_len": 2048,
             "loss_rows": 1024,
+            "grad_accum": 2,
         },
         43318608000,
     ),
-    "full-tied-adamw": ("smol", {"method": "full", "targets": (), "row_len": 128, "loss_rows": 200}, 3438274176),
-    "qlora-ckpt": ("llama", {"method": "qlora", "grad_ckpt": True, "row_len": 2048, "loss_rows": 1024}, 6056722432),
+    "full-tied-adamw": (
+        "smol",
+        {"method": "full", "targets": (), "row_len": 128, "loss_rows": 200, "grad_accum": 2},
+        3438274176,
+    ),
+    "qlora-ckpt": (
+        "llama",
+        {"method": "qlora", "grad_ckpt": True, "row_len": 2048, "loss_rows": 1024, "grad_accum": 2},
+        6056722432,
+    ),
     "full-in-backward-zero2": (
         "llama",
         {
@@ -165,3 +176,57 @@ def test_the_8b_full_fine_tune_is_the_loss_moment_below_torchtunes_18_9_gib(caps
     assert result["peak_memory_bytes"] < 18.9 * GiB - 0.4 * GiB
     monkeypatch.setattr(memory, "moments_apply", lambda job, s: False)
     assert plan_8b(capsys)["peak_memory_bytes"] == 20295098368  # the sum, as before
+
+
+def fresh(arch, **kw):
+    """One micro-batch a step, the step after backward."""
+    job, s = plan_setup(**kw)
+    return {m.name: m for m in memory.fresh_gradient_moments(arch, job, s, memory.trainable_params(arch, job, s))}
+
+
+def test_one_micro_batch_a_step_makes_the_gradients_as_backward_frees_the_activations(smol):
+    """No gradient is alive at backward's start (the loop frees them): the loss's moment holds every activation and
+    the loss with the head's gradient; backward's end every gradient, one hidden-sized tensor and the step's
+    temporaries; the peak is the larger, not the sum."""
+    kw = {"method": "full", "targets": (), "row_len": 128, "loss_rows": 200}
+    job, s = plan_setup(**kw)
+    m = fresh(smol, **kw)
+    assert m["loss"].gradients == 0
+    assert m["loss"].activations == memory.activation_bytes(smol, job, s, recomputed=False)
+    assert m["loss"].logits_loss == memory.logits_bytes(smol, job, s)
+    assert m["gradients"].gradients == smol.total_params * 4  # fp32 AdamW on CPU: fused, no scratch
+    assert m["gradients"].activations == 2 * 128 * smol.hidden * 4  # the fp32 residual stream's gradient
+    b = memory.breakdown(smol, job, s)
+    assert b.total - b.runtime_overhead - b.weights - b.optimizer_states == round(max(x.total for x in m.values()))
+    assert b.total < BEFORE["full-tied-adamw"][2]  # the sum of every transient, two micro-batches a step
+
+
+def test_one_micro_batch_a_step_under_lora_drops_only_the_adapters_gradients(llama):
+    one = memory.breakdown(llama, *plan_setup())
+    two = memory.breakdown(llama, *plan_setup(grad_accum=2))
+    job, s = plan_setup()
+    assert two.total - one.total == memory.trainable_params(llama, job, s) * 4
+    assert one.gradients == 0 and (one.activations, one.logits_loss) == (two.activations, two.logits_loss)
+
+
+def test_a_checkpointed_first_block_holds_the_heads_gradient_beside_one_recomputed_layer(llama):
+    kw = {"method": "full", "targets": (), "weights": "bf16", "grad_ckpt": True, "row_len": 2048, "loss_rows": 1024}
+    job, s = plan_setup(**kw)
+    m = fresh(llama, **kw)
+    assert m["block"].activations == memory.activation_bytes(llama, job, s)
+    assert m["block"].activations > m["loss"].activations  # the recomputed layer
+    assert m["block"].gradients == llama.vocab * llama.hidden * 2
+
+
+def test_bf16_weights_make_bf16_activations_whatever_the_precision():
+    """`weights: bf16` casts the model to bf16 (model/adapters.apply_adapter), so a run whose precision is fp32 (the
+    fp32-only CPU class's auto) saves bf16 activations; fp32 weights at fp32 precision save fp32 ones."""
+    from tunelab.plan import catalog
+    from tunelab.plan.estimate import Device, compute_bytes
+
+    device = Device(catalog.gpu("h100-sxm"), 0)
+    job, _ = plan_setup(method="full", targets=(), precision="fp32")
+    assert compute_bytes(job, device) == 4
+    assert compute_bytes(job.but(weights="bf16"), device) == 2
+    lora, _ = plan_setup(precision="fp32", weights="bf16")  # LoRA keeps its base in the compute dtype
+    assert compute_bytes(lora, device) == 4

@@ -268,3 +268,16 @@ def test_a_chunked_weight_resumes_exactly_and_refuses_other_pieces(monkeypatch, 
     _, whole = _bf16_weights(0, monkeypatch, "adamw_8bit", "kahan", True, steps=0)
     with pytest.raises(TunelabError, match="steps parameter 0 in 2 pieces, this run in 1"):
         whole.load_state_dict(state)
+
+
+def test_adafactor_factors_a_bf16_matrix_as_it_does_an_fp32_one():
+    """A bf16 weight steps through an fp32 shadow of its own shape, so Adafactor keeps a row and a column vector
+    for the 128 x 64 matrix (what plan counts), not a second moment per value of a flattened copy."""
+    spec = OptimizerConfig(lr=1e-2, optimizer="adafactor")
+    shapes = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model, optimizer, _ = _run(spec, 2, dtype=dtype)
+        state = optimizer.state_dict()
+        inner = state["inner"][0]["optimizer"] if "inner" in state else state
+        shapes[dtype] = sorted(tuple(t.shape) for t in inner["state"][0].values() if torch.is_tensor(t) and t.dim())
+    assert shapes[torch.bfloat16] == shapes[torch.float32] == [(64,), (128,)]
