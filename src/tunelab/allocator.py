@@ -30,11 +30,12 @@ CANDIDATES = (
 # reuse; without it runs were faster and smaller
 # (benchmarks/design-decisions_cpu_2026-11-22.md#jemalloc-oversize-threshold-0).
 MALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1,oversize_threshold:0"
-# Except in a full fine-tune, whose resident memory grew by 0.2 GiB a step with decay off while its live bytes
-# stayed flat (64 steps of the 135M model: 2.4 -> 14.5 GiB, one arena or eight); returning freed pages after a
-# second kept it flat at no measured cost to its step, where LoRA runs paid 4% for it
-# (benchmarks/design-decisions_cpu_2026-11-28.md#full-fine-tuning-returns-freed-pages).
-FULL_WEIGHTS_DECAY_MS = 1000
+# Except where resident memory grew without bound with decay off while the live bytes stayed flat, and returning
+# freed pages after a second kept it flat: a full fine-tune (0.2 GiB a step, 64 steps of the 135M model: 2.4 ->
+# 14.5 GiB, one arena or eight; no measured cost to its step, where LoRA runs paid 4% for it) and GRPO, whose
+# rollouts change shape every batch (0.3-0.7 GiB a batch at 128 completions: 21 GiB after 28)
+# (benchmarks/design-decisions_cpu_2026-11-28.md#full-fine-tuning-returns-freed-pages, #grpo-returns-freed-pages).
+DECAY_MS = 1000
 
 
 def find_jemalloc() -> str | None:

@@ -86,4 +86,4 @@ def test_a_cpu_full_fine_tune_returns_freed_pages(
     monkeypatch.setattr(allocator, "decay_freed_pages", lambda ms: calls.append(ms) or True)
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
     finetune(tiny_train_config(tiny_model_dir, data, tmp_path / "run", f"method={method}", "max_steps=1"), False)
-    assert calls == ([allocator.FULL_WEIGHTS_DECAY_MS] if returned else [])
+    assert calls == ([allocator.DECAY_MS] if returned else [])

@@ -300,7 +300,7 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes, show_progre
 
     prep = prepare_run(cfg, procs)
     if prep.device.type == "cpu" and methods.get(cfg.adapter.method).trains_base:
-        allocator.decay_freed_pages(allocator.FULL_WEIGHTS_DECAY_MS)
+        allocator.decay_freed_pages(allocator.DECAY_MS)
     group = objectives.get(cfg.objective.name).sequences
     efficiency = packing_efficiency(
         prep.data.lengths, cfg.batch.seq_len, cfg.batch.micro_batch, cfg.batch.packing, cfg.run.seed, group

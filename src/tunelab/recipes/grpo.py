@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import sources
+from .. import allocator, sources
 from ..config import TrainConfig, dump_yaml
 from ..data.pipeline import prepare
 from ..data.prompts import PromptData
@@ -82,6 +82,8 @@ def setup(cfg: TrainConfig, out: Path) -> GrpoRun:
     settings = cfg.objective.grpo
     loaded = rewards.load_all(settings.rewards)  # a missing file or function fails before the model loads
     device = pick_device(cfg.compute.device)
+    if device.type == "cpu":  # rollouts change shape every batch: freed pages are not reused (allocator.DECAY_MS)
+        allocator.decay_freed_pages(allocator.DECAY_MS)
     precision = pick_precision(cfg.compute.precision, device)
     source = sources.resolve(cfg.model, cfg.trust_remote_code)
     if not cfg.data.given:
