@@ -143,8 +143,12 @@ def gradient_bytes(arch: Arch, job: Job, s: Layout, trainable: int) -> float:
     if not job.optimizer.optimizer_in_backward:
         return trainable * job.weight_bytes
     block, tied = _held_in_backward(arch, job, s)
-    largest = max(rows * cols for rows, cols, _ in trained_shapes(arch, job, s))
-    return (block + tied) * job.weight_bytes + step_temporary_bytes(job, largest)
+    return (block + tied) * job.weight_bytes + step_temporary_bytes(job, _largest_trained(arch, job, s))
+
+
+def _largest_trained(arch: Arch, job: Job, s: Layout) -> int:
+    """Values of the largest trained tensor, whose step allocates the most temporaries."""
+    return max((rows * cols for rows, cols, _ in trained_shapes(arch, job, s)), default=0)
 
 
 def _held_in_backward(arch: Arch, job: Job, s: Layout) -> tuple[int, int]:
@@ -415,8 +419,7 @@ def fresh_gradient_moments(arch: Arch, job: Job, s: Layout, trainable: int) -> t
     head = arch.vocab * arch.hidden * job.weight_bytes if job.method.trains_base else 0
     block = Moment("block", activation_bytes(arch, job, s), head, scratch)
     _, layer_input, _ = _layer_bytes(arch, job, s)
-    largest = max((rows * cols for rows, cols, _ in trained_shapes(arch, job, s)), default=0)
-    gradients = trainable * job.weight_bytes + step_temporary_bytes(job, largest)
+    gradients = trainable * job.weight_bytes + step_temporary_bytes(job, _largest_trained(arch, job, s))
     return loss, block, Moment("gradients", layer_input, gradients, scratch)
 
 

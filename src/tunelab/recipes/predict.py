@@ -408,6 +408,7 @@ def plan_generating(cfg: cfgmod.TrainConfig, r: PlanRequest) -> list[GeneratingP
             f"completion tokens must be above 0 and the signal share within 0-1; got {steps:g} and {share:g}"
         )
     length = mean + steps
+    assumption = _grpo_assumption(g, r, steps)
     lengths = workload.Lengths(prompts * g.num_generations, length, float(steps), source=source)
     per_batch = b.micro_batch * b.grad_accum
     batches = math.ceil(b.max_steps / g.num_iterations) if b.max_steps else math.ceil(b.epochs * prompts / per_batch)
@@ -441,9 +442,7 @@ def plan_generating(cfg: cfgmod.TrainConfig, r: PlanRequest) -> list[GeneratingP
         # The run checks its time limit between generation batches (recipes/grpo.py), as the loop between steps.
         runs = timing.steps_within(cfg.run.max_minutes * 60, batches, batches * step.batch_s, 0.0)
         limited = batches if runs < batches else 0
-        out.append(
-            GeneratingPlan(gpu.name, prompts, mean, step, runs, memory, source, limited, _grpo_assumption(g, r, steps))
-        )
+        out.append(GeneratingPlan(gpu.name, prompts, mean, step, runs, memory, source, limited, assumption))
     return out
 
 

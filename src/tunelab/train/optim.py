@@ -155,16 +155,12 @@ class PerParameter(torch.optim.Optimizer):
         if self.shadows[p][0] is p:
             self.inner[p][0].step()
             return
-        # A weight that is not cut into pieces (a factored optimizer's) steps in its own shape, so Adafactor factors
-        # its matrix's second moment; pieces are flat spans.
-        flat = self.chunk > 0
-        weight, grad = (p.view(-1), p.grad.reshape(-1)) if flat else (p.data, p.grad)
         compensation = self.compensation.get(p)
-        if compensation is not None and flat:
-            compensation = compensation.view(-1)
-        if not flat:
-            self._step_piece(weight, grad, compensation, self.shadows[p][0], self.inner[p][0])
+        if not self.chunk:  # a factored optimizer's weight steps whole, in its own shape: Adafactor factors it
+            self._step_piece(p.data, p.grad, compensation, self.shadows[p][0], self.inner[p][0])
             return
+        weight, grad = p.view(-1), p.grad.reshape(-1)
+        compensation = None if compensation is None else compensation.view(-1)
         for (start, end), shadow, inner in zip(self.spans[p], self.shadows[p], self.inner[p]):
             kept = None if compensation is None else compensation[start:end]
             self._step_piece(weight[start:end], grad[start:end], kept, shadow, inner)
