@@ -2,7 +2,9 @@
 `thread.peak`: allocated minus freed by the training thread, its peak since the step began; the autograd engine runs
 CPU backward on that thread), the live bytes when the forward ends (every activation alive: plan's peak moment),
 and the process's RSS and jemalloc's resident bytes (freed pages kept: tunelab's MALLOC_CONF turns decay off).
-Runs `tunelab train` in this process with the settings given; one JSON line per step on stdout.
+Runs `tunelab train` in this process with the settings given; one JSON line per step on stdout. With
+`STEP_MEMORY_SMAPS=1`, each line also carries `smaps`: the RSS by mapping (`/proc/self/smaps`), so memory outside
+jemalloc's heap can be named; one more line, `"step": 0`, gives it before the model loads.
 
   LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1,oversize_threshold:0 \
     PYTHONPATH=src python benchmarks/scripts/step_memory.py --config configs/quickstart.yaml method=full ...
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import sys
 
 from tunelab import memwatch
@@ -55,6 +58,43 @@ def rss_parts() -> dict[str, float]:
     return parts
 
 
+def smaps() -> dict[str, float]:
+    """The RSS by mapping, in GiB: file-backed pages per file (a file's pages the process wrote are anonymous:
+    copy-on-write), anonymous mappings by size class, the stacks; and jemalloc's resident bytes beside them."""
+    parts: dict[str, float] = {}
+    name, rss, anon, lazy = "", 0, 0, 0
+
+    def flush() -> None:
+        if not name and not rss:
+            return
+        if name.startswith("/"):
+            kind = "file:so" if ".so" in name else "file:" + name.rsplit("/", 1)[-1]
+        elif name:
+            kind = name  # [heap], [stack], [vdso] ...
+        else:
+            kind = "anon"
+        parts[kind + " rss"] = parts.get(kind + " rss", 0) + rss * 1024 / GIB
+        if anon and kind != "anon":
+            parts[kind + " written"] = parts.get(kind + " written", 0) + anon * 1024 / GIB
+
+    for line in open("/proc/self/smaps"):
+        head = line.split()
+        if "-" in head[0] and not head[0].endswith(":"):
+            flush()
+            name, rss, anon = (head[5] if len(head) > 5 else ""), 0, 0
+        elif head[0] == "Rss:":
+            rss = int(head[1])
+        elif head[0] == "Anonymous:":
+            anon = int(head[1])
+        elif head[0] == "LazyFree:":
+            lazy += int(head[1])
+    flush()
+    parts["lazy free (in the RSS until the system needs it)"] = lazy * 1024 / GIB
+    parts["jemalloc resident"] = stats()["resident"] / GIB
+    return {k: round(v, 3) for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v >= 0.002}
+
+
+SMAPS = os.environ.get("STEP_MEMORY_SMAPS") == "1"
 state = {"step": 0, "forward_end": 0}
 real_step, real_forward = loop._optimizer_step, loop.forward
 
@@ -85,10 +125,14 @@ def optimizer_step(*args, **kwargs):
         "rss_peak_gib": memwatch.peak_rss_bytes() / GIB,
         **rss_parts(),
     }
+    if SMAPS:
+        row["smaps"] = smaps()
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     return out
 
 
 if __name__ == "__main__":
     loop._optimizer_step, loop.forward = optimizer_step, forward
+    if SMAPS:
+        print(json.dumps({"step": 0, **rss_parts(), "smaps": smaps()}), flush=True)
     sys.exit(main(["train", *sys.argv[1:]]))

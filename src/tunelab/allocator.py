@@ -58,7 +58,11 @@ def reexec_with_jemalloc() -> None:
 
 def decay_freed_pages(ms: int) -> bool:
     """Have jemalloc return pages freed `ms` milliseconds ago to the system from now on, in every arena and in
-    those made later. False (nothing changed) when the process does not run on jemalloc."""
+    those made later. False (nothing changed) when the process does not run on jemalloc.
+
+    Returned at once for good (MADV_DONTNEED: muzzy decay 0), not lazily (MADV_FREE): a lazily freed page stays in
+    the RSS until the system runs short, which left a full fine-tune's RSS up to 1 GiB above its heap
+    (benchmarks/design-decisions_cpu_2026-11-28.md#freed-pages-are-returned-for-good)."""
     try:
         ctl = ctypes.CDLL(None).mallctl
     except (OSError, AttributeError):  # glibc malloc: no mallctl
@@ -67,8 +71,10 @@ def decay_freed_pages(ms: int) -> bool:
     count, size = ctypes.c_uint(), ctypes.c_size_t(ctypes.sizeof(ctypes.c_uint))
     if ctl(b"arenas.narenas", ctypes.byref(count), ctypes.byref(size), None, 0):
         return False
-    value = ctypes.c_ssize_t(ms)
-    names = [f"arena.{i}.dirty_decay_ms" for i in range(count.value)] + ["arenas.dirty_decay_ms"]
-    # An arena not yet in use answers with an error: there is nothing in it to decay.
-    results = [ctl(name.encode(), None, None, ctypes.byref(value), ctypes.sizeof(value)) for name in names]
+    results = []
+    for kind, after in (("dirty", ms), ("muzzy", 0)):
+        value = ctypes.c_ssize_t(after)
+        names = [f"arena.{i}.{kind}_decay_ms" for i in range(count.value)] + [f"arenas.{kind}_decay_ms"]
+        # An arena not yet in use answers with an error: there is nothing in it to decay.
+        results += [ctl(name.encode(), None, None, ctypes.byref(value), ctypes.sizeof(value)) for name in names]
     return results[-1] == 0

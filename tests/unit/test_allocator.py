@@ -58,9 +58,37 @@ def test_decay_freed_pages_sets_every_arenas_decay_under_jemalloc():
         "ctl = ctypes.CDLL(None).mallctl\n"
         "ctl.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p, "
         "ctypes.c_size_t]\n"
-        "for name in (b'arena.0.dirty_decay_ms', b'arenas.dirty_decay_ms'):\n"
+        "for name, want in ((b'arena.0.dirty_decay_ms', 1000), (b'arenas.dirty_decay_ms', 1000),\n"
+        "                   (b'arena.0.muzzy_decay_ms', 0), (b'arenas.muzzy_decay_ms', 0)):\n"
         "    v, n = ctypes.c_ssize_t(), ctypes.c_size_t(8)\n"
-        "    assert ctl(name, ctypes.byref(v), ctypes.byref(n), None, 0) == 0 and v.value == 1000, (name, v.value)\n"
+        "    assert ctl(name, ctypes.byref(v), ctypes.byref(n), None, 0) == 0 and v.value == want, (name, v.value)\n"
+    )
+    env = {**os.environ, "LD_PRELOAD": allocator.find_jemalloc(), "MALLOC_CONF": allocator.MALLOC_CONF}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.skipif(allocator.find_jemalloc() is None, reason="needs libjemalloc2")
+def test_decayed_pages_leave_the_rss_not_only_jemalloc():
+    """A freed block's pages leave the process's RSS, not only jemalloc's count: a lazily freed page (MADV_FREE)
+    would stay in the RSS, and in smaps' LazyFree, until the system runs short of memory."""
+    import os
+    import subprocess
+
+    code = (
+        "from tunelab import allocator\n"
+        "def kib(field):\n"
+        "    return sum(int(l.split()[1]) for l in open('/proc/self/smaps') if l.startswith(field + ':'))\n"
+        "import time\n"
+        "assert allocator.decay_freed_pages(10)\n"
+        "block = bytearray(b'x' * (256 << 20))\n"
+        "before = kib('Rss')\n"
+        "del block\n"
+        "time.sleep(0.2)\n"
+        "for _ in range(5000):\n"  # jemalloc decays as allocations tick by
+        "    bytearray(8192)\n"
+        "after, lazy = kib('Rss'), kib('LazyFree')\n"
+        "assert before - after > 200 << 10 and lazy < 50 << 10, (before, after, lazy)\n"
     )
     env = {**os.environ, "LD_PRELOAD": allocator.find_jemalloc(), "MALLOC_CONF": allocator.MALLOC_CONF}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
