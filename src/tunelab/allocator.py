@@ -36,6 +36,11 @@ MALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1,oversize_threshold:0"
 # rollouts change shape every batch (0.3-0.7 GiB a batch at 128 completions: 21 GiB after 28)
 # (benchmarks/design-decisions_cpu_2026-11-28.md#full-fine-tuning-returns-freed-pages, #grpo-returns-freed-pages).
 DECAY_MS = 1000
+# A decayed page is first freed lazily (MADV_FREE: it stays in the RSS until the system needs it, and coming back
+# to it costs no page fault), then for good this much later. For good at once cost a full fine-tune 6-17% of its
+# step in page faults; lazily for ever left up to 1 GiB of freed pages in its RSS
+# (benchmarks/design-decisions_cpu_2026-11-28.md#freed-pages-are-returned-for-good).
+RETURN_MS = 5000
 
 
 def find_jemalloc() -> str | None:
@@ -56,13 +61,10 @@ def reexec_with_jemalloc() -> None:
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
 
 
-def decay_freed_pages(ms: int) -> bool:
-    """Have jemalloc return pages freed `ms` milliseconds ago to the system from now on, in every arena and in
-    those made later. False (nothing changed) when the process does not run on jemalloc.
-
-    Returned at once for good (MADV_DONTNEED: muzzy decay 0), not lazily (MADV_FREE): a lazily freed page stays in
-    the RSS until the system runs short, which left a full fine-tune's RSS up to 1 GiB above its heap
-    (benchmarks/design-decisions_cpu_2026-11-28.md#freed-pages-are-returned-for-good)."""
+def decay_freed_pages(ms: int, returned_ms: int = RETURN_MS) -> bool:
+    """Have jemalloc free pages lazily `ms` milliseconds after the program freed them, and return them for good
+    `returned_ms` later (RETURN_MS), from now on, in every arena and in those made later. False (nothing changed)
+    when the process does not run on jemalloc."""
     try:
         ctl = ctypes.CDLL(None).mallctl
     except (OSError, AttributeError):  # glibc malloc: no mallctl
@@ -72,7 +74,7 @@ def decay_freed_pages(ms: int) -> bool:
     if ctl(b"arenas.narenas", ctypes.byref(count), ctypes.byref(size), None, 0):
         return False
     results = []
-    for kind, after in (("dirty", ms), ("muzzy", 0)):
+    for kind, after in (("dirty", ms), ("muzzy", returned_ms)):
         value = ctypes.c_ssize_t(after)
         names = [f"arena.{i}.{kind}_decay_ms" for i in range(count.value)] + [f"arenas.{kind}_decay_ms"]
         # An arena not yet in use answers with an error: there is nothing in it to decay.

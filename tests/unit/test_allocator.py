@@ -59,7 +59,7 @@ def test_decay_freed_pages_sets_every_arenas_decay_under_jemalloc():
         "ctl.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p, "
         "ctypes.c_size_t]\n"
         "for name, want in ((b'arena.0.dirty_decay_ms', 1000), (b'arenas.dirty_decay_ms', 1000),\n"
-        "                   (b'arena.0.muzzy_decay_ms', 0), (b'arenas.muzzy_decay_ms', 0)):\n"
+        "                   (b'arena.0.muzzy_decay_ms', allocator.RETURN_MS), (b'arenas.muzzy_decay_ms', allocator.RETURN_MS)):\n"
         "    v, n = ctypes.c_ssize_t(), ctypes.c_size_t(8)\n"
         "    assert ctl(name, ctypes.byref(v), ctypes.byref(n), None, 0) == 0 and v.value == want, (name, v.value)\n"
     )
@@ -70,8 +70,8 @@ def test_decay_freed_pages_sets_every_arenas_decay_under_jemalloc():
 
 @pytest.mark.skipif(allocator.find_jemalloc() is None, reason="needs libjemalloc2")
 def test_decayed_pages_leave_the_rss_not_only_jemalloc():
-    """A freed block's pages leave the process's RSS, not only jemalloc's count: a lazily freed page (MADV_FREE)
-    would stay in the RSS, and in smaps' LazyFree, until the system runs short of memory."""
+    """A freed block's pages leave the process's RSS, not only jemalloc's count: with muzzy decay off (-1), as
+    before, they stayed in it."""
     import os
     import subprocess
 
@@ -80,7 +80,7 @@ def test_decayed_pages_leave_the_rss_not_only_jemalloc():
         "def kib(field):\n"
         "    return sum(int(l.split()[1]) for l in open('/proc/self/smaps') if l.startswith(field + ':'))\n"
         "import time\n"
-        "assert allocator.decay_freed_pages(10)\n"
+        "assert allocator.decay_freed_pages(10, 10)\n"
         "block = bytearray(b'x' * (256 << 20))\n"
         "before = kib('Rss')\n"
         "del block\n"
