@@ -37,8 +37,8 @@ MALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1,oversize_threshold:0"
 # (benchmarks/design-decisions_cpu_2026-11-28.md#full-fine-tuning-returns-freed-pages, #grpo-returns-freed-pages).
 DECAY_MS = 1000
 # A decayed page is first freed lazily (MADV_FREE: it stays in the RSS until the system needs it, and coming back
-# to it costs no page fault), then for good this much later. For good at once cost a full fine-tune 6-17% of its
-# step in page faults; lazily for ever left up to 1 GiB of freed pages in its RSS
+# to it costs no page fault), then for good this much later. Lazily for ever left up to 1 GiB of freed pages in a
+# full fine-tune's RSS; for good at once made its step 16% slower in page faults, 5 s later 9.5%
 # (benchmarks/design-decisions_cpu_2026-11-28.md#freed-pages-are-returned-for-good).
 RETURN_MS = 5000
 
