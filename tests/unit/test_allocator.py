@@ -46,12 +46,19 @@ def test_no_reexec_without_jemalloc(execs, monkeypatch):
     assert execs == []
 
 
-@pytest.mark.skipif(allocator.find_jemalloc() is None, reason="needs libjemalloc2")
-def test_decay_freed_pages_sets_every_arenas_decay_under_jemalloc():
-    """In a process on jemalloc the decay reads back from an arena in use and from arenas made later."""
+def run_on_jemalloc(code: str) -> None:
+    """Run `code` in a fresh Python on jemalloc with tunelab's MALLOC_CONF; its assertions fail the test."""
     import os
     import subprocess
 
+    env = {**os.environ, "LD_PRELOAD": allocator.find_jemalloc(), "MALLOC_CONF": allocator.MALLOC_CONF}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.skipif(allocator.find_jemalloc() is None, reason="needs libjemalloc2")
+def test_decay_freed_pages_sets_every_arenas_decay_under_jemalloc():
+    """In a process on jemalloc the decay reads back from an arena in use and from arenas made later."""
     code = (
         "import ctypes; from tunelab import allocator\n"
         "assert allocator.decay_freed_pages(1000)\n"
@@ -63,18 +70,13 @@ def test_decay_freed_pages_sets_every_arenas_decay_under_jemalloc():
         "    v, n = ctypes.c_ssize_t(), ctypes.c_size_t(8)\n"
         "    assert ctl(name, ctypes.byref(v), ctypes.byref(n), None, 0) == 0 and v.value == want, (name, v.value)\n"
     )
-    env = {**os.environ, "LD_PRELOAD": allocator.find_jemalloc(), "MALLOC_CONF": allocator.MALLOC_CONF}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    run_on_jemalloc(code)
 
 
 @pytest.mark.skipif(allocator.find_jemalloc() is None, reason="needs libjemalloc2")
 def test_decayed_pages_leave_the_rss_not_only_jemalloc():
     """A freed block's pages leave the process's RSS, not only jemalloc's count: with muzzy decay off (-1), as
     before, they stayed in it."""
-    import os
-    import subprocess
-
     code = (
         "from tunelab import allocator\n"
         "def kib(field):\n"
@@ -90,9 +92,7 @@ def test_decayed_pages_leave_the_rss_not_only_jemalloc():
         "after, lazy = kib('Rss'), kib('LazyFree')\n"
         "assert before - after > 200 << 10 and lazy < 50 << 10, (before, after, lazy)\n"
     )
-    env = {**os.environ, "LD_PRELOAD": allocator.find_jemalloc(), "MALLOC_CONF": allocator.MALLOC_CONF}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    run_on_jemalloc(code)
 
 
 def test_decay_freed_pages_is_a_no_op_on_the_system_allocator():
