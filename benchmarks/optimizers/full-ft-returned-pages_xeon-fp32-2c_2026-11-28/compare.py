@@ -1,7 +1,8 @@
 """plan beside each full fine-tuning mode's RSS peak above the start (what `tunelab train` reports on CPU) under
 three ways of returning freed pages: lazily for ever (the earlier file's rows), for good at once, and lazily then for
 good 5 s later (allocator.RETURN_MS, the code now). Also the lazily freed pages left in the RSS at the last step
-(smaps' LazyFree). Reads the rows run.sh wrote into the folders beside this file."""
+(smaps' LazyFree). Reads the rows that ../full-ft-live-peaks_xeon-fp32-2c_2026-11-28/run.sh wrote into
+the folders beside this file."""
 
 import json
 import os
