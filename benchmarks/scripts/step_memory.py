@@ -59,36 +59,26 @@ def rss_parts() -> dict[str, float]:
 
 
 def smaps() -> dict[str, float]:
-    """The RSS by mapping, in GiB: file-backed pages per file (a file's pages the process wrote are anonymous:
-    copy-on-write), anonymous mappings by size class, the stacks; and jemalloc's resident bytes beside them."""
+    """The RSS by mapping, in GiB: file-backed pages per file (shared libraries together; a file's pages the process
+    wrote are anonymous: copy-on-write), anonymous mappings, [heap] and [stack]; the lazily freed pages (MADV_FREE)
+    still in it; and jemalloc's resident bytes beside them."""
+    mappings: list[list] = []  # [name, Rss KiB, Anonymous KiB] per mapping
+    lazy = 0
+    for line in open("/proc/self/smaps"):
+        head = line.split()
+        if not head[0].endswith(":"):  # a mapping's first line: address range, perms, offset, dev, inode[, path]
+            mappings.append([head[5] if len(head) > 5 else "", 0, 0])
+        elif head[0] in ("Rss:", "Anonymous:"):
+            mappings[-1][1 if head[0] == "Rss:" else 2] = int(head[1])
+        elif head[0] == "LazyFree:":
+            lazy += int(head[1])
     parts: dict[str, float] = {}
-    name, rss, anon, lazy = "", 0, 0, 0
-
-    def flush() -> None:
-        if not name and not rss:
-            return
-        if name.startswith("/"):
-            kind = "file:so" if ".so" in name else "file:" + name.rsplit("/", 1)[-1]
-        elif name:
-            kind = name  # [heap], [stack], [vdso] ...
-        else:
-            kind = "anon"
+    for name, rss, anon in mappings:
+        kind = ("file:so" if ".so" in name else "file:" + name.rsplit("/", 1)[-1]) if name.startswith("/") else name
+        kind = kind or "anon"
         parts[kind + " rss"] = parts.get(kind + " rss", 0) + rss * 1024 / GIB
         if anon and kind != "anon":
             parts[kind + " written"] = parts.get(kind + " written", 0) + anon * 1024 / GIB
-
-    for line in open("/proc/self/smaps"):
-        head = line.split()
-        if "-" in head[0] and not head[0].endswith(":"):
-            flush()
-            name, rss, anon = (head[5] if len(head) > 5 else ""), 0, 0
-        elif head[0] == "Rss:":
-            rss = int(head[1])
-        elif head[0] == "Anonymous:":
-            anon = int(head[1])
-        elif head[0] == "LazyFree:":
-            lazy += int(head[1])
-    flush()
     parts["lazy free (in the RSS until the system needs it)"] = lazy * 1024 / GIB
     parts["jemalloc resident"] = stats()["resident"] / GIB
     return {k: round(v, 3) for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v >= 0.002}
