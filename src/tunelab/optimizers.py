@@ -42,6 +42,7 @@ class Optimizer:
     # Bytes per value its step allocates and frees beyond the weight, gradient and states, measured on CPU
     # (benchmarks/optimizers/step-memory_xeon-fp32-2c_2026-11-27.md): fused AdamW none, bitsandbytes' 8-bit step
     # its dequantized moments and update, Adafactor its update and squared gradient. Taken for CUDA too, unmeasured.
+    # Above 0, a full fine-tune on a CPU returns its freed pages before each step (recipes/finetune.py).
     step_scratch: float = 0.0
 
     @property

@@ -115,3 +115,57 @@ def test_a_cpu_full_fine_tune_returns_freed_pages(
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
     finetune(tiny_train_config(tiny_model_dir, data, tmp_path / "run", f"method={method}", "max_steps=1"), False)
     assert calls == ([allocator.DECAY_MS] if returned else [])
+
+
+@pytest.mark.skipif(allocator.find_jemalloc() is None, reason="needs libjemalloc2")
+def test_return_freed_pages_empties_the_rss_of_freed_pages_at_once():
+    """With decay off (tunelab's MALLOC_CONF), a freed block's pages stay in the RSS until returned; returning them
+    takes them out at once, lazily freed ones included."""
+    code = (
+        "from tunelab import allocator\n"
+        "def kib(field):\n"
+        "    return sum(int(l.split()[1]) for l in open('/proc/self/smaps') if l.startswith(field + ':'))\n"
+        "block = bytearray(b'x' * (256 << 20))\n"
+        "before = kib('Rss')\n"
+        "del block\n"
+        "held = kib('Rss')\n"
+        "assert before - held < 50 << 10, (before, held)\n"
+        "assert allocator.return_freed_pages()\n"
+        "after, lazy = kib('Rss'), kib('LazyFree')\n"
+        "assert held - after > 200 << 10 and lazy < 50 << 10, (held, after, lazy)\n"
+    )
+    run_on_jemalloc(code)
+
+
+def test_return_freed_pages_is_a_no_op_on_the_system_allocator():
+    if "jemalloc" in __import__("os").environ.get("LD_PRELOAD", ""):
+        pytest.skip("this process runs on jemalloc")
+    assert allocator.return_freed_pages() is False
+
+
+@pytest.mark.parametrize(
+    "overrides,returns",
+    [
+        (("method=full", "optimizer=adafactor"), True),  # a step with scratch: its pages are returned before it
+        (("method=full",), False),  # fused AdamW allocates no scratch
+        (
+            ("method=full", "optimizer=adafactor", "optimizer_in_backward=true", "grad_accum=1", "max_grad_norm=0"),
+            False,
+        ),  # in backward
+        (("method=lora", "optimizer=adafactor"), False),  # LoRA keeps freed pages (decay off)
+    ],
+)
+def test_freed_pages_are_returned_before_each_step_with_scratch(
+    tiny_model_dir, addition_rows, tmp_path, monkeypatch, overrides, returns
+):
+    """Each optimizer step of a CPU full fine-tune whose optimizer allocates scratch (Optimizer.step_scratch) is
+    preceded by returning the freed pages; no other run returns them."""
+    from conftest import tiny_train_config, write_jsonl
+
+    from tunelab.recipes.finetune import finetune
+
+    calls = []
+    monkeypatch.setattr(allocator, "return_freed_pages", lambda: calls.append(1) or True)
+    data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
+    finetune(tiny_train_config(tiny_model_dir, data, tmp_path / "run", *overrides, "max_steps=2"), False)
+    assert len(calls) == (2 if returns else 0)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .. import allocator, families, methods, objectives, sources
+from .. import allocator, families, methods, objectives, optimizers, sources
 from .. import config as cfgmod
 from ..config import TrainConfig
 from ..data.examples import TokenizedData, loss_tokens
@@ -281,6 +281,19 @@ def _train_locked(
     return summary
 
 
+def _return_pages_before_steps_with_scratch(optimizer, spec) -> None:
+    """A full fine-tune on CPU whose optimizer step allocates scratch peaks inside that step; the pages backward
+    freed are returned first (allocator.return_freed_pages), not held beside it. A step inside backward has no
+    such moment (its scratch is one weight's, among the activations)."""
+    if optimizers.get(spec.optimizer).step_scratch and not spec.optimizer_in_backward:
+        inner = getattr(optimizer, "optimizer", optimizer)  # Accelerate's AcceleratedOptimizer wraps it
+        inner.register_step_pre_hook(_return_freed_pages)
+
+
+def _return_freed_pages(optimizer, args, kwargs) -> None:  # a step pre-hook returns None or new arguments
+    allocator.return_freed_pages()
+
+
 def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes, show_progress: bool) -> Run:
     """Everything before the first step: checkpoint to resume from, data, model, its wrapping, resumed state."""
     from accelerate import Accelerator
@@ -326,6 +339,8 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes, show_progre
     if cfg.objective.preference.precompute_reference:
         every_example = EvalBatches(prep.data, batch_spec(cfg, prep.tokenizer.pad_token_id), prep.schedule.slots)
         pair_loss.precompute(trainee.root, every_example, prep.device, len(prep.data))
+    if prep.device.type == "cpu" and methods.get(cfg.adapter.method).trains_base:
+        _return_pages_before_steps_with_scratch(trainee.optimizer, cfg.optimizer)
     state = TrainState() if resume_from is None else strategy.load_checkpoint(resume_from, trainee)
     logged_first_loss = _prepare_output_dir(cfg, out, procs, resume_from, state, show_progress)
     return Run(
