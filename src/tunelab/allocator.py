@@ -34,12 +34,14 @@ MALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1,oversize_threshold:0"
 # freed pages after a second kept it flat: a full fine-tune (0.2 GiB a step, 64 steps of the 135M model: 2.4 ->
 # 14.5 GiB, one arena or eight; no measured cost to its step, where LoRA runs paid 4% for it) and GRPO, whose
 # rollouts change shape every batch (0.3-0.7 GiB a batch at 128 completions: 21 GiB after 28)
-# (benchmarks/design-decisions_cpu_2026-11-28.md#full-fine-tuning-returns-freed-pages, #grpo-returns-freed-pages).
+# (benchmarks/design-decisions_cpu_2026-11-28.md#full-fine-tuning-returns-freed-pages, #grpo-returns-freed-pages;
+# GRPO now frees them lazily only).
 DECAY_MS = 1000
 # A decayed page is first freed lazily (MADV_FREE: it stays in the RSS until the system needs it, and coming back
 # to it costs no page fault), then for good this much later. Lazily for ever left up to 1 GiB of freed pages in a
 # full fine-tune's RSS; for good at once made its step 16% slower in page faults, 5 s later 9.5%
-# (benchmarks/design-decisions_cpu_2026-11-28.md#freed-pages-are-returned-for-good).
+# (benchmarks/design-decisions_cpu_2026-11-28.md#freed-pages-are-returned-for-good). GRPO frees lazily only: 5 s
+# later made its quickstart 16-29% slower (#grpo-frees-pages-lazily-only).
 RETURN_MS = 5000
 
 

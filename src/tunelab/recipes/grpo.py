@@ -82,8 +82,11 @@ def setup(cfg: TrainConfig, out: Path) -> GrpoRun:
     settings = cfg.objective.grpo
     loaded = rewards.load_all(settings.rewards)  # a missing file or function fails before the model loads
     device = pick_device(cfg.compute.device)
-    if device.type == "cpu":  # rollouts change shape every batch: freed pages are not reused (allocator.DECAY_MS)
-        allocator.decay_freed_pages(allocator.DECAY_MS)
+    if device.type == "cpu":
+        # Rollouts change shape every batch, so freed pages are not reused: they are freed lazily (allocator.DECAY_MS)
+        # and never returned for good. Returning them (RETURN_MS) made the quickstart's run 16-29% slower in page
+        # faults (benchmarks/design-decisions_cpu_2026-11-28.md#grpo-frees-pages-lazily-only).
+        allocator.decay_freed_pages(allocator.DECAY_MS, returned_ms=-1)
     precision = pick_precision(cfg.compute.precision, device)
     source = sources.resolve(cfg.model, cfg.trust_remote_code)
     if not cfg.data.given:
