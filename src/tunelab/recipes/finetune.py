@@ -312,7 +312,8 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes, show_progre
     memwatch.start()  # before the model loads: CPU peak memory is relative to this RSS
 
     prep = prepare_run(cfg, procs)
-    if prep.device.type == "cpu" and methods.get(cfg.adapter.method).trains_base:
+    cpu_full = prep.device.type == "cpu" and methods.get(cfg.adapter.method).trains_base
+    if cpu_full:
         allocator.decay_freed_pages(allocator.DECAY_MS)
     group = objectives.get(cfg.objective.name).sequences
     efficiency = packing_efficiency(
@@ -339,7 +340,7 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes, show_progre
     if cfg.objective.preference.precompute_reference:
         every_example = EvalBatches(prep.data, batch_spec(cfg, prep.tokenizer.pad_token_id), prep.schedule.slots)
         pair_loss.precompute(trainee.root, every_example, prep.device, len(prep.data))
-    if prep.device.type == "cpu" and methods.get(cfg.adapter.method).trains_base:
+    if cpu_full:
         _return_pages_before_steps_with_scratch(trainee.optimizer, cfg.optimizer)
     state = TrainState() if resume_from is None else strategy.load_checkpoint(resume_from, trainee)
     logged_first_loss = _prepare_output_dir(cfg, out, procs, resume_from, state, show_progress)
