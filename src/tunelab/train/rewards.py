@@ -36,6 +36,31 @@ def exact_answer(prompts, completions, completion_ids=None, field: str = "answer
     return out
 
 
+def answer_digits(prompts, completions, completion_ids=None, field: str = "answer", **rows) -> list[float | None]:
+    """Partial credit for the final answer (exact_answer's extraction): the share of its digits that are right,
+    compared from the last digit, over the longer of the two numbers; 0 for a wrong sign or no answer, 1 exactly
+    when exact_answer is 1. A group whose completions are all wrong still differs here, so it still teaches."""
+    if field not in rows:
+        raise ValueError(f"the rows have no field {field!r} to check against")
+    out: list[float | None] = []
+    for text, truth in zip(completions, rows[field]):
+        expected = parse_answer(truth)
+        if expected is None:
+            out.append(None)
+            continue
+        got = extract(text, len(expected))
+        out.append(0.0 if got is None else sum(map(_digit_share, got, expected)) / len(expected))
+    return out
+
+
+def _digit_share(got: int, expected: int) -> float:
+    """Right digits, aligned at the units, over the longer number's digit count; 0 when the signs differ."""
+    if (got < 0) != (expected < 0):
+        return 0.0
+    a, b = str(abs(got))[::-1], str(abs(expected))[::-1]
+    return sum(x == y for x, y in zip(a, b)) / max(len(a), len(b))
+
+
 def regex(prompts, completions, completion_ids=None, pattern: str = "", full: bool = False, **rows) -> list[float]:
     """1 when the completion matches `pattern` (anywhere, or as a whole with `full`), else 0: a format reward."""
     if not pattern:
@@ -52,7 +77,12 @@ def length(prompts, completions, completion_ids=None, max_tokens: int = 0, **row
     return [-max(0, len(ids) - max_tokens) / max_tokens for ids in completion_ids]
 
 
-BUILTIN: dict[str, Callable] = {"exact_answer": exact_answer, "regex": regex, "length": length}
+BUILTIN: dict[str, Callable] = {
+    "exact_answer": exact_answer,
+    "answer_digits": answer_digits,
+    "regex": regex,
+    "length": length,
+}
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,33 @@ def test_exact_answer_regex_and_length():
     assert got[:, 2].tolist() == [-0.25, 0.0, -1.25]
 
 
+def test_answer_digits_gives_partial_credit_from_the_units():
+    rows = [{"answer": "12345"}] * 6 + [{"answer": "12 R 3"}, {"answer": "-40"}, {"answer": "n/a"}]
+    texts = [
+        "12000 + 345 = 12345",  # exact: 1, as exact_answer
+        "12000 + 345 = 12355",  # one carry wrong: 4 of 5
+        "12000 + 345 = 2345",  # a digit dropped: 4 of the longer 5
+        "12000 + 345 = 112345",  # a digit added: 5 of the longer 6
+        "12000 + 345 = 54321",  # reversed: only the middle digit
+        "no number",
+        "75 / 6 = 12 R 4",  # quotient right, remainder wrong: half
+        "= 40",  # wrong sign
+        "= 7",  # the row's answer is not a number: does not apply
+    ]
+    got = rewards.score(
+        [rewards.load("answer_digits"), rewards.load("exact_answer")],
+        ["p"] * len(texts),
+        texts,
+        [[1]] * len(texts),
+        rows,
+        list(range(1, len(texts) + 1)),
+    )
+    assert got[:8, 0].tolist() == pytest.approx([1.0, 0.8, 0.8, 5 / 6, 0.2, 0.0, 0.5, 0.0])
+    assert math.isnan(got[8, 0])
+    # Full credit exactly where the exact answer is right.
+    assert ((got[:8, 0] == 1.0) == (got[:8, 1] == 1.0)).all()
+
+
 def test_none_is_nan_and_user_function_gets_row_fields(tmp_path):
     file = tmp_path / "my_rewards.py"
     file.write_text(
