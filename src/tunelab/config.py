@@ -317,6 +317,10 @@ class GrpoConfig:
     # How the sampler's decode loop runs (decoding.py): auto is compiled (a static cache, CUDA graphs) on CUDA and
     # dynamic (eager, a growing cache) elsewhere.
     decode: str = decoding.AUTO
+    # With max_minutes: after the first generation batch, the run (and its learning-rate schedule) is shortened to
+    # the batches its pace says fit, so the schedule decays within the limit instead of being cut near its peak on
+    # a machine slower than max_steps assumed.
+    schedule_within_limit: bool = False
 
     @property
     def clip_high(self) -> float:
@@ -726,6 +730,11 @@ class TrainConfig:
         for name_, bad, why in checks:
             if bad:
                 raise TunelabError(f"{where(name_, 'objective')}: objective {name} {why}")
+        if g.schedule_within_limit and not self.run.max_minutes:
+            raise TunelabError(
+                f"{where('grpo.schedule_within_limit', 'max_minutes')}: grpo.schedule_within_limit fits the schedule "
+                "to max_minutes, which is not set; set max_minutes or drop it"
+            )
         if g.max_completion_length >= self.batch.seq_len:
             raise TunelabError(
                 f"{where('grpo.max_completion_length', 'seq_len')}: grpo.max_completion_length "

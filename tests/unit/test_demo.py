@@ -49,6 +49,12 @@ def test_minutes_must_be_positive(minutes, capsys):
     assert e.value.code == 2 and "--minutes must be positive" in capsys.readouterr().err
 
 
+def test_base_rows_must_be_at_least_one(capsys):
+    with pytest.raises(SystemExit) as e:
+        demo.main(["/dev/null", "--base-rows", "0"])
+    assert e.value.code == 2 and "--base-rows must be at least 1, got 0" in capsys.readouterr().err
+
+
 def test_a_cut_recipe_keeps_enough_optimizer_steps_with_a_smaller_micro_batch():
     assert demo.smaller_micro_batch(16, steps=205) == 16  # the whole recipe is left alone
     assert demo.smaller_micro_batch(16, steps=30) == 4  # 30 -> 60 -> 120 steps
@@ -117,14 +123,21 @@ def test_training_is_limited_to_what_the_budget_leaves_or_the_configs_own_limit_
 
 
 def test_the_demo_trains_under_the_time_its_budget_leaves_and_says_when_it_stopped_there(monkeypatch, tmp_path, capsys):
-    """demo.run end to end with scoring and training replaced: the training config it hands over carries
-    max_minutes = budget - slack - time spent - the base scoring's time - the setup reserve."""
+    """demo.run end to end with scoring and training replaced: the base model is scored on the first --base-rows
+    held-out rows, the tuned one on all; the training config it hands over carries max_minutes = budget - slack -
+    time spent - the base scoring's time per row over every held-out row - the setup reserve."""
     import json
 
     from tunelab.recipes import finetune as finetune_mod
 
     scored = {"accuracy": 0.5, "n": 4, "seconds": 100.0, "by_digits": {"2": {"n": 4, "accuracy": 0.5}}}
-    monkeypatch.setattr(demo, "score", lambda cfg, rows, adapter: dict(scored))
+    scored_rows = []
+
+    def fake_score(cfg, rows, adapter):
+        scored_rows.append((len(rows), adapter is not None))
+        return {**scored, "n": len(rows)}
+
+    monkeypatch.setattr(demo, "score", fake_score)
     handed = {}
 
     def fake_finetune(cfg):
@@ -140,15 +153,19 @@ def test_the_demo_trains_under_the_time_its_budget_leaves_and_says_when_it_stopp
     out = tmp_path / "demo"
     code = demo.main(
         [
-            "configs/quickstart.yaml", "--minutes", "20", "--train-rows", "1200", "--test-rows", "4",
-            f"output_dir={out}", f"data.path={out}/data/train.jsonl",
+            "configs/quickstart.yaml", "--minutes", "30", "--train-rows", "1200", "--test-rows", "8",
+            "--base-rows", "2", f"output_dir={out}", f"data.path={out}/data/train.jsonl",
         ]
     )  # fmt: skip
     assert code == 0
     limit = handed["cfg"].run.max_minutes * 60
-    most = 20 * 60 - demo.END_SLACK_S - scored["seconds"] - demo.SETUP_RESERVE_S
+    assert scored_rows == [(2, False), (8, True)]
+    # 100 s for 2 rows: the tuned model's 8 are reserved 400 s.
+    most = 30 * 60 - demo.END_SLACK_S - 4 * scored["seconds"] - demo.SETUP_RESERVE_S
     assert most - 30 < limit < most  # data, plan and this test's overheads took some seconds
     printed = capsys.readouterr().out
+    words = " ".join(printed.split())  # rich wraps at the terminal's width
+    assert "on 2 of the 8 held-out rows" in words and "base: the first 2 of the 8 rows" in words
     assert "training stopped at its time limit after 5 of 9 steps" in printed
     result = json.loads((out / "eval.json").read_text())
     assert result["train"]["time_limited"] and result["train"]["total_steps"] == 9

@@ -35,7 +35,7 @@ from ..train import checkpoint, rewards
 from ..train.checkpoint import TrainState
 from ..train.grpo import GrpoLoss, Rollout, advantages, trains_on
 from ..train.lock import lock_output_dir
-from ..train.loop import build_scheduler, past_limit
+from ..train.loop import build_scheduler, past_limit, steps_within
 from ..train.optim import build_optimizer
 from .finetune import check_writable_dir, save_final, truncate_metrics
 
@@ -273,6 +273,8 @@ def _train_locked(cfg: TrainConfig, out: Path, show_progress: bool) -> dict:
         # Lines past the checkpoint are about to be written again.
         truncate_metrics(out / "metrics.jsonl", run.state.step)
         truncate_metrics(out / "completions.jsonl", run.state.step)
+        if run.state.schedule_steps is not None:  # the schedule the run had fitted to its time limit
+            reschedule(run, run.state.schedule_steps)
     # `tunelab eval --adapter` reads the base model, format and template from here.
     write_atomic(out / "config.yaml", [dump_yaml(cfg)])
     memwatch = MemoryWatch(run.device)
@@ -297,6 +299,8 @@ def _train_locked(cfg: TrainConfig, out: Path, show_progress: bool) -> dict:
             last = record
             # Only between generation batches, as checkpoints: the next batch's generation and its updates.
             boundary = run.state.step % settings.num_iterations == 0
+            if boundary and run.state.step - start_step == settings.num_iterations:
+                fit_schedule(run, start_s, start_step, show_progress)
             time_limited = (
                 boundary
                 and run.state.step < run.total_steps
@@ -352,6 +356,35 @@ def _train_locked(cfg: TrainConfig, out: Path, show_progress: bool) -> dict:
     }
     write_atomic(out / "summary.json", [json.dumps(summary, indent=1)])
     return summary
+
+
+def fit_schedule(run: GrpoRun, start_s: float, start_step: int, show_progress: bool) -> None:
+    """grpo.schedule_within_limit, after this process's first generation batch: where the batches that its pace
+    says fit max_minutes end before the schedule does, the run and its learning-rate schedule end there (once per
+    run; a resume keeps the fitted schedule)."""
+    cfg, state = run.cfg, run.state
+    per_batch = cfg.objective.grpo.num_iterations
+    if not cfg.objective.grpo.schedule_within_limit or state.schedule_steps is not None:
+        return
+    batch_s = (state.elapsed_s - start_s) / (state.step - start_step) * per_batch
+    steps = steps_within(cfg.run.max_minutes, state.elapsed_s, state.step, batch_s, per_batch)
+    if steps >= run.total_steps:
+        return
+    steps = max(steps, state.step)
+    if show_progress:
+        print(
+            f"schedule: at {batch_s:.0f} s a generation batch, max_minutes {cfg.run.max_minutes:g} holds {steps} of "
+            f"the {run.total_steps} steps; the learning-rate schedule now ends at step {steps}",
+            flush=True,
+        )
+    state.schedule_steps = steps
+    reschedule(run, steps)
+
+
+def reschedule(run: GrpoRun, steps: int) -> None:
+    """The run ends at `steps`, its learning-rate schedule decaying over them from where it stands."""
+    run.total_steps = steps
+    run.scheduler = build_scheduler(run.optimizer, run.cfg.optimizer, steps, at_step=run.state.step)
 
 
 def _progress_line(run: GrpoRun, r: dict) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -126,13 +127,28 @@ class _Window:
         return {"tokens_padded": self.padded, "tokens_nonpad": self.nonpad, "tokens_loss": self.loss}
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, spec: OptimizerConfig, total_steps: int):
+def build_scheduler(optimizer: torch.optim.Optimizer, spec: OptimizerConfig, total_steps: int, at_step: int = 0):
+    """The learning-rate schedule over `total_steps`; `at_step` > 0 builds it as if stepped that many times (a
+    schedule shortened mid-run, recipes/grpo.py), setting the optimizer's learning rate to its value there."""
     from transformers import get_scheduler
 
     name = "constant_with_warmup" if spec.lr_scheduler == "constant" else spec.lr_scheduler
-    return get_scheduler(
+    scheduler = get_scheduler(
         name, optimizer, num_warmup_steps=int(spec.warmup_ratio * total_steps), num_training_steps=total_steps
     )
+    if at_step:
+        scheduler.last_epoch = at_step
+        lrs = [base * factor(at_step) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+        for group, lr in zip(optimizer.param_groups, lrs):
+            group["lr"] = lr
+        scheduler._last_lr = lrs
+    return scheduler
+
+
+def steps_within(max_minutes: float, elapsed_s: float, step: int, batch_s: float, per_batch: int) -> int:
+    """The step at which a run that has done `step` steps in `elapsed_s`, at `batch_s` a batch of `per_batch` steps,
+    ends its last batch that still ends within `max_minutes`: where a schedule fitted to the limit ends."""
+    return step + max(0, math.floor((max_minutes * 60 - elapsed_s) / max(batch_s, 1e-9))) * per_batch
 
 
 @dataclass(kw_only=True)

@@ -61,6 +61,10 @@ def test_arithmetic_prompts_command(tmp_path):
         ("compile=true", "objective grpo runs eager blocks"),
         ("grad_ckpt=true", "objective grpo does not checkpoint activations yet"),
         ("report_to=tensorboard", "objective grpo logs to metrics.jsonl only"),
+        (
+            "grpo.schedule_within_limit=true",
+            "grpo.schedule_within_limit fits the schedule to max_minutes, which is not",
+        ),
     ],
 )
 def test_config_refuses_one_line(tmp_path, override, message):

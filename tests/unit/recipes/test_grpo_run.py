@@ -113,6 +113,48 @@ def test_max_minutes_ends_a_grpo_run_between_generation_batches(tmp_path, tiny_m
     assert "time limit: max_minutes 4.5 ended training after step 4 of 8" in capsys.readouterr().out
 
 
+def test_a_schedule_within_the_limit_ends_the_run_and_its_decay_where_the_pace_says(
+    tmp_path, tiny_model_dir, monkeypatch, capsys
+):
+    """grpo.schedule_within_limit: after the first batch (60 s on this clock) 4.5 minutes hold 4 of the 8 steps, so
+    the run ends at step 4 as finished, its cosine schedule decayed over those 4 (not cut at 4 of 8); a run
+    resumed from step 2 keeps that schedule."""
+    import math
+
+    from tunelab.recipes import grpo
+
+    class Clock:  # the recipe's `time`, moving 60 s in each update and nowhere else
+        now = 1000.0
+
+        def perf_counter(self):
+            return self.now
+
+    clock, real_update = Clock(), grpo.update
+
+    def timed_update(run, batch):
+        metrics = real_update(run, batch)
+        clock.now += 60.0
+        return metrics
+
+    monkeypatch.setattr(grpo, "time", clock)
+    monkeypatch.setattr(grpo, "update", timed_update)
+    data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
+    fitted = ("max_steps=8", "max_minutes=4.5", "log_steps=1", "grpo.schedule_within_limit=true", "save_steps=2")
+    out = tmp_path / "run"
+    summary = finetune(grpo_config(tiny_model_dir, data, out, *fitted))
+    assert summary["steps"] == 4 and summary["total_steps"] == 4 and not summary["time_limited"]
+    assert "max_minutes 4.5 holds 4 of the 8 steps; the learning-rate schedule now ends at step 4" in (
+        capsys.readouterr().out
+    )
+    # Cosine over 4 steps from step 1 (under the 8-step schedule, the cosine would be at 0.96, 0.85, 0.69 of the peak).
+    lrs = [r["lr"] for r in metrics(out)]
+    assert lrs == pytest.approx([5e-2 * 0.5 * (1 + math.cos(math.pi * k / 4)) for k in (0, 1, 2, 3)])
+    # Resumed from the checkpoint of step 2: the fitted schedule, not the config's 8 steps.
+    shutil.rmtree(out / "adapter")
+    summary = finetune(grpo_config(tiny_model_dir, data, out, *fitted, "resume=true"), show_progress=False)
+    assert summary["steps"] == 4 and [r["lr"] for r in metrics(out)] == pytest.approx(lrs)
+
+
 def test_leaving_out_equal_reward_groups_trains_the_same_adapter(tmp_path, tiny_model_dir, monkeypatch):
     """β = 0: the update leaves out completions whose group's rewards are all equal (every group but one prompt's
     here, and whole micro-batches), and trains the adapter the full update trains, zero-gradient steps included."""
