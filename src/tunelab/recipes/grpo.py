@@ -35,7 +35,7 @@ from ..train import checkpoint, rewards
 from ..train.checkpoint import TrainState
 from ..train.grpo import GrpoLoss, Rollout, advantages, trains_on
 from ..train.lock import lock_output_dir
-from ..train.loop import build_scheduler, past_limit, steps_within
+from ..train.loop import build_scheduler, fitted_schedule_steps, past_limit
 from ..train.optim import build_optimizer
 from .finetune import check_writable_dir, save_final, truncate_metrics
 
@@ -367,7 +367,7 @@ def fit_schedule(run: GrpoRun, start_s: float, start_step: int, show_progress: b
     if not cfg.objective.grpo.schedule_within_limit or state.schedule_steps is not None:
         return
     batch_s = (state.elapsed_s - start_s) / (state.step - start_step) * per_batch
-    steps = steps_within(cfg.run.max_minutes, state.elapsed_s, state.step, batch_s, per_batch)
+    steps = fitted_schedule_steps(cfg.run.max_minutes, state.elapsed_s, state.step, batch_s, per_batch)
     if steps >= run.total_steps:
         return
     steps = max(steps, state.step)

@@ -329,6 +329,8 @@ class GeneratingPlan:
     # when it does not.
     time_limited_from: int = 0
     assumption: str = ""  # the decode steps and the update's share: where each comes from
+    # grpo.schedule_within_limit: the run's learning-rate schedule ends with the batches that fit, not the schedule's.
+    schedule_fitted: bool = False
 
     @property
     def time_s(self) -> float:
@@ -442,7 +444,11 @@ def plan_generating(cfg: cfgmod.TrainConfig, r: PlanRequest) -> list[GeneratingP
         # The run checks its time limit between generation batches (recipes/grpo.py), as the loop between steps.
         runs = timing.steps_within(cfg.run.max_minutes * 60, batches, batches * step.batch_s, 0.0)
         limited = batches if runs < batches else 0
-        out.append(GeneratingPlan(gpu.name, prompts, mean, step, runs, memory, source, limited, assumption))
+        out.append(
+            GeneratingPlan(
+                gpu.name, prompts, mean, step, runs, memory, source, limited, assumption, g.schedule_within_limit
+            )
+        )
     return out
 
 

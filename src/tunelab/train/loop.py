@@ -145,7 +145,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, spec: OptimizerConfig, tot
     return scheduler
 
 
-def steps_within(max_minutes: float, elapsed_s: float, step: int, batch_s: float, per_batch: int) -> int:
+def fitted_schedule_steps(max_minutes: float, elapsed_s: float, step: int, batch_s: float, per_batch: int) -> int:
     """The step at which a run that has done `step` steps in `elapsed_s`, at `batch_s` a batch of `per_batch` steps,
     ends its last batch that still ends within `max_minutes`: where a schedule fitted to the limit ends."""
     return step + max(0, math.floor((max_minutes * 60 - elapsed_s) / max(batch_s, 1e-9))) * per_batch

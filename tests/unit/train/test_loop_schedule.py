@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tunelab.config import OptimizerConfig
-from tunelab.train.loop import build_scheduler, steps_within
+from tunelab.train.loop import build_scheduler, fitted_schedule_steps
 
 
 @pytest.mark.parametrize("name", ["cosine", "linear", "constant"])
@@ -42,10 +42,10 @@ def test_a_shortened_schedule_decays_from_where_the_run_stands():
     assert short.base_lrs == [1e-3]  # the peak stays the config's lr
 
 
-def test_steps_within_counts_whole_batches_that_end_inside_the_limit():
+def test_fitted_schedule_steps_counts_whole_batches_that_end_inside_the_limit():
     # 60 s done after 1 step, 60 s a batch of 1 step, 270 s allowed: 3 more batches end by 240 s.
-    assert steps_within(4.5, 60.0, 1, 60.0, 1) == 4
+    assert fitted_schedule_steps(4.5, 60.0, 1, 60.0, 1) == 4
     # Batches of 2 steps (num_iterations 2): whole batches only.
-    assert steps_within(4.5, 120.0, 2, 120.0, 2) == 4
-    assert steps_within(15.0, 54.0, 1, 54.0, 1) == 16  # the AVX2 quickstart's pace
-    assert steps_within(1.0, 90.0, 3, 30.0, 1) == 3  # already past the limit: no more
+    assert fitted_schedule_steps(4.5, 120.0, 2, 120.0, 2) == 4
+    assert fitted_schedule_steps(15.0, 54.0, 1, 54.0, 1) == 16  # the AVX2 quickstart's pace
+    assert fitted_schedule_steps(1.0, 90.0, 3, 30.0, 1) == 3  # already past the limit: no more
