@@ -82,10 +82,12 @@ def test_resume_repeats_the_uninterrupted_steps(tmp_path, tiny_model_dir):
         assert y["loss"] == pytest.approx(x["loss"], abs=1e-6)
 
 
-def test_max_minutes_ends_a_grpo_run_between_generation_batches(tmp_path, tiny_model_dir, monkeypatch, capsys):
+@pytest.fixture
+def clocked(monkeypatch):
+    """The recipe's `time`, moving 60 s in each update and nowhere else."""
     from tunelab.recipes import grpo
 
-    class Clock:  # the recipe's `time`, moving 60 s in each update and nowhere else
+    class Clock:
         now = 1000.0
 
         def perf_counter(self):
@@ -100,6 +102,10 @@ def test_max_minutes_ends_a_grpo_run_between_generation_batches(tmp_path, tiny_m
 
     monkeypatch.setattr(grpo, "time", clock)
     monkeypatch.setattr(grpo, "update", timed_update)
+    return clock
+
+
+def test_max_minutes_ends_a_grpo_run_between_generation_batches(tmp_path, tiny_model_dir, clocked, capsys):
     data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
     out = tmp_path / "run"
     cfg = grpo_config(
@@ -114,30 +120,13 @@ def test_max_minutes_ends_a_grpo_run_between_generation_batches(tmp_path, tiny_m
 
 
 def test_a_schedule_within_the_limit_ends_the_run_and_its_decay_where_the_pace_says(
-    tmp_path, tiny_model_dir, monkeypatch, capsys
+    tmp_path, tiny_model_dir, clocked, capsys
 ):
     """grpo.schedule_within_limit: after the first batch (60 s on this clock) 4.5 minutes hold 4 of the 8 steps, so
     the run ends at step 4 as finished, its cosine schedule decayed over those 4 (not cut at 4 of 8); a run
     resumed from step 2 keeps that schedule."""
     import math
 
-    from tunelab.recipes import grpo
-
-    class Clock:  # the recipe's `time`, moving 60 s in each update and nowhere else
-        now = 1000.0
-
-        def perf_counter(self):
-            return self.now
-
-    clock, real_update = Clock(), grpo.update
-
-    def timed_update(run, batch):
-        metrics = real_update(run, batch)
-        clock.now += 60.0
-        return metrics
-
-    monkeypatch.setattr(grpo, "time", clock)
-    monkeypatch.setattr(grpo, "update", timed_update)
     data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
     fitted = ("max_steps=8", "max_minutes=4.5", "log_steps=1", "grpo.schedule_within_limit=true", "save_steps=2")
     out = tmp_path / "run"
