@@ -27,29 +27,30 @@ from ..eval.exact_match import extract, parse_answer
 def exact_answer(prompts, completions, completion_ids=None, field: str = "answer", **rows) -> list[float | None]:
     """1 when the completion's final answer (eval/exact_match.py: the last integer, or `q R r`) equals the row's
     `field`, else 0; None for a row whose field is not an answer."""
-    if field not in rows:
-        raise ValueError(f"the rows have no field {field!r} to check against")
-    out: list[float | None] = []
-    for text, truth in zip(completions, rows[field]):
-        expected = parse_answer(truth)
-        out.append(None if expected is None else float(extract(text, len(expected)) == expected))
-    return out
+    return _graded(completions, rows, field, lambda got, expected: float(got == expected))
 
 
 def answer_digits(prompts, completions, completion_ids=None, field: str = "answer", **rows) -> list[float | None]:
     """Partial credit for the final answer (exact_answer's extraction): the share of its digits that are right,
     compared from the last digit, over the longer of the two numbers; 0 for a wrong sign or no answer, 1 exactly
     when exact_answer is 1. A group whose completions are all wrong still differs here, so it still teaches."""
+    return _graded(
+        completions,
+        rows,
+        field,
+        lambda got, expected: 0.0 if got is None else sum(map(_digit_share, got, expected)) / len(expected),
+    )
+
+
+def _graded(completions, rows: dict, field: str, grade: Callable) -> list[float | None]:
+    """`grade(the completion's final answer or None, the row's answer)` per completion; None for a row whose
+    `field` is not an answer."""
     if field not in rows:
         raise ValueError(f"the rows have no field {field!r} to check against")
     out: list[float | None] = []
     for text, truth in zip(completions, rows[field]):
         expected = parse_answer(truth)
-        if expected is None:
-            out.append(None)
-            continue
-        got = extract(text, len(expected))
-        out.append(0.0 if got is None else sum(map(_digit_share, got, expected)) / len(expected))
+        out.append(None if expected is None else grade(extract(text, len(expected)), expected))
     return out
 
 
