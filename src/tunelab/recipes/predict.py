@@ -194,6 +194,9 @@ class PlanRequest:
     completion_tokens: float | None = None
     signal_share: float | None = None
     grpo_from: str | None = None  # where those two come from (a trial run's folder), for plan's text
+    # That trial run's measured times: on `--gpu local` (the machine it ran on) they scale plan's sampling and
+    # update rates to this machine's (`trial_rates`).
+    trial: GrpoTrial | None = None
 
     @property
     def gpu_ids(self) -> list[str]:
@@ -353,16 +356,21 @@ def prompt_lengths(cfg: cfgmod.TrainConfig, r: PlanRequest) -> tuple[int, float,
 
 @dataclass(frozen=True)
 class GrpoTrial:
-    """What a GRPO run measured that plan otherwise assumes at its upper bound (PlanRequest's fields)."""
+    """What a GRPO run measured that plan otherwise assumes at its upper bound (PlanRequest's fields), and its
+    times: the median batch's sampling and the rest of it (rewards, scoring passes, update)."""
 
     completion_tokens: float  # the median over generation batches of the longest completion: the decode steps
     signal_share: float  # the mean share of completions the update ran on
     batches: int
+    generation_s: float = 0.0  # the median batch's sampling seconds
+    rest_s: float | None = None  # the median batch's seconds after sampling, from the second batch on (None: one)
+    config: cfgmod.TrainConfig | None = None  # the run's config.yaml: the batch shape those times are for
 
 
 def grpo_trial(run_dir: str | Path) -> GrpoTrial:
-    """The decode steps and the update's share of completions a GRPO run measured (its metrics.jsonl): a short
-    trial run of the same config calibrates plan's two workload assumptions."""
+    """The decode steps, the update's share of completions and the batch's times a GRPO run measured (its
+    metrics.jsonl and config.yaml): a short trial run of the same config calibrates plan's two workload
+    assumptions, and on the machine it ran on, plan's rates."""
     path = Path(run_dir) / "metrics.jsonl"
     try:
         records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -377,8 +385,21 @@ def grpo_trial(run_dir: str | Path) -> GrpoTrial:
         else 1 - r["frac_reward_zero_std"]
         for r in batches
     ]
+    # A batch's time is the elapsed time between two generation batches' records; the first batch's also holds
+    # the run's warm-up, so it is left out.
+    rest = [
+        b["elapsed_s"] - a["elapsed_s"] - b["generation_s"]
+        for a, b in zip(batches, batches[1:])
+        if "elapsed_s" in a and "elapsed_s" in b
+    ]
+    config = Path(run_dir) / "config.yaml"
     return GrpoTrial(
-        statistics.median(r["completions/max_length"] for r in batches), statistics.fmean(share), len(batches)
+        statistics.median(r["completions/max_length"] for r in batches),
+        statistics.fmean(share),
+        len(batches),
+        statistics.median(r["generation_s"] for r in batches[1:] or batches),
+        statistics.median(rest) if rest else None,
+        cfgmod.load_config(config) if config.is_file() else None,
     )
 
 
@@ -391,6 +412,7 @@ def grpo_workload(completion_tokens=None, signal_share=None, from_run=None) -> d
         "completion_tokens": trial.completion_tokens,
         "signal_share": trial.signal_share,
         "grpo_from": f"{from_run} ({trial.batches} generation batches)",
+        "trial": trial,
     }
 
 
@@ -402,7 +424,6 @@ def plan_generating(cfg: cfgmod.TrainConfig, r: PlanRequest) -> list[GeneratingP
     g, b = cfg.objective.grpo, cfg.batch
     arch = resolve_arch(cfg.model)
     prompts, mean, source = prompt_lengths(cfg, r)
-    rows = b.micro_batch * b.grad_accum * g.num_generations
     steps = min(r.completion_tokens or g.max_completion_length, g.max_completion_length)
     share = 1.0 if g.beta > 0 or r.signal_share is None else r.signal_share
     if not 0 < steps or not 0 <= share <= 1:
@@ -414,42 +435,88 @@ def plan_generating(cfg: cfgmod.TrainConfig, r: PlanRequest) -> list[GeneratingP
     lengths = workload.Lengths(prompts * g.num_generations, length, float(steps), source=source)
     per_batch = b.micro_batch * b.grad_accum
     batches = math.ceil(b.max_steps / g.num_iterations) if b.max_steps else math.ceil(b.epochs * prompts / per_batch)
-    job = Job.of(cfg).but(micro_batch=b.micro_batch * g.num_generations, packing=False, compile=False, max_steps=1)
     out = []
     for gpu_id in r.gpu_ids:
         device = device_for(gpu_id, cfg.compute.precision)
-        update = estimate(arch, lengths, job, device)
-        gpu = device.gpu
-        bandwidth = gpu.bandwidth_gbs * 1e9 or catalog.nearest_bandwidth(gpu.peak_flops)
-        fit = catalog.grpo_constants(device_key(device))
-        overhead = forward_launch_s(arch, update, device, fit.decode_op_s if fit else None)
-        gen = generation(
-            arch,
-            rows,
-            mean,
-            steps,
-            compute_bytes(job, device),
-            gpu.peak_flops,
-            bandwidth,
-            overhead,
-            distinct_prompts=per_batch,
-            decode_flop_efficiency=fit.decode_flop_efficiency if fit else 1.0,
-        )
-        passes = int(g.num_iterations > 1) + int(g.beta > 0)
-        # The update and the old log-probs' pass run over the completions that carry a gradient (train/grpo.py).
-        update_s = update.step.total * (fit.update_scale if fit else 1.0) * share
-        scoring = fit.scoring_scale if fit else 1.0
-        step = GrpoStep(gen, passes, update_s, g.num_iterations, scoring, share)
-        memory = update.memory.total + gen.kv_cache_bytes
+        step, update = grpo_step(cfg, arch, mean, steps, share, lengths, device)
+        rates = trial_rates(r.trial, cfg, arch, mean, lengths, device) if gpu_id == "local" else None
+        if rates:
+            step = scaled_step(step, *rates)
+            assumption += f"; this machine's rates from the trial: sampling x{rates[0]:.2f}, the rest x{rates[1]:.2f}"
+        memory = update.memory.total + step.generation.kv_cache_bytes
         # The run checks its time limit between generation batches (recipes/grpo.py), as the loop between steps.
         runs = timing.steps_within(cfg.run.max_minutes * 60, batches, batches * step.batch_s, 0.0)
         limited = batches if runs < batches else 0
         out.append(
             GeneratingPlan(
-                gpu.name, prompts, mean, step, runs, memory, source, limited, assumption, g.schedule_within_limit
+                device.gpu.name,
+                prompts,
+                mean,
+                step,
+                runs,
+                memory,
+                source,
+                limited,
+                assumption,
+                g.schedule_within_limit,
             )
         )
     return out
+
+
+def grpo_step(cfg: cfgmod.TrainConfig, arch, mean: float, steps: float, share: float, lengths, device: Device):
+    """(one generation batch and its optimizer steps by part, plan's estimate of the update) on `device`, for
+    `steps` decode steps and the update over `share` of the completions."""
+    g, b = cfg.objective.grpo, cfg.batch
+    job = Job.of(cfg).but(micro_batch=b.micro_batch * g.num_generations, packing=False, compile=False, max_steps=1)
+    update = estimate(arch, lengths, job, device)
+    gpu = device.gpu
+    bandwidth = gpu.bandwidth_gbs * 1e9 or catalog.nearest_bandwidth(gpu.peak_flops)
+    fit = catalog.grpo_constants(device_key(device))
+    overhead = forward_launch_s(arch, update, device, fit.decode_op_s if fit else None)
+    gen = generation(
+        arch,
+        b.micro_batch * b.grad_accum * g.num_generations,
+        mean,
+        steps,
+        compute_bytes(job, device),
+        gpu.peak_flops,
+        bandwidth,
+        overhead,
+        distinct_prompts=b.micro_batch * b.grad_accum,
+        decode_flop_efficiency=fit.decode_flop_efficiency if fit else 1.0,
+    )
+    passes = int(g.num_iterations > 1) + int(g.beta > 0)
+    # The update and the old log-probs' pass run over the completions that carry a gradient (train/grpo.py).
+    update_s = update.step.total * (fit.update_scale if fit else 1.0) * share
+    scoring = fit.scoring_scale if fit else 1.0
+    return GrpoStep(gen, passes, update_s, g.num_iterations, scoring, share), update
+
+
+def trial_rates(trial, cfg: cfgmod.TrainConfig, arch, mean: float, lengths, device: Device):
+    """(sampling, the rest) measured over predicted for a trial run's own batch on this machine, or None without
+    its times: the factors that turn plan's rates for this machine into the ones the trial measured. The trial's
+    batch shape is its config.yaml's (this config's where it has none), its prompts this config's."""
+    if trial is None or trial.rest_s is None:
+        return None
+    tcfg = trial.config or cfg
+    tarch = arch if tcfg.model == cfg.model else resolve_arch(tcfg.model)
+    tsteps = min(trial.completion_tokens, tcfg.objective.grpo.max_completion_length)
+    tshare = 1.0 if tcfg.objective.grpo.beta > 0 else trial.signal_share
+    tlengths = replace(lengths, mean_tokens=mean + tsteps, mean_loss_tokens=float(tsteps))
+    predicted, _ = grpo_step(tcfg, tarch, mean, tsteps, tshare, tlengths, device)
+    rest = predicted.batch_s - predicted.generation.total_s
+    if predicted.generation.total_s <= 0 or rest <= 0:
+        return None
+    return trial.generation_s / predicted.generation.total_s, trial.rest_s / rest
+
+
+def scaled_step(step: GrpoStep, sampling: float, rest: float) -> GrpoStep:
+    """`step` with its sampling times `sampling` times and its scoring passes and update `rest` times as long."""
+    gen = replace(
+        step.generation, prefill_s=step.generation.prefill_s * sampling, decode_s=step.generation.decode_s * sampling
+    )
+    return replace(step, generation=gen, update_s=step.update_s * rest)
 
 
 def _grpo_assumption(g: cfgmod.GrpoConfig, r: PlanRequest, steps: float) -> str:

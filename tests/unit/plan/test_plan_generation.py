@@ -229,3 +229,102 @@ def test_from_run_without_a_grpo_runs_metrics_is_one_line(tmp_path, tiny_model_d
     assert main(["plan", "--config", str(config), "--from-run", str(tmp_path / "nope")]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "metrics.jsonl" in err[0] and "--from-run" in err[0]
+
+
+def trial_folder(path, config=None, generation_s=(9.0, 4.0, 5.0, 4.5), rest_s=(6.0, 7.0, 6.5)):
+    """A GRPO run's folder: metrics of batches that sampled `generation_s` and then took `rest_s` more (the first
+    batch's rest is its warm-up, left out), 12-token completions, the update over every completion."""
+    path.mkdir()
+    elapsed, records = 0.0, []
+    for i, gen in enumerate(generation_s):
+        elapsed += gen + (rest_s[i - 1] if i else 20.0)
+        records.append(
+            {
+                "step": i + 1,
+                "generation_s": gen,
+                "elapsed_s": elapsed,
+                "completions/max_length": 12,
+                "update_completions": 8,
+                "completions_per_batch": 8,
+            }
+        )
+    write_jsonl(path / "metrics.jsonl", records)
+    if config is not None:
+        (path / "config.yaml").write_text(config.read_text())
+    return path
+
+
+def fake_local_cpu(monkeypatch):
+    from tunelab.plan import catalog
+    from tunelab.plan.estimate import Device
+    from tunelab.recipes import predict
+
+    cpu = catalog.Gpu("local", "a fp32-only CPU", 16 * 2**30, 20.0, 2e11, False, "cpu-fp32", "test")
+    monkeypatch.setattr(predict, "local_device", lambda *a, **k: Device(cpu, catalog.runtime_overhead("cpu")))
+
+
+def test_a_trial_on_this_machine_calibrates_plans_rates(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """On `--gpu local` a trial run's times scale plan's sampling and its scoring passes and update to what the
+    trial measured (its median batch, the warm-up batch left out): the trial's own config is then predicted at
+    its measured batch, and another batch shape by the same factors. Other GPUs take only the workload."""
+    import tunelab
+
+    fake_local_cpu(monkeypatch)
+    config = grpo_config_file(tmp_path, tiny_model_dir, beta=0.1)
+    trial = trial_folder(tmp_path / "trial", config)
+
+    def plan(gpu, *flags):
+        assert main(["plan", "--config", str(config), "--gpu", gpu, "--json", *flags]) == 0
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    measured = plan("local", "--from-run", str(trial))
+    parts = measured["parts_s"]
+    assert parts["prefill"] + parts["decode"] == pytest.approx(4.5)  # the median of batches 2-4
+    assert parts["scoring passes"] + parts["update"] == pytest.approx(6.5)
+    assert measured["batch_s"] == pytest.approx(11.0)
+    assert main(["plan", "--config", str(config), "--gpu", "local", "--from-run", str(trial)]) == 0
+    assert "this machine's rates from the trial: sampling x" in capsys.readouterr().out
+    # Twice the prompts a batch: plan's own ratio between the shapes, at the trial's rates.
+    given = plan("local", "--completion-tokens", "12", "--signal-share", "1")
+    given2 = plan("local", "--completion-tokens", "12", "--signal-share", "1", "grad_accum=2")
+    double = plan("local", "--from-run", str(trial), "grad_accum=2")
+    sampling = 4.5 / (given["parts_s"]["prefill"] + given["parts_s"]["decode"])
+    rest = 6.5 / (given["parts_s"]["scoring passes"] + given["parts_s"]["update"])
+    assert double["parts_s"]["decode"] == pytest.approx(given2["parts_s"]["decode"] * sampling)
+    assert double["parts_s"]["update"] == pytest.approx(given2["parts_s"]["update"] * rest)
+    assert double["batch_s"] > measured["batch_s"]
+    # A catalog GPU is not this machine: the trial's decode steps only.
+    h100 = plan("h100-sxm", "--from-run", str(trial))
+    assert h100["batch_s"] == pytest.approx(plan("h100-sxm", "--completion-tokens", "12")["batch_s"])
+    api = tunelab.estimate(config, gpu="local", from_run=trial)[0]
+    assert api.step.batch_s == pytest.approx(11.0)
+
+
+def test_a_trial_of_another_batch_shape_is_predicted_at_its_own(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """The factors come from the trial's batch shape (its config.yaml), not the planned one's: a trial at one
+    prompt a batch calibrates a plan at two, and that plan at one prompt gives the trial's time back."""
+    fake_local_cpu(monkeypatch)
+    config = grpo_config_file(tmp_path, tiny_model_dir, beta=0.1)
+    single = tmp_path / "single.yaml"
+    single.write_text(config.read_text().replace("micro_batch: 2", "micro_batch: 1"))
+    trial = trial_folder(tmp_path / "trial", single)
+
+    def plan(*flags):
+        assert main(["plan", "--config", str(config), "--gpu", "local", "--json", *flags]) == 0
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    assert plan("--from-run", str(trial), "micro_batch=1")["batch_s"] == pytest.approx(11.0)
+    assert plan("--from-run", str(trial))["batch_s"] > 11.0
+    # Without config.yaml the trial is taken as this config's shape.
+    (trial / "config.yaml").unlink()
+    assert plan("--from-run", str(trial))["batch_s"] == pytest.approx(11.0)
+
+
+def test_a_one_batch_trial_gives_the_workload_not_the_rates(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    fake_local_cpu(monkeypatch)
+    config = grpo_config_file(tmp_path, tiny_model_dir, beta=0.1)
+    trial = trial_folder(tmp_path / "trial", config, generation_s=(9.0,), rest_s=())
+    assert main(["plan", "--config", str(config), "--gpu", "local", "--json", "--from-run", str(trial)]) == 0
+    one = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(["plan", "--config", str(config), "--gpu", "local", "--json", "--completion-tokens", "12"]) == 0
+    assert one["batch_s"] == pytest.approx(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["batch_s"])
