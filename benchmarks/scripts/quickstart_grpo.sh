@@ -3,7 +3,7 @@
 # addition prompts with their answers (sums whose longer operand has 5-8 digits), score exact match on the
 # quickstart's held-out additions before, train GRPO rewarded by the exact sum, score again. Writes everything
 # into OUT (default runs/quickstart-grpo-result).
-# Usage: [PROMPTS=6000] [EVAL_LIMIT=400] benchmarks/scripts/quickstart_grpo.sh [OUT] [extra train overrides...]
+# Usage: [PROMPTS=6000] [MIN_DIGITS=5] [EVAL_LIMIT=400] benchmarks/scripts/quickstart_grpo.sh [OUT] [extra train overrides...]
 set -euo pipefail
 OUT=${1:-runs/quickstart-grpo-result}
 shift || true
@@ -13,18 +13,19 @@ LIMIT=(--limit "${EVAL_LIMIT:-400}" --max-new-tokens "${EVAL_CAP:-48}")
 rm -f runs/quickstart-grpo/prompts.jsonl runs/quickstart-grpo/prompts-1to8.jsonl
 $TL data arithmetic --prompts --n "${PROMPTS:-6000}" --digits 1-8 --templates plain --seed 1 \
   --out runs/quickstart-grpo/prompts-1to8.jsonl
-# Keep the sums whose longer operand has 5-8 digits (where the SFT model is about half right, so a group's
-# completions disagree) and none of the held-out problems.
-$PY - <<'PYEOF'
-import json
+# Keep the sums whose longer operand has MIN_DIGITS-8 digits (from 5: where the SFT model is about half right, so a
+# group's completions disagree) and none of the held-out problems.
+MIN_DIGITS=${MIN_DIGITS:-5} $PY - <<'PYEOF'
+import json, os
+low = int(os.environ["MIN_DIGITS"])
 test = {(r["a"], r["b"]) for r in map(json.loads, open("runs/quickstart/data/test.jsonl"))}
 rows = [json.loads(line) for line in open("runs/quickstart-grpo/prompts-1to8.jsonl")]
 keep = [
     r for r in rows
-    if max(r["digits_a"], r["digits_b"]) >= 5 and {(r["a"], r["b"]), (r["b"], r["a"])}.isdisjoint(test)
+    if max(r["digits_a"], r["digits_b"]) >= low and {(r["a"], r["b"]), (r["b"], r["a"])}.isdisjoint(test)
 ]
 open("runs/quickstart-grpo/prompts.jsonl", "w").writelines(json.dumps(r) + "\n" for r in keep)
-print(f"kept {len(keep)} of {len(rows)} prompts: longer operand 5-8 digits, none held out")
+print(f"kept {len(keep)} of {len(rows)} prompts: longer operand {low}-8 digits, none held out")
 PYEOF
 stamp prompts
 $TL eval --model runs/quickstart/merged --format alpaca --template compact \
