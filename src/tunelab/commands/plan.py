@@ -83,7 +83,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     grpo.add_argument(
         "--from-run",
         metavar="DIR",
-        help="take both from a GRPO run's metrics.jsonl (a few steps of the same config calibrate them)",
+        help="take both from a GRPO run's metrics.jsonl (a few steps of the same config calibrate them), and on "
+        "--gpu local its sampling and update speed too",
     )
     p.add_argument(
         "--offline",
