@@ -94,10 +94,12 @@ def clocked(monkeypatch):
             return self.now
 
     clock, real_update = Clock(), grpo.update
+    clock.first_extra = 0.0  # seconds more in the first update: a run's warm-up
 
     def timed_update(run, batch):
         metrics = real_update(run, batch)
-        clock.now += 60.0
+        clock.now += 60.0 + clock.first_extra
+        clock.first_extra = 0.0
         return metrics
 
     monkeypatch.setattr(grpo, "time", clock)
@@ -200,3 +202,21 @@ def test_a_cpu_grpo_run_returns_freed_pages(tmp_path, tiny_model_dir, monkeypatc
     data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
     finetune(grpo_config(tiny_model_dir, data, tmp_path / "run", "max_steps=1"), show_progress=False)
     assert calls == [(allocator.DECAY_MS, -1)]
+
+
+def test_the_schedule_is_refitted_on_the_pace_after_the_first_batchs_warm_up(tmp_path, tiny_model_dir, clocked, capsys):
+    """The first batch takes 120 s (its warm-up), the next 60 s each: fitted after it, 6 minutes hold 3 of 10 steps;
+    refitted after the third batch on batches 2-3's pace (60 s, 240 s gone), they hold 5, and the run trains 5 with
+    its cosine lengthened at step 3."""
+    data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
+    clocked.first_extra = 60.0
+    out = tmp_path / "run"
+    fitted = ("max_steps=10", "max_minutes=6", "log_steps=1", "grpo.schedule_within_limit=true", "save_steps=0")
+    summary = finetune(grpo_config(tiny_model_dir, data, out, *fitted))
+    text = capsys.readouterr().out
+    assert "at 120 s a generation batch, max_minutes 6 holds 3 of the 10 steps" in text
+    assert "at 60 s a generation batch, max_minutes 6 holds 5 of the 10 steps" in text
+    assert summary["steps"] == 5 and summary["total_steps"] == 5 and not summary["time_limited"]
+    lrs = [r["lr"] for r in metrics(out)]
+    assert lrs[-1] < lrs[2] and lrs[3] > 0  # the lengthened cosine is still above 0 after step 3, and decays
+    assert summary["elapsed_s"] <= 6 * 60
