@@ -317,8 +317,8 @@ class GrpoConfig:
     # How the sampler's decode loop runs (decoding.py): auto is compiled (a static cache, CUDA graphs) on CUDA and
     # dynamic (eager, a growing cache) elsewhere.
     decode: str = decoding.AUTO
-    # With max_minutes: after the first generation batch, the run (and its learning-rate schedule) is shortened to
-    # the batches its pace says fit, so the schedule decays within the limit instead of being cut near its peak on
+    # With max_minutes: after the first generation batch (and again after the third, without the first's warm-up),
+    # the run (and its learning-rate schedule) is shortened to the batches its pace says fit, so the schedule decays within the limit instead of being cut near its peak on
     # a machine slower than max_steps assumed.
     schedule_within_limit: bool = False
 
