@@ -3,7 +3,9 @@
 # addition prompts with their answers (sums whose longer operand has 3-8 digits), score exact match on the
 # quickstart's held-out additions before, train GRPO rewarded by the exact sum, score again. Writes everything
 # into OUT (default runs/quickstart-grpo-result).
-# Usage: [PROMPTS=6000] [MIN_DIGITS=3] [EVAL_LIMIT=400] benchmarks/scripts/quickstart_grpo.sh [OUT] [extra train overrides...]
+# Every eval writes each row's response and verdict beside its score (eval-*-predictions.jsonl). EVAL_BEFORE=DIR takes
+# the score before from an earlier run's OUT on the same SFT model (greedy, so it repeats) instead of scoring again.
+# Usage: [PROMPTS=6000] [MIN_DIGITS=3] [EVAL_LIMIT=400] [EVAL_BEFORE=DIR] benchmarks/scripts/quickstart_grpo.sh [OUT] [extra train overrides...]
 set -euo pipefail
 OUT=${1:-runs/quickstart-grpo-result}
 shift || true
@@ -29,13 +31,18 @@ open("runs/quickstart-grpo/prompts.jsonl", "w").writelines(json.dumps(r) + "\n" 
 print(f"kept {len(keep)} of {len(rows)} prompts: longer operand {low}-8 digits, none held out")
 PYEOF
 stamp prompts
-$TL eval --model runs/quickstart/merged --format alpaca --template compact \
-  --data runs/quickstart/data/test.jsonl "${LIMIT[@]}" --json --out "$OUT/eval-before.json" | tail -1
+if [ -n "${EVAL_BEFORE:-}" ]; then
+  cp "$EVAL_BEFORE"/eval-before.json "$EVAL_BEFORE"/eval-before-predictions.jsonl "$OUT/"
+else
+  $TL eval --model runs/quickstart/merged --format alpaca --template compact \
+    --data runs/quickstart/data/test.jsonl "${LIMIT[@]}" --json --out "$OUT/eval-before.json" \
+    --predictions "$OUT/eval-before-predictions.jsonl" | tail -1
+fi
 stamp eval_before
 $TL train --config configs/quickstart-grpo.yaml "$@" 2>&1 | tee "$OUT/train-output.txt"
 stamp trained
 $TL eval --adapter runs/quickstart-grpo/adapter --data runs/quickstart/data/test.jsonl "${LIMIT[@]}" --json \
-  --out "$OUT/eval-after.json" | tail -1
+  --out "$OUT/eval-after.json" --predictions "$OUT/eval-after-predictions.jsonl" | tail -1
 stamp eval_after
 cp runs/quickstart-grpo/{config.yaml,summary.json,metrics.jsonl,completions.jsonl} "$OUT/"
 cat "$OUT/timings.txt"
