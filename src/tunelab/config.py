@@ -321,6 +321,9 @@ class GrpoConfig:
     # the run (and its learning-rate schedule) is shortened to the batches its pace says fit, so the schedule decays within the limit instead of being cut near its peak on
     # a machine slower than max_steps assumed.
     schedule_within_limit: bool = False
+    # A prompt row field (e.g. `digits` of `tunelab data arithmetic --prompts`): each generation batch then holds
+    # its values in proportion to the whole set (stratified), not as a random draw happens to; null draws at random.
+    balance_by: str | None = None
 
     @property
     def clip_high(self) -> float:
@@ -340,6 +343,10 @@ class GrpoConfig:
         _check(where, "grpo.num_iterations", self.num_iterations >= 1, "must be at least 1")
         _check(where, "grpo.log_completions_steps", self.log_completions_steps >= 0, "must be 0 or positive")
         _choice(where, "grpo.decode", self.decode, decoding.NAMES)
+        if self.balance_by is not None:
+            _check(
+                where, "grpo.balance_by", bool(self.balance_by.strip()), "is empty; name a prompt row field or unset it"
+            )
         if not self.rewards:
             raise TunelabError(
                 f"{where('grpo.rewards', 'objective')}: objective grpo needs grpo.rewards, e.g. "

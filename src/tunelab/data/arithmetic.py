@@ -285,8 +285,12 @@ def preference_pairs(rows: list[dict], seed: int) -> list[dict]:
 
 def prompt_rows(rows: list[dict]) -> list[dict]:
     """Prompt rows for objective grpo: each row without its `output` (the model writes it), its `answer` and
-    operands kept for the rewards and for `tunelab eval`."""
-    return [{k: v for k, v in row.items() if k != "output"} for row in rows]
+    operands kept for the rewards and for `tunelab eval`, and `digits`, the longer operand's (what
+    grpo.balance_by can balance batches over)."""
+    return [
+        {**{k: v for k, v in row.items() if k != "output"}, "digits": max(row["digits_a"], row["digits_b"])}
+        for row in rows
+    ]
 
 
 def _off_by_random(rng: random.Random, value: int) -> int:

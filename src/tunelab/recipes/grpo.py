@@ -61,6 +61,7 @@ class GrpoRun:
     total_steps: int
     stop_ids: tuple[int, ...]
     pad_id: int
+    strata: list | None = None  # each prompt's value of grpo.balance_by
     state: TrainState = field(default_factory=TrainState)
 
 
@@ -73,12 +74,28 @@ def steps_for(cfg: TrainConfig, prompts: int) -> int:
     return max(1, math.ceil(cfg.batch.epochs * prompts / per_batch)) * cfg.objective.grpo.num_iterations
 
 
-def prompt_order(count: int, batch: int, generation: int, seed: int) -> list[int]:
-    """The prompt indices of generation batch `generation`: each epoch a fresh permutation drawn from `seed`."""
+def prompt_order(count: int, batch: int, generation: int, seed: int, strata: list | None = None) -> list[int]:
+    """The prompt indices of generation batch `generation`: each epoch a fresh permutation drawn from `seed`,
+    balanced over `strata` (each prompt's value of grpo.balance_by) when given."""
     per_epoch = max(1, count // batch)
     epoch, k = divmod(generation, per_epoch)
-    order = np.random.default_rng([seed, epoch]).permutation(count)
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(count) if strata is None else balanced_permutation(strata, rng)
     return order[k * batch : (k + 1) * batch].tolist()
+
+
+def balanced_permutation(strata: list, rng: np.random.Generator) -> np.ndarray:
+    """A permutation in which every run of consecutive prompts holds each stratum in proportion to its size: the
+    i-th of a stratum's n prompts (in a random order) sits at (i + u) / n, u one random offset per stratum, and the
+    prompts are sorted by that place (systematic sampling within each stratum)."""
+    keys = np.empty(len(strata))
+    groups: dict = {}
+    for i, value in enumerate(strata):
+        groups.setdefault(value, []).append(i)
+    for members in groups.values():
+        members = rng.permutation(members)
+        keys[members] = (np.arange(len(members)) + rng.random()) / len(members)
+    return np.argsort(keys, kind="stable")
 
 
 def setup(cfg: TrainConfig, out: Path) -> GrpoRun:
@@ -98,6 +115,7 @@ def setup(cfg: TrainConfig, out: Path) -> GrpoRun:
         )
     tokenizer = sources.load_tokenizer(source)
     prompts = prepare(cfg.data_specs()[0], tokenizer)
+    strata = balance_values(prompts, settings.balance_by, cfg.data.path)
     torch.manual_seed(cfg.run.seed)
     model = mload.load_model(source, precision.compute, cfg.adapter.quant, device, attn="sdpa")
     model = apply_adapter(model, cfg.adapter)
@@ -122,14 +140,33 @@ def setup(cfg: TrainConfig, out: Path) -> GrpoRun:
         total,
         stop.ids,
         pad,
+        strata,
     )
+
+
+def balance_values(prompts: PromptData, key: str | None, path: str) -> list | None:
+    """Each prompt's value of grpo.balance_by, checked before the model loads; None when not set."""
+    if key is None:
+        return None
+    values = []
+    for n, row in enumerate(prompts.rows, start=1):
+        value = row.get(key)
+        if value is None or not isinstance(value, (str, int, float, bool)):
+            raise TunelabError(
+                f"{path}: prompt {n} has no {key!r} to balance by (grpo.balance_by); give every row a value "
+                f"(a string or number), or unset grpo.balance_by"
+            )
+        values.append(value)
+    return values
 
 
 def generate_batch(run: GrpoRun, generation: int) -> dict:
     """One generation batch: completions, rewards, advantages, rollouts, old and reference log-probs."""
     cfg, settings = run.cfg, run.cfg.objective.grpo
     group = settings.num_generations
-    chosen = prompt_order(len(run.prompts), cfg.batch.micro_batch * cfg.batch.grad_accum, generation, cfg.run.seed)
+    chosen = prompt_order(
+        len(run.prompts), cfg.batch.micro_batch * cfg.batch.grad_accum, generation, cfg.run.seed, run.strata
+    )
     ids = [run.prompts.ids[i] for i in chosen for _ in range(group)]
     t0 = time.perf_counter()
     with _autocast(run):

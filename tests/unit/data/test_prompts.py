@@ -45,6 +45,7 @@ def test_arithmetic_prompts_command(tmp_path):
     assert main(["data", "arithmetic", "--out", str(out), "--prompts", "--n", "5"]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 5 and all("output" not in r and r["answer"] and r["instruction"] for r in rows)
+    assert all(r["digits"] == max(r["digits_a"], r["digits_b"]) for r in rows)  # what grpo.balance_by reads
 
 
 @pytest.mark.parametrize(
@@ -56,6 +57,7 @@ def test_arithmetic_prompts_command(tmp_path):
         ("data.format=text", "objective grpo reads prompts in format alpaca, completion, chat"),
         ("grpo.rewards=[]", "objective grpo needs grpo.rewards"),
         ("grpo.loss_type=ppo", "grpo.loss_type must be one of grpo, bnpo, dr_grpo, dapo"),
+        ("grpo.balance_by=' '", "grpo.balance_by is empty"),
         ("grpo.decode=statc", "grpo.decode must be one of auto, dynamic, static, compiled; got 'statc' .*'static'"),
         ("eval.split=0.1", "objective grpo has no held-out loss"),
         ("compile=true", "objective grpo runs eager blocks"),

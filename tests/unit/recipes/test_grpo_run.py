@@ -220,3 +220,22 @@ def test_the_schedule_is_refitted_on_the_pace_after_the_first_batchs_warm_up(tmp
     lrs = [r["lr"] for r in metrics(out)]
     assert lrs[-1] < lrs[2] and lrs[3] > 0  # the lengthened cosine is still above 0 after step 3, and decays
     assert summary["elapsed_s"] <= 6 * 60
+
+
+def test_balance_by_reaches_the_prompt_order_and_a_missing_field_fails_before_the_model_loads(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    from tunelab.errors import TunelabError
+    from tunelab.model import load as mload
+    from tunelab.recipes import grpo
+
+    rows = [dict(r, kind=i % 2) for i, r in enumerate(prompt_rows())]
+    data = write_jsonl(tmp_path / "prompts.jsonl", rows)
+    seen = []
+    order = grpo.prompt_order
+    monkeypatch.setattr(grpo, "prompt_order", lambda *a: seen.append(a[-1]) or order(*a))
+    finetune(grpo_config(tiny_model_dir, data, tmp_path / "run", "max_steps=1", "grpo.balance_by=kind"), False)
+    assert seen == [[0, 1, 0, 1]]
+    monkeypatch.setattr(mload, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    with pytest.raises(TunelabError, match="prompt 1 has no 'digits' to balance by"):
+        finetune(grpo_config(tiny_model_dir, data, tmp_path / "bad", "grpo.balance_by=digits"), False)
