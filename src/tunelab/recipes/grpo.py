@@ -41,9 +41,12 @@ from .finetune import check_writable_dir, save_final, truncate_metrics
 
 COMPLETIONS_LOGGED = 4  # completions per logged step in completions.jsonl
 CLIP_METRICS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean")
-# grpo.schedule_within_limit fits the schedule after the first generation batch and again after this one, on the
-# pace of the batches after the first (whose time holds the run's warm-up: 49 s against 40 s later on a 2-core Zen 3).
+# grpo.schedule_within_limit fits the schedule after the first generation batch, and again after every batch from
+# this one on, on the pace of the last PACE_WINDOW batches after the first (whose time holds the run's warm-up: 49 s
+# against 40 s later on a 2-core Zen 3). A trailing pace follows batches that slow down as a run goes on (25-26 s at
+# first and 37-39 s at the end of one run on a 2-core Zen 3, whose fit on batches 2-3 held 9 batches too many).
 REFIT_BATCH = 3
+PACE_WINDOW = 3
 
 
 @dataclass
@@ -321,7 +324,7 @@ def _train_locked(cfg: TrainConfig, out: Path, show_progress: bool) -> dict:
     settings = cfg.objective.grpo
     batch, last, time_limited = None, {}, False
     start_s, start_step = run.state.elapsed_s, run.state.step  # where this process took over (0, or a resume)
-    first_s = start_s  # the elapsed time after this process's first generation batch
+    ends = [start_s]  # the elapsed time at the end of each of this process's generation batches
     with (out / "metrics.jsonl").open("a") as metrics_file:
         while run.state.step < run.total_steps and not time_limited:
             step_t0 = time.perf_counter()
@@ -341,19 +344,15 @@ def _train_locked(cfg: TrainConfig, out: Path, show_progress: bool) -> dict:
             # Only between generation batches, as checkpoints: the next batch's generation and its updates.
             boundary = run.state.step % settings.num_iterations == 0
             batches = (run.state.step - start_step) // settings.num_iterations if boundary else 0
-            if batches == 1:
-                first_s = run.state.elapsed_s
-                fit_schedule(run, start_s, start_step, show_progress)
-            elif batches == REFIT_BATCH and start_step == 0:
-                # Refitted on the pace of batches 2-3, without the first batch's warm-up; a resumed process keeps
-                # its checkpoint's schedule, as the uninterrupted run had it then.
-                fit_schedule(run, first_s, settings.num_iterations, show_progress, refit=True)
-            # The pace of the batches after this process's first, which holds its warm-up, once there are any.
-            since_s, since = (first_s, batches - 1) if batches > 1 else (start_s, batches)
+            if batches:
+                ends.append(run.state.elapsed_s)
+                # A resumed process keeps its checkpoint's schedule, as the uninterrupted run had it then.
+                if batches == 1 or (batches >= REFIT_BATCH and start_step == 0):
+                    fit_schedule(run, trailing_pace(ends), show_progress, refit=batches > 1)
             time_limited = (
                 boundary
                 and run.state.step < run.total_steps
-                and past_limit(cfg.run.max_minutes, run.state.elapsed_s, (run.state.elapsed_s - since_s) / since)
+                and past_limit(cfg.run.max_minutes, run.state.elapsed_s, trailing_pace(ends))
             )
             if run.state.step % cfg.run.log_steps == 0 or run.state.step == run.total_steps or time_limited:
                 metrics_file.write(json.dumps(record) + "\n")
@@ -403,17 +402,26 @@ def _train_locked(cfg: TrainConfig, out: Path, show_progress: bool) -> dict:
     return summary
 
 
-def fit_schedule(run: GrpoRun, start_s: float, start_step: int, show_progress: bool, refit: bool = False) -> None:
-    """grpo.schedule_within_limit, after this process's first generation batch and again (`refit`) after its
-    REFIT_BATCH-th: where the batches that the pace since `start_step` says fit max_minutes end before the config's
-    schedule does, the run and its learning-rate schedule end there. The first batch holds the run's warm-up, so
-    the first fit is short; the refit, on batches without it, lengthens the schedule again. A resume keeps the
-    fitted schedule."""
+def trailing_pace(ends: list[float]) -> float:
+    """Seconds a generation batch, from `ends` (the elapsed time at this process's start and after each of its
+    batches): over the last PACE_WINDOW batches after the first, whose time holds the warm-up, once there are any."""
+    done = len(ends) - 1
+    if done <= 1:
+        return ends[-1] - ends[0]
+    window = min(PACE_WINDOW, done - 1)
+    return (ends[-1] - ends[-1 - window]) / window
+
+
+def fit_schedule(run: GrpoRun, batch_s: float, show_progress: bool, refit: bool = False) -> None:
+    """grpo.schedule_within_limit, after this process's first generation batch and again (`refit`) after each from
+    its REFIT_BATCH-th on: where the batches that `batch_s` (seconds a batch) says fit max_minutes end before the
+    config's schedule does, the run and its learning-rate schedule end there. The first batch holds the run's
+    warm-up, so the first fit is short; the refits, on batches without it, lengthen the schedule again, or shorten
+    it when batches slow down. A resume keeps the fitted schedule."""
     cfg, state = run.cfg, run.state
     per_batch = cfg.objective.grpo.num_iterations
     if not cfg.objective.grpo.schedule_within_limit or (state.schedule_steps is not None and not refit):
         return
-    batch_s = (state.elapsed_s - start_s) / (state.step - start_step) * per_batch
     full = steps_for(cfg, len(run.prompts))
     steps = fitted_schedule_steps(cfg.run.max_minutes, state.elapsed_s, state.step, batch_s, per_batch)
     steps = min(max(steps, state.step), full)

@@ -95,10 +95,14 @@ def clocked(monkeypatch):
 
     clock, real_update = Clock(), grpo.update
     clock.first_extra = 0.0  # seconds more in the first update: a run's warm-up
+    clock.later = {}  # from update n (a key, counted from 1) on, each takes this many seconds instead of 60
+    clock.updates = 0
 
     def timed_update(run, batch):
         metrics = real_update(run, batch)
-        clock.now += 60.0 + clock.first_extra
+        clock.updates += 1
+        slower = [s for n, s in clock.later.items() if clock.updates >= n]
+        clock.now += (slower[-1] if slower else 60.0) + clock.first_extra
         clock.first_extra = 0.0
         return metrics
 
@@ -220,6 +224,25 @@ def test_the_schedule_is_refitted_on_the_pace_after_the_first_batchs_warm_up(tmp
     lrs = [r["lr"] for r in metrics(out)]
     assert lrs[-1] < lrs[2] and lrs[3] > 0  # the lengthened cosine is still above 0 after step 3, and decays
     assert summary["elapsed_s"] <= 6 * 60
+
+
+def test_the_schedule_is_refitted_after_every_batch_on_a_trailing_pace_when_batches_slow_down(
+    tmp_path, tiny_model_dir, clocked, capsys
+):
+    """120 s, then 60, 60, and 90 s from the fourth batch on, in 10 minutes: fitted on batches 2-3 the schedule holds
+    9 steps, and the run would stop at the limit after 7 with its learning rate still up. Refitted after each batch
+    on the last three's pace (70 s after batch 4, 80 after batch 5), it ends at 7 with the schedule decayed."""
+    data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
+    clocked.first_extra, clocked.later = 60.0, {4: 90.0}
+    out = tmp_path / "run"
+    fitted = ("max_steps=20", "max_minutes=10", "log_steps=1", "grpo.schedule_within_limit=true", "save_steps=0")
+    summary = finetune(grpo_config(tiny_model_dir, data, out, *fitted))
+    text = capsys.readouterr().out
+    assert "at 60 s a generation batch, max_minutes 10 holds 9 of the 20 steps" in text
+    assert "at 70 s a generation batch, max_minutes 10 holds 7 of the 20 steps" in text
+    assert summary["steps"] == 7 and summary["total_steps"] == 7 and not summary["time_limited"]
+    assert metrics(out)[-1]["lr"] < 0.1 * max(r["lr"] for r in metrics(out))
+    assert summary["elapsed_s"] <= 10 * 60
 
 
 def test_balance_by_reaches_the_prompt_order_and_a_missing_field_fails_before_the_model_loads(
