@@ -52,6 +52,12 @@ class Optimizer:
         same result; a factored second moment spans the whole matrix."""
         return not self.factored
 
+    def returns_pages_before_step(self, in_backward: bool) -> bool:
+        """Whether a full fine-tune on a CPU returns the pages backward freed just before each step (its step
+        allocates scratch, and runs after backward, not inside it): its peak, in that step, then holds no freed
+        pages (plan/memory.py, allocator.return_freed_pages)."""
+        return self.step_scratch > 0 and not in_backward
+
     def state_bytes_of(self, rows: int, cols: int) -> float:
         """Optimizer state of one trainable (rows x cols) matrix, or of a vector when `cols` is 1."""
         if self.factored and cols > 1:

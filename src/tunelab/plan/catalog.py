@@ -139,6 +139,12 @@ def runtime_overhead(device_type: str) -> int:
     return round(float(read("gpus.yaml")["runtime-overhead-gib"][device_type]) * 2**30)
 
 
+def freed_pages_held(device_type: str) -> int:
+    """Bytes of the runtime overhead that are freed pages the allocator holds at a peak inside backward, on a
+    `device_type` that returns them before an optimizer step with scratch (0 where the catalog has no figure)."""
+    return round(float(read("gpus.yaml")["freed-pages-held-gib"].get(device_type, 0.0)) * 2**30)
+
+
 def disk_bps() -> tuple[float, float]:
     """(read, write) bytes/s assumed for model loads and checkpoint writes."""
     disk = read("gpus.yaml")["disk"]

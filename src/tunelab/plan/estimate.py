@@ -90,6 +90,13 @@ def head_rows(job: Job, w: workload.Workload) -> float:
     return job.head_positions(w.epoch.tokens_padded / w.epoch.micro_batches, w.loss_tokens_per_micro_batch)
 
 
+def pages_returned_before_step(job: Job, device_type: str) -> int:
+    """The freed pages a run returns before each optimizer step, as recipes/finetune.py does: a full fine-tune on a
+    CPU whose step allocates scratch (optimizers.Optimizer.returns_pages_before_step), the catalog's figure."""
+    returns = job.method.trains_base and job.optim.returns_pages_before_step(job.optimizer.optimizer_in_backward)
+    return catalog.freed_pages_held(device_type) if device_type == "cpu" and returns else 0
+
+
 def layout(arch: Arch, job: Job, w: workload.Workload, d: Device, sharding: str, gpus: int) -> memory.Layout:
     """What plan derives for memory from the job, the workload's micro-batches and the device."""
     device_type = d.gpu.device_type
@@ -105,6 +112,7 @@ def layout(arch: Arch, job: Job, w: workload.Workload, d: Device, sharding: str,
         row_len=w.epoch.widest_row,
         loss_rows=max(1, round(head_rows(job, w))),
         runtime_overhead=d.runtime_overhead,
+        pages_returned_before_step=pages_returned_before_step(job, device_type),
         sharding=sharding,
         world=gpus,
         slots=slots,

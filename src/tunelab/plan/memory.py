@@ -28,6 +28,9 @@ class Layout:
     loss_rows: int  # loss positions per micro-batch
     loss_chunk: int = LOGIT_CHUNK  # rows of logits alive at once (train/loss.py)
     runtime_overhead: int = 0
+    # Of runtime_overhead, the freed pages held at a peak inside backward that a full fine-tune on a CPU returns
+    # before an optimizer step with scratch (optimizers.Optimizer.returns_pages_before_step); 0 where it does not.
+    pages_returned_before_step: int = 0
     sharding: str = "single"
     world: int = 1
     slots: int = 0  # attention slots per micro-batch (plan.workload.EpochCounts); 0: attention over whole rows
@@ -479,7 +482,7 @@ def breakdown(arch: Arch, job: Job, s: Layout) -> MemoryBreakdown:
         optimizer_states=round(states),
         activations=round(peak.activations + ref_transient),
         logits_loss=round(peak.logits_loss),
-        runtime_overhead=s.runtime_overhead,
+        runtime_overhead=max(0, s.runtime_overhead - (s.pages_returned_before_step if peak.name == "gradients" else 0)),
     )
 
 

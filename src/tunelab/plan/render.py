@@ -72,7 +72,25 @@ def assumptions(e: Estimate) -> list[str]:
             if e.overheads.compile_s
             else []
         ),
-        f"runtime memory overhead {gib(e.device.runtime_overhead)} ({'calibrated' if e.device.calibration and e.device.calibration.runtime_overhead_bytes is not None else 'catalog default for the device type'})",
+        f"runtime memory overhead {gib(e.device.runtime_overhead)} ({'calibrated' if e.device.calibration and e.device.calibration.runtime_overhead_bytes is not None else 'catalog default for the device type'})"
+        + (
+            f"; {gib(e.device.runtime_overhead - e.memory.runtime_overhead)} less at this peak, the optimizer step,"
+            " before which the run returns the pages backward freed"
+            if e.memory.runtime_overhead < e.device.runtime_overhead
+            else ""
+        ),
+        *(
+            [
+                "weights: bf16 on a CPU without bf16 units: the products run in bf16 without hardware support, far"
+                " slower than the fp32 rate this step time assumes"
+                " (benchmarks/optimizers/full-ft-peak-phase_epyc-avx2-2c_2026-11-29.md)"
+            ]
+            if e.device.gpu.device_type == "cpu"
+            and not e.device.gpu.bf16
+            and e.job.method.trains_base
+            and e.job.weight_bytes == 2
+            else []
+        ),
     ]
     if e.evaluations is not None:
         v = e.evaluations

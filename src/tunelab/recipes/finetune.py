@@ -285,7 +285,7 @@ def _return_pages_before_steps_with_scratch(optimizer, spec) -> None:
     """A full fine-tune on CPU whose optimizer step allocates scratch peaks inside that step; the pages backward
     freed are returned first (allocator.return_freed_pages), not held beside it. A step inside backward has no
     such moment (its scratch is one weight's, among the activations)."""
-    if optimizers.get(spec.optimizer).step_scratch and not spec.optimizer_in_backward:
+    if optimizers.get(spec.optimizer).returns_pages_before_step(spec.optimizer_in_backward):
         inner = getattr(optimizer, "optimizer", optimizer)  # Accelerate's AcceleratedOptimizer wraps it
         inner.register_step_pre_hook(_return_freed_pages)
 

@@ -137,3 +137,51 @@ def test_no_suggestion_is_a_combination_the_config_refuses(monkeypatch, capsys):
         sections = ("adapter", "objective", "batch", "compute", "optimizer", "run")
         TrainConfig(**{name: getattr(job, name) for name in sections}).validate()
     assert not any("grad_accum" in s["change"] for s in result["suggestions"]), result["suggestions"]
+
+
+def test_a_peak_in_a_step_after_the_return_of_freed_pages_has_the_overhead_less_those_pages():
+    """A full fine-tune on a CPU with a step that allocates scratch returns the pages backward freed before the
+    step: where plan's peak is that step (the gradients' moment), the overhead is less the catalog's freed pages;
+    at a peak inside backward, or without the return, it is the whole overhead."""
+    from tunelab.plan import catalog, estimate
+
+    tied = resolve_arch("HuggingFaceTB/SmolLM2-135M-Instruct")
+    held = catalog.freed_pages_held("cpu")
+    assert 0.1 * 2**30 < held < catalog.runtime_overhead("cpu")
+    step = full(grad_accum=1, optimizer="adafactor", weights="bf16", runtime_overhead=2**30)
+    assert memory.breakdown(tied, *step.but(pages_returned_before_step=held)).runtime_overhead == 2**30 - held
+    assert memory.breakdown(tied, *step).runtime_overhead == 2**30
+    # two micro-batches a step: every transient at once, no moment is the step's alone
+    two = step.but(grad_accum=2, pages_returned_before_step=held)
+    assert memory.breakdown(tied, *two).runtime_overhead == 2**30
+    # fp32 weights and long rows: the peak is the loss's moment, inside backward
+    loss = full(grad_accum=1, optimizer="adafactor", row_len=4096, loss_rows=4096, runtime_overhead=2**30)
+    assert memory.breakdown(tied, *loss.but(pages_returned_before_step=held)).runtime_overhead == 2**30
+
+    def returned(device="cpu", **kw):
+        return estimate.pages_returned_before_step(full(**kw).job, device)
+
+    assert returned(optimizer="adafactor") == returned(optimizer="adamw_8bit") == held
+    assert returned(optimizer="adamw") == returned(optimizer="adafactor", optimizer_in_backward=True) == 0
+    assert returned("cuda", optimizer="adafactor") == 0
+    assert estimate.pages_returned_before_step(plan_setup(optimizer="adafactor").job, "cpu") == 0  # LoRA
+
+
+@pytest.mark.parametrize("fast_bf16", [False, True])
+def test_plan_local_says_when_the_overhead_is_less_and_when_bf16_weights_lack_bf16_units(
+    fast_bf16, monkeypatch, capsys
+):
+    """On a CPU: a full fine-tune with Adafactor peaks in the step after the return of freed pages, and plan says
+    the overhead there is less; with bf16 weights on a CPU without bf16 units it says the step time is fp32's."""
+    monkeypatch.setattr("tunelab.plan.calibration.load_calibration", lambda key: None)
+    monkeypatch.setattr("tunelab.probe.matmul_peak", lambda dtype, dev: (1e11, 256))
+    monkeypatch.setattr("tunelab.probe.copy_bandwidth", lambda dev: 1e10)
+    monkeypatch.setattr("tunelab.device.cpu_has_fast_bf16", lambda: fast_bf16)
+    args = ["plan", "--model", "smollm2-135m", "--examples", "100", "--gpu", "local", "--method", "full"]
+    shape = ["--seq-len", "128", "--micro-batch", "4", "--grad-accum", "1", "--max-grad-norm", "0", "compile=false"]
+    assert main([*args, *shape, "--optimizer", "adafactor", "--weights", "bf16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    said = " ".join(out["assumptions"])
+    assert "less at this peak, the optimizer step, before which the run returns the pages backward freed" in said
+    assert out["memory_breakdown"]["runtime_overhead"] < 0.3 * 2**30
+    assert ("without bf16 units" in said) is not fast_bf16
