@@ -208,16 +208,21 @@ def test_a_cpu_grpo_run_returns_freed_pages(tmp_path, tiny_model_dir, monkeypatc
     assert calls == [(allocator.DECAY_MS, -1)]
 
 
+def fitted_run(tmp_path, model_dir, out, max_steps: int, max_minutes: int, capsys) -> tuple[dict, str]:
+    """A run with grpo.schedule_within_limit under the `clocked` clock: its summary and what it printed."""
+    data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
+    fitted = (f"max_steps={max_steps}", f"max_minutes={max_minutes}", "log_steps=1", "save_steps=0")
+    summary = finetune(grpo_config(model_dir, data, out, *fitted, "grpo.schedule_within_limit=true"))
+    return summary, capsys.readouterr().out
+
+
 def test_the_schedule_is_refitted_on_the_pace_after_the_first_batchs_warm_up(tmp_path, tiny_model_dir, clocked, capsys):
     """The first batch takes 120 s (its warm-up), the next 60 s each: fitted after it, 6 minutes hold 3 of 10 steps;
     refitted after the third batch on batches 2-3's pace (60 s, 240 s gone), they hold 5, and the run trains 5 with
     its cosine lengthened at step 3."""
-    data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
     clocked.first_extra = 60.0
     out = tmp_path / "run"
-    fitted = ("max_steps=10", "max_minutes=6", "log_steps=1", "grpo.schedule_within_limit=true", "save_steps=0")
-    summary = finetune(grpo_config(tiny_model_dir, data, out, *fitted))
-    text = capsys.readouterr().out
+    summary, text = fitted_run(tmp_path, tiny_model_dir, out, 10, 6, capsys)
     assert "at 120 s a generation batch, max_minutes 6 holds 3 of the 10 steps" in text
     assert "at 60 s a generation batch, max_minutes 6 holds 5 of the 10 steps" in text
     assert summary["steps"] == 5 and summary["total_steps"] == 5 and not summary["time_limited"]
@@ -232,12 +237,9 @@ def test_the_schedule_is_refitted_after_every_batch_on_a_trailing_pace_when_batc
     """120 s, then 60, 60, and 90 s from the fourth batch on, in 10 minutes: fitted on batches 2-3 the schedule holds
     9 steps, and the run would stop at the limit after 7 with its learning rate still up. Refitted after each batch
     on the last three's pace (70 s after batch 4, 80 after batch 5), it ends at 7 with the schedule decayed."""
-    data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
     clocked.first_extra, clocked.later = 60.0, {4: 90.0}
     out = tmp_path / "run"
-    fitted = ("max_steps=20", "max_minutes=10", "log_steps=1", "grpo.schedule_within_limit=true", "save_steps=0")
-    summary = finetune(grpo_config(tiny_model_dir, data, out, *fitted))
-    text = capsys.readouterr().out
+    summary, text = fitted_run(tmp_path, tiny_model_dir, out, 20, 10, capsys)
     assert "at 60 s a generation batch, max_minutes 10 holds 9 of the 20 steps" in text
     assert "at 70 s a generation batch, max_minutes 10 holds 7 of the 20 steps" in text
     assert summary["steps"] == 7 and summary["total_steps"] == 7 and not summary["time_limited"]
