@@ -47,6 +47,10 @@ CLIP_METRICS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/regio
 # first and 37-39 s at the end of one run on a 2-core Zen 3, whose fit on batches 2-3 held 9 batches too many).
 REFIT_BATCH = 3
 PACE_WINDOW = 3
+# A refit prints its `schedule:` line only where the end moved by this share of the end last printed: refitted
+# after every batch, the end wanders a step or two with each batch's pace (17 lines in one 31-step run on a 2-core
+# Zen 3), and the progress lines' `step N/TOTAL` already shows where it stands.
+SCHEDULE_SHOWN_MOVE = 0.1
 
 
 @dataclass
@@ -65,6 +69,7 @@ class GrpoRun:
     stop_ids: tuple[int, ...]
     pad_id: int
     strata: list | None = None  # each prompt's value of grpo.balance_by
+    shown_steps: int | None = None  # the schedule's end this process last printed
     state: TrainState = field(default_factory=TrainState)
 
 
@@ -427,12 +432,15 @@ def fit_schedule(run: GrpoRun, batch_s: float, show_progress: bool, refit: bool 
     steps = min(max(steps, state.step), full)
     if steps == run.total_steps:
         return
-    if show_progress:
+    if show_progress and (
+        run.shown_steps is None or abs(steps - run.shown_steps) >= SCHEDULE_SHOWN_MOVE * run.shown_steps
+    ):
         print(
             f"schedule: at {batch_s:.0f} s a generation batch, max_minutes {cfg.run.max_minutes:g} holds {steps} of "
             f"the {full} steps; the learning-rate schedule now ends at step {steps}",
             flush=True,
         )
+        run.shown_steps = steps
     state.schedule_steps = steps
     reschedule(run, steps)
 

@@ -247,6 +247,21 @@ def test_the_schedule_is_refitted_after_every_batch_on_a_trailing_pace_when_batc
     assert summary["elapsed_s"] <= 10 * 60
 
 
+def test_a_refit_that_moves_the_end_by_under_a_tenth_reschedules_without_printing(
+    tmp_path, tiny_model_dir, clocked, capsys
+):
+    """60 s a batch, then 62 s from the third and 66 s from the fifth, in 12 minutes: fitted after the first batch,
+    12 of the 20 steps; refitted after the third on 61 s, 11. A move of one step (under a tenth of 12) prints
+    nothing, but the run still ends at 11 with its schedule decayed there."""
+    clocked.later = {3: 62.0, 5: 66.0}
+    summary, text = fitted_run(tmp_path, tiny_model_dir, tmp_path / "run", 20, 12, capsys)
+    assert [line for line in text.splitlines() if line.startswith("schedule:")] == [
+        "schedule: at 60 s a generation batch, max_minutes 12 holds 12 of the 20 steps; the learning-rate schedule "
+        "now ends at step 12"
+    ]
+    assert summary["steps"] == 11 and summary["total_steps"] == 11 and not summary["time_limited"]
+
+
 def test_balance_by_reaches_the_prompt_order_and_a_missing_field_fails_before_the_model_loads(
     tmp_path, tiny_model_dir, monkeypatch
 ):
