@@ -1,15 +1,15 @@
 """Decoding over weights reordered once into oneDNN's blocked layout, on CPUs that compute in fp32.
 
-A decode step multiplies a few rows (one per completion) by every weight. On AVX-512 CPUs the fp32 matmul
-torch dispatches to (MKL's sgemm) re-lays the weight out on every call when the rows are few, so a 16-row step
-of the embedded model ran at a third of what the same product over a weight laid out once takes; under an AVX2
-cap the two measured within 10% either way, so AVX2 CPUs keep torch's product
-(benchmarks/design-decisions_cpu_2026-11-28.md#prepacked-decode-weights). `prepacked` reorders each linear
-layer's weight once for the length of a generation (a fused LoRA layer's [W | sB], B as it stands then) and
+A decode step multiplies a few rows (one per completion) by every weight. torch's fp32 product (MKL's sgemm)
+re-lays the weight out on every call when the rows are few: on an AVX-512 Xeon a 16-row step of the embedded model
+ran at a third of what the same product over a weight laid out once takes, and on an AVX2-only Zen 3 the LM head's
+product took 2.7-3.1x as long at 8-16 rows (benchmarks/design-decisions_cpu_2026-11-28.md#prepacked-decode-weights,
+benchmarks/design-decisions_cpu_2026-11-29.md#prepacked-decode-weights-on-avx2). `prepacked` reorders each linear
+layer's weight once for the length of a generation (a fused LoRA layer's W + sBA, B as it stands then) and
 restores the layers on exit. It costs one more copy of the weights while it lasts; the results equal the plain
-product's to fp32 rounding (the summation order differs). Applies to fp32 weights on an AVX-512 CPU (torch's
-CPU capability) with oneDNN and at least `MIN_ROWS` rows; bf16 weights (the AMX and AVX-512 BF16 classes) keep
-torch's product, not measured there.
+product's to fp32 rounding (the summation order differs). Applies to fp32 weights on an AVX2 or AVX-512 CPU
+(torch's CPU capability) with oneDNN and at least `MIN_ROWS` rows; bf16 weights (the AMX and AVX-512 BF16 classes)
+keep torch's product, not measured there.
 """
 
 from __future__ import annotations
@@ -23,11 +23,13 @@ import torch
 # Below 8 rows the reordered product measured no faster, and at one row slower, than torch's on small matrices
 # (same file as above); generation batches are 16 (GRPO's groups) to 64 (eval) rows.
 MIN_ROWS = 8
+# torch's CPU capabilities the reordered product was measured faster on (AVX512 covers AVX512_VNNI, ...).
+CAPABILITIES = ("AVX2", "AVX512")
 _ACTIVE = "_tunelab_prepacked"
 
 
 def applies(model: torch.nn.Module, rows: int) -> bool:
-    """Whether `prepacked` reorders `model`'s weights for `rows` rows: fp32 weights on an AVX-512 CPU, oneDNN
+    """Whether `prepacked` reorders `model`'s weights for `rows` rows: fp32 weights on an AVX2 or AVX-512 CPU, oneDNN
     present, no autocast to another dtype, enough rows."""
     param = next(model.parameters(), None)
     return (
@@ -35,7 +37,7 @@ def applies(model: torch.nn.Module, rows: int) -> bool:
         and param.device.type == "cpu"
         and param.dtype == torch.float32
         and rows >= MIN_ROWS
-        and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+        and torch.backends.cpu.get_cpu_capability().startswith(CAPABILITIES)
         and torch.backends.mkldnn.is_available()
         and not torch.is_autocast_enabled("cpu")
     )

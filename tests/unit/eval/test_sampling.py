@@ -138,7 +138,7 @@ def test_rows_enough_for_prepacked_weights_decode_as_the_plain_product(monkeypat
     model = make_tiny_llama(64, seed=3).float()
     prompts = (PROMPTS * prepack.MIN_ROWS)[: prepack.MIN_ROWS + 1]
     if not prepack.applies(model, len(prompts)):
-        pytest.skip("weights are reordered on AVX-512 CPUs with oneDNN only")
+        pytest.skip("weights are reordered on AVX2 and AVX-512 CPUs with oneDNN only")
     calls = []
     monkeypatch.setattr(prepack, "reorder", lambda w, rows, real=prepack.reorder: calls.append(rows) or real(w, rows))
     packed = sample(model, prompts, 6, stop_ids=[63], pad_id=0, temperature=0)

@@ -14,8 +14,9 @@ from tunelab.model.lora_linear import pack_for_inference, use_fused_lora
 ROWS = prepack.MIN_ROWS
 
 pytestmark = pytest.mark.skipif(
-    not torch.backends.mkldnn.is_available() or not torch.backends.cpu.get_cpu_capability().startswith("AVX512"),
-    reason="reorders on AVX-512 CPUs with oneDNN only",
+    not torch.backends.mkldnn.is_available()
+    or not torch.backends.cpu.get_cpu_capability().startswith(prepack.CAPABILITIES),
+    reason="reorders on AVX2 and AVX-512 CPUs with oneDNN only",
 )
 
 
@@ -47,7 +48,10 @@ def test_applies_to_fp32_cpu_weights_with_enough_rows_only(monkeypatch):
     with prepack.prepacked(model, ROWS - 1) as layers:
         assert layers == 0
     untouched(model)
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    for capability in ("AVX2", "AVX512", "AVX512_VNNI"):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+        assert prepack.applies(model, ROWS)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
     assert not prepack.applies(model, ROWS)
 
 
