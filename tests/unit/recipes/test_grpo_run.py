@@ -252,7 +252,7 @@ def test_a_refit_that_moves_the_end_by_under_a_tenth_reschedules_without_printin
 ):
     """60 s a batch, then 62 s from the third and 66 s from the fifth, in 12 minutes: fitted after the first batch,
     12 of the 20 steps; refitted after the third on 61 s, 11. A move of one step (under a tenth of 12) prints
-    nothing, but the run still ends at 11 with its schedule decayed there."""
+    nothing, but the refit still takes: the run ends at 11."""
     clocked.later = {3: 62.0, 5: 66.0}
     summary, text = fitted_run(tmp_path, tiny_model_dir, tmp_path / "run", 20, 12, capsys)
     assert [line for line in text.splitlines() if line.startswith("schedule:")] == [
