@@ -79,6 +79,7 @@ def load_model(
     if base_quant == "none":
         model.to(device)
     model.config.use_cache = False
+    skip_kernel_routing(model)
     return model
 
 
@@ -104,7 +105,26 @@ def _from_config(source: ModelSource, dtype: torch.dtype, device: torch.device, 
             model_config(source), dtype=dtype, attn_implementation=attn, trust_remote_code=source.trust_remote_code
         )
     model.config.use_cache = False
+    skip_kernel_routing(model)
     return model
+
+
+def skip_kernel_routing(model: torch.nn.Module) -> None:
+    """Run the modules that the `kernels` package routes (transformers 5.25 wraps each attention's forward in
+    `use_kernelized_func`) through their own forward. The wrapper sets a context variable per call so that a
+    kernelized model's functions reach its own hub kernels; tunelab never kernelizes, so each routed call lands in
+    the original function anyway, while under torch.compile the variable's global stand-in is a guard that fails
+    between training and evaluation calls and recompiles every block. One subclass per class, as for the
+    checkpointed layers (model/offload.py), so the compiled blocks do not guard on each layer's type."""
+    classes: dict[type, type] = {}
+    for module in model.modules():
+        cls = type(module)
+        original = getattr(cls.forward, "__wrapped__", None)
+        if original is None or "_kernel_funcs" not in module.__dict__:
+            continue
+        if cls not in classes:
+            classes[cls] = type(cls.__name__, (cls,), {"forward": original, "__module__": cls.__module__})
+        module.__class__ = classes[cls]
 
 
 def meta_model(source: ModelSource, dtype: torch.dtype, attn: str | None):

@@ -19,6 +19,7 @@ import weakref
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils.checkpoint import checkpoint
 
 # Saved tensors smaller than this stay on the device: the copy's fixed cost outweighs the memory.
 MIN_BYTES = 1 << 16
@@ -215,6 +216,30 @@ class _restored_rng:
             torch.cuda.set_rng_state(self.saved[1], self.device)
 
 
+def _drop_cache(kwargs: dict) -> None:
+    """The recompute would write a KV cache a second time (transformers' own checkpointing drops it too)."""
+    kwargs.update({k: None for k in ("cache", "past_key_values", "layer_past") if k in kwargs})
+    if "use_cache" in kwargs:
+        kwargs["use_cache"] = False
+
+
+def _checkpointed_class(cls: type) -> type:
+    """A subclass of decoder-layer class `cls` whose call is checkpointed (non-reentrant, RNG state kept for LoRA
+    dropout's recompute) around the whole call: outside torch.compile's region when the blocks are compiled, so
+    the compiled forward and backward graphs run inside the checkpoint and never trace it. transformers' own
+    checkpointing moved inside `forward` in 5.25, where dynamo traces the checkpoint as a higher-order op and
+    breaks the block's graph on its side effects; this wrapper does not depend on where transformers puts it."""
+
+    def __call__(self, hidden, *args, **kwargs):
+        if not (self.training and torch.is_grad_enabled()):
+            return torch.nn.Module.__call__(self, hidden, *args, **kwargs)
+        _drop_cache(kwargs)
+        run = functools.partial(torch.nn.Module.__call__, self, **kwargs)
+        return checkpoint(run, hidden, *args, use_reentrant=False)
+
+    return type(f"Checkpointed{cls.__name__}", (cls,), {"__call__": __call__})
+
+
 def _offloaded_class(cls: type, offloader: Offloader, grad_ckpt: bool) -> type:
     """A subclass of decoder-layer class `cls` whose call offloads: outside the layer's own forward (and so
     outside torch.compile's region when the blocks are compiled: compiled forward and backward graphs run
@@ -224,10 +249,7 @@ def _offloaded_class(cls: type, offloader: Offloader, grad_ckpt: bool) -> type:
         if not (self.training and torch.is_grad_enabled()):
             return torch.nn.Module.__call__(self, hidden, *args, **kwargs)
         if grad_ckpt:
-            # The recompute would write a KV cache a second time (transformers' own checkpointing drops it too).
-            kwargs.update({k: None for k in ("cache", "past_key_values", "layer_past") if k in kwargs})
-            if "use_cache" in kwargs:
-                kwargs["use_cache"] = False
+            _drop_cache(kwargs)
             run = functools.partial(torch.nn.Module.__call__, self, **kwargs)
             return _OffloadedCheckpoint.apply(offloader, run, hidden, *args)
         with offloader.hooks():
@@ -236,29 +258,32 @@ def _offloaded_class(cls: type, offloader: Offloader, grad_ckpt: bool) -> type:
     return type(f"Offloaded{cls.__name__}", (cls,), {"__call__": __call__})
 
 
+def _swap_layer_classes(model: torch.nn.Module, make) -> None:
+    """Give every decoder layer the subclass `make(type(layer))`. One subclass per decoder-layer class, shared by
+    all its layers: a class per layer made torch.compile guard on each layer's type and recompile per layer, past
+    its limit of 8 (H200, 2026-11-26: the 8B row fell back to eager blocks at 65,536 tokens and ran out of
+    memory)."""
+    classes: dict[type, type] = {}
+    for layer in model.get_decoder().layers:
+        base = type(layer)
+        if base not in classes:
+            classes[base] = make(base)
+        layer.__class__ = classes[base]
+
+
 def apply(model: torch.nn.Module, enabled: bool, grad_ckpt: bool, copy_on_cpu: bool = False) -> Offloader | None:
-    """Offload `model`'s saved activations (see the module docstring) and, with `grad_ckpt`, checkpoint its
-    decoder layers; a no-op unless `enabled`. On a CPU model (whose tensors already are in host memory) it
-    only checkpoints, unless `copy_on_cpu`. Returns the offloader."""
-    if not enabled:
-        return None
+    """Checkpoint `model`'s decoder layers (`grad_ckpt`) and offload their saved activations (`enabled`; see the
+    module docstring). On a CPU model (whose tensors already are in host memory) it only checkpoints, unless
+    `copy_on_cpu`. Returns the offloader (None when nothing is offloaded)."""
     device = next(model.parameters()).device
-    if device.type == "cpu" and not copy_on_cpu:
+    if not enabled or (device.type == "cpu" and not copy_on_cpu):
         if grad_ckpt:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            _swap_layer_classes(model, _checkpointed_class)
         return None
     offloader = Offloader(copy_on_cpu)
     if grad_ckpt:
         # The first layer's input (the embedding's output, frozen under LoRA) must require grad, or the
         # checkpoint's output would not, and no adapter below it would get a gradient.
         model.enable_input_require_grads()
-    # One subclass per decoder-layer class, shared by all its layers: a class per layer made torch.compile guard
-    # on each layer's type and recompile per layer, past its limit of 8 (H200, 2026-11-26: the 8B row fell back
-    # to eager blocks at 65,536 tokens and ran out of memory).
-    classes: dict[type, type] = {}
-    for layer in model.get_decoder().layers:
-        base = type(layer)
-        if base not in classes:
-            classes[base] = _offloaded_class(base, offloader, grad_ckpt)
-        layer.__class__ = classes[base]
+    _swap_layer_classes(model, lambda base: _offloaded_class(base, offloader, grad_ckpt))
     return offloader

@@ -154,11 +154,9 @@ def build_model(
         attn=training_attention(prep.device, cfg.compute.attention),
         meta=meta,
     )
-    if (
-        cfg.compute.grad_ckpt and not cfg.compute.activation_offload
-    ):  # offload.apply checkpoints with host-memory inputs
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = apply_adapter(model, cfg.adapter)
+    # tunelab checkpoints (and offloads) around each decoder layer's call itself: transformers' own checkpointing
+    # sits inside the compiled region from 5.25 on.
     offload.apply(model, cfg.compute.activation_offload, cfg.compute.grad_ckpt)
     if prep.compile is not None and prep.compile.chosen:
         compile_blocks(model)
