@@ -565,6 +565,10 @@ class RunConfig:
     # after the last optimizer step that its mean step time says still ends within it: a run sized by a
     # prediction keeps a wall-clock budget when the machine is slower than predicted.
     max_minutes: float = 0.0
+    # With max_minutes: once the warm-up steps are done, and after every step from then on, the run and its
+    # learning-rate schedule end at the last step that the measured pace says fits, so the schedule decays within
+    # the limit instead of being cut mid-way (train/loop.LimitFit); give the run more data than the limit holds.
+    schedule_within_limit: bool = False
     # Also send metrics.jsonl's records to an experiment tracker (train/trackers.py).
     report_to: ReportTo = "none"
 
@@ -582,6 +586,12 @@ class RunConfig:
             "max_minutes",
             0 <= self.max_minutes < math.inf,
             f"must be 0 (no limit) or a positive number of minutes, got {self.max_minutes}",
+        )
+        _check(
+            where,
+            "schedule_within_limit",
+            not self.schedule_within_limit or self.max_minutes > 0,
+            "fits the schedule to max_minutes, which is not set; set max_minutes or drop it",
         )
 
 

@@ -436,7 +436,7 @@ def fit(run: Run, measure: loop.Measurement) -> loop.LoopResult:
                 )
             )
 
-    finished = state.step >= run.prep.schedule.total_steps or result.stopped_early or result.time_limited
+    finished = result.finished
     weights = gather() if finished and gather is not None else None  # every process takes part in gathering
     if finished and procs.main:
         save_final(trainee.model, run.prep.tokenizer, out, cfg.adapter.method, weights)
@@ -482,7 +482,8 @@ def summarize(run: Run, result: loop.LoopResult, t0: float) -> RunSummary:
         },
         steps=state.step,
         total_steps=prep.schedule.total_steps,
-        finished=state.step >= prep.schedule.total_steps or result.stopped_early or result.time_limited,
+        schedule_steps=state.schedule_steps,
+        finished=result.finished,
         early_stopped=result.stopped_early,
         time_limited=result.time_limited,
         loss_first=run.logged_first_loss

@@ -33,6 +33,7 @@ class RunSummary:
     data: dict
     steps: int
     total_steps: int
+    schedule_steps: int | None  # where a schedule fitted to max_minutes ended (schedule_within_limit); None: not fitted
     finished: bool
     early_stopped: bool
     time_limited: bool  # ended by max_minutes before the schedule's end

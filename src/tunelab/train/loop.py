@@ -70,6 +70,9 @@ class LoopResult:
     stopped_early: bool = False
     # Ended by the run's max_minutes before the schedule's end (`out_of_time`).
     time_limited: bool = False
+    # Done: the schedule's end (a fitted one included) reached, or stopped early or by the time limit; a caller's
+    # `stop_at` before the end is not.
+    finished: bool = False
     losses: list[tuple[int, float]] = field(default_factory=list)
     steady_s: float = 0.0
     steady_steps: int = 0
@@ -149,6 +152,57 @@ def fitted_schedule_steps(max_minutes: float, elapsed_s: float, step: int, batch
     """The step at which a run that has done `step` steps in `elapsed_s`, at `batch_s` a batch of `per_batch` steps,
     ends its last batch that still ends within `max_minutes`: where a schedule fitted to the limit ends."""
     return step + max(0, math.floor((max_minutes * 60 - elapsed_s) / max(batch_s, 1e-9))) * per_batch
+
+
+# A refitted end is printed only where it moved by this share of the end last printed.
+SCHEDULE_SHOWN_MOVE = 0.1
+
+
+class LimitFit:
+    """run.schedule_within_limit: the run and its learning-rate schedule end at the last step that the steady
+    window's mean step time says still ends within max_minutes, never past the schedule's own end; fitted once the
+    warm-up steps are done (their time holds compilation) and refitted after every step from then on, so a machine
+    slower or faster than the config's row count assumed decays its learning rate to the end within the limit
+    instead of being cut mid-schedule. A resume keeps the fitted end (TrainState.schedule_steps)."""
+
+    def __init__(self, ctx: LoopContext, full_steps: int):
+        self.ctx, self.full = ctx, full_steps
+        self.shown: int | None = None  # the end last printed
+        if ctx.state.schedule_steps is not None:  # a resumed run: its scheduler was rebuilt over the full schedule
+            self.reschedule(ctx.state.schedule_steps)
+
+    def end(self) -> int:
+        return self.ctx.state.schedule_steps or self.full
+
+    def refit(self, meter: ThroughputMeter, world: int) -> int:
+        """The end, refitted on the pace since the warm-up (the main process's, under several)."""
+        ctx, state = self.ctx, self.ctx.state
+        steady = meter.steady_s()
+        if steady is None or meter.result.steady_steps == 0:
+            return self.end()
+        end = fitted_schedule_steps(
+            ctx.spec.run.max_minutes, meter.elapsed_s(), state.step, steady / meter.result.steady_steps, 1
+        )
+        end = min(max(end, state.step), self.full)
+        if world > 1:
+            mine = torch.tensor(float(end if ctx.accelerator.is_main_process else 0), device=ctx.accelerator.device)
+            end = int(ctx.accelerator.reduce(mine, "sum").item())
+        if end != self.end():
+            self.reschedule(end)
+            if self.shown is None or abs(end - self.shown) >= SCHEDULE_SHOWN_MOVE * self.shown:
+                ctx.progress.note(
+                    f"schedule: at {steady / meter.result.steady_steps:.1f} s a step, max_minutes "
+                    f"{ctx.spec.run.max_minutes:g} holds {end} of the {self.full} steps; the learning-rate schedule "
+                    f"now ends at step {end}"
+                )
+                self.shown = end
+        return end
+
+    def reschedule(self, end: int) -> None:
+        """The schedule ends at `end`, its learning rate decaying over the steps left from where it stands."""
+        ctx = self.ctx
+        ctx.state.schedule_steps = end
+        ctx.scheduler = build_scheduler(ctx.scheduler.optimizer, ctx.optim, end, at_step=ctx.state.step)
 
 
 @dataclass(kw_only=True)
@@ -272,6 +326,10 @@ class ThroughputMeter:
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.run_start
 
+    def steady_s(self) -> float | None:
+        """Seconds of training since the warm-up ended (evaluations excluded); None before it ends."""
+        return None if self.steady_start is None else time.perf_counter() - self.steady_start
+
     def close_window(self) -> dict[str, float]:
         """The window's token rates (per second, by kind), its per-step time kept when steady; a new window
         starts with the next call to `open_window`."""
@@ -340,7 +398,9 @@ def run(ctx: LoopContext) -> LoopResult:
     # Data-parallel wrappers (DDP, FSDP, DeepSpeed) average gradients over ranks; each rank's loss is scaled
     # by the world size so the average is the one-process step's sum over all ranks' tokens.
     world = accelerator.num_processes
-    stop = min(schedule.total_steps, ctx.measure.stop_at or schedule.total_steps)
+    fit = LimitFit(ctx, schedule.total_steps) if spec.run.schedule_within_limit and spec.run.max_minutes else None
+    end = fit.end() if fit is not None else schedule.total_steps
+    stop = min(end, ctx.measure.stop_at or end)
     result = LoopResult(state=state, steps_run=0)
     padded_to_feed = schedule.padded_tokens(range(state.step, stop)) + state.tokens_padded
     meter = ThroughputMeter(state, result, min(state.step + ctx.measure.warmup_window, stop), padded_to_feed)
@@ -349,7 +409,10 @@ def run(ctx: LoopContext) -> LoopResult:
     ctx.loss_fn.train()
     with HeapFreeze() as heap:
         try:
-            for step, batches in schedule.iterate(state.step, stop):
+            # A fitted schedule's end moves (LimitFit): the steps are iterated to the schedule's own end, and the
+            # loop breaks at `stop`.
+            last = min(schedule.total_steps, ctx.measure.stop_at or schedule.total_steps) if fit else stop
+            for step, batches in schedule.iterate(state.step, last):
                 # Over all ranks, from the batch plan: no communication.
                 padded, nonpad, step_loss_tokens = schedule.step_tokens(step)
                 # The step's loss is a mean over its loss tokens (or its pairs: objectives.Objective.mean_over).
@@ -363,9 +426,11 @@ def run(ctx: LoopContext) -> LoopResult:
                 losses.tokens += normaliser
                 meter.add(padded, nonpad, step_loss_tokens)
                 stopping = False
-                if ctx.evaluation is not None and _evaluation_due(
-                    state.step, ctx.evaluation.spec.every, schedule.total_steps
-                ):
+                if fit is not None and meter.steady_start is not None:
+                    end = fit.refit(meter, world)
+                    stop = min(end, ctx.measure.stop_at or end)
+                    meter.padded_to_feed = schedule.padded_tokens(range(state.step, stop)) + state.tokens_padded
+                if ctx.evaluation is not None and _evaluation_due(state.step, ctx.evaluation.spec.every, end):
                     with meter.paused():
                         stopping = result.stopped_early = _evaluate_step(ctx, metrics_file)
                 if not stopping and state.step < stop and out_of_time(spec.run.max_minutes, meter, result, ctx, world):
@@ -381,13 +446,16 @@ def run(ctx: LoopContext) -> LoopResult:
                     ctx.measure.on_step(state.step)
                 if stopping:
                     break
-                if spec.run.save_steps and state.step % spec.run.save_steps == 0 and state.step < schedule.total_steps:
+                if spec.run.save_steps and state.step % spec.run.save_steps == 0 and state.step < end:
                     _save_checkpoint(ctx, meter.elapsed_s())
+                if state.step >= stop:
+                    break
         finally:
             if metrics_file is not None:
                 metrics_file.close()
             ctx.progress.close()
     meter.finish(device)
+    result.finished = state.step >= end or result.stopped_early or result.time_limited
     mem = ctx.memwatch.read()
     result.peak_memory_bytes = mem.peak_bytes
     result.peak_reserved_bytes = mem.peak_reserved_bytes

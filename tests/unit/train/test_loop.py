@@ -483,6 +483,52 @@ def test_max_minutes_counts_the_training_time_before_a_resume(tiny_model_dir, da
     assert resumed["steps"] == 3 and resumed["time_limited"]
 
 
+def _lrs(out) -> list[float]:
+    return [m["lr"] for m in read_metrics(out)]
+
+
+def test_a_schedule_fitted_to_max_minutes_decays_to_its_end_within_the_limit(
+    tiny_model_dir, data_file, tmp_path, monkeypatch, capsys
+):
+    """60 s a step, 6.5 min: after the two warm-up steps and one steady step (180 s), three more fit. The fitted
+    run ends there as a finished run with its learning rate decayed; the same limit without the fit cuts the
+    20-step schedule near its peak."""
+    FakeClock(monkeypatch, 60.0)
+    fitted, cut = tmp_path / "fitted", tmp_path / "cut"
+    args = ("max_steps=20", "log_steps=1", "max_minutes=6.5", "lr_scheduler=cosine", "warmup_ratio=0")
+    summary = finetune(config(tiny_model_dir, data_file, fitted, *args, "schedule_within_limit=true"))
+    assert summary["steps"] == 6 and summary["schedule_steps"] == 6 and summary["total_steps"] == 20
+    assert summary["finished"] and not summary["time_limited"]
+    assert (fitted / "adapter" / "adapter_model.safetensors").is_file()
+    assert "max_minutes 6.5 holds 6 of the 20 steps; the learning-rate schedule now ends at step 6" in (
+        capsys.readouterr().out
+    )
+    plain = finetune(config(tiny_model_dir, data_file, cut, *args), show_progress=False)
+    assert plain["steps"] == 6 and plain["time_limited"] and plain["schedule_steps"] is None
+    peak = _lrs(cut)[0]
+    # Cosine over 6 steps from step 3 on: the last step's rate is a small share of the peak; cut, most of it.
+    assert _lrs(fitted)[-1] < 0.1 * peak < 0.5 * peak < _lrs(cut)[-1]
+    assert _lrs(fitted)[:3] == _lrs(cut)[:3]
+
+
+def test_a_resumed_run_keeps_its_fitted_schedule(tiny_model_dir, data_file, tmp_path, monkeypatch):
+    FakeClock(monkeypatch, 60.0)
+    out = tmp_path / "run"
+    args = (tiny_model_dir, data_file, out, "max_steps=20", "save_steps=4", "max_minutes=6.5")
+    args += ("schedule_within_limit=true", "log_steps=1")
+    finetune(config(*args), show_progress=False, measure=Measurement(stop_at=4))
+    resumed = finetune(config(*args, "resume=true"), show_progress=False)
+    assert resumed["steps"] == 6 and resumed["schedule_steps"] == 6 and resumed["finished"]
+    whole = tmp_path / "whole"
+    finetune(config(tiny_model_dir, data_file, whole, *args[3:]), show_progress=False)
+    assert _lrs(out) == pytest.approx(_lrs(whole))
+
+
+def test_schedule_within_limit_needs_max_minutes(tiny_model_dir, data_file, tmp_path):
+    with pytest.raises(TunelabError, match=r"schedule_within_limit fits the schedule to max_minutes, which is not set"):
+        config(tiny_model_dir, data_file, tmp_path / "bad", "schedule_within_limit=true")
+
+
 def test_unlimited_runs_and_bad_limits(tiny_model_dir, data_file, tmp_path):
     summary = finetune(config(tiny_model_dir, data_file, tmp_path / "run", "max_steps=2"), show_progress=False)
     assert summary["steps"] == 2 and not summary["time_limited"]
