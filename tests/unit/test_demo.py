@@ -73,33 +73,67 @@ def test_an_earlier_runs_checkpoints_are_refused_before_any_data_is_written(tmp_
     assert not (out / "data").exists()
 
 
-def test_rows_are_cut_again_when_the_smaller_micro_batch_trains_slower(tmp_path, monkeypatch):
-    """The rows were fitted at the recipe's micro-batch; at the smaller one each row costs more, so the demo cuts
-    them again until plan's prediction for the run it will train fits the budget."""
+def _file_prediction(monkeypatch, path):
+    """plan's prediction faked from the rows file: 0.1 s a row at micro-batch 16, 0.2 at smaller ones (more steps,
+    more launches a token), 40 s of compile, a packed row of 5 examples."""
     from types import SimpleNamespace
 
     from tunelab.recipes import predict
 
+    def prediction(cfg):
+        n, mb = len(path.read_text().splitlines()), cfg.batch.micro_batch
+        return SimpleNamespace(
+            work=SimpleNamespace(optimizer_steps=n // (5 * mb)),
+            speed=SimpleNamespace(train_s=(0.1 if mb == 16 else 0.2) * n, tokens_per_s=100.0),
+            overheads=SimpleNamespace(compile_s=40.0),
+            memory=SimpleNamespace(total=1 << 30),
+            efficiency=SimpleNamespace(label="assumed"),
+        )
+
+    monkeypatch.setattr(predict, "local_prediction", prediction)
+    return prediction
+
+
+def test_a_smaller_micro_batch_keeps_enough_steps_and_the_rows_are_fitted_again_at_it(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    from tunelab.config import load_config
+
     path = tmp_path / "train.jsonl"
+    _file_prediction(monkeypatch, path)
+    cfg = load_config("configs/quickstart.yaml", [])  # micro_batch 16
     rows = [{"i": i} for i in range(4_000)]
-    path.write_text("".join(f'{{"i": {i}}}\n' for i in range(4_000)))
+    smaller, fit = demo.smaller_batch_within(cfg, Console(quiet=True), rows, path, left_s=540.0)
+    # 4,000 rows make 50 steps at 16, 100 at 8; at 8 a row costs 0.2 s: (540 - 40) / 0.2 rows fit.
+    assert smaller.batch.micro_batch == 8 and fit == 2_500
+    same, fit = demo.smaller_batch_within(smaller, Console(quiet=True), rows, path, left_s=540.0)
+    assert same is smaller and fit == 4_000  # 100 steps at 8 already: the caller's rows stand
 
-    def prediction_of_file(_cfg=None):  # 0.2 s a row at the smaller micro-batch, plus 40 s of compile
-        n = len(path.read_text().splitlines())
-        return SimpleNamespace(speed=SimpleNamespace(train_s=0.2 * n), overheads=SimpleNamespace(compile_s=40.0))
 
-    monkeypatch.setattr(predict, "local_prediction", prediction_of_file)
-    kept, prediction = demo.refit(rows, path, None, prediction_of_file(), budget_s=540.0)
-    assert demo.train_s(prediction) <= 540.0 and len(kept) == len(path.read_text().splitlines())
-    assert len(kept) == 2_500  # (540 - 40) / 0.2
-    fits, same = demo.refit(
-        rows[:100],
-        path,
-        None,
-        SimpleNamespace(speed=SimpleNamespace(train_s=1.0), overheads=SimpleNamespace(compile_s=0.0)),
-        540.0,
-    )
-    assert len(fits) == 100  # already within the budget: nothing cut
+def test_a_cut_run_gets_more_rows_than_fit_and_a_schedule_fitted_to_its_limit(tmp_path, monkeypatch):
+    """plan says 2,000 of 18,000 rows fit 240 s at micro-batch 16, too few steps: at 4 they make 100, and 1,000
+    rows fit there. Training gets OVERSUPPLY times that, its limit, and its schedule fitted to the limit, so a
+    noisy prediction neither starves the run nor cuts it mid-schedule."""
+    import json
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from tunelab.config import load_config
+
+    path = tmp_path / "train.jsonl"
+    predicted = _file_prediction(monkeypatch, path)
+    rows = [{"i": i} for i in range(18_000)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config("configs/quickstart.yaml", [])
+    args = SimpleNamespace(minutes=15.0)
+    cfg, _ = demo.fit_budget(args, cfg, Console(quiet=True), rows, path, predicted(cfg), left_s=240.0)
+    assert cfg.batch.micro_batch == 4
+    assert len(path.read_text().splitlines()) == demo.OVERSUPPLY * 1_000
+    assert cfg.run.max_minutes == 4.0 and cfg.run.schedule_within_limit
+    cfg, _ = demo.fit_budget(args, load_config("configs/quickstart.yaml", []), Console(quiet=True), rows[:100], path,
+                             predicted(cfg), left_s=10_000.0)  # fmt: skip
+    assert cfg.batch.micro_batch == 16 and cfg.run.schedule_within_limit  # everything fits: nothing cut
 
 
 def test_the_training_peak_on_cpu_counts_from_before_any_model_loaded():
@@ -117,6 +151,7 @@ def test_training_is_limited_to_what_the_budget_leaves_or_the_configs_own_limit_
     cfg = load_config("configs/quickstart.yaml", [])
     assert cfg.run.max_minutes == 0
     assert demo.with_time_limit(cfg, 600.0).run.max_minutes == 10.0
+    assert demo.with_time_limit(cfg, 600.0).run.schedule_within_limit
     assert demo.with_time_limit(cfg, -5.0).run.max_minutes > 0  # never 0, which would mean no limit
     own = load_config("configs/quickstart.yaml", ["max_minutes=4"])
     assert demo.with_time_limit(own, 600.0).run.max_minutes == 4.0

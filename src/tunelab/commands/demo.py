@@ -6,11 +6,12 @@ before/after table by digit count, and the measured run beside the prediction. L
 
     python -m tunelab.demo configs/quickstart.yaml [--minutes M] [--train-rows N] [--test-rows N] [key=value ...]
 
-The demo keeps to a time budget (`--minutes`, data generation to the final table): when plan predicts that
-the recipe's training would not fit in what the budget leaves after scoring, it says so and trains on the
-first rows that fit, so a machine that computes in fp32 gets a shorter run, never a silent two-hour one; and
-training's time limit (`max_minutes`) is what the budget leaves, so a machine slower than plan predicts ends
-training at the last step that fits rather than overrunning.
+The demo keeps to a time budget (`--minutes`, data generation to the final table): training's time limit
+(`max_minutes`) is what the budget leaves after scoring, and its learning-rate schedule is fitted to that limit
+on the measured pace (`schedule_within_limit`). When plan predicts that the recipe's rows would not fit, it
+says so and hands training OVERSUPPLY times the rows plan says fit, so a noisy prediction neither starves the
+run (a machine faster than predicted trains on) nor cuts it mid-schedule (a slower one decays to its end
+earlier): a machine that computes in fp32 gets a shorter run, never a silent two-hour one.
 """
 
 from __future__ import annotations
@@ -43,11 +44,11 @@ MIN_TRAIN_ROWS = 1_000
 # (benchmarks/design-decisions_cpu_2026-11-22.md#demo-minimum-rows-and-steps).
 MIN_STEPS = 100
 MIN_MICRO_BATCH = 4
-# Share of the training time left unplanned: the demo budgets against a pessimistic bound of plan's prediction.
-# The dated demo runs measured training at 0.82-0.96 of plan's prediction on the three classes
-# (benchmarks/quickstart/), but a real AVX2-only EPYC (Zen 3) at 1.10 of it (issue 46: 12.0 min against 10.9),
-# which with 0.10 here left `make demo` at 906 s; 0.15 keeps that machine near 14 min.
-TIME_MARGIN = 0.15
+# Rows handed to a cut run, as a multiple of those plan says fit the time left: the schedule is fitted to the
+# measured pace (schedule_within_limit), so rows past the limit are never trained, and a machine up to this much
+# faster than its probes said still trains to its limit. On the 2-core Zen 3 the probes read the host 13% fast
+# to 26% slow between runs (benchmarks/quickstart/quickstart_epyc-avx2-2c_2026-11-29.md).
+OVERSUPPLY = 1.5
 # Scoring time reserved for the tuned model when the base model, whose scoring it is timed against, is skipped.
 SCORING_RESERVE_S = 120.0
 # The base model is scored on this many of the held-out rows: it never writes the answer format (0.0% on every
@@ -167,7 +168,6 @@ def run(args: argparse.Namespace, overrides: list[str]) -> None:
     left_s = args.minutes * 60 - END_SLACK_S - (time.perf_counter() - started) - scoring_s - SETUP_RESERVE_S
     cfg, prediction = fit_budget(args, cfg, console, train_rows, train_path, prediction, left_s)
     predicted_train_s = train_s(prediction)
-    cfg = with_time_limit(cfg, left_s)
 
     # 4. Train.
     from ..recipes.finetune import finetune
@@ -206,11 +206,12 @@ def write_data(args: argparse.Namespace, cfg, console) -> tuple[list[dict], list
 def fit_budget(
     args: argparse.Namespace, cfg, console, train_rows: list[dict], train_path: Path, prediction, left_s: float
 ):
-    """(config, prediction) for as many of the first training rows as plan says fit `left_s` of training; the
-    rows file is cut to them and the micro-batch lowered to keep enough optimizer steps."""
+    """(config, prediction) for the rows training gets: all of them when plan says they fit `left_s`, else
+    OVERSUPPLY times the first rows that fit, at a micro-batch lowered to keep enough optimizer steps within the
+    budget; the rows file is cut to them. The prediction is for the run under its time limit."""
     from ..recipes.predict import local_prediction
 
-    rows = fitted_rows(len(train_rows), train_s(prediction), prediction.overheads.compile_s, left_s * (1 - TIME_MARGIN))
+    rows = fitted_rows(len(train_rows), train_s(prediction), prediction.overheads.compile_s, left_s)
     if rows < len(train_rows):
         if rows < MIN_TRAIN_ROWS:
             need = MIN_TRAIN_ROWS / len(train_rows) * (train_s(prediction) - prediction.overheads.compile_s)
@@ -222,50 +223,51 @@ def fit_budget(
         console.print(
             f"[bold yellow]budget[/]: plan predicts {train_s(prediction) / 60:.1f} min of training for "
             f"{len(train_rows):,} rows on this machine, over the {left_s / 60:.1f} min that --minutes "
-            f"{args.minutes:g} leaves; training on the first {rows:,} rows instead (--minutes "
-            f"{math.ceil(args.minutes + (train_s(prediction) / (1 - TIME_MARGIN) - left_s) / 60)} "
-            f"runs the whole recipe)"
+            f"{args.minutes:g} leaves; {rows:,} rows fit (--minutes "
+            f"{math.ceil(args.minutes + (train_s(prediction) - left_s) / 60)} runs the whole recipe)"
         )
-        train_rows = train_rows[:rows]
+        cfg, rows = smaller_batch_within(cfg, console, train_rows[:rows], train_path, left_s)
+        given = min(len(train_rows), max(MIN_TRAIN_ROWS, math.ceil(rows * OVERSUPPLY)))
+        console.print(
+            f"[bold]budget[/]: training gets {given:,} rows, ending when the measured pace says the schedule, "
+            "fitted to the time left, is done"
+        )
+        train_rows = train_rows[:given]
         write_atomic(train_path, (json.dumps(r) + "\n" for r in train_rows))
-        steps = local_prediction(cfg).work.optimizer_steps
-        micro_batch = smaller_micro_batch(cfg.batch.micro_batch, steps)
-        if micro_batch != cfg.batch.micro_batch:
-            console.print(
-                f"[bold yellow]budget[/]: micro-batch {cfg.batch.micro_batch} -> {micro_batch}, so that {rows:,} rows "
-                f"make ~{steps * cfg.batch.micro_batch // micro_batch} optimizer steps rather than {steps}"
-            )
-            cfg = dataclasses.replace(cfg, batch=dataclasses.replace(cfg.batch, micro_batch=micro_batch))
-        prediction = local_prediction(cfg)
-        train_rows, prediction = refit(train_rows, train_path, cfg, prediction, left_s * (1 - TIME_MARGIN))
-        console.print(f"[bold]plan[/] for {len(train_rows):,} rows: {describe(prediction)}")
+    cfg = with_time_limit(cfg, left_s)
+    prediction = local_prediction(cfg)
+    console.print(f"[bold]plan[/] for {len(train_rows):,} rows within the limit: {describe(prediction)}")
     return cfg, prediction
 
 
+def smaller_batch_within(cfg, console, rows: list[dict], train_path: Path, left_s: float):
+    """(config, rows that fit `left_s`): the micro-batch lowered while the rows that fit would make fewer than
+    MIN_STEPS optimizer steps (on an fp32 CPU many small steps learn more than a few large ones), and the rows
+    fitted again at it, where each row costs more (more steps, more launches per token)."""
+    from ..recipes.predict import local_prediction
+
+    write_atomic(train_path, (json.dumps(r) + "\n" for r in rows))
+    steps = local_prediction(cfg).work.optimizer_steps
+    micro_batch = smaller_micro_batch(cfg.batch.micro_batch, steps)
+    if micro_batch == cfg.batch.micro_batch:
+        return cfg, len(rows)
+    console.print(
+        f"[bold yellow]budget[/]: micro-batch {cfg.batch.micro_batch} -> {micro_batch}, so that the rows that fit "
+        f"make ~{steps * cfg.batch.micro_batch // micro_batch} optimizer steps rather than {steps}"
+    )
+    cfg = dataclasses.replace(cfg, batch=dataclasses.replace(cfg.batch, micro_batch=micro_batch))
+    prediction = local_prediction(cfg)
+    return cfg, fitted_rows(len(rows), train_s(prediction), prediction.overheads.compile_s, left_s)
+
+
 def with_time_limit(cfg, left_s: float):
-    """The config with training limited to `left_s` (run.max_minutes, or the config's own limit if shorter).
-    plan sized the rows with TIME_MARGIN to spare; the limit holds the budget on a machine slower than plan
-    says, ending the run at the last step that fits (its learning rate then is near the schedule's end)."""
+    """The config with training limited to `left_s` (run.max_minutes, or the config's own limit if shorter) and
+    its learning-rate schedule fitted to that limit on the measured pace (run.schedule_within_limit): a machine
+    slower than plan says decays its schedule to an earlier end instead of being cut near its peak."""
     minutes = max(left_s, 1.0) / 60  # 0 would mean no limit
     if cfg.run.max_minutes:
         minutes = min(minutes, cfg.run.max_minutes)
-    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, max_minutes=minutes))
-
-
-def refit(train_rows: list[dict], train_path: Path, cfg, prediction, budget_s: float):
-    """(rows, prediction) cut again when the smaller micro-batch makes the cut rows' training slower than the
-    budget (more steps, more launches per token): the rows were fitted at the recipe's micro-batch, the run
-    trains at the new one."""
-    from ..recipes.predict import local_prediction
-
-    for _ in range(3):  # each cut lands within the budget up to plan's per-row linearity; a few passes settle it
-        if train_s(prediction) <= budget_s:
-            break
-        rows = fitted_rows(len(train_rows), train_s(prediction), prediction.overheads.compile_s, budget_s)
-        train_rows = train_rows[: max(rows, MIN_TRAIN_ROWS)]
-        write_atomic(train_path, (json.dumps(r) + "\n" for r in train_rows))
-        prediction = local_prediction(cfg)
-    return train_rows, prediction
+    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, max_minutes=minutes, schedule_within_limit=True))
 
 
 def training_peak(summary, start_rss: int | None) -> int:
@@ -298,6 +300,7 @@ def results(base: dict | None, tuned: dict, summary: dict, prediction, peak: int
                     "tokens_loss_per_s",
                 )
             },
+            "schedule_steps": summary.get("schedule_steps"),
             "peak_memory_bytes": peak,
             "run_peak_memory_bytes": summary["peak_memory_bytes"],
         },
@@ -430,6 +433,11 @@ def show(
     figures.add_row("tokens/s with loss", f"{summary['tokens_loss_per_s']:,.0f}", "")
     figures.add_row("peak memory", gib(peak), gib(prediction.memory.total))
     console.print(figures)
+    if summary.get("schedule_steps") and not summary["time_limited"]:
+        console.print(
+            f"[bold]schedule[/]: fitted to the time left on the measured pace, its learning rate decayed to its end "
+            f"at step {summary['schedule_steps']:,} (the rows make {summary['total_steps']:,})"
+        )
     if summary["time_limited"]:
         console.print(
             f"[bold yellow]budget[/]: training stopped at its time limit after {summary['steps']:,} of "
