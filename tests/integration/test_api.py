@@ -36,9 +36,9 @@ def test_the_api_pages_example_runs(tmp_path, monkeypatch, capsys):
     exec(compile(code, str(API), "exec"), {})
     out = capsys.readouterr().out
     assert re.search(r"rtx-4090: [\d.]+ min, peak [\d.]+ GiB", out) and "h100-sxm:" in out
-    assert re.search(r"5 steps, loss [\d.]+ -> [\d.]+", out)
+    assert re.search(r"3 steps, loss [\d.]+ -> [\d.]+", out)
     summary = json.loads((tmp_path / "runs/api/run/summary.json").read_text())
-    assert summary["steps"] == 5 and summary["micro_batch"] == 4
+    assert summary["steps"] == 3 and summary["micro_batch"] == 4 and summary["seq_len"] == 128
     gguf = tmp_path / "runs/api/quickstart.gguf"
     assert gguf.stat().st_size > 100 * 2**20 and str(gguf.relative_to(tmp_path)) in out
 

@@ -192,7 +192,7 @@ class LimitFit:
             if self.shown is None or abs(end - self.shown) >= SCHEDULE_SHOWN_MOVE * self.shown:
                 ctx.progress.note(
                     f"schedule: at {steady / meter.result.steady_steps:.1f} s a step, max_minutes "
-                    f"{ctx.spec.run.max_minutes:g} holds {end} of the {self.full} steps; the learning-rate schedule "
+                    f"{ctx.spec.run.max_minutes:.3g} holds {end} of the {self.full} steps; the learning-rate schedule "
                     f"now ends at step {end}"
                 )
                 self.shown = end
@@ -527,7 +527,7 @@ def _log_step(ctx: LoopContext, metrics_file, meter: ThroughputMeter, losses: _L
         "step": state.step,
         # The run's length and its token-based ETA, as the progress line shows them: a reader of the file
         # (`tunelab ui`) shows how far a running run is without rebuilding its schedule.
-        "total_steps": ctx.schedule.total_steps,
+        "total_steps": state.schedule_steps or ctx.schedule.total_steps,
         "eta_s": eta,
         "loss": loss,
         "lr": lr,
@@ -545,7 +545,15 @@ def _log_step(ctx: LoopContext, metrics_file, meter: ThroughputMeter, losses: _L
     meter.result.losses.append((state.step, loss))
     _record(ctx, metrics_file, record)
     ctx.progress.update(
-        LogLine(state.step, ctx.schedule.total_steps, loss, lr, per_s["tokens_nonpad"], mem.peak_bytes, eta)
+        LogLine(
+            state.step,
+            state.schedule_steps or ctx.schedule.total_steps,
+            loss,
+            lr,
+            per_s["tokens_nonpad"],
+            mem.peak_bytes,
+            eta,
+        )
     )
     losses.total.zero_()
     losses.tokens = 0

@@ -58,7 +58,7 @@ class ProgressView:
             f"mem {gib(line.peak_memory_bytes)} | eta {_fmt_eta(line.eta_s)}"
         )
         if self.progress is not None:
-            self.progress.update(self.task, completed=line.step, info=text)
+            self.progress.update(self.task, completed=line.step, total=line.total_steps, info=text)
         elif self.enabled:
             print(f"step {line.step}/{line.total_steps} | {text}", flush=True)
 

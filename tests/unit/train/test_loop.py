@@ -500,9 +500,9 @@ def test_a_schedule_fitted_to_max_minutes_decays_to_its_end_within_the_limit(
     assert summary["steps"] == 6 and summary["schedule_steps"] == 6 and summary["total_steps"] == 20
     assert summary["finished"] and not summary["time_limited"]
     assert (fitted / "adapter" / "adapter_model.safetensors").is_file()
-    assert "max_minutes 6.5 holds 6 of the 20 steps; the learning-rate schedule now ends at step 6" in (
-        capsys.readouterr().out
-    )
+    printed = capsys.readouterr().out
+    assert "max_minutes 6.5 holds 6 of the 20 steps; the learning-rate schedule now ends at step 6" in printed
+    assert "step 6/6 |" in printed and [m["total_steps"] for m in read_metrics(fitted)][-1] == 6
     plain = finetune(config(tiny_model_dir, data_file, cut, *args), show_progress=False)
     assert plain["steps"] == 6 and plain["time_limited"] and plain["schedule_steps"] is None
     peak = _lrs(cut)[0]
