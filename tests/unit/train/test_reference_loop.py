@@ -7,8 +7,9 @@ Tolerance: bf16 keeps 8 significant bits, a relative rounding error of up to 2‚Å
 The loss is a mean over ~100 target tokens of log-probabilities whose logits carry a few such roundings
 each, and 12 steps of AdamW at lr 1e-2 let the two trajectories drift apart by what those roundings change
 in each update. Measured on this tiny model, worst step of 12: 0.01% apart eager, 0.06% compiled (inductor
-fuses in fp32 and rounds at other points; 0.11% and 1.2% over 20 steps before transformers 5.25). The bound is 3%: above that noise, and below what a wrong mask,
-a mis-shifted target, a lost LoRA scaling or a mis-normalised accumulation does to the loss.
+fuses in fp32 and rounds at other points; over 20 steps it was 0.11% and 1.2%). The bound is 3%: above that
+noise, and below what a wrong mask, a mis-shifted target, a lost LoRA scaling or a mis-normalised accumulation
+does to the loss.
 """
 
 import json
