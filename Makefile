@@ -73,6 +73,7 @@ test: install
 
 # The same tests on the newest releases within pyproject.toml's bounds, in their own venv: run before `make lock`.
 test-latest:
+	rm -f .venv-latest/.installed
 	$(MAKE) test VENV=.venv-latest LOCK=
 
 # The fast tier while editing: no training, compiling or subprocess runs, no embedded model (pyproject markers).
