@@ -347,7 +347,9 @@ def index() -> str:
     for md in writeups():
         groups.setdefault("" if md.parent == BENCH else md.parent.name, []).append(md)
     for topic in sorted(groups):
-        lines.append(f"## {topic + '/' if topic else 'top level'}: {TOPICS.get(topic, '')}")
+        story = BENCH / topic / "README.md"
+        told = f" ([the story so far]({topic}/README.md))" if topic and story.exists() else ""
+        lines.append(f"## {topic + '/' if topic else 'top level'}: {TOPICS.get(topic, '')}{told}")
         for md in sorted(groups[topic], key=lambda p: (parse_name(p.stem)["date"], p.stem), reverse=True):
             rel = md.relative_to(BENCH).as_posix()
             rec = rel.removesuffix(".md") + ".record.json"
