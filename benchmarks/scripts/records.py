@@ -146,6 +146,14 @@ def number(v):
     return round(v, 4) if isinstance(v, float) else v
 
 
+def score(ev: dict) -> dict:
+    """An exact-match record's figures: accuracy over n rows, and by digit count where it has them."""
+    out = {"accuracy": number(ev["accuracy"]), "n": ev.get("n")}
+    if isinstance(ev.get("by_digits"), dict):
+        out["by_digits"] = {d: number(v.get("accuracy")) for d, v in ev["by_digits"].items()}
+    return out
+
+
 def run_figures(files: list[str]) -> dict:
     """Per run folder: exact match (overall, by digit count) before and after, and the summary's figures."""
     runs: dict[str, dict] = {}
@@ -168,10 +176,13 @@ def run_figures(files: list[str]) -> dict:
             run["summary"] = keep
         else:
             key = {"eval.json": "exact_match", "eval-after.json": "exact_match", "sft-eval.json": "exact_match_sft"}
-            ev = {"accuracy": number(data.get("accuracy")), "n": data.get("n")}
-            if isinstance(data.get("by_digits"), dict):
-                ev["by_digits"] = {d: number(v.get("accuracy")) for d, v in data["by_digits"].items()}
-            run[key.get(name, "exact_match_before")] = ev
+            if "tuned" in data or "base" in data:  # `make demo`'s eval.json: the base and the tuned model's scores
+                parts = {"exact_match_before": data.get("base"), "exact_match": data.get("tuned")}
+            else:
+                parts = {key.get(name, "exact_match_before"): data}
+            for k, ev in parts.items():
+                if isinstance(ev, dict) and "accuracy" in ev:
+                    run[k] = score(ev)
     return runs
 
 
