@@ -4,9 +4,9 @@
     python benchmarks/scripts/plan_grpo.py --fit RUN [--fit RUN] [--check RUN ...] [--write] [--out FILE.md]
         [--set KEY=VALUE ...]   (overrides applied to every run's config.yaml, e.g. data.path= where it moved)
 
-A run is a `tunelab train` output folder of objective grpo (config.yaml, metrics.jsonl with log_steps 1). Measured
-per generation batch (the first left out: warm-up): sampling = generation_s; its decode steps = the batch's longest
-completion (the loop runs until every row has stopped); update = a step that reuses the batch (num_iterations > 1),
+A run is a `tunelab train` output folder of objective grpo (config.yaml, metrics.jsonl with log_steps 1; the
+committed runs keep it as metrics.jsonl.gz). Measured per generation batch (the first left out: warm-up):
+sampling = generation_s; its decode steps = the batch's longest completion (the loop runs until every row has stopped); update = a step that reuses the batch (num_iterations > 1),
 else the generating step minus sampling minus plan's scoring passes; scoring = the generating step minus sampling
 minus the update. The fit: decode_op_s from (sampling - plan's prefill FLOP time - steps x plan's bytes/FLOP time
 per decode step) / ((steps + 1) x a forward's ops); where the fitted runs sample at several batch sizes, also the
@@ -21,6 +21,7 @@ prints without a trial run.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import statistics
 import sys
@@ -37,7 +38,9 @@ GRPO_YAML = Path(__file__).resolve().parents[2] / "src" / "tunelab" / "plan" / "
 
 def measured(run: Path) -> dict:
     """Per-part medians over the run's generation batches after the first."""
-    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    path = run / "metrics.jsonl"
+    text = path.read_text() if path.exists() else gzip.decompress(path.with_suffix(".jsonl.gz").read_bytes()).decode()
+    recs = [json.loads(line) for line in text.splitlines()]
     prev, batches, updates = 0.0, [], []
     for r in recs:
         step_s = r["elapsed_s"] - prev

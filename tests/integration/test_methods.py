@@ -28,7 +28,7 @@ def rows_file(tmp_path_factory):
 @pytest.mark.parametrize("method", ["lora", "dora", "qlora", "full"])
 def test_method_trains_from_the_cli(method, rows_file, tmp_path):
     out = tmp_path / method
-    # Eager blocks: every method's compiled blocks are traced whole in tests/unit/recipes/test_train.py, trained
+    # Eager blocks: every method's compiled blocks are traced whole in tests/unit/recipes/test_finetune.py, trained
     # against an fp32 reference in tests/unit/train/test_reference_loop.py and measured in
     # tests/unit/plan/test_plan_memory_saved.py; compiling the 135M model's block here cost 45 s of make test's
     # 8 minutes (LoRA), 20-30 s for each other method.

@@ -95,7 +95,7 @@ def apply_adapter(model: torch.nn.Module, adapter: AdapterConfig) -> torch.nn.Mo
 def _traceable_dora_weight() -> None:
     """Give peft's DoRA layers a base-weight lookup that dynamo traces. peft's `dequantize_module_weight` asks
     `type(weight).__module__.startswith("torchao.")`, which torch 2.13's dynamo cannot trace: every DoRA layer
-    broke its compiled block's graph twice (tests/unit/recipes/test_train.py). A plain weight is returned as
+    broke its compiled block's graph twice (tests/unit/recipes/test_finetune.py). A plain weight is returned as
     peft returns it; anything else (nf4, int8, HQQ, torchao, FSDP's DTensor) still goes through peft."""
     from peft.tuners.lora import dora
 

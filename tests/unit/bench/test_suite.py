@@ -117,7 +117,7 @@ def test_cpu_suite_end_to_end(tmp_path):
     out = tmp_path / "bench-out"
     # One row and the peers that follow it: a fresh process of several seconds each on a 2-core CPU. The other rows
     # differ only in their config (every shipped suite row is checked to load; each method trains from the CLI
-    # in tests/integration/test_methods.py, compiled blocks in tests/unit/recipes/test_train.py).
+    # in tests/integration/test_methods.py, compiled blocks in tests/unit/recipes/test_finetune.py).
     rows = "tiny-lora"
     argv = ["bench", "suite", "cpu", "--rows", rows, "--out", str(out), f"output_dir={tmp_path / 'runs'}"]
     assert main(argv) == 0
