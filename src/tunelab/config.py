@@ -545,10 +545,13 @@ class ComputeConfig:
     # installed) and per-sequence slots on CPU; sdpa is transformers' own, with a block-diagonal mask.
     attention: Attention = "auto"
 
+    def __post_init__(self) -> None:
+        # compile is a bool (YAML true/false force it) or auto: the words true and false (a quoted YAML value, a
+        # keyword argument) are the booleans, normalised where the section is made so that validate() only checks.
+        self.compile = {"true": True, "false": False}.get(compile_mode(self.compile), self.compile)
+
     def validate(self, where: Origins) -> None:
-        # compile is a bool (YAML true/false force it) or auto: one field of two types, checked here.
         _choice(where, "compile", compile_mode(self.compile), COMPILE_MODES)
-        self.compile = {"true": True, "false": False}.get(compile_mode(self.compile), "auto")
 
 
 @dataclass(kw_only=True)

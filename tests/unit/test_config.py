@@ -269,3 +269,19 @@ def test_sections_own_their_keys_and_the_yaml_layout_is_unchanged():
     assert load_config(None, [f"{k}={json.dumps(v)}" for k, v in written.items() if not isinstance(v, dict)])
     with pytest.raises(TunelabError, match="^override micro_batch=0: micro_batch must be at least 1, got 0$"):
         load_config(None, ["micro_batch=0"])
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_validate_checks_and_changes_nothing(path):
+    """validate() is pure: every section's settings are the same before and after it, for every shipped config and
+    with a quoted `compile: "false"` (the word is normalised to the boolean where the section is made)."""
+    import copy
+
+    from tunelab.config import to_dict
+
+    for cfg in (load_config(path), load_config(path, ['compile="false"'])):
+        before = copy.deepcopy(to_dict(cfg))
+        cfg.validate()
+        assert to_dict(cfg) == before
+    assert load_config(path, ['compile="false"']).compute.compile is False
+    assert load_config(None, ['compile="true"']).compute.compile is True
