@@ -8,8 +8,6 @@ the first byte is written to the output dir, so a failed start leaves nothing ha
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,7 +32,7 @@ from ..device import (
     pick_precision,
 )
 from ..errors import OutOfMemory, TunelabError
-from ..io import atomic_dir, disk_errors, link_tree, remove_stale_temps, write_atomic
+from ..io import disk_errors, remove_stale_temps, write_atomic
 from ..memwatch import MemoryWatch
 from ..model import attention, offload
 from ..model import load as mload
@@ -44,8 +42,17 @@ from ..runtime import ACTIVATION_MEMORY_BUDGET, CompileChoice, attention_path
 from ..train import checkpoint, distributed, loop, optim, pair_loss, trackers
 from ..train.batches import BatchSpec, EvalBatches, Schedule
 from ..train.checkpoint import TrainState
-from ..train.lock import PROBE_PREFIX, lock_output_dir
+from ..train.lock import lock_output_dir
 from ..train.progress import ProgressView
+from .outputs import (
+    BEST,
+    after_disk_error,
+    check_writable_dir,
+    restore_best,
+    save_final,
+    save_pretrained,
+    truncate_metrics,
+)
 from .predict import run_compile_choice
 from .strategy import Strategy, Trainee, pick_strategy
 from .summary import RunSummary
@@ -109,24 +116,6 @@ def prepare_run(cfg: TrainConfig, procs: distributed.Processes | None = None) ->
 def batch_spec(cfg: TrainConfig, pad_id: int) -> BatchSpec:
     objective = cfg.objective.row
     return BatchSpec(cfg.batch, cfg.run.seed, pad_id, group=objective.sequences, mean_over=objective.mean_over)
-
-
-def check_writable_dir(path: Path) -> None:
-    """Fail before training if the output dir cannot be written: create it and a probe file, then undo that.
-
-    A real write is the only reliable test (root passes every permission check; /proc refuses anyway).
-    """
-    created = [p for p in (path, *path.parents) if not p.exists()]
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=PROBE_PREFIX):
-            pass
-    except OSError as e:
-        raise TunelabError(f"output_dir {path}: cannot write there ({e.strerror}); choose another output_dir") from None
-    finally:
-        for p in created:  # deepest first
-            if p.exists():
-                p.rmdir()
 
 
 def training_attention(device: torch.device, choice: str = "auto") -> str:
@@ -276,7 +265,7 @@ def _train_locked(
     if not procs.main:
         return summary
     text = json.dumps(summary, indent=2)
-    with disk_errors(str(out / "summary.json"), out, len(text), _after_disk_error(out)):
+    with disk_errors(str(out / "summary.json"), out, len(text), after_disk_error(out)):
         write_atomic(out / "summary.json", [text])
     return summary
 
@@ -547,33 +536,6 @@ def weights_identity(cfg: TrainConfig) -> dict:
     return identity
 
 
-def save_final(model, tokenizer, out: Path, method: str, weights: dict | None = None) -> Path:
-    """`adapter/` (PEFT format) for adapter methods, `model/` (HF format) for full fine-tuning; atomic.
-    `weights`: the model's state dict gathered from an FSDP run, whose own parameters are shards."""
-    final = out / methods.get(method).saves
-    save_pretrained(model, tokenizer, final, out, method, weights=weights)
-    return final
-
-
-BEST = checkpoint.BEST  # out/best, as each checkpoint names its copy of it
-BEST_RECORD = "tunelab_best.json"
-
-
-def save_pretrained(
-    model, tokenizer, path: Path, out: Path, method: str, record: dict | None = None, weights: dict | None = None
-) -> None:
-    """The weights as the final save writes them (adapter or full model) plus the tokenizer, atomically;
-    `record` goes beside them as BEST_RECORD. A full disk mid-save leaves the previous files as they were and
-    ends the run with one line."""
-    params = [p for p in model.parameters() if methods.get(method).trains_base or p.requires_grad]
-    needed = sum(p.numel() * p.element_size() for p in params)
-    with disk_errors(str(path), out, needed, _after_disk_error(out)), atomic_dir(path) as tmp:
-        model.save_pretrained(tmp, **({} if weights is None else {"state_dict": weights}))
-        tokenizer.save_pretrained(tmp)
-        if record is not None:
-            (tmp / BEST_RECORD).write_text(json.dumps(record))
-
-
 def _evaluation(
     cfg: TrainConfig, prep: Prepared, model, out: Path, writer: bool = True, gather=None
 ) -> loop.Evaluation | None:
@@ -595,22 +557,6 @@ def _evaluation(
     return loop.Evaluation(prep.eval_batches, spec, save_best=save_best, best_dir=out / BEST if writer else None)
 
 
-def restore_best(checkpoint_dir: Path, out: Path, state: TrainState) -> None:
-    """Make `best/` what it was at the checkpoint: a run that died after it may have rewritten best/ with a step
-    that the resumed run is about to train again (and, with other settings, may never reach)."""
-    best = out / BEST
-    record = best / BEST_RECORD
-    on_disk = json.loads(record.read_text()).get("step") if record.is_file() else None
-    if on_disk == state.best_step:
-        return
-    kept = checkpoint_dir / checkpoint.BEST
-    if state.best_step is not None and kept.is_dir():
-        with atomic_dir(best) as tmp:
-            link_tree(kept, tmp)
-    elif best.exists():
-        shutil.rmtree(best)
-
-
 def _eval_summary(prep: Prepared, state: TrainState) -> dict:
     if prep.eval_batches is None:
         return {"best_step": None, "best_eval_loss": None}
@@ -624,28 +570,3 @@ def _eval_summary(prep: Prepared, state: TrainState) -> dict:
         "best_step": state.best_step,
         "best_eval_loss": state.best_eval_loss,
     }
-
-
-def _after_disk_error(out: Path) -> str:
-    latest = checkpoint.list_checkpoints(out / "checkpoints")
-    if latest:
-        return f"free space, then run again with resume: true (checkpoint {latest[-1].name} is untouched)"
-    return "free space or choose another output_dir, then run again (save_steps keeps checkpoints to resume from)"
-
-
-def truncate_metrics(path: Path, step: int) -> float | None:
-    """After a resume, drop log lines past the checkpoint: they are about to be produced again. Returns the first
-    training loss the kept lines hold (None without one)."""
-    if not path.exists():
-        return None
-    keep = [line for line in path.read_text().splitlines() if _logged_step(line) <= step]
-    write_atomic(path, (line + "\n" for line in keep))
-    return next((record["loss"] for record in map(json.loads, keep) if "loss" in record), None)
-
-
-def _logged_step(line: str) -> float:
-    """The step of a metrics line; a line a kill cut short counts as past every checkpoint, so it goes."""
-    try:
-        return json.loads(line)["step"]
-    except (ValueError, KeyError, TypeError):
-        return float("inf")

@@ -37,7 +37,7 @@ from ..train.grpo import GrpoLoss, Rollout, advantages, trains_on
 from ..train.lock import lock_output_dir
 from ..train.loop import build_scheduler, fitted_schedule_steps, past_limit
 from ..train.optim import build_optimizer
-from .finetune import check_writable_dir, save_final, truncate_metrics
+from .outputs import check_writable_dir, save_final, truncate_metrics
 
 COMPLETIONS_LOGGED = 4  # completions per logged step in completions.jsonl
 CLIP_METRICS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean")
