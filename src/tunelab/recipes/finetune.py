@@ -7,7 +7,6 @@ the first byte is written to the output dir, so a failed start leaves nothing ha
 
 from __future__ import annotations
 
-import json
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,7 +31,6 @@ from ..device import (
     pick_precision,
 )
 from ..errors import OutOfMemory, TunelabError
-from ..io import disk_errors, remove_stale_temps, write_atomic
 from ..memwatch import MemoryWatch
 from ..model import attention, offload
 from ..model import load as mload
@@ -42,17 +40,9 @@ from ..runtime import ACTIVATION_MEMORY_BUDGET, CompileChoice, attention_path
 from ..train import checkpoint, distributed, loop, optim, pair_loss, trackers
 from ..train.batches import BatchSpec, EvalBatches, Schedule
 from ..train.checkpoint import TrainState
-from ..train.lock import lock_output_dir
 from ..train.progress import ProgressView
-from .outputs import (
-    BEST,
-    after_disk_error,
-    check_writable_dir,
-    restore_best,
-    save_final,
-    save_pretrained,
-    truncate_metrics,
-)
+from . import outputs
+from .outputs import BEST, restore_best, save_final, save_pretrained
 from .predict import run_compile_choice
 from .strategy import Strategy, Trainee, pick_strategy
 from .summary import RunSummary
@@ -204,12 +194,8 @@ def finetune(cfg: TrainConfig, show_progress: bool = True, measure: loop.Measure
     measure = measure or loop.Measurement()
     trackers.check_available(cfg.run.report_to)
     procs = distributed.join(pick_device(cfg.compute.device))
-    if not procs.main:
-        with memory_errors(cfg, procs.device, out, None):
-            return _train_locked(cfg, out, t0, False, measure, procs)
-    check_writable_dir(out)
-    with lock_output_dir(out), memory_errors(cfg, procs.device, out, None):
-        return _train_locked(cfg, out, t0, show_progress, measure, procs)
+    with outputs.held(out, procs.main), memory_errors(cfg, procs.device, out, None):
+        return _train_locked(cfg, out, t0, show_progress and procs.main, measure, procs)
 
 
 @contextmanager
@@ -262,11 +248,8 @@ def _train_locked(
     run = setup(cfg, out, procs, show_progress)
     result = fit(run, measure)
     summary = summarize(run, result, t0).as_dict()
-    if not procs.main:
-        return summary
-    text = json.dumps(summary, indent=2)
-    with disk_errors(str(out / "summary.json"), out, len(text), after_disk_error(out)):
-        write_atomic(out / "summary.json", [text])
+    if procs.main:
+        outputs.write_summary(out, summary)
     return summary
 
 
@@ -288,9 +271,6 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes, show_progre
     from accelerate import Accelerator
     from accelerate.utils import set_seed
 
-    # Under the lock no other run writes here: temp entries are what a killed run left mid-write.
-    for folder in (out, out / "checkpoints") if procs.main else ():
-        remove_stale_temps(folder)
     resume_from = checkpoint.find(out / "checkpoints", cfg.run.resume)
     if resume_from is not None:
         checkpoint.check_identity(resume_from, weights_identity(cfg))
@@ -379,23 +359,14 @@ def _prepare_output_dir(
     state: TrainState,
     show_progress: bool,
 ) -> float | None:
-    """The main process readies output_dir: best/ and metrics.jsonl as at the checkpoint resumed from (or a fresh
-    metrics.jsonl), and config.yaml. Returns the first training loss a resumed run logged before."""
+    """The main process readies output_dir: best/ as at the checkpoint resumed from, then the logs and config.yaml
+    (outputs.start_logs). Returns the first training loss a resumed run logged before."""
     if not procs.main:
         return None
-    logged_first_loss = None
-    out.mkdir(parents=True, exist_ok=True)
     if resume_from is not None:
+        out.mkdir(parents=True, exist_ok=True)
         restore_best(resume_from, out, state)
-        logged_first_loss = truncate_metrics(out / "metrics.jsonl", state.step)
-        if show_progress:
-            print(f"resumed from {resume_from} at step {state.step}", flush=True)
-    else:
-        if cfg.run.resume is True and show_progress:  # a re-run of the same command after a crash, the first time
-            print(f"resume: no checkpoint in {out / 'checkpoints'} yet; starting from step 0", flush=True)
-        (out / "metrics.jsonl").unlink(missing_ok=True)
-    write_atomic(out / "config.yaml", [cfgmod.dump_yaml(cfg)])
-    return logged_first_loss
+    return outputs.start_logs(cfg, out, resume_from, state.step, show_progress)
 
 
 def fit(run: Run, measure: loop.Measurement) -> loop.LoopResult:
@@ -432,11 +403,7 @@ def fit(run: Run, measure: loop.Measurement) -> loop.LoopResult:
     if finished and procs.main:
         save_final(trainee.model, run.prep.tokenizer, out, cfg.adapter.method, weights)
     if run.show_progress and result.time_limited:
-        print(
-            f"time limit: max_minutes {cfg.run.max_minutes:g} ended training after step {state.step} of "
-            f"{run.prep.schedule.total_steps}; saved as a finished run",
-            flush=True,
-        )
+        outputs.say_time_limited(cfg.run.max_minutes, state.step, run.prep.schedule.total_steps)
     if run.show_progress and state.best_step is not None:
         kept = f"; weights in {out / BEST}" if cfg.eval.keep_best else ""
         print(f"best: step {state.best_step}, eval loss {state.best_eval_loss:.4f}{kept}", flush=True)

@@ -19,14 +19,13 @@ import numpy as np
 import torch
 
 from .. import allocator, sources
-from ..config import TrainConfig, dump_yaml
+from ..config import TrainConfig
 from ..data.pipeline import prepare
 from ..data.prompts import PromptData
 from ..device import pick_device, pick_precision
 from ..errors import TunelabError
 from ..eval.generate import stops
 from ..eval.sampling import sample
-from ..io import write_atomic
 from ..memwatch import MemoryWatch
 from ..model import load as mload
 from ..model.adapters import apply_adapter
@@ -34,11 +33,11 @@ from ..model.lora_linear import pack_for_inference
 from ..train import checkpoint, rewards
 from ..train.checkpoint import TrainState
 from ..train.grpo import GrpoLoss, Rollout, advantages, trains_on
-from ..train.lock import lock_output_dir
 from ..train.loop import build_scheduler, fitted_schedule_steps, past_limit
 from ..train.optim import build_optimizer
-from .outputs import check_writable_dir, save_final, truncate_metrics
+from . import outputs
 
+COMPLETIONS = "completions.jsonl"  # sampled completions, every grpo.log_completions_steps
 COMPLETIONS_LOGGED = 4  # completions per logged step in completions.jsonl
 CLIP_METRICS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean")
 # grpo.schedule_within_limit fits the schedule after the first generation batch, and again after every batch from
@@ -304,8 +303,7 @@ def train(cfg: TrainConfig, show_progress: bool = True) -> dict:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise TunelabError(f"objective {cfg.objective.name} trains in one process; run it without --nproc")
     out = Path(cfg.run.output_dir)
-    check_writable_dir(out)
-    with lock_output_dir(out):
+    with outputs.held(out):
         return _train_locked(cfg, out, show_progress)
 
 
@@ -313,24 +311,17 @@ def _train_locked(cfg: TrainConfig, out: Path, show_progress: bool) -> dict:
     t0 = time.perf_counter()
     run = setup(cfg, out)
     found = checkpoint.find(out / "checkpoints", cfg.run.resume) if cfg.run.resume else None
-    for name in ("metrics.jsonl", "completions.jsonl"):
-        if found is None:
-            (out / name).unlink(missing_ok=True)
     if found is not None:
         run.state = checkpoint.load(found, run.root, run.optimizer, run.scheduler)
-        # Lines past the checkpoint are about to be written again.
-        truncate_metrics(out / "metrics.jsonl", run.state.step)
-        truncate_metrics(out / "completions.jsonl", run.state.step)
         if run.state.schedule_steps is not None:  # the schedule the run had fitted to its time limit
             reschedule(run, run.state.schedule_steps)
-    # `tunelab eval --adapter` reads the base model, format and template from here.
-    write_atomic(out / "config.yaml", [dump_yaml(cfg)])
+    outputs.start_logs(cfg, out, found, run.state.step, show_progress, logs=(COMPLETIONS,))
     memwatch = MemoryWatch(run.device)
     settings = cfg.objective.grpo
     batch, last, time_limited = None, {}, False
     start_s, start_step = run.state.elapsed_s, run.state.step  # where this process took over (0, or a resume)
     ends = [start_s]  # the elapsed time at the end of each of this process's generation batches
-    with (out / "metrics.jsonl").open("a") as metrics_file:
+    with (out / outputs.METRICS).open("a") as metrics_file:
         while run.state.step < run.total_steps and not time_limited:
             step_t0 = time.perf_counter()
             iteration = run.state.step % settings.num_iterations
@@ -378,12 +369,8 @@ def _train_locked(cfg: TrainConfig, out: Path, show_progress: bool) -> dict:
                     out / "checkpoints", run.root, run.optimizer, run.scheduler, run.state, cfg.run.save_total_limit
                 )
     if time_limited and show_progress:
-        print(
-            f"time limit: max_minutes {cfg.run.max_minutes:g} ended training after step {run.state.step} of "
-            f"{run.total_steps}; saved as a finished run",
-            flush=True,
-        )
-    final = save_final(run.root.model, run.tokenizer, out, cfg.adapter.method)
+        outputs.say_time_limited(cfg.run.max_minutes, run.state.step, run.total_steps)
+    final = outputs.save_final(run.root.model, run.tokenizer, out, cfg.adapter.method)
     summary = {
         "output_dir": str(out),
         "objective": cfg.objective.name,
@@ -403,7 +390,7 @@ def _train_locked(cfg: TrainConfig, out: Path, show_progress: bool) -> dict:
         "best_step": None,
         "final": str(final),
     }
-    write_atomic(out / "summary.json", [json.dumps(summary, indent=1)])
+    outputs.write_summary(out, summary)
     return summary
 
 
@@ -464,5 +451,5 @@ def _log_completions(out: Path, step: int, batch: dict) -> None:
         {"step": step, "prompt": p, "completion": c, "reward": float(r), "advantage": float(a)}
         for p, c, r, a in zip(batch["prompts"], batch["texts"], batch["adv"].rewards, batch["adv"].advantages)
     ][:COMPLETIONS_LOGGED]
-    with (out / "completions.jsonl").open("a") as f:
+    with (out / COMPLETIONS).open("a") as f:
         f.writelines(json.dumps(row) + "\n" for row in rows)

@@ -1,20 +1,82 @@
 """The output directory's steps that every recipe takes, in one place: the writable check before anything loads,
-the final save (adapter or model, atomic, a full disk ending the run with one line), best/ as at a checkpoint
-resumed from, and the log lines past that checkpoint dropped."""
+the lock and the stale temps a killed run left (`held`), the logs as at a checkpoint resumed from and config.yaml
+(`start_logs`), the final save (adapter or model, atomic, a full disk ending the run with one line), best/ as at a
+checkpoint resumed from, summary.json under the same disk-error handling (`write_summary`) and the line a time
+limit prints (`say_time_limited`)."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .. import methods
+from ..config import TrainConfig, dump_yaml
 from ..errors import TunelabError
-from ..io import atomic_dir, disk_errors, link_tree, write_atomic
+from ..io import atomic_dir, disk_errors, link_tree, remove_stale_temps, write_atomic
 from ..train import checkpoint
 from ..train.checkpoint import TrainState
-from ..train.lock import PROBE_PREFIX
+from ..train.lock import PROBE_PREFIX, lock_output_dir
+
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+
+
+@contextmanager
+def held(out: Path, main: bool = True) -> Iterator[None]:
+    """output_dir for one run: checked writable, locked (train/lock.py: a second run there fails at once) and rid
+    of the temps a killed run left, all by the `main` process; the others of a distributed run touch nothing."""
+    if not main:
+        yield
+        return
+    check_writable_dir(out)
+    with lock_output_dir(out):
+        # Under the lock no other run writes here: temp entries are what a killed run left mid-write.
+        for folder in (out, out / "checkpoints"):
+            remove_stale_temps(folder)
+        yield
+
+
+def start_logs(
+    cfg: TrainConfig, out: Path, resumed: Path | None, step: int, show_progress: bool, logs: tuple[str, ...] = ()
+) -> float | None:
+    """metrics.jsonl and the recipe's other `logs` as at the checkpoint `resumed` from (at `step`: the lines past
+    it are about to be written again), or fresh; then config.yaml, which `tunelab eval --adapter` reads the base,
+    format and template from. Returns the first training loss a resumed run logged before."""
+    out.mkdir(parents=True, exist_ok=True)
+    first_loss = None
+    if resumed is not None:
+        first_loss = truncate_metrics(out / METRICS, step)
+        for name in logs:
+            truncate_metrics(out / name, step)
+        if show_progress:
+            print(f"resumed from {resumed} at step {step}", flush=True)
+    else:
+        if cfg.run.resume is True and show_progress:  # a re-run of the same command after a crash, the first time
+            print(f"resume: no checkpoint in {out / 'checkpoints'} yet; starting from step 0", flush=True)
+        for name in (METRICS, *logs):
+            (out / name).unlink(missing_ok=True)
+    write_atomic(out / "config.yaml", [dump_yaml(cfg)])
+    return first_loss
+
+
+def write_summary(out: Path, summary: dict) -> None:
+    """summary.json, atomically; a full disk ends the run with one line (the checkpoint to resume from)."""
+    text = json.dumps(summary, indent=2)
+    with disk_errors(str(out / SUMMARY), out, len(text), after_disk_error(out)):
+        write_atomic(out / SUMMARY, [text])
+
+
+def say_time_limited(max_minutes: float, step: int, total_steps: int) -> None:
+    """The line a run ended by max_minutes prints: it is saved as finished."""
+    print(
+        f"time limit: max_minutes {max_minutes:g} ended training after step {step} of {total_steps}; saved as a "
+        "finished run",
+        flush=True,
+    )
 
 
 def check_writable_dir(path: Path) -> None:
