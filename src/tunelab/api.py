@@ -28,15 +28,12 @@ def load_config(path: str | Path | None = None, *overrides: str, **settings: Any
 
 
 def finetune(config: TrainConfig | str | Path, *overrides: str, show_progress: bool = False, **settings: Any):
-    """Fine-tune as `tunelab train` does and return the run's summary (recipes.summary.RunSummary, also written to
-    output_dir/summary.json). `config`: a TrainConfig, or a YAML path read with `overrides` and `settings`."""
-    from .recipes.finetune import finetune as run
-    from .recipes.summary import RunSummary
+    """Fine-tune as `tunelab train` does, with the recipe the config's objective row names, and return the run's
+    summary: a recipes.summary.RunSummary for every objective (also written to output_dir/summary.json).
+    `config`: a TrainConfig, or a YAML path read with `overrides` and `settings`."""
+    from .recipes import entry
 
-    cfg = _config(config, overrides, settings)
-    summary = run(cfg, show_progress=show_progress)
-    # A generating objective (grpo) has its own summary: steps, times, rewards' last values (recipes/grpo.py).
-    return summary if cfg.objective.row.generates else RunSummary(**summary)
+    return entry.train(_config(config, overrides, settings), show_progress=show_progress)
 
 
 def estimate(

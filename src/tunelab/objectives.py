@@ -1,8 +1,8 @@
 """The training objectives, one row each: what a step computes, the loss module and the data builder it names,
 and what it needs that supervised training does not (a reference model's log-probabilities, several sequences per
 example). Config validation, the data pipeline, the recipe, plan and bench read this registry and never compare
-objective names. Torch-free and import-free: a row names its code as `package.module:attribute` under tunelab,
-imported only when `load` is called."""
+objective names. Torch-free and import-free: a row names its code (loss module, data builder, recipe) as
+`package.module:attribute` under tunelab, imported only when `load` is called."""
 
 from __future__ import annotations
 
@@ -40,6 +40,10 @@ class Objective:
     loss_module: str = "train.loss:CausalLMLoss"
     # What turns the data spec's source into tokenized examples (`builder(spec, tokenizer)`).
     data_builder: str = "data.pipeline:prepare_rows"
+    # The recipe that runs a job of this objective (`recipe(cfg, show_progress, measure)` -> recipes.summary.RunSummary),
+    # a table of contents as torchtune's recipe registry: `tunelab train`, bench, the demo and `tunelab.finetune`
+    # call recipes/entry.py's `train`, which runs the one the config's row names.
+    recipe: str = "recipes.finetune:train"
 
 
 _PAIR_METRICS = (
@@ -107,6 +111,7 @@ REGISTRY: dict[str, Objective] = {
             metrics=GRPO_METRICS,
             loss_module="train.grpo:GrpoLoss",
             data_builder="data.prompts:prepare_prompts",
+            recipe="recipes.grpo:train",
         ),
     )
 }

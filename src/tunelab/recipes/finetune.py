@@ -177,18 +177,15 @@ def compile_blocks(model: torch.nn.Module) -> None:
         decoder.norm.compile()
 
 
-def finetune(cfg: TrainConfig, show_progress: bool = True, measure: loop.Measurement | None = None) -> dict:
-    """Run one training job and return its summary (also written to output_dir/summary.json). `measure`: what a
-    measuring caller (bench, tests) asks of the run (stop early, the warm-up window, a per-step callback).
+def train(cfg: TrainConfig, show_progress: bool = True, measure: loop.Measurement | None = None) -> RunSummary:
+    """The recipe of the objectives trained on the data's own sequences (sft, dpo, orpo: objectives.Objective.recipe):
+    run one job and return its summary (also written to output_dir/summary.json). `measure`: what a measuring
+    caller (bench, tests) asks of the run (stop early, the warm-up window, a per-step callback).
 
     The job holds output_dir's lock (train/lock.py) throughout: a second job there fails at once. Under
     `accelerate launch` every process trains its share of each step and only the main process touches
     output_dir (lock, metrics, checkpoints, final weights, summary).
     """
-    if cfg.objective.row.generates:  # the step samples its own sequences: recipes/grpo.py
-        from .grpo import train as train_generating
-
-        return train_generating(cfg, show_progress)
     t0 = time.perf_counter()
     out = Path(cfg.run.output_dir)
     measure = measure or loop.Measurement()
@@ -196,6 +193,11 @@ def finetune(cfg: TrainConfig, show_progress: bool = True, measure: loop.Measure
     procs = distributed.join(pick_device(cfg.compute.device))
     with outputs.held(out, procs.main), memory_errors(cfg, procs.device, out, None):
         return _train_locked(cfg, out, t0, show_progress and procs.main, measure, procs)
+
+
+def finetune(cfg: TrainConfig, show_progress: bool = True, measure: loop.Measurement | None = None) -> dict:
+    """`train`'s summary as summary.json holds it (a dict), for the callers that read it by key."""
+    return train(cfg, show_progress, measure).as_dict()
 
 
 @contextmanager
@@ -244,12 +246,12 @@ class Run:
 
 def _train_locked(
     cfg: TrainConfig, out: Path, t0: float, show_progress: bool, measure: loop.Measurement, procs: distributed.Processes
-) -> dict:
+) -> RunSummary:
     run = setup(cfg, out, procs, show_progress)
     result = fit(run, measure)
-    summary = summarize(run, result, t0).as_dict()
+    summary = summarize(run, result, t0)
     if procs.main:
-        outputs.write_summary(out, summary)
+        outputs.write_summary(out, summary.as_dict())
     return summary
 
 
@@ -416,6 +418,7 @@ def summarize(run: Run, result: loop.LoopResult, t0: float) -> RunSummary:
         output_dir=str(run.out),
         model=cfg.model,
         method=cfg.adapter.method,
+        objective=cfg.objective.name,
         base_quant=cfg.adapter.quant,
         nf4_layers=nf4_layers(run.trainee.model),
         device=device_name(prep.device),
