@@ -58,11 +58,12 @@ def estimate(
     step by part (`step`), and whose `cost_usd(single)` prices it. `examples` (and `mean_tokens`) describe the
     workload when the config names no dataset. `hf`: with `stack="hf-peft"`, the HF script's choices by their
     TrainingArguments names (`{"attn_implementation": "eager", "gradient_checkpointing": True}`: `--hf`'s).
-    For objective grpo, a list of recipes.predict.GeneratingPlan (a generation batch by part, `time_s`,
+    For objective grpo, a list of plan.grpo.GeneratingPlan (a generation batch by part, `time_s`,
     `memory_bytes`), with `completion_tokens` and `signal_share` (or both from a trial run's folder, `from_run`)
     in place of their upper bounds. The same functions `tunelab plan` prints from."""
     from .plan import hfstack
-    from .recipes.predict import PlanRequest, grpo_workload, plan_config, plan_generating
+    from .plan.grpo import grpo_workload
+    from .recipes.predict import PlanRequest, plan_config, plan_generating
 
     _, settings_of_hf = hfstack.parse(hf)
     if isinstance(config, TrainConfig) and settings_of_hf:
@@ -80,7 +81,7 @@ def estimate(
         stack=stack,
         price_per_hour=price_per_hour,
         hf=dict(hf or {}),
-        **grpo_workload(completion_tokens, signal_share, from_run),
+        grpo=grpo_workload(completion_tokens, signal_share, from_run),
     )
     return plan_generating(cfg, request) if cfg.objective.row.generates else plan_config(cfg, request)
 

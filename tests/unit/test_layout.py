@@ -1,5 +1,5 @@
-"""The package layout (docs/design.md): `tunelab plan` stays torch-free, plan/ imports neither train/ nor model/,
-the command modules never import each other, and the unit tests mirror src/."""
+"""The package layout (docs/design.md): `tunelab plan` stays torch-free, plan/ imports neither train/ nor model/ nor
+sources.py, the command modules never import each other, and the unit tests mirror src/."""
 
 from __future__ import annotations
 
@@ -66,9 +66,13 @@ def test_the_nproc_launcher_does_not_import_torch(tmp_path):
     assert "torch loaded False" in out.stdout
 
 
-def test_plan_imports_neither_train_nor_model():
+def test_plan_imports_neither_train_nor_model_nor_sources():
+    """plan reads architectures and the data's lengths from its caller: the GRPO plan too (plan/grpo.py)."""
     offenders = {
-        f"{p.name}: {m}" for p in modules_under("plan") for m in imported_modules(p) if unit_of(m) in ("train", "model")
+        f"{p.name}: {m}"
+        for p in modules_under("plan")
+        for m in imported_modules(p)
+        if unit_of(m) in ("train", "model", "sources")
     }
     assert not offenders
 
