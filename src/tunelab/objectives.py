@@ -10,6 +10,19 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
+# What a run can be asked for beyond the plain step, each a capability an objective's recipe has or lacks: a
+# setting that needs one the config's objective row lacks is refused before anything loads, naming the capability
+# (config.py `TrainConfig._validate_capabilities`, `--nproc` in commands/train.py).
+CAPABILITIES = {
+    "trains_base": "full fine-tuning",
+    "compiled_blocks": "compiled decoder blocks",
+    "attention_choice": "a chosen attention implementation",
+    "activation_checkpointing": "activation checkpointing",
+    "activation_offload": "activation offload",
+    "trackers": "TensorBoard or W&B logging",
+    "processes": "several processes",
+}
+
 
 @dataclass(frozen=True)
 class Objective:
@@ -44,6 +57,8 @@ class Objective:
     # a table of contents as torchtune's recipe registry: `tunelab train`, bench, the demo and `tunelab.finetune`
     # call recipes/entry.py's `train`, which runs the one the config's row names.
     recipe: str = "recipes.finetune:train"
+    # What its recipe can do (CAPABILITIES' keys): the shared loop's recipe has every one.
+    capabilities: frozenset[str] = frozenset(CAPABILITIES)
 
 
 _PAIR_METRICS = (
@@ -112,6 +127,9 @@ REGISTRY: dict[str, Objective] = {
             loss_module="train.grpo:GrpoLoss",
             data_builder="data.prompts:prepare_prompts",
             recipe="recipes.grpo:train",
+            # Its recipe runs eager blocks over padded rows with SDPA, in one process, logging to metrics.jsonl; it
+            # samples from the adapter and takes the base (the adapter disabled) as its reference.
+            capabilities=frozenset(),
         ),
     )
 }
@@ -120,6 +138,14 @@ NAMES = tuple(REGISTRY)
 
 def get(name: str) -> Objective:
     return REGISTRY[name]
+
+
+def lacking(row: Objective, capability: str, why: str) -> str | None:
+    """The one line refusing `why` (the setting that asks, and what to set instead) when `row` lacks `capability`;
+    None when it has it."""
+    if capability in row.capabilities:
+        return None
+    return f"objective {row.name} lacks the capability {capability} ({CAPABILITIES[capability]}): {why}"
 
 
 def load(ref: str) -> Any:

@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 
 from .. import config as cfgmod
-from .. import hub
+from .. import hub, objectives
+from ..errors import TunelabError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -69,6 +70,9 @@ def _launch(args: argparse.Namespace) -> int:
     from ..train.lock import removed_if_abandoned
 
     cfg = cfgmod.load_config(args.config, args.overrides)  # a bad config fails here with one line, not N times
+    refusal = objectives.lacking(cfg.objective.row, "processes", "run it without --nproc or --accelerate-config")
+    if refusal and args.nproc != 1:
+        raise TunelabError(refusal)
     launch = None if args.accelerate_config is None else read_accelerate_config(args.accelerate_config)
     if launch is not None and launch["distributed_type"] == "FSDP":
         check_fsdp_run(cfg, args.config)

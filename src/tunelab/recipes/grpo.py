@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import allocator, sources
+from .. import allocator, objectives, sources
 from ..config import TrainConfig
 from ..data.pipeline import prepare
 from ..data.prompts import PromptData
@@ -308,8 +308,9 @@ def train(cfg: TrainConfig, show_progress: bool = True, measure: Measurement | N
     """The recipe of objective grpo (objectives.Objective.recipe): run a GRPO job and return its summary (also
     written to output_dir/summary.json). `measure`: what a measuring caller asks of the run (stop before the
     schedule's end, the steps kept out of the summary's rates, a per-step callback)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise TunelabError(f"objective {cfg.objective.name} trains in one process; run it without --nproc")
+    refusal = objectives.lacking(cfg.objective.row, "processes", "run it without --nproc")
+    if refusal and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise TunelabError(refusal)
     out = Path(cfg.run.output_dir)
     with outputs.held(out):
         summary = _train_locked(cfg, out, show_progress, measure or Measurement())

@@ -72,3 +72,26 @@ def test_no_caller_of_training_runs_a_recipe_by_name():
     door to training would skip the objective row's choice."""
     offenders = [f"{p.relative_to(PACKAGE)}:{f}" for p in CALLERS for f in recipe_imports(p.read_text())]
     assert not offenders
+
+
+def test_every_rows_capabilities_are_known_ones():
+    for row in objectives.REGISTRY.values():
+        assert row.capabilities <= set(objectives.CAPABILITIES), row.name
+
+
+def test_nproc_for_an_objective_without_the_processes_capability_is_one_line_before_any_launch(
+    tmp_path, monkeypatch, capsys
+):
+    from tunelab.cli import main
+    from tunelab.train import launch
+
+    monkeypatch.setattr(launch, "run_launcher", lambda cmd: pytest.fail("launched"))
+    config = tmp_path / "g.yaml"
+    config.write_text(
+        "objective: grpo\ndata:\n  path: p.jsonl\nseq_len: 64\ngrpo:\n  max_completion_length: 16\n"
+        "  rewards:\n    - name: exact_answer\n"
+    )
+    assert main(["train", "--config", str(config), "--nproc", "2", f"output_dir={tmp_path / 'out'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "objective grpo lacks the capability processes (several processes): run it without --nproc" in err
+    assert "\n" not in err
