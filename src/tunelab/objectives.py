@@ -127,9 +127,9 @@ REGISTRY: dict[str, Objective] = {
             loss_module="train.grpo:GrpoLoss",
             data_builder="data.prompts:prepare_prompts",
             recipe="recipes.grpo:train",
-            # Its recipe runs eager blocks over padded rows with SDPA, in one process, logging to metrics.jsonl; it
-            # samples from the adapter and takes the base (the adapter disabled) as its reference.
-            capabilities=frozenset(),
+            # Its recipe runs eager blocks over padded rows with SDPA, in one process; it samples from the adapter
+            # and takes the base (the adapter disabled) as its reference.
+            capabilities=frozenset({"trackers"}),
         ),
     )
 }

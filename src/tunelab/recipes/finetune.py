@@ -377,7 +377,7 @@ def fit(run: Run, measure: loop.Measurement) -> loop.LoopResult:
     gather = run.strategy.gather(trainee, methods.get(cfg.adapter.method).adapter)
     # Trackers log from the main process only, as metrics.jsonl is written.
     tracking = trackers.setup(cfg.run.report_to, out, state.step) if procs.main else None
-    with _tracking(run.accelerator, tracking, cfg, run.show_progress) as track:
+    with outputs.tracking(run.accelerator, tracking, cfg, run.show_progress) as track:
         progress = ProgressView(run.prep.schedule.total_steps, state.step, enabled=run.show_progress)
         with memory_errors(cfg, procs.device, out, state):
             result = loop.run(
@@ -462,25 +462,6 @@ def summarize(run: Run, result: loop.LoopResult, t0: float) -> RunSummary:
         elapsed_s=time.perf_counter() - t0,
         versions=library_versions(),
     )
-
-
-@contextmanager
-def _tracking(accelerator, tracking: trackers.TrackerSetup | None, cfg: TrainConfig, show_progress: bool):
-    """Start the run's tracker (says where it logs), yield whether one is on, and close it however the run ends."""
-    if tracking is None:
-        yield False
-        return
-    if show_progress:
-        for note in tracking.notes:
-            print(note, flush=True)
-    accelerator.init_trackers(tracking.project, trackers.flat_config(cfgmod.to_dict(cfg)), tracking.init_kwargs)
-    try:
-        yield True
-    finally:
-        # Each tracker's own finish, not `accelerator.end_training()`: that also destroys the process group, which
-        # a distributed run still needs for its final save.
-        for tracker in accelerator.trackers:
-            tracker.finish()
 
 
 def weights_identity(cfg: TrainConfig) -> dict:

@@ -30,7 +30,7 @@ from ..memwatch import MemoryWatch
 from ..model import load as mload
 from ..model.adapters import apply_adapter, count_parameters
 from ..model.lora_linear import nf4_layers, pack_for_inference
-from ..train import checkpoint, rewards
+from ..train import checkpoint, rewards, trackers
 from ..train.checkpoint import TrainState
 from ..train.distributed import local_numel
 from ..train.grpo import GrpoLoss, Rollout, advantages, trains_on
@@ -311,6 +311,7 @@ def train(cfg: TrainConfig, show_progress: bool = True, measure: Measurement | N
     refusal = objectives.lacking(cfg.objective.row, "processes", "run it without --nproc")
     if refusal and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise TunelabError(refusal)
+    trackers.check_available(cfg.run.report_to)
     out = Path(cfg.run.output_dir)
     with outputs.held(out):
         summary = _train_locked(cfg, out, show_progress, measure or Measurement())
@@ -340,15 +341,41 @@ def _train_locked(cfg: TrainConfig, out: Path, show_progress: bool, measure: Mea
     first_loss = outputs.start_logs(cfg, out, found, run.state.step, show_progress, logs=(COMPLETIONS,))
     memwatch = MemoryWatch(run.device)
     tally = Tally(first_loss=first_loss)
-    with (out / outputs.METRICS).open("a") as metrics_file:
-        fit(run, memwatch, tally, metrics_file, show_progress, measure)
+    setup_ = trackers.setup(cfg.run.report_to, out, run.state.step)
+    accelerator = None if setup_ is None else logging_accelerator(run)
+    with outputs.tracking(accelerator, setup_, cfg, show_progress) as track, (out / outputs.METRICS).open("a") as f:
+        fit(run, memwatch, tally, Log(f, accelerator if track else None), show_progress, measure)
     if tally.time_limited and show_progress:
         outputs.say_time_limited(cfg.run.max_minutes, run.state.step, run.total_steps)
     outputs.save_final(run.root.model, run.tokenizer, out, cfg.adapter.method)
     return summarize(run, tally, memwatch.read(), measure.warmup_window, time.perf_counter() - t0)
 
 
-def fit(run: GrpoRun, memwatch: MemoryWatch, tally: Tally, metrics_file, show_progress: bool, measure) -> None:
+def logging_accelerator(run: GrpoRun):
+    """An Accelerator that only logs: the tracker `report_to` names writes under output_dir (the run's own steps
+    place and cast nothing through it)."""
+    from accelerate import Accelerator
+
+    report_to = run.cfg.run.report_to
+    return Accelerator(cpu=run.device.type == "cpu", log_with=report_to, project_dir=str(run.out))
+
+
+@dataclass
+class Log:
+    """Where a logged step's record goes: metrics.jsonl, and the tracker (an Accelerator's) when one is on, under
+    the same names at the same step."""
+
+    file: object
+    tracker: object = None
+
+    def write(self, record: dict) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.tracker is not None:
+            self.tracker.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+
+def fit(run: GrpoRun, memwatch: MemoryWatch, tally: Tally, log: Log, show_progress: bool, measure) -> None:
     """The steps: a generation batch every num_iterations steps, an update each; logs, the time limit and the
     schedule fitted to it, checkpoints between generation batches."""
     cfg, out, settings = run.cfg, run.out, run.cfg.objective.grpo
@@ -392,8 +419,7 @@ def fit(run: GrpoRun, memwatch: MemoryWatch, tally: Tally, metrics_file, show_pr
             and past_limit(cfg.run.max_minutes, run.state.elapsed_s, trailing_pace(ends))
         )
         if run.state.step % cfg.run.log_steps == 0 or run.state.step == run.total_steps or tally.time_limited:
-            metrics_file.write(json.dumps(record) + "\n")
-            metrics_file.flush()
+            log.write(record)
             if show_progress:
                 print(_progress_line(run, record), flush=True)
         every = settings.log_completions_steps

@@ -1,8 +1,8 @@
 """The output directory's steps that every recipe takes, in one place: the writable check before anything loads,
 the lock and the stale temps a killed run left (`held`), the logs as at a checkpoint resumed from and config.yaml
 (`start_logs`), the final save (adapter or model, atomic, a full disk ending the run with one line), best/ as at a
-checkpoint resumed from, summary.json under the same disk-error handling (`write_summary`) and the line a time
-limit prints (`say_time_limited`)."""
+checkpoint resumed from, summary.json under the same disk-error handling (`write_summary`), the line a time
+limit prints (`say_time_limited`) and the run's tracker, which logs under output_dir (`tracking`)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .. import methods
-from ..config import TrainConfig, dump_yaml
+from ..config import TrainConfig, dump_yaml, to_dict
 from ..errors import TunelabError
 from ..io import atomic_dir, disk_errors, link_tree, remove_stale_temps, write_atomic
-from ..train import checkpoint
+from ..train import checkpoint, trackers
 from ..train.checkpoint import TrainState
 from ..train.lock import PROBE_PREFIX, lock_output_dir
 
@@ -163,3 +163,23 @@ def _logged_step(line: str) -> float:
         return json.loads(line)["step"]
     except (ValueError, KeyError, TypeError):
         return float("inf")
+
+
+@contextmanager
+def tracking(accelerator, setup: trackers.TrackerSetup | None, cfg: TrainConfig, show_progress: bool):
+    """Start the run's tracker (says where it logs), yield whether one is on, and close it however the run ends.
+    `accelerator` was made with `log_with=report_to` and `project_dir=output_dir` (trackers.TrackerSetup)."""
+    if setup is None:
+        yield False
+        return
+    if show_progress:
+        for note in setup.notes:
+            print(note, flush=True)
+    accelerator.init_trackers(setup.project, trackers.flat_config(to_dict(cfg)), setup.init_kwargs)
+    try:
+        yield True
+    finally:
+        # Each tracker's own finish, not `accelerator.end_training()`: that also destroys the process group, which
+        # a distributed run still needs for its final save.
+        for tracker in accelerator.trackers:
+            tracker.finish()

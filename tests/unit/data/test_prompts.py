@@ -62,7 +62,7 @@ def test_arithmetic_prompts_command(tmp_path):
         ("eval.split=0.1", "objective grpo has no held-out loss"),
         ("compile=true", "objective grpo lacks the capability compiled_blocks .*compile needs it"),
         ("grad_ckpt=true", "objective grpo lacks the capability activation_checkpointing"),
-        ("report_to=tensorboard", "objective grpo lacks the capability trackers .*report_to needs it"),
+        ("attention=sdpa", "objective grpo lacks the capability attention_choice .*attention needs it"),
         (
             "grpo.schedule_within_limit=true",
             "grpo.schedule_within_limit fits the schedule to max_minutes, which is not",

@@ -291,3 +291,23 @@ def test_balance_by_reaches_the_prompt_order_and_a_missing_field_fails_before_th
     monkeypatch.setattr(mload, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
     with pytest.raises(TunelabError, match="prompt 1 has no 'digits' to balance by"):
         train(grpo_config(tiny_model_dir, data, tmp_path / "bad", "grpo.balance_by=digits"), False)
+
+
+def test_report_to_tensorboard_logs_every_metrics_record_of_a_grpo_run(tmp_path, tiny_model_dir, capsys):
+    """The GRPO row has the trackers capability: TensorBoard gets each metrics.jsonl record, TRL's names, same steps."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
+    out = tmp_path / "run"
+    train(grpo_config(tiny_model_dir, data, out, "max_steps=2", "report_to=tensorboard"))
+    assert f"tensorboard: logging to {out / 'tensorboard'}" in capsys.readouterr().out
+    acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    logged = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    rows = metrics(out)
+    assert sorted(logged) == sorted(k for k in rows[0] if k != "step")
+    for tag, points in logged.items():
+        assert [s for s, _ in points] == [1, 2], tag
+        assert [v for _, v in points] == pytest.approx([r[tag] for r in rows], rel=1e-6, abs=1e-30), tag
+    assert {"reward", "loss", "completions/mean_length", "rewards/exact_answer/mean"} <= set(logged)
