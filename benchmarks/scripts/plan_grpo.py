@@ -31,6 +31,8 @@ import yaml
 
 from tunelab import config as cfgmod
 from tunelab.plan import catalog
+from tunelab.plan.estimate import constants_key
+from tunelab.plan.grpo import GrpoWorkload
 from tunelab.recipes import predict
 
 GRPO_YAML = Path(__file__).resolve().parents[2] / "src" / "tunelab" / "plan" / "catalog" / "grpo.yaml"
@@ -71,7 +73,7 @@ def predicted(cfg: cfgmod.TrainConfig, fit: catalog.GrpoConstants | None, steps:
     if fit is not None:
         catalog.grpo_constants = lambda device: fit
     try:
-        request = predict.PlanRequest(gpu="local", completion_tokens=steps, signal_share=share)
+        request = predict.PlanRequest(gpu="local", grpo=GrpoWorkload(steps, share))
         return predict.plan_generating(cfg, request)[0]
     finally:
         catalog.grpo_constants = real
@@ -163,7 +165,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     fits = [(r, load(r, args.set), measured(r)) for r in args.fit]
     fit = fit_constants(fits) if fits else None
-    key = predict.device_key(predict.local_device(fits[0][1].compute.precision if fits else "auto"))
+    key = constants_key(predict.local_device(fits[0][1].compute.precision if fits else "auto"))
     lines = [f"device class `{key}`; fitted: {fit}", "", "| run | part | plan (s) | measured (s) | plan vs measured |"]
     lines.append("|---|---|---|---|---|")
     for r, cfg, m in fits:

@@ -28,15 +28,12 @@ def load_config(path: str | Path | None = None, *overrides: str, **settings: Any
 
 
 def finetune(config: TrainConfig | str | Path, *overrides: str, show_progress: bool = False, **settings: Any):
-    """Fine-tune as `tunelab train` does and return the run's summary (recipes.summary.RunSummary, also written to
-    output_dir/summary.json). `config`: a TrainConfig, or a YAML path read with `overrides` and `settings`."""
-    from .recipes.finetune import finetune as run
-    from .recipes.summary import RunSummary
+    """Fine-tune as `tunelab train` does, with the recipe the config's objective row names, and return the run's
+    summary: a recipes.summary.RunSummary for every objective (also written to output_dir/summary.json).
+    `config`: a TrainConfig, or a YAML path read with `overrides` and `settings`."""
+    from .recipes import entry
 
-    cfg = _config(config, overrides, settings)
-    summary = run(cfg, show_progress=show_progress)
-    # A generating objective (grpo) has its own summary: steps, times, rewards' last values (recipes/grpo.py).
-    return summary if cfg.objective.row.generates else RunSummary(**summary)
+    return entry.train(_config(config, overrides, settings), show_progress=show_progress)
 
 
 def estimate(
@@ -61,11 +58,12 @@ def estimate(
     step by part (`step`), and whose `cost_usd(single)` prices it. `examples` (and `mean_tokens`) describe the
     workload when the config names no dataset. `hf`: with `stack="hf-peft"`, the HF script's choices by their
     TrainingArguments names (`{"attn_implementation": "eager", "gradient_checkpointing": True}`: `--hf`'s).
-    For objective grpo, a list of recipes.predict.GeneratingPlan (a generation batch by part, `time_s`,
+    For objective grpo, a list of plan.grpo.GeneratingPlan (a generation batch by part, `time_s`,
     `memory_bytes`), with `completion_tokens` and `signal_share` (or both from a trial run's folder, `from_run`)
     in place of their upper bounds. The same functions `tunelab plan` prints from."""
     from .plan import hfstack
-    from .recipes.predict import PlanRequest, grpo_workload, plan_config, plan_generating
+    from .plan.grpo import grpo_workload
+    from .recipes.predict import PlanRequest, plan_config, plan_generating
 
     _, settings_of_hf = hfstack.parse(hf)
     if isinstance(config, TrainConfig) and settings_of_hf:
@@ -83,7 +81,7 @@ def estimate(
         stack=stack,
         price_per_hour=price_per_hour,
         hf=dict(hf or {}),
-        **grpo_workload(completion_tokens, signal_share, from_run),
+        grpo=grpo_workload(completion_tokens, signal_share, from_run),
     )
     return plan_generating(cfg, request) if cfg.objective.row.generates else plan_config(cfg, request)
 

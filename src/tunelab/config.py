@@ -686,8 +686,27 @@ class TrainConfig:
                 f"{where('precision', 'weights')}: weights: bf16 computes in bf16; set precision: bf16 or auto"
             )
 
+    def _validate_capabilities(self, where: Origins) -> None:
+        """Each setting that needs a capability of the objective's recipe (objectives.CAPABILITIES), refused where
+        the objective's row lacks it."""
+        needs = (
+            ("trains_base", ("method",), self.adapter.row.trains_base, "use method lora, dora or qlora"),
+            ("compiled_blocks", ("compile",), self.compute.compile is True, "set compile: auto or false"),
+            ("attention_choice", ("attention",), self.compute.attention != "auto", "set attention: auto"),
+            ("activation_checkpointing", ("grad_ckpt",), self.compute.grad_ckpt, "set grad_ckpt: false"),
+            ("activation_offload", ("activation_offload",), self.compute.activation_offload, "drop it"),
+            ("trackers", ("report_to",), self.run.report_to != "none", "set report_to: none"),
+        )
+        for capability, keys, asked, fix in needs:
+            refusal = (
+                objectives.lacking(self.objective.row, capability, f"{keys[0]} needs it; {fix}") if asked else None
+            )
+            if refusal:
+                raise TunelabError(f"{where(*keys, 'objective')}: {refusal}")
+
     def _validate_objective(self, where: Origins) -> None:
         """The objective's needs (objectives.py) against the method, the data and the batches."""
+        self._validate_capabilities(where)
         row, p = self.objective.row, self.objective.preference
         if row.generates:
             self._validate_generation(where)
@@ -721,7 +740,7 @@ class TrainConfig:
 
     def _validate_generation(self, where: Origins) -> None:
         """What objective grpo runs on: one source of prompt rows in a format with a prompt, a budget left for the
-        completion, adapter methods (the reference is the adapter disabled)."""
+        completion (what its recipe can do beside: _validate_capabilities)."""
         g, name = self.objective.grpo, self.objective.name
         checks = (
             (
@@ -736,17 +755,6 @@ class TrainConfig:
                 f"reads prompts in format {', '.join(PROMPT_FORMATS)}",
             ),
             ("data.train_on_inputs", self.data.train_on_inputs, "scores the completions only; drop it"),
-            (
-                "method",
-                self.adapter.row.trains_base,
-                "samples from the adapter and takes the base as reference; use method lora, dora or qlora",
-            ),
-            # The GRPO recipe (recipes/grpo.py) runs eager blocks over padded rows with SDPA, in one process.
-            ("compile", self.compute.compile is True, "runs eager blocks; set compile: auto or false"),
-            ("attention", self.compute.attention != "auto", "runs SDPA over padded rows; set attention: auto"),
-            ("grad_ckpt", self.compute.grad_ckpt, "does not checkpoint activations yet; set grad_ckpt: false"),
-            ("activation_offload", self.compute.activation_offload, "does not offload activations yet; drop it"),
-            ("report_to", self.run.report_to != "none", "logs to metrics.jsonl only; set report_to: none"),
         )
         for name_, bad, why in checks:
             if bad:

@@ -1,14 +1,27 @@
 """The training objectives, one row each: what a step computes, the loss module and the data builder it names,
 and what it needs that supervised training does not (a reference model's log-probabilities, several sequences per
 example). Config validation, the data pipeline, the recipe, plan and bench read this registry and never compare
-objective names. Torch-free and import-free: a row names its code as `package.module:attribute` under tunelab,
-imported only when `load` is called."""
+objective names. Torch-free and import-free: a row names its code (loss module, data builder, recipe) as
+`package.module:attribute` under tunelab, imported only when `load` is called."""
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
 from typing import Any
+
+# What a run can be asked for beyond the plain step, each a capability an objective's recipe has or lacks: a
+# setting that needs one the config's objective row lacks is refused before anything loads, naming the capability
+# (config.py `TrainConfig._validate_capabilities`, `--nproc` in commands/train.py).
+CAPABILITIES = {
+    "trains_base": "full fine-tuning",
+    "compiled_blocks": "compiled decoder blocks",
+    "attention_choice": "a chosen attention implementation",
+    "activation_checkpointing": "activation checkpointing",
+    "activation_offload": "activation offload",
+    "trackers": "TensorBoard or W&B logging",
+    "processes": "several processes",
+}
 
 
 @dataclass(frozen=True)
@@ -40,6 +53,12 @@ class Objective:
     loss_module: str = "train.loss:CausalLMLoss"
     # What turns the data spec's source into tokenized examples (`builder(spec, tokenizer)`).
     data_builder: str = "data.pipeline:prepare_rows"
+    # The recipe that runs a job of this objective (`recipe(cfg, show_progress, measure)` -> recipes.summary.RunSummary),
+    # a table of contents as torchtune's recipe registry: `tunelab train`, bench, the demo and `tunelab.finetune`
+    # call recipes/entry.py's `train`, which runs the one the config's row names.
+    recipe: str = "recipes.finetune:train"
+    # What its recipe can do (CAPABILITIES' keys): the shared loop's recipe has every one.
+    capabilities: frozenset[str] = frozenset(CAPABILITIES)
 
 
 _PAIR_METRICS = (
@@ -107,6 +126,10 @@ REGISTRY: dict[str, Objective] = {
             metrics=GRPO_METRICS,
             loss_module="train.grpo:GrpoLoss",
             data_builder="data.prompts:prepare_prompts",
+            recipe="recipes.grpo:train",
+            # Its recipe runs eager blocks over padded rows with SDPA, in one process; it samples from the adapter
+            # and takes the base (the adapter disabled) as its reference.
+            capabilities=frozenset({"trackers"}),
         ),
     )
 }
@@ -115,6 +138,14 @@ NAMES = tuple(REGISTRY)
 
 def get(name: str) -> Objective:
     return REGISTRY[name]
+
+
+def lacking(row: Objective, capability: str, why: str) -> str | None:
+    """The one line refusing `why` (the setting that asks, and what to set instead) when `row` lacks `capability`;
+    None when it has it."""
+    if capability in row.capabilities:
+        return None
+    return f"objective {row.name} lacks the capability {capability} ({CAPABILITIES[capability]}): {why}"
 
 
 def load(ref: str) -> Any:

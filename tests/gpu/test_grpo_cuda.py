@@ -8,7 +8,7 @@ import torch
 from conftest import make_tiny_llama, tiny_train_config, write_jsonl
 
 from tunelab.eval.sampling import sample
-from tunelab.recipes.finetune import finetune
+from tunelab.recipes.entry import train
 
 pytestmark = pytest.mark.gpu
 
@@ -40,7 +40,7 @@ def test_grpo_run_on_cuda(tmp_path, tiny_model_dir):
         "max_steps=2",
         "grpo.rewards=[{name: exact_answer}]",
     )
-    summary = finetune(cfg, show_progress=False)
-    assert summary["steps"] == 2 and (out / "adapter").is_dir()
+    summary = train(cfg, show_progress=False)
+    assert summary.steps == 2 and (out / "adapter").is_dir()
     record = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert torch.isfinite(torch.tensor(record["loss"])) and "kl" in record

@@ -162,8 +162,9 @@ def test_the_demo_trains_under_the_time_its_budget_leaves_and_says_when_it_stopp
     held-out rows, the tuned one on all; the training config it hands over carries max_minutes = budget - slack -
     time spent - the base scoring's time per row over every held-out row - the setup reserve."""
     import json
+    from types import SimpleNamespace
 
-    from tunelab.recipes import finetune as finetune_mod
+    from tunelab.recipes import entry
 
     scored = {"accuracy": 0.5, "n": 4, "seconds": 100.0, "by_digits": {"2": {"n": 4, "accuracy": 0.5}}}
     scored_rows = []
@@ -175,16 +176,16 @@ def test_the_demo_trains_under_the_time_its_budget_leaves_and_says_when_it_stopp
     monkeypatch.setattr(demo, "score", fake_score)
     handed = {}
 
-    def fake_finetune(cfg):
+    def fake_train(cfg):
         handed["cfg"] = cfg
         steps = 5
-        return {
+        return SimpleNamespace(as_dict=lambda: {
             "steps": steps, "total_steps": 9, "time_limited": True, "loss_first": 2.0, "loss_last": 1.0,
             "train_s": 60.0, "tokens_nonpad_per_s": 1.0, "tokens_padded_per_s": 1.0, "tokens_loss_per_s": 1.0,
             "peak_memory_bytes": 1, "peak_memory_absolute_bytes": 1,
-        }  # fmt: skip
+        })  # fmt: skip
 
-    monkeypatch.setattr(finetune_mod, "finetune", fake_finetune)
+    monkeypatch.setattr(entry, "train", fake_train)
     out = tmp_path / "demo"
     code = demo.main(
         [

@@ -1,5 +1,5 @@
-"""The package layout (docs/design.md): `tunelab plan` stays torch-free, plan/ imports neither train/ nor model/,
-the command modules never import each other, and the unit tests mirror src/."""
+"""The package layout (docs/design.md): `tunelab plan` stays torch-free, plan/ imports neither train/ nor model/ nor
+sources.py, the command modules never import each other, and the unit tests mirror src/."""
 
 from __future__ import annotations
 
@@ -66,9 +66,13 @@ def test_the_nproc_launcher_does_not_import_torch(tmp_path):
     assert "torch loaded False" in out.stdout
 
 
-def test_plan_imports_neither_train_nor_model():
+def test_plan_imports_neither_train_nor_model_nor_sources():
+    """plan reads architectures and the data's lengths from its caller: the GRPO plan too (plan/grpo.py)."""
     offenders = {
-        f"{p.name}: {m}" for p in modules_under("plan") for m in imported_modules(p) if unit_of(m) in ("train", "model")
+        f"{p.name}: {m}"
+        for p in modules_under("plan")
+        for m in imported_modules(p)
+        if unit_of(m) in ("train", "model", "sources")
     }
     assert not offenders
 
@@ -142,6 +146,38 @@ def _reaches(graph: dict[str, set[str]], a: str, b: str) -> bool:
             done.add(u)
             todo.extend(graph.get(u, ()))
     return False
+
+
+def module_name(path: Path) -> str:
+    """The dotted name of the module at `path` (a package's __init__.py is the package)."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Which of tunelab's modules import which, every import counted (also in functions). An import of a package
+    the module sits in is no edge: importing a module imports its packages first, and `from . import x` names x."""
+    paths = list(PACKAGE.rglob("*.py"))
+    known = {module_name(p) for p in paths}
+    graph: dict[str, set[str]] = {}
+    for path in paths:
+        me = module_name(path)
+        for module in imported_modules(path):
+            if module in known and module != me and not me.startswith(module + "."):
+                graph.setdefault(me, set()).add(module)
+    return graph
+
+
+def test_modules_import_each_other_in_one_direction_only():
+    """No circle of modules importing each other (recipes.finetune <-> recipes.grpo), inside a package too, and
+    imports inside functions count: a circle hidden in a function is still two modules that each need the other."""
+    assert not cycles(module_graph())
+
+
+def test_the_module_graph_sees_a_function_level_import_and_skips_the_own_package():
+    graph = module_graph()
+    assert "tunelab.io" in graph["tunelab.plan.calibration"]  # calibration_dir's function-level import
+    assert "tunelab" not in graph.get("tunelab.api", set())  # `from . import config` in api.py
 
 
 def test_packages_import_each_other_in_one_direction_only():

@@ -223,7 +223,7 @@ def run_tunelab_grpo(cfg: cfgmod.TrainConfig, steps: int, warmup: int) -> dict:
     """tunelab's GRPO for `steps` optimizer steps; its record from metrics.jsonl's per-step `elapsed_s` (step time
     only, as TRL's window: no setup) and completion lengths."""
     from ..device import device_name, library_versions, pick_device, pick_precision
-    from ..recipes import grpo
+    from ..recipes import entry
 
     with tempfile.TemporaryDirectory(prefix="tunelab-grpo-bench-") as out:
         run_cfg = dataclasses.replace(
@@ -231,7 +231,7 @@ def run_tunelab_grpo(cfg: cfgmod.TrainConfig, steps: int, warmup: int) -> dict:
             batch=dataclasses.replace(cfg.batch, max_steps=steps),
             run=dataclasses.replace(cfg.run, save_steps=0, log_steps=1, resume=False, output_dir=out),
         )
-        summary = grpo.train(run_cfg, show_progress=False)
+        summary = entry.train(run_cfg, show_progress=False)
         records = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
     ends = [r["elapsed_s"] for r in records if r["step"] >= warmup]
     if warmup == 0:
@@ -241,7 +241,7 @@ def run_tunelab_grpo(cfg: cfgmod.TrainConfig, steps: int, warmup: int) -> dict:
     rates = window_rates(ends, lengths, rows_per_batch(cfg), g.num_iterations, warmup)
     dev = pick_device(cfg.compute.device)
     precision = pick_precision(cfg.compute.precision, dev).name
-    return _record(KIND, cfg, precision, device_name(dev), rates, summary["peak_memory_bytes"], library_versions())
+    return _record(KIND, cfg, precision, device_name(dev), rates, summary.peak_memory_bytes, library_versions())
 
 
 def _in_child(kind: str, cfg, steps: int, warmup: int) -> dict:

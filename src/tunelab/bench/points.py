@@ -149,11 +149,12 @@ def _with_environment(environ: dict, fn, *args):
 
 def _train_in_child(cfg: cfgmod.TrainConfig, stop_at: int, warmup: int) -> dict:
     from ..libraries import quiet_libraries
-    from ..recipes.finetune import finetune
+    from ..recipes import entry
     from ..train.loop import Measurement
 
     quiet_libraries()
-    return finetune(cfg, show_progress=False, measure=Measurement(stop_at=stop_at, warmup_window=warmup))
+    measure = Measurement(stop_at=stop_at, warmup_window=warmup)
+    return entry.train(cfg, show_progress=False, measure=measure).as_dict()
 
 
 def device_peak(device_ref: str, summary: dict, catalog_gpu: str | None, fresh: bool = False) -> measure.Peak:

@@ -58,7 +58,7 @@ def _profile_in_child(cfg: cfgmod.TrainConfig, warmup: int, steps: int, out: str
 
     from ..device import pick_device
     from ..libraries import quiet_libraries
-    from ..recipes.finetune import finetune
+    from ..recipes import entry
     from ..train.loop import Measurement
 
     quiet_libraries()
@@ -78,9 +78,8 @@ def _profile_in_child(cfg: cfgmod.TrainConfig, warmup: int, steps: int, out: str
             stamps[step] = time.perf_counter()
             prof.step()
 
-        finetune(
-            cfg, show_progress=False, measure=Measurement(stop_at=warmup + steps, warmup_window=warmup, on_step=on_step)
-        )
+        measure = Measurement(stop_at=warmup + steps, warmup_window=warmup, on_step=on_step)
+        entry.train(cfg, show_progress=False, measure=measure)
     return found
 
 

@@ -170,9 +170,9 @@ def run(args: argparse.Namespace, overrides: list[str]) -> None:
     predicted_train_s = train_s(prediction)
 
     # 4. Train.
-    from ..recipes.finetune import finetune
+    from ..recipes import entry
 
-    summary = finetune(cfg)
+    summary = entry.train(cfg).as_dict()
     peak = training_peak(summary, start_rss if device.type == "cpu" else None)
 
     # 5. Tuned accuracy, stored beside the adapter.

@@ -6,20 +6,18 @@ Reads the config and flags; the prediction itself is recipes/predict.py's and pl
 from __future__ import annotations
 
 import argparse
-import json
 import typing
 
 from .. import config as cfgmod
 from .. import hub
 from ..plan import hfstack, render
+from ..plan.grpo import grpo_workload
 from ..plan.job import STACKS
 from ..recipes.predict import (
     DEFAULT_GPU,
     DEFAULT_LOSS_FRACTION,
     DEFAULT_MEAN_TOKENS,
-    GeneratingPlan,
     PlanRequest,
-    grpo_workload,
     plan_config,
     plan_generating,
 )
@@ -131,13 +129,19 @@ def run(args: argparse.Namespace) -> int:
         hf=list(args.hf),
         price_per_hour=args.price_per_hour,
         scenarios=args.format == "md" and not args.json,
-        **grpo_workload(args.completion_tokens, args.signal_share, args.from_run),
+        grpo=grpo_workload(args.completion_tokens, args.signal_share, args.from_run),
     )
     request.check_gpus()  # unknown ids fail before any slow work (reading the config's dataset, the local probe)
     cfg = config_from_args(args)
     if cfg.objective.row.generates:  # a GRPO run: sampling, scoring passes and the update, by part
-        for p in plan_generating(cfg, request):
-            print(json.dumps(generating_record(p)) if args.json else generating_text(p))
+        plans = plan_generating(cfg, request)
+        if args.json:
+            for p in plans:
+                print(render.generating_json_line(p))
+        elif args.format == "md":
+            print(render.generating_markdown(plans, args.config or cfg.model))
+        else:
+            print(render.generating_table(plans))
         return 0
     results = plan_config(cfg, request)
     if args.json:
@@ -148,44 +152,3 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render.table(results))
     return 0
-
-
-def generating_record(p: GeneratingPlan) -> dict:
-    gen = p.step.generation
-    return {
-        "device": p.device,
-        "objective": "generating",
-        "prompts": p.prompts,
-        "prompt_tokens_mean": p.prompt_tokens,
-        "rows_per_batch": gen.rows,
-        "batches": p.batches,
-        **({"time_limited_from_batches": p.time_limited_from} if p.time_limited_from else {}),
-        "decode_steps": gen.completion_tokens,
-        "update_share": p.step.signal_share,
-        "batch_s": p.step.batch_s,
-        "parts_s": p.step.parts(),
-        "time_s": p.time_s,
-        "kv_cache_bytes": gen.kv_cache_bytes,
-        "memory_bytes": p.memory_bytes,
-        "source": p.source,
-    }
-
-
-def generating_text(p: GeneratingPlan) -> str:
-    gen = p.step.generation
-    parts = ", ".join(f"{k} {v:.2f} s" for k, v in p.step.parts().items())
-    return (
-        f"{p.device}: {p.source}\n"
-        f"  a generation batch: {gen.rows} completions after {p.prompt_tokens:.0f}-token prompts, "
-        f"{gen.completion_tokens:g} decode steps, the update over {p.step.signal_share:.0%} of them: "
-        f"{p.step.batch_s:.2f} s ({parts})\n"
-        f"  {p.batches} batches: {p.time_s / 60:.1f} min; memory {p.memory_bytes / 2**30:.2f} GiB "
-        f"(KV cache {gen.kv_cache_bytes / 2**20:.0f} MiB)\n"
-        f"  assumed: {p.assumption}"
-        + (
-            f"\n  time limit: max_minutes ends training after {p.batches} of the schedule's {p.time_limited_from} batches"
-            + ("; grpo.schedule_within_limit ends the learning-rate schedule there" if p.schedule_fitted else "")
-            if p.time_limited_from
-            else ""
-        )
-    )

@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 
 from .. import config as cfgmod
-from .. import hub
+from .. import hub, objectives
+from ..errors import TunelabError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,19 +43,18 @@ def run(args: argparse.Namespace) -> int:
         hub.go_offline()
     if args.nproc is not None or args.accelerate_config is not None:
         return _launch(args)
-    from ..recipes.finetune import finetune
+    from ..recipes import entry
     from ..train.distributed import exit_launched, is_main
 
     cfg = cfgmod.load_config(args.config, args.overrides)
-    summary = finetune(cfg, show_progress=not args.quiet)
+    summary = entry.train(cfg, show_progress=not args.quiet).as_dict()
     keys = ["output_dir", "steps", "loss_last", "tokens_nonpad_per_s", "peak_memory_bytes", "elapsed_s"]
     if summary["best_step"] is not None:
         keys += ["best_step", "best_eval_loss", "early_stopped"]
     if summary.get("time_limited"):
         keys.append("time_limited")
     if is_main():
-        # A generating objective's summary (recipes/grpo.py) has no token rates of packed rows.
-        print(json.dumps({k: summary[k] for k in keys if k in summary}))
+        print(json.dumps({k: summary[k] for k in keys}))
     return exit_launched()
 
 
@@ -70,6 +70,9 @@ def _launch(args: argparse.Namespace) -> int:
     from ..train.lock import removed_if_abandoned
 
     cfg = cfgmod.load_config(args.config, args.overrides)  # a bad config fails here with one line, not N times
+    refusal = objectives.lacking(cfg.objective.row, "processes", "run it without --nproc or --accelerate-config")
+    if refusal and args.nproc != 1:
+        raise TunelabError(refusal)
     launch = None if args.accelerate_config is None else read_accelerate_config(args.accelerate_config)
     if launch is not None and launch["distributed_type"] == "FSDP":
         check_fsdp_run(cfg, args.config)

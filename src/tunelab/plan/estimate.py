@@ -30,6 +30,13 @@ class Device:
     calibration: CalibrationRecord | None = None
 
 
+def constants_key(device: Device) -> str:
+    """The key a device's fitted constants are filed under (catalog/fitted.yaml, catalog/grpo.yaml): its catalog
+    id, or a local machine's class."""
+    gpu = device.gpu
+    return gpu.catalog_id or (gpu.device_class if gpu.id == "local" else gpu.id)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Estimate:
     job: Job
@@ -300,8 +307,7 @@ def step_time(
     on micro-batch, seq_len and the data carries over from the calibrated run), or, in older records, to the
     calibrated flat efficiency."""
     gpu = d.gpu
-    device = gpu.catalog_id or (gpu.device_class if gpu.id == "local" else gpu.id)
-    constants = catalog.step_constants(device, gpu.device_type)
+    constants = catalog.step_constants(constants_key(d), gpu.device_type)
     bandwidth = gpu.bandwidth_gbs * 1e9 or constants.bandwidth_gbs * 1e9 or catalog.nearest_bandwidth(gpu.peak_flops)
     tokens = w.epoch.tokens_padded / w.epoch.micro_batches
     if feed is not None:
@@ -344,7 +350,7 @@ def step_time(
         label = f"calibrated for {key} on {record.device_name}, {record.created}: efficiency {value:.2f}"
         return step, constants, timing.Efficiency(value, label), modeled
     value = tokens * accum * f.hardware / (gpu.peak_flops * step.total)
-    whose = f"class {device}" if gpu.id == "local" and not gpu.catalog_id else device
+    whose = f"class {constants_key(d)}" if gpu.id == "local" and not gpu.catalog_id else constants_key(d)
     # The headline is the useful MFU (attention over the documents' causal keys): the whole-row fraction above
     # counts attention a packed row never computes and passes 1 on long rows of short documents.
     useful = tokens * accum * f.useful / (gpu.peak_flops * step.total)

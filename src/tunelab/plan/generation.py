@@ -10,9 +10,9 @@ else 1), plus the per-op cost of one forward at batch B (plan/steptime.py's laun
 GRPO fit's `decode_op_s` where the device has one, catalog/grpo.yaml, else the step fit's launch_s). On a CPU
 that per-op cost is far above a launch (dispatch and framework code around each of a decode step's ~2,000 small
 ops), and a 16-row product runs well below the peak (benchmarks/grpo/). The decode runs until the batch's longest
-completion stops: max_completion_length unless the caller knows better (a trial run's, recipes/predict.py), an
+completion stops: max_completion_length unless the caller knows better (a trial run's, plan/grpo.py), an
 upper bound, as a tuned model stops at EOS earlier; on the machine a trial ran on, its measured times scale
-both sampling and the rest (recipes/predict.py `trial_rates`). The KV cache holds 2 (K, V) x layers x kv_heads x head_dim values per token of every
+both sampling and the rest (plan/grpo.py `trial_rates`). The KV cache holds 2 (K, V) x layers x kv_heads x head_dim values per token of every
 row. A scoring pass is one forward without gradients over the rows: a third of a training step's FLOPs
 (forward 2·N, backward 4·N per token), so it is taken as a third of the update's predicted time. The update
 and the scoring passes are then scaled by the device's GRPO fit (`update_scale`, `scoring_scale`): plan's step

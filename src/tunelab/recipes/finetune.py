@@ -7,9 +7,6 @@ the first byte is written to the output dir, so a failed start leaves nothing ha
 
 from __future__ import annotations
 
-import json
-import shutil
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,7 +31,6 @@ from ..device import (
     pick_precision,
 )
 from ..errors import OutOfMemory, TunelabError
-from ..io import atomic_dir, disk_errors, link_tree, remove_stale_temps, write_atomic
 from ..memwatch import MemoryWatch
 from ..model import attention, offload
 from ..model import load as mload
@@ -44,8 +40,9 @@ from ..runtime import ACTIVATION_MEMORY_BUDGET, CompileChoice, attention_path
 from ..train import checkpoint, distributed, loop, optim, pair_loss, trackers
 from ..train.batches import BatchSpec, EvalBatches, Schedule
 from ..train.checkpoint import TrainState
-from ..train.lock import PROBE_PREFIX, lock_output_dir
 from ..train.progress import ProgressView
+from . import outputs
+from .outputs import BEST, restore_best, save_final, save_pretrained
 from .predict import run_compile_choice
 from .strategy import Strategy, Trainee, pick_strategy
 from .summary import RunSummary
@@ -109,24 +106,6 @@ def prepare_run(cfg: TrainConfig, procs: distributed.Processes | None = None) ->
 def batch_spec(cfg: TrainConfig, pad_id: int) -> BatchSpec:
     objective = cfg.objective.row
     return BatchSpec(cfg.batch, cfg.run.seed, pad_id, group=objective.sequences, mean_over=objective.mean_over)
-
-
-def check_writable_dir(path: Path) -> None:
-    """Fail before training if the output dir cannot be written: create it and a probe file, then undo that.
-
-    A real write is the only reliable test (root passes every permission check; /proc refuses anyway).
-    """
-    created = [p for p in (path, *path.parents) if not p.exists()]
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=PROBE_PREFIX):
-            pass
-    except OSError as e:
-        raise TunelabError(f"output_dir {path}: cannot write there ({e.strerror}); choose another output_dir") from None
-    finally:
-        for p in created:  # deepest first
-            if p.exists():
-                p.rmdir()
 
 
 def training_attention(device: torch.device, choice: str = "auto") -> str:
@@ -196,29 +175,27 @@ def compile_blocks(model: torch.nn.Module) -> None:
         decoder.norm.compile()
 
 
-def finetune(cfg: TrainConfig, show_progress: bool = True, measure: loop.Measurement | None = None) -> dict:
-    """Run one training job and return its summary (also written to output_dir/summary.json). `measure`: what a
-    measuring caller (bench, tests) asks of the run (stop early, the warm-up window, a per-step callback).
+def train(cfg: TrainConfig, show_progress: bool = True, measure: loop.Measurement | None = None) -> RunSummary:
+    """The recipe of the objectives trained on the data's own sequences (sft, dpo, orpo: objectives.Objective.recipe):
+    run one job and return its summary (also written to output_dir/summary.json). `measure`: what a measuring
+    caller (bench, tests) asks of the run (stop early, the warm-up window, a per-step callback).
 
     The job holds output_dir's lock (train/lock.py) throughout: a second job there fails at once. Under
     `accelerate launch` every process trains its share of each step and only the main process touches
     output_dir (lock, metrics, checkpoints, final weights, summary).
     """
-    if cfg.objective.row.generates:  # the step samples its own sequences: recipes/grpo.py
-        from .grpo import train as train_generating
-
-        return train_generating(cfg, show_progress)
     t0 = time.perf_counter()
     out = Path(cfg.run.output_dir)
     measure = measure or loop.Measurement()
     trackers.check_available(cfg.run.report_to)
     procs = distributed.join(pick_device(cfg.compute.device))
-    if not procs.main:
-        with memory_errors(cfg, procs.device, out, None):
-            return _train_locked(cfg, out, t0, False, measure, procs)
-    check_writable_dir(out)
-    with lock_output_dir(out), memory_errors(cfg, procs.device, out, None):
-        return _train_locked(cfg, out, t0, show_progress, measure, procs)
+    with outputs.held(out, procs.main), memory_errors(cfg, procs.device, out, None):
+        return _train_locked(cfg, out, t0, show_progress and procs.main, measure, procs)
+
+
+def finetune(cfg: TrainConfig, show_progress: bool = True, measure: loop.Measurement | None = None) -> dict:
+    """`train`'s summary as summary.json holds it (a dict), for the callers that read it by key."""
+    return train(cfg, show_progress, measure).as_dict()
 
 
 @contextmanager
@@ -267,15 +244,12 @@ class Run:
 
 def _train_locked(
     cfg: TrainConfig, out: Path, t0: float, show_progress: bool, measure: loop.Measurement, procs: distributed.Processes
-) -> dict:
+) -> RunSummary:
     run = setup(cfg, out, procs, show_progress)
     result = fit(run, measure)
-    summary = summarize(run, result, t0).as_dict()
-    if not procs.main:
-        return summary
-    text = json.dumps(summary, indent=2)
-    with disk_errors(str(out / "summary.json"), out, len(text), _after_disk_error(out)):
-        write_atomic(out / "summary.json", [text])
+    summary = summarize(run, result, t0)
+    if procs.main:
+        outputs.write_summary(out, summary.as_dict())
     return summary
 
 
@@ -297,9 +271,6 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes, show_progre
     from accelerate import Accelerator
     from accelerate.utils import set_seed
 
-    # Under the lock no other run writes here: temp entries are what a killed run left mid-write.
-    for folder in (out, out / "checkpoints") if procs.main else ():
-        remove_stale_temps(folder)
     resume_from = checkpoint.find(out / "checkpoints", cfg.run.resume)
     if resume_from is not None:
         checkpoint.check_identity(resume_from, weights_identity(cfg))
@@ -388,23 +359,14 @@ def _prepare_output_dir(
     state: TrainState,
     show_progress: bool,
 ) -> float | None:
-    """The main process readies output_dir: best/ and metrics.jsonl as at the checkpoint resumed from (or a fresh
-    metrics.jsonl), and config.yaml. Returns the first training loss a resumed run logged before."""
+    """The main process readies output_dir: best/ as at the checkpoint resumed from, then the logs and config.yaml
+    (outputs.start_logs). Returns the first training loss a resumed run logged before."""
     if not procs.main:
         return None
-    logged_first_loss = None
-    out.mkdir(parents=True, exist_ok=True)
     if resume_from is not None:
+        out.mkdir(parents=True, exist_ok=True)
         restore_best(resume_from, out, state)
-        logged_first_loss = truncate_metrics(out / "metrics.jsonl", state.step)
-        if show_progress:
-            print(f"resumed from {resume_from} at step {state.step}", flush=True)
-    else:
-        if cfg.run.resume is True and show_progress:  # a re-run of the same command after a crash, the first time
-            print(f"resume: no checkpoint in {out / 'checkpoints'} yet; starting from step 0", flush=True)
-        (out / "metrics.jsonl").unlink(missing_ok=True)
-    write_atomic(out / "config.yaml", [cfgmod.dump_yaml(cfg)])
-    return logged_first_loss
+    return outputs.start_logs(cfg, out, resume_from, state.step, show_progress)
 
 
 def fit(run: Run, measure: loop.Measurement) -> loop.LoopResult:
@@ -413,7 +375,7 @@ def fit(run: Run, measure: loop.Measurement) -> loop.LoopResult:
     gather = run.strategy.gather(trainee, methods.get(cfg.adapter.method).adapter)
     # Trackers log from the main process only, as metrics.jsonl is written.
     tracking = trackers.setup(cfg.run.report_to, out, state.step) if procs.main else None
-    with _tracking(run.accelerator, tracking, cfg, run.show_progress) as track:
+    with outputs.tracking(run.accelerator, tracking, cfg, run.show_progress) as track:
         progress = ProgressView(run.prep.schedule.total_steps, state.step, enabled=run.show_progress)
         with memory_errors(cfg, procs.device, out, state):
             result = loop.run(
@@ -441,11 +403,7 @@ def fit(run: Run, measure: loop.Measurement) -> loop.LoopResult:
     if finished and procs.main:
         save_final(trainee.model, run.prep.tokenizer, out, cfg.adapter.method, weights)
     if run.show_progress and result.time_limited:
-        print(
-            f"time limit: max_minutes {cfg.run.max_minutes:g} ended training after step {state.step} of "
-            f"{run.prep.schedule.total_steps}; saved as a finished run",
-            flush=True,
-        )
+        outputs.say_time_limited(cfg.run.max_minutes, state.step, run.prep.schedule.total_steps)
     if run.show_progress and state.best_step is not None:
         kept = f"; weights in {out / BEST}" if cfg.eval.keep_best else ""
         print(f"best: step {state.best_step}, eval loss {state.best_eval_loss:.4f}{kept}", flush=True)
@@ -458,6 +416,7 @@ def summarize(run: Run, result: loop.LoopResult, t0: float) -> RunSummary:
         output_dir=str(run.out),
         model=cfg.model,
         method=cfg.adapter.method,
+        objective=cfg.objective.name,
         base_quant=cfg.adapter.quant,
         nf4_layers=nf4_layers(run.trainee.model),
         device=device_name(prep.device),
@@ -504,25 +463,6 @@ def summarize(run: Run, result: loop.LoopResult, t0: float) -> RunSummary:
     )
 
 
-@contextmanager
-def _tracking(accelerator, tracking: trackers.TrackerSetup | None, cfg: TrainConfig, show_progress: bool):
-    """Start the run's tracker (says where it logs), yield whether one is on, and close it however the run ends."""
-    if tracking is None:
-        yield False
-        return
-    if show_progress:
-        for note in tracking.notes:
-            print(note, flush=True)
-    accelerator.init_trackers(tracking.project, trackers.flat_config(cfgmod.to_dict(cfg)), tracking.init_kwargs)
-    try:
-        yield True
-    finally:
-        # Each tracker's own finish, not `accelerator.end_training()`: that also destroys the process group, which
-        # a distributed run still needs for its final save.
-        for tracker in accelerator.trackers:
-            tracker.finish()
-
-
 def weights_identity(cfg: TrainConfig) -> dict:
     """The settings that decide which weights are trained and their shapes: a checkpoint resumes only under them."""
     identity = {"model": cfg.model, "method": cfg.adapter.method, "base_quant": cfg.adapter.quant}
@@ -546,33 +486,6 @@ def weights_identity(cfg: TrainConfig) -> dict:
     return identity
 
 
-def save_final(model, tokenizer, out: Path, method: str, weights: dict | None = None) -> Path:
-    """`adapter/` (PEFT format) for adapter methods, `model/` (HF format) for full fine-tuning; atomic.
-    `weights`: the model's state dict gathered from an FSDP run, whose own parameters are shards."""
-    final = out / methods.get(method).saves
-    save_pretrained(model, tokenizer, final, out, method, weights=weights)
-    return final
-
-
-BEST = checkpoint.BEST  # out/best, as each checkpoint names its copy of it
-BEST_RECORD = "tunelab_best.json"
-
-
-def save_pretrained(
-    model, tokenizer, path: Path, out: Path, method: str, record: dict | None = None, weights: dict | None = None
-) -> None:
-    """The weights as the final save writes them (adapter or full model) plus the tokenizer, atomically;
-    `record` goes beside them as BEST_RECORD. A full disk mid-save leaves the previous files as they were and
-    ends the run with one line."""
-    params = [p for p in model.parameters() if methods.get(method).trains_base or p.requires_grad]
-    needed = sum(p.numel() * p.element_size() for p in params)
-    with disk_errors(str(path), out, needed, _after_disk_error(out)), atomic_dir(path) as tmp:
-        model.save_pretrained(tmp, **({} if weights is None else {"state_dict": weights}))
-        tokenizer.save_pretrained(tmp)
-        if record is not None:
-            (tmp / BEST_RECORD).write_text(json.dumps(record))
-
-
 def _evaluation(
     cfg: TrainConfig, prep: Prepared, model, out: Path, writer: bool = True, gather=None
 ) -> loop.Evaluation | None:
@@ -594,22 +507,6 @@ def _evaluation(
     return loop.Evaluation(prep.eval_batches, spec, save_best=save_best, best_dir=out / BEST if writer else None)
 
 
-def restore_best(checkpoint_dir: Path, out: Path, state: TrainState) -> None:
-    """Make `best/` what it was at the checkpoint: a run that died after it may have rewritten best/ with a step
-    that the resumed run is about to train again (and, with other settings, may never reach)."""
-    best = out / BEST
-    record = best / BEST_RECORD
-    on_disk = json.loads(record.read_text()).get("step") if record.is_file() else None
-    if on_disk == state.best_step:
-        return
-    kept = checkpoint_dir / checkpoint.BEST
-    if state.best_step is not None and kept.is_dir():
-        with atomic_dir(best) as tmp:
-            link_tree(kept, tmp)
-    elif best.exists():
-        shutil.rmtree(best)
-
-
 def _eval_summary(prep: Prepared, state: TrainState) -> dict:
     if prep.eval_batches is None:
         return {"best_step": None, "best_eval_loss": None}
@@ -623,28 +520,3 @@ def _eval_summary(prep: Prepared, state: TrainState) -> dict:
         "best_step": state.best_step,
         "best_eval_loss": state.best_eval_loss,
     }
-
-
-def _after_disk_error(out: Path) -> str:
-    latest = checkpoint.list_checkpoints(out / "checkpoints")
-    if latest:
-        return f"free space, then run again with resume: true (checkpoint {latest[-1].name} is untouched)"
-    return "free space or choose another output_dir, then run again (save_steps keeps checkpoints to resume from)"
-
-
-def truncate_metrics(path: Path, step: int) -> float | None:
-    """After a resume, drop log lines past the checkpoint: they are about to be produced again. Returns the first
-    training loss the kept lines hold (None without one)."""
-    if not path.exists():
-        return None
-    keep = [line for line in path.read_text().splitlines() if _logged_step(line) <= step]
-    write_atomic(path, (line + "\n" for line in keep))
-    return next((record["loss"] for record in map(json.loads, keep) if "loss" in record), None)
-
-
-def _logged_step(line: str) -> float:
-    """The step of a metrics line; a line a kill cut short counts as past every checkpoint, so it goes."""
-    try:
-        return json.loads(line)["step"]
-    except (ValueError, KeyError, TypeError):
-        return float("inf")

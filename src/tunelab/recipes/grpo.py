@@ -18,27 +18,29 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import allocator, sources
-from ..config import TrainConfig, dump_yaml
+from .. import allocator, objectives, sources
+from ..config import TrainConfig
 from ..data.pipeline import prepare
 from ..data.prompts import PromptData
-from ..device import pick_device, pick_precision
+from ..device import device_memory_bytes, device_name, library_versions, pick_device, pick_precision
 from ..errors import TunelabError
 from ..eval.generate import stops
 from ..eval.sampling import sample
-from ..io import write_atomic
 from ..memwatch import MemoryWatch
 from ..model import load as mload
-from ..model.adapters import apply_adapter
-from ..model.lora_linear import pack_for_inference
-from ..train import checkpoint, rewards
+from ..model.adapters import apply_adapter, count_parameters
+from ..model.lora_linear import nf4_layers, pack_for_inference
+from ..train import checkpoint, rewards, trackers
 from ..train.checkpoint import TrainState
+from ..train.distributed import local_numel
 from ..train.grpo import GrpoLoss, Rollout, advantages, trains_on
-from ..train.lock import lock_output_dir
-from ..train.loop import build_scheduler, fitted_schedule_steps, past_limit
+from ..train.loop import LoopResult, Measurement, build_scheduler, fitted_schedule_steps, past_limit
 from ..train.optim import build_optimizer
-from .finetune import check_writable_dir, save_final, truncate_metrics
+from ..train.pair_loss import loss_module
+from . import outputs
+from .summary import RunSummary
 
+COMPLETIONS = "completions.jsonl"  # sampled completions, every grpo.log_completions_steps
 COMPLETIONS_LOGGED = 4  # completions per logged step in completions.jsonl
 CLIP_METRICS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean")
 # grpo.schedule_within_limit fits the schedule after the first generation batch, and again after every batch from
@@ -69,6 +71,7 @@ class GrpoRun:
     stop_ids: tuple[int, ...]
     pad_id: int
     strata: list | None = None  # each prompt's value of grpo.balance_by
+    precision_name: str = "fp32"  # device.Precision.name, as the summary reports it
     shown_steps: int | None = None  # the schedule's end this process last printed
     state: TrainState = field(default_factory=TrainState)
 
@@ -129,7 +132,7 @@ def setup(cfg: TrainConfig, out: Path) -> GrpoRun:
     model = apply_adapter(model, cfg.adapter)
     # Sampling and the scoring passes run without autograd: over [W | sB] packed once, not concatenated per call.
     pack_for_inference(model)
-    root = GrpoLoss(model, settings)
+    root = loss_module(model, cfg.objective, cfg.adapter.row.trains_base)  # the objective row's loss_module
     optimizer = build_optimizer(model, cfg.optimizer, device)
     total = steps_for(cfg, len(prompts))
     stop = stops(model, tokenizer, cfg.data.format)
@@ -149,6 +152,7 @@ def setup(cfg: TrainConfig, out: Path) -> GrpoRun:
         stop.ids,
         pad,
         strata,
+        precision_name=precision.name,
     )
 
 
@@ -222,6 +226,7 @@ def generate_batch(run: GrpoRun, generation: int) -> dict:
         "adv": adv,
         "prompts": [run.prompts.texts[i] for i in chosen for _ in range(group)],
         "generation_s": generation_s,
+        "sequence_tokens": sum(len(p) + len(c) for p, c in zip(ids, samples.ids)),
     }
 
 
@@ -299,112 +304,220 @@ def _autocast(run: GrpoRun):
     return torch.autocast(run.device.type, dtype=run.dtype, enabled=run.dtype != torch.float32)
 
 
-def train(cfg: TrainConfig, show_progress: bool = True) -> dict:
-    """Run a GRPO job; returns its summary (also written to output_dir/summary.json)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise TunelabError(f"objective {cfg.objective.name} trains in one process; run it without --nproc")
+def train(cfg: TrainConfig, show_progress: bool = True, measure: Measurement | None = None) -> RunSummary:
+    """The recipe of objective grpo (objectives.Objective.recipe): run a GRPO job and return its summary (also
+    written to output_dir/summary.json). `measure`: what a measuring caller asks of the run (stop before the
+    schedule's end, the steps kept out of the summary's rates, a per-step callback)."""
+    refusal = objectives.lacking(cfg.objective.row, "processes", "run it without --nproc")
+    if refusal and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise TunelabError(refusal)
+    trackers.check_available(cfg.run.report_to)
     out = Path(cfg.run.output_dir)
-    check_writable_dir(out)
-    with lock_output_dir(out):
-        return _train_locked(cfg, out, show_progress)
+    with outputs.held(out):
+        summary = _train_locked(cfg, out, show_progress, measure or Measurement())
+        outputs.write_summary(out, summary.as_dict())
+    return summary
 
 
-def _train_locked(cfg: TrainConfig, out: Path, show_progress: bool) -> dict:
+@dataclass
+class Tally:
+    """What this process's steps leave for the summary: each step's seconds and tokens (padded, non-padding, with
+    loss), the first and the last logged record, whether max_minutes ended the run."""
+
+    steps: list[tuple[float, int, int, int]] = field(default_factory=list)
+    first_loss: float | None = None
+    last: dict = field(default_factory=dict)
+    time_limited: bool = False
+
+
+def _train_locked(cfg: TrainConfig, out: Path, show_progress: bool, measure: Measurement) -> RunSummary:
     t0 = time.perf_counter()
     run = setup(cfg, out)
     found = checkpoint.find(out / "checkpoints", cfg.run.resume) if cfg.run.resume else None
-    for name in ("metrics.jsonl", "completions.jsonl"):
-        if found is None:
-            (out / name).unlink(missing_ok=True)
     if found is not None:
         run.state = checkpoint.load(found, run.root, run.optimizer, run.scheduler)
-        # Lines past the checkpoint are about to be written again.
-        truncate_metrics(out / "metrics.jsonl", run.state.step)
-        truncate_metrics(out / "completions.jsonl", run.state.step)
         if run.state.schedule_steps is not None:  # the schedule the run had fitted to its time limit
             reschedule(run, run.state.schedule_steps)
-    # `tunelab eval --adapter` reads the base model, format and template from here.
-    write_atomic(out / "config.yaml", [dump_yaml(cfg)])
+    first_loss = outputs.start_logs(cfg, out, found, run.state.step, show_progress, logs=(COMPLETIONS,))
     memwatch = MemoryWatch(run.device)
-    settings = cfg.objective.grpo
-    batch, last, time_limited = None, {}, False
+    tally = Tally(first_loss=first_loss)
+    setup_ = trackers.setup(cfg.run.report_to, out, run.state.step)
+    accelerator = None if setup_ is None else logging_accelerator(run)
+    with outputs.tracking(accelerator, setup_, cfg, show_progress) as track, (out / outputs.METRICS).open("a") as f:
+        fit(run, memwatch, tally, Log(f, accelerator if track else None), show_progress, measure)
+    if tally.time_limited and show_progress:
+        outputs.say_time_limited(cfg.run.max_minutes, run.state.step, run.total_steps)
+    outputs.save_final(run.root.model, run.tokenizer, out, cfg.adapter.method)
+    return summarize(run, tally, memwatch.read(), measure.warmup_window, time.perf_counter() - t0)
+
+
+def logging_accelerator(run: GrpoRun):
+    """An Accelerator that only logs: the tracker `report_to` names writes under output_dir (the run's own steps
+    place and cast nothing through it)."""
+    from accelerate import Accelerator
+
+    report_to = run.cfg.run.report_to
+    return Accelerator(cpu=run.device.type == "cpu", log_with=report_to, project_dir=str(run.out))
+
+
+@dataclass
+class Log:
+    """Where a logged step's record goes: metrics.jsonl, and the tracker (an Accelerator's) when one is on, under
+    the same names at the same step."""
+
+    file: object
+    tracker: object = None
+
+    def write(self, record: dict) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.tracker is not None:
+            self.tracker.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+
+def fit(run: GrpoRun, memwatch: MemoryWatch, tally: Tally, log: Log, show_progress: bool, measure) -> None:
+    """The steps: a generation batch every num_iterations steps, an update each; logs, the time limit and the
+    schedule fitted to it, checkpoints between generation batches."""
+    cfg, out, settings = run.cfg, run.out, run.cfg.objective.grpo
+    batch = None
     start_s, start_step = run.state.elapsed_s, run.state.step  # where this process took over (0, or a resume)
     ends = [start_s]  # the elapsed time at the end of each of this process's generation batches
-    with (out / "metrics.jsonl").open("a") as metrics_file:
-        while run.state.step < run.total_steps and not time_limited:
-            step_t0 = time.perf_counter()
-            iteration = run.state.step % settings.num_iterations
-            if batch is None or iteration == 0:
-                batch = generate_batch(run, run.state.step // settings.num_iterations)
-            record = {"step": run.state.step + 1, **update(run, batch), **batch_metrics(run, batch)}
-            run.state.step += 1
-            run.state.tokens_loss += sum(m[0].tokens for m in batch["micro"])
-            run.state.elapsed_s += time.perf_counter() - step_t0
-            record.update(
-                generation_s=batch["generation_s"] if iteration == 0 else 0.0,
-                elapsed_s=run.state.elapsed_s,
-                peak_memory_bytes=memwatch.read().peak_bytes,
-            )
-            last = record
-            # Only between generation batches, as checkpoints: the next batch's generation and its updates.
-            boundary = run.state.step % settings.num_iterations == 0
-            batches = (run.state.step - start_step) // settings.num_iterations if boundary else 0
-            if batches:
-                ends.append(run.state.elapsed_s)
-                # A resumed process keeps its checkpoint's schedule, as the uninterrupted run had it then.
-                if batches == 1 or (batches >= REFIT_BATCH and start_step == 0):
-                    fit_schedule(run, trailing_pace(ends), show_progress, refit=batches > 1)
-            time_limited = (
-                boundary
-                and run.state.step < run.total_steps
-                and past_limit(cfg.run.max_minutes, run.state.elapsed_s, trailing_pace(ends))
-            )
-            if run.state.step % cfg.run.log_steps == 0 or run.state.step == run.total_steps or time_limited:
-                metrics_file.write(json.dumps(record) + "\n")
-                metrics_file.flush()
-                if show_progress:
-                    print(_progress_line(run, record), flush=True)
-            every = settings.log_completions_steps
-            if every and run.state.step % every == 0 and iteration == 0:
-                _log_completions(out, run.state.step, batch)
-            # Only between generation batches: a resume then samples the next batch from the restored RNG.
-            if (
-                cfg.run.save_steps
-                and run.state.step % cfg.run.save_steps == 0
-                and boundary
-                and run.state.step < run.total_steps
-            ):
-                checkpoint.save(
-                    out / "checkpoints", run.root, run.optimizer, run.scheduler, run.state, cfg.run.save_total_limit
-                )
-    if time_limited and show_progress:
-        print(
-            f"time limit: max_minutes {cfg.run.max_minutes:g} ended training after step {run.state.step} of "
-            f"{run.total_steps}; saved as a finished run",
-            flush=True,
+    stop_at = run.total_steps if measure.stop_at is None else measure.stop_at
+    while run.state.step < min(run.total_steps, stop_at) and not tally.time_limited:
+        step_t0 = time.perf_counter()
+        iteration = run.state.step % settings.num_iterations
+        if batch is None or iteration == 0:
+            batch = generate_batch(run, run.state.step // settings.num_iterations)
+        record = {"step": run.state.step + 1, **update(run, batch), **batch_metrics(run, batch)}
+        run.state.step += 1
+        padded, nonpad, loss = batch_tokens(batch)
+        run.state.tokens_padded += padded
+        run.state.tokens_nonpad += nonpad
+        run.state.tokens_loss += loss
+        step_s = time.perf_counter() - step_t0
+        run.state.elapsed_s += step_s
+        tally.steps.append((step_s, padded, nonpad, loss))
+        record.update(
+            generation_s=batch["generation_s"] if iteration == 0 else 0.0,
+            elapsed_s=run.state.elapsed_s,
+            peak_memory_bytes=memwatch.read().peak_bytes,
         )
-    final = save_final(run.root.model, run.tokenizer, out, cfg.adapter.method)
-    summary = {
-        "output_dir": str(out),
-        "objective": cfg.objective.name,
-        "steps": run.state.step,
-        "total_steps": run.total_steps,
-        "time_limited": time_limited,
-        "loss_last": last.get("loss"),
-        "reward_last": last.get("reward"),
-        "completion_tokens_per_s": run.state.tokens_loss / max(run.state.elapsed_s, 1e-9),
-        "elapsed_s": run.state.elapsed_s,
-        "total_s": time.perf_counter() - t0,
-        "prompts": len(run.prompts),
-        "prompts_dropped": run.prompts.dropped,
+        tally.last = record
+        if tally.first_loss is None:
+            tally.first_loss = record["loss"]
+        # Only between generation batches, as checkpoints: the next batch's generation and its updates.
+        boundary = run.state.step % settings.num_iterations == 0
+        batches = (run.state.step - start_step) // settings.num_iterations if boundary else 0
+        if batches:
+            ends.append(run.state.elapsed_s)
+            # A resumed process keeps its checkpoint's schedule, as the uninterrupted run had it then.
+            if batches == 1 or (batches >= REFIT_BATCH and start_step == 0):
+                fit_schedule(run, trailing_pace(ends), show_progress, refit=batches > 1)
+        tally.time_limited = (
+            boundary
+            and run.state.step < run.total_steps
+            and past_limit(cfg.run.max_minutes, run.state.elapsed_s, trailing_pace(ends))
+        )
+        if run.state.step % cfg.run.log_steps == 0 or run.state.step == run.total_steps or tally.time_limited:
+            log.write(record)
+            if show_progress:
+                print(_progress_line(run, record), flush=True)
+        every = settings.log_completions_steps
+        if every and run.state.step % every == 0 and iteration == 0:
+            _log_completions(out, run.state.step, batch)
+        # Only between generation batches: a resume then samples the next batch from the restored RNG.
+        if (
+            cfg.run.save_steps
+            and run.state.step % cfg.run.save_steps == 0
+            and boundary
+            and run.state.step < run.total_steps
+        ):
+            checkpoint.save(
+                out / "checkpoints", run.root, run.optimizer, run.scheduler, run.state, cfg.run.save_total_limit
+            )
+        if measure.on_step is not None:
+            measure.on_step(run.state.step)
+
+
+def batch_tokens(batch: dict) -> tuple[int, int, int]:
+    """One update's tokens: padded (the rows it ran, padding included), non-padding (the generation batch's prompts
+    and completions) and with loss (the completions' tokens)."""
+    micro = batch["micro"]
+    padded = sum(m[0].input_ids.numel() for m in micro)
+    return padded, batch["sequence_tokens"], sum(m[0].tokens for m in micro)
+
+
+def summarize(run: GrpoRun, tally: Tally, memory, warmup: int, total_s: float) -> RunSummary:
+    """The run's summary, in the record every objective's recipe returns."""
+    cfg, state = run.cfg, run.state
+    trainable, total = count_parameters(run.root.model)
+    finished = state.step >= run.total_steps or tally.time_limited
+    return RunSummary(
+        output_dir=str(run.out),
+        model=cfg.model,
+        method=cfg.adapter.method,
+        objective=cfg.objective.name,
+        base_quant=cfg.adapter.quant,
+        nf4_layers=nf4_layers(run.root.model),
+        device=device_name(run.device),
+        device_memory_bytes=device_memory_bytes(run.device),
+        precision=run.precision_name,
+        params_trainable=trainable,
+        params_total=total,
+        params_local=local_numel(run.root),
+        seq_len=cfg.batch.seq_len,
+        micro_batch=cfg.batch.micro_batch,
+        grad_accum=cfg.batch.grad_accum,
+        packing=False,  # rollouts are right-padded rows
+        grad_ckpt=cfg.compute.grad_ckpt,
+        compile=None,
+        activation_offload=cfg.compute.activation_offload,
+        world_size=1,
         # What the model was trained to write at most: `tunelab eval` caps its generation there (plus slack).
-        "data": {"response_tokens_max": settings.max_completion_length},
-        "peak_memory_bytes": memwatch.read().peak_bytes,
-        "best_step": None,
-        "final": str(final),
-    }
-    write_atomic(out / "summary.json", [json.dumps(summary, indent=1)])
-    return summary
+        data={
+            "prompts": len(run.prompts),
+            "prompts_dropped": run.prompts.dropped,
+            "response_tokens_max": cfg.objective.grpo.max_completion_length,
+        },
+        steps=state.step,
+        total_steps=run.total_steps,
+        schedule_steps=run.state.schedule_steps,
+        finished=finished,
+        early_stopped=False,
+        time_limited=tally.time_limited,
+        loss_first=tally.first_loss,
+        loss_last=tally.last.get("loss"),
+        tokens_padded=state.tokens_padded,
+        tokens_nonpad=state.tokens_nonpad,
+        tokens_loss=state.tokens_loss,
+        **rates(tally.steps, warmup),
+        reward_last=tally.last.get("reward"),
+        peak_memory_bytes=memory.peak_bytes,
+        peak_memory_reserved_bytes=memory.peak_reserved_bytes,
+        peak_memory_absolute_bytes=memory.peak_absolute_bytes,
+        train_s=state.elapsed_s,
+        elapsed_s=total_s,
+        versions=library_versions(),
+    )
+
+
+def rates(steps: list[tuple[float, int, int, int]], warmup: int) -> dict:
+    """The summary's rates as the loop's (train/loop.LoopResult.rates): over the steps after the first `warmup`
+    of this process, generation included, or over every step of a run too short to have any."""
+    window, name = (steps[warmup:], "steady") if len(steps) > warmup else (steps, "all steps")
+    seconds = [s for s, *_ in window]
+    result = LoopResult(
+        state=TrainState(),
+        steps_run=len(steps),
+        steady_s=sum(seconds),
+        steady_steps=len(window),
+        steady_tokens_padded=sum(p for _, p, _, _ in window),
+        steady_tokens_nonpad=sum(n for _, _, n, _ in window),
+        steady_tokens_loss=sum(k for _, _, _, k in window),
+        rate_window=name,
+        window_step_times=seconds,
+    )
+    return result.rates()
 
 
 def trailing_pace(ends: list[float]) -> float:
@@ -464,5 +577,5 @@ def _log_completions(out: Path, step: int, batch: dict) -> None:
         {"step": step, "prompt": p, "completion": c, "reward": float(r), "advantage": float(a)}
         for p, c, r, a in zip(batch["prompts"], batch["texts"], batch["adv"].rewards, batch["adv"].advantages)
     ][:COMPLETIONS_LOGGED]
-    with (out / "completions.jsonl").open("a") as f:
+    with (out / COMPLETIONS).open("a") as f:
         f.writelines(json.dumps(row) + "\n" for row in rows)

@@ -4,17 +4,14 @@ probe the local device."""
 
 from __future__ import annotations
 
-import json
 import math
-import statistics
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from .. import config as cfgmod
 from ..errors import TunelabError
-from ..plan import catalog, hfstack, render, steptime, timing, workload
-from ..plan.estimate import Device, Job, compute_bytes, estimate, suggestions
-from ..plan.generation import GrpoStep, generation
+from ..plan import catalog, hfstack, render, workload
+from ..plan.estimate import Device, Job, estimate, suggestions
+from ..plan.grpo import GeneratingPlan, GrpoWorkload, Prompts, plan_grpo
 from ..plan.job import STACK_ROWS, STACKS
 from ..runtime import CompileChoice
 from ..sources import resolve_arch
@@ -134,7 +131,7 @@ def local_prediction(
 
 # The slowest matmul rate a device of each type is assumed to reach (FLOP/s): an upper bound on a run's eager
 # time, below which `compile: auto` can decide without probing the device. cpu: under the slowest probe
-# recorded (fp32 on a 2-core EPYC capped at AVX2, 171-195 GFLOP/s, benchmarks/quickstart_epyc-fp32-2c_2026-11-23.md).
+# recorded (fp32 on a 2-core EPYC capped at AVX2, 171-195 GFLOP/s, benchmarks/quickstart/quickstart_epyc-fp32-2c_2026-11-23.md).
 FLOOR_PEAK_FLOPS = {"cpu": 1e11, "cuda": 1e13}
 
 
@@ -187,16 +184,9 @@ class PlanRequest:
     hf: list[str] | dict = field(default_factory=list)
     price_per_hour: float | None = None  # the user's own price per GPU-hour, replacing the catalog's
     scenarios: bool = False  # also estimate SCENARIO_EXAMPLES examples of the same mean length
-    # A GRPO run's (plan_generating): the decode steps of a generation batch, which run until its longest
-    # completion stops (default max_completion_length, an upper bound), and the share of completions whose
-    # group's rewards differ, the only ones the update runs with beta 0 (default 1, an upper bound). A short
-    # trial run measures both: `grpo_trial`.
-    completion_tokens: float | None = None
-    signal_share: float | None = None
-    grpo_from: str | None = None  # where those two come from (a trial run's folder), for plan's text
-    # That trial run's measured times: on `--gpu local` (the machine it ran on) they scale plan's sampling and
-    # update rates to this machine's (`trial_rates`).
-    trial: GrpoTrial | None = None
+    # A GRPO run's (plan_generating): the decode steps and the update's share of completions, given, from a trial
+    # run (plan/grpo.py grpo_workload) or their upper bounds.
+    grpo: GrpoWorkload = field(default_factory=GrpoWorkload)
 
     @property
     def gpu_ids(self) -> list[str]:
@@ -317,29 +307,6 @@ def scaled(lengths: workload.Lengths, examples: int) -> workload.Lengths:
     )
 
 
-@dataclass(frozen=True)
-class GeneratingPlan:
-    """plan's prediction of a GRPO run on one device: a generation batch by part, the batches, the memory."""
-
-    device: str
-    prompts: int
-    prompt_tokens: float
-    step: GrpoStep
-    batches: int  # generation batches in the run
-    memory_bytes: int  # the update's memory (plan/memory.py) plus the KV cache of every sampled row
-    source: str
-    # The schedule's batches where `max_minutes` ends the run before them (then `batches` are those that run); 0
-    # when it does not.
-    time_limited_from: int = 0
-    assumption: str = ""  # the decode steps and the update's share: where each comes from
-    # grpo.schedule_within_limit: the run's learning-rate schedule ends with the batches that fit, not the schedule's.
-    schedule_fitted: bool = False
-
-    @property
-    def time_s(self) -> float:
-        return self.batches * self.step.batch_s
-
-
 def prompt_lengths(cfg: cfgmod.TrainConfig, r: PlanRequest) -> tuple[int, float, str]:
     """(prompts, their mean tokens, where that comes from): the prompt rows' real lengths, else assumed."""
     if cfg.data.given:
@@ -354,200 +321,14 @@ def prompt_lengths(cfg: cfgmod.TrainConfig, r: PlanRequest) -> tuple[int, float,
     return r.examples, mean, f"assumed: {r.examples} prompts x {mean:g} tokens"
 
 
-@dataclass(frozen=True)
-class GrpoTrial:
-    """What a GRPO run measured that plan otherwise assumes at its upper bound (PlanRequest's fields), and its
-    times: the median batch's sampling and the rest of it (rewards, scoring passes, update)."""
-
-    completion_tokens: float  # the median over generation batches of the longest completion: the decode steps
-    signal_share: float  # the mean share of completions the update ran on
-    batches: int
-    generation_s: float = 0.0  # the median batch's sampling seconds
-    rest_s: float | None = None  # the median batch's seconds after sampling, from the second batch on (None: one)
-    config: cfgmod.TrainConfig | None = None  # the run's config.yaml: the batch shape those times are for
-
-
-def grpo_trial(run_dir: str | Path) -> GrpoTrial:
-    """The decode steps, the update's share of completions and the batch's times a GRPO run measured (its
-    metrics.jsonl and config.yaml): a short trial run of the same config calibrates plan's two workload
-    assumptions, and on the machine it ran on, plan's rates."""
-    path = Path(run_dir) / "metrics.jsonl"
-    try:
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, ValueError) as e:
-        raise TunelabError(f"{path}: cannot read a GRPO run's metrics ({e}); point --from-run at a GRPO run folder")
-    batches = [r for r in records if r.get("generation_s", 0) > 0 and "completions/max_length" in r]
-    if not batches:
-        raise TunelabError(f"{path}: no generation batches logged; run the GRPO config for a few steps first")
-    share = [
-        r["update_completions"] / r["completions_per_batch"]
-        if "update_completions" in r
-        else 1 - r["frac_reward_zero_std"]
-        for r in batches
-    ]
-    # A batch's time is the elapsed time between two generation batches' records; the first batch's also holds
-    # the run's warm-up, so it is left out.
-    rest = [
-        b["elapsed_s"] - a["elapsed_s"] - b["generation_s"]
-        for a, b in zip(batches, batches[1:])
-        if "elapsed_s" in a and "elapsed_s" in b
-    ]
-    config = Path(run_dir) / "config.yaml"
-    return GrpoTrial(
-        statistics.median(r["completions/max_length"] for r in batches),
-        statistics.fmean(share),
-        len(batches),
-        statistics.median(r["generation_s"] for r in batches[1:] or batches),
-        statistics.median(rest) if rest else None,
-        cfgmod.load_config(config) if config.is_file() else None,
-    )
-
-
-def grpo_workload(completion_tokens=None, signal_share=None, from_run=None) -> dict:
-    """PlanRequest's GRPO fields from the values given, or from a trial run's folder (`from_run`) when named."""
-    if from_run is None:
-        return {"completion_tokens": completion_tokens, "signal_share": signal_share}
-    trial = grpo_trial(from_run)
-    return {
-        "completion_tokens": trial.completion_tokens,
-        "signal_share": trial.signal_share,
-        "grpo_from": f"{from_run} ({trial.batches} generation batches)",
-        "trial": trial,
-    }
-
-
 def plan_generating(cfg: cfgmod.TrainConfig, r: PlanRequest) -> list[GeneratingPlan]:
-    """GRPO's prediction on each GPU `r` names (plan/generation.py): sampling from the model's bytes, KV bytes
-    and FLOPs per decode step, the scoring passes and the update from plan's step model over rows of prompt plus
-    completion. Each batch's decode runs `r.completion_tokens` steps (default max_completion_length) and, with
-    beta 0, the update runs over `r.signal_share` of the completions (default all)."""
-    g, b = cfg.objective.grpo, cfg.batch
+    """GRPO's prediction on each GPU `r` names (plan/grpo.py), over the config's prompt rows' real lengths (or the
+    workload `r` assumes) and `r.grpo`'s decode steps and update share."""
+    r.check_gpus()
     arch = resolve_arch(cfg.model)
-    prompts, mean, source = prompt_lengths(cfg, r)
-    steps = min(r.completion_tokens or g.max_completion_length, g.max_completion_length)
-    share = 1.0 if g.beta > 0 or r.signal_share is None else r.signal_share
-    if not 0 < steps or not 0 <= share <= 1:
-        raise TunelabError(
-            f"completion tokens must be above 0 and the signal share within 0-1; got {steps:g} and {share:g}"
-        )
-    length = mean + steps
-    assumption = _grpo_assumption(g, r, steps)
-    lengths = workload.Lengths(prompts * g.num_generations, length, float(steps), source=source)
-    per_batch = b.micro_batch * b.grad_accum
-    batches = math.ceil(b.max_steps / g.num_iterations) if b.max_steps else math.ceil(b.epochs * prompts / per_batch)
-    out = []
-    for gpu_id in r.gpu_ids:
-        device = device_for(gpu_id, cfg.compute.precision)
-        step, update = grpo_step(cfg, arch, mean, steps, share, lengths, device)
-        rates = trial_rates(r.trial, cfg, arch, mean, lengths, device) if gpu_id == "local" else None
-        if rates:
-            step = scaled_step(step, *rates)
-            assumption += f"; this machine's rates from the trial: sampling x{rates[0]:.2f}, the rest x{rates[1]:.2f}"
-        memory = update.memory.total + step.generation.kv_cache_bytes
-        # The run checks its time limit between generation batches (recipes/grpo.py), as the loop between steps.
-        runs = timing.steps_within(cfg.run.max_minutes * 60, batches, batches * step.batch_s, 0.0)
-        limited = batches if runs < batches else 0
-        out.append(
-            GeneratingPlan(
-                device.gpu.name,
-                prompts,
-                mean,
-                step,
-                runs,
-                memory,
-                source,
-                limited,
-                assumption,
-                g.schedule_within_limit,
-            )
-        )
-    return out
-
-
-def grpo_step(cfg: cfgmod.TrainConfig, arch, mean: float, steps: float, share: float, lengths, device: Device):
-    """(one generation batch and its optimizer steps by part, plan's estimate of the update) on `device`, for
-    `steps` decode steps and the update over `share` of the completions."""
-    g, b = cfg.objective.grpo, cfg.batch
-    job = Job.of(cfg).but(micro_batch=b.micro_batch * g.num_generations, packing=False, compile=False, max_steps=1)
-    update = estimate(arch, lengths, job, device)
-    gpu = device.gpu
-    bandwidth = gpu.bandwidth_gbs * 1e9 or catalog.nearest_bandwidth(gpu.peak_flops)
-    fit = catalog.grpo_constants(device_key(device))
-    overhead = forward_launch_s(arch, update, device, fit.decode_op_s if fit else None)
-    gen = generation(
-        arch,
-        b.micro_batch * b.grad_accum * g.num_generations,
-        mean,
-        steps,
-        compute_bytes(job, device),
-        gpu.peak_flops,
-        bandwidth,
-        overhead,
-        distinct_prompts=b.micro_batch * b.grad_accum,
-        decode_flop_efficiency=fit.decode_flop_efficiency if fit else 1.0,
-    )
-    passes = int(g.num_iterations > 1) + int(g.beta > 0)
-    # The update and the old log-probs' pass run over the completions that carry a gradient (train/grpo.py).
-    update_s = update.step.total * (fit.update_scale if fit else 1.0) * share
-    scoring = fit.scoring_scale if fit else 1.0
-    return GrpoStep(gen, passes, update_s, g.num_iterations, scoring, share), update
-
-
-def trial_rates(trial, cfg: cfgmod.TrainConfig, arch, mean: float, lengths, device: Device):
-    """(sampling, the rest) measured over predicted for a trial run's own batch on this machine, or None without
-    its times: the factors that turn plan's rates for this machine into the ones the trial measured. The trial's
-    batch shape is its config.yaml's (this config's where it has none), its prompts this config's."""
-    if trial is None or trial.rest_s is None:
-        return None
-    tcfg = trial.config or cfg
-    tarch = arch if tcfg.model == cfg.model else resolve_arch(tcfg.model)
-    tsteps = min(trial.completion_tokens, tcfg.objective.grpo.max_completion_length)
-    tshare = 1.0 if tcfg.objective.grpo.beta > 0 else trial.signal_share
-    tlengths = replace(lengths, mean_tokens=mean + tsteps, mean_loss_tokens=float(tsteps))
-    predicted, _ = grpo_step(tcfg, tarch, mean, tsteps, tshare, tlengths, device)
-    rest = predicted.batch_s - predicted.generation.total_s
-    if predicted.generation.total_s <= 0 or rest <= 0:
-        return None
-    return trial.generation_s / predicted.generation.total_s, trial.rest_s / rest
-
-
-def scaled_step(step: GrpoStep, sampling: float, rest: float) -> GrpoStep:
-    """`step` with its sampling times `sampling` times and its scoring passes and update `rest` times as long."""
-    gen = replace(
-        step.generation, prefill_s=step.generation.prefill_s * sampling, decode_s=step.generation.decode_s * sampling
-    )
-    return replace(step, generation=gen, update_s=step.update_s * rest)
-
-
-def _grpo_assumption(g: cfgmod.GrpoConfig, r: PlanRequest, steps: float) -> str:
-    """plan's text on where a GRPO plan's decode steps and update share come from."""
-    given = f"from {r.grpo_from}" if r.grpo_from else "given"
-    decode = f"the decode steps {given}" if r.completion_tokens else f"every batch decodes to the cap ({steps} tokens)"
-    if g.beta > 0:
-        update = "the update over every completion (beta > 0: the KL term trains on all)"
-    elif r.signal_share is not None:
-        update = f"the update's share of completions {given}"
-    else:
-        update = "the update over every completion (with beta 0 it runs only those whose group's rewards differ)"
-    hint = "" if r.grpo_from else "; --from-run DIR takes both from a trial run"
-    return f"{decode}; {update}{hint}"
-
-
-def device_key(device: Device) -> str:
-    """The key a device's fitted constants are filed under: its catalog id, or a local machine's class."""
-    gpu = device.gpu
-    return gpu.catalog_id or (gpu.device_class if gpu.id == "local" else gpu.id)
-
-
-def forward_launches(arch, update) -> float:
-    """One eager forward's ops: a third of a training micro-batch's launches (plan/steptime.py: backward launches
-    about twice the forward)."""
-    return steptime.launches_per_micro_batch(arch, update.layout.targets, update.job.method, False, False) / 3
-
-
-def forward_launch_s(arch, update, device: Device, op_s: float | None = None) -> float:
-    """The per-op seconds of one eager forward: its ops at `op_s` (a GRPO fit's decode_op_s), else at the
-    device's fitted seconds per launch."""
-    if op_s is None:
-        op_s = catalog.step_constants(device_key(device), device.gpu.device_type).launch_s
-    return forward_launches(arch, update) * op_s
+    prompts = Prompts(*prompt_lengths(cfg, r))
+    trial = r.grpo.trial
+    trial_model = trial.config.model if trial is not None and trial.config is not None else cfg.model
+    trial_arch = arch if trial_model == cfg.model else resolve_arch(trial_model)
+    job = Job.of(cfg)
+    return [plan_grpo(job, arch, prompts, r.grpo, device_for(g, cfg.compute.precision), trial_arch) for g in r.gpu_ids]

@@ -1,4 +1,5 @@
-"""A run's summary (summary.json, and what `train()` returns): every field is a key of the file, in its order."""
+"""A run's summary (summary.json, and what every recipe's `train()` returns, the objective's whatever it is): every
+field is a key of the file, in its order."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from dataclasses import dataclass
 
 # Present only when the run evaluated; best_step and best_eval_loss are always there (None without evaluation).
 EVAL_ONLY = ("eval_examples", "eval_tokens_nonpad", "eval_tokens_loss", "eval_tokens_padded", "evaluations", "eval_s")
+# Present only for an objective that samples its own completions (objectives.Objective.generates).
+GENERATING_ONLY = ("reward_last",)
 
 
 @dataclass(kw_only=True)
@@ -14,6 +17,7 @@ class RunSummary:
     output_dir: str
     model: str
     method: str
+    objective: str
     base_quant: str
     nf4_layers: int
     device: str
@@ -30,6 +34,8 @@ class RunSummary:
     compile: dict | None  # runtime.CompileChoice.as_dict(): mode, chosen, why
     activation_offload: bool
     world_size: int
+    # The data's statistics; a generating objective's: its prompts (`prompts`, `prompts_dropped`) and the
+    # completions' cap (`response_tokens_max`, where `tunelab eval` caps its generation).
     data: dict
     steps: int
     total_steps: int
@@ -39,6 +45,8 @@ class RunSummary:
     time_limited: bool  # ended by max_minutes before the schedule's end
     loss_first: float | None
     loss_last: float | None
+    # Tokens fed (padding included), tokens that are not padding, tokens with loss. A generating objective's: the
+    # update's padded rows, its prompts and completions, the completions' tokens.
     tokens_padded: int
     tokens_nonpad: int
     tokens_loss: int
@@ -61,6 +69,7 @@ class RunSummary:
     eval_s: float | None = None
     best_step: int | None = None
     best_eval_loss: float | None = None
+    reward_last: float | None = None  # the last logged step's mean reward
     peak_memory_bytes: int
     peak_memory_reserved_bytes: int | None
     peak_memory_absolute_bytes: int
@@ -72,5 +81,8 @@ class RunSummary:
         d = dataclasses.asdict(self)
         if self.eval_examples is None:
             for key in EVAL_ONLY:
+                del d[key]
+        for key in GENERATING_ONLY:
+            if d[key] is None:
                 del d[key]
         return d

@@ -328,3 +328,32 @@ def test_a_one_batch_trial_gives_the_workload_not_the_rates(tmp_path, tiny_model
     one = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert main(["plan", "--config", str(config), "--gpu", "local", "--json", "--completion-tokens", "12"]) == 0
     assert one["batch_s"] == pytest.approx(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["batch_s"])
+
+
+def test_plan_renders_a_grpo_plan_as_markdown_like_every_plan(tmp_path, tiny_model_dir, capsys):
+    config = grpo_config_file(tmp_path, tiny_model_dir, beta=0.1)
+    assert main(["plan", "--config", str(config), "--gpu", "h100-sxm,a100-80gb", "--format", "md"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"# Performance plan: {config}")
+    for heading in ("## Workload", "## GPU comparison", "## A generation batch by part", "## Assumptions"):
+        assert heading in text, heading
+    assert "| GPU | batch | batches | time | memory | KV cache |" in text
+    assert "| GPU | prefill | decode | scoring passes | update |" in text
+    assert text.count("every batch decodes to the cap (16 tokens)") == 1  # one line for the devices that share it
+
+
+def test_the_key_of_a_devices_fitted_constants_is_one_function():
+    """plan's step model and its GRPO plan file a device's constants under one key (plan/estimate.constants_key),
+    and tunelab defines one device_key (a calibration record's, from a device name)."""
+    import ast
+    from pathlib import Path
+
+    import tunelab
+
+    defined = [
+        f"{path.name}:{node.name}"
+        for path in Path(tunelab.__file__).parent.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef) and node.name in ("device_key", "constants_key")
+    ]
+    assert sorted(defined) == ["calibration.py:device_key", "estimate.py:constants_key"]

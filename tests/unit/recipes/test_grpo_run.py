@@ -1,5 +1,6 @@
-"""recipes/grpo.py: a GRPO run on the tiny Llama writes TRL's metrics, sampled completions and an adapter, and a
-run resumed from its checkpoint repeats the uninterrupted run's steps (the sampler's RNG is in the checkpoint)."""
+"""recipes/grpo.py: a GRPO run on the tiny Llama writes TRL's metrics, sampled completions, an adapter and the
+summary every objective's run returns, and a run resumed from its checkpoint repeats the uninterrupted run's steps
+(the sampler's RNG is in the checkpoint)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import shutil
 import pytest
 from conftest import tiny_train_config, write_jsonl
 
-from tunelab.recipes.finetune import finetune
+import tunelab
+from tunelab import objectives
+from tunelab.recipes.entry import train
+from tunelab.recipes.summary import RunSummary
 
 pytestmark = pytest.mark.slow
 
@@ -44,9 +48,12 @@ def test_grpo_run_logs_trl_metrics_and_saves_adapter(tmp_path, tiny_model_dir):
     data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
     out = tmp_path / "run"
     cfg = grpo_config(tiny_model_dir, data, out, "grpo.beta=0.1", "grpo.num_iterations=2")
-    summary = finetune(cfg, show_progress=False)
-    assert summary["steps"] == 4 and (out / "adapter" / "adapter_config.json").is_file()
-    assert (out / "config.yaml").is_file() and json.loads((out / "summary.json").read_text())["steps"] == 4
+    summary = tunelab.finetune(cfg)  # the Python API: one RunSummary for every objective
+    assert isinstance(summary, RunSummary) and summary.objective == "grpo"
+    assert summary.steps == 4 and summary.finished and (out / "adapter" / "adapter_config.json").is_file()
+    assert (out / "config.yaml").is_file() and json.loads((out / "summary.json").read_text()) == summary.as_dict()
+    assert summary.reward_last is not None and summary.loss_first is not None and summary.data["prompts"] == 4
+    assert 0 < summary.tokens_loss < summary.tokens_nonpad and summary.tokens_loss_per_s > 0
     rows = metrics(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for key in (
@@ -69,12 +76,12 @@ def test_grpo_run_logs_trl_metrics_and_saves_adapter(tmp_path, tiny_model_dir):
 def test_resume_repeats_the_uninterrupted_steps(tmp_path, tiny_model_dir):
     data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
     whole = tmp_path / "whole"
-    finetune(grpo_config(tiny_model_dir, data, whole), show_progress=False)
+    train(grpo_config(tiny_model_dir, data, whole), show_progress=False)
     cut = tmp_path / "cut"
-    finetune(grpo_config(tiny_model_dir, data, cut, "save_steps=2"), show_progress=False)
+    train(grpo_config(tiny_model_dir, data, cut, "save_steps=2"), show_progress=False)
     # As after a kill at step 4: the checkpoint of step 2, and metrics lines past it that the resume drops.
     shutil.rmtree(cut / "adapter")
-    finetune(grpo_config(tiny_model_dir, data, cut, "save_steps=2", "resume=true"), show_progress=False)
+    train(grpo_config(tiny_model_dir, data, cut, "save_steps=2", "resume=true"), show_progress=False)
     a, b = metrics(whole), metrics(cut)
     assert [r["step"] for r in b] == [1, 2, 3, 4]
     for x, y in zip(a[2:], b[2:]):
@@ -117,9 +124,9 @@ def test_max_minutes_ends_a_grpo_run_between_generation_batches(tmp_path, tiny_m
     cfg = grpo_config(
         tiny_model_dir, data, out, "grpo.num_iterations=2", "max_steps=8", "max_minutes=4.5", "log_steps=5"
     )
-    summary = finetune(cfg)
+    summary = train(cfg)
     # A batch (2 updates) is 120 s: after step 2 (120 s) the next ends at 240 <= 270; after step 4 it would end at 360.
-    assert summary["steps"] == 4 and summary["total_steps"] == 8 and summary["time_limited"]
+    assert summary.steps == 4 and summary.total_steps == 8 and summary.time_limited
     assert (out / "adapter" / "adapter_config.json").is_file()
     assert [r["step"] for r in metrics(out)] == [4]  # the last step is logged
     assert "time limit: max_minutes 4.5 ended training after step 4 of 8" in capsys.readouterr().out
@@ -136,8 +143,8 @@ def test_a_schedule_within_the_limit_ends_the_run_and_its_decay_where_the_pace_s
     data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
     fitted = ("max_steps=8", "max_minutes=4.5", "log_steps=1", "grpo.schedule_within_limit=true", "save_steps=2")
     out = tmp_path / "run"
-    summary = finetune(grpo_config(tiny_model_dir, data, out, *fitted))
-    assert summary["steps"] == 4 and summary["total_steps"] == 4 and not summary["time_limited"]
+    summary = train(grpo_config(tiny_model_dir, data, out, *fitted))
+    assert summary.steps == 4 and summary.total_steps == 4 and not summary.time_limited
     assert "max_minutes 4.5 holds 4 of the 8 steps; the learning-rate schedule now ends at step 4" in (
         capsys.readouterr().out
     )
@@ -146,8 +153,8 @@ def test_a_schedule_within_the_limit_ends_the_run_and_its_decay_where_the_pace_s
     assert lrs == pytest.approx([5e-2 * 0.5 * (1 + math.cos(math.pi * k / 4)) for k in (0, 1, 2, 3)])
     # Resumed from the checkpoint of step 2: the fitted schedule, not the config's 8 steps.
     shutil.rmtree(out / "adapter")
-    summary = finetune(grpo_config(tiny_model_dir, data, out, *fitted, "resume=true"), show_progress=False)
-    assert summary["steps"] == 4 and [r["lr"] for r in metrics(out)] == pytest.approx(lrs)
+    summary = train(grpo_config(tiny_model_dir, data, out, *fitted, "resume=true"), show_progress=False)
+    assert summary.steps == 4 and [r["lr"] for r in metrics(out)] == pytest.approx(lrs)
 
 
 def test_leaving_out_equal_reward_groups_trains_the_same_adapter(tmp_path, tiny_model_dir, monkeypatch):
@@ -176,9 +183,9 @@ def test_leaving_out_equal_reward_groups_trains_the_same_adapter(tmp_path, tiny_
         return real_update(run, batch)
 
     monkeypatch.setattr(grpo, "update", counting_update)
-    finetune(cfg, show_progress=False)
+    train(cfg, show_progress=False)
     monkeypatch.setattr(grpo, "trains_on", lambda adv, settings: torch.ones_like(adv, dtype=torch.bool))
-    finetune(grpo_config(tiny_model_dir, data, whole, *extra), show_progress=False)
+    train(grpo_config(tiny_model_dir, data, whole, *extra), show_progress=False)
     rows_left_out, rows_whole = ran[:4], ran[4:]
     assert all(r == [3, 3] for r in rows_whole)
     # The rewarded prompt's micro-batch alone in the two batches that hold it (the first one among them, so
@@ -204,15 +211,20 @@ def test_a_cpu_grpo_run_returns_freed_pages(tmp_path, tiny_model_dir, monkeypatc
     calls = []
     monkeypatch.setattr(allocator, "decay_freed_pages", lambda ms, returned_ms=None: calls.append((ms, returned_ms)))
     data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
-    finetune(grpo_config(tiny_model_dir, data, tmp_path / "run", "max_steps=1"), show_progress=False)
+    loaded, load = [], objectives.load
+    monkeypatch.setattr(objectives, "load", lambda ref: loaded.append(ref) or load(ref))
+    train(grpo_config(tiny_model_dir, data, tmp_path / "run", "max_steps=1"), show_progress=False)
     assert calls == [(allocator.DECAY_MS, -1)]
+    # The objective row names the recipe that ran and the loss module it built.
+    row = objectives.get("grpo")
+    assert loaded[0] == row.recipe and row.loss_module in loaded
 
 
 def fitted_run(tmp_path, model_dir, out, max_steps: int, max_minutes: int, capsys) -> tuple[dict, str]:
     """A run with grpo.schedule_within_limit under the `clocked` clock: its summary and what it printed."""
     data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
     fitted = (f"max_steps={max_steps}", f"max_minutes={max_minutes}", "log_steps=1", "save_steps=0")
-    summary = finetune(grpo_config(model_dir, data, out, *fitted, "grpo.schedule_within_limit=true"))
+    summary = train(grpo_config(model_dir, data, out, *fitted, "grpo.schedule_within_limit=true"))
     return summary, capsys.readouterr().out
 
 
@@ -225,10 +237,10 @@ def test_the_schedule_is_refitted_on_the_pace_after_the_first_batchs_warm_up(tmp
     summary, text = fitted_run(tmp_path, tiny_model_dir, out, 10, 6, capsys)
     assert "at 120 s a generation batch, max_minutes 6 holds 3 of the 10 steps" in text
     assert "at 60 s a generation batch, max_minutes 6 holds 5 of the 10 steps" in text
-    assert summary["steps"] == 5 and summary["total_steps"] == 5 and not summary["time_limited"]
+    assert summary.steps == 5 and summary.total_steps == 5 and not summary.time_limited
     lrs = [r["lr"] for r in metrics(out)]
     assert lrs[-1] < lrs[2] and lrs[3] > 0  # the lengthened cosine is still above 0 after step 3, and decays
-    assert summary["elapsed_s"] <= 6 * 60
+    assert summary.elapsed_s <= 6 * 60
 
 
 def test_the_schedule_is_refitted_after_every_batch_on_a_trailing_pace_when_batches_slow_down(
@@ -242,9 +254,9 @@ def test_the_schedule_is_refitted_after_every_batch_on_a_trailing_pace_when_batc
     summary, text = fitted_run(tmp_path, tiny_model_dir, out, 20, 10, capsys)
     assert "at 60 s a generation batch, max_minutes 10 holds 9 of the 20 steps" in text
     assert "at 70 s a generation batch, max_minutes 10 holds 7 of the 20 steps" in text
-    assert summary["steps"] == 7 and summary["total_steps"] == 7 and not summary["time_limited"]
+    assert summary.steps == 7 and summary.total_steps == 7 and not summary.time_limited
     assert metrics(out)[-1]["lr"] < 0.1 * max(r["lr"] for r in metrics(out))
-    assert summary["elapsed_s"] <= 10 * 60
+    assert summary.elapsed_s <= 10 * 60
 
 
 def test_a_refit_that_moves_the_end_by_under_a_tenth_reschedules_without_printing(
@@ -259,7 +271,7 @@ def test_a_refit_that_moves_the_end_by_under_a_tenth_reschedules_without_printin
         "schedule: at 60 s a generation batch, max_minutes 12 holds 12 of the 20 steps; the learning-rate schedule "
         "now ends at step 12"
     ]
-    assert summary["steps"] == 11 and summary["total_steps"] == 11 and not summary["time_limited"]
+    assert summary.steps == 11 and summary.total_steps == 11 and not summary.time_limited
 
 
 def test_balance_by_reaches_the_prompt_order_and_a_missing_field_fails_before_the_model_loads(
@@ -274,8 +286,28 @@ def test_balance_by_reaches_the_prompt_order_and_a_missing_field_fails_before_th
     seen = []
     order = grpo.prompt_order
     monkeypatch.setattr(grpo, "prompt_order", lambda *a: seen.append(a[-1]) or order(*a))
-    finetune(grpo_config(tiny_model_dir, data, tmp_path / "run", "max_steps=1", "grpo.balance_by=kind"), False)
+    train(grpo_config(tiny_model_dir, data, tmp_path / "run", "max_steps=1", "grpo.balance_by=kind"), False)
     assert seen == [[0, 1, 0, 1]]
     monkeypatch.setattr(mload, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
     with pytest.raises(TunelabError, match="prompt 1 has no 'digits' to balance by"):
-        finetune(grpo_config(tiny_model_dir, data, tmp_path / "bad", "grpo.balance_by=digits"), False)
+        train(grpo_config(tiny_model_dir, data, tmp_path / "bad", "grpo.balance_by=digits"), False)
+
+
+def test_report_to_tensorboard_logs_every_metrics_record_of_a_grpo_run(tmp_path, tiny_model_dir, capsys):
+    """The GRPO row has the trackers capability: TensorBoard gets each metrics.jsonl record, TRL's names, same steps."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
+    out = tmp_path / "run"
+    train(grpo_config(tiny_model_dir, data, out, "max_steps=2", "report_to=tensorboard"))
+    assert f"tensorboard: logging to {out / 'tensorboard'}" in capsys.readouterr().out
+    acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    logged = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    rows = metrics(out)
+    assert sorted(logged) == sorted(k for k in rows[0] if k != "step")
+    for tag, points in logged.items():
+        assert [s for s, _ in points] == [1, 2], tag
+        assert [v for _, v in points] == pytest.approx([r[tag] for r in rows], rel=1e-6, abs=1e-30), tag
+    assert {"reward", "loss", "completions/mean_length", "rewards/exact_answer/mean"} <= set(logged)
