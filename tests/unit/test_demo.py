@@ -57,8 +57,9 @@ def test_base_rows_must_be_at_least_one(capsys):
 
 def test_a_cut_recipe_keeps_enough_optimizer_steps_with_a_smaller_micro_batch():
     assert demo.smaller_micro_batch(16, steps=205) == 16  # the whole recipe is left alone
-    assert demo.smaller_micro_batch(16, steps=30) == 4  # 30 -> 60 -> 120 steps
-    assert demo.smaller_micro_batch(16, steps=60) == 8
+    assert demo.smaller_micro_batch(16, steps=30) == 2  # 30 -> 60 -> 120 -> 240 steps
+    assert demo.smaller_micro_batch(16, steps=60) == 4
+    assert demo.smaller_micro_batch(16, steps=100) == 8
     assert demo.smaller_micro_batch(16, steps=5) == demo.MIN_MICRO_BATCH  # never below the floor
     assert demo.smaller_micro_batch(2, steps=5) == 2
 
@@ -104,14 +105,14 @@ def test_a_smaller_micro_batch_keeps_enough_steps_and_the_rows_are_fitted_again_
     cfg = load_config("configs/quickstart.yaml", [])  # micro_batch 16
     rows = [{"i": i} for i in range(4_000)]
     smaller, fit = demo.smaller_batch_within(cfg, Console(quiet=True), rows, path, left_s=540.0)
-    # 4,000 rows make 50 steps at 16, 100 at 8; at 8 a row costs 0.2 s: (540 - 40) / 0.2 rows fit.
-    assert smaller.batch.micro_batch == 8 and fit == 2_500
+    # 4,000 rows make 50 steps at 16, 200 at 4; at 4 a row costs 0.2 s: (540 - 40) / 0.2 rows fit.
+    assert smaller.batch.micro_batch == 4 and fit == 2_500
     same, fit = demo.smaller_batch_within(smaller, Console(quiet=True), rows, path, left_s=540.0)
-    assert same is smaller and fit == 4_000  # 100 steps at 8 already: the caller's rows stand
+    assert same is smaller and fit == 4_000  # 200 steps at 4 already: the caller's rows stand
 
 
 def test_a_cut_run_gets_more_rows_than_fit_and_a_schedule_fitted_to_its_limit(tmp_path, monkeypatch):
-    """plan says 2,000 of 18,000 rows fit 240 s at micro-batch 16, too few steps: at 4 they make 100, and 1,000
+    """plan says 2,000 of 18,000 rows fit 240 s at micro-batch 16, too few steps: at 2 they make 200, and 1,000
     rows fit there. Training gets OVERSUPPLY times that, its limit, and its schedule fitted to the limit, so a
     noisy prediction neither starves the run nor cuts it mid-schedule."""
     import json
@@ -128,7 +129,7 @@ def test_a_cut_run_gets_more_rows_than_fit_and_a_schedule_fitted_to_its_limit(tm
     cfg = load_config("configs/quickstart.yaml", [])
     args = SimpleNamespace(minutes=15.0)
     cfg, _ = demo.fit_budget(args, cfg, Console(quiet=True), rows, path, predicted(cfg), left_s=240.0)
-    assert cfg.batch.micro_batch == 4
+    assert cfg.batch.micro_batch == 2
     assert len(path.read_text().splitlines()) == demo.OVERSUPPLY * 1_000
     assert cfg.run.max_minutes == 4.0 and cfg.run.schedule_within_limit
     cfg, _ = demo.fit_budget(args, load_config("configs/quickstart.yaml", []), Console(quiet=True), rows[:100], path,

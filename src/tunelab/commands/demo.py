@@ -41,9 +41,11 @@ DEFAULT_MINUTES = 15.0
 MIN_TRAIN_ROWS = 1_000
 # A cut recipe keeps at least this many optimizer steps by lowering its micro-batch (not below MIN_MICRO_BATCH):
 # on an fp32 CPU many small steps scored far higher than a few large ones
-# (benchmarks/design-decisions_cpu_2026-11-22.md#demo-minimum-rows-and-steps).
-MIN_STEPS = 100
-MIN_MICRO_BATCH = 4
+# (benchmarks/design-decisions_cpu_2026-11-22.md#demo-minimum-rows-and-steps), and in the same minutes micro-batch
+# 2 (155 steps) scored 55.2% where 4 (91 steps) scored 49.5%, at 13% fewer tokens a second
+# (benchmarks/quickstart/quickstart-micro-batch_epyc-fp32-2c_2026-12-07.md).
+MIN_STEPS = 150
+MIN_MICRO_BATCH = 2
 # Rows handed to a cut run, as a multiple of those plan says fit the time left: the schedule is fitted to the
 # measured pace (schedule_within_limit), so rows past the limit are never trained, and a machine up to this much
 # faster than its probes said still trains to its limit. On the 2-core Zen 3 the probes read the host 13% fast
