@@ -1,6 +1,6 @@
-"""Each setting is declared once, in config.py's sections: no other dataclass in src/tunelab re-declares two or
-more of them (a copy that must be kept in step, as plan's Settings and MemorySetup once were). The few that do
-hold something else under those names, each said below."""
+"""Each setting is declared once, in the config package's sections (config/sections.py, config/objective.py): no
+other dataclass in src/tunelab re-declares two or more of them (a copy that must be kept in step, as plan's Settings
+and MemorySetup once were). The few that do hold something else under those names, each said below."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from conftest import REPO
 from tunelab.config import leaf_keys
 
 PACKAGE = REPO / "src" / "tunelab"
+CONFIG = PACKAGE / "config"
 # Names too generic to call a copy (a file's `path`, a process's `device`, a matrix's `r`).
 GENERIC = {"path", "format", "template", "seed", "device", "steps", "name", "split", "weight", "mix", "model"}
 GENERIC |= {"targets", "r", "alpha", "dropout", "reference", "beta", "objective", "attention"}
@@ -49,7 +50,7 @@ def copies() -> dict[str, list[str]]:
     names = setting_names()
     found = {}
     for path in PACKAGE.rglob("*.py"):
-        if path.name == "config.py":
+        if CONFIG in path.parents:
             continue
         for cls, fields in dataclass_fields(path).items():
             shared = [f for f in fields if f in names]

@@ -93,7 +93,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _setting_flag(p: argparse.ArgumentParser, key: str, tp, help_text: str) -> None:
     """`--seq-len` for the config key `seq_len`, `--lora-r` for `lora.r`: a flag is one more way to write a
-    dotted override, so config.py validates it like any other (its choices, its type, its range)."""
+    dotted override, so config/ validates it like any other (its choices, its type, its range)."""
     flag = "--" + key.replace(".", "-").replace("_", "-")
     dest = "setting:" + key
     help_text = f"{help_text or 'the config key ' + key} (the override {key}=...)"

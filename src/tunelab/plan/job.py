@@ -1,4 +1,4 @@
-"""What plan reads of a training config: its sections, as config.py declares and validates them, plus the one
+"""What plan reads of a training config: its sections, as config/ declares and validates them, plus the one
 choice that is plan's own (the stack it predicts). plan copies no setting; a variant is `job.but(key=value)`
 with the key a user writes."""
 
