@@ -6,10 +6,10 @@ from tunelab.commands import demo
 
 
 def test_fitted_rows_scale_with_the_time_left_after_compilation():
-    assert demo.fitted_rows(18_000, predicted_s=600, fixed_s=60, budget_s=900) == 18_000
+    assert demo.rows_within_budget(18_000, predicted_s=600, fixed_s=60, budget_s=900) == 18_000
     # 540 s for 18,000 rows is 0.03 s a row; 300 s left after 60 s of compilation holds 10,000.
-    assert demo.fitted_rows(18_000, predicted_s=600, fixed_s=60, budget_s=360) == 10_000
-    assert demo.fitted_rows(18_000, predicted_s=600, fixed_s=60, budget_s=30) == 0
+    assert demo.rows_within_budget(18_000, predicted_s=600, fixed_s=60, budget_s=360) == 10_000
+    assert demo.rows_within_budget(18_000, predicted_s=600, fixed_s=60, budget_s=30) == 0
 
 
 def test_a_budget_too_small_to_learn_is_one_line_naming_minutes(tiny_model_dir, tmp_path, capsys, monkeypatch):
@@ -128,11 +128,11 @@ def test_a_cut_run_gets_more_rows_than_fit_and_a_schedule_fitted_to_its_limit(tm
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = load_config("configs/quickstart.yaml", [])
     args = SimpleNamespace(minutes=15.0)
-    cfg, _ = demo.fit_budget(args, cfg, Console(quiet=True), rows, path, predicted(cfg), left_s=240.0)
+    cfg, _ = demo.cut_to_budget(args, cfg, Console(quiet=True), rows, path, predicted(cfg), left_s=240.0)
     assert cfg.batch.micro_batch == 2
     assert len(path.read_text().splitlines()) == demo.OVERSUPPLY * 1_000
     assert cfg.run.max_minutes == 4.0 and cfg.run.schedule_within_limit
-    cfg, _ = demo.fit_budget(args, load_config("configs/quickstart.yaml", []), Console(quiet=True), rows[:100], path,
+    cfg, _ = demo.cut_to_budget(args, load_config("configs/quickstart.yaml", []), Console(quiet=True), rows[:100], path,
                              predicted(cfg), left_s=10_000.0)  # fmt: skip
     assert cfg.batch.micro_batch == 16 and cfg.run.schedule_within_limit  # everything fits: nothing cut
 

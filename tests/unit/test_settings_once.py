@@ -22,7 +22,7 @@ NOT_SETTINGS = {
     "recipes/summary.py:RunSummary": "a record of what ran (summary.json): resolved values, written, never read back",
     "recipes/finetune.py:Prepared": "the resolved precision (a torch dtype pair) and compile decision of a run",
     "plan/fit_rows.py:Row": "a measured row's conditions, read from benchmarks/plan-accuracy/rows",
-    "bench/suite_schema.py:Row": "a suite row's overrides as suites.yaml writes them",
+    "bench/suite_schema.py:SuiteRow": "a suite row's overrides as suites.yaml writes them",
     "data/pipeline.py:DataSpec": "data/ sits below config (config names its templates); DataConfig.spec() builds it",
 }
 

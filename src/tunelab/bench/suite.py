@@ -28,7 +28,7 @@ from ..sources import resolve_arch
 from . import points, store
 from .compare import compare
 from .suite_report import document, environment, markdown, stem_device
-from .suite_schema import AUTO, Row, Suite, SuiteOptions, load_suite, select_rows
+from .suite_schema import AUTO, Suite, SuiteOptions, SuiteRow, load_suite, select_rows
 
 DEFAULT_OUT = "benchmarks"
 # `auto` micro-batches fill this share of the device's memory by plan's count: the margin keeps an underestimate
@@ -36,7 +36,7 @@ DEFAULT_OUT = "benchmarks"
 AUTO_MEMORY_SHARE = 0.9
 
 
-def overrides(suite: Suite, row: Row, model: str, data_path: Path | str, micro_batch: int) -> list[str]:
+def overrides(suite: Suite, row: SuiteRow, model: str, data_path: Path | str, micro_batch: int) -> list[str]:
     """The row as dotted config overrides (values as JSON, which YAML reads back unchanged)."""
     settings = {
         **suite.config,
@@ -52,7 +52,13 @@ def overrides(suite: Suite, row: Row, model: str, data_path: Path | str, micro_b
 
 
 def row_config(
-    suite: Suite, row: Row, model: str, data_path: Path | str, out: Path, extra: list[str] = (), micro_batch: int = 1
+    suite: Suite,
+    row: SuiteRow,
+    model: str,
+    data_path: Path | str,
+    out: Path,
+    extra: list[str] = (),
+    micro_batch: int = 1,
 ) -> cfgmod.TrainConfig:
     return cfgmod.load_config(
         None, [*overrides(suite, row, model, data_path, micro_batch), *extra, *points.FORCED, f"output_dir={out}"]
@@ -102,7 +108,7 @@ def write_data(suite: Suite, path: Path) -> dict:
     return params
 
 
-def needs_checkpoint(row: Row) -> bool:
+def needs_checkpoint(row: SuiteRow) -> bool:
     """transformers quantizes weights as it loads a checkpoint, and a shape override is no catalog row: either
     way a `random:` model must exist as a local checkpoint first."""
     return row.model.startswith(RANDOM) and (
@@ -225,7 +231,7 @@ def output_paths(out_dir: Path, stem: str) -> tuple[Path, Path]:
 def run_row(
     options: SuiteOptions,
     suite: Suite,
-    row: Row,
+    row: SuiteRow,
     i: int,
     data_path: Path,
     work: Path,
@@ -294,7 +300,7 @@ def run_row(
         return {**base, "error": message, "wall_s": time.time() - started}, None
 
 
-def run_peers(suite: Suite, row: Row, ours: dict, cfg: cfgmod.TrainConfig | None, db: Path) -> list[dict]:
+def run_peers(suite: Suite, row: SuiteRow, ours: dict, cfg: cfgmod.TrainConfig | None, db: Path) -> list[dict]:
     """Each peer once, right after the row it is compared with (interleaved, as `bench peers` runs them)."""
     from ..device import pick_device
     from . import peers

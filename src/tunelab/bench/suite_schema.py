@@ -47,7 +47,7 @@ class SuiteOptions:
 
 
 @dataclass(frozen=True)
-class Row:
+class SuiteRow:
     name: str
     model: str
     method: str
@@ -69,7 +69,7 @@ class Suite:
     definition: dict  # as read, for the output file
     data: dict
     config: dict
-    rows: list[Row]
+    rows: list[SuiteRow]
     peers_after: str | None
     peer_names: list[str]
     budget_s: float | None
@@ -153,7 +153,7 @@ def parse_suite(name: str, raw: Any, source: str) -> Suite:
     )
 
 
-def parse_row(where: str, raw: Any, cap: int) -> Row:
+def parse_row(where: str, raw: Any, cap: int) -> SuiteRow:
     if not isinstance(raw, dict) or "name" not in raw:
         raise TunelabError(f"{where}: every row is a mapping with a name")
     _known(f"{where}: row {raw['name']}", raw, ROW_KEYS)
@@ -167,7 +167,7 @@ def parse_row(where: str, raw: Any, cap: int) -> Row:
     shape = _mapping(here, "shape", raw.get("shape"))
     if shape and not str(raw["model"]).startswith(RANDOM):
         raise TunelabError(f"{here}: shape overrides a random: model's catalog shape; drop it for {raw['model']}")
-    return Row(
+    return SuiteRow(
         str(raw["name"]),
         str(raw["model"]),
         str(raw["method"]),

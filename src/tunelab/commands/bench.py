@@ -2,7 +2,7 @@
 every record (`run`, `sweep`, `profile`, `peers`, `suite`); fit this device's calibration (`calibrate`); export
 the database (`export`); fit plan's step-time constants to the measured rows (`fit`).
 
-Parses each subcommand's options, reads the config and prints: the measuring loops are bench/runs.py's (each point
+Parses each subcommand's options, reads the config and prints: the measuring loops are bench/loops.py's (each point
 recipes/finetune.py's `train` in a fresh process, bench/points.py), the tables bench/console.py's.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .. import config as cfgmod
-from ..bench import console, runs, store
+from ..bench import console, loops, store
 from ..bench.fitting import ROWS
 from ..bench.points import FORCED, json_view, slug
 from ..errors import TunelabError
@@ -137,14 +137,14 @@ def moved(given: list[str]) -> str:
 # ---- measuring --------------------------------------------------------------------------------------------
 
 
-def measuring(args: argparse.Namespace) -> tuple[runs.Measuring, Path]:
+def measuring(args: argparse.Namespace) -> tuple[loops.Measuring, Path]:
     """How the subcommand's points are measured and where they are stored; bench's output folder."""
     if args.steps < 1 or args.warmup < 0:
         raise TunelabError(f"--steps must be at least 1 and --warmup at least 0, got {args.steps} and {args.warmup}")
     base_dir = Path(output_dir(args.overrides))
     db = database(args.db, base_dir)
     store.check(db)
-    return runs.Measuring(args.steps, args.warmup, db, args.catalog_gpu, args.json), base_dir
+    return loops.Measuring(args.steps, args.warmup, db, args.catalog_gpu, args.json), base_dir
 
 
 def run_point(args: argparse.Namespace) -> int:
@@ -152,7 +152,7 @@ def run_point(args: argparse.Namespace) -> int:
 
 
 def run_sweep(args: argparse.Namespace) -> int:
-    return run_points(args, runs.sweep_points(args.axis))
+    return run_points(args, loops.sweep_points(args.axis))
 
 
 def run_profile(args: argparse.Namespace) -> int:
@@ -164,7 +164,7 @@ def run_points(args: argparse.Namespace, points: list[tuple[str, list[str]]], pr
     """One point or a sweep's grid, each measured, stored and shown."""
     m, base_dir = measuring(args)
     configs = [(label, point_config(args, extra, base_dir / (slug(label) or "run"))) for label, extra in points]
-    records, failed = runs.measure_points(configs, m, profile)
+    records, failed = loops.measure_points(configs, m, profile)
     if not records:
         raise TunelabError(f"every point of the sweep ran out of memory; the first: {next(iter(failed.values()))[0]}")
     if not args.json:
@@ -176,9 +176,9 @@ def run_points(args: argparse.Namespace, points: list[tuple[str, list[str]]], pr
 
 
 def run_peers(args: argparse.Namespace) -> int:
-    names = runs.peer_names(args.names)
+    names = loops.peer_names(args.names)
     m, base_dir = measuring(args)
-    rows = runs.peer_rounds(point_config(args, [], base_dir / "tunelab"), names, args.rounds, m)
+    rows = loops.peer_rounds(point_config(args, [], base_dir / "tunelab"), names, args.rounds, m)
     if args.json:
         for row in rows:
             print(json.dumps(row), flush=True)
@@ -194,13 +194,13 @@ def run_calibration(args: argparse.Namespace) -> int:
     first = point_config(args, [], base_dir / "calibrate")
     configs = [
         point_config(args, [f"method={x}"], base_dir / f"calibrate-{x}")
-        for x in runs.calibration_methods(first.adapter.method, args.methods)
+        for x in loops.calibration_methods(first.adapter.method, args.methods)
     ]
 
     def as_run(method: str, compiled: bool) -> cfgmod.TrainConfig:
         return point_config(args, [f"method={method}", f"compile={str(compiled).lower()}"], base_dir / "model")
 
-    c = runs.calibrate_device(configs, as_run, m)
+    c = loops.calibrate_device(configs, as_run, m)
     if args.json:
         print(
             json.dumps({"calibration": asdict(c.record), "path": str(c.path), "runs": [json_view(r) for r in c.runs]})

@@ -168,7 +168,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> None:
     # tuned model stops at its EOS, the base model runs to each batch's budget), over every held-out row.
     scoring_s = base["seconds"] * len(test_rows) / len(base_rows) if base is not None else SCORING_RESERVE_S
     left_s = args.minutes * 60 - END_SLACK_S - (time.perf_counter() - started) - scoring_s - SETUP_RESERVE_S
-    cfg, prediction = fit_budget(args, cfg, console, train_rows, train_path, prediction, left_s)
+    cfg, prediction = cut_to_budget(args, cfg, console, train_rows, train_path, prediction, left_s)
     predicted_train_s = train_s(prediction)
 
     # 4. Train.
@@ -205,7 +205,7 @@ def write_data(args: argparse.Namespace, cfg, console) -> tuple[list[dict], list
     return train_rows, test_rows
 
 
-def fit_budget(
+def cut_to_budget(
     args: argparse.Namespace, cfg, console, train_rows: list[dict], train_path: Path, prediction, left_s: float
 ):
     """(config, prediction) for the rows training gets: all of them when plan says they fit `left_s`, else
@@ -213,7 +213,7 @@ def fit_budget(
     budget; the rows file is cut to them. The prediction is for the run under its time limit."""
     from ..recipes.predict import local_prediction
 
-    rows = fitted_rows(len(train_rows), train_s(prediction), prediction.overheads.compile_s, left_s)
+    rows = rows_within_budget(len(train_rows), train_s(prediction), prediction.overheads.compile_s, left_s)
     if rows < len(train_rows):
         if rows < MIN_TRAIN_ROWS:
             need = MIN_TRAIN_ROWS / len(train_rows) * (train_s(prediction) - prediction.overheads.compile_s)
@@ -259,7 +259,7 @@ def smaller_batch_within(cfg, console, rows: list[dict], train_path: Path, left_
     )
     cfg = dataclasses.replace(cfg, batch=dataclasses.replace(cfg.batch, micro_batch=micro_batch))
     prediction = local_prediction(cfg)
-    return cfg, fitted_rows(len(rows), train_s(prediction), prediction.overheads.compile_s, left_s)
+    return cfg, rows_within_budget(len(rows), train_s(prediction), prediction.overheads.compile_s, left_s)
 
 
 def with_time_limit(cfg, left_s: float):
@@ -351,7 +351,7 @@ def smaller_micro_batch(micro_batch: int, steps: int) -> int:
     return micro_batch
 
 
-def fitted_rows(rows: int, predicted_s: float, fixed_s: float, budget_s: float) -> int:
+def rows_within_budget(rows: int, predicted_s: float, fixed_s: float, budget_s: float) -> int:
     """How many of `rows` train within `budget_s`, when training all of them is predicted to take `predicted_s`
     of which `fixed_s` (compilation) does not scale with the rows: one epoch's steps are proportional to them."""
     if predicted_s <= budget_s:

@@ -73,7 +73,7 @@ class Prediction:
 
 
 @dataclass
-class Run:
+class StoredRun:
     """One record (a train/bench summary or a peer's) with what came with it."""
 
     label: str
@@ -107,8 +107,8 @@ class Run:
 # ---------------------------------------------------------------- inputs
 
 
-def load_inputs(paths: list[Path]) -> list[Run]:
-    runs: list[Run] = []
+def load_inputs(paths: list[Path]) -> list[StoredRun]:
+    runs: list[StoredRun] = []
     for path in paths:
         if path.is_dir():
             runs.append(load_run_dir(path))
@@ -136,7 +136,7 @@ def _read_json(path: Path) -> Any:
         raise TunelabError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
 
 
-def load_run_dir(path: Path) -> Run:
+def load_run_dir(path: Path) -> StoredRun:
     summary = path / "summary.json"
     if not summary.is_file():
         raise TunelabError(f"{path}: no summary.json; is this a `tunelab train` output directory?")
@@ -153,10 +153,10 @@ def load_run_dir(path: Path) -> Run:
     evaluation = _read_json(path / "eval.json") if (path / "eval.json").is_file() else None
     if "predicted" not in record and (path / "plan.json").is_file():
         record["predicted"] = _read_json(path / "plan.json")
-    return Run(path.name, str(path), record, metrics, config, evaluation)
+    return StoredRun(path.name, str(path), record, metrics, config, evaluation)
 
 
-def load_db(path: Path) -> list[Run]:
+def load_db(path: Path) -> list[StoredRun]:
     """Rows of bench's `runs` table as records (bench/store.py owns the layout and its decoding)."""
     runs = []
     for index, record in enumerate(store.read(path), 1):
@@ -164,7 +164,7 @@ def load_db(path: Path) -> list[Run]:
         label = f"{record.get('kind') or 'tunelab'} #{ident}" + (f" {record['label']}" if record.get("label") else "")
         config = record.get("config") if isinstance(record.get("config"), dict) else None
         runs.append(
-            Run(
+            StoredRun(
                 label,
                 str(path),
                 record,
@@ -175,7 +175,7 @@ def load_db(path: Path) -> list[Run]:
     return runs
 
 
-def _unique_labels(runs: list[Run]) -> None:
+def _unique_labels(runs: list[StoredRun]) -> None:
     seen: dict[str, int] = {}
     for r in runs:
         seen[r.label] = seen.get(r.label, 0) + 1
@@ -186,14 +186,14 @@ def _unique_labels(runs: list[Run]) -> None:
 # ---------------------------------------------------------------- formatting
 
 
-def _has_rates(r: Run) -> bool:
+def _has_rates(r: StoredRun) -> bool:
     return all(isinstance(r.record.get(f"{k}_per_s"), (int, float)) for k, _ in plots.TOKEN_KINDS)
 
 
 # ---------------------------------------------------------------- sections
 
 
-def _environment(runs: list[Run]) -> list[str]:
+def _environment(runs: list[StoredRun]) -> list[str]:
     lines = ["## Environment", ""]
     devices = dict.fromkeys((r.record.get("device"), r.record.get("device_memory_bytes")) for r in runs)
     for name, memory in devices:
@@ -216,7 +216,7 @@ def _steps(rec: dict) -> str:
     return num(rec.get("steps"))
 
 
-def _runs_table(runs: list[Run]) -> list[str]:
+def _runs_table(runs: list[StoredRun]) -> list[str]:
     header = [
         "run",
         "kind",
@@ -266,7 +266,7 @@ def _runs_table(runs: list[Run]) -> list[str]:
     ]
 
 
-def _configs(runs: list[Run]) -> list[str]:
+def _configs(runs: list[StoredRun]) -> list[str]:
     lines = ["## Configuration of each run", ""]
     keys = (
         "model",
@@ -315,7 +315,7 @@ def _flat(value: Any) -> str:
     return str(value)
 
 
-def peer_sessions(runs: list[Run]) -> list[list[Run]]:
+def peer_sessions(runs: list[StoredRun]) -> list[list[StoredRun]]:
     """Per database, the runs of its peer comparison: every peer row, and the tunelab rows interleaved with them.
 
     `tunelab bench peers` stores tunelab, peer A, peer B, tunelab, ... in order, in a database that may also
@@ -340,7 +340,7 @@ def peer_sessions(runs: list[Run]) -> list[list[Run]]:
     return sessions
 
 
-def _peer_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str, Path]]:
+def _peer_section(runs: list[StoredRun], out: Path) -> tuple[list[str], dict[str, Path]]:
     lines: list[str] = []
     files: dict[str, Path] = {}
     for n, group in enumerate(peer_sessions(runs), 1):
@@ -397,12 +397,12 @@ def _peer_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str, Path
     return lines, files
 
 
-def find_sweeps(runs: list[Run]) -> list[tuple[str, list[Run]]]:
+def find_sweeps(runs: list[StoredRun]) -> list[tuple[str, list[StoredRun]]]:
     """Groups of tunelab runs that differ in exactly one of SWEEP_KEYS, with 2+ values of it."""
     ours = [r for r in runs if r.kind == "tunelab" and _has_rates(r)]
     sweeps = []
     for key in SWEEP_KEYS:
-        groups: dict[str, list[Run]] = {}
+        groups: dict[str, list[StoredRun]] = {}
         for r in ours:
             rest = json.dumps([r.setting(k) for k in SWEEP_KEYS if k != key], default=str)
             groups.setdefault(rest, []).append(r)
@@ -417,12 +417,12 @@ def _sort_key(value: Any) -> tuple:
     return (0, float(value), "") if isinstance(value, (int, float)) else (1, 0.0, str(value))
 
 
-def _sweep_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str, Path]]:
+def _sweep_section(runs: list[StoredRun], out: Path) -> tuple[list[str], dict[str, Path]]:
     lines: list[str] = []
     files: dict[str, Path] = {}
     for n, (key, members) in enumerate(find_sweeps(runs), 1):
         # Repeated runs of one value are averaged: interleaved repeats are how noise is measured.
-        values: dict[str, list[Run]] = {}
+        values: dict[str, list[StoredRun]] = {}
         for r in members:
             values.setdefault(_flat(r.setting(key)), []).append(r)
         names = list(values)
@@ -448,7 +448,7 @@ def _sweep_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str, Pat
     return lines, files
 
 
-def _prediction_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str, Path]]:
+def _prediction_section(runs: list[StoredRun], out: Path) -> tuple[list[str], dict[str, Path]]:
     usable = [(r, p) for r in runs if (p := r.prediction()) is not None and r.record.get("step_time_s")]
     if not usable:
         return [], {}
@@ -506,7 +506,7 @@ def _prediction_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str
     return lines, {"predicted_vs_measured.png": out / "predicted_vs_measured.png"}
 
 
-def _curve_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str, Path]]:
+def _curve_section(runs: list[StoredRun], out: Path) -> tuple[list[str], dict[str, Path]]:
     lines: list[str] = []
     files: dict[str, Path] = {}
     losses = {r.label: [(m["step"], m["loss"]) for m in r.metrics if m.get("loss") is not None] for r in runs}
@@ -541,7 +541,7 @@ def _curve_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str, Pat
     return lines, files
 
 
-def _preference_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str, Path]]:
+def _preference_section(runs: list[StoredRun], out: Path) -> tuple[list[str], dict[str, Path]]:
     """The preference metrics (objectives' `metrics`, as TRL names them) at each run's first and last log line."""
     names = list(dict.fromkeys(m for o in objectives.REGISTRY.values() for m in o.metrics))
     rows = []
@@ -562,7 +562,7 @@ def _preference_section(runs: list[Run], out: Path) -> tuple[list[str], dict[str
 # ---------------------------------------------------------------- output
 
 
-def render(runs: list[Run], out: Path, title: str) -> tuple[str, dict[str, Path]]:
+def render(runs: list[StoredRun], out: Path, title: str) -> tuple[str, dict[str, Path]]:
     """The markdown text and the plots it references, drawn into `out` (a scratch directory)."""
     lines = [f"# {title}", "", "Inputs: " + ", ".join(dict.fromkeys(r.source for r in runs)), ""]
     lines += _environment(runs) + _runs_table(runs)
@@ -575,7 +575,7 @@ def render(runs: list[Run], out: Path, title: str) -> tuple[str, dict[str, Path]
     return "\n".join(lines), files
 
 
-def write_report(runs: list[Run], out: Path, title: str = "Performance report") -> list[Path]:
+def write_report(runs: list[StoredRun], out: Path, title: str = "Performance report") -> list[Path]:
     """Draw into a scratch directory beside `out`, then rename each file into `out`, performance.md last."""
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,7 @@ TAIL_BYTES = 4000
 
 
 @dataclass
-class Job:
+class LaunchedJob:
     id: int
     command: list[str]  # as shown: `tunelab train --config ... key=value`
     run: str  # the run's output_dir, relative to --runs
@@ -64,7 +64,7 @@ class Jobs:
 
     def __init__(self, runs: Path, configs: Path) -> None:
         self.runs, self.configs = runs, configs
-        self._jobs: dict[int, Job] = {}
+        self._jobs: dict[int, LaunchedJob] = {}
         self._lock = threading.Lock()
         self._logs = Path(tempfile.mkdtemp(prefix="tunelab-ui-"))
 
@@ -91,7 +91,7 @@ class Jobs:
             log = self._logs / f"job-{number}.log"
             with log.open("wb") as sink:
                 process = subprocess.Popen([sys.executable, "-c", CHILD, *argv], stdout=sink, stderr=subprocess.STDOUT)
-            job = self._jobs[number] = Job(number, ["tunelab", *argv], run, process, log)
+            job = self._jobs[number] = LaunchedJob(number, ["tunelab", *argv], run, process, log)
         return job.view()
 
     def stop(self, number: int) -> dict:

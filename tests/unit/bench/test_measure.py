@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 from conftest import write_jsonl
 
-from tunelab.bench import calibrate, measure, runs, store
+from tunelab.bench import calibrate, loops, measure, store
 from tunelab.cli import main
 from tunelab.commands import bench as command
 from tunelab.errors import TunelabError
@@ -46,7 +46,7 @@ def test_store_refuses_unknown_keys_and_missing_kind(tmp_path):
 
 
 def test_sweep_grid_labels_and_errors():
-    points = runs.sweep_points(["micro_batch=4,8", "packing=true,false"])
+    points = loops.sweep_points(["micro_batch=4,8", "packing=true,false"])
     assert [p[0] for p in points] == [
         "micro_batch=4 packing=true",
         "micro_batch=4 packing=false",
@@ -54,9 +54,9 @@ def test_sweep_grid_labels_and_errors():
         "micro_batch=8 packing=false",
     ]
     assert points[1][1] == ["micro_batch=4", "packing=false"]
-    assert runs.sweep_points([]) == [("", [])]
+    assert loops.sweep_points([]) == [("", [])]
     with pytest.raises(TunelabError, match="KEY=V1"):
-        runs.sweep_points(["micro_batch"])
+        loops.sweep_points(["micro_batch"])
     assert command.output_dir(["lr=1", "output_dir=/x/y"]) == "/x/y"
     assert command.output_dir([]) == command.DEFAULT_OUTPUT
 
@@ -270,14 +270,14 @@ def test_a_sweep_point_out_of_memory_is_shown_and_the_sweep_goes_on(bench_args, 
 
     from tunelab.errors import OutOfMemory
 
-    real = runs.measure_point
+    real = loops.measure_point
 
     def measure_point(cfg, stop_at, warmup):
         if cfg.batch.micro_batch == 4:
             raise pickle.loads(pickle.dumps(OutOfMemory("out of memory on cuda:0 (8.0 GiB) in step 1, ...")))
         return real(cfg, stop_at, warmup)
 
-    monkeypatch.setattr(runs, "measure_point", measure_point)
+    monkeypatch.setattr(loops, "measure_point", measure_point)
     monkeypatch.setenv("COLUMNS", "200")  # the table's rows on one line each
     assert main(["bench", "sweep", *bench_args, "--steps", "2", "--warmup", "1", "--axis", "micro_batch=4,2"]) == 0
     printed = capsys.readouterr()

@@ -86,7 +86,7 @@ def test_fit_takes_no_config_overrides(capsys):
 
 
 def test_calibration_contrasts_the_configs_method_with_the_other_flop_count():
-    from tunelab.bench.runs import calibration_methods
+    from tunelab.bench.loops import calibration_methods
 
     assert calibration_methods("qlora", None) == ["qlora", "full"]
     assert calibration_methods("full", None) == ["full", "lora"]

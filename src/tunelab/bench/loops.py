@@ -106,7 +106,7 @@ def peer_names(given: str) -> list[str]:
     return names
 
 
-def check_peers_fit(names: list[str], generates: bool) -> None:
+def check_peers_match(names: list[str], generates: bool) -> None:
     """A generating objective (grpo) runs against generating peers only, and they against it only."""
     from . import peers
 
@@ -141,7 +141,7 @@ def peer_rounds(cfg: TrainConfig, names: list[str], rounds: int, m: Measuring) -
     if rounds < 1:
         raise TunelabError(f"--rounds must be at least 1, got {rounds}")
     generates = objectives.get(cfg.objective.name).generates
-    check_peers_fit(names, generates)
+    check_peers_match(names, generates)
     if generates:
         return grpo_peer_rounds(cfg, names, rounds, m)
     prediction = local_prediction(cfg)
