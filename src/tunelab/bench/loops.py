@@ -15,7 +15,7 @@ from .. import methods, objectives
 from ..config import TrainConfig
 from ..errors import OutOfMemory, TunelabError
 from ..recipes.predict import local_prediction
-from . import calibrate, measure, store
+from . import calibrate, measure, peer_registry, store
 from .compare import compare
 from .console import show_profile
 from .points import (
@@ -97,23 +97,11 @@ def measure_points(
 
 
 def peer_names(given: str) -> list[str]:
-    """`hf-trainer-tuned,trl-sft` -> the peers, each one bench knows."""
-    from . import peers
-
+    """`hf-trainer-tuned,trl-sft` -> the peers, each one bench knows (bench/peer_registry.py)."""
     names = [n.strip() for n in given.split(",") if n.strip()]
-    if not names or any(n not in peers.PEERS for n in names):
-        raise TunelabError(f"peers {given!r}: known peers are {', '.join(peers.PEERS)}")
+    if not names or any(n not in peer_registry.REGISTRY for n in names):
+        raise TunelabError(f"peers {given!r}: known peers are {', '.join(peer_registry.NAMES)}")
     return names
-
-
-def check_peers_match(names: list[str], generates: bool) -> None:
-    """A generating objective (grpo) runs against generating peers only, and they against it only."""
-    from . import peers
-
-    wrong = [n for n in names if (n in peers.GENERATING_PEERS) != generates]
-    if wrong:
-        need = "objective grpo" if not generates else "the peers " + ", ".join(peers.GENERATING_PEERS)
-        raise TunelabError(f"peers {', '.join(wrong)}: this config's objective runs against {need}")
 
 
 def grpo_peer_rounds(cfg: TrainConfig, names: list[str], rounds: int, m: Measuring) -> list[dict]:
@@ -125,7 +113,7 @@ def grpo_peer_rounds(cfg: TrainConfig, names: list[str], rounds: int, m: Measuri
         cfg, rounds, m.stop_at, m.warmup, log=lambda line: print(line, file=sys.stderr, flush=True)
     )
     m.db.parent.mkdir(parents=True, exist_ok=True)
-    with m.db.with_name("grpo-peers.jsonl").open("a") as f:
+    with m.db.with_name(peer_registry.get(grpo_peer.PEER).records).open("a") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
     return grpo_peer.compare_grpo(records)
 
@@ -141,7 +129,7 @@ def peer_rounds(cfg: TrainConfig, names: list[str], rounds: int, m: Measuring) -
     if rounds < 1:
         raise TunelabError(f"--rounds must be at least 1, got {rounds}")
     generates = objectives.get(cfg.objective.name).generates
-    check_peers_match(names, generates)
+    peer_registry.check_runs_beside(names, generates)
     if generates:
         return grpo_peer_rounds(cfg, names, rounds, m)
     prediction = local_prediction(cfg)

@@ -1,6 +1,7 @@
 """Peer recipes: the Hugging Face trainers users come from, run on the same model, data and machine as tunelab.
 
-Five peers, each configured the way its users write it, not weakened:
+The Trainer recipes of the peers that bench/peer_registry.py lists (each one's row says what it needs, CUDA or a
+package, checked before its recipe is set up), each configured the way its users write it, not weakened:
 
 - `hf-trainer-seed`: the recipe of the seed repos (shared/seeds 000, 003): `transformers.Trainer` + PEFT LoRA
   r 8, alpha 32, dropout 0.05 on q_proj/v_proj, Alpaca prompt with the prompt masked, every example padded
@@ -29,7 +30,6 @@ memory comes from a `MemoryWatch` started before the model loads.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import shutil
 import tempfile
 import time
@@ -58,13 +58,8 @@ from ..memwatch import MemoryWatch
 from ..model import load as mload
 from ..model.adapters import resolve_targets
 from ..train.loop import step_statistics
-from . import store
+from . import peer_registry, store
 
-PEERS = ("hf-trainer-seed", "hf-trainer-tuned", "hf-trainer-liger", "trl-sft", "trl-dpo", "trl-grpo")
-# Peers that sample their own completions (objective grpo): bench/grpo_peer.py measures them beside tunelab's GRPO.
-GENERATING_PEERS = ("trl-grpo",)
-# Peers that train on preference pairs (data/pairs.py's rows) instead of single responses.
-PAIR_PEERS = ("trl-dpo",)
 # Formats whose rendering is one prompt followed by one trained response (or all trained, for `text`):
 # the single prompt/completion split that Trainer recipes and TRL's prompt-completion datasets express.
 PEER_FORMATS = ("alpaca", "completion", "text")
@@ -90,7 +85,11 @@ class PeerSetup:
 
 
 def setup_for(name: str, device: torch.device, lora: LoraConfig, batch: BatchConfig) -> PeerSetup:
-    """The recipe of peer `name` on `device`. `lora` and `batch` are tunelab's, used where a peer copies them."""
+    """The recipe of peer `name` on `device`. `lora` and `batch` are tunelab's, used where a peer copies them.
+    What the peer needs (its registry row: CUDA, a package) is checked first."""
+    refusal = peer_registry.get(name).refusal(str(device))
+    if refusal:
+        raise TunelabError(refusal)
     tuned = replace(batch, micro_batch=TUNED_MICRO_BATCH, grad_accum=1, packing=False)
     best = pick_precision("auto", device)  # bf16 on Ampere+ GPUs and AMX/AVX512-BF16 CPUs
     if name == "hf-trainer-seed":
@@ -107,24 +106,14 @@ def setup_for(name: str, device: torch.device, lora: LoraConfig, batch: BatchCon
     if name == "hf-trainer-tuned":
         return PeerSetup(name, best, lora, tuned, "longest")
     if name == "hf-trainer-liger":
-        if device.type != "cuda":
-            raise TunelabError(
-                f"peer hf-trainer-liger needs a CUDA device (Liger's kernels are Triton); this is {device}"
-            )
-        if importlib.util.find_spec("liger_kernel") is None:
-            raise TunelabError(
-                "peer hf-trainer-liger needs liger-kernel, which is not installed; `pip install liger-kernel`"
-            )
         return PeerSetup(name, best, lora, tuned, "longest", liger=True)
     if name == "trl-sft":
-        if importlib.util.find_spec("trl") is None:
-            raise TunelabError("peer trl-sft needs TRL, which is not installed; `pip install trl` or drop the peer")
         return PeerSetup(name, best, lora, replace(batch, packing=True), "padding-free")
     if name == "trl-dpo":
-        if importlib.util.find_spec("trl") is None:
-            raise TunelabError("peer trl-dpo needs TRL, which is not installed; `pip install trl` or drop the peer")
         return PeerSetup(name, best, lora, replace(batch, packing=False), "longest")
-    raise TunelabError(f"unknown peer {name!r}; choose from {', '.join(PEERS)}")
+    raise TunelabError(
+        f"peer {name} has no Trainer recipe here; it runs beside objective {peer_registry.get(name).objective}"
+    )
 
 
 def batch_tokens(
@@ -445,7 +434,7 @@ def run_peer(
     memwatch.start()  # before the model loads, as tunelab's train does
     source = sources.resolve(model_ref)
     tokenizer = sources.load_tokenizer(source)
-    rows = read_rows(Path(data.path), "preference" if name in PAIR_PEERS else data.format, data.max_examples)
+    rows = read_rows(Path(data.path), "preference" if peer_registry.get(name).pairs else data.format, data.max_examples)
     set_seed(seed)
     model = mload.load_model(source, setup.precision.compute, "none", dev)
     out = tempfile.mkdtemp(prefix=f"tunelab-peer-{name}-")

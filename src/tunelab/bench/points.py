@@ -8,7 +8,7 @@ import os
 from .. import config as cfgmod
 from ..errors import TunelabError
 from ..io import safe_name
-from . import measure, store
+from . import measure, peer_registry, store
 
 KIND = "tunelab"
 # Bench forces these: a checkpoint write inside the window is not throughput, resume would skip the
@@ -25,7 +25,7 @@ def _peer_in_child(name: str, cfg: cfgmod.TrainConfig, steps: int, warmup: int) 
 
     quiet_libraries()
     batch = cfg.batch
-    if name in peers.PAIR_PEERS:  # as many pairs per batch as tunelab's packed micro-batches hold
+    if peer_registry.get(name).pairs:  # as many pairs per batch as tunelab's packed micro-batches hold
         batch = replace(batch, micro_batch=pairs_per_micro_batch(cfg))
     return peers.run_peer(
         name,

@@ -303,7 +303,7 @@ def run_row(
 def run_peers(suite: Suite, row: SuiteRow, ours: dict, cfg: cfgmod.TrainConfig | None, db: Path) -> list[dict]:
     """Each peer once, right after the row it is compared with (interleaved, as `bench peers` runs them)."""
     from ..device import pick_device
-    from . import peers
+    from . import peer_registry, peers
 
     if cfg is None:
         return [{"kind": n, "label": f"peer {n}", "skipped": f"row {row.name} did not run"} for n in suite.peer_names]
@@ -312,8 +312,7 @@ def run_peers(suite: Suite, row: SuiteRow, ours: dict, cfg: cfgmod.TrainConfig |
         head = f"[peer] {name}"
         started = time.time()
         try:
-            if name not in peers.PEERS:
-                raise TunelabError(f"not a peer bench knows; known: {', '.join(peers.PEERS)}")
+            peer_registry.get(name)  # an unknown name fails naming the known ones
             # A missing package (trl) fails here, before a process is spawned for it.
             peers.setup_for(name, pick_device(cfg.compute.device), cfg.adapter.lora, cfg.batch)
             print(f"{head}: against {row.name}, {row.warmup} + {row.steps} steps", file=sys.stderr, flush=True)

@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .. import config as cfgmod
-from ..bench import console, loops, store
+from ..bench import console, loops, peer_registry, store
 from ..bench.fitting import ROWS
 from ..bench.points import FORCED, json_view, slug
 from ..errors import TunelabError
@@ -80,8 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     peers.add_argument(
         "names",
         metavar="NAME[,NAME]",
-        help="hf-trainer-seed, hf-trainer-tuned, hf-trainer-liger (CUDA), trl-sft, trl-dpo (objective dpo: equal "
-        "pairs per step), trl-grpo (objective grpo: equal prompts x G completions per step)",
+        help=", ".join(p.label for p in peer_registry.REGISTRY.values()),
     )
     peers.add_argument("--rounds", type=int, default=2, help="interleaved rounds: tunelab, peers, tunelab, ... (2)")
     measured_options(peers, DEFAULT_STEPS)
