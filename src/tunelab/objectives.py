@@ -12,7 +12,7 @@ from typing import Any
 
 # What a run can be asked for beyond the plain step, each a capability an objective's recipe has or lacks: a
 # setting that needs one the config's objective row lacks is refused before anything loads, naming the capability
-# (config.py `TrainConfig._validate_capabilities`, `--nproc` in commands/train.py).
+# (config/rules.py's capability rules, `--nproc` in commands/train.py).
 CAPABILITIES = {
     "trains_base": "full fine-tuning",
     "compiled_blocks": "compiled decoder blocks",
