@@ -135,20 +135,15 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if cfg.objective.row.generates:  # a GRPO run: sampling, scoring passes and the update, by part
         plans = plan_generating(cfg, request)
-        if args.json:
-            for p in plans:
-                print(render.generating_json_line(p))
-        elif args.format == "md":
-            print(render.generating_markdown(plans, args.config or cfg.model))
-        else:
-            print(render.generating_table(plans))
-        return 0
-    results = plan_config(cfg, request)
-    if args.json:
-        for r in results:
-            print(render.json_line(r))
-    elif args.format == "md":
-        print(render.markdown(results, args.config or cfg.model))
+        json_line, markdown, table = render.generating_json_line, render.generating_markdown, render.generating_table
     else:
-        print(render.table(results))
+        plans = plan_config(cfg, request)
+        json_line, markdown, table = render.json_line, render.markdown, render.table
+    if args.json:
+        for p in plans:
+            print(json_line(p))
+    elif args.format == "md":
+        print(markdown(plans, args.config or cfg.model))
+    else:
+        print(table(plans))
     return 0
