@@ -1,0 +1,77 @@
+"""GRPO on the shared loop (train/loop.run): its losses are the ones the recipe's own loop computed before the move,
+at the same seed in fp32 (the literals below were printed by the recipe of b2424b0, its own loop, from this test's
+runs: `pytest -s tests/unit/recipes/test_grpo_engine.py` with RECORD set)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from conftest import tiny_train_config, write_jsonl
+
+from tunelab.recipes.entry import train
+
+pytestmark = pytest.mark.slow
+
+COMMON = (
+    "objective=grpo",
+    "grpo.num_generations=3",
+    "grpo.max_completion_length=6",
+    "grpo.log_completions_steps=0",
+    "lr=5e-2",
+)
+CASES = {
+    # The KL term against the adapter disabled, two updates on each generation batch, two micro-batches a step.
+    "kl_iterations": ("micro_batch=1", "grad_accum=2", "max_steps=4", "grpo.beta=0.1", "grpo.num_iterations=2"),
+    # β = 0: completions of equal-reward groups left out; the per-completion aggregation.
+    "per_completion": ("micro_batch=2", "grad_accum=1", "max_steps=3", "grpo.beta=0.0", "grpo.loss_type=grpo"),
+}
+# (step, loss, reward, kl, entropy, lr) of each logged step.
+RECORDED: dict[str, list[tuple]] = {
+    "kl_iterations": [
+        (1, 4.635916894812908e-08, 2.5, 0.0, 4.640555487738715, 0.05),
+        (2, 0.024976921267807484, 2.5, 0.01866253548198276, 4.642127354939778, 0.04267766952966369),
+        (3, 0.0024815715150907636, 2.6666667461395264, 0.024816370672649808, 4.634057998657227, 0.025),
+        (4, -0.04422106221318245, 2.6666667461395264, 0.02054733369085524, 4.635614818996853, 0.0073223304703363135),
+    ],
+    "per_completion": [
+        (1, 3.973643103449831e-08, 2.5, None, 4.640555063883464, 0.05),
+        (2, -1.4901161193847656e-08, 3.1666667461395264, None, 4.641971588134766, 0.037500000000000006),
+        (3, 0.0, 4.0, None, 4.637808481852214, 0.012500000000000006),
+    ],
+}
+
+
+def prompt_rows():
+    return [{"instruction": f"{a} + {b}", "answer": str(a + b)} for a, b in [(1, 2), (3, 4), (5, 6), (7, 8)]]
+
+
+def run_case(tmp_path, model_dir, name, *extra):
+    data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
+    # Rewards that differ within every group (the tiny random model never writes the answer): a hash of the text.
+    (tmp_path / "r.py").write_text(
+        "def r(prompts, completions, **row):\n    return [float(sum(map(ord, c)) % 7) for c in completions]\n"
+    )
+    rewards = f"grpo.rewards=[{{name: '{tmp_path}/r.py:r'}}, {{name: length, weight: 0.5, args: {{max_tokens: 3}}}}]"
+    out = tmp_path / name
+    cfg = tiny_train_config(model_dir, data, out, *COMMON, rewards, *CASES[name], *extra)
+    summary = train(cfg, show_progress=False)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return summary, rows
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_grpo_losses_on_the_shared_loop_are_the_recipes_own(tmp_path, tiny_model_dir, name):
+    _, rows = run_case(tmp_path, tiny_model_dir, name)
+    got = [(r["step"], r["loss"], r["reward"], r.get("kl"), r.get("entropy"), r["lr"]) for r in rows]
+    if os.environ.get("RECORD"):
+        print(f"\n{name!r}: {got!r},")
+        return
+    want = RECORDED[name]
+    assert [g[0] for g in got] == [w[0] for w in want]
+    for g, w in zip(got, want):
+        assert g[2] == w[2]  # the same completions and rewards
+        assert (g[3] is None) == (w[3] is None)  # a KL term only where beta > 0
+        numbers = [i for i in (1, 3, 4, 5) if w[i] is not None]
+        assert [g[i] for i in numbers] == pytest.approx([w[i] for i in numbers], rel=1e-6, abs=1e-7), g[0]
