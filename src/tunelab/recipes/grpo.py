@@ -31,6 +31,7 @@ from ..eval.generate import stops
 from ..eval.sampling import sample
 from ..memwatch import MemoryWatch
 from ..model import load as mload
+from ..model import offload
 from ..model.adapters import apply_adapter
 from ..model.lora_linear import nf4_layers, pack_for_inference
 from ..train import checkpoint, distributed, loop, rewards, trackers
@@ -410,10 +411,12 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes | None = Non
 
 
 def build_policy(cfg: TrainConfig, prep: Prepared, device: torch.device | None = None) -> torch.nn.Module:
-    """The policy: the base over padded rows (SDPA), its adapter, and for sampling and scoring without autograd
-    each fused layer's [W | sB] packed once (model/lora_linear.pack_for_inference)."""
+    """The policy: the base over padded rows (SDPA), its adapter, its decoder layers checkpointed (grad_ckpt; in the
+    update only: sampling and scoring run without autograd, where the layers run plain), and for sampling and
+    scoring each fused layer's [W | sB] packed once (model/lora_linear.pack_for_inference)."""
     model = mload.load_model(prep.source, prep.precision.compute, cfg.adapter.quant, device or prep.device, attn="sdpa")
     model = apply_adapter(model, cfg.adapter)
+    offload.apply(model, cfg.compute.activation_offload, cfg.compute.grad_ckpt)
     pack_for_inference(model)
     return model
 

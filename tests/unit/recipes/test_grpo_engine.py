@@ -78,3 +78,14 @@ def test_grpo_losses_on_the_shared_loop_are_the_recipes_own(tmp_path, tiny_model
         # The logged loss is the step's micro-batches' losses summed: in fp32 on the device (the loop's window), where
         # the recipe's own loop summed them as Python floats: one fp32 rounding apart where a step has two.
         assert g[1] == pytest.approx(w[1], rel=2**-23, abs=1e-12), g[0]
+
+
+def test_a_grpo_run_with_checkpointed_layers_takes_the_same_steps(tmp_path, tiny_model_dir):
+    """grad_ckpt: the update recomputes each decoder layer in backward (sampling and scoring run without autograd,
+    where the layers run plain); in fp32 its steps are the ones without it."""
+    summary, rows = run_case(tmp_path, tiny_model_dir, "kl_iterations", "grad_ckpt=true")
+    assert summary.grad_ckpt and summary.finished
+    for r, w in zip(rows, RECORDED["kl_iterations"], strict=True):
+        assert r["reward"] == w[2]
+        got = (r["loss"], r["kl"], r["entropy"], r["lr"])
+        assert got == pytest.approx((w[1], *w[3:]), rel=0, abs=1e-5), r["step"]
