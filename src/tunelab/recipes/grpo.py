@@ -34,13 +34,14 @@ from ..model import load as mload
 from ..model import offload
 from ..model.adapters import apply_adapter
 from ..model.lora_linear import nf4_layers, pack_for_inference
+from ..runtime import compile_choice
 from ..train import checkpoint, distributed, loop, rewards, trackers
 from ..train.checkpoint import TrainState
 from ..train.grpo import GrpoLoss, Rollout, advantages, nanstd, trains_on
 from ..train.loop import LoopResult, Measurement
 from ..train.progress import ProgressView
 from . import outputs
-from .finetune import Prepared, make_accelerator, weights_identity
+from .finetune import Prepared, compile_blocks, make_accelerator, weights_identity
 from .strategy import Strategy, Trainee, pick_strategy
 from .summary import RunSummary
 
@@ -172,7 +173,7 @@ class GrpoSource:
         ids = [self.prompts.ids[i] for i in chosen for _ in range(group)]
         model = self.root.model
         t0 = time.perf_counter()
-        with self.autocast():
+        with self.autocast(), eager():
             samples = sample(
                 model,
                 ids,
@@ -217,7 +218,7 @@ class GrpoSource:
         was_training = root.training
         root.eval()
         try:
-            with torch.no_grad(), self.autocast():
+            with torch.no_grad(), self.autocast(), eager():
                 old = root.score(rollout).logps if settings.num_iterations > 1 else None
                 ref = root.score(rollout, reference=True).logps if settings.beta > 0 else None
         finally:
@@ -293,6 +294,13 @@ class GrpoSource:
         self.sums, self.generation_s, self.step_seen = {}, 0.0, 0
         self.last_logged = record
         return record
+
+
+def eager():
+    """Compiled blocks run eager inside: sampling (one token at a time over a growing cache) and scoring run without
+    autograd in eval mode, each a graph of its own that would be compiled again at every new shape; the compiled
+    graphs are the update's."""
+    return torch.compiler.set_stance("force_eager")
 
 
 def batch_metrics(rewarders: list, batch: Generated) -> dict:
@@ -380,7 +388,11 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes | None = Non
         tokenizer=tokenizer,
         data=prompts,
         schedule=batches,
+        # `compile: auto` has no prediction of a GRPO run's eager time to weigh compiling against: eager blocks.
+        compile=compile_choice(cfg.compute.compile, device.type, None, 0.0, 1.0),
     )
+    if show_progress:
+        print(prep.compile.why, flush=True)
     torch.manual_seed(cfg.run.seed)
     accelerator = make_accelerator(cfg, precision.name, device, out)
     strategy = pick_strategy(accelerator, procs, cfg)
@@ -412,12 +424,18 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes | None = Non
 
 def build_policy(cfg: TrainConfig, prep: Prepared, device: torch.device | None = None) -> torch.nn.Module:
     """The policy: the base over padded rows (SDPA), its adapter, its decoder layers checkpointed (grad_ckpt; in the
-    update only: sampling and scoring run without autograd, where the layers run plain), and for sampling and
-    scoring each fused layer's [W | sB] packed once (model/lora_linear.pack_for_inference)."""
+    update only: sampling and scoring run without autograd, where the layers run plain), for sampling and scoring
+    each fused layer's [W | sB] packed once (model/lora_linear.pack_for_inference), or its blocks compiled as SFT's
+    (`compile`; the update runs them, sampling and scoring run eager: `eager`)."""
     model = mload.load_model(prep.source, prep.precision.compute, cfg.adapter.quant, device or prep.device, attn="sdpa")
     model = apply_adapter(model, cfg.adapter)
     offload.apply(model, cfg.compute.activation_offload, cfg.compute.grad_ckpt)
-    pack_for_inference(model)
+    if prep.compile is not None and prep.compile.chosen:
+        # Not packed: [W | sB] holds W as a view its refresh writes into, an input mutation that AOTAutograd
+        # cannot trace in the compiled update.
+        compile_blocks(model)
+    else:
+        pack_for_inference(model)
     return model
 
 
@@ -493,7 +511,7 @@ def summarize(run: GrpoRun, result: LoopResult, total_s: float) -> RunSummary:
         grad_accum=cfg.batch.grad_accum,
         packing=False,  # rollouts are right-padded rows
         grad_ckpt=cfg.compute.grad_ckpt,
-        compile=None,
+        compile=run.prep.compile.as_dict(),
         activation_offload=cfg.compute.activation_offload,
         world_size=run.procs.world,
         # What the model was trained to write at most: `tunelab eval` caps its generation there (plus slack).

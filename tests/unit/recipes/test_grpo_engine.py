@@ -8,7 +8,7 @@ import json
 import os
 
 import pytest
-from conftest import tiny_train_config, write_jsonl
+from conftest import compile_without_inductor, tiny_train_config, write_jsonl
 
 from tunelab.recipes.entry import train
 
@@ -85,6 +85,40 @@ def test_a_grpo_run_with_checkpointed_layers_takes_the_same_steps(tmp_path, tiny
     where the layers run plain); in fp32 its steps are the ones without it."""
     summary, rows = run_case(tmp_path, tiny_model_dir, "kl_iterations", "grad_ckpt=true")
     assert summary.grad_ckpt and summary.finished
+    for r, w in zip(rows, RECORDED["kl_iterations"], strict=True):
+        assert r["reward"] == w[2]
+        got = (r["loss"], r["kl"], r["entropy"], r["lr"])
+        assert got == pytest.approx((w[1], *w[3:]), rel=0, abs=1e-5), r["step"]
+
+
+def test_a_compiled_grpo_run_compiles_nothing_after_its_first_steps(tmp_path, tiny_model_dir, monkeypatch):
+    """`compile: true`: the update runs the compiled blocks over rollouts whose widths change every micro-batch;
+    dynamo builds the training graphs in the first steps (a width seen second makes it dynamic) and none after,
+    while sampling and scoring run the blocks eager. Dynamo's guards decide what recompiles, so the blocks compile
+    with the aot_eager backend; in fp32 its steps are the eager run's."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from tunelab.recipes import grpo
+
+    compile_without_inductor(monkeypatch)
+    graphs: list[int] = []
+    real_forward = grpo.GrpoSource.forward
+
+    def counting_forward(source, loss_fn, micro, device):
+        out = real_forward(source, loss_fn, micro, device)
+        graphs.append(counters["stats"]["unique_graphs"])
+        return out
+
+    monkeypatch.setattr(grpo.GrpoSource, "forward", counting_forward)
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        summary, rows = run_case(tmp_path, tiny_model_dir, "kl_iterations", "compile=true")
+    finally:
+        torch._dynamo.reset()
+    assert summary.compile["chosen"] and len(graphs) == 8  # 4 steps of 2 micro-batches
+    assert graphs[0] > 0 and len(set(graphs[4:])) == 1, graphs  # nothing compiled in steps 3 and 4
     for r, w in zip(rows, RECORDED["kl_iterations"], strict=True):
         assert r["reward"] == w[2]
         got = (r["loss"], r["kl"], r["entropy"], r["lr"])
