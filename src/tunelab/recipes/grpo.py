@@ -376,6 +376,8 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes | None = Non
             "data.path is not set; point it at a file of prompt rows (tunelab data arithmetic --prompts)"
         )
     resume_from = checkpoint.find(out / "checkpoints", cfg.run.resume) if cfg.run.resume else None
+    if resume_from is not None:  # a checkpoint of other weight-shaping settings fails before the model loads
+        checkpoint.check_identity(resume_from, weights_identity(cfg))
     tokenizer = sources.load_tokenizer(source)
     prompts = prepare(cfg.data_specs()[0], tokenizer)
     strata = balance_values(prompts, settings.balance_by, cfg.data.path)
