@@ -18,14 +18,14 @@ from tunelab import memwatch
 from tunelab.cli import main
 from tunelab.recipes import grpo
 
-real_generate, real_update = grpo.generate_batch, grpo.update
+real_generate, real_iterate = grpo.GrpoSource.generate, grpo.GrpoSource.iterate
 row: dict = {}
 
 
-def generate_batch(run, generation):
+def generate(source, generation):
     start = stats()["allocated"]
     reset_peak()
-    out = real_generate(run, generation)
+    out = real_generate(source, generation)
     row.clear()
     row.update(
         batch=generation + 1,
@@ -36,22 +36,26 @@ def generate_batch(run, generation):
     return out
 
 
-def update(run, batch):
-    start = stats()["allocated"]
-    reset_peak()
-    out = real_update(run, batch)
-    after = stats()
-    row.update(
-        live_peak_update_gib=(start + read("thread.peak.read")) / GIB,
-        live_after_update_gib=after["allocated"] / GIB,
-        resident_gib=after["resident"] / GIB,
-        rss_gib=memwatch.rss_bytes() / GIB,
-        rss_peak_gib=memwatch.peak_rss_bytes() / GIB,
-    )
-    print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
-    return out
+def iterate(source, start, stop):
+    """The source's steps; the shared loop's update of each runs while it is yielded."""
+    for step, micro in real_iterate(source, start, stop):
+        begin = stats()["allocated"]
+        reset_peak()
+        try:
+            yield step, micro
+        finally:
+            if (step + 1) % source.unit == 0:  # a generation batch's last update
+                after = stats()
+                row.update(
+                    live_peak_update_gib=(begin + read("thread.peak.read")) / GIB,
+                    live_after_update_gib=after["allocated"] / GIB,
+                    resident_gib=after["resident"] / GIB,
+                    rss_gib=memwatch.rss_bytes() / GIB,
+                    rss_peak_gib=memwatch.peak_rss_bytes() / GIB,
+                )
+                print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
 
 
 if __name__ == "__main__":
-    grpo.generate_batch, grpo.update = generate_batch, update
+    grpo.GrpoSource.generate, grpo.GrpoSource.iterate = generate, iterate
     sys.exit(main(["train", *sys.argv[1:]]))

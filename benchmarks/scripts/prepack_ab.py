@@ -29,6 +29,15 @@ def grpo_run(config: str, *overrides: str):
     return grpo, grpo.setup(load_config(config, [f"output_dir={out}", *overrides]), Path(out))
 
 
+def update(run, batch) -> None:
+    """One optimizer step on a generated batch, as the shared loop takes it (no clipping, no schedule: timing only)."""
+    for micro in batch.micro:
+        if micro.rollout.rows:
+            run.source.forward(run.trainee.loss_fn, micro, run.prep.device).backward()
+    run.trainee.optimizer.step()
+    run.trainee.optimizer.zero_grad(set_to_none=True)
+
+
 def arms():
     """(name, prepack.applies for it) for torch's product and the reordered weights."""
     from tunelab.model import prepack
@@ -55,8 +64,8 @@ def sampler(config: str = PEER) -> None:
 
     def measure(g):
         torch.manual_seed(g)
-        batch = grpo.generate_batch(run, g)
-        return batch["generation_s"], len(batch["samples"].ids)
+        batch = run.source.generate(g)
+        return batch.generation_s, len(batch.samples.ids)
 
     res = alternate(6, measure, lambda f: f"{f[0]:.2f} {f[1]}")
     for name, v in res.items():
@@ -69,10 +78,10 @@ def step() -> None:
 
     def measure(g):
         t0 = time.perf_counter()
-        batch = grpo.generate_batch(run, g)
+        batch = run.source.generate(g)
         t1 = time.perf_counter()
-        grpo.update(run, batch)
-        return batch["generation_s"], t1 - t0 - batch["generation_s"], time.perf_counter() - t1
+        update(run, batch)
+        return batch.generation_s, t1 - t0 - batch.generation_s, time.perf_counter() - t1
 
     res = alternate(5, measure, lambda f: "sample %.2f  score %.2f  update %.2f" % f)
     for name, v in res.items():
@@ -83,21 +92,21 @@ def step() -> None:
 def score() -> None:
     grpo, run = grpo_run(QUICKSTART, "lr=1e-12")
     prepack, _ = arms()
-    batch = grpo.generate_batch(run, 0)
+    batch = run.source.generate(0)
     res = {"plain": [], "after-reorder": []}
     for i in range(5):
         for name in res:
             layers, t = 0, time.perf_counter()
             if name == "after-reorder":
-                with prepack.prepacked(run.root.model, 64) as layers:
+                with prepack.prepacked(run.trainee.model, 64) as layers:
                     pass
             t0 = time.perf_counter()
             with torch.no_grad():
-                for rollout, _old, _ref, _adv in batch["micro"]:
-                    if rollout.rows:
-                        run.root.score(rollout, reference=True)
+                for micro in batch.micro:
+                    if micro.rollout.rows:
+                        run.source.root.score(micro.rollout, reference=True)
             t1 = time.perf_counter()
-            grpo.update(run, batch)
+            update(run, batch)
             res[name].append((t0 - t, t1 - t0, time.perf_counter() - t1))
             print(name, i, layers, "reorder %.2f score %.2f update %.2f" % res[name][-1], flush=True)
     for name, v in res.items():

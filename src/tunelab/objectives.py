@@ -127,9 +127,10 @@ REGISTRY: dict[str, Objective] = {
             loss_module="train.grpo:GrpoLoss",
             data_builder="data.prompts:prepare_prompts",
             recipe="recipes.grpo:train",
-            # Its recipe runs eager blocks over padded rows with SDPA, in one process; it samples from the adapter
-            # and takes the base (the adapter disabled) as its reference.
-            capabilities=frozenset({"trackers"}),
+            # Its recipe trains on the shared loop (train/loop.run), with checkpointed decoder layers and compiled
+            # blocks where asked, over padded rows with SDPA, in one process; it samples from the adapter and takes
+            # the base (the adapter disabled) as its reference.
+            capabilities=frozenset({"trackers", "activation_checkpointing", "compiled_blocks"}),
         ),
     )
 }

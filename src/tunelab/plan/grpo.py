@@ -74,7 +74,7 @@ class GeneratingPlan:
     # when it does not.
     time_limited_from: int = 0
     assumption: str = ""  # the decode steps and the update's share: where each comes from
-    # grpo.schedule_within_limit: the run's learning-rate schedule ends with the batches that fit, not the schedule's.
+    # schedule_within_limit (or grpo.schedule_within_limit): the learning-rate schedule ends with the batches that fit.
     schedule_fitted: bool = False
 
     @property
@@ -156,7 +156,7 @@ def plan_grpo(
         step = scaled_step(step, *rates)
         assumption += f"; this machine's rates from the trial: sampling x{rates[0]:.2f}, the rest x{rates[1]:.2f}"
     memory = update.memory.total + step.generation.kv_cache_bytes
-    # The run checks its time limit between generation batches (recipes/grpo.py), as the loop between steps.
+    # The run checks its time limit between generation batches (train/loop.run, BatchSource.unit).
     runs = timing.steps_within(job.run.max_minutes * 60, batches, batches * step.batch_s, 0.0)
     return GeneratingPlan(
         device.gpu.name,
@@ -168,7 +168,7 @@ def plan_grpo(
         prompts.source,
         batches if runs < batches else 0,
         assumption,
-        g.schedule_within_limit,
+        g.schedule_within_limit or job.run.schedule_within_limit,
     )
 
 

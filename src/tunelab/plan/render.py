@@ -477,7 +477,7 @@ def generating_text(p: GeneratingPlan) -> str:
         f"  assumed: {p.assumption}"
         + (
             f"\n  time limit: max_minutes ends training after {p.batches} of the schedule's {p.time_limited_from} batches"
-            + ("; grpo.schedule_within_limit ends the learning-rate schedule there" if p.schedule_fitted else "")
+            + ("; schedule_within_limit ends the learning-rate schedule there" if p.schedule_fitted else "")
             if p.time_limited_from
             else ""
         )

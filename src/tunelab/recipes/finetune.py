@@ -268,7 +268,6 @@ def _return_freed_pages(optimizer, args, kwargs) -> None:  # a step pre-hook ret
 
 def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes, show_progress: bool) -> Run:
     """Everything before the first step: checkpoint to resume from, data, model, its wrapping, resumed state."""
-    from accelerate import Accelerator
     from accelerate.utils import set_seed
 
     resume_from = checkpoint.find(out / "checkpoints", cfg.run.resume)
@@ -292,16 +291,7 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes, show_progre
         _print_data(cfg, prep, efficiency)
 
     set_seed(cfg.run.seed)
-    mixed = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[prep.precision.name]
-    # One job per process, as every command runs it (bench measures each point in a fresh process): Accelerate
-    # keeps its settings in a process-wide singleton that a second job with another precision could not change.
-    tracked = cfg.run.report_to != "none"
-    accelerator = Accelerator(
-        mixed_precision=mixed,
-        cpu=prep.device.type == "cpu",
-        log_with=cfg.run.report_to if tracked else None,
-        project_dir=str(out) if tracked else None,  # Accelerate's logging_dir: TensorBoard writes under it
-    )
+    accelerator = make_accelerator(cfg, prep.precision.name, prep.device, out)
     strategy = pick_strategy(accelerator, procs, cfg)
     trainee = strategy.setup(
         accelerator, lambda device, meta: build_model(cfg, prep, device, meta=meta), cfg.optimizer, cfg, prep
@@ -327,6 +317,23 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes, show_progre
         state=state,
         logged_first_loss=logged_first_loss,
         show_progress=show_progress,
+    )
+
+
+def make_accelerator(cfg: TrainConfig, precision: str, device: torch.device, out: Path):
+    """The run's Accelerator: mixed precision for `precision` (device.Precision.name), and the tracker report_to
+    names writing under output_dir."""
+    from accelerate import Accelerator
+
+    mixed = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[precision]
+    # One job per process, as every command runs it (bench measures each point in a fresh process): Accelerate
+    # keeps its settings in a process-wide singleton that a second job with another precision could not change.
+    tracked = cfg.run.report_to != "none"
+    return Accelerator(
+        mixed_precision=mixed,
+        cpu=device.type == "cpu",
+        log_with=cfg.run.report_to if tracked else None,
+        project_dir=str(out) if tracked else None,  # Accelerate's logging_dir: TensorBoard writes under it
     )
 
 

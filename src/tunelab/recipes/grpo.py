@@ -1,9 +1,12 @@
-"""`tunelab train` for objective grpo: each generation batch is prompts x G completions sampled from the policy
-(eval/sampling.py), scored by the rewards (train/rewards.py), turned into group-normalised advantages, scored under
-the policy at generation (num_iterations > 1) and the reference (beta > 0), then `num_iterations` optimizer steps
-on it (train/grpo.py). One process; metrics.jsonl as TRL names them; completions.jsonl every
-grpo.log_completions_steps; checkpoints every save_steps hold the weights, optimizer, scheduler and the RNG the
-sampler draws from (torch's global generator), so a resumed run samples what the uninterrupted one would.
+"""`tunelab train` for objective grpo: GRPO as a batch source for the shared loop (train/loop.run), as TRL's
+GRPOTrainer overrides only the Trainer's input preparation and loss. Every num_iterations steps the source samples a
+generation batch, prompts x G completions from the policy (eval/sampling.py), scores it with the rewards
+(train/rewards.py), turns them into group-normalised advantages and scores the completions under the policy at
+generation (num_iterations > 1) and the reference (beta > 0); each step then runs the loop's micro-step,
+accumulation, clipping, optimizer, schedule (run.schedule_within_limit's LimitFit included), checkpoints, metrics
+and trackers, SFT's own, on the loss of train/grpo.py. metrics.jsonl as TRL names them; completions.jsonl every
+grpo.log_completions_steps; checkpoints fall between generation batches and hold the RNG the sampler draws from
+(torch's global generator), so a resumed run samples what the uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -28,52 +31,23 @@ from ..eval.generate import stops
 from ..eval.sampling import sample
 from ..memwatch import MemoryWatch
 from ..model import load as mload
-from ..model.adapters import apply_adapter, count_parameters
+from ..model import offload
+from ..model.adapters import apply_adapter
 from ..model.lora_linear import nf4_layers, pack_for_inference
-from ..train import checkpoint, rewards, trackers
+from ..runtime import compile_choice
+from ..train import checkpoint, distributed, loop, rewards, trackers
 from ..train.checkpoint import TrainState
-from ..train.distributed import local_numel
-from ..train.grpo import GrpoLoss, Rollout, advantages, trains_on
-from ..train.loop import LoopResult, Measurement, build_scheduler, fitted_schedule_steps, past_limit
-from ..train.optim import build_optimizer
-from ..train.pair_loss import loss_module
+from ..train.grpo import GrpoLoss, Rollout, advantages, nanstd, trains_on
+from ..train.loop import LoopResult, Measurement
+from ..train.progress import ProgressView
 from . import outputs
+from .finetune import Prepared, compile_blocks, make_accelerator, weights_identity
+from .strategy import Strategy, Trainee, pick_strategy
 from .summary import RunSummary
 
 COMPLETIONS = "completions.jsonl"  # sampled completions, every grpo.log_completions_steps
 COMPLETIONS_LOGGED = 4  # completions per logged step in completions.jsonl
 CLIP_METRICS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean")
-# grpo.schedule_within_limit fits the schedule after the first generation batch, and again after every batch from
-# this one on, on the pace of the last PACE_WINDOW batches after the first (whose time holds the run's warm-up: 49 s
-# against 40 s later on a 2-core Zen 3). A trailing pace follows batches that slow down as a run goes on (25-26 s at
-# first and 37-39 s at the end of one run on a 2-core Zen 3, whose fit on batches 2-3 held 9 batches too many).
-REFIT_BATCH = 3
-PACE_WINDOW = 3
-# A refit prints its `schedule:` line only where the end moved by this share of the end last printed: refitted
-# after every batch, the end wanders a step or two with each batch's pace (17 lines in one 31-step run on a 2-core
-# Zen 3), and the progress lines' `step N/TOTAL` already shows where it stands.
-SCHEDULE_SHOWN_MOVE = 0.1
-
-
-@dataclass
-class GrpoRun:
-    cfg: TrainConfig
-    out: Path
-    device: torch.device
-    dtype: torch.dtype
-    tokenizer: object
-    prompts: PromptData
-    rewards: list
-    root: GrpoLoss
-    optimizer: object
-    scheduler: object
-    total_steps: int
-    stop_ids: tuple[int, ...]
-    pad_id: int
-    strata: list | None = None  # each prompt's value of grpo.balance_by
-    precision_name: str = "fp32"  # device.Precision.name, as the summary reports it
-    shown_steps: int | None = None  # the schedule's end this process last printed
-    state: TrainState = field(default_factory=TrainState)
 
 
 def steps_for(cfg: TrainConfig, prompts: int) -> int:
@@ -109,53 +83,6 @@ def balanced_permutation(strata: list, rng: np.random.Generator) -> np.ndarray:
     return np.argsort(keys, kind="stable")
 
 
-def setup(cfg: TrainConfig, out: Path) -> GrpoRun:
-    settings = cfg.objective.grpo
-    loaded = rewards.load_all(settings.rewards)  # a missing file or function fails before the model loads
-    device = pick_device(cfg.compute.device)
-    if device.type == "cpu":
-        # Rollouts change shape every batch, so freed pages are not reused: they are freed lazily (allocator.DECAY_MS)
-        # and never returned for good. Returning them (RETURN_MS) made the quickstart's run 16-29% slower in page
-        # faults (benchmarks/design-decisions_cpu_2026-11-28.md#grpo-frees-pages-lazily-only).
-        allocator.decay_freed_pages(allocator.DECAY_MS, returned_ms=-1)
-    precision = pick_precision(cfg.compute.precision, device)
-    source = sources.resolve(cfg.model, cfg.trust_remote_code)
-    if not cfg.data.given:
-        raise TunelabError(
-            "data.path is not set; point it at a file of prompt rows (tunelab data arithmetic --prompts)"
-        )
-    tokenizer = sources.load_tokenizer(source)
-    prompts = prepare(cfg.data_specs()[0], tokenizer)
-    strata = balance_values(prompts, settings.balance_by, cfg.data.path)
-    torch.manual_seed(cfg.run.seed)
-    model = mload.load_model(source, precision.compute, cfg.adapter.quant, device, attn="sdpa")
-    model = apply_adapter(model, cfg.adapter)
-    # Sampling and the scoring passes run without autograd: over [W | sB] packed once, not concatenated per call.
-    pack_for_inference(model)
-    root = loss_module(model, cfg.objective, cfg.adapter.row.trains_base)  # the objective row's loss_module
-    optimizer = build_optimizer(model, cfg.optimizer, device)
-    total = steps_for(cfg, len(prompts))
-    stop = stops(model, tokenizer, cfg.data.format)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop.ids[0]
-    return GrpoRun(
-        cfg,
-        out,
-        device,
-        precision.compute,
-        tokenizer,
-        prompts,
-        loaded,
-        root,
-        optimizer,
-        build_scheduler(optimizer, cfg.optimizer, total),
-        total,
-        stop.ids,
-        pad,
-        strata,
-        precision_name=precision.name,
-    )
-
-
 def balance_values(prompts: PromptData, key: str | None, path: str) -> list | None:
     """Each prompt's value of grpo.balance_by, checked before the model loads; None when not set."""
     if key is None:
@@ -172,108 +99,213 @@ def balance_values(prompts: PromptData, key: str | None, path: str) -> list | No
     return values
 
 
-def generate_batch(run: GrpoRun, generation: int) -> dict:
-    """One generation batch: completions, rewards, advantages, rollouts, old and reference log-probs."""
-    cfg, settings = run.cfg, run.cfg.objective.grpo
-    group = settings.num_generations
-    chosen = prompt_order(
-        len(run.prompts), cfg.batch.micro_batch * cfg.batch.grad_accum, generation, cfg.run.seed, run.strata
-    )
-    ids = [run.prompts.ids[i] for i in chosen for _ in range(group)]
-    t0 = time.perf_counter()
-    with _autocast(run):
-        samples = sample(
-            run.root.model,
-            ids,
-            settings.max_completion_length,
-            run.stop_ids,
-            run.pad_id,
-            settings.temperature,
-            settings.top_p,
-            decode=settings.decode,
+@dataclass
+class Micro:
+    """One micro-batch of a generated batch: its rollout, the log-probs at generation (num_iterations > 1) and under
+    the reference (beta > 0), each token's completion's advantage."""
+
+    rollout: Rollout
+    old: torch.Tensor | None = None
+    ref: torch.Tensor | None = None
+    adv: torch.Tensor | None = None
+
+
+@dataclass
+class Generated:
+    """One generation batch: completions, rewards, advantages, the micro-batches the update runs."""
+
+    micro: list[Micro]
+    samples: object  # eval/sampling.Samples
+    texts: list[str]
+    per_func: torch.Tensor
+    adv: object  # train/grpo.Advantages
+    prompts: list[str]
+    generation_s: float
+    sequence_tokens: int
+    metrics: dict = field(default_factory=dict)  # batch_metrics: TRL's names
+
+    @property
+    def step_tokens(self) -> int:
+        """The step's completion tokens, the left-out completions' included (dapo's denominator)."""
+        return sum(m.rollout.tokens for m in self.micro)
+
+    def tokens(self) -> tuple[int, int, int]:
+        """One update's tokens: padded (the rows it ran, padding included), non-padding (the batch's prompts and
+        completions) and with loss (the completions' tokens)."""
+        padded = sum(m.rollout.input_ids.numel() for m in self.micro)
+        return padded, self.sequence_tokens, self.step_tokens
+
+
+class GrpoSource:
+    """GRPO as the shared loop's batch source (train/batches.BatchSource): every num_iterations steps it samples a
+    generation batch from the policy, scores its rewards, advantages and the old and reference log-probs (without
+    autograd, dropout off), and each step then hands the loop that batch's micro-batches; the loop's micro-step,
+    accumulation, clipping, optimizer, schedule, checkpoints and logs are SFT's."""
+
+    def __init__(self, cfg: TrainConfig, prompts: PromptData, tokenizer, strata: list | None, total_steps: int):
+        self.cfg, self.settings, self.prompts, self.tokenizer, self.strata = (
+            cfg,
+            cfg.objective.grpo,
+            prompts,
+            tokenizer,
+            strata,
         )
-    generation_s = time.perf_counter() - t0
-    texts = run.tokenizer.batch_decode(samples.ids, skip_special_tokens=True)
-    rows = [run.prompts.rows[i] for i in chosen for _ in range(group)]
-    per_func = rewards.score(
-        run.rewards,
-        [run.prompts.texts[i] for i in chosen for _ in range(group)],
-        texts,
-        samples.ids,
-        rows,
-        [i + 1 for i in chosen for _ in range(group)],
-    )
-    weights = torch.tensor([r.weight for r in run.rewards], dtype=torch.float32)
-    adv = advantages(per_func, weights, group, settings.scale_rewards)
-    keep = trains_on(adv.advantages, settings).tolist()
-    per_micro = cfg.batch.micro_batch * group
-    micro = []
-    for start in range(0, len(ids), per_micro):
-        part = slice(start, start + per_micro)
-        rollout = Rollout.build(ids[part], samples.ids[part], run.pad_id, keep[part]).to(run.device)
+        self.total_steps = total_steps
+        self.unit = self.settings.num_iterations  # a checkpoint between a batch's updates could not resume it
+        self.rewards: list = []
+        self.root: GrpoLoss | None = None  # set once the model is built
+        self.device, self.dtype = torch.device("cpu"), torch.float32
+        self.stop_ids: tuple[int, ...] = ()
+        self.pad_id = 0
+        self.out: Path | None = None  # completions.jsonl goes here (the main process)
+        self.batch: Generated | None = None
+        self.step_seen = 0  # updates since the last log line, and what they summed (train/grpo.TokenLoss.metrics)
+        self.sums: dict[str, torch.Tensor] = {}
+        self.generation_s = 0.0
+        self.last_logged: dict = {}
+
+    def generate(self, generation: int) -> Generated:
+        """Generation batch `generation`: completions, rewards, advantages, rollouts, old and reference log-probs."""
+        cfg, settings, group = self.cfg, self.settings, self.settings.num_generations
+        chosen = prompt_order(
+            len(self.prompts), cfg.batch.micro_batch * cfg.batch.grad_accum, generation, cfg.run.seed, self.strata
+        )
+        ids = [self.prompts.ids[i] for i in chosen for _ in range(group)]
+        model = self.root.model
+        t0 = time.perf_counter()
+        with self.autocast(), eager():
+            samples = sample(
+                model,
+                ids,
+                settings.max_completion_length,
+                self.stop_ids,
+                self.pad_id,
+                settings.temperature,
+                settings.top_p,
+                decode=settings.decode,
+            )
+        generation_s = time.perf_counter() - t0
+        texts = self.tokenizer.batch_decode(samples.ids, skip_special_tokens=True)
+        prompts = [self.prompts.texts[i] for i in chosen for _ in range(group)]
+        per_func = rewards.score(
+            self.rewards,
+            prompts,
+            texts,
+            samples.ids,
+            [self.prompts.rows[i] for i in chosen for _ in range(group)],
+            [i + 1 for i in chosen for _ in range(group)],
+        )
+        weights = torch.tensor([r.weight for r in self.rewards], dtype=torch.float32)
+        adv = advantages(per_func, weights, group, settings.scale_rewards)
+        keep = trains_on(adv.advantages, settings).tolist()
+        per_micro = cfg.batch.micro_batch * group
+        micro = []
+        for start in range(0, len(ids), per_micro):
+            part = slice(start, start + per_micro)
+            rollout = Rollout.build(ids[part], samples.ids[part], self.pad_id, keep[part]).to(self.device)
+            micro.append(self.scored(rollout, adv.advantages[part]))
+        batch = Generated(micro, samples, texts, per_func, adv, prompts, generation_s, 0)
+        batch.sequence_tokens = sum(len(p) + len(c) for p, c in zip(ids, samples.ids))
+        batch.metrics = batch_metrics(self.rewards, batch)
+        return batch
+
+    def scored(self, rollout: Rollout, adv: torch.Tensor) -> Micro:
+        """The micro-batch with its log-probs at generation and under the reference, as the settings need them:
+        without autograd and with dropout off, as the sampler drew the completions."""
         if rollout.rows == 0:  # no completion here carries a gradient
-            micro.append((rollout, None, None, None))
-            continue
-        with torch.no_grad(), _autocast(run):
-            old = run.root.score(rollout).logps if settings.num_iterations > 1 else None
-            ref = run.root.score(rollout, reference=True).logps if settings.beta > 0 else None
-        micro.append((rollout, old, ref, adv.advantages[part].to(run.device)[rollout.seq]))
-    return {
-        "micro": micro,
-        "samples": samples,
-        "texts": texts,
-        "per_func": per_func,
-        "adv": adv,
-        "prompts": [run.prompts.texts[i] for i in chosen for _ in range(group)],
-        "generation_s": generation_s,
-        "sequence_tokens": sum(len(p) + len(c) for p, c in zip(ids, samples.ids)),
-    }
+            return Micro(rollout)
+        settings, root = self.settings, self.root
+        was_training = root.training
+        root.eval()
+        try:
+            with torch.no_grad(), self.autocast(), eager():
+                old = root.score(rollout).logps if settings.num_iterations > 1 else None
+                ref = root.score(rollout, reference=True).logps if settings.beta > 0 else None
+        finally:
+            root.train(was_training)
+        return Micro(rollout, old, ref, adv.to(self.device)[rollout.seq])
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
+
+    def iterate(self, start: int, stop: int):
+        """Each step's micro-batches: a new generation batch every num_iterations steps. Micro-batches without a
+        completion that carries a gradient are not run; a step where none does runs one that adds zero gradients,
+        so the step is still taken (AdamW's moments and weight decay move the weights as TRL's step would)."""
+        for step in range(start, stop):
+            if self.batch is None or step % self.unit == 0:
+                self.batch = self.generate(step // self.unit)
+                self.generation_s += self.batch.generation_s
+                every = self.settings.log_completions_steps
+                if self.out is not None and every and (step + 1) % every == 0:
+                    log_completions(self.out, step + 1, self.batch)
+            ran = [m for m in self.batch.micro if m.rollout.rows]
+            yield step, ran or self.batch.micro[:1]
+
+    def forward(self, loss_fn: torch.nn.Module, micro: Micro, device: torch.device) -> torch.Tensor:
+        """The micro-batch's share of the step's loss (train/grpo.py normalises it: the loop's normaliser is 1)."""
+        if micro.rollout.rows == 0:
+            trained = [p for p in loss_fn.parameters() if p.requires_grad]
+            return sum(p.sum() for p in trained) * 0.0
+        out = loss_fn(
+            micro.rollout,
+            micro.old,
+            micro.ref,
+            micro.adv,
+            micro_batches=len(self.batch.micro),
+            step_tokens=self.batch.step_tokens,
+        )
+        for k, v in out.metrics.items():  # summed in float64, as Python floats would be (no host sync here)
+            self.sums[k] = self.sums.get(k, 0.0) + v.detach().double()
+        return out.loss
+
+    def step_tokens(self, step: int) -> tuple[int, int, int]:
+        self.step_seen += 1
+        self.sums["step_tokens"] = self.sums.get("step_tokens", 0.0) + self.batch.step_tokens
+        return self.batch.tokens()
+
+    def step_normaliser(self, step: int) -> int:
+        return 1
+
+    def padded_tokens(self, steps: range) -> int:
+        """Estimated: the batch's rows at their widest (every prompt at seq_len - max_completion_length plus the
+        whole completion), a bound the ETA counts down from until the rows' own widths are known."""
+        cfg = self.cfg
+        if self.batch is not None:
+            return len(steps) * self.batch.tokens()[0]
+        rows = cfg.batch.micro_batch * cfg.batch.grad_accum * self.settings.num_generations
+        return len(steps) * rows * cfg.batch.seq_len
+
+    def window_metrics(self) -> dict:
+        """The log line's GRPO metrics: the last generation batch's (TRL's names), the window's clip ratios over
+        every completion token, entropy and KL over the tokens the updates ran; generation seconds summed."""
+        sums = {k: float(v) for k, v in self.sums.items()}
+        step_tokens = max(sums.pop("step_tokens", 0.0), 1.0)
+        ran = max(sums.pop("tokens", 0.0), 1.0)
+        record = {
+            # Not TRL's: how many of the batch's completions the update ran (plan's signal share, `--from-run`).
+            "update_completions": sum(m.rollout.rows for m in self.batch.micro),
+            "completions_per_batch": sum(m.rollout.sequences for m in self.batch.micro),
+            **dict.fromkeys(CLIP_METRICS, 0.0),
+            **{k: v / (step_tokens if k in CLIP_METRICS else ran) for k, v in sums.items()},
+            **self.batch.metrics,
+            "generation_s": self.generation_s,
+        }
+        self.sums, self.generation_s, self.step_seen = {}, 0.0, 0
+        self.last_logged = record
+        return record
 
 
-def update(run: GrpoRun, batch: dict) -> dict:
-    """One optimizer step on the generation batch: the micro-batches' losses, clipped, stepped. Micro-batches
-    without a completion that carries a gradient are not run; a step where none does is still taken, on zero
-    gradients (AdamW's moments and weight decay move the weights as TRL's step would)."""
-    micro = batch["micro"]
-    step_tokens = sum(m[0].tokens for m in micro)
-    sums: dict[str, float] = {"tokens": 0.0, **dict.fromkeys(CLIP_METRICS, 0.0)}
-    total = 0.0
-    for rollout, old, ref, adv in micro:
-        if rollout.rows == 0:
-            continue
-        with _autocast(run):
-            out = run.root(rollout, old, ref, adv, micro_batches=len(micro), step_tokens=step_tokens)
-        out.loss.backward()
-        total += out.loss.item()
-        for k, v in out.metrics.items():
-            sums[k] = sums.get(k, 0.0) + float(v)
-    trained = [p for p in run.root.parameters() if p.requires_grad]
-    for p in trained:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    max_norm = run.cfg.optimizer.max_grad_norm
-    if max_norm > 0:
-        torch.nn.utils.clip_grad_norm_(trained, max_norm)
-    lr = run.scheduler.get_last_lr()[0]
-    run.optimizer.step()
-    run.scheduler.step()
-    run.optimizer.zero_grad(set_to_none=True)
-    # Clip ratios over every completion token (a left-out completion has none clipped), as TRL's; entropy and KL
-    # over the tokens the update ran.
-    ran = max(sums.pop("tokens"), 1.0)
-    return {
-        "loss": total,
-        "lr": lr,
-        # Not TRL's: how many of the batch's completions the update ran (plan's signal share, `--from-run`).
-        "update_completions": sum(m[0].rows for m in micro),
-        "completions_per_batch": sum(m[0].sequences for m in micro),
-        **{k: v / (max(step_tokens, 1) if k in CLIP_METRICS else ran) for k, v in sums.items()},
-    }
+def eager():
+    """Compiled blocks run eager inside: sampling (one token at a time over a growing cache) and scoring run without
+    autograd in eval mode, each a graph of its own that would be compiled again at every new shape; the compiled
+    graphs are the update's."""
+    return torch.compiler.set_stance("force_eager")
 
 
-def batch_metrics(run: GrpoRun, batch: dict) -> dict:
+def batch_metrics(rewarders: list, batch: Generated) -> dict:
     """The generation batch's metrics as TRL names them."""
-    samples, adv, per_func = batch["samples"], batch["adv"], batch["per_func"]
+    samples, adv, per_func = batch.samples, batch.adv, batch.per_func
     lengths = torch.tensor([len(c) for c in samples.ids], dtype=torch.float32)
     clipped = torch.tensor(samples.clipped)
     done = lengths[~clipped]
@@ -287,21 +319,126 @@ def batch_metrics(run: GrpoRun, batch: dict) -> dict:
         "completions/clipped_ratio": clipped.float().mean().item(),
         "completions/mean_terminated_length": done.mean().item() if len(done) else 0.0,
     }
-    for j, reward in enumerate(run.rewards):
+    for j, reward in enumerate(rewarders):
         out[f"rewards/{reward.name}/mean"] = torch.nanmean(per_func[:, j]).item()
         out[f"rewards/{reward.name}/std"] = _std(per_func[:, j])
     return out
 
 
 def _std(x: torch.Tensor) -> float:
-    from ..train.grpo import nanstd
-
     value = nanstd(x).item()
     return 0.0 if math.isnan(value) else value
 
 
-def _autocast(run: GrpoRun):
-    return torch.autocast(run.device.type, dtype=run.dtype, enabled=run.dtype != torch.float32)
+def log_completions(out: Path, step: int, batch: Generated) -> None:
+    rows = [
+        {"step": step, "prompt": p, "completion": c, "reward": float(r), "advantage": float(a)}
+        for p, c, r, a in zip(batch.prompts, batch.texts, batch.adv.rewards, batch.adv.advantages)
+    ][:COMPLETIONS_LOGGED]
+    with (out / COMPLETIONS).open("a") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+
+
+@dataclass(kw_only=True)
+class GrpoRun:
+    """One GRPO job once set up: what `fit` trains and `summarize` reports."""
+
+    cfg: TrainConfig
+    out: Path
+    procs: distributed.Processes
+    prep: Prepared  # its `schedule` is the GrpoSource, its `data` the prompts
+    source: GrpoSource
+    memwatch: MemoryWatch
+    accelerator: object
+    strategy: Strategy
+    trainee: Trainee
+    state: TrainState
+    logged_first_loss: float | None
+    show_progress: bool
+
+
+def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes | None = None, show_progress: bool = False):
+    """Everything before the first step: prompts and rewards (checked before the model loads), the model built and
+    handed to Accelerate as SFT's is (recipes/strategy.py), the checkpoint resumed from, the output directory."""
+    settings = cfg.objective.grpo
+    loaded = rewards.load_all(settings.rewards)  # a missing file or function fails before the model loads
+    procs = procs or distributed.Processes(0, 1, pick_device(cfg.compute.device))
+    device = procs.device
+    if device.type == "cpu":
+        # Rollouts change shape every batch, so freed pages are not reused: they are freed lazily (allocator.DECAY_MS)
+        # and never returned for good. Returning them (RETURN_MS) made the quickstart's run 16-29% slower in page
+        # faults (benchmarks/design-decisions_cpu_2026-11-28.md#grpo-frees-pages-lazily-only).
+        allocator.decay_freed_pages(allocator.DECAY_MS, returned_ms=-1)
+    precision = pick_precision(cfg.compute.precision, device)
+    source = sources.resolve(cfg.model, cfg.trust_remote_code)
+    if not cfg.data.given:
+        raise TunelabError(
+            "data.path is not set; point it at a file of prompt rows (tunelab data arithmetic --prompts)"
+        )
+    resume_from = checkpoint.find(out / "checkpoints", cfg.run.resume) if cfg.run.resume else None
+    if resume_from is not None:  # a checkpoint of other weight-shaping settings fails before the model loads
+        checkpoint.check_identity(resume_from, weights_identity(cfg))
+    tokenizer = sources.load_tokenizer(source)
+    prompts = prepare(cfg.data_specs()[0], tokenizer)
+    strata = balance_values(prompts, settings.balance_by, cfg.data.path)
+    batches = GrpoSource(cfg, prompts, tokenizer, strata, steps_for(cfg, len(prompts)))
+    prep = Prepared(
+        device=device,
+        precision=precision,
+        source=source,
+        model_config=None,
+        tokenizer=tokenizer,
+        data=prompts,
+        schedule=batches,
+        # `compile: auto` has no prediction of a GRPO run's eager time to weigh compiling against: eager blocks.
+        compile=compile_choice(cfg.compute.compile, device.type, None, 0.0, 1.0),
+    )
+    if show_progress:
+        print(prep.compile.why, flush=True)
+    torch.manual_seed(cfg.run.seed)
+    accelerator = make_accelerator(cfg, precision.name, device, out)
+    strategy = pick_strategy(accelerator, procs, cfg)
+    trainee = strategy.setup(accelerator, lambda dev, meta: build_policy(cfg, prep, dev), cfg.optimizer, cfg, prep)
+    stop = stops(trainee.model, tokenizer, cfg.data.format)
+    batches.rewards, batches.root, batches.device, batches.dtype = loaded, trainee.root, device, precision.compute
+    batches.stop_ids = stop.ids
+    batches.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop.ids[0]
+    batches.out = out if procs.main else None
+    state = TrainState() if resume_from is None else strategy.load_checkpoint(resume_from, trainee)
+    first_loss = None
+    if procs.main:
+        first_loss = outputs.start_logs(cfg, out, resume_from, state.step, show_progress, logs=(COMPLETIONS,))
+    return GrpoRun(
+        cfg=cfg,
+        out=out,
+        procs=procs,
+        prep=prep,
+        source=batches,
+        memwatch=MemoryWatch(device),
+        accelerator=accelerator,
+        strategy=strategy,
+        trainee=trainee,
+        state=state,
+        logged_first_loss=first_loss,
+        show_progress=show_progress,
+    )
+
+
+def build_policy(cfg: TrainConfig, prep: Prepared, device: torch.device | None = None) -> torch.nn.Module:
+    """The policy: the base over padded rows (SDPA), its adapter, its decoder layers checkpointed (grad_ckpt; in the
+    update only: sampling and scoring run without autograd, where the layers run plain), for sampling and scoring
+    each fused layer's [W | sB] packed once (model/lora_linear.pack_for_inference), or its blocks compiled as SFT's
+    (`compile`; the update runs them, sampling and scoring run eager: `eager`)."""
+    model = mload.load_model(prep.source, prep.precision.compute, cfg.adapter.quant, device or prep.device, attn="sdpa")
+    model = apply_adapter(model, cfg.adapter)
+    offload.apply(model, cfg.compute.activation_offload, cfg.compute.grad_ckpt)
+    if prep.compile is not None and prep.compile.chosen:
+        # Not packed: [W | sB] holds W as a view its refresh writes into, an input mutation that AOTAutograd
+        # cannot trace in the compiled update.
+        compile_blocks(model)
+    else:
+        pack_for_inference(model)
+    return model
 
 
 def train(cfg: TrainConfig, show_progress: bool = True, measure: Measurement | None = None) -> RunSummary:
@@ -313,269 +450,97 @@ def train(cfg: TrainConfig, show_progress: bool = True, measure: Measurement | N
         raise TunelabError(refusal)
     trackers.check_available(cfg.run.report_to)
     out = Path(cfg.run.output_dir)
+    t0 = time.perf_counter()
     with outputs.held(out):
-        summary = _train_locked(cfg, out, show_progress, measure or Measurement())
+        run = setup(cfg, out, show_progress=show_progress)
+        result = fit(run, measure or Measurement())
+        summary = summarize(run, result, time.perf_counter() - t0)
         outputs.write_summary(out, summary.as_dict())
     return summary
 
 
-@dataclass
-class Tally:
-    """What this process's steps leave for the summary: each step's seconds and tokens (padded, non-padding, with
-    loss), the first and the last logged record, whether max_minutes ended the run."""
-
-    steps: list[tuple[float, int, int, int]] = field(default_factory=list)
-    first_loss: float | None = None
-    last: dict = field(default_factory=dict)
-    time_limited: bool = False
-
-
-def _train_locked(cfg: TrainConfig, out: Path, show_progress: bool, measure: Measurement) -> RunSummary:
-    t0 = time.perf_counter()
-    run = setup(cfg, out)
-    found = checkpoint.find(out / "checkpoints", cfg.run.resume) if cfg.run.resume else None
-    if found is not None:
-        run.state = checkpoint.load(found, run.root, run.optimizer, run.scheduler)
-        if run.state.schedule_steps is not None:  # the schedule the run had fitted to its time limit
-            reschedule(run, run.state.schedule_steps)
-    first_loss = outputs.start_logs(cfg, out, found, run.state.step, show_progress, logs=(COMPLETIONS,))
-    memwatch = MemoryWatch(run.device)
-    tally = Tally(first_loss=first_loss)
-    setup_ = trackers.setup(cfg.run.report_to, out, run.state.step)
-    accelerator = None if setup_ is None else logging_accelerator(run)
-    with outputs.tracking(accelerator, setup_, cfg, show_progress) as track, (out / outputs.METRICS).open("a") as f:
-        fit(run, memwatch, tally, Log(f, accelerator if track else None), show_progress, measure)
-    if tally.time_limited and show_progress:
-        outputs.say_time_limited(cfg.run.max_minutes, run.state.step, run.total_steps)
-    outputs.save_final(run.root.model, run.tokenizer, out, cfg.adapter.method)
-    return summarize(run, tally, memwatch.read(), measure.warmup_window, time.perf_counter() - t0)
-
-
-def logging_accelerator(run: GrpoRun):
-    """An Accelerator that only logs: the tracker `report_to` names writes under output_dir (the run's own steps
-    place and cast nothing through it)."""
-    from accelerate import Accelerator
-
-    report_to = run.cfg.run.report_to
-    return Accelerator(cpu=run.device.type == "cpu", log_with=report_to, project_dir=str(run.out))
-
-
-@dataclass
-class Log:
-    """Where a logged step's record goes: metrics.jsonl, and the tracker (an Accelerator's) when one is on, under
-    the same names at the same step."""
-
-    file: object
-    tracker: object = None
-
-    def write(self, record: dict) -> None:
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
-        if self.tracker is not None:
-            self.tracker.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
-
-
-def fit(run: GrpoRun, memwatch: MemoryWatch, tally: Tally, log: Log, show_progress: bool, measure) -> None:
-    """The steps: a generation batch every num_iterations steps, an update each; logs, the time limit and the
-    schedule fitted to it, checkpoints between generation batches."""
-    cfg, out, settings = run.cfg, run.out, run.cfg.objective.grpo
-    batch = None
-    start_s, start_step = run.state.elapsed_s, run.state.step  # where this process took over (0, or a resume)
-    ends = [start_s]  # the elapsed time at the end of each of this process's generation batches
-    stop_at = run.total_steps if measure.stop_at is None else measure.stop_at
-    while run.state.step < min(run.total_steps, stop_at) and not tally.time_limited:
-        step_t0 = time.perf_counter()
-        iteration = run.state.step % settings.num_iterations
-        if batch is None or iteration == 0:
-            batch = generate_batch(run, run.state.step // settings.num_iterations)
-        record = {"step": run.state.step + 1, **update(run, batch), **batch_metrics(run, batch)}
-        run.state.step += 1
-        padded, nonpad, loss = batch_tokens(batch)
-        run.state.tokens_padded += padded
-        run.state.tokens_nonpad += nonpad
-        run.state.tokens_loss += loss
-        step_s = time.perf_counter() - step_t0
-        run.state.elapsed_s += step_s
-        tally.steps.append((step_s, padded, nonpad, loss))
-        record.update(
-            generation_s=batch["generation_s"] if iteration == 0 else 0.0,
-            elapsed_s=run.state.elapsed_s,
-            peak_memory_bytes=memwatch.read().peak_bytes,
-        )
-        tally.last = record
-        if tally.first_loss is None:
-            tally.first_loss = record["loss"]
-        # Only between generation batches, as checkpoints: the next batch's generation and its updates.
-        boundary = run.state.step % settings.num_iterations == 0
-        batches = (run.state.step - start_step) // settings.num_iterations if boundary else 0
-        if batches:
-            ends.append(run.state.elapsed_s)
-            # A resumed process keeps its checkpoint's schedule, as the uninterrupted run had it then.
-            if batches == 1 or (batches >= REFIT_BATCH and start_step == 0):
-                fit_schedule(run, trailing_pace(ends), show_progress, refit=batches > 1)
-        tally.time_limited = (
-            boundary
-            and run.state.step < run.total_steps
-            and past_limit(cfg.run.max_minutes, run.state.elapsed_s, trailing_pace(ends))
-        )
-        if run.state.step % cfg.run.log_steps == 0 or run.state.step == run.total_steps or tally.time_limited:
-            log.write(record)
-            if show_progress:
-                print(_progress_line(run, record), flush=True)
-        every = settings.log_completions_steps
-        if every and run.state.step % every == 0 and iteration == 0:
-            _log_completions(out, run.state.step, batch)
-        # Only between generation batches: a resume then samples the next batch from the restored RNG.
-        if (
-            cfg.run.save_steps
-            and run.state.step % cfg.run.save_steps == 0
-            and boundary
-            and run.state.step < run.total_steps
-        ):
-            checkpoint.save(
-                out / "checkpoints", run.root, run.optimizer, run.scheduler, run.state, cfg.run.save_total_limit
+def fit(run: GrpoRun, measure: Measurement) -> LoopResult:
+    """The shared loop (train/loop.run) over the GRPO source, with its trackers, then the final save."""
+    cfg, out, state, trainee = run.cfg, run.out, run.state, run.trainee
+    tracking = trackers.setup(cfg.run.report_to, out, state.step) if run.procs.main else None
+    # grpo.schedule_within_limit is the run's schedule_within_limit (train/loop.LimitFit), under its earlier name.
+    run_spec = replace(
+        cfg.run, schedule_within_limit=cfg.run.schedule_within_limit or cfg.objective.grpo.schedule_within_limit
+    )
+    with outputs.tracking(run.accelerator, tracking, cfg, run.show_progress) as track:
+        result = loop.run(
+            loop.LoopContext(
+                accelerator=run.accelerator,
+                loss_fn=trainee.loss_fn,
+                optimizer=trainee.optimizer,
+                scheduler=trainee.scheduler,
+                schedule=run.source,
+                optim=cfg.optimizer,
+                spec=loop.LoopSpec(run=run_spec, identity=weights_identity(cfg)),
+                measure=measure,
+                out_dir=out if run.procs.main else None,
+                memwatch=run.memwatch,
+                state=state,
+                progress=ProgressView(run.source.total_steps, state.step, enabled=run.show_progress),
+                track=track,
             )
-        if measure.on_step is not None:
-            measure.on_step(run.state.step)
+        )
+    if result.finished and run.procs.main:
+        outputs.save_final(trainee.model, run.prep.tokenizer, out, cfg.adapter.method)
+    if run.show_progress and result.time_limited:
+        outputs.say_time_limited(cfg.run.max_minutes, state.step, run.source.total_steps)
+    return result
 
 
-def batch_tokens(batch: dict) -> tuple[int, int, int]:
-    """One update's tokens: padded (the rows it ran, padding included), non-padding (the generation batch's prompts
-    and completions) and with loss (the completions' tokens)."""
-    micro = batch["micro"]
-    padded = sum(m[0].input_ids.numel() for m in micro)
-    return padded, batch["sequence_tokens"], sum(m[0].tokens for m in micro)
-
-
-def summarize(run: GrpoRun, tally: Tally, memory, warmup: int, total_s: float) -> RunSummary:
+def summarize(run: GrpoRun, result: LoopResult, total_s: float) -> RunSummary:
     """The run's summary, in the record every objective's recipe returns."""
-    cfg, state = run.cfg, run.state
-    trainable, total = count_parameters(run.root.model)
-    finished = state.step >= run.total_steps or tally.time_limited
+    cfg, state, model = run.cfg, run.state, run.trainee.model
     return RunSummary(
         output_dir=str(run.out),
         model=cfg.model,
         method=cfg.adapter.method,
         objective=cfg.objective.name,
         base_quant=cfg.adapter.quant,
-        nf4_layers=nf4_layers(run.root.model),
-        device=device_name(run.device),
-        device_memory_bytes=device_memory_bytes(run.device),
-        precision=run.precision_name,
-        params_trainable=trainable,
-        params_total=total,
-        params_local=local_numel(run.root),
+        nf4_layers=nf4_layers(model),
+        device=device_name(run.prep.device),
+        device_memory_bytes=device_memory_bytes(run.prep.device),
+        precision=run.prep.precision.name,
+        params_trainable=run.trainee.params_trainable,
+        params_total=run.trainee.params_total,
+        params_local=distributed.local_numel(run.trainee.loss_fn),
         seq_len=cfg.batch.seq_len,
         micro_batch=cfg.batch.micro_batch,
         grad_accum=cfg.batch.grad_accum,
         packing=False,  # rollouts are right-padded rows
         grad_ckpt=cfg.compute.grad_ckpt,
-        compile=None,
+        compile=run.prep.compile.as_dict(),
         activation_offload=cfg.compute.activation_offload,
-        world_size=1,
+        world_size=run.procs.world,
         # What the model was trained to write at most: `tunelab eval` caps its generation there (plus slack).
         data={
-            "prompts": len(run.prompts),
-            "prompts_dropped": run.prompts.dropped,
+            "prompts": len(run.prep.data),
+            "prompts_dropped": run.prep.data.dropped,
             "response_tokens_max": cfg.objective.grpo.max_completion_length,
         },
         steps=state.step,
-        total_steps=run.total_steps,
-        schedule_steps=run.state.schedule_steps,
-        finished=finished,
+        total_steps=run.source.total_steps,  # the config's; a schedule fitted to max_minutes ends at schedule_steps
+        schedule_steps=state.schedule_steps,
+        finished=result.finished,
         early_stopped=False,
-        time_limited=tally.time_limited,
-        loss_first=tally.first_loss,
-        loss_last=tally.last.get("loss"),
+        time_limited=result.time_limited,
+        loss_first=run.logged_first_loss
+        if run.logged_first_loss is not None
+        else (result.losses[0][1] if result.losses else None),
+        loss_last=result.losses[-1][1] if result.losses else None,
         tokens_padded=state.tokens_padded,
         tokens_nonpad=state.tokens_nonpad,
         tokens_loss=state.tokens_loss,
-        **rates(tally.steps, warmup),
-        reward_last=tally.last.get("reward"),
-        peak_memory_bytes=memory.peak_bytes,
-        peak_memory_reserved_bytes=memory.peak_reserved_bytes,
-        peak_memory_absolute_bytes=memory.peak_absolute_bytes,
+        **result.rates(),
+        reward_last=run.source.last_logged.get("reward"),
+        peak_memory_bytes=result.peak_memory_bytes,
+        peak_memory_reserved_bytes=result.peak_reserved_bytes,
+        peak_memory_absolute_bytes=result.peak_absolute_bytes,
         train_s=state.elapsed_s,
         elapsed_s=total_s,
         versions=library_versions(),
     )
-
-
-def rates(steps: list[tuple[float, int, int, int]], warmup: int) -> dict:
-    """The summary's rates as the loop's (train/loop.LoopResult.rates): over the steps after the first `warmup`
-    of this process, generation included, or over every step of a run too short to have any."""
-    window, name = (steps[warmup:], "steady") if len(steps) > warmup else (steps, "all steps")
-    seconds = [s for s, *_ in window]
-    result = LoopResult(
-        state=TrainState(),
-        steps_run=len(steps),
-        steady_s=sum(seconds),
-        steady_steps=len(window),
-        steady_tokens_padded=sum(p for _, p, _, _ in window),
-        steady_tokens_nonpad=sum(n for _, _, n, _ in window),
-        steady_tokens_loss=sum(k for _, _, _, k in window),
-        rate_window=name,
-        window_step_times=seconds,
-    )
-    return result.rates()
-
-
-def trailing_pace(ends: list[float]) -> float:
-    """Seconds a generation batch, from `ends` (the elapsed time at this process's start and after each of its
-    batches): over the last PACE_WINDOW batches after the first, whose time holds the warm-up, once there are any."""
-    done = len(ends) - 1
-    if done <= 1:
-        return ends[-1] - ends[0]
-    window = min(PACE_WINDOW, done - 1)
-    return (ends[-1] - ends[-1 - window]) / window
-
-
-def fit_schedule(run: GrpoRun, batch_s: float, show_progress: bool, refit: bool = False) -> None:
-    """grpo.schedule_within_limit, after this process's first generation batch and again (`refit`) after each from
-    its REFIT_BATCH-th on: where the batches that `batch_s` (seconds a batch) says fit max_minutes end before the
-    config's schedule does, the run and its learning-rate schedule end there. The first batch holds the run's
-    warm-up, so the first fit is short; the refits, on batches without it, lengthen the schedule again, or shorten
-    it when batches slow down. A resume keeps the fitted schedule."""
-    cfg, state = run.cfg, run.state
-    per_batch = cfg.objective.grpo.num_iterations
-    if not cfg.objective.grpo.schedule_within_limit or (state.schedule_steps is not None and not refit):
-        return
-    full = steps_for(cfg, len(run.prompts))
-    steps = fitted_schedule_steps(cfg.run.max_minutes, state.elapsed_s, state.step, batch_s, per_batch)
-    steps = min(max(steps, state.step), full)
-    if steps == run.total_steps:
-        return
-    if show_progress and (
-        run.shown_steps is None or abs(steps - run.shown_steps) >= SCHEDULE_SHOWN_MOVE * run.shown_steps
-    ):
-        print(
-            f"schedule: at {batch_s:.0f} s a generation batch, max_minutes {cfg.run.max_minutes:g} holds {steps} of "
-            f"the {full} steps; the learning-rate schedule now ends at step {steps}",
-            flush=True,
-        )
-        run.shown_steps = steps
-    state.schedule_steps = steps
-    reschedule(run, steps)
-
-
-def reschedule(run: GrpoRun, steps: int) -> None:
-    """The run ends at `steps`, its learning-rate schedule decaying over them from where it stands."""
-    run.total_steps = steps
-    run.scheduler = build_scheduler(run.optimizer, run.cfg.optimizer, steps, at_step=run.state.step)
-
-
-def _progress_line(run: GrpoRun, r: dict) -> str:
-    return (
-        f"step {r['step']}/{run.total_steps}  reward {r['reward']:.3f}  loss {r['loss']:.4f}  "
-        f"length {r['completions/mean_length']:.1f}  clipped {r['completions/clipped_ratio']:.2f}  "
-        f"{r['elapsed_s']:.0f}s"
-    )
-
-
-def _log_completions(out: Path, step: int, batch: dict) -> None:
-    rows = [
-        {"step": step, "prompt": p, "completion": c, "reward": float(r), "advantage": float(a)}
-        for p, c, r, a in zip(batch["prompts"], batch["texts"], batch["adv"].rewards, batch["adv"].advantages)
-    ][:COMPLETIONS_LOGGED]
-    with (out / COMPLETIONS).open("a") as f:
-        f.writelines(json.dumps(row) + "\n" for row in rows)

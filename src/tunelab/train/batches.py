@@ -4,15 +4,49 @@ from a step counter and counted ahead of time (steps, padded tokens) without tou
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Iterator
+from typing import Any, Iterator, Protocol
 
 import numpy as np
+import torch
 
 from ..config import BatchConfig
 from ..data.examples import IGNORE, TokenizedData
 from ..data.packing import Batch, SeqTargets, collate, epoch_micro_batches, fed_tokens
+
+
+class BatchSource(Protocol):
+    """What the loop (train/loop.run) trains from: each optimizer step's micro-batches, made when the step asks for
+    them, and how one is fed to the loss module. `Schedule` plans the data's own sequences ahead of time (sft, dpo,
+    orpo); a generating objective's source samples each step's sequences from the policy first (recipes/grpo.py),
+    as TRL's GRPOTrainer overrides only its input preparation and loss. The loop never asks which one it has."""
+
+    # Optimizer steps of the whole schedule.
+    total_steps: int
+    # Steps that go together: checkpoints, the time limit and a schedule fitted to it fall only on multiples of
+    # it (1; a generated batch's num_iterations steps, a checkpoint between them could not resume the batch).
+    unit: int
+
+    def iterate(self, start: int, stop: int) -> Iterator[tuple[int, list[Any]]]:
+        """(step, its micro-batches) for the steps in [start, stop), each made when its step comes."""
+
+    # One micro-batch's summed loss, `forward(loss_fn, batch, device)` (the loop scales it by the step's
+    # normaliser); None: a packed or padded data.packing.Batch, which train/loop.forward feeds.
+    forward: Callable[[torch.nn.Module, Any, torch.device], torch.Tensor] | None
+
+    def step_tokens(self, step: int) -> tuple[int, int, int]:
+        """(padded, non-padding, loss) tokens of `step` over all ranks, once `iterate` has made it."""
+
+    def step_normaliser(self, step: int) -> int:
+        """What `step`'s summed loss is divided by, over all ranks."""
+
+    def padded_tokens(self, steps: range) -> int:
+        """Tokens fed (padding included) over `steps`: counted from the plan, or estimated (the ETA's numerator)."""
+
+    def window_metrics(self) -> dict:
+        """What a log line adds beside the loop's own fields for the steps since the last one (and starts anew)."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +72,9 @@ class Schedule:
     So N ranks of micro_batch m train, step for step, the batches that one process of micro_batch N·m trains,
     and every rank runs the same number of forward/backward passes per step (DDP and FSDP need that).
     """
+
+    unit = 1  # any step may end a run or be checkpointed (BatchSource.unit)
+    forward = None  # train/loop.forward feeds its batches
 
     def __init__(
         self, data: TokenizedData, spec: BatchSpec, epochs: float, max_steps: int | None, rank: int = 0, world: int = 1
@@ -144,6 +181,9 @@ class Schedule:
     def iterate(self, start: int, stop: int) -> Iterator[tuple[int, list[Batch]]]:
         for step in range(start, stop):
             yield step, self.step_batches(step)
+
+    def window_metrics(self) -> dict:
+        return {}  # the loss module's own (loop: window_metrics) are all a log line adds
 
 
 def without_targets(batch: Batch) -> Batch:

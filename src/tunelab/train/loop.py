@@ -24,7 +24,7 @@ from ..data.packing import Batch
 from ..device import synchronize, to_device
 from ..memwatch import MemoryWatch
 from . import checkpoint
-from .batches import EvalBatches, Schedule
+from .batches import BatchSource, EvalBatches
 from .checkpoint import TrainState
 from .progress import LogLine, ProgressView
 
@@ -132,7 +132,7 @@ class _Window:
 
 def build_scheduler(optimizer: torch.optim.Optimizer, spec: OptimizerConfig, total_steps: int, at_step: int = 0):
     """The learning-rate schedule over `total_steps`; `at_step` > 0 builds it as if stepped that many times (a
-    schedule shortened mid-run, recipes/grpo.py), setting the optimizer's learning rate to its value there."""
+    schedule shortened mid-run, LimitFit), setting the optimizer's learning rate to its value there."""
     from transformers import get_scheduler
 
     name = "constant_with_warmup" if spec.lr_scheduler == "constant" else spec.lr_scheduler
@@ -180,8 +180,10 @@ class LimitFit:
         steady = meter.steady_s()
         if steady is None or meter.result.steady_steps == 0:
             return self.end()
+        # Whole units of steps (BatchSource.unit: a generated batch's updates) from a step that ends one.
+        unit = ctx.schedule.unit
         end = fitted_schedule_steps(
-            ctx.spec.run.max_minutes, meter.elapsed_s(), state.step, steady / meter.result.steady_steps, 1
+            ctx.spec.run.max_minutes, meter.elapsed_s(), state.step, steady / meter.result.steady_steps * unit, unit
         )
         end = min(max(end, state.step), self.full)
         if world > 1:
@@ -213,7 +215,7 @@ class LoopContext:
     loss_fn: torch.nn.Module  # the loss module the objective names (train/loss.CausalLMLoss, ...), prepared
     optimizer: object
     scheduler: object
-    schedule: Schedule
+    schedule: BatchSource  # train/batches.Schedule, or a generating objective's source (recipes/grpo.py)
     optim: OptimizerConfig
     spec: LoopSpec
     measure: Measurement = Measurement()
@@ -394,7 +396,7 @@ class HeapFreeze:
 def run(ctx: LoopContext) -> LoopResult:
     """Train from `state.step` to the schedule's end (or `measure.stop_at`). `model` returns a summed loss."""
     accelerator, schedule, spec, state = ctx.accelerator, ctx.schedule, ctx.spec, ctx.state
-    device = accelerator.device
+    device, unit = accelerator.device, schedule.unit
     # Data-parallel wrappers (DDP, FSDP, DeepSpeed) average gradients over ranks; each rank's loss is scaled
     # by the world size so the average is the one-process step's sum over all ranks' tokens.
     world = accelerator.num_processes
@@ -403,7 +405,9 @@ def run(ctx: LoopContext) -> LoopResult:
     stop = min(end, ctx.measure.stop_at or end)
     result = LoopResult(state=state, steps_run=0)
     padded_to_feed = schedule.padded_tokens(range(state.step, stop)) + state.tokens_padded
-    meter = ThroughputMeter(state, result, min(state.step + ctx.measure.warmup_window, stop), padded_to_feed)
+    # The warm-up ends with a unit of steps (BatchSource.unit), so the steady window holds whole ones.
+    warm_until = state.step + math.ceil(ctx.measure.warmup_window / unit) * unit
+    meter = ThroughputMeter(state, result, min(warm_until, stop), padded_to_feed)
     losses = _LossWindow(torch.zeros((), device=device))
     metrics_file = (ctx.out_dir / "metrics.jsonl").open("a") if ctx.out_dir is not None else None
     ctx.loss_fn.train()
@@ -426,14 +430,21 @@ def run(ctx: LoopContext) -> LoopResult:
                 losses.tokens += normaliser
                 meter.add(padded, nonpad, step_loss_tokens)
                 stopping = False
-                if fit is not None and meter.steady_start is not None:
+                # Where a unit of steps ends: the run may end, refit its schedule or save only there.
+                boundary = state.step % unit == 0
+                if fit is not None and meter.steady_start is not None and boundary:
                     end = fit.refit(meter, world)
                     stop = min(end, ctx.measure.stop_at or end)
                     meter.padded_to_feed = schedule.padded_tokens(range(state.step, stop)) + state.tokens_padded
                 if ctx.evaluation is not None and _evaluation_due(state.step, ctx.evaluation.spec.every, end):
                     with meter.paused():
                         stopping = result.stopped_early = _evaluate_step(ctx, metrics_file)
-                if not stopping and state.step < stop and out_of_time(spec.run.max_minutes, meter, result, ctx, world):
+                if (
+                    not stopping
+                    and boundary
+                    and state.step < stop
+                    and out_of_time(spec.run.max_minutes, meter, result, ctx, world, unit, fit is not None)
+                ):
                     stopping = result.time_limited = True
                 if state.step % spec.run.log_steps == 0 or state.step == stop or stopping:
                     _log_step(ctx, metrics_file, meter, losses, step_lr, world)
@@ -446,7 +457,7 @@ def run(ctx: LoopContext) -> LoopResult:
                     ctx.measure.on_step(state.step)
                 if stopping:
                     break
-                if spec.run.save_steps and state.step % spec.run.save_steps == 0 and state.step < end:
+                if spec.run.save_steps and state.step % spec.run.save_steps == 0 and boundary and state.step < end:
                     _save_checkpoint(ctx, meter.elapsed_s())
                 if state.step >= stop:
                     break
@@ -468,15 +479,29 @@ def past_limit(max_minutes: float, elapsed_s: float, next_s: float) -> bool:
     return max_minutes > 0 and elapsed_s + next_s > max_minutes * 60
 
 
-def out_of_time(max_minutes: float, meter: ThroughputMeter, result: LoopResult, ctx: LoopContext, world: int) -> bool:
-    """Whether one more step, at the mean step time since this process started its loop, would end past
-    `max_minutes` of training (over every resume: the meter counts the checkpoint's elapsed time). Under several
+def out_of_time(
+    max_minutes: float,
+    meter: ThroughputMeter,
+    result: LoopResult,
+    ctx: LoopContext,
+    world: int,
+    unit: int = 1,
+    fitted: bool = False,
+) -> bool:
+    """Whether one more unit of steps (BatchSource.unit), at the mean step time since this process started its loop,
+    would end past `max_minutes` of training (over every resume: the meter counts the checkpoint's elapsed time). Under several
     processes the main one decides and all follow: one small reduction per step, paid only by a run that sets a
     limit."""
     if max_minutes <= 0:
         return False
     loop_s = time.perf_counter() - meter.loop_start
-    late = past_limit(max_minutes, meter.elapsed_s(), loop_s / max(result.steps_run, 1))
+    step_s = loop_s / max(result.steps_run, 1)
+    steady = meter.steady_s()
+    if fitted and steady is not None and result.steady_steps:
+        # A schedule fitted to the limit (LimitFit) is fitted on the pace since the warm-up: the check takes the same
+        # pace, or a slow warm-up (compilation) would end the run a step before the end the fit chose.
+        step_s = steady / result.steady_steps
+    late = past_limit(max_minutes, meter.elapsed_s(), step_s * unit)
     if world == 1:
         return late
     flag = torch.tensor(float(late and ctx.accelerator.is_main_process), device=ctx.accelerator.device)
@@ -494,12 +519,13 @@ class _LossWindow:
 def _optimizer_step(ctx: LoopContext, batches: list[Batch], scale: float, losses: _LossWindow) -> float:
     """Accumulate the step's micro-batches, clip, step; returns the learning rate the step trained at."""
     accelerator, loss_fn, optimizer, scheduler = ctx.accelerator, ctx.loss_fn, ctx.optimizer, ctx.scheduler
+    feed = ctx.schedule.forward or forward  # looked up per step: tests and probes replace `forward`
     for i, batch in enumerate(batches):
         last = i == len(batches) - 1
         # Accumulation boundary for DeepSpeed, whose engine steps inside `backward` when it is set.
         accelerator.sync_gradients = last
         with nullcontext() if last else no_sync(accelerator, loss_fn):
-            loss_sum = forward(loss_fn, batch, accelerator.device)
+            loss_sum = feed(loss_fn, batch, accelerator.device)
             # Normalise by the step's loss tokens, not per micro-batch: packed micro-batches hold
             # different numbers of targets, and a per-micro-batch mean would weight them unequally.
             accelerator.backward(loss_sum * scale)
@@ -542,6 +568,7 @@ def _log_step(ctx: LoopContext, metrics_file, meter: ThroughputMeter, losses: _L
     window_metrics = getattr(ctx.accelerator.unwrap_model(ctx.loss_fn), "window_metrics", None)
     if window_metrics is not None:
         record.update(window_metrics(ctx.accelerator if world > 1 else None))
+    record.update(ctx.schedule.window_metrics())  # a generating source's (rewards, completions, generation time)
     meter.result.losses.append((state.step, loss))
     _record(ctx, metrics_file, record)
     ctx.progress.update(

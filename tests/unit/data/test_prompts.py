@@ -60,8 +60,7 @@ def test_arithmetic_prompts_command(tmp_path):
         ("grpo.balance_by=' '", "grpo.balance_by is empty"),
         ("grpo.decode=statc", "grpo.decode must be one of auto, dynamic, static, compiled; got 'statc' .*'static'"),
         ("eval.split=0.1", "objective grpo has no held-out loss"),
-        ("compile=true", "objective grpo lacks the capability compiled_blocks .*compile needs it"),
-        ("grad_ckpt=true", "objective grpo lacks the capability activation_checkpointing"),
+        ("activation_offload=true", "objective grpo lacks the capability activation_offload"),
         ("attention=sdpa", "objective grpo lacks the capability attention_choice .*attention needs it"),
         (
             "grpo.schedule_within_limit=true",

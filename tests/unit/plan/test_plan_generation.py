@@ -76,11 +76,12 @@ def test_plan_cli_on_a_grpo_config(tmp_path, tiny_model_dir, capsys):
     assert main(["plan", "--config", str(config), "--gpu", "h100-sxm", limit]) == 0
     text = capsys.readouterr().out
     assert "ends training after 3 of the schedule's 10 batches" in text and "schedule_within_limit" not in text
-    fitted = [limit, "grpo.schedule_within_limit=true"]
-    assert main(["plan", "--config", str(config), "--gpu", "h100-sxm", *fitted]) == 0
-    assert "10 batches; grpo.schedule_within_limit ends the learning-rate schedule there" in " ".join(
-        capsys.readouterr().out.split()
-    )
+    # The run's key, and grpo's earlier name for it.
+    for key in ("schedule_within_limit", "grpo.schedule_within_limit"):
+        assert main(["plan", "--config", str(config), "--gpu", "h100-sxm", limit, f"{key}=true"]) == 0
+        assert "10 batches; schedule_within_limit ends the learning-rate schedule there" in " ".join(
+            capsys.readouterr().out.split()
+        )
 
 
 def test_prefill_runs_over_the_distinct_prompts_only():

@@ -91,8 +91,9 @@ def test_resume_repeats_the_uninterrupted_steps(tmp_path, tiny_model_dir):
 
 @pytest.fixture
 def clocked(monkeypatch):
-    """The recipe's `time`, moving 60 s in each update and nowhere else."""
+    """The loop's `time`, moving 60 s in each step and nowhere else."""
     from tunelab.recipes import grpo
+    from tunelab.train import loop
 
     class Clock:
         now = 1000.0
@@ -100,21 +101,20 @@ def clocked(monkeypatch):
         def perf_counter(self):
             return self.now
 
-    clock, real_update = Clock(), grpo.update
-    clock.first_extra = 0.0  # seconds more in the first update: a run's warm-up
-    clock.later = {}  # from update n (a key, counted from 1) on, each takes this many seconds instead of 60
-    clock.updates = 0
+    clock, real_tokens = Clock(), grpo.GrpoSource.step_tokens
+    clock.first_extra = 0.0  # seconds more in the first step: a run's warm-up
+    clock.later = {}  # from step n (a key, counted from 1) on, each takes this many seconds instead of 60
+    clock.steps = 0
 
-    def timed_update(run, batch):
-        metrics = real_update(run, batch)
-        clock.updates += 1
-        slower = [s for n, s in clock.later.items() if clock.updates >= n]
+    def timed_step(source, step):
+        clock.steps += 1
+        slower = [s for n, s in clock.later.items() if clock.steps >= n]
         clock.now += (slower[-1] if slower else 60.0) + clock.first_extra
         clock.first_extra = 0.0
-        return metrics
+        return real_tokens(source, step)
 
-    monkeypatch.setattr(grpo, "time", clock)
-    monkeypatch.setattr(grpo, "update", timed_update)
+    monkeypatch.setattr(loop, "time", clock)
+    monkeypatch.setattr(grpo.GrpoSource, "step_tokens", timed_step)
     return clock
 
 
@@ -125,7 +125,8 @@ def test_max_minutes_ends_a_grpo_run_between_generation_batches(tmp_path, tiny_m
         tiny_model_dir, data, out, "grpo.num_iterations=2", "max_steps=8", "max_minutes=4.5", "log_steps=5"
     )
     summary = train(cfg)
-    # A batch (2 updates) is 120 s: after step 2 (120 s) the next ends at 240 <= 270; after step 4 it would end at 360.
+    # A batch (2 updates) is 120 s: after step 2 (120 s) the next ends at 240 <= 270; after step 4 it would end at
+    # 360. After step 3 (180 s) one more step would fit, but a run ends only between generation batches.
     assert summary.steps == 4 and summary.total_steps == 8 and summary.time_limited
     assert (out / "adapter" / "adapter_config.json").is_file()
     assert [r["step"] for r in metrics(out)] == [4]  # the last step is logged
@@ -135,23 +136,26 @@ def test_max_minutes_ends_a_grpo_run_between_generation_batches(tmp_path, tiny_m
 def test_a_schedule_within_the_limit_ends_the_run_and_its_decay_where_the_pace_says(
     tmp_path, tiny_model_dir, clocked, capsys
 ):
-    """grpo.schedule_within_limit: after the first batch (60 s on this clock) 4.5 minutes hold 4 of the 8 steps, so
-    the run ends at step 4 as finished, its cosine schedule decayed over those 4 (not cut at 4 of 8); a run
-    resumed from step 2 keeps that schedule."""
+    """grpo.schedule_within_limit (the run's schedule_within_limit under its earlier name): after the two warm-up
+    steps and one steady one (60 s each on this clock, 180 s gone), 4.5 minutes hold one more, so the run ends at
+    step 4 as finished, its cosine decayed from step 3 over the steps left (not cut at 4 of 8); a run resumed from
+    step 3 keeps that schedule."""
     import math
 
     data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
-    fitted = ("max_steps=8", "max_minutes=4.5", "log_steps=1", "grpo.schedule_within_limit=true", "save_steps=2")
+    fitted = ("max_steps=8", "max_minutes=4.5", "log_steps=1", "grpo.schedule_within_limit=true", "save_steps=3")
     out = tmp_path / "run"
     summary = train(grpo_config(tiny_model_dir, data, out, *fitted))
-    assert summary.steps == 4 and summary.total_steps == 4 and not summary.time_limited
+    assert summary.steps == 4 and summary.schedule_steps == 4 and summary.total_steps == 8
+    assert summary.finished and not summary.time_limited
     assert "max_minutes 4.5 holds 4 of the 8 steps; the learning-rate schedule now ends at step 4" in (
         capsys.readouterr().out
     )
-    # Cosine over 4 steps from step 1 (under the 8-step schedule, the cosine would be at 0.96, 0.85, 0.69 of the peak).
+    # Cosine over 8 steps for steps 1-3; refitted at step 3 to end at 4, the last step's rate is the 4-step cosine's.
+    cosine = [5e-2 * 0.5 * (1 + math.cos(math.pi * k / 8)) for k in (0, 1, 2)]
     lrs = [r["lr"] for r in metrics(out)]
-    assert lrs == pytest.approx([5e-2 * 0.5 * (1 + math.cos(math.pi * k / 4)) for k in (0, 1, 2, 3)])
-    # Resumed from the checkpoint of step 2: the fitted schedule, not the config's 8 steps.
+    assert lrs == pytest.approx([*cosine, 5e-2 * 0.5 * (1 + math.cos(math.pi * 3 / 4))])
+    # Resumed from the checkpoint of step 3: the fitted schedule, not the config's 8 steps.
     shutil.rmtree(out / "adapter")
     summary = train(grpo_config(tiny_model_dir, data, out, *fitted, "resume=true"), show_progress=False)
     assert summary.steps == 4 and [r["lr"] for r in metrics(out)] == pytest.approx(lrs)
@@ -176,13 +180,14 @@ def test_leaving_out_equal_reward_groups_trains_the_same_adapter(tmp_path, tiny_
         f"    return [float(sum(map(ord, c)) % 7) if {rewarded!r} in p else 0.0 for p, c in zip(prompts, completions)]\n"
     )
     ran = []
-    real_update = grpo.update
+    real_generate = grpo.GrpoSource.generate
 
-    def counting_update(run, batch):
-        ran.append([m[0].rows for m in batch["micro"]])
-        return real_update(run, batch)
+    def counting_generate(source, generation):
+        batch = real_generate(source, generation)
+        ran.append([m.rollout.rows for m in batch.micro])
+        return batch
 
-    monkeypatch.setattr(grpo, "update", counting_update)
+    monkeypatch.setattr(grpo.GrpoSource, "generate", counting_generate)
     train(cfg, show_progress=False)
     monkeypatch.setattr(grpo, "trains_on", lambda adv, settings: torch.ones_like(adv, dtype=torch.bool))
     train(grpo_config(tiny_model_dir, data, whole, *extra), show_progress=False)
@@ -228,50 +233,31 @@ def fitted_run(tmp_path, model_dir, out, max_steps: int, max_minutes: int, capsy
     return summary, capsys.readouterr().out
 
 
-def test_the_schedule_is_refitted_on_the_pace_after_the_first_batchs_warm_up(tmp_path, tiny_model_dir, clocked, capsys):
-    """The first batch takes 120 s (its warm-up), the next 60 s each: fitted after it, 6 minutes hold 3 of 10 steps;
-    refitted after the third batch on batches 2-3's pace (60 s, 240 s gone), they hold 5, and the run trains 5 with
-    its cosine lengthened at step 3."""
+def test_the_schedule_is_fitted_on_the_pace_after_the_warm_up(tmp_path, tiny_model_dir, clocked, capsys):
+    """The first step takes 120 s (its warm-up), the next 60 s each: fitted after the steady step 3 (240 s gone), 6
+    minutes hold 5 of 10 steps, and the run trains 5 with its cosine decayed within them."""
     clocked.first_extra = 60.0
     out = tmp_path / "run"
     summary, text = fitted_run(tmp_path, tiny_model_dir, out, 10, 6, capsys)
-    assert "at 120 s a generation batch, max_minutes 6 holds 3 of the 10 steps" in text
-    assert "at 60 s a generation batch, max_minutes 6 holds 5 of the 10 steps" in text
-    assert summary.steps == 5 and summary.total_steps == 5 and not summary.time_limited
+    assert "at 60.0 s a step, max_minutes 6 holds 5 of the 10 steps" in text
+    assert summary.steps == 5 and summary.schedule_steps == 5 and not summary.time_limited
     lrs = [r["lr"] for r in metrics(out)]
-    assert lrs[-1] < lrs[2] and lrs[3] > 0  # the lengthened cosine is still above 0 after step 3, and decays
-    assert summary.elapsed_s <= 6 * 60
+    assert lrs[-1] < lrs[2] and lrs[3] > 0
+    assert summary.train_s <= 6 * 60
 
 
-def test_the_schedule_is_refitted_after_every_batch_on_a_trailing_pace_when_batches_slow_down(
-    tmp_path, tiny_model_dir, clocked, capsys
-):
-    """120 s, then 60, 60, and 90 s from the fourth batch on, in 10 minutes: fitted on batches 2-3 the schedule holds
-    9 steps, and the run would stop at the limit after 7 with its learning rate still up. Refitted after each batch
-    on the last three's pace (70 s after batch 4, 80 after batch 5), it ends at 7 with the schedule decayed."""
+def test_the_schedule_is_refitted_after_every_step_when_steps_slow_down(tmp_path, tiny_model_dir, clocked, capsys):
+    """120 s, then 60, 60, and 90 s from the fourth step on, in 10 minutes: fitted at step 3 the schedule holds 9
+    steps; refitted after each step on the pace since the warm-up (75 s after step 4), it ends at 7 with its
+    learning rate decayed, inside the limit."""
     clocked.first_extra, clocked.later = 60.0, {4: 90.0}
     out = tmp_path / "run"
     summary, text = fitted_run(tmp_path, tiny_model_dir, out, 20, 10, capsys)
-    assert "at 60 s a generation batch, max_minutes 10 holds 9 of the 20 steps" in text
-    assert "at 70 s a generation batch, max_minutes 10 holds 7 of the 20 steps" in text
-    assert summary.steps == 7 and summary.total_steps == 7 and not summary.time_limited
+    assert "at 60.0 s a step, max_minutes 10 holds 9 of the 20 steps" in text
+    assert "at 75.0 s a step, max_minutes 10 holds 7 of the 20 steps" in text
+    assert summary.steps == 7 and summary.schedule_steps == 7 and not summary.time_limited
     assert metrics(out)[-1]["lr"] < 0.1 * max(r["lr"] for r in metrics(out))
-    assert summary.elapsed_s <= 10 * 60
-
-
-def test_a_refit_that_moves_the_end_by_under_a_tenth_reschedules_without_printing(
-    tmp_path, tiny_model_dir, clocked, capsys
-):
-    """60 s a batch, then 62 s from the third and 66 s from the fifth, in 12 minutes: fitted after the first batch,
-    12 of the 20 steps; refitted after the third on 61 s, 11. A move of one step (under a tenth of 12) prints
-    nothing, but the refit still takes: the run ends at 11."""
-    clocked.later = {3: 62.0, 5: 66.0}
-    summary, text = fitted_run(tmp_path, tiny_model_dir, tmp_path / "run", 20, 12, capsys)
-    assert [line for line in text.splitlines() if line.startswith("schedule:")] == [
-        "schedule: at 60 s a generation batch, max_minutes 12 holds 12 of the 20 steps; the learning-rate schedule "
-        "now ends at step 12"
-    ]
-    assert summary.steps == 11 and summary.total_steps == 11 and not summary.time_limited
+    assert summary.train_s <= 10 * 60
 
 
 def test_balance_by_reaches_the_prompt_order_and_a_missing_field_fails_before_the_model_loads(

@@ -1,0 +1,125 @@
+"""GRPO on the shared loop (train/loop.run): its steps are the ones the recipe's own loop took before the move, at
+the same seed in fp32 (the literals below were printed by the recipe of b2424b0, its own loop, from this test's
+runs: `RECORD=1 pytest -s tests/unit/recipes/test_grpo_engine.py`)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from conftest import compile_without_inductor, tiny_train_config, write_jsonl
+
+from tunelab.recipes.entry import train
+
+pytestmark = pytest.mark.slow
+
+COMMON = (
+    "objective=grpo",
+    "grpo.num_generations=3",
+    "grpo.max_completion_length=6",
+    "grpo.log_completions_steps=0",
+    "lr=5e-2",
+)
+CASES = {
+    # The KL term against the adapter disabled, two updates on each generation batch, two micro-batches a step.
+    "kl_iterations": ("micro_batch=1", "grad_accum=2", "max_steps=4", "grpo.beta=0.1", "grpo.num_iterations=2"),
+    # β = 0: completions of equal-reward groups left out; the per-completion aggregation.
+    "per_completion": ("micro_batch=2", "grad_accum=1", "max_steps=3", "grpo.beta=0.0", "grpo.loss_type=grpo"),
+}
+# (step, loss, reward, kl, entropy, lr) of each logged step.
+RECORDED: dict[str, list[tuple]] = {
+    "kl_iterations": [
+        (1, 4.635916894812908e-08, 2.5, 0.0, 4.640555487738715, 0.05),
+        (2, 0.024976921267807484, 2.5, 0.01866253548198276, 4.642127354939778, 0.04267766952966369),
+        (3, 0.0024815715150907636, 2.6666667461395264, 0.024816370672649808, 4.634057998657227, 0.025),
+        (4, -0.04422106221318245, 2.6666667461395264, 0.02054733369085524, 4.635614818996853, 0.0073223304703363135),
+    ],
+    "per_completion": [
+        (1, 3.973643103449831e-08, 2.5, None, 4.640555063883464, 0.05),
+        (2, -1.4901161193847656e-08, 3.1666667461395264, None, 4.641971588134766, 0.037500000000000006),
+        (3, 0.0, 4.0, None, 4.637808481852214, 0.012500000000000006),
+    ],
+}
+
+
+def prompt_rows():
+    return [{"instruction": f"{a} + {b}", "answer": str(a + b)} for a, b in [(1, 2), (3, 4), (5, 6), (7, 8)]]
+
+
+def run_case(tmp_path, model_dir, name, *extra):
+    data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
+    # Rewards that differ within every group (the tiny random model never writes the answer): a hash of the text.
+    (tmp_path / "r.py").write_text(
+        "def r(prompts, completions, **row):\n    return [float(sum(map(ord, c)) % 7) for c in completions]\n"
+    )
+    rewards = f"grpo.rewards=[{{name: '{tmp_path}/r.py:r'}}, {{name: length, weight: 0.5, args: {{max_tokens: 3}}}}]"
+    out = tmp_path / name
+    cfg = tiny_train_config(model_dir, data, out, *COMMON, rewards, *CASES[name], *extra)
+    summary = train(cfg, show_progress=False)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return summary, rows
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_grpo_losses_on_the_shared_loop_are_the_recipes_own(tmp_path, tiny_model_dir, name):
+    _, rows = run_case(tmp_path, tiny_model_dir, name)
+    got = [(r["step"], r["loss"], r["reward"], r.get("kl"), r.get("entropy"), r["lr"]) for r in rows]
+    if os.environ.get("RECORD"):
+        print(f"\n{name!r}: {got!r},")
+        return
+    want = RECORDED[name]
+    assert [g[0] for g in got] == [w[0] for w in want]
+    for g, w in zip(got, want):
+        assert g[2] == w[2]  # the same completions and rewards
+        # The same weights after every step (entropy and KL at steps 2-4 are of the updated policy), and the same
+        # learning rates, bit for bit.
+        assert g[3:] == w[3:], g[0]
+        # The logged loss is the step's micro-batches' losses summed: in fp32 on the device (the loop's window), where
+        # the recipe's own loop summed them as Python floats: one fp32 rounding apart where a step has two.
+        assert g[1] == pytest.approx(w[1], rel=2**-23, abs=1e-12), g[0]
+
+
+def test_a_grpo_run_with_checkpointed_layers_takes_the_same_steps(tmp_path, tiny_model_dir):
+    """grad_ckpt: the update recomputes each decoder layer in backward (sampling and scoring run without autograd,
+    where the layers run plain); in fp32 its steps are the ones without it."""
+    summary, rows = run_case(tmp_path, tiny_model_dir, "kl_iterations", "grad_ckpt=true")
+    assert summary.grad_ckpt and summary.finished
+    for r, w in zip(rows, RECORDED["kl_iterations"], strict=True):
+        assert r["reward"] == w[2]
+        got = (r["loss"], r["kl"], r["entropy"], r["lr"])
+        assert got == pytest.approx((w[1], *w[3:]), rel=0, abs=1e-5), r["step"]
+
+
+def test_a_compiled_grpo_run_compiles_nothing_after_its_first_steps(tmp_path, tiny_model_dir, monkeypatch):
+    """`compile: true`: the update runs the compiled blocks over rollouts whose widths change every micro-batch;
+    dynamo builds the training graphs in the first steps (a width seen second makes it dynamic) and none after,
+    while sampling and scoring run the blocks eager. Dynamo's guards decide what recompiles, so the blocks compile
+    with the aot_eager backend; in fp32 its steps are the eager run's."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from tunelab.recipes import grpo
+
+    compile_without_inductor(monkeypatch)
+    graphs: list[int] = []
+    real_forward = grpo.GrpoSource.forward
+
+    def counting_forward(source, loss_fn, micro, device):
+        out = real_forward(source, loss_fn, micro, device)
+        graphs.append(counters["stats"]["unique_graphs"])
+        return out
+
+    monkeypatch.setattr(grpo.GrpoSource, "forward", counting_forward)
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        summary, rows = run_case(tmp_path, tiny_model_dir, "kl_iterations", "compile=true")
+    finally:
+        torch._dynamo.reset()
+    assert summary.compile["chosen"] and len(graphs) == 8  # 4 steps of 2 micro-batches
+    assert graphs[0] > 0 and len(set(graphs[4:])) == 1, graphs  # nothing compiled in steps 3 and 4
+    for r, w in zip(rows, RECORDED["kl_iterations"], strict=True):
+        assert r["reward"] == w[2]
+        got = (r["loss"], r["kl"], r["entropy"], r["lr"])
+        assert got == pytest.approx((w[1], *w[3:]), rel=0, abs=1e-5), r["step"]
