@@ -66,10 +66,8 @@ class GrpoConfig:
     # How the sampler's decode loop runs (decoding.py): auto is compiled (a static cache, CUDA graphs) on CUDA and
     # dynamic (eager, a growing cache) elsewhere.
     decode: str = decoding.AUTO
-    # With max_minutes: after the first generation batch, and again after each from the third on (on the pace of the
-    # last three batches after the first, whose time holds the warm-up), the run and its learning-rate schedule end at
-    # the batches that pace says fit, so the schedule decays within the limit instead of being cut near its peak on a
-    # machine slower than max_steps assumed.
+    # The run's schedule_within_limit under its earlier name (train/loop.LimitFit fits the schedule at generation-batch
+    # boundaries); either turns the fit on.
     schedule_within_limit: bool = False
     # A prompt row field (e.g. `digits` of `tunelab data arithmetic --prompts`): each generation batch then holds
     # its values in proportion to the whole set (stratified), not as a random draw happens to; null draws at random.
