@@ -25,7 +25,6 @@ from ..device import (
     Precision,
     device_memory_bytes,
     device_name,
-    library_versions,
     out_of_memory,
     pick_device,
     pick_precision,
@@ -35,7 +34,7 @@ from ..memwatch import MemoryWatch
 from ..model import attention, offload
 from ..model import load as mload
 from ..model.adapters import apply_adapter
-from ..model.lora_linear import has_lora_dropout, has_nf4_base, nf4_layers
+from ..model.lora_linear import has_lora_dropout, has_nf4_base
 from ..runtime import ACTIVATION_MEMORY_BUDGET, CompileChoice, attention_path
 from ..train import checkpoint, distributed, loop, optim, pair_loss, trackers
 from ..train.batches import BatchSpec, EvalBatches, Schedule
@@ -418,55 +417,21 @@ def fit(run: Run, measure: loop.Measurement) -> loop.LoopResult:
 
 
 def summarize(run: Run, result: loop.LoopResult, t0: float) -> RunSummary:
-    cfg, prep, state = run.cfg, run.prep, run.state
-    return RunSummary(
-        output_dir=str(run.out),
-        model=cfg.model,
-        method=cfg.adapter.method,
-        objective=cfg.objective.name,
-        base_quant=cfg.adapter.quant,
-        nf4_layers=nf4_layers(run.trainee.model),
-        device=device_name(prep.device),
-        device_memory_bytes=device_memory_bytes(prep.device),
-        precision=prep.precision.name,
-        params_trainable=run.trainee.params_trainable,
-        params_total=run.trainee.params_total,
-        params_local=distributed.local_numel(run.trainee.loss_fn),
-        seq_len=cfg.batch.seq_len,
-        micro_batch=cfg.batch.micro_batch,
-        grad_accum=cfg.batch.grad_accum,
-        packing=cfg.batch.packing,
-        grad_ckpt=cfg.compute.grad_ckpt,
-        compile=None if prep.compile is None else prep.compile.as_dict(),
-        activation_offload=cfg.compute.activation_offload,
-        world_size=run.procs.world,
+    prep = run.prep
+    return outputs.summarize(
+        run,
+        result,
         # The longest response trained on: `tunelab eval` caps generation there (plus slack).
         data={
             **prep.data.stats.as_dict(),
             "packing_efficiency": run.packing_efficiency,
             "response_tokens_max": int(loss_tokens(prep.data).max()),
         },
-        steps=state.step,
         total_steps=prep.schedule.total_steps,
-        schedule_steps=state.schedule_steps,
-        finished=result.finished,
-        early_stopped=result.stopped_early,
-        time_limited=result.time_limited,
-        loss_first=run.logged_first_loss
-        if run.logged_first_loss is not None
-        else (result.losses[0][1] if result.losses else None),
-        loss_last=result.losses[-1][1] if result.losses else None,
-        tokens_padded=state.tokens_padded,
-        tokens_nonpad=state.tokens_nonpad,
-        tokens_loss=state.tokens_loss,
-        **result.rates(),
-        **_eval_summary(prep, state),
-        peak_memory_bytes=result.peak_memory_bytes,
-        peak_memory_reserved_bytes=result.peak_reserved_bytes,
-        peak_memory_absolute_bytes=result.peak_absolute_bytes,
-        train_s=state.elapsed_s,
+        packing=run.cfg.batch.packing,
         elapsed_s=time.perf_counter() - t0,
-        versions=library_versions(),
+        early_stopped=result.stopped_early,
+        **_eval_summary(prep, run.state),
     )
 
 

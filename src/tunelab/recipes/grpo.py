@@ -25,7 +25,7 @@ from .. import allocator, objectives, sources
 from ..config import TrainConfig
 from ..data.pipeline import prepare
 from ..data.prompts import PromptData
-from ..device import device_memory_bytes, device_name, library_versions, pick_device, pick_precision
+from ..device import pick_device, pick_precision
 from ..errors import TunelabError
 from ..eval.generate import stops
 from ..eval.sampling import sample
@@ -33,7 +33,7 @@ from ..memwatch import MemoryWatch
 from ..model import load as mload
 from ..model import offload
 from ..model.adapters import apply_adapter
-from ..model.lora_linear import nf4_layers, pack_for_inference
+from ..model.lora_linear import pack_for_inference
 from ..runtime import compile_choice
 from ..train import checkpoint, distributed, loop, rewards, trackers
 from ..train.checkpoint import TrainState
@@ -494,53 +494,19 @@ def fit(run: GrpoRun, measure: Measurement) -> LoopResult:
 
 def summarize(run: GrpoRun, result: LoopResult, total_s: float) -> RunSummary:
     """The run's summary, in the record every objective's recipe returns."""
-    cfg, state, model = run.cfg, run.state, run.trainee.model
-    return RunSummary(
-        output_dir=str(run.out),
-        model=cfg.model,
-        method=cfg.adapter.method,
-        objective=cfg.objective.name,
-        base_quant=cfg.adapter.quant,
-        nf4_layers=nf4_layers(model),
-        device=device_name(run.prep.device),
-        device_memory_bytes=device_memory_bytes(run.prep.device),
-        precision=run.prep.precision.name,
-        params_trainable=run.trainee.params_trainable,
-        params_total=run.trainee.params_total,
-        params_local=distributed.local_numel(run.trainee.loss_fn),
-        seq_len=cfg.batch.seq_len,
-        micro_batch=cfg.batch.micro_batch,
-        grad_accum=cfg.batch.grad_accum,
-        packing=False,  # rollouts are right-padded rows
-        grad_ckpt=cfg.compute.grad_ckpt,
-        compile=run.prep.compile.as_dict(),
-        activation_offload=cfg.compute.activation_offload,
-        world_size=run.procs.world,
+    cfg = run.cfg
+    return outputs.summarize(
+        run,
+        result,
         # What the model was trained to write at most: `tunelab eval` caps its generation there (plus slack).
         data={
             "prompts": len(run.prep.data),
             "prompts_dropped": run.prep.data.dropped,
             "response_tokens_max": cfg.objective.grpo.max_completion_length,
         },
-        steps=state.step,
         total_steps=run.source.total_steps,  # the config's; a schedule fitted to max_minutes ends at schedule_steps
-        schedule_steps=state.schedule_steps,
-        finished=result.finished,
-        early_stopped=False,
-        time_limited=result.time_limited,
-        loss_first=run.logged_first_loss
-        if run.logged_first_loss is not None
-        else (result.losses[0][1] if result.losses else None),
-        loss_last=result.losses[-1][1] if result.losses else None,
-        tokens_padded=state.tokens_padded,
-        tokens_nonpad=state.tokens_nonpad,
-        tokens_loss=state.tokens_loss,
-        **result.rates(),
-        reward_last=run.source.last_logged.get("reward"),
-        peak_memory_bytes=result.peak_memory_bytes,
-        peak_memory_reserved_bytes=result.peak_reserved_bytes,
-        peak_memory_absolute_bytes=result.peak_absolute_bytes,
-        train_s=state.elapsed_s,
+        packing=False,  # rollouts are right-padded rows
         elapsed_s=total_s,
-        versions=library_versions(),
+        early_stopped=False,
+        reward_last=run.source.last_logged.get("reward"),
     )

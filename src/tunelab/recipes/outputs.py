@@ -15,11 +15,14 @@ from pathlib import Path
 
 from .. import methods
 from ..config import TrainConfig, dump_yaml, to_dict
+from ..device import device_memory_bytes, device_name, library_versions
 from ..errors import TunelabError
 from ..io import atomic_dir, disk_errors, link_tree, remove_stale_temps, write_atomic
-from ..train import checkpoint, trackers
+from ..model.lora_linear import nf4_layers
+from ..train import checkpoint, distributed, trackers
 from ..train.checkpoint import TrainState
 from ..train.lock import PROBE_PREFIX, lock_output_dir
+from .summary import RunSummary
 
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
@@ -183,3 +186,55 @@ def tracking(accelerator, setup: trackers.TrackerSetup | None, cfg: TrainConfig,
         # a distributed run still needs for its final save.
         for tracker in accelerator.trackers:
             tracker.finish()
+
+
+def summarize(run, result, *, data: dict, total_steps: int, packing: bool, elapsed_s: float, **own) -> RunSummary:
+    """summary.json's record of a recipe's run after the shared loop (`result`: train/loop.LoopResult): the settings,
+    the model's counts, the loop's steps, tokens, rates and memory, filled the same way for every objective. `run`
+    holds cfg, out, prep, trainee, procs, state and logged_first_loss, as each recipe's run does; `data`,
+    `total_steps`, `packing`, `elapsed_s` and `own` (early stopping and evaluations, the last reward) are the
+    recipe's own."""
+    cfg, prep, state, trainee = run.cfg, run.prep, run.state, run.trainee
+    return RunSummary(
+        output_dir=str(run.out),
+        model=cfg.model,
+        method=cfg.adapter.method,
+        objective=cfg.objective.name,
+        base_quant=cfg.adapter.quant,
+        nf4_layers=nf4_layers(trainee.model),
+        device=device_name(prep.device),
+        device_memory_bytes=device_memory_bytes(prep.device),
+        precision=prep.precision.name,
+        params_trainable=trainee.params_trainable,
+        params_total=trainee.params_total,
+        params_local=distributed.local_numel(trainee.loss_fn),
+        seq_len=cfg.batch.seq_len,
+        micro_batch=cfg.batch.micro_batch,
+        grad_accum=cfg.batch.grad_accum,
+        packing=packing,
+        grad_ckpt=cfg.compute.grad_ckpt,
+        compile=None if prep.compile is None else prep.compile.as_dict(),
+        activation_offload=cfg.compute.activation_offload,
+        world_size=run.procs.world,
+        data=data,
+        steps=state.step,
+        total_steps=total_steps,
+        schedule_steps=state.schedule_steps,
+        finished=result.finished,
+        time_limited=result.time_limited,
+        loss_first=run.logged_first_loss
+        if run.logged_first_loss is not None
+        else (result.losses[0][1] if result.losses else None),
+        loss_last=result.losses[-1][1] if result.losses else None,
+        tokens_padded=state.tokens_padded,
+        tokens_nonpad=state.tokens_nonpad,
+        tokens_loss=state.tokens_loss,
+        **result.rates(),
+        peak_memory_bytes=result.peak_memory_bytes,
+        peak_memory_reserved_bytes=result.peak_reserved_bytes,
+        peak_memory_absolute_bytes=result.peak_absolute_bytes,
+        train_s=state.elapsed_s,
+        elapsed_s=elapsed_s,
+        versions=library_versions(),
+        **own,
+    )
