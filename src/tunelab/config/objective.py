@@ -66,7 +66,7 @@ class GrpoConfig:
     # How the sampler's decode loop runs (decoding.py): auto is compiled (a static cache, CUDA graphs) on CUDA and
     # dynamic (eager, a growing cache) elsewhere.
     decode: str = decoding.AUTO
-    # The run's schedule_within_limit under its earlier name (train/loop.LimitFit fits the schedule at generation-batch
+    # The run's schedule_within_limit under its earlier name (train/loop.ScheduleToLimit fits the schedule at generation-batch
     # boundaries); either turns the fit on.
     schedule_within_limit: bool = False
     # A prompt row field (e.g. `digits` of `tunelab data arithmetic --prompts`): each generation batch then holds

@@ -332,7 +332,7 @@ class RunConfig:
     max_minutes: float = 0.0
     # With max_minutes: once the warm-up steps are done, and after every step from then on, the run and its
     # learning-rate schedule end at the last step that the measured pace says fits, so the schedule decays within
-    # the limit instead of being cut mid-way (train/loop.LimitFit); give the run more data than the limit holds.
+    # the limit instead of being cut mid-way (train/loop.ScheduleToLimit); give the run more data than the limit holds.
     schedule_within_limit: bool = False
     # Also send metrics.jsonl's records to an experiment tracker (train/trackers.py).
     report_to: ReportTo = "none"

@@ -245,7 +245,7 @@ def _train_locked(
     cfg: TrainConfig, out: Path, t0: float, show_progress: bool, measure: loop.Measurement, procs: distributed.Processes
 ) -> RunSummary:
     run = setup(cfg, out, procs, show_progress)
-    result = fit(run, measure)
+    result = run_loop(run, measure)
     summary = summarize(run, result, t0)
     if procs.main:
         outputs.write_summary(out, summary.as_dict())
@@ -375,7 +375,7 @@ def _prepare_output_dir(
     return outputs.start_logs(cfg, out, resume_from, state.step, show_progress)
 
 
-def fit(run: Run, measure: loop.Measurement) -> loop.LoopResult:
+def run_loop(run: Run, measure: loop.Measurement) -> loop.LoopResult:
     """The training loop, with its trackers, then the final save of a finished run."""
     cfg, out, procs, state, trainee = run.cfg, run.out, run.procs, run.state, run.trainee
     gather = run.strategy.gather(trainee, methods.get(cfg.adapter.method).adapter)

@@ -3,7 +3,7 @@ GRPOTrainer overrides only the Trainer's input preparation and loss. Every num_i
 generation batch, prompts x G completions from the policy (eval/sampling.py), scores it with the rewards
 (train/rewards.py), turns them into group-normalised advantages and scores the completions under the policy at
 generation (num_iterations > 1) and the reference (beta > 0); each step then runs the loop's micro-step,
-accumulation, clipping, optimizer, schedule (run.schedule_within_limit's LimitFit included), checkpoints, metrics
+accumulation, clipping, optimizer, schedule (run.schedule_within_limit's ScheduleToLimit included), checkpoints, metrics
 and trackers, SFT's own, on the loss of train/grpo.py. metrics.jsonl as TRL names them; completions.jsonl every
 grpo.log_completions_steps; checkpoints fall between generation batches and hold the RNG the sampler draws from
 (torch's global generator), so a resumed run samples what the uninterrupted one would.
@@ -453,17 +453,17 @@ def train(cfg: TrainConfig, show_progress: bool = True, measure: Measurement | N
     t0 = time.perf_counter()
     with outputs.held(out):
         run = setup(cfg, out, show_progress=show_progress)
-        result = fit(run, measure or Measurement())
+        result = run_loop(run, measure or Measurement())
         summary = summarize(run, result, time.perf_counter() - t0)
         outputs.write_summary(out, summary.as_dict())
     return summary
 
 
-def fit(run: GrpoRun, measure: Measurement) -> LoopResult:
+def run_loop(run: GrpoRun, measure: Measurement) -> LoopResult:
     """The shared loop (train/loop.run) over the GRPO source, with its trackers, then the final save."""
     cfg, out, state, trainee = run.cfg, run.out, run.state, run.trainee
     tracking = trackers.setup(cfg.run.report_to, out, state.step) if run.procs.main else None
-    # grpo.schedule_within_limit is the run's schedule_within_limit (train/loop.LimitFit), under its earlier name.
+    # grpo.schedule_within_limit is the run's schedule_within_limit (train/loop.ScheduleToLimit), under its earlier name.
     run_spec = replace(
         cfg.run, schedule_within_limit=cfg.run.schedule_within_limit or cfg.objective.grpo.schedule_within_limit
     )

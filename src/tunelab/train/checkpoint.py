@@ -55,7 +55,7 @@ class TrainState:
     best_step: int | None = None
     best_eval_loss: float | None = None
     evals_since_best: int = 0
-    # Where a schedule fitted to max_minutes ends (loop.LimitFit, schedule_within_limit); None: not fitted.
+    # Where a schedule fitted to max_minutes ends (loop.ScheduleToLimit, schedule_within_limit); None: not fitted.
     schedule_steps: int | None = None
 
 

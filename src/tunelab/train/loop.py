@@ -132,7 +132,7 @@ class _Window:
 
 def build_scheduler(optimizer: torch.optim.Optimizer, spec: OptimizerConfig, total_steps: int, at_step: int = 0):
     """The learning-rate schedule over `total_steps`; `at_step` > 0 builds it as if stepped that many times (a
-    schedule shortened mid-run, LimitFit), setting the optimizer's learning rate to its value there."""
+    schedule shortened mid-run, ScheduleToLimit), setting the optimizer's learning rate to its value there."""
     from transformers import get_scheduler
 
     name = "constant_with_warmup" if spec.lr_scheduler == "constant" else spec.lr_scheduler
@@ -158,7 +158,7 @@ def fitted_schedule_steps(max_minutes: float, elapsed_s: float, step: int, batch
 SCHEDULE_SHOWN_MOVE = 0.1
 
 
-class LimitFit:
+class ScheduleToLimit:
     """run.schedule_within_limit: the run and its learning-rate schedule end at the last step that the steady
     window's mean step time says still ends within max_minutes, never past the schedule's own end; fitted once the
     warm-up steps are done (their time holds compilation) and refitted after every step from then on, so a machine
@@ -174,7 +174,7 @@ class LimitFit:
     def end(self) -> int:
         return self.ctx.state.schedule_steps or self.full
 
-    def refit(self, meter: ThroughputMeter, world: int) -> int:
+    def update(self, meter: ThroughputMeter, world: int) -> int:
         """The end, refitted on the pace since the warm-up (the main process's, under several)."""
         ctx, state = self.ctx, self.ctx.state
         steady = meter.steady_s()
@@ -400,7 +400,9 @@ def run(ctx: LoopContext) -> LoopResult:
     # Data-parallel wrappers (DDP, FSDP, DeepSpeed) average gradients over ranks; each rank's loss is scaled
     # by the world size so the average is the one-process step's sum over all ranks' tokens.
     world = accelerator.num_processes
-    fit = LimitFit(ctx, schedule.total_steps) if spec.run.schedule_within_limit and spec.run.max_minutes else None
+    fit = (
+        ScheduleToLimit(ctx, schedule.total_steps) if spec.run.schedule_within_limit and spec.run.max_minutes else None
+    )
     end = fit.end() if fit is not None else schedule.total_steps
     stop = min(end, ctx.measure.stop_at or end)
     result = LoopResult(state=state, steps_run=0)
@@ -413,7 +415,7 @@ def run(ctx: LoopContext) -> LoopResult:
     ctx.loss_fn.train()
     with HeapFreeze() as heap:
         try:
-            # A fitted schedule's end moves (LimitFit): the steps are iterated to the schedule's own end, and the
+            # A fitted schedule's end moves (ScheduleToLimit): the steps are iterated to the schedule's own end, and the
             # loop breaks at `stop`.
             last = min(schedule.total_steps, ctx.measure.stop_at or schedule.total_steps) if fit else stop
             for step, batches in schedule.iterate(state.step, last):
@@ -433,7 +435,7 @@ def run(ctx: LoopContext) -> LoopResult:
                 # Where a unit of steps ends: the run may end, refit its schedule or save only there.
                 boundary = state.step % unit == 0
                 if fit is not None and meter.steady_start is not None and boundary:
-                    end = fit.refit(meter, world)
+                    end = fit.update(meter, world)
                     stop = min(end, ctx.measure.stop_at or end)
                     meter.padded_to_feed = schedule.padded_tokens(range(state.step, stop)) + state.tokens_padded
                 if ctx.evaluation is not None and _evaluation_due(state.step, ctx.evaluation.spec.every, end):
@@ -498,7 +500,7 @@ def out_of_time(
     step_s = loop_s / max(result.steps_run, 1)
     steady = meter.steady_s()
     if fitted and steady is not None and result.steady_steps:
-        # A schedule fitted to the limit (LimitFit) is fitted on the pace since the warm-up: the check takes the same
+        # A schedule fitted to the limit (ScheduleToLimit) is fitted on the pace since the warm-up: the check takes the same
         # pace, or a slow warm-up (compilation) would end the run a step before the end the fit chose.
         step_s = steady / result.steady_steps
     late = past_limit(max_minutes, meter.elapsed_s(), step_s * unit)
