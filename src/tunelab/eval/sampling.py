@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -69,9 +69,12 @@ def sample(
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
     decode: str = decoding.AUTO,
+    on_step: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
 ) -> Samples:
     """One completion per prompt in `prompts` (token ids), in order. `model` is a causal LM (a peft model samples
-    with its adapter on); its training mode is restored after. `decode`: decoding.py's mode."""
+    with its adapter on); its training mode is restored after. `decode`: decoding.py's mode. `on_step`, when given,
+    sees each step's tokens (rows,; a finished row's is `pad_id`) as they are drawn, and may return a bool tensor of
+    rows to end there (`tunelab serve`: a stop string written, a client gone); such a row's later tokens are pads."""
     device = next(model.parameters()).device
     mode = decoding.resolve(decode, device.type)
     rows, width = len(prompts), max(len(p) for p in prompts)
@@ -96,6 +99,10 @@ def sample(
                 token = pick(logits, temperature, top_p, generator).masked_fill(done, pad_id)
                 tokens.append(token)
                 done = done | torch.isin(token, stops)
+                if on_step is not None:
+                    ended = on_step(token)
+                    if ended is not None:
+                        done = done | ended.to(device)
                 if k == max_new_tokens - 1 or bool(done.all()):
                     break
                 logits = step(token)
