@@ -94,11 +94,15 @@ GRPO_METRICS = (
     "completions/max_length",
     "completions/clipped_ratio",
     "completions/mean_terminated_length",
+    "completions/min_terminated_length",
+    "completions/max_terminated_length",
     "kl",
     "entropy",
     "clip_ratio/low_mean",
     "clip_ratio/high_mean",
     "clip_ratio/region_mean",
+    "clip_ratio/low_min",
+    "clip_ratio/high_max",
 )
 
 _PAIR_LOSS = "train.pair_loss:PreferenceLoss"

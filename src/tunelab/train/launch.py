@@ -58,6 +58,14 @@ def read_accelerate_config(path: str | Path) -> dict:
 
 def check_fsdp_run(cfg, source: str) -> None:
     """Refuse run settings that FSDP's sharding cannot honour."""
+    row = cfg.objective.row
+    if row.frozen_copy(cfg.adapter.row.trains_base, cfg.objective.grpo.beta if row.generates else 0.0):
+        # The copy is held outside the module tree FSDP shards: whole on every process, where the model loaded.
+        raise TunelabError(
+            f"{source}: method {cfg.adapter.method} with objective {cfg.objective.name}'s reference model keeps a "
+            "frozen copy of the weights, which FSDP does not shard; use configs/accelerate/ddp.yaml, or method lora "
+            "(its reference is the adapter disabled)"
+        )
     quant = methods.effective_base_quant(cfg.adapter.method, cfg.adapter.base_quant)
     if quant != "none":
         # fully_shard shards floating-point parameters only, not the integer storage of quantized ones.

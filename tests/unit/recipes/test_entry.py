@@ -105,6 +105,9 @@ def test_nproc_for_an_objective_without_the_processes_capability_is_one_line_bef
     assert "use --nproc 2 or fewer" in err and "\n" not in err
     with pytest.raises(TunelabError, match="objective grpo lacks the capability zero .DeepSpeed ZeRO."):
         launch.check_deepspeed_run(load_config(config), "g.yaml")
+    with pytest.raises(TunelabError, match="keeps a frozen copy of the weights, which FSDP does not shard"):
+        launch.check_fsdp_run(load_config(config, ["method=full", "grpo.beta=0.1"]), "g.yaml")
+    launch.check_fsdp_run(load_config(config, ["method=full"]), "g.yaml")  # β 0: no reference
     row = dataclasses.replace(objectives.get("grpo"), capabilities=frozenset())
     monkeypatch.setitem(objectives.REGISTRY, "grpo", row)
     assert main([*train, "--nproc", "2"]) == 2
