@@ -69,7 +69,7 @@ class ModelPool:
         if self.has(name):
             return
         check_adapter(Path(adapter))
-        if hasattr(self.model, "set_adapter"):
+        if self.adapted():
             peft_from_pretrained(self.model, adapter, self.base, name)
             self.model.requires_grad_(False)
             use_fused_lora(self.model)
@@ -78,6 +78,12 @@ class ModelPool:
         else:
             self.model = load_adapters(self.model, {name: adapter}, self.base)
         self.models.append(Served(name, adapter))
+
+    def adapted(self) -> bool:
+        """Whether the model carries adapters (a peft model; a plain transformers model has a `set_adapter` too)."""
+        from peft import PeftModel
+
+        return isinstance(self.model, PeftModel)
 
     def names(self) -> list[str]:
         return [m.name for m in self.models]
@@ -89,7 +95,7 @@ class ModelPool:
     def use(self, name: str) -> Iterator[object]:
         """The model with `name`'s adapter on (the base's: every adapter off), for one generation."""
         if name == self.base_name:
-            if hasattr(self.model, "disable_adapter"):
+            if self.adapted():
                 with self.model.disable_adapter():
                     yield self.model
             else:
