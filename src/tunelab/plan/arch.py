@@ -441,7 +441,8 @@ def from_gguf(name: str, path: Path) -> Arch:
     if experts and experts > 1:
         raise TunelabError(
             f"model {name}: {arch} is a Mixture-of-Experts model ({arch}.expert_count={experts} in the GGUF "
-            "metadata); MoE is not supported (tunelab trains and plans dense decoders only); pick a dense model"
+            "metadata); plan reads an MoE model's shape from its config.json or the model catalog, not from GGUF; "
+            "name its directory, hub id or catalog id"
         )
     if value(f"{arch}.block_count") is None or value(f"{arch}.feed_forward_length") is None:
         raise TunelabError(f"model {name}: GGUF architecture {arch!r} is not a Llama-shaped decoder plan can describe")
