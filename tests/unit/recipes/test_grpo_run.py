@@ -69,8 +69,26 @@ def test_grpo_run_logs_trl_metrics_and_saves_adapter(tmp_path, tiny_model_dir):
     ):
         assert key in rows[0], key
     assert all(r["completions/mean_length"] <= 6 for r in rows)
+    assert trl_grpo_metric_names() <= set(rows[0])
     logged = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     assert {r["step"] for r in logged} == {1, 3}  # generation batches start at steps 1 and 3 (num_iterations 2)
+
+
+# TRL's GRPOTrainer metrics that do not apply here: tool calls, vLLM's sampling corrections, the entropy bonus, the
+# auxiliary loss, the cispo and vespo loss types; and `num_tokens`, which the loop logs as `tokens_nonpad`.
+NOT_APPLICABLE = ("tools/", "sampling/", "policy_loss", "entropy_coef", "aux_loss", "cispo", "vespo/", "num_tokens")
+
+
+def trl_grpo_metric_names() -> set[str]:
+    """The metric names the installed TRL's GRPOTrainer logs (`self._metrics[mode]["name"]`), those that apply to a
+    run with a KL term and a clipped loss type, read from its source: a renamed or new metric fails this test."""
+    import re
+
+    trainer = pytest.importorskip("trl.trainer.grpo_trainer")
+    source = open(trainer.__file__).read()
+    names = set(re.findall(r'_metrics\[mode\]\["([^"]+)"\]', source))
+    assert {"reward", "kl", "entropy", "clip_ratio/region_mean"} <= names  # the pattern still reads TRL's source
+    return {n for n in names if not n.startswith(NOT_APPLICABLE)}
 
 
 def test_resume_repeats_the_uninterrupted_steps(tmp_path, tiny_model_dir):
@@ -201,6 +219,36 @@ def test_leaving_out_equal_reward_groups_trains_the_same_adapter(tmp_path, tiny_
     for x, y in zip(a, b):
         assert x["loss"] == pytest.approx(y["loss"], abs=1e-6) and x["reward"] == y["reward"]
         assert x["clip_ratio/region_mean"] == y["clip_ratio/region_mean"]
+    wa = load_file(left_out / "adapter" / "adapter_model.safetensors")
+    wb = load_file(whole / "adapter" / "adapter_model.safetensors")
+    for name in wb:
+        torch.testing.assert_close(wa[name], wb[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_a_group_left_out_before_a_kept_one_in_the_same_micro_batch_trains_the_same_adapter(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """β = 0, two prompts a micro-batch: the first prompt's group has equal rewards and is left out, the second's is
+    kept, so the rollout's rows start at the batch's fourth completion; each row takes its own completion's
+    advantage (not the left-out ones'), and the adapter is the one the full update trains."""
+    import torch
+    from safetensors.torch import load_file
+
+    from tunelab.recipes import grpo
+
+    data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
+    extra = ("grpo.beta=0.0", f"grpo.rewards=[{{name: '{tmp_path}/r.py:r'}}]", "micro_batch=2", "max_steps=1")
+    left_out, whole = tmp_path / "left-out", tmp_path / "whole"
+    cfg = grpo_config(tiny_model_dir, data, left_out, *extra)
+    rewarded = prompt_rows()[grpo.prompt_order(4, 2, 0, cfg.run.seed)[1]]["instruction"]
+    (tmp_path / "r.py").write_text(
+        "def r(prompts, completions, **row):\n"
+        f"    return [float(sum(map(ord, c)) % 7) if {rewarded!r} in p else 0.0 for p, c in zip(prompts, completions)]\n"
+    )
+    train(cfg, show_progress=False)
+    monkeypatch.setattr(grpo, "trains_on", lambda adv, settings: torch.ones_like(adv, dtype=torch.bool))
+    train(grpo_config(tiny_model_dir, data, whole, *extra), show_progress=False)
+    assert metrics(left_out)[0]["loss"] == pytest.approx(metrics(whole)[0]["loss"], abs=1e-6)
     wa = load_file(left_out / "adapter" / "adapter_model.safetensors")
     wb = load_file(whole / "adapter" / "adapter_model.safetensors")
     for name in wb:
