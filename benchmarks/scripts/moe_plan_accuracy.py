@@ -105,7 +105,7 @@ def build_model(name: str, folder: Path) -> None:
 
 
 def measured_imbalance(folder: Path, data: Path, micro_batch: int) -> dict:
-    """The routers' load on the run's own micro-batches (the peer's tokenization, padded per batch): per layer and
+    """The routers' load on micro-batches of the run's rows (the peer's tokenization, padded per batch): per layer and
     micro-batch, the most loaded expert's tokens over the mean expert's; padding tokens are routed too, as
     transformers routes them."""
     import torch
@@ -129,7 +129,7 @@ def measured_imbalance(folder: Path, data: Path, micro_batch: int) -> dict:
     handles = [m.register_forward_hook(hook) for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
     rows = read_rows(data, "alpaca", None)
     encoded = []
-    for row in rows[: micro_batch * 8]:
+    for row in rows.select(range(min(len(rows), micro_batch * 8))):
         prompt, response = peers.prompt_and_response("alpaca", "alpaca", row, tokenizer.eos_token)
         encoded.append(peers.tokenize_masked(tokenizer, prompt, response, SEQ, False)["input_ids"])
     with torch.no_grad():
@@ -275,7 +275,7 @@ def markdown(rows: list[dict], command: str, commit: str, device_class: str) -> 
                 "",
                 "What was predicted: `tunelab plan --gpu local --stack hf-peft` (tunelab.estimate) on the same model "
                 "directory, data, LoRA and batch: with the default uniform routing (`moe.imbalance` 1), and with the "
-                "imbalance the routers measured on the run's own micro-batches (most loaded expert over the mean, per "
+                "imbalance the routers measured on micro-batches of the same rows (most loaded expert over the mean, per "
                 "layer and micro-batch; random routers are far from uniform). Errors: predicted / measured - 1.",
                 "",
                 *table(head, body),
