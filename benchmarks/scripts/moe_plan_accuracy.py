@@ -144,10 +144,12 @@ def measured_imbalance(folder: Path, data: Path, micro_batch: int) -> dict:
 
 
 def measure(folder: Path, data: Path, micro_batch: int, steps: int) -> dict:
-    from tunelab.bench.peers import run_peer
+    from tunelab.bench import peers
     from tunelab.config import BatchConfig, DataConfig, LoraConfig
 
-    return run_peer(
+    # The tuned recipe's micro-batch is its own (16); each row sets it, so the same recipe runs at the row's.
+    peers.TUNED_MICRO_BATCH = micro_batch
+    return peers.run_peer(
         "hf-trainer-tuned",
         str(folder),
         DataConfig(path=str(data)),
@@ -181,6 +183,10 @@ def predict(folder: Path, data: Path, micro_batch: int, imbalance: float):
 def row(name: str, micro_batch: int, folder: Path, data: Path, steps: int) -> dict:
     load = measured_imbalance(folder, data, micro_batch)
     rec = measure(folder, data, micro_batch, steps)
+    if (rec["micro_batch"], rec["grad_accum"]) != (micro_batch, 1):
+        raise SystemExit(
+            f"{name}: the peer ran micro-batch {rec['micro_batch']} x {rec['grad_accum']}, not {micro_batch}"
+        )
     uniform = predict(folder, data, micro_batch, 1.0)
     skewed = predict(folder, data, micro_batch, round(load["median"], 3))
     step = rec["step_time_median_s"]
@@ -267,7 +273,8 @@ def markdown(rows: list[dict], command: str, commit: str, device_class: str) -> 
                 "",
                 "What ran: transformers' own MoE forward and backward (its default experts implementation), random "
                 "weights, the embedded SmolLM2 tokenizer (49,152 ids), trained by the HF Trainer + PEFT recipe of `tunelab "
-                f"bench peers hf-trainer-tuned` (bf16, dynamic padding, length-grouped batches, LoRA r {LORA_R} on q/k/v/o, "
+                f"bench peers hf-trainer-tuned` at each row's micro-batch (its own is 16; grad-accum 1, bf16, dynamic "
+                f"padding, length-grouped batches, LoRA r {LORA_R} on q/k/v/o, "
                 f"experts and router frozen, fused AdamW) on synthetic alpaca rows cut at {SEQ} tokens; the step time is "
                 "the steady-state median after 3 warm-up steps, the peak the process's (docs/metrics.md). tunelab's own MoE "
                 "training path was not on main when this ran, so these rows measure plan's `--stack hf-peft` model of "
