@@ -27,7 +27,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -268,7 +267,7 @@ def markdown(rows: list[dict], command: str, commit: str, device_class: str) -> 
                 f"# plan's error on Mixture-of-Experts training steps, {device_class}",
                 "",
                 f"Code: tunelab {commit}; command: `{command}`; device class `{device_class}` (2 cores, shared with "
-                f"other sessions, every run under the CPU lock); torch {v.get('torch')}, transformers "
+                f"other sessions, every run under the CPU lock; plan names the class `{rows[0]['device_class']}`); torch {v.get('torch')}, transformers "
                 f"{v.get('transformers')}, peft {v.get('peft')}.",
                 "",
                 "What ran: transformers' own MoE forward and backward (its default experts implementation), random "
@@ -311,9 +310,12 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--only", action="append", default=[])
+    p.add_argument("--rewrite", help="write <out>.md and .record.json again from this record's rows, measuring nothing")
     a = p.parse_args()
     sys.path.insert(0, str(REPO / "src"))
-    from tunelab.device import library_versions
+    if a.rewrite:
+        write(json.loads(Path(a.rewrite).read_text())["figures"]["rows"], a.out)
+        return 0
 
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     work = Path(tempfile.mkdtemp(prefix="moe-plan-"))
@@ -331,50 +333,42 @@ def main() -> int:
             folder = work / name
             if not folder.exists():
                 build_model(name, folder)
-            rows.append(row(name, mb, folder, data, a.steps))
+            rows.append({**row(name, mb, folder, data, a.steps), "commit": commit.stdout.strip()})
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "versions"}), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    device_class = rows[0]["device_class"]
-    command = "python benchmarks/scripts/moe_plan_accuracy.py --out " + a.out
-    text = markdown(rows, command, commit.stdout.strip(), device_class)
+    write(rows, a.out)
+    return 0
+
+
+def write(rows: list[dict], out: str) -> None:
+    """`<out>.md` and `<out>.record.json` from the measured rows; the record's device class is the file name's
+    (benchmarks/scripts/records.py parse_name), plan's own class name for it is in each row."""
+    from tunelab.device import library_versions
+
+    stem = Path(out).name
+    device_class = stem.split("_")[1]
+    command = f"python benchmarks/scripts/moe_plan_accuracy.py --out benchmarks/plan-accuracy/{stem}"
+    text = markdown(rows, command, rows[0]["commit"], device_class)
     record = {
-        "command": command,
+        "command": [command],
         "config": {"runs": RUNS, "shapes": SHAPES, "seq_len": SEQ, "lora_r": LORA_R, "peer": "hf-trainer-tuned"},
         "device_class": device_class,
-        "date": time.strftime("%Y-%m-%d"),
-        "versions": library_versions(),
+        "date": stem.split("_")[2],
+        "versions": rows[0].get("versions") or library_versions(),
         "figures": {
             "median_abs_step_error_uniform": statistics.median(abs(r["step_error_uniform"]) for r in rows),
             "median_abs_step_error_measured_imbalance": statistics.median(
                 abs(r["step_error_measured_imbalance"]) for r in rows
             ),
             "median_abs_memory_error": statistics.median(abs(r["memory_error"]) for r in rows),
-            "rows": [
-                {
-                    k: r[k]
-                    for k in (
-                        "shape",
-                        "micro_batch",
-                        "measured_step_s",
-                        "predicted_step_s_uniform",
-                        "step_error_uniform",
-                        "predicted_step_s_measured_imbalance",
-                        "step_error_measured_imbalance",
-                        "measured_peak_bytes",
-                        "predicted_peak_bytes",
-                        "memory_error",
-                    )
-                }
-                for r in rows
-            ],
+            "rows": rows,
         },
-        "raw": rows,
+        "raw": [],
     }
-    Path(a.out + ".md").write_text(text)
-    Path(a.out + ".record.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+    Path(out + ".md").write_text(text)
+    Path(out + ".record.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
     print(text)
-    return 0
 
 
 if __name__ == "__main__":
