@@ -291,14 +291,25 @@ def markdown(rows: list[dict], command: str, commit: str, device_class: str) -> 
                 "",
                 "## What these figures can and cannot say",
                 "",
-                "- Four short runs on one CPU class, small shapes (hidden 512, 4 layers) whose LM head over 49,152 ids is "
-                "a large share of the step; the expert part is memory-bound at these token counts, as plan prices it.",
-                "- The imbalance a trained router has on real data is not what random routers have: the measured values "
-                "here test the imbalance term, not the default.",
-                "- The experts train frozen (LoRA on attention only): expert LoRA and QLoRA experts are not measured here.",
+                "- The routers are random, and random routers are far from uniform: the measured median imbalance is "
+                "3.1 (8 experts, top-2) to 7.2 (64 experts, top-8), and in some layer and micro-batch every row reaches "
+                "experts / top-k, one expert taking every token. At that skew plan's uniform default is 22-46% too fast, "
+                "and pricing every expert at the most loaded one's tokens (`--moe-imbalance` at the measured value) "
+                "brings the four rows to -23% ... +12%. A trained router on real data is nearer uniform; these rows test "
+                "the imbalance term, not the default.",
+                "- Memory: plan's peak for the HF stack is above every measured one, by 9-15% at micro-batches 4 and "
+                "16 and by about half at 8. Plan's largest term is the whole-vocabulary logits of the HF loss (12 B a "
+                "logit at backward's start: 1.1 GiB of its 1.85 GiB at micro-batch 8, over 49,152 ids); these runs do "
+                "not say which term the measured 1.22-1.25 GiB leave out, and nothing here is tuned to them.",
+                "- Four short runs (8 steps, 3 warm-up) on one CPU class, small shapes (hidden 512, 4 layers) whose LM "
+                "head over 49,152 ids is a large share of the step; the experts are frozen (LoRA on attention): expert "
+                "LoRA, QLoRA experts and tunelab's own MoE path are not measured here.",
+                "- The models are built in the script (transformers configs, seeded random weights), not catalog rows, "
+                "so these rows are not `tunelab bench fit` rows (a row's model must be one plan resolves).",
                 "- No GPU was lent to this session: the GPU figures plan gives for MoE models are unmeasured.",
                 "",
-                "Per-row details (step parts, memory breakdown, the constants' source) are in the record's `raw`.",
+                "Per-row details (plan's step parts and memory breakdown, the constants' source, the peer's settings) "
+                "are in the record's `figures.rows`.",
             ]
         )
         + "\n"
