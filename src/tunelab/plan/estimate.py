@@ -150,6 +150,8 @@ def estimate(
         raise TunelabError(
             f"seq_len {job.batch.seq_len} is over {arch.name}'s maximum of {arch.max_positions} positions; lower seq_len"
         )
+    if job.adapter.lora.router and arch.moe is None:
+        raise TunelabError(f"lora.router: {arch.name} has no router (not a Mixture-of-Experts model); drop lora.router")
     if job.moe.imbalance != 1 and arch.moe is None:
         raise TunelabError(
             f"moe.imbalance={job.moe.imbalance:g} applies to Mixture-of-Experts models; {arch.name} is dense, so "

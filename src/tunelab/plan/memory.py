@@ -82,7 +82,15 @@ def trainable_params(arch: Arch, job: Job, s: Layout) -> int:
     extra = 0
     if job.method.magnitude:  # one fp32 magnitude per output feature of each adapted matrix
         extra = sum(m.count * m.d_out for m in arch.modules() if m.name in s.targets)
-    return adapter_params(arch, s.targets, job.adapter.lora.r) + extra
+    return adapter_params(arch, s.targets, job.adapter.lora.r) + extra + router_params(arch, job)
+
+
+def router_params(arch: Arch, job: Job) -> int:
+    """An MoE model's routers under `lora.router`: trained whole beside the adapter (fp32, with gradients and
+    optimizer states); 0 otherwise."""
+    if arch.moe is None or not job.adapter.lora.router or job.method.trains_base:
+        return 0
+    return sum(m.params for m in arch.modules() if m.name == "router")
 
 
 def fp32_master(job: Job) -> bool:
@@ -119,6 +127,8 @@ def trained_shapes(arch: Arch, job: Job, s: Layout) -> list[tuple[int, int, int]
         out += [(r, m.d_in, m.count), (m.d_out, r, m.count)]
         if job.method.magnitude:
             out.append((m.d_out, 1, m.count))
+    if router_params(arch, job):
+        out += [(m.d_out, m.d_in, m.count) for m in arch.modules() if m.name == "router"]
     return out
 
 
