@@ -434,7 +434,7 @@ def build_policy(cfg: TrainConfig, prep: Prepared, device: torch.device | None =
     offload.apply(model, cfg.compute.activation_offload, cfg.compute.grad_ckpt)
     if prep.compile is not None and prep.compile.chosen:
         # Not packed: [W | sB] holds W as a view its refresh writes into, an input mutation that AOTAutograd
-        # cannot trace in the compiled update.
+        # cannot trace in the compiled update; the sampler packs a copy for each call (model/prepack.py).
         compile_blocks(model)
     else:
         pack_for_inference(model)
