@@ -20,11 +20,14 @@ from collections.abc import Iterator
 
 import torch
 
+from ..runtime import PREPACK_CAPABILITIES, PREPACK_MIN_ROWS
+
 # Below 8 rows the reordered product measured no faster, and at one row slower, than torch's on small matrices
-# (same file as above); generation batches are 16 (GRPO's groups) to 64 (eval) rows.
-MIN_ROWS = 8
+# (same file as above); generation batches are 16 (GRPO's groups) to 64 (eval) rows. In runtime.py: plan counts
+# the copy.
+MIN_ROWS = PREPACK_MIN_ROWS
 # torch's CPU capabilities the reordered product was measured faster on (AVX512 covers AVX512_VNNI, ...).
-CAPABILITIES = ("AVX2", "AVX512")
+CAPABILITIES = PREPACK_CAPABILITIES
 _ACTIVE = "_tunelab_prepacked"
 
 
