@@ -247,7 +247,7 @@ def resolve_arch(ref: str) -> Arch:
             raise
         raise TunelabError(f"{e}; or use a model plan knows: {', '.join(archmod.registry_names())}") from None
     config = model_config(source)
-    families.check(config, ref)
+    families.check(config, ref, planning=True)
     file = Path(source.path) / "config.json"
     written = set(json.loads(file.read_text())) if file.is_file() else None
     return archmod.from_hf_config(ref, config, str(file), written)

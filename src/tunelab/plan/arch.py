@@ -2,7 +2,10 @@
 by its short id), a config.json directory, a .gguf file's metadata, or a hub id's config.json (cached or fetched).
 
 Only the shapes matter to `plan`: the decoder blocks' linear layers (q/k/v/o attention projections and a
-gated gate/up/down MLP, the Llama/Mistral/Qwen2/Gemma/SmolLM shape), the embedding and the LM head.
+gated gate/up/down MLP, the Llama/Mistral/Qwen2/Gemma/SmolLM shape), the embedding and the LM head. A
+Mixture-of-Experts model (families.Moe) replaces the MLP of its sparse layers with a router and `experts` gated
+MLPs of `expert_width`, `top_k` of them per token, plus an always-on shared expert where the family has one:
+its total parameters (memory) and active parameters (FLOPs) differ.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import TunelabError
+from ..families import Moe, moe_shape
 from ..modelref import RANDOM
 from . import catalog
 
@@ -50,6 +54,9 @@ class Arch:
     source: str
     # Final-logit soft-capping (Gemma-2's final_logit_softcapping): the loss keeps more per-chunk buffers.
     logit_softcap: float = 0.0
+    # The Mixture-of-Experts shape; None for a dense model. `intermediate` is then the width of the dense layers'
+    # MLP (Qwen-MoE's mlp_only_layers), unused where every layer is sparse.
+    moe: Moe | None = None
 
     def linears(self) -> dict[str, tuple[int, int]]:
         """(d_in, d_out) of each linear layer in one decoder block, by the module names peft targets."""
@@ -65,14 +72,43 @@ class Arch:
         }
 
     @property
+    def sparse_layers(self) -> int:
+        """How many decoder layers hold an MoE block instead of a dense MLP."""
+        return len(self.moe.sparse_layers) if self.moe else 0
+
+    def _mlp(self, width: int) -> int:
+        return 3 * self.hidden * width  # gate, up, down
+
+    def _attention(self) -> int:
+        return sum(a * b for name, (a, b) in self.linears().items() if name in ATTN)
+
+    def _moe_block(self, experts: int) -> int:
+        """Linear weights of one sparse layer's MoE block with `experts` routed experts counted (all of them for
+        memory, top_k for a token's FLOPs): the routed experts, the shared expert and its gate, the router."""
+        m = self.moe
+        gate = self.hidden if m.shared_gate else 0
+        return experts * self._mlp(m.expert_width) + self._mlp(m.shared_width) + self.hidden * m.experts + gate
+
+    @property
     def block_linear_params(self) -> int:
-        return self.layers * sum(a * b for a, b in self.linears().values())
+        """Every linear weight of the decoder blocks (all experts of an MoE model): what memory holds."""
+        dense = (self.layers - self.sparse_layers) * self._mlp(self.intermediate)
+        sparse = self.sparse_layers * self._moe_block(self.moe.experts) if self.moe else 0
+        return self.layers * self._attention() + dense + sparse
+
+    @property
+    def active_block_params(self) -> int:
+        """The linear weights one token goes through: an MoE block's top_k experts, shared expert and router."""
+        if self.moe is None:
+            return self.block_linear_params
+        dense = (self.layers - self.sparse_layers) * self._mlp(self.intermediate)
+        return self.layers * self._attention() + dense + self.sparse_layers * self._moe_block(self.moe.top_k)
 
     @property
     def matmul_params(self) -> int:
-        """N of docs/formulas.md: every weight that takes part in a matmul, the LM head included (the embedding
-        lookup is a gather, not a matmul)."""
-        return self.block_linear_params + self.vocab * self.hidden
+        """N of docs/formulas.md: every weight that takes part in a token's matmuls (an MoE model's active ones),
+        the LM head included (the embedding lookup is a gather, not a matmul)."""
+        return self.active_block_params + self.vocab * self.hidden
 
     @property
     def embedding_params(self) -> int:
@@ -83,9 +119,24 @@ class Arch:
         return (2 * self.layers + 1) * self.hidden  # two RMSNorms per block and the final one
 
     @property
+    def moe_bias_params(self) -> int:
+        """Router and expert biases (gpt-oss): vectors, counted in the total but never quantized."""
+        if self.moe is None or not self.moe.biases:
+            return 0
+        m = self.moe
+        return self.sparse_layers * (m.experts + m.experts * (2 * m.expert_width + self.hidden))
+
+    @property
     def total_params(self) -> int:
         head = 0 if self.tied else self.vocab * self.hidden
-        return self.block_linear_params + self.embedding_params + head + self.norm_params
+        return self.block_linear_params + self.embedding_params + head + self.norm_params + self.moe_bias_params
+
+    @property
+    def active_params(self) -> int:
+        """The parameters one token uses: total_params with an MoE block's unrouted experts left out."""
+        unrouted = self.block_linear_params - self.active_block_params
+        biases = self.moe_bias_params * (self.moe.experts - self.moe.top_k) // self.moe.experts if self.moe else 0
+        return self.total_params - unrouted - biases
 
 
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -137,6 +188,30 @@ def from_registry(ref: str) -> Arch | None:
         tied=row["tied"],
         source=f"registry: {row['source']}",
         logit_softcap=float(row.get("logit_softcap", 0.0)),
+        moe=registry_moe(row, key),
+    )
+
+
+def registry_moe(row: dict, key: str) -> Moe | None:
+    """A catalog row's `moe:` mapping as a Moe: every layer sparse except its `dense_layers`."""
+    m = row.get("moe")
+    if m is None:
+        return None
+    if not 1 <= m["top_k"] <= m["experts"]:
+        raise TunelabError(
+            f"models.yaml: {key}: moe.top_k={m['top_k']} must be between 1 and moe.experts={m['experts']}"
+        )
+    dense = set(m.get("dense_layers", ()))
+    return Moe(
+        family=m["family"],
+        experts=m["experts"],
+        top_k=m["top_k"],
+        expert_width=m["expert_width"],
+        sparse_layers=tuple(i for i in range(row["layers"]) if i not in dense),
+        shared_width=m.get("shared_width", 0),
+        shared_gate=bool(m.get("shared_gate", False)),
+        biases=bool(m.get("biases", False)),
+        aux_coef=float(m.get("aux_coef", 0.0)),
     )
 
 
@@ -218,6 +293,7 @@ def from_hf_config(name: str, cfg, source: str, written: set[str] | None = None)
         tied=bool(getattr(cfg, "tie_word_embeddings", False)),
         source=source,
         logit_softcap=float(getattr(cfg, "final_logit_softcapping", None) or 0.0),
+        moe=moe_shape(cfg, name),
     )
 
 
