@@ -2,7 +2,7 @@
 `compile: true` GRPO run trains (recipes/grpo.build_policy: blocks compiled, LoRA layers not packed), sampled
 through eval/sampling.py, alternating `packed` (model/prepack.py packs each LoRA layer's [W | sB], or reorders
 W + sBA in fp32, for the call: now) and `unpacked` (pack_while off: the fused forward concatenates [W | sB] on
-every call, as before), after one warm-up call of each. Prints one JSON line per call and the medians.
+every call, and in fp32 no LoRA layer is reordered, as before), after one warm-up call of each. Prints one JSON line per call and the medians.
 
     python benchmarks/scripts/decode_compiled_policy_ab.py [--rows 64] [--prompts 8] [--prompt-tokens 24]
         [--tokens 40] [--repeats 3] [--precision auto]
@@ -46,10 +46,14 @@ def main(argv=None) -> int:
     vocab = model.config.vocab_size
     distinct = [torch.randint(0, vocab, (args.prompt_tokens,), generator=g).tolist() for _ in range(args.prompts)]
     prompts = [distinct[i % args.prompts] for i in range(args.rows)]
-    real = lora_linear._FusedForward.pack_while
+    real = lora_linear._FusedForward.pack_while, lora_linear._FusedForward.prepack_inference
+
+    def before(self, reorder):  # the code before: only a layer pack_for_inference packed was reordered
+        return None if self._packed is None else real[1](self, reorder)
 
     def timed(packed: bool) -> float:
-        lora_linear._FusedForward.pack_while = real if packed else (lambda self: False)
+        lora_linear._FusedForward.pack_while = real[0] if packed else (lambda self: False)
+        lora_linear._FusedForward.prepack_inference = real[1] if packed else before
         t0 = time.perf_counter()
         sample(model, prompts, args.tokens, [-1], 0, 1.0, 1.0, decode="dynamic")
         return time.perf_counter() - t0

@@ -227,7 +227,8 @@ def run_trl_grpo(cfg: cfgmod.TrainConfig, steps: int, warmup: int) -> dict:
             max_steps=steps,
             bf16=precision.name == "bf16",
             fp16=precision.name == "fp16",
-            **trl_grpo_args(cfg),
+            # The device tunelab resolved (`device: auto` on a CPU included): TRL refuses bf16 off a GPU without it.
+            **{**trl_grpo_args(cfg), "use_cpu": dev.type == "cpu"},
         )
         trainer = GRPOTrainer(
             model=model,
