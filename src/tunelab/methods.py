@@ -45,8 +45,9 @@ class Method:
 
     @property
     def reference(self) -> str:
-        """A preference objective's reference model under this method: an adapter's is its base with the adapter
-        disabled (no second copy of the weights); full fine-tuning keeps a frozen copy of the starting weights."""
+        """The reference model under this method (DPO's, GRPO's KL term; objectives.Objective.frozen_copy): an
+        adapter's is its base with the adapter disabled (no second copy of the weights); full fine-tuning keeps a
+        frozen copy of the starting weights (train/loss.CausalLMLoss.keep_reference)."""
         return "frozen-copy" if self.trains_base else "adapter-disabled"
 
 

@@ -21,6 +21,7 @@ CAPABILITIES = {
     "activation_offload": "activation offload",
     "trackers": "TensorBoard or W&B logging",
     "processes": "several processes",
+    "zero": "DeepSpeed ZeRO",
 }
 
 
@@ -60,6 +61,18 @@ class Objective:
     # What its recipe can do (CAPABILITIES' keys): the shared loop's recipe has every one.
     capabilities: frozenset[str] = frozenset(CAPABILITIES)
 
+    def uses_reference(self, kl_weight: float = 0.0) -> bool:
+        """Whether a run scores its sequences under a reference model: the row says so (DPO), or a generating
+        objective's KL term weighs it (`kl_weight`, grpo.beta, positive)."""
+        return self.reference or (self.generates and kl_weight > 0)
+
+    def frozen_copy(self, trains_base: bool, kl_weight: float = 0.0) -> bool:
+        """Whether the run holds a second, frozen copy of the model's weights as its reference: under a method that
+        trains the base (methods.Method.reference is then `frozen-copy`), where it uses a reference at all. plan
+        counts its bytes; a precomputed reference table (preference.precompute_reference) drops it after the
+        table is filled."""
+        return trains_base and self.uses_reference(kl_weight)
+
 
 _PAIR_METRICS = (
     "rewards/chosen",
@@ -81,11 +94,15 @@ GRPO_METRICS = (
     "completions/max_length",
     "completions/clipped_ratio",
     "completions/mean_terminated_length",
+    "completions/min_terminated_length",
+    "completions/max_terminated_length",
     "kl",
     "entropy",
     "clip_ratio/low_mean",
     "clip_ratio/high_mean",
     "clip_ratio/region_mean",
+    "clip_ratio/low_min",
+    "clip_ratio/high_max",
 )
 
 _PAIR_LOSS = "train.pair_loss:PreferenceLoss"
@@ -127,10 +144,23 @@ REGISTRY: dict[str, Objective] = {
             loss_module="train.grpo:GrpoLoss",
             data_builder="data.prompts:prepare_prompts",
             recipe="recipes.grpo:train",
-            # Its recipe trains on the shared loop (train/loop.run), with checkpointed decoder layers and compiled
-            # blocks where asked, over padded rows with SDPA, in one process; it samples from the adapter and takes
-            # the base (the adapter disabled) as its reference.
-            capabilities=frozenset({"trackers", "activation_checkpointing", "compiled_blocks"}),
+            # Its recipe trains on the shared loop (train/loop.run) over padded rows (SDPA unless `attention` says
+            # otherwise), with checkpointed, offloaded or compiled decoder layers where asked, LoRA or full
+            # fine-tuning, on one process or several (DDP, FSDP2: each samples its share of a step's prompts; not
+            # DeepSpeed ZeRO, whose partitioned weights its sampling would gather layer by layer, untested); its
+            # reference (β > 0) is the base with the adapter disabled, or a frozen copy of the starting policy under
+            # full fine-tuning.
+            capabilities=frozenset(
+                {
+                    "trackers",
+                    "activation_checkpointing",
+                    "compiled_blocks",
+                    "trains_base",
+                    "activation_offload",
+                    "attention_choice",
+                    "processes",
+                }
+            ),
         ),
     )
 }

@@ -63,6 +63,7 @@ def _launch(args: argparse.Namespace) -> int:
     from ..train.launch import (
         check_deepspeed_run,
         check_fsdp_run,
+        check_prompt_shares,
         launch_command,
         read_accelerate_config,
         run_launcher,
@@ -74,6 +75,8 @@ def _launch(args: argparse.Namespace) -> int:
     if refusal and args.nproc != 1:
         raise TunelabError(refusal)
     launch = None if args.accelerate_config is None else read_accelerate_config(args.accelerate_config)
+    nproc = args.nproc if args.nproc is not None else int((launch or {}).get("num_processes") or 1)
+    check_prompt_shares(cfg, nproc, args.config or "config")
     if launch is not None and launch["distributed_type"] == "FSDP":
         check_fsdp_run(cfg, args.config)
     if launch is not None and launch["distributed_type"] == "DEEPSPEED":

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -35,9 +35,15 @@ class Samples:
     logps: list[list[float]] | None = None
 
 
-def pick(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> torch.Tensor:
+def pick(
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | None,
+    rows: tuple[int, int] | None = None,
+) -> torch.Tensor:
     """One token per row from fp32 `logits` (B, V): the argmax at temperature 0, else a draw from the
-    temperature-scaled distribution cut to its top-p nucleus (Holtzman et al. 2020, §3.1)."""
+    temperature-scaled distribution cut to its top-p nucleus (Holtzman et al. 2020, §3.1). `rows` (draw's)."""
     if temperature == 0:
         return logits.argmax(-1)
     probs = torch.softmax(logits / temperature, dim=-1)
@@ -47,17 +53,23 @@ def pick(logits: torch.Tensor, temperature: float, top_p: float, generator: torc
         drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    return draw(probs, generator)
+    return draw(probs, generator, rows)
 
 
-def draw(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def draw(weights: torch.Tensor, generator: torch.Generator | None, rows: tuple[int, int] | None = None) -> torch.Tensor:
     """One index per row of non-negative `weights` (B, V), with probability proportional to its weight: the first
     index whose running sum exceeds a uniform draw times the row's total (inverse-CDF sampling). One uniform per
     row, where torch.multinomial draws an exponential per vocabulary entry (15% of a CPU decode step on the
     embedded model; benchmarks/design-decisions_cpu_2026-11-28.md#prepacked-decode-weights). The running sum is
-    fp64, so a zero weight is never drawn and the last entries keep their mass."""
+    fp64, so a zero weight is never drawn and the last entries keep their mass.
+
+    `rows` (first, total): these B rows are rows first.. of a batch of `total` that other processes share; the
+    uniforms of the whole batch are drawn and these rows take theirs, so each row draws what it would in one
+    process sampling the whole batch."""
     cdf = weights.double().cumsum(-1)
-    u = torch.rand(weights.shape[0], 1, generator=generator, device=weights.device, dtype=torch.float64)
+    first, total = rows if rows is not None else (0, weights.shape[0])
+    u = torch.rand(total, 1, generator=generator, device=weights.device, dtype=torch.float64)
+    u = u[first : first + weights.shape[0]]
     index = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
     return index.squeeze(-1).clamp(max=weights.shape[-1] - 1)
 
@@ -73,13 +85,18 @@ def sample(
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
     decode: str = decoding.AUTO,
+    share: tuple[int, int] | None = None,
+    all_done: Callable[[bool], bool] | None = None,
     logprobs: bool = False,
 ) -> Samples:
     """One completion per prompt in `prompts` (token ids), in order: the one generation step of eval, GRPO and the
     page's Try it. `model` is a causal LM (a peft model samples with its adapter on); its training mode is restored
     after. `decode`: decoding.py's mode. It runs without autograd (so activation checkpointing is inert), in eval
-    mode, over prepacked weights (model/prepack.py; a compiled policy's too; not the compiled mode's), and with the policy's compiled
-    blocks eager (`policy_eager`): their graphs are the update's; only the compiled mode's own step is compiled."""
+    mode, over prepacked weights (model/prepack.py; a compiled policy's too; not the compiled mode's), and with the
+    policy's compiled blocks eager (`policy_eager`): their graphs are the update's; only the compiled mode's own step
+    is compiled. Several processes sampling shares of one batch: `share` (first, total) places this share in it
+    (draw's `rows`), and `all_done(done)` says whether every process's rows are done, so all take the same decode
+    steps (and random draws) as one process sampling the whole batch. `logprobs`: each token's log-prob too."""
     device = next(model.parameters()).device
     mode = decoding.resolve(decode, device.type)
     rows, width = len(prompts), max(len(p) for p in prompts)
@@ -104,13 +121,16 @@ def sample(
             done = torch.zeros(rows, dtype=torch.bool, device=device)
             tokens, scores = [], []
             for k in range(max_new_tokens):
-                token = pick(logits, temperature, top_p, generator).masked_fill(done, pad_id)
+                token = pick(logits, temperature, top_p, generator, share).masked_fill(done, pad_id)
                 tokens.append(token)
                 if logprobs:
                     scaled = logits if temperature == 0 else logits / temperature
                     scores.append(torch.log_softmax(scaled, dim=-1).gather(-1, token[:, None]).squeeze(-1))
                 done = done | torch.isin(token, stops)
-                if k == max_new_tokens - 1 or bool(done.all()):
+                finished = bool(done.all())
+                if all_done is not None:
+                    finished = all_done(finished)
+                if k == max_new_tokens - 1 or finished:
                     break
                 logits = step(token)
     finally:

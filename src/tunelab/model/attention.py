@@ -23,6 +23,9 @@ documents, which on an H100 was faster than causal SDPA over whole rows or a den
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 
@@ -360,3 +363,19 @@ def flex_packed_attention(
         score_mod = None if softcap is None else _softcap_score(softcap)
         out = _flex_attention()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scaling, enable_gqa=gqa)
     return out.transpose(1, 2).contiguous(), None
+
+
+@contextmanager
+def with_padding_masks(model: torch.nn.Module) -> Iterator[None]:
+    """`model` on transformers' SDPA while inside, where it runs on one of tunelab's packed-row paths (NAME,
+    FLEX_NAME): those get no mask function (`register`), so over left-padded prompts with a KV cache, as sampling
+    runs, the padding would be attended to; SDPA takes transformers' padding mask. The attention modules read the
+    implementation from the config they share at every forward."""
+    config = model.config
+    chosen = config._attn_implementation
+    if chosen in (NAME, FLEX_NAME):
+        config._attn_implementation = "sdpa"
+    try:
+        yield
+    finally:
+        config._attn_implementation = chosen

@@ -188,6 +188,11 @@ def _nf4_dequantizer(base: torch.nn.Module):
     return lambda: dequantize_4bit(weight.data, weight.quant_state)
 
 
+def _dense(base: torch.nn.Module) -> bool:
+    """A plain Linear whose weight is a whole tensor (not FSDP's shard of it), which a layer may lay out again."""
+    return type(base) is torch.nn.Linear and type(base.weight.detach()) is torch.Tensor
+
+
 class _FusedForward:
     """The fused forward for peft's LoRA layers; mixed into peft's own classes, so the state dict and the
     saved adapter are peft's. It covers the plain case (one active LoRA adapter, unmerged, no DoRA, a dense
@@ -223,7 +228,7 @@ class _FusedForward:
         (a compiled policy's layers are not: see `pack_while`)."""
         name = self._fused_adapter()
         base = self.base_layer
-        if name is None or type(base) is not torch.nn.Linear or base.weight.dtype != torch.float32:
+        if name is None or not _dense(base) or base.weight.dtype != torch.float32:
             return None
         with torch.no_grad():
             lora_a, lora_b = self.lora_A[name].weight.float(), self.lora_B[name].weight.float()
@@ -237,7 +242,7 @@ class _FusedForward:
         take `_inference_forward` as a packed layer's do; whether it did. One more copy of W while it lasts."""
         name = self._fused_adapter()
         base = self.base_layer
-        if self._packed is not None or name is None or type(base) is not torch.nn.Linear:
+        if self._packed is not None or name is None or not _dense(base):
             return False
         with torch.no_grad():
             weight = base.weight.detach()

@@ -119,9 +119,10 @@ def training_attention(device: torch.device, choice: str = "auto") -> str:
 
 
 def build_model(
-    cfg: TrainConfig, prep: Prepared, device: torch.device | None = None, meta: bool = False
+    cfg: TrainConfig, prep: Prepared, device: torch.device | None = None, meta: bool = False, attn: str | None = None
 ) -> torch.nn.Module:
-    """The model to train, on `device` (default: the run's), or with meta tensors for weights (`meta`)."""
+    """The model to train, on `device` (default: the run's), or with meta tensors for weights (`meta`); `attn`: the
+    attn_implementation (default: the `attention` setting's, training_attention)."""
     # Frozen base weights live in the compute dtype (no per-forward cast of fp32 weights under autocast);
     # full fine-tuning keeps fp32 master weights, which apply_adapter ensures.
     model = mload.load_model(
@@ -129,7 +130,7 @@ def build_model(
         prep.precision.compute,
         cfg.adapter.quant,
         device or prep.device,
-        attn=training_attention(prep.device, cfg.compute.attention),
+        attn=attn or training_attention(prep.device, cfg.compute.attention),
         meta=meta,
     )
     model = apply_adapter(model, cfg.adapter)
@@ -235,7 +236,6 @@ class Run:
     accelerator: object
     strategy: Strategy
     trainee: Trainee
-    optim: cfgmod.OptimizerConfig
     state: TrainState
     logged_first_loss: float | None  # a resumed run's first loss, logged before the interruption
     show_progress: bool
@@ -312,7 +312,6 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes, show_progre
         accelerator=accelerator,
         strategy=strategy,
         trainee=trainee,
-        optim=cfg.optimizer,
         state=state,
         logged_first_loss=logged_first_loss,
         show_progress=show_progress,
@@ -375,6 +374,33 @@ def _prepare_output_dir(
     return outputs.start_logs(cfg, out, resume_from, state.step, show_progress)
 
 
+def loop_context(
+    run, schedule, measure: loop.Measurement, track: bool, run_spec: cfgmod.RunConfig | None = None, **extra
+) -> loop.LoopContext:
+    """The shared loop's context for a set-up run of either recipe (Run, recipes/grpo.GrpoRun): its trainee as the
+    strategy prepared it, `schedule` (the batch source), the run section (`run_spec`, default the config's), the
+    output directory on the main process only, a checkpoint gatherer where the strategy shards; `extra`: the
+    recipe's own fields (evaluation)."""
+    cfg, trainee, state = run.cfg, run.trainee, run.state
+    return loop.LoopContext(
+        accelerator=run.accelerator,
+        loss_fn=trainee.loss_fn,
+        optimizer=trainee.optimizer,
+        scheduler=trainee.scheduler,
+        schedule=schedule,
+        optim=cfg.optimizer,
+        spec=loop.LoopSpec(run=run_spec or cfg.run, identity=weights_identity(cfg)),
+        measure=measure,
+        out_dir=run.out if run.procs.main else None,
+        memwatch=run.memwatch,
+        state=state,
+        progress=ProgressView(schedule.total_steps, state.step, enabled=run.show_progress),
+        track=track,
+        gather_checkpoint=run.strategy.checkpoint_gatherer(trainee),
+        **extra,
+    )
+
+
 def run_loop(run: Run, measure: loop.Measurement) -> loop.LoopResult:
     """The training loop, with its trackers, then the final save of a finished run."""
     cfg, out, procs, state, trainee = run.cfg, run.out, run.procs, run.state, run.trainee
@@ -382,27 +408,9 @@ def run_loop(run: Run, measure: loop.Measurement) -> loop.LoopResult:
     # Trackers log from the main process only, as metrics.jsonl is written.
     tracking = trackers.setup(cfg.run.report_to, out, state.step) if procs.main else None
     with outputs.tracking(run.accelerator, tracking, cfg, run.show_progress) as track:
-        progress = ProgressView(run.prep.schedule.total_steps, state.step, enabled=run.show_progress)
+        evaluation = _evaluation(cfg, run.prep, trainee.model, out, procs.main, gather)
         with memory_errors(cfg, procs.device, out, state):
-            result = loop.run(
-                loop.LoopContext(
-                    accelerator=run.accelerator,
-                    loss_fn=trainee.loss_fn,
-                    optimizer=trainee.optimizer,
-                    scheduler=trainee.scheduler,
-                    schedule=run.prep.schedule,
-                    optim=run.optim,
-                    spec=loop.LoopSpec(run=cfg.run, identity=weights_identity(cfg)),
-                    measure=measure,
-                    out_dir=out if procs.main else None,
-                    memwatch=run.memwatch,
-                    state=state,
-                    progress=progress,
-                    evaluation=_evaluation(cfg, run.prep, trainee.model, out, procs.main, gather),
-                    track=track,
-                    gather_checkpoint=run.strategy.checkpoint_gatherer(trainee),
-                )
-            )
+            result = loop.run(loop_context(run, run.prep.schedule, measure, track, evaluation=evaluation))
 
     finished = result.finished
     weights = gather() if finished and gather is not None else None  # every process takes part in gathering

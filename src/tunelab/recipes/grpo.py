@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .. import allocator, objectives, sources
+from .. import allocator, sources
 from ..config import TrainConfig
 from ..data.pipeline import prepare
 from ..data.prompts import PromptData
@@ -30,24 +30,22 @@ from ..errors import TunelabError
 from ..eval.generate import stops
 from ..eval.sampling import sample
 from ..memwatch import MemoryWatch
-from ..model import load as mload
-from ..model import offload
-from ..model.adapters import apply_adapter
+from ..model import attention
 from ..model.lora_linear import pack_for_inference
 from ..runtime import compile_choice
-from ..train import checkpoint, distributed, loop, rewards, trackers
+from ..train import checkpoint, distributed, launch, loop, rewards, trackers
 from ..train.checkpoint import TrainState
 from ..train.grpo import GrpoLoss, Rollout, advantages, nanstd, trains_on
 from ..train.loop import LoopResult, Measurement
-from ..train.progress import ProgressView
 from . import outputs
-from .finetune import Prepared, compile_blocks, make_accelerator, weights_identity
+from .finetune import Prepared, build_model, loop_context, make_accelerator, weights_identity
 from .strategy import Strategy, Trainee, pick_strategy
 from .summary import RunSummary
 
 COMPLETIONS = "completions.jsonl"  # sampled completions, every grpo.log_completions_steps
 COMPLETIONS_LOGGED = 4  # completions per logged step in completions.jsonl
-CLIP_METRICS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean")
+CLIP_METRICS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean")  # over completion tokens
+PER_MICRO_BATCH = ("clip_ratio/low_min", "clip_ratio/high_max")  # a micro-batch's, averaged over the window's
 
 
 def steps_for(cfg: TrainConfig, prompts: int) -> int:
@@ -112,28 +110,38 @@ class Micro:
 
 @dataclass
 class Generated:
-    """One generation batch: completions, rewards, advantages, the micro-batches the update runs."""
+    """One generation batch: this process's completions and micro-batches, and the whole batch's rewards,
+    advantages, lengths and token counts (every process's, gathered: the advantages are the one-process run's)."""
 
     micro: list[Micro]
-    samples: object  # eval/sampling.Samples
-    texts: list[str]
-    per_func: torch.Tensor
-    adv: object  # train/grpo.Advantages
+    texts: list[str]  # this process's completions
     prompts: list[str]
+    per_func: torch.Tensor  # (N, R) the whole batch's
+    adv: object  # train/grpo.Advantages of the whole batch
+    lengths: torch.Tensor  # (N,) completion lengths
+    clipped: torch.Tensor  # (N,) bool
+    first: int  # this process's first completion in the batch
+    micro_batches: int  # every process's micro-batches: the loss's denominator (TRL's gradient accumulation steps)
+    step_tokens: int  # the batch's completion tokens, the left-out completions' included (dapo's denominator)
+    padded: int  # the rows the update runs, padding included, every process's
+    sequence_tokens: int  # the batch's prompts and completions, without padding
     generation_s: float
-    sequence_tokens: int
     metrics: dict = field(default_factory=dict)  # batch_metrics: TRL's names
 
-    @property
-    def step_tokens(self) -> int:
-        """The step's completion tokens, the left-out completions' included (dapo's denominator)."""
-        return sum(m.rollout.tokens for m in self.micro)
-
     def tokens(self) -> tuple[int, int, int]:
-        """One update's tokens: padded (the rows it ran, padding included), non-padding (the batch's prompts and
-        completions) and with loss (the completions' tokens)."""
-        padded = sum(m.rollout.input_ids.numel() for m in self.micro)
-        return padded, self.sequence_tokens, self.step_tokens
+        """One update's tokens over every process: padded (the rows it ran, padding included), non-padding (the
+        batch's prompts and completions) and with loss (the completions' tokens)."""
+        return self.padded, self.sequence_tokens, self.step_tokens
+
+
+def shares(count: int, world: int) -> list[tuple[int, int]]:
+    """Each process's share of a step's `count` prompts, (start, stop) in rank order: contiguous and as even as
+    possible, so that a prompt's group of completions stays within one process and rank order is the batch's."""
+    base, extra = divmod(count, world)
+    bounds = [0]
+    for rank in range(world):
+        bounds.append(bounds[-1] + base + (rank < extra))
+    return list(zip(bounds[:-1], bounds[1:]))
 
 
 class GrpoSource:
@@ -158,6 +166,9 @@ class GrpoSource:
         self.stop_ids: tuple[int, ...] = ()
         self.pad_id = 0
         self.out: Path | None = None  # completions.jsonl goes here (the main process)
+        self.procs = distributed.Processes(0, 1, torch.device("cpu"))
+        self.accelerator = None  # reduces across processes (several processes only)
+        self.sharded = False  # the strategy shards the weights: every process runs the same forwards
         self.batch: Generated | None = None
         self.step_seen = 0  # updates since the last log line, and what they summed (train/grpo.TokenLoss.metrics)
         self.sums: dict[str, torch.Tensor] = {}
@@ -165,15 +176,21 @@ class GrpoSource:
         self.last_logged: dict = {}
 
     def generate(self, generation: int) -> Generated:
-        """Generation batch `generation`: completions, rewards, advantages, rollouts, old and reference log-probs."""
+        """Generation batch `generation`: completions, rewards, advantages, rollouts, old and reference log-probs.
+        Under several processes each samples and scores its share of the batch's prompts (`shares`) and the rewards
+        are gathered, so every process computes the whole batch's advantages and metrics and keeps its own."""
         cfg, settings, group = self.cfg, self.settings, self.settings.num_generations
         chosen = prompt_order(
             len(self.prompts), cfg.batch.micro_batch * cfg.batch.grad_accum, generation, cfg.run.seed, self.strata
         )
-        ids = [self.prompts.ids[i] for i in chosen for _ in range(group)]
+        world = self.procs.world
+        parts = shares(len(chosen), world)
+        start, stop = parts[self.procs.rank]
+        mine = chosen[start:stop]
+        ids = [self.prompts.ids[i] for i in mine for _ in range(group)]
         model = self.root.model
         t0 = time.perf_counter()
-        with self.autocast(), eager():
+        with self.autocast(), eager(), self.unsharded(), attention.with_padding_masks(model):
             samples = sample(
                 model,
                 ids,
@@ -183,31 +200,86 @@ class GrpoSource:
                 settings.temperature,
                 settings.top_p,
                 decode=settings.decode,
+                share=(start * group, len(chosen) * group) if world > 1 else None,
+                all_done=self.all_done if world > 1 else None,
             )
         generation_s = time.perf_counter() - t0
         texts = self.tokenizer.batch_decode(samples.ids, skip_special_tokens=True)
-        prompts = [self.prompts.texts[i] for i in chosen for _ in range(group)]
+        prompts = [self.prompts.texts[i] for i in mine for _ in range(group)]
         per_func = rewards.score(
             self.rewards,
             prompts,
             texts,
             samples.ids,
-            [self.prompts.rows[i] for i in chosen for _ in range(group)],
-            [i + 1 for i in chosen for _ in range(group)],
+            [self.prompts.rows[i] for i in mine for _ in range(group)],
+            [i + 1 for i in mine for _ in range(group)],
         )
+        lengths = torch.tensor([len(c) for c in samples.ids], dtype=torch.float32)
+        clipped = torch.tensor(samples.clipped, dtype=torch.bool)
+        sequence_tokens = sum(len(p) + len(c) for p, c in zip(ids, samples.ids))
+        if world > 1:
+            per_func, lengths, clipped, sequence_tokens = self.gathered(per_func, lengths, clipped, sequence_tokens)
         weights = torch.tensor([r.weight for r in self.rewards], dtype=torch.float32)
         adv = advantages(per_func, weights, group, settings.scale_rewards)
-        keep = trains_on(adv.advantages, settings).tolist()
+        first = start * group
+        own = adv.advantages[first : first + len(ids)]
+        # One process leaves out the completions without a gradient; under several every process runs all of its
+        # micro-batches, so that each runs the same forwards and DDP's reduction sees every one of them.
+        keep = trains_on(own, settings).tolist() if world == 1 else [True] * len(ids)
         per_micro = cfg.batch.micro_batch * group
         micro = []
-        for start in range(0, len(ids), per_micro):
-            part = slice(start, start + per_micro)
+        for at in range(0, len(ids), per_micro):
+            part = slice(at, at + per_micro)
             rollout = Rollout.build(ids[part], samples.ids[part], self.pad_id, keep[part]).to(self.device)
-            micro.append(self.scored(rollout, adv.advantages[part]))
-        batch = Generated(micro, samples, texts, per_func, adv, prompts, generation_s, 0)
-        batch.sequence_tokens = sum(len(p) + len(c) for p, c in zip(ids, samples.ids))
+            micro.append(self.scored(rollout, own[part]))
+        counts = [math.ceil((b - a) / cfg.batch.micro_batch) for a, b in parts]
+        padded = sum(m.rollout.input_ids.numel() for m in micro)
+        if world > 1:
+            padded = int(self.reduced(torch.tensor([float(padded)]))[0])
+        batch = Generated(
+            micro=micro,
+            texts=texts,
+            prompts=prompts,
+            per_func=per_func,
+            adv=adv,
+            lengths=lengths,
+            clipped=clipped,
+            first=first,
+            micro_batches=sum(counts),
+            step_tokens=int(lengths.sum().item()),
+            padded=padded,
+            sequence_tokens=sequence_tokens,
+            generation_s=generation_s,
+        )
         batch.metrics = batch_metrics(self.rewards, batch)
         return batch
+
+    def gathered(self, per_func: torch.Tensor, lengths: torch.Tensor, clipped: torch.Tensor, sequence_tokens: int):
+        """Every process's rewards, completion lengths and clipped flags in rank order (the batch's), and the
+        batch's non-padding tokens."""
+        from accelerate.utils import gather_object
+
+        mine = [(per_func.tolist(), lengths.tolist(), clipped.tolist(), sequence_tokens)]
+        every = gather_object(mine)
+        return (
+            torch.tensor([row for p in every for row in p[0]], dtype=torch.float32).view(-1, per_func.shape[1]),
+            torch.tensor([x for p in every for x in p[1]], dtype=torch.float32),
+            torch.tensor([x for p in every for x in p[2]], dtype=torch.bool),
+            sum(p[3] for p in every),
+        )
+
+    def reduced(self, values: torch.Tensor) -> torch.Tensor:
+        """`values` summed over the processes (on the host)."""
+        return self.accelerator.reduce(values.to(self.accelerator.device), "sum").cpu()
+
+    def all_done(self, done: bool) -> bool:
+        """Whether every process's completions are done: each takes the same decode steps (distributed sampling)."""
+        return self.reduced(torch.tensor([0.0 if done else 1.0]))[0].item() == 0
+
+    def unsharded(self):
+        """Sampling and scoring call the policy's modules below the FSDP root, whose own weights (embeddings,
+        final norm, LM head) they need gathered (distributed.unsharded_root); the blocks gather theirs."""
+        return distributed.unsharded_root(self.root) if self.sharded else nullcontext()
 
     def scored(self, rollout: Rollout, adv: torch.Tensor) -> Micro:
         """The micro-batch with its log-probs at generation and under the reference, as the settings need them:
@@ -218,7 +290,7 @@ class GrpoSource:
         was_training = root.training
         root.eval()
         try:
-            with torch.no_grad(), self.autocast(), eager():
+            with torch.no_grad(), self.autocast(), eager(), self.unsharded():
                 old = root.score(rollout).logps if settings.num_iterations > 1 else None
                 ref = root.score(rollout, reference=True).logps if settings.beta > 0 else None
         finally:
@@ -252,7 +324,7 @@ class GrpoSource:
             micro.old,
             micro.ref,
             micro.adv,
-            micro_batches=len(self.batch.micro),
+            micro_batches=self.batch.micro_batches,
             step_tokens=self.batch.step_tokens,
         )
         for k, v in out.metrics.items():  # summed in float64, as Python floats would be (no host sync here)
@@ -278,16 +350,25 @@ class GrpoSource:
 
     def window_metrics(self) -> dict:
         """The log line's GRPO metrics: the last generation batch's (TRL's names), the window's clip ratios over
-        every completion token, entropy and KL over the tokens the updates ran; generation seconds summed."""
-        sums = {k: float(v) for k, v in self.sums.items()}
-        step_tokens = max(sums.pop("step_tokens", 0.0), 1.0)
-        ran = max(sums.pop("tokens", 0.0), 1.0)
+        every completion token, entropy and KL over the tokens the updates ran, the per-completion clip extremes
+        over its micro-batches (each summed over the processes); generation seconds summed (the main process's)."""
+        step_tokens = max(float(self.sums.pop("step_tokens", 0.0)), 1.0)
+        kl = ["kl"] if self.settings.beta != 0.0 else []
+        names = [*CLIP_METRICS, *PER_MICRO_BATCH, "micro_batches", "tokens", "entropy", *kl]
+        ran = float(sum(m.rollout.rows for m in self.batch.micro))
+        values = torch.tensor([float(self.sums.get(k, 0.0)) for k in names] + [ran], dtype=torch.float64)
+        if self.procs.world > 1:
+            values = self.reduced(values)
+        *values, ran = values.tolist()
+        sums = dict(zip(names, values))
+        micro_batches, tokens = sums.pop("micro_batches"), sums.pop("tokens")
         record = {
             # Not TRL's: how many of the batch's completions the update ran (plan's signal share, `--from-run`).
-            "update_completions": sum(m.rollout.rows for m in self.batch.micro),
-            "completions_per_batch": sum(m.rollout.sequences for m in self.batch.micro),
-            **dict.fromkeys(CLIP_METRICS, 0.0),
-            **{k: v / (step_tokens if k in CLIP_METRICS else ran) for k, v in sums.items()},
+            "update_completions": int(ran),
+            "completions_per_batch": len(self.batch.lengths),
+            **{k: sums[k] / step_tokens for k in CLIP_METRICS},
+            **({k: sums[k] / micro_batches for k in PER_MICRO_BATCH} if micro_batches else {}),
+            **({k: sums[k] / tokens for k in ("entropy", *kl)} if tokens else {}),
             **self.batch.metrics,
             "generation_s": self.generation_s,
         }
@@ -304,10 +385,9 @@ def eager():
 
 
 def batch_metrics(rewarders: list, batch: Generated) -> dict:
-    """The generation batch's metrics as TRL names them."""
-    samples, adv, per_func = batch.samples, batch.adv, batch.per_func
-    lengths = torch.tensor([len(c) for c in samples.ids], dtype=torch.float32)
-    clipped = torch.tensor(samples.clipped)
+    """The generation batch's metrics as TRL names them (trl/trainer/grpo_trainer.py, `_generate_and_score_completions`
+    and `_compute_loss`), over every process's completions."""
+    adv, per_func, lengths, clipped = batch.adv, batch.per_func, batch.lengths, batch.clipped
     done = lengths[~clipped]
     out = {
         "reward": torch.nanmean(adv.rewards).item(),
@@ -318,6 +398,8 @@ def batch_metrics(rewarders: list, batch: Generated) -> dict:
         "completions/max_length": lengths.max().item(),
         "completions/clipped_ratio": clipped.float().mean().item(),
         "completions/mean_terminated_length": done.mean().item() if len(done) else 0.0,
+        "completions/min_terminated_length": done.min().item() if len(done) else 0.0,
+        "completions/max_terminated_length": done.max().item() if len(done) else 0.0,
     }
     for j, reward in enumerate(rewarders):
         out[f"rewards/{reward.name}/mean"] = torch.nanmean(per_func[:, j]).item()
@@ -331,6 +413,7 @@ def _std(x: torch.Tensor) -> float:
 
 
 def log_completions(out: Path, step: int, batch: Generated) -> None:
+    """The main process's first completions (its share starts the batch)."""
     rows = [
         {"step": step, "prompt": p, "completion": c, "reward": float(r), "advantage": float(a)}
         for p, c, r, a in zip(batch.prompts, batch.texts, batch.adv.rewards, batch.adv.advantages)
@@ -357,12 +440,12 @@ class GrpoRun:
     show_progress: bool
 
 
-def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes | None = None, show_progress: bool = False):
+def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes, show_progress: bool = False):
     """Everything before the first step: prompts and rewards (checked before the model loads), the model built and
     handed to Accelerate as SFT's is (recipes/strategy.py), the checkpoint resumed from, the output directory."""
     settings = cfg.objective.grpo
+    launch.check_prompt_shares(cfg, procs.world, "config")
     loaded = rewards.load_all(settings.rewards)  # a missing file or function fails before the model loads
-    procs = procs or distributed.Processes(0, 1, pick_device(cfg.compute.device))
     device = procs.device
     if device.type == "cpu":
         # Rollouts change shape every batch, so freed pages are not reused: they are freed lazily (allocator.DECAY_MS)
@@ -398,9 +481,18 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes | None = Non
     torch.manual_seed(cfg.run.seed)
     accelerator = make_accelerator(cfg, precision.name, device, out)
     strategy = pick_strategy(accelerator, procs, cfg)
-    trainee = strategy.setup(accelerator, lambda dev, meta: build_policy(cfg, prep, dev), cfg.optimizer, cfg, prep)
+    if strategy.sharded:
+        check_sharded_shares(cfg, procs.world)
+    trainee = strategy.setup(
+        accelerator,
+        lambda dev, meta: build_policy(cfg, prep, dev, meta, pack=not strategy.sharded),
+        cfg.optimizer,
+        cfg,
+        prep,
+    )
     stop = stops(trainee.model, tokenizer, cfg.data.format)
     batches.rewards, batches.root, batches.device, batches.dtype = loaded, trainee.root, device, precision.compute
+    batches.procs, batches.accelerator, batches.sharded = procs, accelerator, strategy.sharded
     batches.stop_ids = stop.ids
     batches.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop.ids[0]
     batches.out = out if procs.main else None
@@ -424,19 +516,32 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes | None = Non
     )
 
 
-def build_policy(cfg: TrainConfig, prep: Prepared, device: torch.device | None = None) -> torch.nn.Module:
-    """The policy: the base over padded rows (SDPA), its adapter, its decoder layers checkpointed (grad_ckpt; in the
-    update only: sampling and scoring run without autograd, where the layers run plain), for sampling and scoring
-    each fused layer's [W | sB] packed once (model/lora_linear.pack_for_inference), or its blocks compiled as SFT's
-    (`compile`; the update runs them, sampling and scoring run eager: `eager`)."""
-    model = mload.load_model(prep.source, prep.precision.compute, cfg.adapter.quant, device or prep.device, attn="sdpa")
-    model = apply_adapter(model, cfg.adapter)
-    offload.apply(model, cfg.compute.activation_offload, cfg.compute.grad_ckpt)
-    if prep.compile is not None and prep.compile.chosen:
-        # Not packed: [W | sB] holds W as a view its refresh writes into, an input mutation that AOTAutograd
-        # cannot trace in the compiled update; the sampler packs a copy for each call (model/prepack.py).
-        compile_blocks(model)
-    else:
+def check_sharded_shares(cfg: TrainConfig, world: int) -> None:
+    """Under sharded weights every process runs the same forwards: the same number of micro-batches each step."""
+    prompts = cfg.batch.micro_batch * cfg.batch.grad_accum
+    counts = {math.ceil((b - a) / cfg.batch.micro_batch) for a, b in shares(prompts, world)}
+    if len(counts) > 1:
+        raise TunelabError(
+            f"config: micro_batch {cfg.batch.micro_batch} x grad_accum {cfg.batch.grad_accum} prompts a step give "
+            f"the {world} processes of a sharded (FSDP) run unequal micro-batches; make grad_accum a multiple of "
+            f"{world}, or micro_batch x grad_accum one of {world} with grad_accum 1"
+        )
+
+
+def build_policy(
+    cfg: TrainConfig, prep: Prepared, device: torch.device | None = None, meta: bool = False, pack: bool = True
+) -> torch.nn.Module:
+    """The policy: SFT's model (finetune.build_model: the adapter or full fine-tuning, checkpointed or offloaded
+    decoder layers, compiled blocks), over padded rows with SDPA unless `attention` names another path; sampling
+    and scoring run without autograd, where checkpointing and offloading do nothing and the compiled blocks run
+    eager (`eager`). Eager and unsharded (`pack`), each fused LoRA layer's [W | sB] is packed once for sampling and
+    scoring (model/lora_linear.pack_for_inference)."""
+    attn = "sdpa" if cfg.compute.attention == "auto" else None
+    model = build_model(cfg, prep, device, meta, attn=attn)
+    if pack and not (prep.compile is not None and prep.compile.chosen):
+        # Not under compiled blocks: [W | sB] holds W as a view its refresh writes into, an input mutation that
+        # AOTAutograd cannot trace in the compiled update (the sampler packs a copy for each call instead,
+        # model/prepack.py). Not under sharding, which replaces W with its shard.
         pack_for_inference(model)
     return model
 
@@ -444,49 +549,35 @@ def build_policy(cfg: TrainConfig, prep: Prepared, device: torch.device | None =
 def train(cfg: TrainConfig, show_progress: bool = True, measure: Measurement | None = None) -> RunSummary:
     """The recipe of objective grpo (objectives.Objective.recipe): run a GRPO job and return its summary (also
     written to output_dir/summary.json). `measure`: what a measuring caller asks of the run (stop before the
-    schedule's end, the steps kept out of the summary's rates, a per-step callback)."""
-    refusal = objectives.lacking(cfg.objective.row, "processes", "run it without --nproc")
-    if refusal and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise TunelabError(refusal)
+    schedule's end, the steps kept out of the summary's rates, a per-step callback). Under `accelerate launch`
+    each process samples its share of every step's prompts and only the main process touches output_dir."""
     trackers.check_available(cfg.run.report_to)
     out = Path(cfg.run.output_dir)
     t0 = time.perf_counter()
-    with outputs.held(out):
-        run = setup(cfg, out, show_progress=show_progress)
+    procs = distributed.join(pick_device(cfg.compute.device))
+    with outputs.held(out, procs.main):
+        run = setup(cfg, out, procs, show_progress=show_progress and procs.main)
         result = run_loop(run, measure or Measurement())
         summary = summarize(run, result, time.perf_counter() - t0)
-        outputs.write_summary(out, summary.as_dict())
+        if procs.main:
+            outputs.write_summary(out, summary.as_dict())
     return summary
 
 
 def run_loop(run: GrpoRun, measure: Measurement) -> LoopResult:
     """The shared loop (train/loop.run) over the GRPO source, with its trackers, then the final save."""
     cfg, out, state, trainee = run.cfg, run.out, run.state, run.trainee
+    gather = run.strategy.gather(trainee, cfg.adapter.row.adapter)
     tracking = trackers.setup(cfg.run.report_to, out, state.step) if run.procs.main else None
     # grpo.schedule_within_limit is the run's schedule_within_limit (train/loop.ScheduleToLimit), under its earlier name.
     run_spec = replace(
         cfg.run, schedule_within_limit=cfg.run.schedule_within_limit or cfg.objective.grpo.schedule_within_limit
     )
     with outputs.tracking(run.accelerator, tracking, cfg, run.show_progress) as track:
-        result = loop.run(
-            loop.LoopContext(
-                accelerator=run.accelerator,
-                loss_fn=trainee.loss_fn,
-                optimizer=trainee.optimizer,
-                scheduler=trainee.scheduler,
-                schedule=run.source,
-                optim=cfg.optimizer,
-                spec=loop.LoopSpec(run=run_spec, identity=weights_identity(cfg)),
-                measure=measure,
-                out_dir=out if run.procs.main else None,
-                memwatch=run.memwatch,
-                state=state,
-                progress=ProgressView(run.source.total_steps, state.step, enabled=run.show_progress),
-                track=track,
-            )
-        )
+        result = loop.run(loop_context(run, run.source, measure, track, run_spec))
+    weights = gather() if result.finished and gather is not None else None  # every process takes part in gathering
     if result.finished and run.procs.main:
-        outputs.save_final(trainee.model, run.prep.tokenizer, out, cfg.adapter.method)
+        outputs.save_final(trainee.model, run.prep.tokenizer, out, cfg.adapter.method, weights)
     if run.show_progress and result.time_limited:
         outputs.say_time_limited(cfg.run.max_minutes, state.step, run.source.total_steps)
     return result

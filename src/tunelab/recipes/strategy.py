@@ -40,6 +40,12 @@ class Strategy:
 
     procs: distributed.Processes
 
+    @property
+    def sharded(self) -> bool:
+        """Each process holds a shard of the weights, gathered around every forward: the processes must run the
+        same forwards (a generating source's sampling and scoring included)."""
+        return False
+
     def loading(self) -> AbstractContextManager:
         """Around building the model."""
         return nullcontext()
@@ -102,6 +108,10 @@ class Fsdp2(Strategy):
     fsdp_cpu_ram_efficient_loading only the main process reads the weights and the others build meta modules."""
 
     plugin: object = None
+
+    @property
+    def sharded(self) -> bool:
+        return True
 
     @property
     def once(self) -> bool:

@@ -10,6 +10,8 @@ accelerator processes (CPU processes stay MULTI_CPU, i.e. DDP), and one call ser
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -123,6 +125,22 @@ def shard(root: torch.nn.Module, plugin, compute: torch.dtype, device: torch.dev
     for block in [m for m in root.modules() if policy is not None and policy(m)]:
         fully_shard(block, reshard_after_forward=plugin.reshard_after_forward, **kwargs)
     fully_shard(root, **kwargs)  # the root keeps its weights gathered from forward to backward
+
+
+@contextmanager
+def unsharded_root(root: torch.nn.Module) -> Iterator[None]:
+    """The FSDP-sharded `root`'s own weights (embeddings, final norm, LM head: what no block holds) gathered while
+    code calls the modules below it directly, as sampling and scoring do, without the root's forward (whose hook
+    would gather them); each block gathers its own around its forward. The root's state is initialised as its
+    first forward would (FSDP2 takes the first module to run forward as its root), then its weights resharded
+    after. Every process must enter it alike."""
+    state = root._get_fsdp_state()
+    state._lazy_init()  # torch 2.13's FSDPState: a no-op once the root has run forward
+    root.unshard()
+    try:
+        yield
+    finally:
+        root.reshard()
 
 
 def local_numel(module: torch.nn.Module) -> int:

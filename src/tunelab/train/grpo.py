@@ -23,7 +23,7 @@ Per-token log-probs and entropies come from the shared chunked head (train/loss.
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -114,10 +114,17 @@ def token_loss(
     )
     low = (coef_1 < 1 - settings.epsilon) & (adv < 0)
     high = (coef_1 > 1 + settings.clip_high) & (adv > 0)
+    # TRL's clip_ratio/low_min and high_max: each completion's share of clipped tokens, the micro-batch's least and
+    # most (a left-out completion's is 0: its advantage is 0), averaged over the window's micro-batches.
+    zeros = torch.zeros(sequences, dtype=torch.float32, device=per_token.device)
+    counts = zeros.index_add(0, seq, torch.ones_like(per_token, dtype=torch.float32)).clamp(min=1.0)
     metrics = {
         "clip_ratio/low_mean": low.float().sum(),
         "clip_ratio/high_mean": high.float().sum(),
         "clip_ratio/region_mean": (low | high).float().sum(),
+        "clip_ratio/low_min": (zeros.index_add(0, seq, low.float()) / counts).min().detach(),
+        "clip_ratio/high_max": (zeros.index_add(0, seq, high.float()) / counts).max().detach(),
+        "micro_batches": torch.tensor(1.0),
         "tokens": torch.tensor(float(tokens)),
     }
     if kl is not None:
@@ -211,17 +218,20 @@ class GrpoLoss(CausalLMLoss):
 
     @classmethod
     def build(cls, model: torch.nn.Module, objective: ObjectiveConfig, trains_base: bool = False) -> GrpoLoss:
-        return cls(model, objective.grpo)
+        return cls(model, objective.grpo, trains_base)
 
-    def __init__(self, model: torch.nn.Module, settings: GrpoConfig):
+    def __init__(self, model: torch.nn.Module, settings: GrpoConfig, trains_base: bool = False):
         super().__init__(model)
         self.settings = settings
+        # The KL term's reference (β > 0): the base with the adapter disabled, or full fine-tuning's frozen copy of
+        # the starting policy (CausalLMLoss.keep_reference); β = 0 keeps none.
+        self.keep_reference(settings.beta > 0 and trains_base)
 
     def score(self, rollout: Rollout, entropy: bool = False, reference: bool = False):
         """score_tokens over the rollout's completion tokens, under the reference when `reference`."""
-        with self.reference_model() if reference else nullcontext():
-            hidden = self.hidden_states(rollout.input_ids, rollout.position_ids, None)
-            head = self.model.get_output_embeddings()
+        with self.reference_model() if reference else nullcontext(self.model) as model:
+            hidden = self.hidden_states(rollout.input_ids, rollout.position_ids, None, model=model)
+            head = model.get_output_embeddings()
             # At the sampling temperature, as TRL's GRPOTrainer scores: the log-probs of the distribution sampled from.
             return score_tokens(
                 hidden,
@@ -248,9 +258,3 @@ class GrpoLoss(CausalLMLoss):
             scores.entropy,
             rollout.tokens,
         )
-
-    @contextmanager
-    def reference_model(self):
-        """The reference: this model with its adapter disabled (GRPO trains adapter methods only)."""
-        with self.model.disable_adapter():
-            yield

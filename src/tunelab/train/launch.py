@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .. import methods
+from .. import methods, objectives
 from ..errors import TunelabError
 
 
@@ -58,6 +58,14 @@ def read_accelerate_config(path: str | Path) -> dict:
 
 def check_fsdp_run(cfg, source: str) -> None:
     """Refuse run settings that FSDP's sharding cannot honour."""
+    row = cfg.objective.row
+    if row.frozen_copy(cfg.adapter.row.trains_base, cfg.objective.grpo.beta if row.generates else 0.0):
+        # The copy is held outside the module tree FSDP shards: whole on every process, where the model loaded.
+        raise TunelabError(
+            f"{source}: method {cfg.adapter.method} with objective {cfg.objective.name}'s reference model keeps a "
+            "frozen copy of the weights, which FSDP does not shard; use configs/accelerate/ddp.yaml, or method lora "
+            "(its reference is the adapter disabled)"
+        )
     quant = methods.effective_base_quant(cfg.adapter.method, cfg.adapter.base_quant)
     if quant != "none":
         # fully_shard shards floating-point parameters only, not the integer storage of quantized ones.
@@ -67,8 +75,26 @@ def check_fsdp_run(cfg, source: str) -> None:
         )
 
 
+def check_prompt_shares(cfg, nproc: int, source: str) -> None:
+    """A generating objective (GRPO) samples each step's micro_batch x grad_accum prompts in shares, one per
+    process, each prompt's group of completions within one process (recipes/grpo.shares): refuse more processes
+    than prompts."""
+    if not cfg.objective.row.generates:
+        return
+    prompts = cfg.batch.micro_batch * cfg.batch.grad_accum
+    if nproc > prompts:
+        raise TunelabError(
+            f"{source}: {nproc} processes for the {prompts} prompts each step samples (micro_batch x grad_accum), "
+            f"each prompt's completions in one process; use --nproc {prompts} or fewer, or raise micro_batch or "
+            "grad_accum"
+        )
+
+
 def check_deepspeed_run(cfg, source: str) -> None:
     """Refuse run settings that tunelab does not support under DeepSpeed, naming the key."""
+    refusal = objectives.lacking(cfg.objective.row, "zero", "use configs/accelerate/ddp.yaml or fsdp2.yaml")
+    if refusal:
+        raise TunelabError(f"{source}: {refusal}")
     # ZeRO partitions the optimizer state; tunelab's checkpoints hold it whole (gather_checkpoint does that for
     # FSDP only).
     for key, value, instead in [

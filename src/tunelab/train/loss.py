@@ -18,6 +18,8 @@ preference objectives, and any objective that scores sampled tokens) are its two
 
 from __future__ import annotations
 
+import copy
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -338,6 +340,24 @@ class CausalLMLoss(torch.nn.Module):
         implementation = getattr(config, "_attn_implementation", None)
         self.packed_attention = implementation == attention.NAME
         self.flex_attention = implementation == attention.FLEX_NAME
+        # The reference's frozen copy (keep_reference), held in a list outside the module tree: not trained, saved
+        # or sharded.
+        self.frozen: list[torch.nn.Module] = []
+
+    def keep_reference(self, trains_base: bool) -> None:
+        """Ready the reference model an objective compares the policy with (DPO's, GRPO's KL term), as the
+        method's row says (methods.Method.reference): an adapter's is its base with the adapter disabled, no second
+        copy of the weights; full fine-tuning keeps a frozen copy of the starting weights."""
+        self.frozen = [frozen_copy(self.model)] if trains_base else []
+
+    @contextmanager
+    def reference_model(self):
+        """The reference model to run: the frozen copy, else this model with its adapter disabled."""
+        if self.frozen:
+            yield self.frozen[0]
+            return
+        with self.model.disable_adapter() if hasattr(self.model, "disable_adapter") else nullcontext():
+            yield self.model
 
     def forward(
         self, input_ids, position_ids, loss_index, loss_targets, layout: SeqLayout | None = None
@@ -358,3 +378,12 @@ class CausalLMLoss(torch.nn.Module):
             extra = {}
         out = model.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra)
         return out.last_hidden_state
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` in eval mode whose weights never train: a reference model's starting weights."""
+    ref = copy.deepcopy(model)
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref

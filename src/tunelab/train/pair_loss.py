@@ -19,9 +19,6 @@ Losses (per pair, then averaged over the step's pairs by the loop; the objective
 
 from __future__ import annotations
 
-import copy
-from contextlib import contextmanager, nullcontext
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -70,9 +67,9 @@ class PreferenceLoss(CausalLMLoss):
         super().__init__(model)
         self.settings = objective.preference
         self.objective = objective.row
-        # A frozen reference copy for full fine-tuning (held outside the module tree: not trained, saved or
-        # sharded); none when the table is precomputed (precompute_reference drops it after).
-        self.frozen = [] if not (self.objective.reference and trains_base) else [_frozen_copy(model)]
+        # A frozen reference copy for full fine-tuning (CausalLMLoss.keep_reference); none when the table is
+        # precomputed (precompute_reference drops it after).
+        self.keep_reference(self.objective.reference and trains_base)
         self.pair_loss = PAIR_LOSSES[self.objective.pair_loss]
         self.table: torch.Tensor | None = None  # per example reference log-probs (precompute)
         self._window: dict[str, torch.Tensor] = {}
@@ -131,15 +128,6 @@ class PreferenceLoss(CausalLMLoss):
         seq = to_device(seqs.seq, logps.device)
         return torch.zeros(seqs.count, dtype=logps.dtype, device=logps.device).index_add(0, seq, logps)
 
-    @contextmanager
-    def reference_model(self):
-        """The reference: the frozen copy, else this model with its adapter disabled."""
-        if self.frozen:
-            yield self.frozen[0]
-            return
-        with self.model.disable_adapter() if hasattr(self.model, "disable_adapter") else nullcontext():
-            yield self.model
-
     def _note(self, chosen_rewards, rejected_rewards, chosen_logps, rejected_logps) -> None:
         values = {
             "rewards/chosen": chosen_rewards.sum(),
@@ -171,14 +159,6 @@ class PreferenceLoss(CausalLMLoss):
 
 # The pair losses by the name an objective's row gives (objectives.Objective.pair_loss).
 PAIR_LOSSES = {"sigmoid": PreferenceLoss.sigmoid_loss, "odds_ratio": PreferenceLoss.odds_ratio_loss}
-
-
-def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
-    ref = copy.deepcopy(model)
-    ref.eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return ref
 
 
 def loss_module(model: torch.nn.Module, objective: ObjectiveConfig, trains_base: bool = False) -> torch.nn.Module:

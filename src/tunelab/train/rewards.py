@@ -138,24 +138,17 @@ def score(
     fields = {k: [row.get(k) for row in rows] for k in sorted(columns)}
     out = torch.full((len(completions), len(rewards)), math.nan, dtype=torch.float32)
     for j, reward in enumerate(rewards):
-        kwargs = {**fields, **reward.args}
-        if not _takes_any(reward.fn):
-            names = inspect.signature(reward.fn).parameters
-            kwargs = {k: v for k, v in kwargs.items() if k in names}
         try:
-            values = reward.fn(
-                prompts=list(prompts), completions=list(completions), completion_ids=completion_ids, **kwargs
-            )
+            values = _call(reward, prompts, completions, completion_ids, fields)
         except Exception as e:
             raise TunelabError(
-                f"reward {reward.name}: raised {type(e).__name__}: {e} (on the completions of data row "
-                f"{row_numbers[0]}..{row_numbers[-1]})"
+                f"reward {reward.name}: raised {type(e).__name__}: {e} ({_culprit(reward, prompts, completions, completion_ids, rows, row_numbers)})"
             ) from None
         values = list(values) if values is not None else []
         if len(values) != len(completions):
             raise TunelabError(
-                f"reward {reward.name}: returned {len(values)} values for {len(completions)} completions (data rows "
-                f"{row_numbers[0]}..{row_numbers[-1]}); return one per completion"
+                f"reward {reward.name}: returned {len(values)} values for {len(completions)} completions (of data rows "
+                f"{_row_list(row_numbers)}); return one per completion"
             )
         for i, v in enumerate(values):
             if v is None:
@@ -167,6 +160,32 @@ def score(
                 )
             out[i, j] = float(v)
     return out
+
+
+def _call(reward: Reward, prompts, completions, completion_ids, fields: dict):
+    """The reward function called as TRL calls it: the columns of the completions' rows as keyword lists."""
+    kwargs = {**fields, **reward.args}
+    if not _takes_any(reward.fn):
+        names = inspect.signature(reward.fn).parameters
+        kwargs = {k: v for k, v in kwargs.items() if k in names}
+    return reward.fn(prompts=list(prompts), completions=list(completions), completion_ids=completion_ids, **kwargs)
+
+
+def _culprit(reward: Reward, prompts, completions, completion_ids, rows, row_numbers) -> str:
+    """Where a reward function raised, for its one-line error: the first completion it raises on alone (its index
+    in the batch and its data row), else the batch's data rows."""
+    for i in range(len(completions)):
+        fields = {k: [rows[i].get(k)] for k in sorted(rows[i])}
+        try:
+            _call(reward, prompts[i : i + 1], completions[i : i + 1], completion_ids[i : i + 1], fields)
+        except Exception:
+            return f"on completion {i} of the batch, of data row {row_numbers[i]}"
+    return f"on the batch of data rows {_row_list(row_numbers)}"
+
+
+def _row_list(row_numbers: Sequence[int]) -> str:
+    """The data rows of a batch's completions, each once, in the batch's order."""
+    return ", ".join(str(n) for n in dict.fromkeys(row_numbers))
 
 
 def _takes_any(fn: Callable) -> bool:

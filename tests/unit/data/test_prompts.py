@@ -53,15 +53,12 @@ def test_arithmetic_prompts_command(tmp_path):
     [
         ("grpo.num_generations=1", "grpo.num_generations must be at least 2"),
         ("grpo.max_completion_length=64", "leaves no room for a prompt in seq_len 64"),
-        ("method=full", "objective grpo lacks the capability trains_base .*method needs it; use method lora"),
         ("data.format=text", "objective grpo reads prompts in format alpaca, completion, chat"),
         ("grpo.rewards=[]", "objective grpo needs grpo.rewards"),
         ("grpo.loss_type=ppo", "grpo.loss_type must be one of grpo, bnpo, dr_grpo, dapo"),
         ("grpo.balance_by=' '", "grpo.balance_by is empty"),
         ("grpo.decode=statc", "grpo.decode must be one of auto, dynamic, static, compiled; got 'statc' .*'static'"),
         ("eval.split=0.1", "objective grpo has no held-out loss"),
-        ("activation_offload=true", "objective grpo lacks the capability activation_offload"),
-        ("attention=sdpa", "objective grpo lacks the capability attention_choice .*attention needs it"),
         (
             "grpo.schedule_within_limit=true",
             "grpo.schedule_within_limit fits the schedule to max_minutes, which is not",

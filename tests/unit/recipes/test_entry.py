@@ -82,16 +82,35 @@ def test_every_rows_capabilities_are_known_ones():
 def test_nproc_for_an_objective_without_the_processes_capability_is_one_line_before_any_launch(
     tmp_path, monkeypatch, capsys
 ):
+    """A row without the processes capability is refused at launch; GRPO, which has it, refuses more processes than
+    the prompts a step samples (each prompt's completions stay in one process), and DeepSpeed ZeRO by its row's
+    capability."""
+    import dataclasses
+
     from tunelab.cli import main
+    from tunelab.config import load_config
+    from tunelab.errors import TunelabError
     from tunelab.train import launch
 
     monkeypatch.setattr(launch, "run_launcher", lambda cmd: pytest.fail("launched"))
     config = tmp_path / "g.yaml"
     config.write_text(
-        "objective: grpo\ndata:\n  path: p.jsonl\nseq_len: 64\ngrpo:\n  max_completion_length: 16\n"
-        "  rewards:\n    - name: exact_answer\n"
+        "objective: grpo\ndata:\n  path: p.jsonl\nseq_len: 64\nmicro_batch: 1\ngrad_accum: 2\ngrpo:\n"
+        "  max_completion_length: 16\n  rewards:\n    - name: exact_answer\n"
     )
-    assert main(["train", "--config", str(config), "--nproc", "2", f"output_dir={tmp_path / 'out'}"]) == 2
+    train = ["train", "--config", str(config), f"output_dir={tmp_path / 'out'}"]
+    assert main([*train, "--nproc", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{config}: 3 processes for the 2 prompts each step samples (micro_batch x grad_accum)" in err
+    assert "use --nproc 2 or fewer" in err and "\n" not in err
+    with pytest.raises(TunelabError, match="objective grpo lacks the capability zero .DeepSpeed ZeRO."):
+        launch.check_deepspeed_run(load_config(config), "g.yaml")
+    with pytest.raises(TunelabError, match="keeps a frozen copy of the weights, which FSDP does not shard"):
+        launch.check_fsdp_run(load_config(config, ["method=full", "grpo.beta=0.1"]), "g.yaml")
+    launch.check_fsdp_run(load_config(config, ["method=full"]), "g.yaml")  # β 0: no reference
+    row = dataclasses.replace(objectives.get("grpo"), capabilities=frozenset())
+    monkeypatch.setitem(objectives.REGISTRY, "grpo", row)
+    assert main([*train, "--nproc", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert "objective grpo lacks the capability processes (several processes): run it without --nproc" in err
     assert "\n" not in err

@@ -11,6 +11,7 @@ import pytest
 from conftest import compile_without_inductor, tiny_train_config, write_jsonl
 
 from tunelab.recipes.entry import train
+from tunelab.train.loop import Measurement
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +48,7 @@ def prompt_rows():
     return [{"instruction": f"{a} + {b}", "answer": str(a + b)} for a, b in [(1, 2), (3, 4), (5, 6), (7, 8)]]
 
 
-def run_case(tmp_path, model_dir, name, *extra):
+def run_case(tmp_path, model_dir, name, *extra, stop_at=None):
     data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
     # Rewards that differ within every group (the tiny random model never writes the answer): a hash of the text.
     (tmp_path / "r.py").write_text(
@@ -56,7 +57,7 @@ def run_case(tmp_path, model_dir, name, *extra):
     rewards = f"grpo.rewards=[{{name: '{tmp_path}/r.py:r'}}, {{name: length, weight: 0.5, args: {{max_tokens: 3}}}}]"
     out = tmp_path / name
     cfg = tiny_train_config(model_dir, data, out, *COMMON, rewards, *CASES[name], *extra)
-    summary = train(cfg, show_progress=False)
+    summary = train(cfg, show_progress=False, measure=Measurement(stop_at=stop_at))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return summary, rows
 
@@ -121,5 +122,55 @@ def test_a_compiled_grpo_run_compiles_nothing_after_its_first_steps(tmp_path, ti
     assert graphs[0] > 0 and len(set(graphs[4:])) == 1, graphs  # nothing compiled in steps 3 and 4
     for r, w in zip(rows, RECORDED["kl_iterations"], strict=True):
         assert r["reward"] == w[2]
+        got = (r["loss"], r["kl"], r["entropy"], r["lr"])
+        assert got == pytest.approx((w[1], *w[3:]), rel=0, abs=1e-5), r["step"]
+
+
+def test_full_fine_tuning_keeps_a_frozen_copy_of_the_starting_policy_only_under_a_kl_term(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """method full: β > 0 scores the reference on a frozen copy of the starting weights (the one DPO takes,
+    train/loss.frozen_copy), so the KL is 0 at the first step and positive once the policy has moved; β = 0 takes
+    none. Either saves the whole model."""
+    from tunelab.train import loss
+
+    copies = []
+    real = loss.frozen_copy
+    monkeypatch.setattr(loss, "frozen_copy", lambda model: copies.append(model) or real(model))
+    summary, rows = run_case(tmp_path, tiny_model_dir, "kl_iterations", "method=full", "max_steps=2", "lr=1e-2")
+    assert summary.finished and (tmp_path / "kl_iterations" / "model" / "config.json").is_file()
+    assert len(copies) == 1
+    assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-6) and rows[1]["kl"] > 1e-4
+    summary, rows = run_case(tmp_path, tiny_model_dir, "per_completion", "method=full", "max_steps=1")
+    assert summary.finished and len(copies) == 1 and "kl" not in rows[0]
+    assert (tmp_path / "per_completion" / "model" / "config.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "extra", [("attention=slots",), ("activation_offload=true", "grad_ckpt=true")], ids=["slots", "offload"]
+)
+def test_another_attention_path_or_offloaded_activations_take_the_same_steps(
+    tmp_path, tiny_model_dir, monkeypatch, extra
+):
+    """`attention`: the update runs the path chosen (sampling keeps SDPA, which masks the prompts' left padding);
+    `activation_offload` with grad_ckpt: the checkpointed layers' inputs go through the offloader's copies (on a
+    CPU only when asked, `copy_on_cpu`). In fp32 either takes the recorded steps."""
+    from tunelab.model import attention, offload
+    from tunelab.model import load as mload
+
+    made, implementations = [], []
+    apply, load_model = offload.apply, mload.load_model
+    monkeypatch.setattr(
+        offload, "apply", lambda model, on, ckpt: made.append(apply(model, on, ckpt, copy_on_cpu=True)) or made[-1]
+    )
+    monkeypatch.setattr(mload, "load_model", lambda *a, **k: implementations.append(k["attn"]) or load_model(*a, **k))
+    summary, rows = run_case(tmp_path, tiny_model_dir, "kl_iterations", *extra, stop_at=2)
+    assert summary.steps == 2
+    if "attention=slots" in extra:
+        assert implementations == [attention.NAME]
+    else:
+        assert made[0] is not None and made[0].copy_on_cpu
+    for r, w in zip(rows, RECORDED["kl_iterations"][:2], strict=True):
+        assert r["reward"] == w[2]  # the same completions
         got = (r["loss"], r["kl"], r["entropy"], r["lr"])
         assert got == pytest.approx((w[1], *w[3:]), rel=0, abs=1e-5), r["step"]

@@ -69,8 +69,26 @@ def test_grpo_run_logs_trl_metrics_and_saves_adapter(tmp_path, tiny_model_dir):
     ):
         assert key in rows[0], key
     assert all(r["completions/mean_length"] <= 6 for r in rows)
+    assert trl_grpo_metric_names() <= set(rows[0])
     logged = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     assert {r["step"] for r in logged} == {1, 3}  # generation batches start at steps 1 and 3 (num_iterations 2)
+
+
+# TRL's GRPOTrainer metrics that do not apply here: tool calls, vLLM's sampling corrections, the entropy bonus, the
+# auxiliary loss, the cispo and vespo loss types; and `num_tokens`, which the loop logs as `tokens_nonpad`.
+NOT_APPLICABLE = ("tools/", "sampling/", "policy_loss", "entropy_coef", "aux_loss", "cispo", "vespo/", "num_tokens")
+
+
+def trl_grpo_metric_names() -> set[str]:
+    """The metric names the installed TRL's GRPOTrainer logs (`self._metrics[mode]["name"]`), those that apply to a
+    run with a KL term and a clipped loss type, read from its source: a renamed or new metric fails this test."""
+    import re
+
+    trainer = pytest.importorskip("trl.trainer.grpo_trainer")
+    source = open(trainer.__file__).read()
+    names = set(re.findall(r'_metrics\[mode\]\["([^"]+)"\]', source))
+    assert {"reward", "kl", "entropy", "clip_ratio/region_mean"} <= names  # the pattern still reads TRL's source
+    return {n for n in names if not n.startswith(NOT_APPLICABLE)}
 
 
 def test_resume_repeats_the_uninterrupted_steps(tmp_path, tiny_model_dir):

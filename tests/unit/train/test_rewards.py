@@ -70,8 +70,17 @@ def test_none_is_nan_and_user_function_gets_row_fields(tmp_path):
 @pytest.mark.parametrize(
     "body,message",
     [
-        ("    raise KeyError('x')", "reward bad: raised KeyError"),
-        ("    return [1.0]", "reward bad: returned 1 values for 3 completions"),
+        (
+            "    raise KeyError('x')",
+            r"reward bad: raised KeyError: 'x' \(on completion 0 of the batch, of data row 1\)",
+        ),
+        # Raised on the batch: the completion it raises on alone, and its data row.
+        (
+            "    if any(c.endswith('R 3') for c in completions): raise ValueError('no remainders')\n"
+            "    return [1.0] * len(completions)",
+            r"raised ValueError: no remainders \(on completion 2 of the batch, of data row 2\)",
+        ),
+        ("    return [1.0]", r"reward bad: returned 1 values for 3 completions \(of data rows 1, 2\)"),
         ("    return [1.0, float('nan'), 0.0]", "reward bad: returned nan for a completion of data row 1"),
         ("    return [1.0, 'yes', 0.0]", "reward bad: returned 'yes'"),
     ],
