@@ -2,7 +2,8 @@
 (the embedded model's tokenizer, 4 layers of width 256), LoRA with grad_ckpt off and on, full fine-tuning with β 0
 and β 0.04, and the LoRA run again on `--nproc 2` (DDP, gloo); on the embedded SmolLM2-135M, compile off and on.
 Each run is its own `tunelab train` process (peak memory is the process's); per step: loss, reward, KL; per run:
-the steady window's median step time and peak memory from summary.json.
+the steady window's median step time and peak memory from summary.json. Rewards: a hash of the completion's
+text (rewards that differ within each group, so the update trains) and the built-in length penalty.
 
     PYTHONPATH=src flock /tmp/tunelab-cpu.lock python benchmarks/scripts/grpo_engine.py OUT_DIR
 
@@ -30,8 +31,10 @@ COMMON = [
     "grpo.num_generations=4",
     "grpo.max_completion_length=16",
     "grpo.log_completions_steps=0",
-    "grpo.rewards=[{name: answer_digits}, {name: length, weight: 0.5, args: {max_tokens: 12}}]",
 ]
+# A random model never writes an answer, so every group's rewards would be equal and nothing would train: a hash of
+# the completion's text (as the tests' reward) gives each group rewards that differ, and the update runs.
+HASH_REWARD = "def r(prompts, completions, **row):\n    return [float(sum(map(ord, c)) % 7) for c in completions]\n"
 SMALL = [*COMMON, "max_steps=6", "lr=1e-3", "grpo.beta=0.04"]
 RUNS = {
     "lora": [],
@@ -95,7 +98,9 @@ def main(out: Path) -> None:
         check=True,
         capture_output=True,
     )
-    (out / "base.yaml").write_text(f"data:\n  path: {data}\n")
+    (out / "r.py").write_text(HASH_REWARD)
+    rewards = f"{{name: '{out / 'r.py'}:r'}}, {{name: length, weight: 0.5, args: {{max_tokens: 12}}}}"
+    (out / "base.yaml").write_text(f"data:\n  path: {data}\ngrpo:\n  rewards: [{rewards}]\n")
     model = small_model(out / "small-llama")
     results = {}
     for name, extra in RUNS.items():

@@ -231,7 +231,8 @@ class GrpoSource:
         for at in range(0, len(ids), per_micro):
             part = slice(at, at + per_micro)
             rollout = Rollout.build(ids[part], samples.ids[part], self.pad_id, keep[part]).to(self.device)
-            micro.append(self.scored(rollout, own[part]))
+            # The kept completions' advantages, in the order of the rollout's rows (Rollout.seq indexes them).
+            micro.append(self.scored(rollout, own[part][torch.tensor(keep[part], dtype=torch.bool)]))
         counts = [math.ceil((b - a) / cfg.batch.micro_batch) for a, b in parts]
         padded = sum(m.rollout.input_ids.numel() for m in micro)
         if world > 1:

@@ -225,6 +225,36 @@ def test_leaving_out_equal_reward_groups_trains_the_same_adapter(tmp_path, tiny_
         torch.testing.assert_close(wa[name], wb[name], atol=1e-6, rtol=1e-5, msg=name)
 
 
+def test_a_group_left_out_before_a_kept_one_in_the_same_micro_batch_trains_the_same_adapter(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """β = 0, two prompts a micro-batch: the first prompt's group has equal rewards and is left out, the second's is
+    kept, so the rollout's rows start at the batch's fourth completion; each row takes its own completion's
+    advantage (not the left-out ones'), and the adapter is the one the full update trains."""
+    import torch
+    from safetensors.torch import load_file
+
+    from tunelab.recipes import grpo
+
+    data = write_jsonl(tmp_path / "prompts.jsonl", prompt_rows())
+    extra = ("grpo.beta=0.0", f"grpo.rewards=[{{name: '{tmp_path}/r.py:r'}}]", "micro_batch=2", "max_steps=1")
+    left_out, whole = tmp_path / "left-out", tmp_path / "whole"
+    cfg = grpo_config(tiny_model_dir, data, left_out, *extra)
+    rewarded = prompt_rows()[grpo.prompt_order(4, 2, 0, cfg.run.seed)[1]]["instruction"]
+    (tmp_path / "r.py").write_text(
+        "def r(prompts, completions, **row):\n"
+        f"    return [float(sum(map(ord, c)) % 7) if {rewarded!r} in p else 0.0 for p, c in zip(prompts, completions)]\n"
+    )
+    train(cfg, show_progress=False)
+    monkeypatch.setattr(grpo, "trains_on", lambda adv, settings: torch.ones_like(adv, dtype=torch.bool))
+    train(grpo_config(tiny_model_dir, data, whole, *extra), show_progress=False)
+    assert metrics(left_out)[0]["loss"] == pytest.approx(metrics(whole)[0]["loss"], abs=1e-6)
+    wa = load_file(left_out / "adapter" / "adapter_model.safetensors")
+    wb = load_file(whole / "adapter" / "adapter_model.safetensors")
+    for name in wb:
+        torch.testing.assert_close(wa[name], wb[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
 def test_a_cpu_grpo_run_returns_freed_pages(tmp_path, tiny_model_dir, monkeypatch):
     """GRPO's rollouts change shape every batch, and its RSS grew by 0.3-0.7 GiB a batch with decay off: its setup
     asks jemalloc to free pages lazily, LoRA or not, and never to return them for good (page faults made the
