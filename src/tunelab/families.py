@@ -98,7 +98,7 @@ REFUSED_MOE = {
 
 
 # Whether plan's FLOPs, memory and step time count experts (active vs total parameters) yet.
-PLAN_COUNTS_EXPERTS = False
+PLAN_COUNTS_EXPERTS = True
 
 
 @dataclass(frozen=True)

@@ -194,11 +194,30 @@ def random_config(source: ModelSource):
         eos_token_id=special.eos_token_id,
         pad_token_id=special.pad_token_id,
     )
+    if shape.moe is not None:
+        return AutoConfig.for_model(family, **{**fields, **moe_fields(shape)})
     if family == "qwen2":
         return Qwen2Config(**fields, use_sliding_window=False)
     if family == "qwen3":
         return Qwen3Config(**fields, use_sliding_window=False)
     return LlamaConfig(**fields)
+
+
+def moe_fields(shape: Arch) -> dict:
+    """The config.json keys of an MoE catalog shape, under its family's names (families.MOE_FAMILIES)."""
+    moe = shape.moe
+    row = next(r for r in families.MOE_FAMILIES.values() if r.name == moe.family)
+    out = {
+        row.experts_key: moe.experts,
+        row.top_k_key: moe.top_k,
+        row.expert_width_key: moe.expert_width,
+        row.aux_coef_key: moe.aux_coef,
+    }
+    if row.shared_width_key:
+        out[row.shared_width_key] = moe.shared_width
+    if row.dense_layers_key:
+        out[row.dense_layers_key] = [i for i in range(shape.layers) if i not in moe.sparse_layers]
+    return out
 
 
 def load_tokenizer(source: ModelSource):

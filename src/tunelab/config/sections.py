@@ -317,6 +317,25 @@ class ComputeConfig:
 
 
 @dataclass(kw_only=True)
+class MoeConfig:
+    """Mixture-of-Experts models' settings (families.MOE_FAMILIES); a dense model takes none of them."""
+
+    # The most loaded expert's tokens over the mean expert's, which sets the expert part's step time in plan
+    # (plan/steptime.py): 1 is uniform routing, the assumption; a run's measured load replaces it.
+    imbalance: float = cli(
+        1.0, "an MoE model's most loaded expert's tokens over the mean's, at least 1 (default 1: uniform)"
+    )
+
+    def validate(self, where: Origins) -> None:
+        _check(
+            where,
+            "moe.imbalance",
+            1 <= self.imbalance < math.inf,
+            f"must be at least 1 (the most loaded expert over the mean one), got {self.imbalance}",
+        )
+
+
+@dataclass(kw_only=True)
 class RunConfig:
     """Where the run writes, how often, how long at most, and its seed."""
 
@@ -376,6 +395,7 @@ class TrainConfig:
     batch: BatchConfig = inline(default_factory=BatchConfig)
     optimizer: OptimizerConfig = inline(default_factory=OptimizerConfig)
     compute: ComputeConfig = inline(default_factory=ComputeConfig)
+    moe: MoeConfig = field(default_factory=MoeConfig)
     run: RunConfig = inline(default_factory=RunConfig)
 
     def data_specs(self):

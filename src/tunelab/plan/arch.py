@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import TunelabError
-from ..families import Moe, moe_shape
+from ..families import MOE_FAMILIES, Moe, moe_shape
 from ..modelref import RANDOM
 from . import catalog
 
@@ -40,6 +40,29 @@ FAMILIES = {
 
 
 @dataclass(frozen=True)
+class Linear:
+    """One kind of linear layer of the decoder blocks: its shape, how many the model holds (memory) and what share
+    of a micro-batch's tokens each one multiplies (FLOPs): 1 for a dense module, top_k / experts for a routed
+    expert under uniform routing."""
+
+    name: str  # as lora.targets names it
+    d_in: int
+    d_out: int
+    count: int  # instances in the model: layers x copies per layer
+    share: float = 1.0  # fraction of the tokens each instance sees
+    group: str = "attn"  # attn | mlp | expert | shared | router: which preset takes it
+
+    @property
+    def params(self) -> int:
+        return self.count * self.d_in * self.d_out
+
+    @property
+    def active(self) -> float:
+        """Instances a token goes through, over all layers: what one token's FLOPs count."""
+        return self.count * self.share
+
+
+@dataclass(frozen=True)
 class Arch:
     name: str
     hidden: int
@@ -58,57 +81,80 @@ class Arch:
     # MLP (Qwen-MoE's mlp_only_layers), unused where every layer is sparse.
     moe: Moe | None = None
 
-    def linears(self) -> dict[str, tuple[int, int]]:
-        """(d_in, d_out) of each linear layer in one decoder block, by the module names peft targets."""
-        h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
-        return {
-            "q_proj": (h, q),
-            "k_proj": (h, kv),
-            "v_proj": (h, kv),
-            "o_proj": (q, h),
-            "gate_proj": (h, i),
-            "up_proj": (h, i),
-            "down_proj": (i, h),
-        }
-
     @property
     def sparse_layers(self) -> int:
         """How many decoder layers hold an MoE block instead of a dense MLP."""
         return len(self.moe.sparse_layers) if self.moe else 0
 
-    def _mlp(self, width: int) -> int:
-        return 3 * self.hidden * width  # gate, up, down
+    def modules(self) -> tuple[Linear, ...]:
+        """Every kind of linear layer in the decoder blocks. Dense: q/k/v/o and gate/up/down in every layer. An MoE
+        model's sparse layers replace gate/up/down with the routed experts (transformers' stacked `gate_up_proj`
+        and `down_proj`, each expert its own slice), the shared expert (Qwen2-MoE) and its gate, and the router."""
+        h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
+        n = self.layers
+        out = [
+            Linear("q_proj", h, q, n),
+            Linear("k_proj", h, kv, n),
+            Linear("v_proj", h, kv, n),
+            Linear("o_proj", q, h, n),
+        ]
+        dense = n - self.sparse_layers
+        if dense:
+            out += [
+                Linear("gate_proj", h, i, dense, group="mlp"),
+                Linear("up_proj", h, i, dense, group="mlp"),
+                Linear("down_proj", i, h, dense, group="mlp"),
+            ]
+        m, sparse = self.moe, self.sparse_layers
+        if m is None or not sparse:
+            return tuple(out)
+        share, w = m.top_k / m.experts, m.expert_width
+        out += [
+            Linear("experts.gate_up_proj", h, 2 * w, sparse * m.experts, share, "expert"),
+            Linear("experts.down_proj", w, h, sparse * m.experts, share, "expert"),
+        ]
+        if m.shared_width:
+            s = m.shared_width
+            out += [
+                Linear("shared_expert.gate_proj", h, s, sparse, group="shared"),
+                Linear("shared_expert.up_proj", h, s, sparse, group="shared"),
+                Linear("shared_expert.down_proj", s, h, sparse, group="shared"),
+            ]
+        if m.shared_gate:
+            out.append(Linear("shared_expert_gate", h, 1, sparse, group="router"))
+        out.append(Linear("router", h, m.experts, sparse, group="router"))
+        return tuple(out)
 
-    def _attention(self) -> int:
-        return sum(a * b for name, (a, b) in self.linears().items() if name in ATTN)
+    def module(self, name: str) -> Linear:
+        return next(m for m in self.modules() if m.name == name)
 
-    def _moe_block(self, experts: int) -> int:
-        """Linear weights of one sparse layer's MoE block with `experts` routed experts counted (all of them for
-        memory, top_k for a token's FLOPs): the routed experts, the shared expert and its gate, the router."""
-        m = self.moe
-        gate = self.hidden if m.shared_gate else 0
-        return experts * self._mlp(m.expert_width) + self._mlp(m.shared_width) + self.hidden * m.experts + gate
+    def linears(self) -> dict[str, tuple[int, int]]:
+        """(d_in, d_out) of each kind of linear layer, by the module names lora.targets takes."""
+        return {m.name: (m.d_in, m.d_out) for m in self.modules()}
 
     @property
     def block_linear_params(self) -> int:
         """Every linear weight of the decoder blocks (all experts of an MoE model): what memory holds."""
-        dense = (self.layers - self.sparse_layers) * self._mlp(self.intermediate)
-        sparse = self.sparse_layers * self._moe_block(self.moe.experts) if self.moe else 0
-        return self.layers * self._attention() + dense + sparse
+        return sum(m.params for m in self.modules())
 
     @property
-    def active_block_params(self) -> int:
-        """The linear weights one token goes through: an MoE block's top_k experts, shared expert and router."""
-        if self.moe is None:
-            return self.block_linear_params
-        dense = (self.layers - self.sparse_layers) * self._mlp(self.intermediate)
-        return self.layers * self._attention() + dense + self.sparse_layers * self._moe_block(self.moe.top_k)
+    def active_block_params(self) -> float:
+        """The block weights one token's matmuls go through: an MoE block's top_k experts, shared expert and router."""
+        return sum(m.active * m.d_in * m.d_out for m in self.modules())
 
     @property
-    def matmul_params(self) -> int:
+    def matmul_params(self) -> float:
         """N of docs/formulas.md: every weight that takes part in a token's matmuls (an MoE model's active ones),
         the LM head included (the embedding lookup is a gather, not a matmul)."""
         return self.active_block_params + self.vocab * self.hidden
+
+    @property
+    def mlp_width(self) -> float:
+        """The gated-MLP width one token passes through per layer, averaged over the layers: a dense model's
+        intermediate size; an MoE layer's top_k expert widths plus its shared expert's."""
+        m = self.moe
+        sparse = m.top_k * m.expert_width + m.shared_width if m else 0
+        return ((self.layers - self.sparse_layers) * self.intermediate + self.sparse_layers * sparse) / self.layers
 
     @property
     def embedding_params(self) -> int:
@@ -132,22 +178,23 @@ class Arch:
         return self.block_linear_params + self.embedding_params + head + self.norm_params + self.moe_bias_params
 
     @property
-    def active_params(self) -> int:
-        """The parameters one token uses: total_params with an MoE block's unrouted experts left out."""
+    def active_params(self) -> float:
+        """The parameters one token uses: total_params with an MoE block's unrouted experts (and their biases)
+        left out."""
         unrouted = self.block_linear_params - self.active_block_params
-        biases = self.moe_bias_params * (self.moe.experts - self.moe.top_k) // self.moe.experts if self.moe else 0
-        return self.total_params - unrouted - biases
+        routed = self.moe.top_k / self.moe.experts if self.moe else 1.0
+        return self.total_params - unrouted - self.moe_bias_params * (1 - routed)
 
 
-ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP = ("gate_proj", "up_proj", "down_proj")
-PRESETS = {"attn": ATTN, "mlp": MLP, "all-linear": ATTN + MLP}
+# Which module groups (Linear.group) each preset adapts: an MoE model's MLP is its experts and shared expert; the
+# router trains only when named.
+PRESETS = {"attn": ("attn",), "mlp": ("mlp", "expert", "shared"), "all-linear": ("attn", "mlp", "expert", "shared")}
 
 
 def adapter_targets(arch: Arch, targets: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
     """Module names an adapter sits on; the presets mean what `tunelab.model.adapters` makes them mean."""
     if isinstance(targets, str):
-        return PRESETS[targets]
+        return tuple(m.name for m in arch.modules() if m.group in PRESETS[targets])
     known = arch.linears()
     bad = [t for t in targets if t not in known]
     if bad:
@@ -193,24 +240,28 @@ def from_registry(ref: str) -> Arch | None:
 
 
 def registry_moe(row: dict, key: str) -> Moe | None:
-    """A catalog row's `moe:` mapping as a Moe: every layer sparse except its `dense_layers`."""
+    """A catalog row's `moe:` mapping as a Moe (its family's row says what the family adds): every layer sparse
+    except its `dense_layers`."""
     m = row.get("moe")
     if m is None:
         return None
+    family = MOE_FAMILIES.get(m["family"])
+    if family is None:
+        raise TunelabError(f"models.yaml: {key}: moe.family {m['family']!r} is none of {', '.join(MOE_FAMILIES)}")
     if not 1 <= m["top_k"] <= m["experts"]:
         raise TunelabError(
             f"models.yaml: {key}: moe.top_k={m['top_k']} must be between 1 and moe.experts={m['experts']}"
         )
     dense = set(m.get("dense_layers", ()))
     return Moe(
-        family=m["family"],
+        family=family.name,
         experts=m["experts"],
         top_k=m["top_k"],
         expert_width=m["expert_width"],
         sparse_layers=tuple(i for i in range(row["layers"]) if i not in dense),
         shared_width=m.get("shared_width", 0),
-        shared_gate=bool(m.get("shared_gate", False)),
-        biases=bool(m.get("biases", False)),
+        shared_gate=family.shared_gate,
+        biases=family.biases,
         aux_coef=float(m.get("aux_coef", 0.0)),
     )
 
@@ -239,12 +290,16 @@ def random_key(ref: str) -> str:
 
 def random_family(ref: str, key: str) -> str:
     """The FAMILIES entry of catalog key `key`, or an error naming the family random weights cannot build."""
+    data = catalog.read("models.yaml")
+    moe = data["models"][data["aliases"].get(key, key)].get("moe")
+    if moe is not None:  # an MoE row names its family's model_type (families.MOE_FAMILIES)
+        return moe["family"]
     prefixes = [p for p in FAMILIES if key.startswith(p if "/" in p else p + "/")]
     family = FAMILIES[max(prefixes, key=len)] if prefixes else None
     if family is None:
         raise TunelabError(
             f"model {ref}: {key}'s family cannot be built faithfully from the catalog's fields; "
-            f"pick a Llama, Qwen2, Qwen3 or SmolLM2 row"
+            f"pick a Llama, Qwen2, Qwen3, SmolLM2 or Mixture-of-Experts row"
         )
     return family
 
@@ -386,7 +441,8 @@ def from_gguf(name: str, path: Path) -> Arch:
     if experts and experts > 1:
         raise TunelabError(
             f"model {name}: {arch} is a Mixture-of-Experts model ({arch}.expert_count={experts} in the GGUF "
-            "metadata); MoE is not supported (tunelab trains and plans dense decoders only); pick a dense model"
+            "metadata); plan reads an MoE model's shape from its config.json or the model catalog, not from GGUF; "
+            "name its directory, hub id or catalog id"
         )
     if value(f"{arch}.block_count") is None or value(f"{arch}.feed_forward_length") is None:
         raise TunelabError(f"model {name}: GGUF architecture {arch!r} is not a Llama-shaped decoder plan can describe")

@@ -153,6 +153,11 @@ def estimate(
         raise TunelabError(
             f"seq_len {job.batch.seq_len} is over {arch.name}'s maximum of {arch.max_positions} positions; lower seq_len"
         )
+    if job.moe.imbalance != 1 and arch.moe is None:
+        raise TunelabError(
+            f"moe.imbalance={job.moe.imbalance:g} applies to Mixture-of-Experts models; {arch.name} is dense, so "
+            "no expert is loaded more than another; drop it"
+        )
     job = stack_job(job)  # an HF script runs eager blocks: no `compile: auto` to resolve
     if not isinstance(job.compute.compile, bool):
         eager = estimate(arch, lengths, job.but(compile=False), d, gpus, sharding, scaling)
@@ -292,6 +297,7 @@ def step_shape(job: Job, w: workload.Workload, keys: float, scored: float, compu
         fused_ops=hf is not None and hf.use_liger_kernel,
         eager_attention=hf is not None and hf.eager_attention,
         fused_optimizer=hf is None or hf.fused_optimizer,
+        imbalance=job.moe.imbalance,
     )
 
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .. import methods
-from ..config import AdapterConfig, BatchConfig, ComputeConfig, LoraConfig, RunConfig
+from ..config import AdapterConfig, BatchConfig, ComputeConfig, LoraConfig, MoeConfig, RunConfig
 from ..errors import TunelabError
 from . import arch as archmod
 from . import fit, hfstack, steptime, workload
@@ -58,6 +58,8 @@ class Row:
     hf: str = ""
     fit: bool = True  # False: predicted and shown, never fitted (rows of older code)
     note: str = ""
+    # An MoE row's most loaded expert's tokens over the mean's, as measured (moe.imbalance); 1: uniform.
+    imbalance: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,8 @@ def check_row(row: Row) -> str | None:
             row_spec(row)
         except TunelabError as e:
             return str(e)
+    if not row.imbalance >= 1:
+        return f"imbalance must be at least 1 (the most loaded expert over the mean one), got {row.imbalance!r}"
     for name in ("micro_batch", "seq_len", "r", "compute_bytes", "measured_s", "peak", "bandwidth"):
         if not getattr(row, name) > 0:
             return f"{name} must be positive, got {getattr(row, name)!r}"
@@ -132,6 +136,7 @@ def row_job(row: Row) -> Job:
         batch=BatchConfig(seq_len=row.seq_len, micro_batch=row.micro_batch, packing=row.packing),
         compute=ComputeConfig(grad_ckpt=row.grad_ckpt, compile=bool(row.compiled)),
         run=RunConfig(save_total_limit=1),
+        moe=MoeConfig(imbalance=row.imbalance),
         stack=row.stack,
         hf=row_spec(row),
     )

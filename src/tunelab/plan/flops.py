@@ -20,6 +20,10 @@
   (docs/metrics.md; Korthikanti et al. 2022, arXiv 2205.05198, Sec. 6 define the same split).
 - QLoRA's dequantization and DoRA's weight-norm are memory-bound, not matmul FLOPs, and are not counted here
   (the step model counts the dequantization's bytes: steptime.step_bytes).
+- Mixture-of-Experts: a token goes through top_k of a sparse layer's experts (and its shared expert and router),
+  so N, the adapters' and the recomputed forward's FLOPs count the active weights (Arch.matmul_params,
+  adapter_params(active=True)); memory counts them all (plan/memory.py). Routing imbalance changes which
+  expert does the work, not how much: it is the step model's (steptime.gemm_shapes), not a FLOP.
 - DoRA with LoRA dropout in training: peft's layer computes the base product a second time, on the dropped
   input (its magnitude scales W·drop(x), not the W·x already computed), so each adapted matrix adds
   2·d_in·d_out forward and 2·d_in·d_out for that product's input gradient: 4·Σ d_in·d_out per layer.
@@ -64,10 +68,10 @@ def attention_forward(arch: Arch, attn_len: int) -> float:
     return 4.0 * arch.layers * arch.heads * arch.head_dim * attn_len
 
 
-def adapter_params(arch: Arch, targets: tuple[str, ...], r: int) -> int:
-    """Trainable LoRA parameters: r·(d_in + d_out) per adapted matrix per layer."""
-    shapes = arch.linears()
-    return arch.layers * sum(r * (shapes[t][0] + shapes[t][1]) for t in targets)
+def adapter_params(arch: Arch, targets: tuple[str, ...], r: int, active: bool = False) -> float:
+    """Trainable LoRA parameters: r·(d_in + d_out) per adapted matrix (each expert its own); `active`: those one
+    token's matmuls go through (top_k of a sparse layer's experts)."""
+    return sum(r * (m.d_in + m.d_out) * (m.active if active else m.count) for m in arch.modules() if m.name in targets)
 
 
 def flops_per_token(
@@ -88,15 +92,14 @@ def flops_per_token(
     if methods.get(method).trains_base:
         dense, adapters, adapter_fwd = 6.0 * n, 0.0, 0.0
     else:
-        a = adapter_params(arch, targets, r)
+        a = adapter_params(arch, targets, r, active=True)
         dense, adapters, adapter_fwd = 4.0 * n, 6.0 * a, 2.0 * a
     second_base = 0.0  # DoRA's base product on the dropped input (module docstring)
     if methods.get(method).magnitude and lora_dropout > 0:
-        shapes = arch.linears()
-        second_base = 2.0 * arch.layers * sum(shapes[t][0] * shapes[t][1] for t in targets)
+        second_base = 2.0 * sum(m.active * m.d_in * m.d_out for m in arch.modules() if m.name in targets)
         dense += 2.0 * second_base
     # The LM head sits outside the checkpointed blocks, so its forward is not recomputed.
-    recompute = 2.0 * arch.block_linear_params + attn_fwd + adapter_fwd + second_base if grad_ckpt else 0.0
+    recompute = 2.0 * arch.active_block_params + attn_fwd + adapter_fwd + second_base if grad_ckpt else 0.0
     useful = 3.0 * 4.0 * arch.layers * arch.heads * arch.head_dim * doc_keys
     return FlopsPerToken(
         dense=dense, attention=3.0 * attn_fwd, adapters=adapters, recompute=recompute, attention_useful=useful
@@ -114,7 +117,7 @@ def forward_flops_per_token(arch: Arch, method: str, targets: tuple[str, ...], r
     A full fine-tuning forward is therefore exactly 1/3 of its step (6N + 12·L·H·Q·T + 0); a LoRA forward
     is (2N + 4LHQT + 2A) / (4N + 12LHQT + 6A), about 1/2 of its step when the adapters A are small beside N.
     """
-    adapters = 0.0 if methods.get(method).trains_base else 2.0 * adapter_params(arch, targets, r)
+    adapters = 0.0 if methods.get(method).trains_base else 2.0 * adapter_params(arch, targets, r, active=True)
     return 2.0 * arch.matmul_params + attention_forward(arch, attn_len) + adapters
 
 

@@ -12,6 +12,7 @@ from ..config import (
     AdapterConfig,
     BatchConfig,
     ComputeConfig,
+    MoeConfig,
     ObjectiveConfig,
     OptimizerConfig,
     RunConfig,
@@ -49,6 +50,7 @@ class Job:
     compute: ComputeConfig = field(default_factory=ComputeConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    moe: MoeConfig = field(default_factory=MoeConfig)
     eval_every: int = 0  # optimizer steps between evaluations (EvalConfig.every); used when lengths hold some out
     stack: str = "tunelab"  # STACKS
     hf: HfStack | None = None  # the HF script's choices where the stack row is HF's (Stack.hf), else None
@@ -62,6 +64,7 @@ class Job:
             compute=cfg.compute,
             optimizer=cfg.optimizer,
             run=cfg.run,
+            moe=cfg.moe,
             eval_every=cfg.eval.every(cfg.run.save_steps),
             stack=stack,
             hf=(hf or HfStack()) if STACK_ROWS[stack].hf else None,

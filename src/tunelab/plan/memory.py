@@ -68,7 +68,7 @@ def frozen_weight_bytes(arch: Arch, base_quant: str, compute_bytes: int) -> floa
     if base_quant == "nf4":
         block_bytes = blocks * NF4_BYTES
     elif base_quant == "int8":
-        row_scales = arch.layers * sum(d_out for _, d_out in arch.linears().values())
+        row_scales = sum(m.count * m.d_out for m in arch.modules())
         block_bytes = blocks * 1.0 + row_scales * 4.0
     else:
         block_bytes = blocks * compute_bytes
@@ -80,8 +80,7 @@ def trainable_params(arch: Arch, job: Job, s: Layout) -> int:
         return arch.total_params
     extra = 0
     if job.method.magnitude:  # one fp32 magnitude per output feature of each adapted matrix
-        shapes = arch.linears()
-        extra = arch.layers * sum(shapes[t][1] for t in s.targets)
+        extra = sum(m.count * m.d_out for m in arch.modules() if m.name in s.targets)
     return adapter_params(arch, s.targets, job.adapter.lora.r) + extra
 
 
@@ -106,19 +105,19 @@ def stream_bytes(job: Job, s: Layout) -> int:
 def trained_shapes(arch: Arch, job: Job, s: Layout) -> list[tuple[int, int, int]]:
     """(rows, cols, how many) of the trained tensors: every weight under full fine-tuning (the block linears,
     the embedding and an untied head, the norms as vectors), else each adapter's A and B (and DoRA's magnitude)."""
-    shapes = arch.linears()
     if job.method.trains_base:
-        out = [(d_out, d_in, arch.layers) for d_in, d_out in shapes.values()]
+        out = [(m.d_out, m.d_in, m.count) for m in arch.modules()]
         out.append((arch.vocab, arch.hidden, 1 if arch.tied else 2))
         vectors = arch.total_params - arch.block_linear_params - arch.vocab * arch.hidden * (1 if arch.tied else 2)
         return [*out, (max(vectors, 0), 1, 1)]
     r = job.adapter.lora.r
     out = []
-    for t in s.targets:
-        d_in, d_out = shapes[t]
-        out += [(r, d_in, arch.layers), (d_out, r, arch.layers)]
+    for m in arch.modules():
+        if m.name not in s.targets:
+            continue
+        out += [(r, m.d_in, m.count), (m.d_out, r, m.count)]
         if job.method.magnitude:
-            out.append((d_out, 1, arch.layers))
+            out.append((m.d_out, 1, m.count))
     return out
 
 
@@ -189,11 +188,12 @@ def _adapter_bytes(arch: Arch, job: Job, s: Layout) -> float:
     model, and plan stays above."""
     if job.method.trains_base:
         return 0.0
-    shapes = arch.linears()
-    adapted = [shapes[t][0] for t in s.targets]
-    out = len(adapted) * s.compute_bytes * job.adapter.lora.r
+    # A token passes each adapted module `active / layers` times a layer (top_k times an expert kind).
+    per = [(m.active / arch.layers, m) for m in arch.modules() if m.name in s.targets]
+    adapted = [k * m.d_in for k, m in per]
+    out = sum(k for k, _ in per) * s.compute_bytes * job.adapter.lora.r
     if job.method.magnitude:
-        out += 2 * s.compute_bytes * sum(shapes[t][1] for t in s.targets)
+        out += 2 * s.compute_bytes * sum(k * m.d_out for k, m in per)
     if job.adapter.lora.dropout > 0 and not job.compiled:
         out += sum(adapted) * (1 + s.compute_bytes)  # mask and dropped copy
     elif job.adapter.lora.dropout > 0 and s.dropout_mask_kept:
@@ -202,13 +202,21 @@ def _adapter_bytes(arch: Arch, job: Job, s: Layout) -> float:
 
 
 def row_bytes_per_token_layer(arch: Arch, job: Job, s: Layout) -> float:
-    """What a decoder layer saves per token outside attention's own tensors (docs/formulas.md, memory derivation)."""
-    a, h, i = s.compute_bytes, arch.hidden, arch.intermediate
+    """What a decoder layer saves per token outside attention's own tensors (docs/formulas.md, memory derivation),
+    averaged over the layers; an MoE layer's MLP is the top_k experts' and the shared expert's width, plus the
+    routing's own tensors (routing_bytes_per_token_layer)."""
+    a, h, i = s.compute_bytes, arch.hidden, arch.mlp_width
+    routing = routing_bytes_per_token_layer(arch, a)
     if job.compiled:
         return (
-            stream_bytes(job, s) * h + a * arch.heads * arch.head_dim + 2 * a * i + 2 * 4 + _adapter_bytes(arch, job, s)
+            stream_bytes(job, s) * h
+            + a * arch.heads * arch.head_dim
+            + 2 * a * i
+            + 2 * 4
+            + _adapter_bytes(arch, job, s)
+            + routing
         )
-    shapes = arch.linears()
+    shapes = {m.name: (m.active / arch.layers * m.d_in, m.d_out) for m in arch.modules()}
     full = job.method.trains_base
     liger = job.hf is not None and job.hf.use_liger_kernel
     # HF's RMSNorm keeps its fp32 upcast input; Liger's keeps the input in the compute dtype (and a scalar per
@@ -221,6 +229,10 @@ def row_bytes_per_token_layer(arch: Arch, job: Job, s: Layout) -> float:
         "o": ("o_proj",),
         "mlp_in": ("gate_proj", "up_proj"),
         "down": ("down_proj",),
+        "experts_in": ("experts.gate_up_proj",),
+        "experts_down": ("experts.down_proj",),
+        "shared_in": ("shared_expert.gate_proj", "shared_expert.up_proj"),
+        "shared_down": ("shared_expert.down_proj",),
     }
     if master and a < 4:  # autocast casts each linear's fp32 input on its own
         inputs = a * sum(d_in for d_in, _ in shapes.values())
@@ -234,8 +246,19 @@ def row_bytes_per_token_layer(arch: Arch, job: Job, s: Layout) -> float:
         inputs = 0
     else:
         trained = set(shapes) if full else set(s.targets)
-        inputs = a * sum(shapes[g[0]][0] for g in groups.values() if set(g) & trained)
-    return norms + mlp + inputs + _adapter_bytes(arch, job, s)
+        inputs = a * sum(shapes[g[0]][0] for g in groups.values() if g[0] in shapes and set(g) & trained)
+    return norms + mlp + inputs + _adapter_bytes(arch, job, s) + routing
+
+
+def routing_bytes_per_token_layer(arch: Arch, compute_bytes: int) -> float:
+    """What an MoE layer's routing saves per token, averaged over the layers: the router's logits and softmax in
+    fp32 (2 x 4 B per expert), the top_k weights and indices (4 + 8 B each), and the top_k expert outputs before
+    their weighted sum, kept for the routing weights' gradient (top_k x hidden). 0 for a dense model."""
+    m = arch.moe
+    if m is None:
+        return 0.0
+    per_sparse = 8 * m.experts + 12 * m.top_k + compute_bytes * m.top_k * arch.hidden
+    return per_sparse * arch.sparse_layers / arch.layers
 
 
 def attention_bytes_per_position(arch: Arch, job: Job, s: Layout) -> float:

@@ -15,6 +15,12 @@ step_s = matmul_s + attention_s + memory_s + fixed_s, each a pure function of th
   (compiled blocks fuse them: fewer bytes), at `bandwidth` x the device's bandwidth.
 - fixed: kernel launches x the host's exposed time per launch (`launch_s`); eager launches several times what
   compiled blocks do.
+- Mixture-of-Experts: each routed expert is its own GEMM over the tokens routed to it, priced as if every expert
+  had the most loaded one's tokens (imbalance x top_k / experts of the micro-batch's, at most all of them): the
+  expert part's time is set by the most loaded expert. Few tokens per expert make those GEMMs memory-bound,
+  reading every expert's weights. The router's softmax and top-k and the token permutation (gathering top_k
+  copies of each token's hidden state, scattering the weighted outputs back) are memory-bound work of their own
+  (routing_bytes_per_token).
 The four constants (Constants) are the only fitted figures: per device from measured rows (plan/fit.py,
 catalog/fitted.yaml), carried over from the other measured devices of the same kind where a device has none.
 """
@@ -63,6 +69,9 @@ class Shape:
     fused_ops: bool = False  # Liger's fused RMSNorm, SwiGLU and RoPE (elementwise_elements_per_token)
     eager_attention: bool = False  # attention as two batched GEMMs and a written-out softmax (eager_score_bytes)
     fused_optimizer: bool = True  # one fused kernel per parameter group (step_bytes); False: foreach AdamW
+    # The most loaded expert's tokens over the mean expert's (an MoE model's routing; 1: uniform, the assumption
+    # unless a config's moe.imbalance or a measurement says otherwise).
+    imbalance: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -133,32 +142,34 @@ def gemm_shapes(
     grad_ckpt: bool,
     loss_tokens: float,
     chunk: int,
+    imbalance: float = 1.0,
 ) -> list[tuple[int, int, int, int]]:
     """(m, k, n, count) of every GEMM in one micro-batch's forward and backward (flops.py counts the same
     products per token). A weight's forward is m x d_in x d_out; its input gradient m x d_out x d_in; a trained
     weight adds its weight gradient d_in x m x d_out. LoRA's A (d_in x r) and B (r x d_out) are trained:
-    three products each. Gradient checkpointing runs the block forwards twice. The head runs over the
+    three products each. Gradient checkpointing runs the block forwards twice. A routed expert's m is its
+    tokens (expert_rows). The head runs over the
     `loss_tokens` positions with a target only (train/loss.py gathers them first); a trained head's backward
     recomputes its logits and makes its weight gradient over all rows, one vocabulary slice at a time (as many
     slices as the forward has chunks of `chunk` rows)."""
     shapes: list[tuple[int, int, int, int]] = []
     fwd = 2 if grad_ckpt else 1
     full = method.trains_base
-    for _name, (d_in, d_out) in arch.linears().items():
-        shapes.append((tokens, d_in, d_out, arch.layers * fwd))
-        shapes.append((tokens, d_out, d_in, arch.layers))
+    for mod in arch.modules():
+        d_in, d_out, n = mod.d_in, mod.d_out, mod.count
+        m = expert_rows(tokens, mod.share, imbalance)
+        shapes.append((m, d_in, d_out, n * fwd))
+        shapes.append((m, d_out, d_in, n))
         if full:
-            shapes.append((d_in, tokens, d_out, arch.layers))
-    if not full:
-        for t in targets:
-            d_in, d_out = arch.linears()[t]
+            shapes.append((d_in, m, d_out, n))
+        elif mod.name in targets:
             shapes += [
-                (tokens, d_in, r, arch.layers * fwd),
-                (tokens, r, d_out, arch.layers * fwd),
-                (r, tokens, d_out, arch.layers),  # B's weight gradient
-                (tokens, d_out, r, arch.layers),  # input gradient through B
-                (d_in, tokens, r, arch.layers),  # A's weight gradient
-                (tokens, r, d_in, arch.layers),  # input gradient through A
+                (m, d_in, r, n * fwd),
+                (m, r, d_out, n * fwd),
+                (r, m, d_out, n),  # B's weight gradient
+                (m, d_out, r, n),  # input gradient through B
+                (d_in, m, r, n),  # A's weight gradient
+                (m, r, d_in, n),  # input gradient through A
             ]
     rows = max(1, round(loss_tokens))
     head = [(rows, arch.hidden, arch.vocab, 1), (rows, arch.vocab, arch.hidden, 1)]
@@ -167,6 +178,15 @@ def gemm_shapes(
         cols = max(1, round(arch.vocab / slices))
         head += [(rows, arch.hidden, cols, slices), (cols, rows, arch.hidden, slices)]
     return shapes + head
+
+
+def expert_rows(tokens: int, share: float, imbalance: float) -> int:
+    """Rows of one module's GEMM in a micro-batch of `tokens`: all of them for a dense module; for a routed expert
+    (share top_k / experts), the most loaded expert's, imbalance x its uniform share, never more than every token
+    (a token picks an expert once)."""
+    if share >= 1:
+        return tokens
+    return max(1, min(tokens, round(tokens * share * imbalance)))
 
 
 def head_chunks(loss_tokens: float, chunk: int) -> int:
@@ -224,10 +244,11 @@ def elementwise_elements_per_token(
     two residual adds 3h each, LoRA's scale and add 5 per output element of each adapted matrix. Compiled blocks
     fuse each chain into one read and one write: norms 2h, rotary 2, layouts 1, SwiGLU 3i, adds into the norms,
     LoRA's scale-and-add 2."""
-    h, i = arch.hidden, arch.intermediate
+    h, i = arch.hidden, arch.mlp_width
     q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
-    shapes = arch.linears()
-    outs = 0 if method.trains_base else sum(shapes[t][1] for t in targets)
+    # LoRA's scale-and-add per output element a token passes, per layer (top_k times an expert kind's).
+    outs = 0 if method.trains_base else sum(m.active * m.d_out for m in arch.modules() if m.name in targets)
+    outs /= arch.layers
     if compiled:
         per_layer = 2 * 2 * h + 2 * (q + kv) + (2 * q + 2 * kv) + 3 * i + 2 * outs
     elif fused_ops:  # Liger's kernels: each norm, rotary and SwiGLU one read and one write, the rest eager
@@ -235,6 +256,20 @@ def elementwise_elements_per_token(
     else:
         per_layer = 2 * 8 * h + 12 * (q + kv) + 2 * (2 * q + 2 * kv) + 5 * i + 2 * 3 * h + 5 * outs
     return float(arch.layers * per_layer)
+
+
+def routing_bytes_per_token(arch: Arch, compute_bytes: int) -> float:
+    """Bytes an MoE model's routing moves per token per forward, over its sparse layers: the router's logits
+    written, softmax and top-k in fp32 (~6 passes over 4 B per expert); the permutation gathers top_k copies of
+    the hidden state (one read, top_k writes), and the combine reads top_k expert outputs and their weights
+    and writes the sum (top_k reads, one write); the sort of the top_k expert ids (8 B each, ~4 passes). The
+    backward moves about twice as much (scatter of the gradients, the same gathers reversed). 0 for a dense model."""
+    m = arch.moe
+    if m is None:
+        return 0.0
+    h, k = arch.hidden, m.top_k
+    per_layer = 24 * m.experts + compute_bytes * h * (2 + 2 * k) + 32 * k
+    return float(arch.sparse_layers * per_layer)
 
 
 def eager_score_bytes_per_pair() -> tuple[float, float]:
@@ -305,7 +340,12 @@ def launches_per_micro_batch(
     adapters = 0 if method.trains_base else len(targets)
     per_fwd = (14 + 2 * adapters + 2 + 5) if compiled else (43 - (24 if fused_ops else 0) + 4 * adapters)
     passes = 4 if grad_ckpt else 3
-    return arch.layers * per_fwd * passes + 100.0
+    return arch.layers * per_fwd * passes + arch.sparse_layers * ROUTING_LAUNCHES * passes + 100.0
+
+
+# Kernel launches of an MoE layer's routing per pass: the router's GEMM, softmax, top-k, normalisation, the sort of
+# expert ids and its counts, the gather and the weighted scatter-add, and the grouped products' setup.
+ROUTING_LAUNCHES = 12
 
 
 def work(
@@ -320,13 +360,15 @@ def work(
 ) -> Work:
     """One optimizer step's work on a device whose ridge (peak FLOP/s over bytes/s) is `ridge`."""
     mb, cb = shape.micro_batches, shape.compute_bytes
-    gemms = gemm_shapes(arch, method, targets, r, shape.tokens, grad_ckpt, shape.loss_tokens, shape.loss_chunk)
+    gemms = gemm_shapes(
+        arch, method, targets, r, shape.tokens, grad_ckpt, shape.loss_tokens, shape.loss_chunk, shape.imbalance
+    )
     gemm_f, gemm_b = split_gemms(gemms, cb, ridge)
     fwd_passes = 4.0 if grad_ckpt else 3.0  # forward + backward (2x), + the recomputed forward
     elements = elementwise_elements_per_token(arch, targets, method, shape.compiled, shape.fused_ops) * fwd_passes
     # Full fine-tuning keeps fp32 weights under autocast (model/adapters.py): the residual stream and its
     # element-wise ops run in fp32.
-    per_token = elements * (4 if method.trains_base else cb)
+    per_token = elements * (4 if method.trains_base else cb) + routing_bytes_per_token(arch, cb) * fwd_passes
     loss = loss_bytes_per_token(arch, cb, shape.whole_logits) * shape.loss_tokens
     per_micro_batch = per_token * shape.tokens + loss
     if shape.scored_keys_per_token:

@@ -204,26 +204,28 @@ def moe_config(kind: str, vocab: int):
 
 
 @pytest.mark.parametrize("kind, key", [("mixtral", "num_local_experts=4"), ("qwen2_moe", "num_experts=6")])
-@pytest.mark.parametrize("command", ["train", "plan"])
-def test_moe_is_refused_by_train_and_plan(kind, key, command, vocab, tmp_path, addition_rows, capsys):
-    """A Mixture-of-Experts config (config.json only) that tunelab does not yet take is refused in one line naming
-    its expert count, before anything loads or is written: plan never estimates it as dense."""
+def test_moe_train_refuses_a_family_it_does_not_train_yet_and_plan_counts_it(
+    kind, key, vocab, tmp_path, addition_rows, capsys
+):
+    """An MoE config (config.json only) whose family's row does not train yet is refused by train in one line
+    naming its expert count, before anything loads or is written; plan answers with its active parameters."""
     model = tmp_path / kind
     moe_config(kind, vocab).save_pretrained(model)
     out = tmp_path / "run"
-    if command == "train":
-        data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
-        config = tmp_path / "c.yaml"
-        config.write_text("method: lora\ndata:\n  template: compact\nprecision: fp32\ndevice: cpu\n")
-        argv = ["train", "--config", str(config), f"model={model}", f"data.path={data}", f"output_dir={out}", "--quiet"]
-    else:
-        argv = ["plan", "--model", str(model), "--examples", "1000"]
+    data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
+    config = tmp_path / "c.yaml"
+    config.write_text("method: lora\ndata:\n  template: compact\nprecision: fp32\ndevice: cpu\n")
+    argv = ["train", "--config", str(config), f"model={model}", f"data.path={data}", f"output_dir={out}", "--quiet"]
+    if families.MOE_FAMILIES[kind].trains:
+        pytest.skip(f"{kind} trains")
     assert main(argv) == 2
     captured = capsys.readouterr()
     err = captured.err.strip()
     assert len(err.splitlines()) == 1 and not captured.out
-    assert f"tunelab {command}: error:" in err and key in err and f"does not {command} it yet" in err
+    assert "tunelab train: error:" in err and key in err and "does not train it yet" in err
     assert not out.exists()
+    assert main(["plan", "--model", str(model), "--examples", "1000", "--seq-len", "128"]) == 0
+    assert "active per token" in capsys.readouterr().out
 
 
 REFUSED = [  # (config, attention setting, what the one line must name)

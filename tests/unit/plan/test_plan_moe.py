@@ -4,11 +4,19 @@ ones (FLOPs), and families tunelab does not implement are refused in one line by
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
+import numpy as np
 import pytest
 
-from tunelab import families
+from tunelab import families, methods
+from tunelab.api import estimate
+from tunelab.cli import main
 from tunelab.errors import TunelabError
-from tunelab.plan.arch import from_hf_config
+from tunelab.plan import catalog, fit_rows, memory, steptime
+from tunelab.plan.arch import adapter_targets, from_hf_config, from_registry, random_arch
+from tunelab.plan.flops import adapter_params, flops_per_token
 
 SMALL = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
 
@@ -139,3 +147,149 @@ def test_an_unknown_moe_family_is_refused_naming_the_known_ones():
         TunelabError, match=r"newmoe .*\(num_experts=4 .* does not know; the MoE families it knows: Qwen3-MoE"
     ):
         families.check(config, "m")
+
+
+# Each catalog MoE row against its publisher's figures, in the publisher's own convention: (total, active,
+# tolerance in B, whether the publisher leaves the embedding lookup out of the active count).
+PUBLISHED = {
+    "Qwen/Qwen3-30B-A3B": (30.5, 3.3, 0.1, False),  # model card: 30.5B in total and 3.3B activated
+    "Qwen/Qwen3-235B-A22B": (235.0, 22.0, 0.5, False),  # model card: 235B in total and 22B activated
+    "openai/gpt-oss-20b": (20.91, 3.61, 0.01, True),  # gpt-oss model card: 20.91B total, 3.61B active
+    "openai/gpt-oss-120b": (116.83, 5.13, 0.01, True),  # 116.83B total, 5.13B active
+    "mistralai/Mixtral-8x7B-v0.1": (46.7, 12.9, 0.05, False),  # Mixtral of Experts: 46.7B, 12.9B active
+    "allenai/OLMoE-1B-7B-0924": (6.9, 1.3, 0.05, False),  # OLMoE paper: 6.9B total, 1.3B active
+}
+
+
+@pytest.mark.parametrize("key", PUBLISHED)
+def test_catalog_moe_rows_count_their_published_parameters(key):
+    total, active, tol, without_embedding = PUBLISHED[key]
+    arch = from_registry(key)
+    mine = arch.active_params - (arch.embedding_params if without_embedding else 0)
+    assert abs(arch.total_params / 1e9 - total) <= tol and abs(mine / 1e9 - active) <= tol
+    assert arch.moe is not None and arch.moe.sparse_layers == tuple(range(arch.layers))
+
+
+def with_experts(arch, experts: int):
+    return replace(arch, moe=replace(arch.moe, experts=experts))
+
+
+def test_flops_follow_active_parameters_and_memory_all_of_them():
+    """Doubling the experts at the same top-k leaves a token's FLOPs alone and adds every new expert's weights
+    (nf4 under QLoRA) and, with LoRA on the experts, their factors."""
+    arch = from_registry("allenai/OLMoE-1B-7B-0924")
+    wide = with_experts(arch, 2 * arch.moe.experts)
+    targets = adapter_targets(arch, "all-linear")
+    assert "experts.gate_up_proj" in targets and "router" not in targets
+    f, g = (flops_per_token(a, "qlora", targets, 16, 512, False) for a in (arch, wide))
+    assert f.dense == pytest.approx(4 * arch.matmul_params) and g.dense == pytest.approx(f.dense, rel=0.01)
+    assert g.adapters == pytest.approx(f.adapters)  # k of E experts' factors a token, whatever E
+    added = arch.layers * arch.moe.experts * 3 * arch.hidden * arch.moe.expert_width
+    assert wide.block_linear_params - arch.block_linear_params == added + arch.layers * arch.hidden * arch.moe.experts
+    nf4 = memory.frozen_weight_bytes(wide, "nf4", 2) - memory.frozen_weight_bytes(arch, "nf4", 2)
+    assert nf4 == pytest.approx((added + arch.layers * arch.hidden * arch.moe.experts) * memory.NF4_BYTES)
+    lora = adapter_params(wide, targets, 16) - adapter_params(arch, targets, 16)
+    per_expert = 16 * (arch.hidden + 2 * arch.moe.expert_width) + 16 * (arch.moe.expert_width + arch.hidden)
+    assert lora == arch.layers * arch.moe.experts * per_expert
+
+
+def test_imbalance_scales_the_expert_products_and_nothing_else():
+    arch = from_registry("Qwen/Qwen3-30B-A3B")
+    targets = adapter_targets(arch, "all-linear")
+    method = methods.get("qlora")
+
+    def gemms(f):
+        return steptime.gemm_shapes(arch, method, targets, 16, 4096, False, 2048, 256, f)
+
+    even, skewed = gemms(1.0), gemms(3.0)
+    uniform = round(4096 * 8 / 128)
+    assert {s[0] for s in even} >= {uniform, 4096}
+    # Each expert GEMM's token dimension (rows, or the inner one of a weight gradient) triples; nothing else moves.
+    assert skewed == [(*(3 * x if x == uniform else x for x in s[:3]), s[3]) for s in even]
+    assert max(s[0] for s in gemms(100.0)) == 4096  # an expert never gets more than every token
+
+
+def test_routing_is_its_own_memory_bound_work():
+    arch = from_registry("Qwen/Qwen3-30B-A3B")
+    dense = replace(arch, moe=None)
+    assert steptime.routing_bytes_per_token(dense, 2) == 0
+    assert steptime.routing_bytes_per_token(arch, 2) == pytest.approx(
+        arch.layers * (24 * 128 + 2 * arch.hidden * (2 + 2 * 8) + 32 * 8)
+    )
+
+
+def test_plan_answers_for_qwen3_moe_qlora_on_three_gpus_and_the_api_agrees(capsys):
+    gpus = "rtx-4090,rtx-5090,h100-sxm"
+    argv = ["plan", "--model", "Qwen/Qwen3-30B-A3B", "--method", "qlora", "--gpu", gpus, "--examples", "10000"]
+    assert main([*argv, "--json"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [x["gpu"] for x in lines] == gpus.split(",")
+    arch = from_registry("Qwen/Qwen3-30B-A3B")
+    for x in lines:
+        assert x["examples"] == 10000 and x["train_s"] > 0
+        assert x["fits"] == (x["peak_memory_bytes"] <= x["memory_capacity_bytes"])
+        assert x["memory_breakdown"]["weights"] >= arch.total_params * 0.5  # every expert held, in nf4
+        assert x["active_params"] < x["total_params"] / 5 and x["moe"]["imbalance"] == 1.0
+    api = estimate(model="Qwen/Qwen3-30B-A3B", method="qlora", gpu=gpus.split(","), examples=10000)
+    assert [r.single.time_s for r in api] == pytest.approx([x["time_s"] for x in lines])
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert "3.353 B active per token" in table and "8 of 128 experts" in table and "uniform routing" in table
+
+
+@pytest.mark.parametrize(
+    "model, flag, message",
+    [
+        ("Qwen/Qwen3-30B-A3B", "0.5", "moe.imbalance must be at least 1"),
+        ("llama-3.2-1b", "2", "moe.imbalance=2 applies to Mixture-of-Experts models; meta-llama/Llama-3.2-1B is dense"),
+    ],
+)
+def test_bad_imbalance_is_one_line(model, flag, message, capsys):
+    assert main(["plan", "--model", model, "--examples", "100", "--moe-imbalance", flag]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
+
+
+def test_a_config_whose_top_k_exceeds_its_experts_is_one_line_in_plan(tmp_path, capsys):
+    model = tmp_path / "moe"
+    config = hf_config("MixtralConfig", num_local_experts=4, num_experts_per_tok=2)
+    config.save_pretrained(model)
+    path = model / "config.json"
+    path.write_text(path.read_text().replace('"num_experts_per_tok": 2', '"num_experts_per_tok": 6'))
+    assert main(["plan", "--model", str(model), "--examples", "100"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "num_experts_per_tok=6" in err and "num_local_experts=4" in err
+
+
+def test_bench_fit_prices_an_moe_row_with_its_measured_imbalance():
+    """A measured MoE row (bench fit's rows) is observed like any other; its imbalance raises the matmul part."""
+    row = dict(
+        device="cpu-avx512-bf16", kind="cpu", label="moe", source="test", model="random:olmoe-1b-7b-0924",
+        method="lora", micro_batch=2, seq_len=256, compiled=False, grad_ckpt=False, measured_s=1.0, peak=2e12,
+        bandwidth=2e10, r=8, compute_bytes=2, packing=True, lengths="mean:200", loss_fraction=0.5,
+    )  # fmt: skip
+    arch = random_arch("random:olmoe-1b-7b-0924")
+    lengths = np.full(50, 200)
+    even, skewed = (fit_rows.observe(fit_rows.Row(**row, imbalance=f), arch, lengths) for f in (1.0, 2.0))
+    assert skewed.observation.coefficients[0] + skewed.observation.coefficients[2] > (
+        even.observation.coefficients[0] + even.observation.coefficients[2]
+    )
+    assert fit_rows.check_row(fit_rows.Row(**row, imbalance=0.5)).startswith("imbalance must be at least 1")
+
+
+def test_random_moe_rows_build_their_family_config():
+    """random:<an MoE row> builds the family's own transformers config with the catalog's shape."""
+    from tunelab import sources
+
+    for ref in ("random:qwen3-30b-a3b", "random:gpt-oss-20b"):
+        source = sources.resolve(ref, weights=False)
+        config = sources.random_config(source)
+        assert families.moe_shape(config, ref) == from_registry(source.random_key).moe
+
+
+def test_the_guide_lists_every_catalog_model():
+    from pathlib import Path
+
+    guide = (Path(__file__).parents[3] / "docs" / "guide.md").read_text()
+    missing = [k for k in catalog.read("models.yaml")["models"] if f"`{k}`" not in guide]
+    assert not missing
