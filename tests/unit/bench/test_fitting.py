@@ -28,6 +28,10 @@ def target(tmp_path, monkeypatch):
     """fitted.yaml as `bench fit --write` writes it, in a test's folder."""
     path = tmp_path / "fitted.yaml"
     monkeypatch.setattr(fit, "FITTED", path)
+    # and grpo.yaml beside it, as shipped: a test never writes the catalog in src/
+    grpo = tmp_path / "grpo.yaml"
+    grpo.write_text((Path(fit.__file__).parent / "catalog" / "grpo.yaml").read_text())
+    monkeypatch.setattr(fit, "GRPO_FITTED", grpo)
     return path
 
 
@@ -45,6 +49,8 @@ def test_the_committed_rows_reproduce_the_shipped_fit_byte_for_byte(target, monk
     monkeypatch.chdir(REPO)  # the row files name the suite files from the repository's root
     assert main(["bench", "fit", "--write"]) == 0
     assert target.read_text() == text
+    shipped = (Path(fit.__file__).parent / "catalog" / "grpo.yaml").read_text()
+    assert fit.GRPO_FITTED.read_text() == shipped  # the committed GRPO runs reproduce the shipped GRPO fit too
     out, err = capsys.readouterr()
     assert out.splitlines()[0].startswith("| device | row | fit | measured s |") and f"wrote: {target}" in out
     assert "left out 8b-lora-65k-offload" in err  # a row of a committed suite file that did not run
