@@ -88,15 +88,19 @@ def sample(
     share: tuple[int, int] | None = None,
     all_done: Callable[[bool], bool] | None = None,
     logprobs: bool = False,
+    on_step: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
 ) -> Samples:
-    """One completion per prompt in `prompts` (token ids), in order: the one generation step of eval, GRPO and the
-    page's Try it. `model` is a causal LM (a peft model samples with its adapter on); its training mode is restored
-    after. `decode`: decoding.py's mode. It runs without autograd (so activation checkpointing is inert), in eval
-    mode, over prepacked weights (model/prepack.py; a compiled policy's too; not the compiled mode's), and with the
-    policy's compiled blocks eager (`policy_eager`): their graphs are the update's; only the compiled mode's own step
-    is compiled. Several processes sampling shares of one batch: `share` (first, total) places this share in it
-    (draw's `rows`), and `all_done(done)` says whether every process's rows are done, so all take the same decode
-    steps (and random draws) as one process sampling the whole batch. `logprobs`: each token's log-prob too."""
+    """One completion per prompt in `prompts` (token ids), in order: the one generation step of eval, GRPO, the
+    page's Try it and `tunelab serve`. `model` is a causal LM (a peft model samples with its adapter on); its
+    training mode is restored after. `decode`: decoding.py's mode. It runs without autograd (so activation
+    checkpointing is inert), in eval mode, over prepacked weights (model/prepack.py; a compiled policy's too; not the
+    compiled mode's), and with the policy's compiled blocks eager (`policy_eager`): their graphs are the update's;
+    only the compiled mode's own step is compiled. Several processes sampling shares of one batch: `share` (first,
+    total) places this share in it (draw's `rows`), and `all_done(done)` says whether every process's rows are done,
+    so all take the same decode steps (and random draws) as one process sampling the whole batch. `logprobs`: each
+    token's log-prob too. `on_step`, when given, sees each step's tokens (rows,; a finished row's is `pad_id`) as
+    they are drawn, and may return a bool tensor of rows to end there (`tunelab serve`: a stop string written, a
+    client gone); such a row's later tokens are pads."""
     device = next(model.parameters()).device
     mode = decoding.resolve(decode, device.type)
     rows, width = len(prompts), max(len(p) for p in prompts)
@@ -127,6 +131,10 @@ def sample(
                     scaled = logits if temperature == 0 else logits / temperature
                     scores.append(torch.log_softmax(scaled, dim=-1).gather(-1, token[:, None]).squeeze(-1))
                 done = done | torch.isin(token, stops)
+                if on_step is not None:
+                    ended = on_step(token)
+                    if ended is not None:
+                        done = done | ended.to(device)
                 finished = bool(done.all())
                 if all_done is not None:
                     finished = all_done(finished)

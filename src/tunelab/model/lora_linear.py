@@ -202,7 +202,7 @@ class _FusedForward:
     _prepacked: torch.Tensor | None = None  # W + sBA reordered for CPU decoding (model/prepack.py)
     _packed_while = False  # `_packed` is pack_while's copy, dropped by unpack_inference
 
-    def _inference_forward(self, x: torch.Tensor, name: str) -> torch.Tensor | None:
+    def _inference_forward(self, x: torch.Tensor, name: str, packed: torch.Tensor | None) -> torch.Tensor | None:
         """Without autograd, over a packed weight: [x | xAᵀ]·[W | sB]ᵀ with no weight concatenated per call.
         The sB columns are rewritten on every call (d_out x r values, beside the d_out x d_in product): B's
         version counter cannot tell whether B changed, since a fused AdamW step updates it in place without
@@ -214,7 +214,6 @@ class _FusedForward:
         if self._prepacked is not None and x.dtype == torch.float32:  # W + sBA, B as it stood when reordered
             y = prepacked_linear(x2, self._prepacked, self.base_layer.bias)
             return y.view(*x.shape[:-1], y.shape[-1])
-        packed = self._packed
         if packed is None or x.dtype != packed.dtype:
             return None
         torch.mul(self.lora_B[name].weight, self.scaling[name], out=packed[:, width:])
@@ -273,8 +272,11 @@ class _FusedForward:
         name = None if args or kwargs else self._fused_adapter()
         if name is None:
             return super().forward(x, *args, **kwargs)
-        if self._packed is not None or self._prepacked is not None:
-            y = self._inference_forward(x, name)
+        packed = self._packed
+        if packed is not None and packed.shape[1] != x.shape[-1] + self.lora_A[name].weight.shape[0]:
+            packed = None  # packed for another adapter of another rank (`tunelab serve` switches adapters)
+        if packed is not None or self._prepacked is not None:
+            y = self._inference_forward(x, name, packed)
             if y is not None:
                 return y
         base = self.base_layer
@@ -289,7 +291,7 @@ class _FusedForward:
             self.scaling[name],
             dequantize,
             self._dropout_p(name),
-            self._packed,
+            packed,
         )
 
     def _dropout_p(self, name: str) -> float:

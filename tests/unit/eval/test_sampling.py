@@ -194,4 +194,3 @@ def test_auto_decode_is_dynamic_on_cpu_and_compiled_on_cuda():
     assert decoding.resolve("auto", "cpu").name == "dynamic"
     assert decoding.resolve("auto", "cuda").compiled and decoding.resolve("auto", "cuda").static_cache
     assert decoding.resolve("static", "cuda").name == "static"
-
