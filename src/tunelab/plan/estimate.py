@@ -130,7 +130,10 @@ def layout(arch: Arch, job: Job, w: workload.Workload, d: Device, sharding: str,
         offload_capable=device_type == "cuda",
         offload=job.compute.activation_offload
         and device_type == "cuda",  # on a CPU activations are in host memory anyway
-        reference_copy=reference and job.method.trains_base,
+        # GRPO's KL term (beta > 0) scores under the reference before the update, so its forward is not the step's,
+        # but under full fine-tuning its frozen copy is held the whole run (methods.Method.reference).
+        reference_copy=(reference or job.objective.uses_reference and not job.goal.reference)
+        and job.method.trains_base,
         reference_forward=reference,
     )
 
