@@ -105,6 +105,12 @@ def apply_adapter(model: torch.nn.Module, adapter: AdapterConfig) -> torch.nn.Mo
     from . import moe
     from .lora_linear import use_fused_lora
 
+    if moe.is_moe(model.config) and adapter.quant != "none":
+        raise TunelabError(
+            f"method {adapter.method} (base_quant {adapter.quant}): a quantized base leaves the stacked experts of "
+            "this Mixture-of-Experts model unquantized (bitsandbytes quantizes linear layers only), and tunelab has "
+            "no 4-bit experts yet; use method lora"
+        )
     modules, params = resolve_all(model, adapter.lora.targets)
     routers = moe.router_modules(model)
     if adapter.lora.router and not routers:

@@ -227,6 +227,9 @@ def test_bad_moe_input_is_one_line(vocab):
     dense = tf.AutoModelForCausalLM.from_config(tf.Qwen3Config(**TINY, vocab_size=vocab, head_dim=8))
     with pytest.raises(TunelabError, match="lora.router: qwen3 has no router") as e:
         apply_adapter(dense, lora_adapter(router=True))
+    with pytest.raises(TunelabError, match="no 4-bit experts yet") as e:
+        apply_adapter(ours, lora_adapter(method="qlora"))
+    assert "\n" not in str(e.value)
     config = moe_config("qwen3_moe", vocab)
     config.num_experts_per_tok = 7
     with pytest.raises(TunelabError, match="num_experts_per_tok=7") as e:
