@@ -330,6 +330,7 @@ TOPICS = {
     "preference": "DPO and ORPO: the quickstart, on-policy pairs, beside TRL",
     "profile": "`bench profile` of a step",
     "quickstart": "`make demo`: the quickstart per device class",
+    "serve": "`tunelab serve`: requests and tokens per second by concurrent clients",
     "step-experiments": "one change to the step, measured with `tunelab bench`",
     "test-suite": "the test suite's time and the versions it passes on",
 }

@@ -22,6 +22,7 @@ COMMANDS = {
     "data": ("tunelab.commands.data", "generate datasets (arithmetic, synthetic)"),
     "export": ("tunelab.commands.export", "merge an adapter into its base and save a plain HF model"),
     "report": ("tunelab.commands.report", "turn stored runs into performance.md with plots"),
+    "serve": ("tunelab.commands.serve", "an OpenAI-compatible server over a model and its adapters"),
     "ui": ("tunelab.commands.ui", "a local web page: plan, runs, the tuned model, starting and stopping runs"),
 }
 

@@ -24,6 +24,7 @@ NOT_SETTINGS = {
     "plan/fit_rows.py:Row": "a measured row's conditions, read from benchmarks/plan-accuracy/rows",
     "bench/suite_schema.py:SuiteRow": "a suite row's overrides as suites.yaml writes them",
     "data/pipeline.py:DataSpec": "data/ sits below config (config names its templates); DataConfig.spec() builds it",
+    "serve/engine.py:Job": "an HTTP request's own sampling fields (OpenAI's API), not a training setting",
 }
 
 

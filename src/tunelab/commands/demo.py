@@ -423,18 +423,21 @@ def show(
         table.caption = f"base: the first {base['n']} of the {tuned['n']} rows"
     console.print(table)
 
-    figures = Table(title="this run: measured beside plan's prediction")
+    from ..figures import FIGURES
+
+    shown = Table(title="this run: measured beside plan's prediction")
     for col in ("", "measured", "predicted"):
-        figures.add_column(col, justify="right")
-    figures.add_row("training time", f"{summary['train_s'] / 60:.1f} min", f"{predicted_train_s / 60:.1f} min")
-    figures.add_row("optimizer steps", f"{summary['steps']:,}", f"{prediction.work.optimizer_steps:,}")
-    figures.add_row(
-        "tokens/s fed (padded)", f"{summary['tokens_padded_per_s']:,.0f}", f"{prediction.speed.tokens_per_s:,.0f}"
-    )
-    figures.add_row("tokens/s non-padding", f"{summary['tokens_nonpad_per_s']:,.0f}", "")
-    figures.add_row("tokens/s with loss", f"{summary['tokens_loss_per_s']:,.0f}", "")
-    figures.add_row("peak memory", gib(peak), gib(prediction.memory.total))
-    console.print(figures)
+        shown.add_column(col, justify="right")
+    measured = {**summary, "peak_memory_bytes": peak}
+    predicted = {
+        "train_s": predicted_train_s,
+        "steps": prediction.work.optimizer_steps,
+        "tokens_padded_per_s": prediction.speed.tokens_per_s,
+        "peak_memory_bytes": prediction.memory.total,
+    }
+    for key, figure in FIGURES.items():  # labels, units and formats as the page and docs/metrics.md show them
+        shown.add_row(figure.label, figure.text(measured.get(key)), figure.text(predicted.get(key)))
+    console.print(shown)
     if summary.get("schedule_steps") and not summary["time_limited"]:
         console.print(
             f"[bold]schedule[/]: fitted to the time left on the measured pace, its learning rate decayed to its end "

@@ -23,8 +23,18 @@ from ..io import check_output_file, write_atomic
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", help="jsonl rows with an `answer` (e.g. from `tunelab data arithmetic`)")
     parser.add_argument(
-        "--data", required=True, help="jsonl rows with an `answer` (e.g. from `tunelab data arithmetic`)"
+        "--tasks",
+        help="comma-separated lm-evaluation-harness tasks (hellaswag,arc_easy, or your own under --tasks-path), "
+        "scored on the base model and on the tuned one side by side; needs the lm-eval extra",
+    )
+    parser.add_argument(
+        "--tasks-path", action="append", default=[], help="a folder of your own task YAML files (repeatable)"
+    )
+    parser.add_argument(
+        "--base-model",
+        help="with --tasks and a merged --model: the base it was tuned from, scored beside it",
     )
     parser.add_argument(
         "--adapter",
@@ -64,6 +74,12 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise TunelabError(f"--{name.replace('_', '-')} {value}: must be at least 1")
+    if bool(args.data) == bool(args.tasks):
+        raise TunelabError(
+            "give --data (exact match on your rows) or --tasks (lm-evaluation-harness tasks), one of them"
+        )
+    if args.tasks:
+        return run_tasks(args)
     for flag, path in (("--out", args.out), ("--predictions", args.predictions)):
         if path:
             check_output_file(Path(path), flag)
@@ -144,3 +160,52 @@ def _print_table(result: EvalResult, summary: dict) -> None:
         f"{result.n} rows in {result.seconds:.1f} s ({summary['rows_per_s']} rows/s, batch {summary['batch_size']}, "
         f"{summary['precision']}); model load {summary['load_seconds']:.1f} s"
     )
+
+
+def run_tasks(args: argparse.Namespace) -> int:
+    """`--tasks`: the harness's scores of the base and of the tuned model (its adapter, or a merged --model beside
+    --base-model), side by side."""
+    from ..eval.harness import run_tasks as harness_scores
+    from ..eval.harness import side_by_side, task_manager
+
+    names = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    manager = task_manager(args.tasks_path, names)
+    if args.out:
+        check_output_file(Path(args.out), "--out")
+    setup = resolve_setup(args.adapter, args.model, args.format, args.template)
+
+    from ..device import pick_device, pick_precision
+    from ..recipes.generation import load_for_generation, tune
+
+    device = pick_device(args.device)
+    precision = pick_precision(args.precision, device)
+    columns: dict[str, dict] = {}
+    if args.base_model and not args.adapter:
+        base_setup = resolve_setup(None, args.base_model, None, None)
+        model, tokenizer = load_for_generation(base_setup, None, device, precision)
+        columns[f"base {args.base_model}"] = harness_scores(
+            model, tokenizer, manager, names, args.limit, args.batch_size
+        )
+        del model
+    model, tokenizer = load_for_generation(setup, None, device, precision)
+    label = "base" if args.adapter else ("tuned" if args.base_model else "model")
+    columns[f"{label} {setup.model}"] = harness_scores(model, tokenizer, manager, names, args.limit, args.batch_size)
+    if args.adapter:
+        model = tune(model, setup, args.adapter)
+        columns[f"tuned {args.adapter}"] = harness_scores(model, tokenizer, manager, names, args.limit, args.batch_size)
+    summary = {"tasks": names, "limit": args.limit, "scores": columns}
+    if args.out:
+        write_atomic(Path(args.out), [json.dumps(summary) + "\n"])
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"lm-evaluation-harness: {', '.join(names)}", title_justify="left")
+    for column in ("task", "metric", *columns, *(["change"] if len(columns) == 2 else [])):
+        table.add_column(column, justify="left" if column in ("task", "metric") else "right")
+    for row in side_by_side(columns):
+        table.add_row(*row)
+    Console(file=sys.stdout).print(table)
+    return 0

@@ -278,9 +278,14 @@ def prompt_text(fmt: str, template: str, row: dict[str, Any], tokenizer=None) ->
     if fmt == "completion":
         return str(row["prompt"])
     if fmt in CONVERSATION_FORMATS:
-        messages = [m for m in conversation(fmt, row) if m.get("role") != "assistant"]
-        return _apply_chat(tokenizer)(messages, tokenize=False, add_generation_prompt=True)
+        return chat_prompt(tokenizer, [m for m in conversation(fmt, row) if m.get("role") != "assistant"])
     return ""
+
+
+def chat_prompt(tokenizer, messages: list[dict[str, str]]) -> str:
+    """A conversation's text up to the assistant's next turn, in the template training renders conversations with
+    (`tunelab serve`'s chat completions, and eval's prompt for a conversation row)."""
+    return _apply_chat(tokenizer)(messages, tokenize=False, add_generation_prompt=True)
 
 
 def _alpaca_prompt(template: str, row: dict[str, Any]) -> str:

@@ -83,12 +83,15 @@ def sample(
     decode: str = decoding.AUTO,
     share: tuple[int, int] | None = None,
     all_done: Callable[[bool], bool] | None = None,
+    on_step: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
 ) -> Samples:
     """One completion per prompt in `prompts` (token ids), in order. `model` is a causal LM (a peft model samples
     with its adapter on); its training mode is restored after. `decode`: decoding.py's mode. Several processes
     sampling shares of one batch: `share` (first, total) places this share in it (draw's `rows`), and `all_done(done)`
     says whether every process's rows are done, so all take the same decode steps (and random draws) as one
-    process sampling the whole batch."""
+    process sampling the whole batch. `on_step`, when given, sees each step's tokens (rows,; a finished row's is
+    `pad_id`) as they are drawn, and may return a bool tensor of rows to end there (`tunelab serve`: a stop string
+    written, a client gone); such a row's later tokens are pads."""
     device = next(model.parameters()).device
     mode = decoding.resolve(decode, device.type)
     rows, width = len(prompts), max(len(p) for p in prompts)
@@ -113,6 +116,10 @@ def sample(
                 token = pick(logits, temperature, top_p, generator, share).masked_fill(done, pad_id)
                 tokens.append(token)
                 done = done | torch.isin(token, stops)
+                if on_step is not None:
+                    ended = on_step(token)
+                    if ended is not None:
+                        done = done | ended.to(device)
                 finished = bool(done.all())
                 if all_done is not None:
                     finished = all_done(finished)

@@ -153,13 +153,34 @@ def load_adapter(model: torch.nn.Module, path: str | Path, base: str) -> torch.n
     return model
 
 
-def peft_from_pretrained(model: torch.nn.Module, path: str | Path, base: str):
-    """`PeftModel.from_pretrained`, where an adapter trained on another model (other layer sizes, or layers the
-    model lacks) is one line naming the adapter, the model and the first layer that does not fit."""
+def load_adapters(model: torch.nn.Module, paths: dict[str, str | Path], base: str) -> torch.nn.Module:
+    """Several saved adapters on one `model`, each under its name (`tunelab serve`: one base in memory, the adapter a
+    request names switched on with `set_adapter`, all off under `disable_adapter`), each computed as
+    `load_adapter` computes one. The first named is active."""
+    from .lora_linear import pack_for_inference, use_fused_lora
+
+    names = list(paths)
+    model = peft_from_pretrained(model, paths[names[0]], base, names[0])
+    for name in names[1:]:
+        peft_from_pretrained(model, paths[name], base, name)
+    model.set_adapter(names[0])
+    model.requires_grad_(False)
+    use_fused_lora(model)
+    pack_for_inference(model)
+    return model
+
+
+def peft_from_pretrained(model: torch.nn.Module, path: str | Path, base: str, name: str | None = None):
+    """`PeftModel.from_pretrained` (`name`: under that adapter name; onto a PeftModel, its `load_adapter`), where an
+    adapter trained on another model (other layer sizes, or layers the model lacks) is one line naming the
+    adapter, the model and the first layer that does not fit."""
     from peft import PeftModel
 
     try:
-        return PeftModel.from_pretrained(model, str(path))
+        if isinstance(model, PeftModel):
+            model.load_adapter(str(path), adapter_name=name)
+            return model
+        return PeftModel.from_pretrained(model, str(path), adapter_name=name or "default")
     except (RuntimeError, ValueError) as e:
         text = str(e)
         size = re.search(

@@ -246,7 +246,10 @@ class _FusedForward:
         name = None if args or kwargs else self._fused_adapter()
         if name is None:
             return super().forward(x, *args, **kwargs)
-        if self._packed is not None:
+        packed = self._packed
+        if packed is not None and packed.shape[1] != x.shape[-1] + self.lora_A[name].weight.shape[0]:
+            packed = None  # packed for another adapter of another rank (`tunelab serve` switches adapters)
+        if packed is not None:
             y = self._inference_forward(x, name)
             if y is not None:
                 return y
@@ -262,7 +265,7 @@ class _FusedForward:
             self.scaling[name],
             dequantize,
             self._dropout_p(name),
-            self._packed,
+            packed,
         )
 
     def _dropout_p(self, name: str) -> float:

@@ -43,6 +43,17 @@ def load_checkpoint(model, folder: Path, adapter):
     return model
 
 
+def tune(model, setup: Setup, adapter: str):
+    """`model` (the base, loaded by `load_for_generation` without an adapter) with `adapter` on: a saved adapter or
+    a run's checkpoint, as `load_for_generation` applies one."""
+    from ..model.adapters import check_adapter, load_adapter
+
+    if setup.checkpoint_adapter is not None:
+        return load_checkpoint(model, Path(adapter), setup.checkpoint_adapter)
+    check_adapter(Path(adapter))
+    return load_adapter(model, adapter, setup.model)
+
+
 def load_for_generation(setup: Setup, adapter: str | None, device, precision):
     """(model, tokenizer): `setup`'s base model in the compute dtype (bf16 on AMX CPUs: generation runs in the
     weights' dtype), with `adapter` (a saved adapter or a run's checkpoint) applied when given."""

@@ -1,49 +1,37 @@
-"""The Try it tab: a typed prompt answered by a run's adapter and by its base model, side by side, through the
-generation code `tunelab eval` uses (eval/setup.resolve_setup for the model, format and template the run trained
-with; eval/generate for the prompt's tokens, the stops and the decoding), so a greedy answer here is the one
-`tunelab eval --max-new-tokens N` gives for the same prompt."""
+"""The Try it tab: a typed prompt answered by a run's adapter and by its base model, side by side, through
+`tunelab serve`'s engine (serve/engine.py over serve/pool.py: one base in memory, each run's adapter switched on per
+request, generation by eval/sampling.py) with the prompt, stops and decoding `tunelab eval` uses (eval/setup's model,
+format and template of the run; eval/generate's prompt tokens), so a greedy answer here is the one `tunelab eval
+--max-new-tokens N` and `tunelab serve` give for the same prompt."""
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from pathlib import Path
 
 from ..errors import TunelabError
 from ..eval.setup import prompt_row, resolve_setup
 
-# Loaded (model, adapter) pairs kept between prompts: a base and its tuned copy.
-KEEP_MODELS = 2
 MAX_NEW_TOKENS = 512
 
 
 class Chat:
     def __init__(self) -> None:
-        self._models: OrderedDict[tuple[str, str | None], tuple] = OrderedDict()
-        self._lock = threading.Lock()  # one generation at a time: the cores are shared, and so is the cache
+        self._served = None  # (base model name, ModelPool, Engine): the one base in memory
+        self._lock = threading.Lock()  # one answer at a time: the cores are shared, and adapters are added between
 
-    def _load(self, model: str, adapter: Path | None):
-        key = (model, None if adapter is None else str(adapter))
-        if key in self._models:
-            self._models.move_to_end(key)
-            return self._models[key]
-        from ..device import pick_device, pick_precision
-        from ..model.adapters import check_adapter, load_adapter
-        from ..model.load import load_model
-        from ..sources import load_tokenizer, resolve
+    def _engine(self, model: str):
+        if self._served is None or self._served[0] != model:
+            from ..device import pick_device, pick_precision
+            from ..serve.engine import Engine
+            from ..serve.pool import ModelPool
 
-        device = pick_device("auto")
-        precision = pick_precision("auto", device)
-        source = resolve(model)
-        tokenizer = load_tokenizer(source)
-        loaded = load_model(source, precision.compute, "none", device)
-        if adapter is not None:
-            check_adapter(adapter)
-            loaded = load_adapter(loaded, str(adapter), model)
-        self._models[key] = (loaded, tokenizer)
-        while len(self._models) > KEEP_MODELS:
-            self._models.popitem(last=False)
-        return loaded, tokenizer
+            if self._served is not None:
+                self._served[2].close()
+            device = pick_device("auto")
+            pool = ModelPool(model, {}, device, pick_precision("auto", device), base_name="base")
+            self._served = (model, pool, Engine(pool, batch_size=1))
+        return self._served[1], self._served[2]
 
     def answer(self, adapter: Path, prompt: str, max_new_tokens: int, temperature: float, base: bool) -> dict:
         """The tuned completion of `prompt` (and the base model's, with `base`), greedy at temperature 0."""
@@ -55,19 +43,23 @@ class Chat:
             raise TunelabError(f"temperature must be in 0..5 (0 is greedy), got {temperature}")
         setup = resolve_setup(str(adapter), None, None, None)
         with self._lock:
+            pool, engine = self._engine(setup.model)
+            pool.add(str(adapter), str(adapter))
             out = {"model": setup.model, "format": setup.format, "template": setup.template}
-            out["tuned"] = self._complete(setup, adapter, prompt, max_new_tokens, temperature)
+            out["tuned"] = self._complete(pool, engine, setup, str(adapter), prompt, max_new_tokens, temperature)
             if base:
-                out["base"] = self._complete(setup, None, prompt, max_new_tokens, temperature)
+                out["base"] = self._complete(pool, engine, setup, "base", prompt, max_new_tokens, temperature)
         return out
 
-    def _complete(self, setup, adapter: Path | None, prompt: str, max_new_tokens: int, temperature: float) -> str:
-        from ..data.formats import prompt_text
-        from ..eval.generate import generate, prompt_ids, stops
+    def _complete(self, pool, engine, setup, name: str, prompt: str, max_new_tokens: int, temperature: float) -> str:
+        from ..data.formats import CONVERSATION_FORMATS, prompt_text
+        from ..eval.generate import prompt_ids
 
-        model, tokenizer = self._load(setup.model, adapter)
         # A `text` run has no prompt part: the typed text is continued as it stands.
-        text = prompt_text(setup.format, setup.template, prompt_row(setup.format, prompt), tokenizer) or prompt
-        ids = prompt_ids(tokenizer, [text])
-        stop = stops(model, tokenizer, setup.format)
-        return generate(model, tokenizer, ids, [max_new_tokens], 1, stop, temperature).texts[0]
+        text = prompt_text(setup.format, setup.template, prompt_row(setup.format, prompt), pool.tokenizer) or prompt
+        ids = prompt_ids(pool.tokenizer, [text])[0]
+        chat = setup.format in CONVERSATION_FORMATS
+        [(answer, _)] = engine.complete(
+            model=name, prompt=ids, max_tokens=max_new_tokens, chat=chat, temperature=temperature
+        )
+        return answer

@@ -18,6 +18,7 @@ import json
 import math
 from pathlib import Path
 
+from .. import figures
 from ..bench import store
 from ..errors import TunelabError
 from ..train.lock import LOCK, held
@@ -27,7 +28,7 @@ RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", LOCK)
 MAX_DEPTH = 3
 SIGINT_STATUS = 130
 # The measured figures the runs page shows, and plan's name for each where the demo's eval.json recorded it.
-MEASURED = ("train_s", "tokens_padded_per_s", "tokens_nonpad_per_s", "peak_memory_bytes")
+MEASURED = ("train_s", "tokens_padded_per_s", "tokens_nonpad_per_s", "peak_memory_bytes")  # figures.py defines each
 
 
 def inside(root: Path, relative: str) -> Path:
@@ -160,11 +161,13 @@ def comparison(summary: dict | None, recorded: dict | None, planned: dict | None
     predicted = (recorded or {}).get("predicted") or {}
     if not predicted and planned:
         predicted = {**planned, "tokens_padded_per_s": planned.get("tokens_per_s")}
-    measured = summary or (recorded or {}).get("train") or {}
+    # eval.json's measured figures first: the ones the demo's closing table showed (its peak is counted from before
+    # any model loaded, as plan counts it; summary.json's from the run's start, after the base model's scoring).
+    measured = {**(summary or {}), **((recorded or {}).get("train") or {})}
     rows = []
     for key in MEASURED:
         if measured.get(key) is not None or predicted.get(key) is not None:
-            rows.append({"figure": key, "measured": measured.get(key), "predicted": predicted.get(key)})
+            rows.append(figures.row(key, measured.get(key), predicted.get(key)))
     return rows
 
 

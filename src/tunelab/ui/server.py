@@ -9,7 +9,6 @@ must be JSON, which a cross-site form cannot send without a CORS preflight this 
 
 from __future__ import annotations
 
-import hmac
 import logging
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -22,6 +21,7 @@ from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from ..access import key_matches, loopback_refusal
 from ..errors import TunelabError
 from . import planning, runs
 from .chat import Chat
@@ -29,7 +29,6 @@ from .jobs import Jobs
 
 TOKEN_HEADER = "x-tunelab-token"
 COOKIE = "tunelab_token"
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
 # Files the runs browser serves as text; anything else under --runs is sent as a download.
 TEXT_SUFFIXES = (".yaml", ".yml", ".json", ".jsonl", ".md", ".txt", ".log", "")
 
@@ -65,22 +64,15 @@ class Guard:
                 or request.cookies.get(COOKIE)
                 or ""
             )
-            if not hmac.compare_digest(given.encode(), self.token.encode()):
+            if not key_matches(given, self.token):
                 return "refused: this tunelab ui needs its token (open the URL it printed at start)"
         else:
-            host = host_name(request.headers.get("host", ""))
-            if host not in LOOPBACK_HOSTS:
-                return f"refused: Host {host!r} is not this machine's loopback address"
+            refusal = loopback_refusal(request.headers.get("host", ""))
+            if refusal is not None:
+                return refusal
         if request.method == "POST" and request.headers.get("content-type", "").split(";")[0] != "application/json":
             return "refused: the API takes JSON bodies"
         return None
-
-
-def host_name(header: str) -> str:
-    """The Host header without its port: `127.0.0.1:7860` -> `127.0.0.1`, `[::1]:7860` -> `[::1]`."""
-    if header.startswith("["):
-        return header.split("]", 1)[0] + "]"
-    return header.rsplit(":", 1)[0]
 
 
 def static_file(name: str) -> Path:

@@ -202,3 +202,31 @@ def test_try_it_equals_eval(site, page, tmp_path, capsys, tiny_model_dir):
     assert page.text_content("#try-tuned") == expected
     assert page.text_content("#try-base") != "…"
     _shot(page, "try", tmp_path)
+
+
+def test_measured_and_predicted_read_with_labels_and_units(site, page):
+    """The demo's run as its closing table shows it: labels, not keys; tokens/s as tokens/s; its peak memory."""
+    from tunelab.figures import FIGURES
+
+    run = site["runs"] / "demo-like"
+    run.mkdir()
+    (run / "config.yaml").write_text("model: embedded\n")
+    summary = {"finished": True, "train_s": 300.0, "tokens_padded_per_s": 139.0, "peak_memory_bytes": 0.83 * 2**30}
+    (run / "summary.json").write_text(json.dumps(summary))
+    recorded = {
+        "train": {**summary, "peak_memory_bytes": 2.13 * 2**30},
+        "predicted": {"train_s": 360.0, "tokens_padded_per_s": 167.0, "peak_memory_bytes": 1.8 * 2**30},
+    }
+    (run / "eval.json").write_text(json.dumps(recorded))
+    page.goto(site["url"])
+    page.click("#tab-runs")
+    page.click("tr[data-run=demo-like]")
+    table = page.locator("#run-comparison")
+    table.locator("tbody tr").first.wait_for()
+    rows = [[c.strip() for c in r.split("\t")] for r in table.locator("tbody").inner_text().strip().splitlines()]
+    assert rows == [
+        ["training time", "5.0 min", "6.0 min"],
+        ["tokens/s fed (padded)", "139 tokens/s", "167 tokens/s"],
+        ["peak memory", "2.13 GiB", "1.80 GiB"],
+    ]
+    assert not any(key in table.inner_text() for key in FIGURES)  # no raw key shown

@@ -49,7 +49,9 @@ def test_detail_reads_curves_eta_and_prediction(tmp_path):
         {"step": 2, "total_steps": 4, "eta_s": 1.5, "loss": float("nan"), "tokens_nonpad_per_s": 120.0},
     ]
     folder = _run(tmp_path, "group/r", lines, summary={"finished": True, "train_s": 9.0, "peak_memory_bytes": 11})
-    (folder / "eval.json").write_text(json.dumps({"predicted": {"train_s": 8.0, "peak_memory_bytes": 12}}))
+    # The demo's eval.json: its own measured peak (from before any model loaded) wins over summary.json's.
+    recorded = {"predicted": {"train_s": 8.0, "peak_memory_bytes": 12}, "train": {"peak_memory_bytes": 2 * 2**30}}
+    (folder / "eval.json").write_text(json.dumps(recorded))
     with (folder / "metrics.jsonl").open("a") as f:
         f.write('{"step": 3, "loss"')  # a line being written: not read yet
     d = runs.detail(tmp_path, "group/r")
@@ -57,19 +59,25 @@ def test_detail_reads_curves_eta_and_prediction(tmp_path):
     assert d["loss"] == [[1, 2.5], [2, None]]  # NaN is not JSON: shown as missing
     assert d["eval_loss"] == [[2, 2.4]]
     assert d["tokens_nonpad_per_s"] == 120.0 and d["eta_s"] is None  # no ETA once finished
-    assert d["comparison"] == [
-        {"figure": "train_s", "measured": 9.0, "predicted": 8.0},
-        {"figure": "peak_memory_bytes", "measured": 11, "predicted": 12},
+    assert [(r["figure"], r["measured"], r["predicted"]) for r in d["comparison"]] == [
+        ("train_s", 9.0, 8.0),
+        ("peak_memory_bytes", 2 * 2**30, 12),
+    ]
+    assert [(r["label"], r["measured_text"]) for r in d["comparison"]] == [
+        ("training time", "0.1 min"),
+        ("peak memory", "2.00 GiB"),
     ]
     assert d["config"] == "model: embedded\n"
     # A run without eval.json: a `tunelab plan --json` line saved beside it as plan.json.
     (folder / "eval.json").unlink()
     (folder / "plan.json").write_text(json.dumps({"train_s": 7.0, "tokens_per_s": 50.0, "peak_memory_bytes": 13}))
-    assert runs.detail(tmp_path, "group/r")["comparison"] == [
-        {"figure": "train_s", "measured": 9.0, "predicted": 7.0},
-        {"figure": "tokens_padded_per_s", "measured": None, "predicted": 50.0},
-        {"figure": "peak_memory_bytes", "measured": 11, "predicted": 13},
+    rows = runs.detail(tmp_path, "group/r")["comparison"]
+    assert [(r["figure"], r["measured"], r["predicted"]) for r in rows] == [
+        ("train_s", 9.0, 7.0),
+        ("tokens_padded_per_s", None, 50.0),
+        ("peak_memory_bytes", 11, 13),
     ]
+    assert rows[1]["predicted_text"] == "50 tokens/s"  # a rate in its own unit, never minutes
 
 
 def test_paths_stay_under_the_runs_folder(tmp_path):

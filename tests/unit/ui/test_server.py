@@ -9,10 +9,10 @@ import socket
 import pytest
 from starlette.testclient import TestClient
 
+from tunelab.access import access_token, check_port, host_name, is_loopback
 from tunelab.cli import main
-from tunelab.commands.ui import access_token, check_port, is_loopback
 from tunelab.errors import TunelabError
-from tunelab.ui.server import build_app, host_name
+from tunelab.ui.server import build_app
 
 
 def _client(tmp_path, token=None, host="127.0.0.1:7860"):
@@ -141,3 +141,12 @@ def test_a_started_run_stops_on_sigint_even_where_the_server_ignores_it():
     child.send_signal(signal.SIGINT)
     assert child.wait(timeout=20) != 0  # KeyboardInterrupt, not the 30 s sleep's clean exit
     assert "from tunelab.cli import main; sys.exit(main())" in CHILD
+
+
+def test_serve_refuses_a_taken_port_in_one_line_before_loading(capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert main(["serve", "--port", str(taken.getsockname()[1]), "--model", "no-such-model"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "cannot listen there" in error and len(error.splitlines()) == 1  # before the (missing) model is looked up

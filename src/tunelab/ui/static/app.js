@@ -211,16 +211,10 @@ async function refreshRun() {
   $("#run-eta").textContent = d.status === "running" ? duration(d.eta_s) : "";
   $("#run-config").textContent = d.config;
   const comp = $("#run-comparison tbody");
-  comp.replaceChildren(...d.comparison.map((row) => el("tr", {}, el("td", {}, row.figure),
-    el("td", {}, figure(row.figure, row.measured)), el("td", {}, figure(row.figure, row.predicted)))));
+  // Labels, units and values as figures.py writes them (the demo's table and docs/metrics.md read it too).
+  comp.replaceChildren(...d.comparison.map((row) => el("tr", { "data-figure": row.figure }, el("td", {}, row.label),
+    el("td", {}, row.measured_text), el("td", {}, row.predicted_text))));
   lossChart(d);
-}
-
-function figure(key, value) {
-  if (value == null) return "";
-  if (key.endsWith("_bytes")) return gib(value);
-  if (key.endsWith("_s")) return duration(value);
-  return num(value);
 }
 
 function lossChart(d) {
