@@ -6,11 +6,13 @@ Reads the config and flags; the prediction itself is recipes/predict.py's and pl
 from __future__ import annotations
 
 import argparse
+import sys
 import typing
 
 from .. import config as cfgmod
 from .. import hub
-from ..plan import hfstack, render
+from ..errors import TunelabError
+from ..plan import hfstack, readers, render
 from ..plan.grpo import grpo_workload
 from ..plan.job import STACKS
 from ..recipes.predict import (
@@ -22,10 +24,22 @@ from ..recipes.predict import (
     plan_generating,
 )
 
+READER_NAMES = tuple(readers.READERS)
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides, e.g. lora.r=16")
     p.add_argument("--config", help="training config YAML (the same file `tunelab train` reads)")
+    p.add_argument(
+        "--from",
+        dest="from_file",
+        metavar="FILE",
+        help="another tool's own config (Axolotl, LLaMA-Factory, TRL, torchtune): predict its run; every key plan "
+        "does not model is listed",
+    )
+    p.add_argument(
+        "--tool", choices=READER_NAMES, help="with --from: which tool's file it is (default: told by its keys)"
+    )
     p.add_argument(
         "--gpu", default=DEFAULT_GPU, help=f"catalog id(s), comma-separated, or `local` (default {DEFAULT_GPU})"
     )
@@ -105,19 +119,30 @@ def _setting_flag(p: argparse.ArgumentParser, key: str, tp, help_text: str) -> N
     p.add_argument(flag, dest=dest, choices=choices, metavar=metavar, default=None, help=help_text)
 
 
-def config_from_args(args: argparse.Namespace) -> cfgmod.TrainConfig:
+def config_from_args(args: argparse.Namespace, reading: readers.Reading | None = None) -> cfgmod.TrainConfig:
     # `--hf` names that are tunelab settings (gradient_checkpointing, ...) are overrides like any other.
-    overrides = [*args.overrides, *hfstack.parse(getattr(args, "hf", []))[1]]
+    hf = getattr(args, "hf", [])
+    overrides = [*args.overrides, *([] if isinstance(hf, dict) else hfstack.parse(hf)[1])]
     for dest, value in vars(args).items():
         if dest.startswith("setting:") and value is not None:
             key = dest.removeprefix("setting:")
             overrides.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
+    if reading is not None:
+        return readers.config_of(reading, overrides)
     return cfgmod.load_config(args.config, overrides)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.offline:
         hub.go_offline()
+    reading = None
+    if args.from_file is not None:
+        if args.config is not None or args.stack != "tunelab" or args.hf:
+            raise TunelabError(
+                "--from reads the tool's own file and its stack: drop --config, --stack and --hf (overrides apply)"
+            )
+        reading = readers.read(args.from_file, args.tool)
+        args.stack, args.hf = reading.stack, readers.hf_choices(reading)
     request = PlanRequest(
         gpu=args.gpu,
         gpus=args.gpus,
@@ -126,13 +151,13 @@ def run(args: argparse.Namespace) -> int:
         loss_fraction=args.loss_fraction,
         tokenizer=args.tokenizer,
         stack=args.stack,
-        hf=list(args.hf),
+        hf=args.hf if isinstance(args.hf, dict) else list(args.hf),
         price_per_hour=args.price_per_hour,
         scenarios=args.format == "md" and not args.json,
         grpo=grpo_workload(args.completion_tokens, args.signal_share, args.from_run),
     )
     request.check_gpus()  # unknown ids fail before any slow work (reading the config's dataset, the local probe)
-    cfg = config_from_args(args)
+    cfg = config_from_args(args, reading)
     if cfg.objective.row.generates:  # a GRPO run: sampling, scoring passes and the update, by part
         plans = plan_generating(cfg, request)
         json_line, markdown, table = render.generating_json_line, render.generating_markdown, render.generating_table
@@ -143,7 +168,9 @@ def run(args: argparse.Namespace) -> int:
         for p in plans:
             print(json_line(p))
     elif args.format == "md":
-        print(markdown(plans, args.config or cfg.model))
+        print(markdown(plans, args.config or args.from_file or cfg.model))
     else:
         print(table(plans))
+    if reading is not None:  # every key of the tool's file that the prediction does not model, one a line
+        print("\n".join(reading.lines()), file=sys.stderr if args.json else sys.stdout)
     return 0

@@ -13,10 +13,20 @@ from pathlib import Path
 from .. import config as cfgmod
 from .. import hub, objectives
 from ..errors import TunelabError
+from ..plan import readers
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", required=True, help="YAML config (see configs/)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", help="YAML config (see configs/)")
+    source.add_argument(
+        "--from",
+        dest="from_file",
+        metavar="FILE",
+        help="another tool's own config (Axolotl, LLaMA-Factory, TRL, torchtune): train the same job with tunelab, "
+        "after plan's prediction of both runs on this machine",
+    )
+    p.add_argument("--tool", choices=tuple(readers.READERS), help="with --from: which tool's file it is")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. lora.r=32 lr=1e-4")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument(
@@ -42,11 +52,18 @@ def run(args: argparse.Namespace) -> int:
     if args.offline:
         hub.go_offline()
     if args.nproc is not None or args.accelerate_config is not None:
+        if args.from_file is not None:
+            raise TunelabError("--from runs one process; write the config (tunelab plan --from) to launch several")
         return _launch(args)
     from ..recipes import entry
     from ..train.distributed import exit_launched, is_main
 
-    cfg = cfgmod.load_config(args.config, args.overrides)
+    if args.from_file is not None:
+        reading = readers.read(args.from_file, args.tool)
+        cfg = readers.config_of(reading, args.overrides)
+        _predict_both(cfg, reading)
+    else:
+        cfg = cfgmod.load_config(args.config, args.overrides)
     summary = entry.train(cfg, show_progress=not args.quiet).as_dict()
     keys = ["output_dir", "steps", "loss_last", "tokens_nonpad_per_s", "peak_memory_bytes", "elapsed_s"]
     if summary["best_step"] is not None:
@@ -56,6 +73,16 @@ def run(args: argparse.Namespace) -> int:
     if is_main():
         print(json.dumps({k: summary[k] for k in keys}))
     return exit_launched()
+
+
+def _predict_both(cfg: cfgmod.TrainConfig, reading: readers.Reading) -> None:
+    """plan's prediction on this machine for the other tool's run and for tunelab's, side by side, and every key
+    of the tool's file plan did not model, before training."""
+    from ..plan.render import side_by_side
+    from ..recipes.predict import PlanRequest, plan_config
+
+    request = PlanRequest(gpu="local", stack=reading.stack, hf=readers.hf_choices(reading))
+    print("\n".join([*side_by_side(plan_config(cfg, request)[0], reading.label), *reading.lines()]), flush=True)
 
 
 def _launch(args: argparse.Namespace) -> int:

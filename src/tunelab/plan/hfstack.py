@@ -7,11 +7,14 @@ The choices that are tunelab settings too (`gradient_checkpointing`, `per_device
 has no setting for. What it changes:
 - what is fed: padded to each batch's longest (`group_by_length` or random batches), to `max_length`, or
   padding-free (examples concatenated with position ids: DataCollatorWithFlattening), or packed (TRL's
-  `packing=True` without position ids: rows of seq_len, causal over the whole row);
+  `packing=True` without position ids: rows of seq_len, causal over the whole row), or multipack (Axolotl's
+  `sample_packing`, LLaMA-Factory's `neat_packing`: examples packed into bins of seq_len, micro-batch bins a step,
+  kept apart by position ids);
 - attention: `eager` computes and keeps the whole S x S scores per head (fp32 softmax), `sdpa` with a padding
   mask computes the whole padded rectangle, `flash_attention_2` unpads (varlen) and computes document-causal keys;
 - the head: the whole-vocabulary logits over every fed position and their fp32 cross-entropy, unless
-  `use_liger_kernel` (fused linear cross-entropy in chunks; fused RMSNorm, SwiGLU and RoPE);
+  `use_liger_kernel` (fused linear cross-entropy in chunks; fused RMSNorm, SwiGLU and RoPE) or
+  `cut_cross_entropy` (Axolotl's Cut Cross Entropy plugin: the logits computed block by block, never stored);
 - the optimizer: `optim`'s state bytes from tunelab's optimizer registry, and the unfused (foreach) AdamW's
   extra passes.
 PEFT's LoRA is unfused (A, B, scale, add as separate kernels, dropout's copy kept): tunelab's eager LoRA terms.
@@ -29,7 +32,7 @@ from ..errors import TunelabError
 from ..optimizers import HF_OPTIMS
 
 ATTENTION = ("eager", "sdpa", "flash_attention_2")
-PADDING = ("longest", "max_length", "padding_free", "packed")
+PADDING = ("longest", "max_length", "padding_free", "packed", "multipack")
 # TrainingArguments' `optim` -> (tunelab's optimizer row, fused step): optimizers.HF_OPTIMS.
 OPTIMS = HF_OPTIMS
 # Padded widths round up to this (the tuned recipe's DataCollatorForSeq2Seq pad_to_multiple_of=8).
@@ -45,6 +48,7 @@ class HfStack:
     group_by_length: bool = False
     optim: str = "adamw_torch"  # OPTIMS
     use_liger_kernel: bool = False
+    cut_cross_entropy: bool = False  # Apple's Cut Cross Entropy (Axolotl's plugin): no logits in memory
     # PEFT's prepare_model_for_kbit_training on a quantized base (what HF's QLoRA recipes call): fp32 embedding,
     # head and norms, so an fp32 residual stream. Read only where the base is quantized.
     prepare_model_for_kbit_training: bool = True
@@ -72,8 +76,15 @@ class HfStack:
     @property
     def whole_vocab_logits(self) -> bool:
         """transformers' ForCausalLMLoss materialises the logits and their fp32 upcast; Liger's fused linear
-        cross-entropy never does."""
-        return not self.use_liger_kernel
+        cross-entropy and Cut Cross Entropy never do."""
+        return not (self.use_liger_kernel or self.cut_cross_entropy)
+
+    @property
+    def loss_kernel(self) -> str:
+        """The loss's kernel as memory.loss_kernel_bytes names it."""
+        if self.cut_cross_entropy:
+            return "cce"
+        return "liger" if self.use_liger_kernel else "whole"
 
     @property
     def padding_mask(self) -> bool:
@@ -232,6 +243,16 @@ def fed(spec: HfStack, lengths: np.ndarray, micro_batch: int, seq_len: int, seed
         return Fed(
             full * seq_len, seq_len, math.ceil(full / micro_batch), full, keys, keys if spec.eager_attention else 0.0
         )
+    if spec.padding == "multipack":
+        # Bins of seq_len filled with whole examples, micro_batch bins a micro-batch, position ids between them:
+        # flash-attention's varlen kernel computes each document's causal keys; without it, the bin's whole square.
+        full = max(1, math.ceil(arr.sum() / seq_len))
+        if spec.attn_implementation == "flash_attention_2":
+            keys = float((arr * (arr + 1) / 2).sum() / arr.sum())
+        else:
+            keys = (seq_len + 1) / 2
+        scored = keys if spec.eager_attention else 0.0
+        return Fed(round(float(arr.sum())), seq_len, math.ceil(full / micro_batch), full, keys, scored)
     if spec.padding == "padding_free":  # each micro-batch one row of its examples: memory at the fullest one
         w = None
         tokens = float(arr.sum())

@@ -6,6 +6,7 @@ line of why each.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from ..runtime import LOGIT_CHUNK, STEP_CHUNK
@@ -345,17 +346,47 @@ def logits_bytes(arch: Arch, job: Job, s: Layout) -> float:
     logit), and at backward's start three fp32 tensors a logit (15 GB for a 152k vocabulary at 8,192
     positions)."""
     a = s.compute_bytes
-    if job.whole_vocab_logits:
-        # Backward starts with three fp32 tensors a logit (the saved log-probabilities, NLL's gradient and
-        # log_softmax's): 12 bytes, more than the forward's a + 8 in bf16.
-        out = job.batch.micro_batch * s.row_len * arch.vocab * max(a + 8.0, 12.0)
-    else:
-        out = s.loss_chunk * arch.vocab * (4 + a) + 2 * s.loss_rows * arch.hidden * a
+    kind = job.hf.loss_kernel if job.hf is not None else "chunked"
+    positions = job.batch.micro_batch * s.row_len if kind == "whole" else s.loss_rows
+    out = loss_kernel_bytes(kind, positions, arch.vocab, arch.hidden, a, s.loss_chunk)
     if arch.logit_softcap:
         out += 3 * 4 * s.loss_chunk * arch.vocab
     if job.method.trains_base:
         out += head_gradient_bytes(arch, job, s)
     return out
+
+
+LOSS_KERNELS = ("whole", "chunked", "liger", "cce", "chunked_output")
+
+
+def loss_kernel_bytes(kind: str, positions: float, vocab: int, hidden: int, a: int, chunk: int) -> float:
+    """The loss kernel's own bytes at its peak over `positions` rows of a `vocab`-wide head in `a`-byte values
+    (docs/formulas.md, "The loss kernels"):
+    - whole: transformers' ForCausalLMLoss; backward starts with three fp32 tensors a logit (the saved
+      log-probabilities, NLL's gradient and log_softmax's), 12 B, more than the forward's a + 8 in bf16;
+    - chunked: tunelab's gathered head (and torchtune's LinearCrossEntropyLoss): `chunk` rows of logits in the
+      compute dtype and fp32 at once, plus the head's input and its gradient;
+    - liger: Liger's fused linear cross-entropy, whose chunk is the next power of two of positions / (vocab /
+      hidden) rows (so about positions x hidden values of logits), in the compute dtype and fp32, plus the input
+      and its gradient;
+    - cce: Cut Cross Entropy computes the logits block by block in on-chip memory and never stores them: the
+      input and its gradient only;
+    - chunked_output: torchtune's CEWithChunkedOutputLoss: the model returns every logit in the compute dtype (in
+      8 chunks), each chunk upcast to fp32 with its log-softmax in turn, and backward holds the logits' gradient
+      in the compute dtype."""
+    inputs = 2 * positions * hidden * a
+    if kind == "whole":
+        return positions * vocab * max(a + 8.0, 12.0)
+    if kind == "chunked":
+        return chunk * vocab * (4 + a) + inputs
+    if kind == "liger":
+        rows = min(positions, 2 ** math.ceil(math.log2(max(1.0, math.ceil(positions / math.ceil(vocab / hidden))))))
+        return rows * vocab * (4 + a) + inputs
+    if kind == "cce":
+        return inputs
+    if kind == "chunked_output":
+        return positions * vocab * 2 * a + positions / 8 * vocab * 8 + inputs
+    raise ValueError(f"loss kernel {kind!r}: one of {', '.join(LOSS_KERNELS)}")
 
 
 def head_gradient_bytes(arch: Arch, job: Job, s: Layout) -> float:

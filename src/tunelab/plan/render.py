@@ -288,6 +288,25 @@ def stack_lines(r: Result) -> list[str]:
     return lines
 
 
+def side_by_side(r: Result, tool: str) -> list[str]:
+    """The other tool's run (r.single, its stack) and tunelab's own run of the same job (r.tunelab; the same
+    estimate where plan models the tool with tunelab's step), one line each: tokens/s, step, time, peak."""
+    e = r.single
+
+    def line(name: str, x: Estimate) -> str:
+        step = x.step.total if x.step is not None else 0.0
+        return (
+            f"  {name}: {x.speed.tokens_per_s:,.0f} tokens/s fed, step {step * 1000:,.1f} ms, "
+            f"{x.work.optimizer_steps:,} steps, {duration(x.time_s)}, peak {gib(x.memory.total)}"
+        )
+
+    g = e.device.gpu
+    out = [f"plan on {g.name} ({g.id}), {r.arch.name}, {e.job.adapter.method}:"]
+    if r.tunelab is None:
+        return [*out, line(f"{tool} and tunelab (plan models both with tunelab's step)", e)]
+    return [*out, line(f"{tool} (stack {e.job.stack})", e), line("tunelab, the same job", r.tunelab)]
+
+
 def table(results: list[Result]) -> str:
     lines = []
     for r in results:

@@ -1,0 +1,175 @@
+"""TRL's config (`trl sft|dpo --config FILE`, YAML or JSON): SFTConfig or DPOConfig (TrainingArguments and TRL's
+own fields), ModelConfig and ScriptArguments in one flat mapping; a plain TrainingArguments file reads the same
+way. TRL trains with the HF Trainer and PEFT: plan's HF stack.
+
+TRL 1.16's defaults where the file says nothing (checked against the installed trl, tests/unit/plan/
+test_readers.py): max_length 1024, gradient checkpointing on, no packing (rows padded to each batch's longest),
+full fine-tuning unless `use_peft`, PEFT's default targets (q_proj, v_proj) unless `lora_target_modules`.
+`packing: true` with the default `packing_strategy: bfd` packs examples into rows with position ids (plan's
+multipack feeding), `wrapped` concatenates and cuts (packed), `padding_free: true` flattens each batch.
+"""
+
+from __future__ import annotations
+
+from ...errors import TunelabError
+from .common import (
+    TRAINING_ARGUMENTS,
+    Handler,
+    Reader,
+    Reading,
+    apply,
+    bool_of,
+    dataset_path,
+    ignored,
+    model_ref,
+    setting,
+    switch,
+    targets,
+    trains_base,
+    unmodeled,
+)
+
+# TRL's own keys, by the config class that declares them (trl 1.16): what marks a file as DPO or GRPO.
+DPO_KEYS = {"beta", "precompute_ref_log_probs", "ref_model_mixup_alpha", "sync_ref_model", "f_divergence_type"}
+GRPO_KEYS = {"num_generations", "max_completion_length", "reward_funcs", "use_vllm", "steps_per_generation"}
+SFT_KEYS = {
+    "packing",
+    "packing_strategy",
+    "padding_free",
+    "dataset_text_field",
+    "completion_only_loss",
+    "assistant_only_loss",
+    "max_length",
+    "max_seq_length",
+}
+MODEL_KEYS = {"model_name_or_path", "use_peft", "lora_r", "lora_target_modules", "load_in_4bit", "attn_implementation"}
+QUIET_HERE = {
+    "model_revision",
+    "dataset_config",
+    "dataset_train_split",
+    "dataset_test_split",
+    "dataset_streaming",
+    "lora_task_type",
+    "bnb_4bit_quant_type",
+    "bnb_4bit_quant_storage",
+    "eos_token",
+    "pad_token",
+    "chat_template_path",
+    "truncation_mode",
+    "shuffle_dataset",
+    "pad_to_multiple_of",
+    "dataset_kwargs",
+    "model_init_kwargs",
+    "ignore_bias_buffers",
+    "disable_dropout",
+}
+
+
+def _peft(key: str, value, reading: Reading) -> None:
+    if bool_of(reading.path, key, value) and trains_base(reading):
+        reading.set("method", "lora")
+
+
+def _targets(key: str, value, reading: Reading) -> None:
+    if value in ("all-linear", ["all-linear"]):
+        reading.set("lora.targets", "all-linear")
+    elif value:
+        reading.set("lora.targets", targets(list(value), reading, key))
+
+
+def _nested(key: str, value, reading: Reading) -> None:
+    if not bool_of(reading.path, key, value):
+        reading.skip(key, "false: plan counts nf4 with double quantization (memory.NF4_BYTES), 0.4% a weight less")
+
+
+def _packing(key: str, value, reading: Reading) -> None:
+    if bool_of(reading.path, key, value):
+        wrapped = str(reading.doc.get("packing_strategy", "bfd")) == "wrapped"
+        reading.hf["padding"] = "packed" if wrapped else "multipack"
+
+
+def _padding_free(key: str, value, reading: Reading) -> None:
+    if bool_of(reading.path, key, value) and not reading.doc.get("packing"):
+        reading.hf["padding"] = "padding_free"
+
+
+def _attention(key: str, value, reading: Reading) -> None:
+    if value:
+        name = str(value).removeprefix("kernels-community/")
+        reading.hf["attn_implementation"] = "flash_attention_2" if "flash" in name else name
+
+
+def _dataset(key: str, value, reading: Reading) -> None:
+    path = dataset_path(str(value), reading.path, reading, key)
+    if path:
+        reading.set("data.path", path)
+
+
+def _dtype(key: str, value, reading: Reading) -> None:
+    if value in ("bfloat16", "float16") and trains_base(reading):
+        reading.skip(key, f"{value} weights: plan keeps fp32 trained weights under autocast")
+
+
+def _loss_type(key: str, value, reading: Reading) -> None:
+    if value not in ("sigmoid", "nll", ["sigmoid"], None):
+        reading.skip(key, f"{value}: priced as the default loss (the same passes)")
+
+
+HANDLERS: dict[str, Handler] = {
+    **TRAINING_ARGUMENTS,
+    "model_name_or_path": lambda k, v, r: r.set("model", model_ref(str(v), r)),
+    "use_peft": _peft,
+    "load_in_4bit": switch("method", "qlora"),
+    "load_in_8bit": switch("base_quant", "int8"),
+    "use_dora": switch("method", "dora"),
+    "lora_r": setting("lora.r", int),
+    "lora_alpha": setting("lora.alpha", float),
+    "lora_dropout": setting("lora.dropout", float),
+    "lora_target_modules": _targets,
+    "use_bnb_nested_quant": _nested,
+    "max_length": setting("seq_len", int),
+    "max_seq_length": setting("seq_len", int),
+    "packing": _packing,
+    "packing_strategy": ignored,  # read with `packing`
+    "padding_free": _padding_free,
+    "attn_implementation": _attention,
+    "activation_offloading": switch("activation_offload"),
+    "dataset_name": _dataset,
+    "dataset_text_field": lambda k, v, r: r.set("data.format", "text"),
+    "completion_only_loss": unmodeled("the loss mask follows data.format's prompt/response split", (None,)),
+    "assistant_only_loss": unmodeled("the loss mask follows data.format's prompt/response split", (None, False)),
+    "dtype": _dtype,
+    "beta": setting("preference.beta", float),
+    "precompute_ref_log_probs": switch("preference.precompute_reference"),
+    "loss_type": _loss_type,
+}
+
+
+def read(doc: dict, reading: Reading) -> None:
+    if GRPO_KEYS & set(doc):
+        raise TunelabError(
+            f"{reading.path}: {sorted(GRPO_KEYS & set(doc))[0]}: a GRPOConfig; --from reads SFT and DPO configs, "
+            "plan a GRPO run with tunelab's own config (objective: grpo)"
+        )
+    reading.set("seq_len", 1024)
+    reading.set("grad_ckpt", True)
+    reading.set("method", "full")
+    reading.set("lora.targets", ["q_proj", "v_proj"])
+    if DPO_KEYS & set(doc):
+        reading.set("objective", "dpo")
+    apply(doc, reading, HANDLERS, QUIET_HERE, "TRL")
+    if reading.hf.get("padding") in ("multipack", "padding_free") and "attn_implementation" not in reading.hf:
+        reading.notes.append("padding-free rows without attn_implementation: flash_attention_2 assumed (TRL needs it)")
+        reading.hf["attn_implementation"] = "flash_attention_2"
+    reading.notes.append(
+        "TRL 1.16's defaults where a key is absent: max_length 1024, gradient checkpointing on, rows padded to each "
+        "batch's longest, full fine-tuning unless use_peft, PEFT's targets q_proj and v_proj, optim adamw_torch_fused"
+    )
+
+
+def detect(doc: dict) -> bool:
+    keys = set(doc)
+    return bool(keys & (SFT_KEYS | DPO_KEYS | GRPO_KEYS | MODEL_KEYS)) or "per_device_train_batch_size" in keys
+
+
+READER = Reader("trl", "a TRL config (SFTConfig, DPOConfig or TrainingArguments)", detect, read)
