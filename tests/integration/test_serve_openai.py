@@ -72,7 +72,7 @@ def server(tmp_path_factory):
     thread.start()
     while not server.started:
         time.sleep(0.02)
-    yield {"url": f"http://127.0.0.1:{port}/v1", "root": root, "adapters": adapters}
+    yield {"url": f"http://127.0.0.1:{port}/v1", "root": root, "adapters": adapters, "engine": app.state.engine}
     server.should_exit = True
     thread.join(timeout=30)
 
@@ -148,3 +148,18 @@ def test_errors_are_openai_shaped(server):
     with pytest.raises(openai.BadRequestError) as bad:
         chat(server, "one", n=0)
     assert bad.value.body["param"] == "n"
+
+
+def test_a_client_gone_mid_stream_frees_its_row(server):
+    engine = server["engine"]
+    before = engine.rows_cancelled
+    messages = [{"role": "user", "content": "Tell me a long story."}]
+    stream = client(server).chat.completions.create(
+        model="embedded", messages=messages, temperature=0, max_tokens=400, stream=True
+    )
+    next(iter(stream))
+    stream.close()
+    deadline = time.monotonic() + 20
+    while engine.rows_cancelled == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.rows_cancelled > before  # ended at a step, long before its 400 tokens

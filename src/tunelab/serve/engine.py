@@ -61,6 +61,7 @@ class Engine:
         self._thread = threading.Thread(target=self._work, name="tunelab-serve", daemon=True)
         self._thread.start()
         self._stops: dict[bool, object] = {}
+        self.rows_cancelled = 0  # rows ended early because their client went away
 
     def submit(self, job: Job) -> None:
         self._queue.put(job)
@@ -170,6 +171,7 @@ class Engine:
         job = row.job
         if job.cancelled.is_set():
             row.finished = True
+            self.rows_cancelled += 1
             return
         if token in stop_ids:
             row.ids.append(token)

@@ -230,3 +230,4 @@ def test_measured_and_predicted_read_with_labels_and_units(site, page):
         ["peak memory", "2.13 GiB", "1.80 GiB"],
     ]
     assert not any(key in table.inner_text() for key in FIGURES)  # no raw key shown
+    assert page.locator("#run-mem").inner_text() == "2.13 GiB"  # the run's header agrees with its table
