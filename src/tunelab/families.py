@@ -59,6 +59,7 @@ MOE_FAMILIES = {
             "moe_intermediate_size",
             sparse_step_key="decoder_sparse_step",
             dense_layers_key="mlp_only_layers",
+            trains=True,
         ),
         MoeFamily(
             "qwen2_moe",

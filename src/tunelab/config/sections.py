@@ -128,6 +128,8 @@ class LoraConfig:
     dropout: float = 0.0
     # A list of module names, or one of TARGET_PRESETS.
     targets: Union[list[str], str] = "all-linear"
+    # Mixture-of-Experts models: train the routers too (saved whole beside the adapter); frozen by default.
+    router: bool = False
 
     def validate(self, where: Origins) -> None:
         if isinstance(self.targets, str):

@@ -34,25 +34,61 @@ def linear_names(model: torch.nn.Module) -> dict[str, set[str]]:
 
 
 def resolve_targets(model: torch.nn.Module, targets: str | list[str] | tuple[str, ...]) -> list[str]:
+    return resolve_all(model, targets)[0]
+
+
+def resolve_all(model: torch.nn.Module, targets: str | list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """(linear module leaf names, stacked expert parameters as PEFT's target_parameters names them) for `targets`.
+
+    A Mixture-of-Experts model's experts are stacked parameters, not linear layers: the `mlp` and `all-linear`
+    presets take them, and a list takes `experts` (all of them) or a projection's name (`gate_up_proj`,
+    `down_proj`: that projection of the experts, and any linear layer of that name). The routers and Qwen2-MoE's
+    shared-expert gate (one output each) are never adapted: `lora.router` trains the routers whole."""
+    from . import moe
+
     groups = linear_names(model)
+    params = moe.expert_params(model)
+    skip = set(moe.router_modules(model)) | ({"shared_expert_gate"} if params else set())
+    groups = {k: v - skip for k, v in groups.items()}
     known = groups["attn"] | groups["mlp"]
+    projections = {p.split(".")[-1] for p in params}
     if targets == "attn":
-        chosen = groups["attn"]
+        chosen, chosen_params = groups["attn"], []
     elif targets == "mlp":
-        chosen = groups["mlp"]
+        chosen, chosen_params = groups["mlp"], params
     elif targets == "all-linear":
-        chosen = known
+        chosen, chosen_params = known, params
     else:
-        chosen = set(targets)
-        unknown = chosen - known
+        wanted = set(targets)
+        every = {"experts"} if params else set()
+        unknown = wanted - known - projections - every
         if unknown:
+            extra = f"; its experts {', '.join(params)} (or experts for all)" if params else ""
             raise TunelabError(
                 f"lora.targets: {', '.join(sorted(unknown))} not found in the model; "
-                f"its linear layers are {', '.join(sorted(known))} (or use attn, mlp, all-linear)"
+                f"its linear layers are {', '.join(sorted(known))}{extra} (or use attn, mlp, all-linear)"
             )
-    if not chosen:
+        chosen = wanted & known
+        chosen_params = [p for p in params if "experts" in wanted or p.split(".")[-1] in wanted]
+    if not chosen and not chosen_params:
         raise TunelabError(f"lora.targets {targets!r}: no matching linear layers in this model")
-    return sorted(chosen)
+    if params:
+        check_moe_targets(model, sorted(chosen), chosen_params, targets)
+    return sorted(chosen), chosen_params
+
+
+def check_moe_targets(model: torch.nn.Module, modules: list[str], params: list[str], targets) -> None:
+    """An MoE model's LoRA must adapt its attention or its experts: a target list naming neither (only a dense or
+    shared-expert MLP, say) trains next to nothing of the model and is refused."""
+    from . import moe
+
+    attn = linear_names(model)["attn"]
+    if not params and not set(modules) & attn:
+        raise TunelabError(
+            f"lora.targets {targets!r}: names no attention or expert module of this Mixture-of-Experts model; its "
+            f"attention layers are {', '.join(sorted(attn))} and its experts {', '.join(moe.expert_params(model))} "
+            "(or use attn, mlp, all-linear)"
+        )
 
 
 def apply_adapter(model: torch.nn.Module, adapter: AdapterConfig) -> torch.nn.Module:
@@ -66,18 +102,35 @@ def apply_adapter(model: torch.nn.Module, adapter: AdapterConfig) -> torch.nn.Mo
         return model
     from peft import LoraConfig, get_peft_model
 
+    from . import moe
     from .lora_linear import use_fused_lora
 
+    modules, params = resolve_all(model, adapter.lora.targets)
+    routers = moe.router_modules(model)
+    if adapter.lora.router and not routers:
+        raise TunelabError(
+            f"lora.router: {getattr(model.config, 'model_type', 'this model')} has no router (not a "
+            "Mixture-of-Experts model); drop lora.router"
+        )
+    if params and (adapter.lora.dropout or adapter.row.magnitude):
+        what = "lora.dropout" if adapter.lora.dropout else f"method {adapter.row.name}"
+        raise TunelabError(
+            f"{what}: LoRA on stacked experts (PEFT's target_parameters) has no dropout or DoRA; set lora.dropout: 0 "
+            "and method lora, or lora.targets: attn"
+        )
     config = LoraConfig(
         r=adapter.lora.r,
         lora_alpha=adapter.lora.alpha,
         lora_dropout=adapter.lora.dropout,
-        target_modules=resolve_targets(model, adapter.lora.targets),
+        target_modules=modules,
+        target_parameters=params or None,
+        modules_to_save=routers if adapter.lora.router else None,
         use_dora=adapter.row.magnitude,
         bias="none",
         task_type="CAUSAL_LM",
     )
     peft_model = get_peft_model(model, config, autocast_adapter_dtype=True)
+    moe.fuse_lora(peft_model)
     if adapter.row.magnitude:
         _traceable_dora_weight()
     # peft casts every adapter input to the adapter's fp32 dtype: with a bf16 base that is two full copies
@@ -145,9 +198,11 @@ def load_adapter(model: torch.nn.Module, path: str | Path, base: str) -> torch.n
     the bf16-rounded base output and so drops updates below half an ulp of it (see lora_linear.py): the
     fused layer scores the model that training's forward saw.
     """
+    from . import moe
     from .lora_linear import pack_for_inference, use_fused_lora
 
     model = peft_from_pretrained(model, path, base)
+    moe.fuse_lora(model)
     use_fused_lora(model)
     pack_for_inference(model)
     return model

@@ -18,6 +18,7 @@ import torch
 
 from ..errors import TunelabError
 from ..sources import WEIGHT_SUFFIXES, ModelSource, drop_quantization_marker, model_config
+from . import moe
 
 
 def check_weights(source: ModelSource) -> None:
@@ -80,6 +81,7 @@ def load_model(
         model.to(device)
     model.config.use_cache = False
     skip_kernel_routing(model)
+    moe.use_grouped(model)
     return model
 
 
@@ -106,6 +108,7 @@ def _from_config(source: ModelSource, dtype: torch.dtype, device: torch.device, 
         )
     model.config.use_cache = False
     skip_kernel_routing(model)
+    moe.use_grouped(model)
     return model
 
 

@@ -28,7 +28,7 @@ import torch
 from .. import families
 from ..data.packing import SeqLayout
 from ..errors import TunelabError
-from ..model import attention
+from ..model import attention, moe
 from ..runtime import LOGIT_CHUNK
 
 _SCRATCH: dict[tuple, torch.Tensor] = {}
@@ -340,6 +340,11 @@ class CausalLMLoss(torch.nn.Module):
         implementation = getattr(config, "_attn_implementation", None)
         self.packed_attention = implementation == attention.NAME
         self.flex_attention = implementation == attention.FLEX_NAME
+        # Mixture-of-Experts: the router's load-balancing loss (model/moe.py), kept apart for the metrics.
+        self.router = moe.RouterLoss(model) if moe.is_moe(config) else None
+        self._router_logits = self._router_mask = None
+        self._aux_sum = torch.zeros((), dtype=torch.float64)
+        self._aux_count = 0
         # The reference's frozen copy (keep_reference), held in a list outside the module tree: not trained, saved
         # or sharded.
         self.frozen: list[torch.nn.Module] = []
@@ -364,7 +369,33 @@ class CausalLMLoss(torch.nn.Module):
     ) -> torch.Tensor:
         hidden = self.hidden_states(input_ids, position_ids, layout)
         head = self.model.get_output_embeddings()
-        return token_loss_sum(hidden, head.weight, loss_index, loss_targets, self.softcap)
+        loss = token_loss_sum(hidden, head.weight, loss_index, loss_targets, self.softcap)
+        if self.router is not None:
+            loss = loss + self.router_term(loss_index.numel())
+        return loss
+
+    def router_term(self, targets: int) -> torch.Tensor:
+        """The router's load-balancing loss of the last forward, as a sum over `targets` target tokens: divided by
+        the step's targets it is router_aux_loss_coef x the loss, the term transformers adds to its token mean
+        (0 unless the config's output_router_logits asks for it). The loss itself is logged apart."""
+        aux = self.router(self._router_logits, self._router_mask)
+        self._router_logits = self._router_mask = None
+        if torch.is_grad_enabled():
+            self._aux_sum = self._aux_sum.to(aux.device) + aux.detach().double()
+            self._aux_count += 1
+        if not self.router.trains:
+            return aux.new_zeros(())
+        return aux * (self.router.coef * targets)
+
+    def window_metrics(self, accelerator=None) -> dict[str, float]:
+        """The mean router load-balancing loss over the micro-batches since the last log line (MoE models)."""
+        if self.router is None or not self._aux_count:
+            return {}
+        total = torch.stack([self._aux_sum, torch.tensor(float(self._aux_count), dtype=torch.float64)])
+        if accelerator is not None:
+            total = accelerator.reduce(total.to(accelerator.device), "sum")
+        self._aux_sum, self._aux_count = torch.zeros((), dtype=torch.float64), 0
+        return {"router_aux_loss": (total[0] / total[1]).item()}
 
     def hidden_states(self, input_ids, position_ids, layout: SeqLayout | None, model=None) -> torch.Tensor:
         """The decoder's last hidden states of `model` (a reference model; the wrapped one when None), with the
@@ -376,7 +407,15 @@ class CausalLMLoss(torch.nn.Module):
             extra = attention.layout_tensors(layout, input_ids.device)
         else:
             extra = {}
+        if self.router is not None:
+            extra["output_router_logits"] = True
         out = model.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra)
+        if self.router is not None:
+            self._router_logits = out.router_logits
+            # the real tokens of packed rows (a row's padded tail routes too, but is no token of the batch)
+            self._router_mask = (
+                None if layout is None else torch.as_tensor(layout.in_slot, device=input_ids.device).float()
+            )
         return out.last_hidden_state
 
 

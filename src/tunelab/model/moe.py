@@ -1,0 +1,219 @@
+"""Mixture-of-Experts blocks in training: the experts as grouped matrix products over tokens sorted by expert,
+LoRA on the stacked expert weights fused into those products, and the router's load-balancing loss.
+
+transformers 5.25 stores each sparse block's experts stacked (`experts.gate_up_proj` [E, 2I, H] and
+`experts.down_proj` [E, H, I]; gpt-oss transposed, [E, H, 2I] / [E, I, H], with biases and its own gate) and
+dispatches the experts' forward through its ExpertsInterface. tunelab registers one more implementation there
+(`NAME`) and sets it on every MoE model it loads (`use_grouped`), so one function serves every family:
+
+- the (token, expert) pairs are sorted by expert once per block; each projection is one `torch._grouped_mm` over
+  the sorted rows (per-expert contiguous segments, one matmul each, where the device has no grouped kernel), never
+  a loop over tokens;
+- LoRA on the experts is PEFT's `target_parameters` (its ParamWrapper, so the adapter saves and loads as PEFT's),
+  but its forward is not PEFT's: PEFT parametrizes the whole expert stack, W + B·A for every expert, every forward,
+  and backpropagates a gradient the size of the stack into the low-rank factors. Here each projection's
+  low-rank path is two more grouped products over the same sorted rows (x·Aₑᵀ, then ·Bₑᵀ), added to the base
+  product, and the frozen stack gets no gradient at all (`fuse_lora`);
+- the router's auxiliary load-balancing loss is transformers' own function of the family (`aux_loss`), over the
+  real tokens of a packed batch, weighted by `router_aux_loss_coef` when the config's `output_router_logits` asks
+  for it, as transformers adds it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+
+import torch
+
+from .. import families
+
+NAME = "tunelab_grouped"
+EXPERT_PARAMS = ("gate_up_proj", "up_proj", "down_proj")  # the stacked projections LoRA can target
+
+
+def is_moe(config) -> bool:
+    return families.experts(config) is not None
+
+
+def register() -> str:
+    """tunelab's grouped experts forward as a transformers experts implementation; returns its name."""
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    if NAME not in ALL_EXPERTS_FUNCTIONS:
+        ALL_EXPERTS_FUNCTIONS.register(NAME, grouped_experts_forward)
+    return NAME
+
+
+def use_grouped(model: torch.nn.Module) -> None:
+    """Run `model`'s experts through tunelab's grouped forward (a no-op on a dense model)."""
+    if not is_moe(model.config):
+        return
+    model.set_experts_implementation(register())
+
+
+def experts_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """(name, module) of each stacked experts module (the base module under any PEFT wrapper)."""
+    return [
+        (name, module)
+        for name, module in model.named_modules()
+        if any(
+            isinstance(getattr(module, p, None), torch.nn.Parameter) and getattr(module, p).dim() == 3
+            for p in EXPERT_PARAMS
+        )
+        and hasattr(module, "num_experts")
+    ]
+
+
+def router_modules(model: torch.nn.Module) -> list[str]:
+    """Leaf names of the routers (transformers' `*TopKRouter` modules: `gate`, or gpt-oss's `router`)."""
+    return sorted({name.split(".")[-1] for name, m in model.named_modules() if type(m).__name__.endswith("TopKRouter")})
+
+
+def expert_params(model: torch.nn.Module) -> list[str]:
+    """The stacked expert parameters as PEFT's `target_parameters` names them (`experts.gate_up_proj`)."""
+    names = set()
+    for name, module in experts_modules(model):
+        leaf = name.split(".")[-1]
+        for p in EXPERT_PARAMS:
+            if isinstance(getattr(module, p, None), torch.nn.Parameter):
+                names.add(f"{leaf}.{p}")
+    return sorted(names)
+
+
+# --- the grouped forward ---------------------------------------------------------------------------------------
+
+
+def _grouped_kernel(x: torch.Tensor) -> bool:
+    """Whether torch has a grouped matmul for `x`'s device (CUDA needs SM80+; CPU has one since torch 2.9)."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    if x.device.type == "cuda":
+        return torch.cuda.get_device_capability(x.device) >= (8, 0) and x.dtype == torch.bfloat16
+    return x.device.type == "cpu"
+
+
+def grouped_mm(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, counts: list[int] | None) -> torch.Tensor:
+    """Rows of `x` (S, in), sorted by expert with `offs` the cumulative counts, times their expert's slice of
+    `weight` (E, in, out): torch's grouped kernel, else one matmul per expert's contiguous segment."""
+    weight = weight.to(x.dtype)
+    if counts is None:
+        return torch._grouped_mm(x, weight, offs=offs)
+    parts, start = [], 0
+    for e, n in enumerate(counts):
+        if n:
+            parts.append(x[start : start + n] @ weight[e])
+            start += n
+    return torch.cat(parts) if parts else x.new_zeros(0, weight.shape[-1])
+
+
+def _projection(experts, name: str, x, offs, counts, expert_ids):
+    """One stacked projection of the sorted rows: base product, its LoRA product when adapted, its bias."""
+    weight = getattr(experts, name)
+    oriented = weight if experts.is_transposed else weight.transpose(1, 2)  # (E, in, out)
+    out = grouped_mm(x, oriented, offs, counts)
+    lora = getattr(experts, "tunelab_lora", {}).get(name)
+    if lora is not None:
+        factors = lora_factors(lora)
+        if factors is not None:
+            a, b, scale = factors  # (E, in, r), (E, r, out)
+            out = out + grouped_mm(grouped_mm(x, a, offs, counts), b, offs, counts) * scale
+    bias = getattr(experts, f"{name}_bias", None) if experts.has_bias else None
+    if bias is not None:
+        out = out + bias.to(out.dtype)[expert_ids]
+    return out
+
+
+def grouped_experts_forward(experts, hidden_states, top_k_index, top_k_weights):
+    """The experts' output for each token (transformers' experts-forward signature): every (token, expert) pair
+    sorted by expert, each projection one grouped product over the sorted rows, the outputs weighted by the
+    router and summed back per token."""
+    tokens, top_k = top_k_index.shape
+    flat = top_k_index.reshape(-1)
+    expert_ids, order = torch.sort(flat, stable=True)
+    num = experts.num_experts
+    counts_t = torch.bincount(flat, minlength=num)
+    offs = counts_t.cumsum(0).to(torch.int32)
+    counts = None if _grouped_kernel(hidden_states) else counts_t.tolist()
+    x = hidden_states[order // top_k]
+    up = _projection(experts, "gate_up_proj" if experts.has_gate else "up_proj", x, offs, counts, expert_ids)
+    act = experts._apply_gate(up) if experts.has_gate else experts.act_fn(up)
+    down = _projection(experts, "down_proj", act, offs, counts, expert_ids)
+    weighted = down * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(down.dtype)
+    out = torch.zeros(tokens, weighted.shape[-1], dtype=weighted.dtype, device=weighted.device)
+    out.index_add_(0, order // top_k, weighted)
+    return out.to(hidden_states.dtype)
+
+
+# --- LoRA on the stacked experts -------------------------------------------------------------------------------
+
+
+def lora_factors(wrapper) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+    """PEFT ParamWrapper's active adapter as (A (E, in, r), B (E, r, out), scaling), in PEFT's layout: lora_A's
+    weight is (E·r, in) expert-major, lora_B's (out, r·E) expert-minor (ParamWrapper.get_delta_weight). None when
+    the adapter is disabled or merged."""
+    if wrapper.disable_adapters or wrapper.merged:
+        return None
+    adapters = [a for a in wrapper.active_adapters if a in wrapper.lora_A]
+    if not adapters:
+        return None
+    name = adapters[0]
+    e = wrapper.num_experts
+    a = wrapper.lora_A[name].weight  # (E·r, in)
+    b = wrapper.lora_B[name].weight  # (out, r·E)
+    a = a.view(e, -1, a.shape[-1]).transpose(1, 2)  # (E, in, r)
+    b = b.view(b.shape[0], -1, e).permute(2, 1, 0).contiguous()  # (E, r, out)
+    return a, b, wrapper.scaling[name]
+
+
+def _passthrough(self, *args, **kwargs):
+    return self.base_layer(*args, **kwargs)
+
+
+def fuse_lora(model: torch.nn.Module) -> int:
+    """Point each stacked experts module at the PEFT ParamWrappers around it, and make the wrappers' forward a
+    plain call of what they wrap: the grouped forward reads the factors itself. Returns the wrappers fused."""
+    from peft.tuners.lora.layer import ParamWrapper
+
+    fused = 0
+    for module in model.modules():
+        if not isinstance(module, ParamWrapper):
+            continue
+        base = module.get_base_layer()
+        if not hasattr(base, "tunelab_lora"):
+            base.tunelab_lora = {}
+        base.tunelab_lora[module.parameter_name] = module
+        module.forward = types.MethodType(_passthrough, module)
+        fused += 1
+    return fused
+
+
+# --- the router's load-balancing loss --------------------------------------------------------------------------
+
+
+class RouterLoss:
+    """The family's own load-balancing loss (transformers' load_balancing_loss_func of its modeling module) and its
+    weight in the training loss: router_aux_loss_coef when output_router_logits is set, as transformers adds it;
+    otherwise 0 (measured and reported, not trained)."""
+
+    def __init__(self, model: torch.nn.Module):
+        config = model.config
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.function = importlib.import_module(type(base).__module__).load_balancing_loss_func
+        self.experts = families.experts(config)[1]
+        self.top_k = int(config.num_experts_per_tok)
+        self.coef = float(getattr(config, "router_aux_loss_coef", 0.0) or 0.0)
+        self.trains = bool(getattr(config, "output_router_logits", False)) and self.coef > 0
+
+    def __call__(self, router_logits: tuple[torch.Tensor, ...], mask: torch.Tensor | None) -> torch.Tensor:
+        """The loss over the tokens `mask` marks (flat B·T; None: every token)."""
+        return self.function(tuple(router_logits), self.experts, self.top_k, mask)
+
+
+def expert_load(router_logits: tuple[torch.Tensor, ...], top_k: int, experts: int) -> torch.Tensor:
+    """Each expert's share of the routed (token, expert) pairs, summed over layers: (E,), sums to 1."""
+    counts = torch.zeros(experts, dtype=torch.float64)
+    for logits in router_logits:
+        picked = torch.topk(logits.detach().float(), top_k, dim=-1).indices.reshape(-1).cpu()
+        counts += torch.bincount(picked, minlength=experts).double()
+    return counts / counts.sum().clamp(min=1)

@@ -1,0 +1,257 @@
+"""Mixture-of-Experts families, built tiny and random in code (model/moe.py): tunelab's loss (its attention path,
+its grouped experts, its fused head, the router's load-balancing loss weighted by the config's coefficient)
+equals transformers' own loss, packed or not; LoRA on the stacked experts fused into the grouped products equals
+PEFT's own forward and its merged model; bad targets and router keys are one line.
+
+Comparisons are fp32: the paths differ from transformers' eager experts and attention only in summation order.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import TINY_SHAPE, make_tokenizer
+
+from tunelab.data.packing import layout_from_lengths
+from tunelab.errors import TunelabError
+from tunelab.model import attention, moe
+from tunelab.train.loss import CausalLMLoss
+
+WIDTH = 48
+ROWS = [[20, 17], [30]]  # documents packed per row; the second row has an 18-token padded tail
+TINY = dict(TINY_SHAPE, initializer_range=0.2, hidden_size=32, intermediate_size=64, num_attention_heads=4)
+
+
+def moe_config(family: str, vocab: int, aux: bool = True):
+    """A tiny config of `family`: 6 experts, top-2, the router's loss in the training loss (`aux`) with a
+    coefficient large enough that dropping it moves the loss past the tolerance."""
+    import transformers as tf
+
+    common = dict(**TINY, vocab_size=vocab, num_experts_per_tok=2, output_router_logits=aux, router_aux_loss_coef=0.5)
+    if family == "qwen3_moe":
+        # the second layer dense (mlp_only_layers), as Qwen3-MoE configs may keep some
+        return tf.Qwen3MoeConfig(**common, num_experts=6, moe_intermediate_size=24, head_dim=8, mlp_only_layers=[1])
+    if family == "qwen2_moe":
+        return tf.Qwen2MoeConfig(**common, num_experts=6, moe_intermediate_size=24, shared_expert_intermediate_size=40)
+    if family == "mixtral":
+        return tf.MixtralConfig(**common, num_local_experts=6)
+    if family == "olmoe":
+        return tf.OlmoeConfig(**common, num_experts=6)
+    if family == "gpt_oss":
+        return tf.GptOssConfig(
+            **common,
+            num_local_experts=6,
+            head_dim=8,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"],
+        )
+    raise AssertionError(family)
+
+
+FAMILIES = ["qwen3_moe"]
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    return len(make_tokenizer())
+
+
+def build(family, vocab, implementation, aux=True, seed=0):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(moe_config(family, vocab, aux), attn_implementation=implementation)
+    return model.float()
+
+
+def pair(family, vocab, aux=True):
+    """tunelab's model (slot attention, grouped experts) and transformers' eager one, with the same weights."""
+    ours = build(family, vocab, attention.register("slots"), aux)
+    moe.use_grouped(ours)
+    reference = build(family, vocab, "eager", aux)
+    reference.set_experts_implementation("eager")
+    reference.load_state_dict(ours.state_dict())
+    return ours.train(), reference.train()
+
+
+def test_grouped_experts_equal_transformers_eager_forward_and_gradients(vocab):
+    """The grouped experts (sorted tokens, grouped products) give transformers' per-expert loop's output and input
+    gradient on the same routing."""
+    ours, reference = pair("qwen3_moe", vocab)
+    block = ours.model.layers[0].mlp.experts
+    torch.manual_seed(1)
+    x = torch.randn(40, TINY["hidden_size"], requires_grad=True)
+    index = torch.randint(0, 6, (40, 2))
+    weights = torch.rand(40, 2)
+    out = moe.grouped_experts_forward(block, x, index, weights)
+    x2 = x.detach().clone().requires_grad_(True)
+    expected = reference.model.layers[0].mlp.experts(x2, index, weights)
+    assert torch.allclose(out, expected, atol=1e-5)
+    out.square().sum().backward()
+    expected.square().sum().backward()
+    assert torch.allclose(x.grad, x2.grad, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_unpacked_loss_equals_transformers_with_router_loss(family, vocab):
+    """Rows without a layout: tunelab's summed loss is transformers' `(CE mean + coef x aux) x targets`, the router's
+    load-balancing loss included because the config's output_router_logits asks for it; without it, the CE alone."""
+    for aux in (True, False):
+        ours, reference = pair(family, vocab, aux)
+        generator = torch.Generator().manual_seed(1)
+        ids = torch.randint(3, vocab, (2, 24), generator=generator)
+        index = torch.cat([torch.arange(r * 24, r * 24 + 23) for r in range(2)])
+        loss_fn = CausalLMLoss(ours)
+        loss = loss_fn(ids, None, index, ids[:, 1:].reshape(-1))
+        expected = reference(input_ids=ids, labels=ids)
+        assert loss.item() == pytest.approx(expected.loss.item() * index.numel(), rel=1e-5)
+        router = reference(input_ids=ids, output_router_logits=True).aux_loss.item()  # reported either way
+        assert loss_fn.window_metrics()["router_aux_loss"] == pytest.approx(router, rel=1e-5)
+    assert router * 0.5 * index.numel() > 1e-3 * loss.item()  # the term is not negligible against the tolerance
+
+
+def packed(rows, vocab):
+    generator = torch.Generator().manual_seed(2)
+    ids = torch.randint(3, vocab, (len(rows), WIDTH), generator=generator)
+    positions = []
+    for row in rows:
+        tail = WIDTH - sum(row)
+        positions.append([p for n in row + ([tail] if tail else []) for p in range(n)])
+    return ids, torch.tensor(positions)
+
+
+def documents(rows):
+    return [(r, sum(row[:i]), n) for r, row in enumerate(rows) for i, n in enumerate(row)]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_packed_rows_equal_documents_one_by_one(family, vocab):
+    """Packed rows (slot attention, padded tail) give the documents' summed cross-entropy run alone through
+    transformers plus coef x its own load-balancing loss over the documents' tokens (the tail excluded) x targets;
+    the gradients of an expert stack agree too."""
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    ours, reference = pair(family, vocab)
+    ids, positions = packed(ROWS, vocab)
+    docs = documents(ROWS)
+    index = torch.cat([torch.arange(r * WIDTH + s, r * WIDTH + s + n - 1) for r, s, n in docs])
+    targets = torch.cat([ids[r, s + 1 : s + n] for r, s, n in docs])
+    loss = CausalLMLoss(ours)(ids, positions, index, targets, layout_from_lengths(ROWS, WIDTH))
+    ce, logits = 0.0, []
+    for r, s, n in docs:
+        out = reference(
+            input_ids=ids[r : r + 1, s : s + n], labels=ids[r : r + 1, s : s + n], output_router_logits=False
+        )
+        ce = ce + out.loss * (n - 1)
+        logits.append(reference.model(input_ids=ids[r : r + 1, s : s + n], output_router_logits=True).router_logits)
+    per_layer = tuple(torch.cat([doc[layer] for doc in logits]) for layer in range(len(logits[0])))
+    aux = load_balancing_loss_func(per_layer, 6, 2, None)
+    expected = ce + 0.5 * aux * index.numel()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    loss.backward()
+    expected.backward()
+    grad = ours.model.layers[0].mlp.experts.down_proj.grad
+    assert torch.allclose(grad, reference.model.layers[0].mlp.experts.down_proj.grad, rtol=1e-4, atol=1e-5)
+
+
+def lora_adapter(targets="all-linear", router=False, method="lora"):
+    from tunelab.config import load_config
+
+    cfg = load_config(None, [f"method={method}", "lora.r=4", f"lora.router={str(router).lower()}"])
+    if targets != "all-linear":
+        cfg.adapter.lora.targets = targets
+    return cfg.adapter
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_lora_on_experts_fused_equals_peft_forward_and_merged_model(family, vocab, tmp_path):
+    """LoRA on attention and on every expert's projections (PEFT's target_parameters): the grouped forward with the
+    factors fused gives PEFT's own (parametrized) forward; the adapter saves and loads in PEFT, and the merged
+    model in plain transformers gives the same logits."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from tunelab.model.adapters import apply_adapter
+
+    ours, reference = pair(family, vocab)
+    model = apply_adapter(ours, lora_adapter())
+    for name, p in model.named_parameters():  # B nonzero, so the adapter changes the output
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.1)
+    params = model.peft_config["default"].target_parameters
+    assert {p.split(".")[-1] for p in params} == {"down_proj", "gate_up_proj"}
+    routers = [p for n, p in model.named_parameters() if n.endswith("mlp.gate.weight")]
+    assert routers and not any(p.requires_grad for p in routers)  # the router is frozen by default
+    ids = torch.randint(3, vocab, (2, 16), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        fused = model(input_ids=ids).logits
+        with model.disable_adapter():
+            without = model(input_ids=ids).logits
+    assert (fused - without).abs().max() > 1e-2  # the adapter (experts' factors included) moves the logits
+    model.save_pretrained(tmp_path / "adapter")
+    base = build(family, vocab, "eager")
+    base.set_experts_implementation("eager")
+    loaded = PeftModel.from_pretrained(base, tmp_path / "adapter")  # PEFT's own forward over transformers' experts
+    with torch.no_grad():
+        peft_logits = loaded(input_ids=ids).logits
+        merged = loaded.merge_and_unload()
+        merged.save_pretrained(tmp_path / "merged")
+        plain = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").float()
+        merged_logits = plain(input_ids=ids).logits
+    assert torch.allclose(fused, peft_logits, atol=1e-4)
+    assert torch.allclose(fused, merged_logits, atol=1e-4)
+
+
+def test_router_trains_by_key_and_saves_with_the_adapter(vocab):
+    from tunelab.model.adapters import apply_adapter
+
+    ours, _ = pair("qwen3_moe", vocab)
+    model = apply_adapter(ours, lora_adapter(router=True))
+    trained = [n for n, p in model.named_parameters() if p.requires_grad and "mlp.gate" in n]
+    assert trained and all("modules_to_save" in n for n in trained)
+
+
+def test_bad_moe_input_is_one_line(vocab):
+    """lora.targets naming no attention or expert module of an MoE model, lora.router on a dense model, and a top-k
+    above the expert count: each one line, before anything trains."""
+    import transformers as tf
+
+    from tunelab import families
+    from tunelab.model.adapters import apply_adapter
+
+    ours, _ = pair("qwen3_moe", vocab)
+    with pytest.raises(TunelabError, match="names no attention or expert module") as e:
+        apply_adapter(ours, lora_adapter(targets=["gate_proj", "up_proj"]))  # the dense layer's MLP only
+    assert "\n" not in str(e.value)
+    dense = tf.AutoModelForCausalLM.from_config(tf.Qwen3Config(**TINY, vocab_size=vocab, head_dim=8))
+    with pytest.raises(TunelabError, match="lora.router: qwen3 has no router") as e:
+        apply_adapter(dense, lora_adapter(router=True))
+    config = moe_config("qwen3_moe", vocab)
+    config.num_experts_per_tok = 7
+    with pytest.raises(TunelabError, match="num_experts_per_tok=7") as e:
+        families.check(config, "m")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_trains_end_to_end_with_lora_on_experts(family, vocab, tmp_path, addition_rows):
+    """`tunelab train` on a saved tiny MoE model: LoRA on attention and the experts through the grouped path, the
+    loss falls, the router's loss is its own column of metrics.jsonl, and the adapter names the expert stacks."""
+    import json
+
+    from conftest import tiny_train_config, write_jsonl
+
+    from tunelab.recipes.finetune import finetune
+
+    model_dir = tmp_path / family
+    build(family, vocab, "eager").save_pretrained(model_dir)
+    make_tokenizer().save_pretrained(model_dir)
+    data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
+    cfg = tiny_train_config(model_dir, data, tmp_path / "run", "max_steps=4", "method=lora", "device=cpu")
+    summary = finetune(cfg, show_progress=False)
+    assert summary["loss_last"] < summary["loss_first"]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    aux = [r["router_aux_loss"] for r in records if "router_aux_loss" in r]
+    assert len(aux) == 4 and all(a > 0 for a in aux)
+    config = json.loads((tmp_path / "run" / "adapter" / "adapter_config.json").read_text())
+    assert {p.split(".")[-1] for p in config["target_parameters"]} >= {"gate_up_proj", "down_proj"}
