@@ -19,9 +19,11 @@
 #   profile    bench profile of the compiled 8B LoRA row (3 steps)
 #   speed-8b   8B LoRA compiled (with the HF + Liger and HF Trainer + PEFT peers) and at seq 4096, into results.tgz
 #   dpo        DPO on the 1B shape beside TRL's DPOTrainer, into results.tgz
+#   decode     the shared generation step's decode tokens/s on the 1B shape in each decode mode (dynamic, static,
+#              compiled), sampling from an eager and from a compiled policy, against the bandwidth roofline (weights
+#              + KV bytes per token over the catalog's HBM bandwidth; scripts/decode_roofline.py), into results.tgz
 #   grpo       GRPO on the 1B shape beside TRL's GRPOTrainer (no vLLM) at equal completions per step (tunelab's
-#              sampler in its CUDA default, compiled), and the decode tokens/s of each decode mode (dynamic, static,
-#              compiled) against the bandwidth roofline (scripts/decode_roofline.py), into results.tgz
+#              sampler in its CUDA default, compiled), into results.tgz
 #   launch     the same 1B training run plain and under `accelerate launch` with one process
 # Files under $OUT (names of letters, digits, '.', '_', '-' only; at most 8): gpu.log (everything printed),
 # steps.md (each step's status and seconds, rewritten after each), the two suites' .json/.md (rewritten after
@@ -171,21 +173,29 @@ dpo() {
     output_dir="$WORK/dpo-run" | tee "$WORK/dpo.jsonl"
 }
 
-# GRPO on the 1B shape (LoRA, 4 prompts x G 8 = 32 completions per step, up to 128 tokens each) beside TRL's
-# GRPOTrainer at equal completions per step, and the decode loop against the bandwidth roofline (issue 50).
-grpo() {
-  local model=random:llama-3.2-1b rows=32 tokens=128 shape=(micro_batch=4 grpo.num_generations=8
-    grpo.max_completion_length=128) steps=(--steps 3 --warmup 1) decodes=dynamic,static,compiled
+# The generation step (eval/sampling.py) that eval, GRPO and the page share: decode tokens/s per decode mode and
+# policy (eager; compiled blocks, as a `compile: true` GRPO run's) against the bandwidth roofline (issue 66).
+decode() {
+  local model=random:llama-3.2-1b rows=32 tokens=128 prompt=64 decodes=dynamic,static,compiled
   if [ "$DRY" = 1 ]; then
-    model=random:smollm2-135m rows=4 tokens=8 shape=(micro_batch=2 grpo.num_generations=2
-      grpo.max_completion_length=8 precision=fp32) steps=(--steps 2 --warmup 1) decodes=dynamic,static
+    model=random:smollm2-135m rows=4 tokens=8 prompt=16 decodes=dynamic,static
+  fi
+  "$PY" benchmarks/scripts/decode_roofline.py "$model" --rows "$rows" --prompts 4 --prompt-tokens "$prompt" \
+    --tokens "$tokens" --device $DEVICE --decode "$decodes" --policy eager,compiled | tee "$WORK/decode.jsonl"
+}
+
+# GRPO on the 1B shape (LoRA, 4 prompts x G 8 = 32 completions per step, up to 128 tokens each) beside TRL's
+# GRPOTrainer at equal completions per step (issue 50).
+grpo() {
+  local model=random:llama-3.2-1b shape=(micro_batch=4 grpo.num_generations=8 grpo.max_completion_length=128)
+  local steps=(--steps 3 --warmup 1)
+  if [ "$DRY" = 1 ]; then
+    model=random:smollm2-135m shape=(micro_batch=2 grpo.num_generations=2 grpo.max_completion_length=8
+      precision=fp32) steps=(--steps 2 --warmup 1)
   fi
   "${TL[@]}" data arithmetic --prompts --n 400 --digits 1-8 --seed 1 --out "$WORK/prompts.jsonl" >/dev/null || return
   printf 'method: lora\nobjective: grpo\ndata:\n  template: compact\ngrpo:\n  beta: 0.0\n  rewards:\n    - name: exact_answer\n' \
     >"$WORK/grpo.yaml"
-  "$PY" benchmarks/scripts/decode_roofline.py "$model" --rows "$rows" --prompts 4 --tokens "$tokens" --device $DEVICE \
-    --decode "$decodes" |
-    tee "$WORK/decode.jsonl"
   "${TL[@]}" bench peers trl-grpo --config "$WORK/grpo.yaml" "${steps[@]}" --rounds 1 --json --db "$WORK/grpo.sqlite" \
     model="$model" data.path="$WORK/prompts.jsonl" seq_len=512 lora.r=16 lora.alpha=32 lora.dropout=0.0 \
     lora.targets=all-linear "${shape[@]}" device=$DEVICE output_dir="$WORK/grpo-run" | tee "$WORK/grpo.jsonl"
@@ -340,6 +350,7 @@ main() {
   step profile 120 60 profile
   step speed-8b 215 90 suite h100-8b 8b-lora-compiled,8b-lora-seq4096-compiled "$WORK"
   step dpo 100 60 dpo
+  step decode 90 40 decode
   step grpo 150 70 grpo
   step launch 90 50 launch
   pack

@@ -2,13 +2,15 @@
 (packed, as the GRPO run samples), `rows` completions of `prompts` distinct prompts, every row decoding to the cap.
 
     python benchmarks/scripts/decode_roofline.py MODEL [--rows 32] [--prompts 4] [--prompt-tokens 64]
-        [--tokens 128] [--device auto] [--precision auto] [--decode auto[,static,...]]
+        [--tokens 128] [--device auto] [--precision auto] [--decode auto[,static,...]] [--policy eager[,compiled]]
 
 One decode step reads the weights and the KV cache once (plan/generation.py); its roofline is those bytes over the
 device's memory bandwidth (the catalog's for a GPU, the copy probe's on a CPU). Decode seconds per step come from
 two runs, one of `--tokens` and one of a single token (the prefill), so the prefill is not counted. Prints one
 JSON line per decode mode (decoding.py; each timed after a warm-up call of its shapes, which compiles the compiled
-mode): measured decode tokens/s (rows / seconds per step), the roofline's, and their ratio.
+mode) and policy: measured decode tokens/s (rows / seconds per step), the roofline's, and their ratio. `--policy
+compiled` samples from the policy a `compile: true` GRPO run trains (recipes/grpo.build_policy: blocks compiled,
+LoRA layers not packed; the sampler runs them eager over its own packed copy), `eager` from the eager run's.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="auto")
     p.add_argument("--precision", default="auto")
     p.add_argument("--decode", default="auto", help="decode modes, comma-separated (decoding.py)")
+    p.add_argument("--policy", default="eager", help="eager, compiled or both, comma-separated")
     args = p.parse_args(argv)
 
     import torch
@@ -40,12 +43,21 @@ def main(argv=None) -> int:
     from tunelab.model import load as mload
     from tunelab.model.adapters import apply_adapter
     from tunelab.model.lora_linear import pack_for_inference
+    from tunelab.recipes.finetune import compile_blocks
 
     dev = pick_device(args.device)
     prec = pick_precision(args.precision, dev)
     source = sources.resolve(args.model)
-    model = apply_adapter(mload.load_model(source, prec.compute, "none", dev, attn="sdpa"), AdapterConfig())
-    pack_for_inference(model)
+
+    def policy(compiled: bool):
+        model = apply_adapter(mload.load_model(source, prec.compute, "none", dev, attn="sdpa"), AdapterConfig())
+        if compiled:
+            compile_blocks(model)
+        else:
+            pack_for_inference(model)
+        return model
+
+    model = policy(False)
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     distinct = [torch.randint(0, vocab, (args.prompt_tokens,), generator=g).tolist() for _ in range(args.prompts)]
@@ -60,13 +72,15 @@ def main(argv=None) -> int:
         synchronize(dev)
         return time.perf_counter() - t0
 
-    for decode in args.decode.split(","):
-        per_step = (timed(args.tokens, decode) - timed(1, decode)) / (args.tokens - 1)
-        report(args, dev, prec, decoding.resolve(decode, dev.type).name, per_step)
+    for kind in args.policy.split(","):
+        model = policy(kind == "compiled") if kind != "eager" else model
+        for decode in args.decode.split(","):
+            per_step = (timed(args.tokens, decode) - timed(1, decode)) / (args.tokens - 1)
+            report(args, dev, prec, decoding.resolve(decode, dev.type).name, per_step, kind)
     return 0
 
 
-def report(args, dev, prec, decode: str, per_step: float) -> None:
+def report(args, dev, prec, decode: str, per_step: float, policy: str = "eager") -> None:
     import torch
 
     from tunelab.device import device_name
@@ -90,6 +104,7 @@ def report(args, dev, prec, decode: str, per_step: float) -> None:
                 "model": args.model,
                 "precision": prec.name,
                 "decode": decode,
+                "policy": policy,
                 "rows": args.rows,
                 "distinct_prompts": args.prompts,
                 "prompt_tokens": args.prompt_tokens,

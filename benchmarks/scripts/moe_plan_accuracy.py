@@ -27,7 +27,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,7 +104,7 @@ def build_model(name: str, folder: Path) -> None:
 
 
 def measured_imbalance(folder: Path, data: Path, micro_batch: int) -> dict:
-    """The routers' load on the run's own micro-batches (the peer's tokenization, padded per batch): per layer and
+    """The routers' load on micro-batches of the run's rows (the peer's tokenization, padded per batch): per layer and
     micro-batch, the most loaded expert's tokens over the mean expert's; padding tokens are routed too, as
     transformers routes them."""
     import torch
@@ -129,7 +128,7 @@ def measured_imbalance(folder: Path, data: Path, micro_batch: int) -> dict:
     handles = [m.register_forward_hook(hook) for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
     rows = read_rows(data, "alpaca", None)
     encoded = []
-    for row in rows[: micro_batch * 8]:
+    for row in rows.select(range(min(len(rows), micro_batch * 8))):
         prompt, response = peers.prompt_and_response("alpaca", "alpaca", row, tokenizer.eos_token)
         encoded.append(peers.tokenize_masked(tokenizer, prompt, response, SEQ, False)["input_ids"])
     with torch.no_grad():
@@ -144,10 +143,12 @@ def measured_imbalance(folder: Path, data: Path, micro_batch: int) -> dict:
 
 
 def measure(folder: Path, data: Path, micro_batch: int, steps: int) -> dict:
-    from tunelab.bench.peers import run_peer
+    from tunelab.bench import peers
     from tunelab.config import BatchConfig, DataConfig, LoraConfig
 
-    return run_peer(
+    # The tuned recipe's micro-batch is its own (16); each row sets it, so the same recipe runs at the row's.
+    peers.TUNED_MICRO_BATCH = micro_batch
+    return peers.run_peer(
         "hf-trainer-tuned",
         str(folder),
         DataConfig(path=str(data)),
@@ -181,6 +182,10 @@ def predict(folder: Path, data: Path, micro_batch: int, imbalance: float):
 def row(name: str, micro_batch: int, folder: Path, data: Path, steps: int) -> dict:
     load = measured_imbalance(folder, data, micro_batch)
     rec = measure(folder, data, micro_batch, steps)
+    if (rec["micro_batch"], rec["grad_accum"]) != (micro_batch, 1):
+        raise SystemExit(
+            f"{name}: the peer ran micro-batch {rec['micro_batch']} x {rec['grad_accum']}, not {micro_batch}"
+        )
     uniform = predict(folder, data, micro_batch, 1.0)
     skewed = predict(folder, data, micro_batch, round(load["median"], 3))
     step = rec["step_time_median_s"]
@@ -262,12 +267,13 @@ def markdown(rows: list[dict], command: str, commit: str, device_class: str) -> 
                 f"# plan's error on Mixture-of-Experts training steps, {device_class}",
                 "",
                 f"Code: tunelab {commit}; command: `{command}`; device class `{device_class}` (2 cores, shared with "
-                f"other sessions, every run under the CPU lock); torch {v.get('torch')}, transformers "
+                f"other sessions, every run under the CPU lock; plan names the class `{rows[0]['device_class']}`); torch {v.get('torch')}, transformers "
                 f"{v.get('transformers')}, peft {v.get('peft')}.",
                 "",
                 "What ran: transformers' own MoE forward and backward (its default experts implementation), random "
                 "weights, the embedded SmolLM2 tokenizer (49,152 ids), trained by the HF Trainer + PEFT recipe of `tunelab "
-                f"bench peers hf-trainer-tuned` (bf16, dynamic padding, length-grouped batches, LoRA r {LORA_R} on q/k/v/o, "
+                f"bench peers hf-trainer-tuned` at each row's micro-batch (its own is 16; grad-accum 1, bf16, dynamic "
+                f"padding, length-grouped batches, LoRA r {LORA_R} on q/k/v/o, "
                 f"experts and router frozen, fused AdamW) on synthetic alpaca rows cut at {SEQ} tokens; the step time is "
                 "the steady-state median after 3 warm-up steps, the peak the process's (docs/metrics.md). tunelab's own MoE "
                 "training path was not on main when this ran, so these rows measure plan's `--stack hf-peft` model of "
@@ -275,7 +281,7 @@ def markdown(rows: list[dict], command: str, commit: str, device_class: str) -> 
                 "",
                 "What was predicted: `tunelab plan --gpu local --stack hf-peft` (tunelab.estimate) on the same model "
                 "directory, data, LoRA and batch: with the default uniform routing (`moe.imbalance` 1), and with the "
-                "imbalance the routers measured on the run's own micro-batches (most loaded expert over the mean, per "
+                "imbalance the routers measured on micro-batches of the same rows (most loaded expert over the mean, per "
                 "layer and micro-batch; random routers are far from uniform). Errors: predicted / measured - 1.",
                 "",
                 *table(head, body),
@@ -285,14 +291,25 @@ def markdown(rows: list[dict], command: str, commit: str, device_class: str) -> 
                 "",
                 "## What these figures can and cannot say",
                 "",
-                "- Four short runs on one CPU class, small shapes (hidden 512, 4 layers) whose LM head over 49,152 ids is "
-                "a large share of the step; the expert part is memory-bound at these token counts, as plan prices it.",
-                "- The imbalance a trained router has on real data is not what random routers have: the measured values "
-                "here test the imbalance term, not the default.",
-                "- The experts train frozen (LoRA on attention only): expert LoRA and QLoRA experts are not measured here.",
+                "- The routers are random, and random routers are far from uniform: the measured median imbalance is "
+                "3.1 (8 experts, top-2) to 7.2 (64 experts, top-8), and in some layer and micro-batch every row reaches "
+                "experts / top-k, one expert taking every token. At that skew plan's uniform default is 22-46% too fast, "
+                "and pricing every expert at the most loaded one's tokens (`--moe-imbalance` at the measured value) "
+                "brings the four rows to -23% ... +12%. A trained router on real data is nearer uniform; these rows test "
+                "the imbalance term, not the default.",
+                "- Memory: plan's peak for the HF stack is above every measured one, by 9-15% at micro-batches 4 and "
+                "16 and by about half at 8. Plan's largest term is the whole-vocabulary logits of the HF loss (12 B a "
+                "logit at backward's start: 1.1 GiB of its 1.85 GiB at micro-batch 8, over 49,152 ids); these runs do "
+                "not say which term the measured 1.22-1.25 GiB leave out, and nothing here is tuned to them.",
+                "- Four short runs (8 steps, 3 warm-up) on one CPU class, small shapes (hidden 512, 4 layers) whose LM "
+                "head over 49,152 ids is a large share of the step; the experts are frozen (LoRA on attention): expert "
+                "LoRA, QLoRA experts and tunelab's own MoE path are not measured here.",
+                "- The models are built in the script (transformers configs, seeded random weights), not catalog rows, "
+                "so these rows are not `tunelab bench fit` rows (a row's model must be one plan resolves).",
                 "- No GPU was lent to this session: the GPU figures plan gives for MoE models are unmeasured.",
                 "",
-                "Per-row details (step parts, memory breakdown, the constants' source) are in the record's `raw`.",
+                "Per-row details (plan's step parts and memory breakdown, the constants' source, the peer's settings) "
+                "are in the record's `figures.rows`.",
             ]
         )
         + "\n"
@@ -304,9 +321,12 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--only", action="append", default=[])
+    p.add_argument("--rewrite", help="write <out>.md and .record.json again from this record's rows, measuring nothing")
     a = p.parse_args()
     sys.path.insert(0, str(REPO / "src"))
-    from tunelab.device import library_versions
+    if a.rewrite:
+        write(json.loads(Path(a.rewrite).read_text())["figures"]["rows"], a.out)
+        return 0
 
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     work = Path(tempfile.mkdtemp(prefix="moe-plan-"))
@@ -324,50 +344,42 @@ def main() -> int:
             folder = work / name
             if not folder.exists():
                 build_model(name, folder)
-            rows.append(row(name, mb, folder, data, a.steps))
+            rows.append({**row(name, mb, folder, data, a.steps), "commit": commit.stdout.strip()})
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "versions"}), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    device_class = rows[0]["device_class"]
-    command = "python benchmarks/scripts/moe_plan_accuracy.py --out " + a.out
-    text = markdown(rows, command, commit.stdout.strip(), device_class)
+    write(rows, a.out)
+    return 0
+
+
+def write(rows: list[dict], out: str) -> None:
+    """`<out>.md` and `<out>.record.json` from the measured rows; the record's device class is the file name's
+    (benchmarks/scripts/records.py parse_name), plan's own class name for it is in each row."""
+    from tunelab.device import library_versions
+
+    stem = Path(out).name
+    device_class = stem.split("_")[1]
+    command = f"python benchmarks/scripts/moe_plan_accuracy.py --out benchmarks/plan-accuracy/{stem}"
+    text = markdown(rows, command, rows[0]["commit"], device_class)
     record = {
-        "command": command,
+        "command": [command],
         "config": {"runs": RUNS, "shapes": SHAPES, "seq_len": SEQ, "lora_r": LORA_R, "peer": "hf-trainer-tuned"},
         "device_class": device_class,
-        "date": time.strftime("%Y-%m-%d"),
-        "versions": library_versions(),
+        "date": stem.split("_")[2],
+        "versions": rows[0].get("versions") or library_versions(),
         "figures": {
             "median_abs_step_error_uniform": statistics.median(abs(r["step_error_uniform"]) for r in rows),
             "median_abs_step_error_measured_imbalance": statistics.median(
                 abs(r["step_error_measured_imbalance"]) for r in rows
             ),
             "median_abs_memory_error": statistics.median(abs(r["memory_error"]) for r in rows),
-            "rows": [
-                {
-                    k: r[k]
-                    for k in (
-                        "shape",
-                        "micro_batch",
-                        "measured_step_s",
-                        "predicted_step_s_uniform",
-                        "step_error_uniform",
-                        "predicted_step_s_measured_imbalance",
-                        "step_error_measured_imbalance",
-                        "measured_peak_bytes",
-                        "predicted_peak_bytes",
-                        "memory_error",
-                    )
-                }
-                for r in rows
-            ],
+            "rows": rows,
         },
-        "raw": rows,
+        "raw": [],
     }
-    Path(a.out + ".md").write_text(text)
-    Path(a.out + ".record.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+    Path(out + ".md").write_text(text)
+    Path(out + ".record.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
     print(text)
-    return 0
 
 
 if __name__ == "__main__":

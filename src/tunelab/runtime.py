@@ -19,6 +19,12 @@ MATH_MAX_LEN = 256
 # of 256, bitsandbytes' quantization block, so chunked 8-bit states quantize exactly as one tensor's would.
 STEP_CHUNK = 1 << 23
 
+# Rows from which the CPU sampler reorders fp32 weights once for the few-row decode products (model/prepack.py): one
+# more copy of every linear weight, the LM head's included, while a generation lasts (plan/generation.py counts it).
+PREPACK_MIN_ROWS = 8
+# CPU capabilities the reordered product runs on (torch.backends.cpu.get_cpu_capability prefixes).
+PREPACK_CAPABILITIES = ("AVX2", "AVX512")
+
 # torch.compile's activation memory budget (AOTAutograd's partitioner; 1.0 keeps whatever is cheapest to
 # keep; recipes/finetune.compile_blocks sets it). 0.9 recomputes norm outputs and one MLP tensor per layer, which
 # lowered the quickstart's peak memory at no clear speed cost, where 0.5 saved more but cost speed

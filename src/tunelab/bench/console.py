@@ -128,7 +128,7 @@ def show_grpo_comparison(rows: list[dict], db: Path) -> None:
             ),
         },
         rows,
-        f"records in {db.with_name('grpo-peers.jsonl')}",
+        f"stored in {db}",
     )
 
 

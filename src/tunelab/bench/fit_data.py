@@ -6,7 +6,11 @@ A row file (YAML) holds any of:
   `date` says when they were measured;
 - `suites`: `bench suite` results files (.json, paths from the folder `bench fit` runs in, the repository's root),
   each read as its rows: the tunelab rows that ran and the hf-trainer-tuned peer;
-- `cpu_bandwidth`: {bps, device, source}: the memory bandwidth of CPU rows measured without a copy probe.
+- `cpu_bandwidth`: {bps, device, source}: the memory bandwidth of CPU rows measured without a copy probe;
+- `grpo`: measured GRPO runs for plan's GRPO constants (plan/grpo_fit.py), each {device, label, run (the run's
+  folder: config.yaml and metrics.jsonl or metrics.jsonl.gz), model (the run's base, where its config names a
+  folder that is gone), prompts, prompt_tokens (their count and mean tokens), peak and bandwidth (the probes of the
+  machine it ran on)}.
 Files are read in name order, and their rows in file order: fitted.yaml lists each device's rows in it.
 """
 
@@ -24,7 +28,18 @@ from ..errors import TunelabError
 from ..plan import hfstack
 from ..plan.fit_rows import CpuBandwidth, Row, check_row, length_spec
 
-FILE_KEYS = ("date", "defaults", "rows", "suites", "cpu_bandwidth")
+FILE_KEYS = ("date", "defaults", "rows", "suites", "cpu_bandwidth", "grpo")
+# A `grpo` entry's keys and their types (plan/grpo_fit.GrpoRun).
+GRPO_KEYS = {
+    "device": str,
+    "label": str,
+    "run": str,
+    "model": str,
+    "prompts": int,
+    "prompt_tokens": (int, float),
+    "peak": (int, float),
+    "bandwidth": (int, float),
+}
 FIELDS = {f.name: f for f in dataclasses.fields(Row)}
 REQUIRED = [f.name for f in FIELDS.values() if f.default is dataclasses.MISSING]
 TYPES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,)}
@@ -37,6 +52,7 @@ class Measured:
     rows: list[Row]
     cpu_bandwidth: CpuBandwidth | None
     left_out: list[str]  # one line per suite record not fitted, and why
+    grpo: list = dataclasses.field(default_factory=list)  # plan/grpo_fit.GrpoRun: the GRPO runs named
 
 
 def load(folder: Path) -> Measured:
@@ -49,9 +65,10 @@ def load(folder: Path) -> Measured:
     if len(given) > 1:
         raise TunelabError(f"{given[1][0]}: cpu_bandwidth is given in {given[0][0]} already; keep one")
     cpu = cpu_bandwidth(*given[0]) if given else None
-    rows, left_out, seen = [], [], set()
+    rows, left_out, seen, grpo = [], [], set(), []
     for path, doc in docs:
         rows += [file_row(path, i, doc.get("defaults", {}), r) for i, r in enumerate(doc.get("rows", []))]
+        grpo += [grpo_run(path, i, r) for i, r in enumerate(doc.get("grpo", []))]
         for name in doc.get("suites", []):
             if not isinstance(name, str) or not Path(name).is_file():
                 raise TunelabError(f"{path}: suites: {name!r} is not a file (paths are from the repository's root)")
@@ -61,7 +78,53 @@ def load(folder: Path) -> Measured:
             found, skipped = suite_rows(Path(name), name, cpu)
             rows += found
             left_out += skipped
-    return Measured(rows, cpu, left_out)
+    return Measured(rows, cpu, left_out, grpo)
+
+
+def grpo_run(path: Path, index: int, given: object):
+    """A row file's `grpo` entry as a plan/grpo_fit.GrpoRun: its run's config.yaml (the model replaced by the
+    entry's) and what its metrics measured; a one-line error names the file, the entry and the key."""
+    import gzip
+
+    from .. import config as cfgmod
+    from ..plan import grpo_fit
+    from ..sources import resolve_arch
+
+    where = f"{path}: grpo[{index}]"
+    if not isinstance(given, dict):
+        raise TunelabError(f"{where}: expected a mapping of {', '.join(GRPO_KEYS)}")
+    for key, kind in GRPO_KEYS.items():
+        if key not in given:
+            raise TunelabError(f"{where}: {key}: missing (a GRPO entry needs {', '.join(GRPO_KEYS)})")
+        if not isinstance(given[key], kind) or isinstance(given[key], bool):
+            raise TunelabError(f"{where}: {key}: expected {getattr(kind, '__name__', 'a number')}, got {given[key]!r}")
+    unknown = [k for k in given if k not in GRPO_KEYS]
+    if unknown:
+        raise TunelabError(f"{where}: unknown key {unknown[0]!r}; a GRPO entry has {', '.join(GRPO_KEYS)}")
+    run = Path(given["run"])
+    metrics = run / "metrics.jsonl"
+    try:
+        text = (
+            metrics.read_text()
+            if metrics.is_file()
+            else gzip.decompress((run / "metrics.jsonl.gz").read_bytes()).decode()
+        )
+        records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except (OSError, ValueError) as e:
+        raise TunelabError(f"{where}: run: cannot read {metrics} or its .gz ({e}); name a GRPO run's folder") from None
+    cfg = cfgmod.load_config(run / "config.yaml", [f"model={given['model']}"])
+    return grpo_fit.GrpoRun(
+        given["device"],
+        given["label"],
+        given["run"],
+        cfg,
+        resolve_arch(given["model"]),
+        given["prompts"],
+        float(given["prompt_tokens"]),
+        float(given["peak"]),
+        float(given["bandwidth"]),
+        grpo_fit.measured(records),
+    )
 
 
 def read_file(path: Path) -> dict:
@@ -74,7 +137,7 @@ def read_file(path: Path) -> dict:
     unknown = [k for k in doc if k not in FILE_KEYS]
     if unknown:
         raise TunelabError(f"{path}: unknown key {unknown[0]!r}; a row file has {', '.join(FILE_KEYS)}")
-    for key, kind in (("defaults", dict), ("rows", list), ("suites", list), ("cpu_bandwidth", dict)):
+    for key, kind in (("defaults", dict), ("rows", list), ("suites", list), ("cpu_bandwidth", dict), ("grpo", list)):
         if key in doc and not isinstance(doc[key], kind):
             raise TunelabError(f"{path}: {key} must be a {'mapping' if kind is dict else 'list'}")
     if doc.get("rows") and "date" not in doc:

@@ -4,12 +4,12 @@ every device once in the fit and once left out, and the tables that show how clo
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import TunelabError
 from ..markdown import table
-from ..plan import fit
+from ..plan import catalog, fit, grpo_fit
 from ..plan.fit_rows import Accuracy, CpuBandwidth, Observed, accuracy, catalog_document, observe, stack_ratios
 from .fit_data import load, row_lengths
 
@@ -25,6 +25,13 @@ class FitResult:
     results: list[Accuracy]
     cpu_bandwidth: CpuBandwidth | None
     left_out: list[str]  # suite records not fitted, and why
+    grpo_runs: list[grpo_fit.GrpoRun] = field(default_factory=list)
+    grpo: dict[str, catalog.GrpoConstants] = field(default_factory=dict)  # each device's GRPO fit
+
+    def grpo_catalog(self, shipped: dict | None = None) -> dict:
+        """The GRPO fit as catalog/grpo.yaml stores it; `shipped`'s devices that no run refits kept as they are."""
+        kept = {d: row for d, row in ((shipped or {}).get("devices") or {}).items() if d not in self.grpo}
+        return grpo_fit.catalog_document(self.grpo, kept)
 
     def catalog(self) -> dict:
         """The fit as catalog/fitted.yaml stores it."""
@@ -56,6 +63,7 @@ def run(folder: Path) -> FitResult:
     measured = load(folder)
     if not measured.rows:
         raise TunelabError(f"{folder}: its row files hold no measured row that ran")
+    grpo = grpo_fit.fit_devices(measured.grpo)
     archs, lengths, observed = {}, {}, []
     for row in measured.rows:
         if row.model not in archs:
@@ -67,8 +75,38 @@ def run(folder: Path) -> FitResult:
     fits = fit.fit_devices([x.observation for x in observed])
     ratios = stack_ratios(observed, fits)
     return FitResult(
-        observed, fits, ratios, accuracy(observed, fits, ratios), measured.cpu_bandwidth, measured.left_out
+        observed,
+        fits,
+        ratios,
+        accuracy(observed, fits, ratios),
+        measured.cpu_bandwidth,
+        measured.left_out,
+        measured.grpo,
+        grpo,
     )
+
+
+def grpo_table(result: FitResult) -> list[str]:
+    """Each GRPO run beside plan by part, under its device's fit, and each device's GRPO constants."""
+    if not result.grpo_runs:
+        return []
+    rows = [row for run in result.grpo_runs for row in grpo_fit.table_rows(run, result.grpo[run.device])]
+    out = table(["GRPO run", "part", "plan s", "measured s", "plan vs measured"], rows)
+    constants = [
+        [
+            d,
+            f"{c.decode_op_s * 1e6:.2f}",
+            f"{c.decode_flop_efficiency:.2f}",
+            f"{c.update_scale:.3f}",
+            f"{c.scoring_scale:.3f}",
+        ]
+        for d, c in result.grpo.items()
+    ]
+    return [
+        *out,
+        "",
+        *table(["device", "decode µs per op", "decode FLOP efficiency", "update scale", "scoring scale"], constants),
+    ]
 
 
 def rows_table(rows: list[dict]) -> list[str]:

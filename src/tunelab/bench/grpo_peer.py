@@ -118,6 +118,56 @@ def _trl_callback(warmup: int, device):
     return Window()
 
 
+# The record's own figures that the runs table keeps under `generation` (bench/store.py).
+GENERATION_KEYS = (
+    "completions_per_s",
+    "completion_tokens_per_s",
+    "completions_per_s_window",
+    "completion_tokens_per_s_window",
+    "completion_mean_length",
+    "prompts_per_batch",
+    "num_generations",
+    "completions_per_step",
+    "max_completion_length",
+    "num_iterations",
+    "beta",
+    "loss_type",
+    "lora",
+)
+
+
+def store_row(record: dict, cfg: cfgmod.TrainConfig, warmup: int) -> dict:
+    """`record` (a run of either side) as a row of bench's results database (bench/store.py), where every bench
+    record goes: the columns every point has, GRPO's own figures under `generation`, TRL's version beside them."""
+    versions = record.get("versions") or {}
+    return {
+        "kind": record["kind"],
+        "label": f"grpo {record['completions_per_step']} completions/step",
+        "objective": cfg.objective.name,
+        "device": record["device"],
+        "torch_version": versions.get("torch"),
+        "transformers_version": versions.get("transformers"),
+        "peft_version": versions.get("peft"),
+        "model": record["model"],
+        "method": cfg.adapter.method,
+        "precision": record["precision"],
+        "micro_batch": cfg.batch.micro_batch,
+        "grad_accum": cfg.batch.grad_accum,
+        "seq_len": cfg.batch.seq_len,
+        "packing": False,
+        "grad_ckpt": cfg.compute.grad_ckpt,
+        "warmup_steps": warmup,
+        "steps": record.get("steady_window_steps"),
+        "step_time_s": record.get("step_time_median_s"),
+        "step_time_median_s": record.get("step_time_median_s"),
+        "steady_window_s": record.get("steady_window_s"),
+        "rate_basis": "median step",  # completions_per_s: bench/grpo_peer.window_rates
+        "peak_memory_bytes": record.get("peak_memory_bytes"),
+        "generation": {**{k: record[k] for k in GENERATION_KEYS if k in record}, "trl_version": versions.get("trl")},
+        "config": cfgmod.to_dict(cfg),
+    }
+
+
 def window_rates(step_ends: list[float], lengths: list[float], rows: int, iterations: int, warmup: int) -> dict:
     """Rates over the window: `step_ends` are the end times of step `warmup` and every step after it, `lengths` the
     mean completion length each windowed step's generation batch had."""
@@ -177,7 +227,8 @@ def run_trl_grpo(cfg: cfgmod.TrainConfig, steps: int, warmup: int) -> dict:
             max_steps=steps,
             bf16=precision.name == "bf16",
             fp16=precision.name == "fp16",
-            **trl_grpo_args(cfg),
+            # The device tunelab resolved (`device: auto` on a CPU included): TRL refuses bf16 off a GPU without it.
+            **{**trl_grpo_args(cfg), "use_cpu": dev.type == "cpu"},
         )
         trainer = GRPOTrainer(
             model=model,

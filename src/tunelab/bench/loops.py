@@ -105,16 +105,15 @@ def peer_names(given: str) -> list[str]:
 
 
 def grpo_peer_rounds(cfg: TrainConfig, names: list[str], rounds: int, m: Measuring) -> list[dict]:
-    """tunelab's GRPO and trl-grpo interleaved `rounds` times (bench/grpo_peer.py), stored as JSON lines beside
-    the database (the runs table's columns are token rates of a training step); tunelab over the peer."""
+    """tunelab's GRPO and trl-grpo interleaved `rounds` times (bench/grpo_peer.py), each run stored in the results
+    database as every bench record is (its completion figures under `generation`); tunelab over the peer."""
     from . import grpo_peer
 
     records = grpo_peer.grpo_rounds(
         cfg, rounds, m.stop_at, m.warmup, log=lambda line: print(line, file=sys.stderr, flush=True)
     )
-    m.db.parent.mkdir(parents=True, exist_ok=True)
-    with m.db.with_name(peer_registry.get(grpo_peer.PEER).records).open("a") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
+    for r in records:
+        store.insert(m.db, grpo_peer.store_row(r, cfg, m.warmup))
     return grpo_peer.compare_grpo(records)
 
 

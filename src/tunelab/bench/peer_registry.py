@@ -1,5 +1,5 @@
 """The peer registry: each peer bench runs beside tunelab, one row saying what it runs, the objective it runs
-beside, what it needs and where its records go. `tunelab bench peers` (its names and help), the suites
+beside and what it needs (its records go to the results database, bench/store.py). `tunelab bench peers` (its names and help), the suites
 (bench/suites.yaml's `peers`), the measuring loops and guide.md's bench table read these rows and never list peer
 names of their own (tests/unit/bench/test_peer_registry.py). The recipes themselves are bench/peers.py's (the
 Hugging Face trainers) and bench/grpo_peer.py's (TRL's GRPOTrainer). Torch-free."""
@@ -23,7 +23,6 @@ class Peer:
     objective: str = "sft"  # the tunelab objective it runs beside (objectives.py): its data and what it trains
     packages: tuple[str, ...] = ()  # modules it imports (PACKAGES), refused before a process is spawned for it
     cuda: str = ""  # why it needs a CUDA device; empty: it runs on any device
-    records: str = ""  # a JSON lines file beside the bench database that its records go to; empty: the database
 
     @property
     def generates(self) -> bool:
@@ -85,7 +84,6 @@ REGISTRY = {
             runs="TRL's GRPOTrainer beside tunelab's GRPO, equal prompts x G completions per step",
             objective="grpo",
             packages=("trl",),
-            records="grpo-peers.jsonl",
         ),
     )
 }

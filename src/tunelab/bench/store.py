@@ -77,6 +77,10 @@ COLUMNS: dict[str, str] = {
     "predicted_efficiency": "REAL",
     "predicted_source": "TEXT",  # where plan's efficiency came from (calibrated or default)
     "config": "JSON",  # the full training config of the point, to re-run it
+    "objective": "TEXT",  # the objective row the point trained (NULL in rows from before it: sft, dpo or orpo)
+    # A generating objective's own figures (grpo: completions/s, completion lengths, completions per step, ...;
+    # bench/grpo_peer.py): its step is counted in completions, not in the token rates above (NULL there).
+    "generation": "JSON",
 }
 # What every tokens_*_per_s of a record divides by: the steady-state window's wall time (synchronized at its
 # edges), not the median step; step_time_median_s/p90/max describe the steps themselves.

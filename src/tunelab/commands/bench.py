@@ -100,7 +100,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     stored_options(export)
     fit = mode("fit", "fit plan's step-time constants to the measured rows and show how close plan comes to each")
     fit.add_argument("--rows", default=ROWS, metavar="DIR", help=f"the folder of row files (default {ROWS})")
-    fit.add_argument("--write", action="store_true", help="store the fit in plan's catalog (plan/catalog/fitted.yaml)")
+    fit.add_argument(
+        "--write",
+        action="store_true",
+        help="store the fits in plan's catalog (plan/catalog/fitted.yaml, and grpo.yaml for the GRPO runs the row files name)",
+    )
 
 
 def measured_options(p: argparse.ArgumentParser, steps: int, each: str = "") -> None:
@@ -262,6 +266,8 @@ def export(args: argparse.Namespace) -> int:
 def run_fit(args: argparse.Namespace) -> int:
     """The fit of the row files' rows, every row predicted in and out of it; with --write, stored in plan's
     catalog (a file that already holds it is left as it is)."""
+    import yaml
+
     from ..bench import fitting
     from ..plan import fit
 
@@ -271,13 +277,21 @@ def run_fit(args: argparse.Namespace) -> int:
     for line in result.left_out:
         print(line, file=sys.stderr)
     print("\n".join([*fitting.rows_table(result.rows()), "", *fitting.constants_table(result.devices())]))
-    if args.write:
-        changed = fit.write_catalog(result.catalog(), fit.FITTED)
-        print(f"{'wrote' if changed else 'unchanged'}: {fit.FITTED}")
-    else:
-        shipped = fit.FITTED.read_text() if fit.FITTED.exists() else ""
-        same = fit.catalog_text(result.catalog(), shipped) == shipped
-        print(f"{fit.FITTED}: {'holds this fit' if same else 'differs from this fit; --write stores it'}")
+    grpo = fitting.grpo_table(result)
+    if grpo:
+        print("\n".join(["", *grpo]))
+    shipped_grpo = yaml.safe_load(fit.GRPO_FITTED.read_text()) if fit.GRPO_FITTED.exists() else {}
+    documents = [(result.catalog(), fit.FITTED)]
+    if result.grpo:  # GRPO's constants with the rest, where the row files name GRPO runs
+        documents.append((result.grpo_catalog(shipped_grpo), fit.GRPO_FITTED))
+    for document, target in documents:
+        if args.write:
+            changed = fit.write_catalog(document, target)
+            print(f"{'wrote' if changed else 'unchanged'}: {target}")
+        else:
+            shipped = target.read_text() if target.exists() else ""
+            same = fit.catalog_text(document, shipped) == shipped
+            print(f"{target}: {'holds this fit' if same else 'differs from this fit; --write stores it'}")
     return 0
 
 

@@ -1,6 +1,7 @@
 """Batched greedy generation with the training prompt, and `evaluate`, which scores it by exact match.
 
-Generation is eval/sampling.py's KV-cache loop at temperature 0 (the loop GRPO samples with): prompts sorted by
+Generation is eval/sampling.py's KV-cache loop at temperature 0 (the one generation step GRPO samples with and the
+page's Try it answers with): prompts sorted by
 length so a batch holds similar lengths (little left padding), each row stopping at its own EOS, the batch when
 every row has or at its cap. The cap is what the model was trained to write (the longest training response, from
 the run's summary.json, plus slack) when that is known, else `--max-new-tokens`, else the longest expected
@@ -11,12 +12,14 @@ adapter keeps its fp32 weights, peft casts around them).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from .. import decoding
 from ..data.formats import CONVERSATION_FORMATS, effective_chat_template, prompt_text, render
 from ..data.tokenize import bos_ids
 from ..model.prepack import prepacked
@@ -122,8 +125,10 @@ def generate(
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), budgets[i]))
     texts: list[str] = [""] * len(prompts)
     capped: list[bool] = [False] * len(prompts)
-    # Weights laid out once for every batch (CPU fp32; model/prepack.py); sample() reuses them.
-    with prepacked(model, min(batch_size, len(prompts))):
+    # Weights laid out once for every batch (CPU; model/prepack.py); sample() reuses them. Not for the compiled
+    # mode, whose step traces the plain weights.
+    compiled = decoding.resolve(decode, next(model.parameters()).device.type).compiled
+    with contextlib.nullcontext() if compiled else prepacked(model, min(batch_size, len(prompts))):
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
             out = sample(

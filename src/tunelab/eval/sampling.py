@@ -13,6 +13,7 @@ than the step on a small model, and GRPO needs the sampler's own random generato
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from collections.abc import Callable, Sequence
@@ -29,6 +30,9 @@ from ..model.prepack import prepacked
 class Samples:
     ids: list[list[int]]  # each completion's tokens, its stop token included when it stopped
     clipped: list[bool]  # the completion reached max_new_tokens without a stop
+    # With `logprobs`: each token's log-probability under the distribution it was drawn from (the logits at the
+    # sampling temperature; at temperature 0 the model's own), as TRL's GRPOTrainer scores completions.
+    logps: list[list[float]] | None = None
 
 
 def pick(
@@ -83,15 +87,20 @@ def sample(
     decode: str = decoding.AUTO,
     share: tuple[int, int] | None = None,
     all_done: Callable[[bool], bool] | None = None,
+    logprobs: bool = False,
     on_step: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
 ) -> Samples:
-    """One completion per prompt in `prompts` (token ids), in order. `model` is a causal LM (a peft model samples
-    with its adapter on); its training mode is restored after. `decode`: decoding.py's mode. Several processes
-    sampling shares of one batch: `share` (first, total) places this share in it (draw's `rows`), and `all_done(done)`
-    says whether every process's rows are done, so all take the same decode steps (and random draws) as one
-    process sampling the whole batch. `on_step`, when given, sees each step's tokens (rows,; a finished row's is
-    `pad_id`) as they are drawn, and may return a bool tensor of rows to end there (`tunelab serve`: a stop string
-    written, a client gone); such a row's later tokens are pads."""
+    """One completion per prompt in `prompts` (token ids), in order: the one generation step of eval, GRPO, the
+    page's Try it and `tunelab serve`. `model` is a causal LM (a peft model samples with its adapter on); its
+    training mode is restored after. `decode`: decoding.py's mode. It runs without autograd (so activation
+    checkpointing is inert), in eval mode, over prepacked weights (model/prepack.py; a compiled policy's too; not the
+    compiled mode's), and with the policy's compiled blocks eager (`policy_eager`): their graphs are the update's;
+    only the compiled mode's own step is compiled. Several processes sampling shares of one batch: `share` (first,
+    total) places this share in it (draw's `rows`), and `all_done(done)` says whether every process's rows are done,
+    so all take the same decode steps (and random draws) as one process sampling the whole batch. `logprobs`: each
+    token's log-prob too. `on_step`, when given, sees each step's tokens (rows,; a finished row's is `pad_id`) as
+    they are drawn, and may return a bool tensor of rows to end there (`tunelab serve`: a stop string written, a
+    client gone); such a row's later tokens are pads."""
     device = next(model.parameters()).device
     mode = decoding.resolve(decode, device.type)
     rows, width = len(prompts), max(len(p) for p in prompts)
@@ -105,16 +114,22 @@ def sample(
     was_training = model.training
     model.eval()
     try:
-        with prepacked(model, rows):  # CPU fp32: the weights laid out once for the few-row products
+        # CPU: the weights laid out once for the few-row products (a compiled policy's LoRA layers packed too); the
+        # compiled mode's step is inductor's own products over the plain weights.
+        packing = contextlib.nullcontext() if mode.compiled else prepacked(model, rows)
+        with packing, policy_eager():
             if mode.static_cache:
                 logits, step = _static_steps(model, batch, max_new_tokens, mode.compiled)
             else:
                 logits, step = _dynamic_steps(model, batch)
             done = torch.zeros(rows, dtype=torch.bool, device=device)
-            tokens = []
+            tokens, scores = [], []
             for k in range(max_new_tokens):
                 token = pick(logits, temperature, top_p, generator, share).masked_fill(done, pad_id)
                 tokens.append(token)
+                if logprobs:
+                    scaled = logits if temperature == 0 else logits / temperature
+                    scores.append(torch.log_softmax(scaled, dim=-1).gather(-1, token[:, None]).squeeze(-1))
                 done = done | torch.isin(token, stops)
                 if on_step is not None:
                     ended = on_step(token)
@@ -129,13 +144,24 @@ def sample(
     finally:
         model.train(was_training)
     table = torch.stack(tokens, dim=1).tolist() if tokens else [[] for _ in range(rows)]
+    score_table = torch.stack(scores, dim=1).tolist() if scores else None
     stop_set = set(int(s) for s in stop_ids)
-    ids, clipped = [], []
-    for row in table:
+    ids, clipped, logps = [], [], []
+    for r, row in enumerate(table):
         end = next((k for k, t in enumerate(row) if t in stop_set), None)
         ids.append(row if end is None else row[: end + 1])
         clipped.append(end is None)
-    return Samples(ids, clipped)
+        if score_table is not None:
+            logps.append(score_table[r][: len(ids[-1])])
+    return Samples(ids, clipped, logps if logprobs else None)
+
+
+def policy_eager():
+    """The policy's compiled blocks (recipes' compile_blocks) run eager: a decode step (one token a row over a
+    growing cache) and a prefill are shapes of their own that would compile the blocks again at each new one. The
+    compiled mode's step (`_compiled_decode_step`) sets its own stance and traces through the blocks as plain
+    modules."""
+    return torch.compiler.set_stance("force_eager")
 
 
 @dataclass(frozen=True)
@@ -208,9 +234,12 @@ def _static_steps(model, batch: _Batch, max_new_tokens: int, compiled: bool):
 
     def step(token: torch.Tensor) -> torch.Tensor:
         state["position"] = state["position"] + 1
-        if compiled and token.device.type == "cuda":
+        if not compiled:
+            return forward(model, token[:, None], mask, state["position"], cache)
+        if token.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs were read; reuse its buffers
-        return forward(model, token[:, None], mask, state["position"], cache)
+        with torch.compiler.set_stance("default"):  # inside policy_eager: this step is compiled
+            return forward(model, token[:, None], mask, state["position"], cache)
 
     return out.logits[:, -1].float(), step
 

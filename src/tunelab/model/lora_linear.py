@@ -188,6 +188,11 @@ def _nf4_dequantizer(base: torch.nn.Module):
     return lambda: dequantize_4bit(weight.data, weight.quant_state)
 
 
+def _dense(base: torch.nn.Module) -> bool:
+    """A plain Linear whose weight is a whole tensor (not FSDP's shard of it), which a layer may lay out again."""
+    return type(base) is torch.nn.Linear and type(base.weight.detach()) is torch.Tensor
+
+
 class _FusedForward:
     """The fused forward for peft's LoRA layers; mixed into peft's own classes, so the state dict and the
     saved adapter are peft's. It covers the plain case (one active LoRA adapter, unmerged, no DoRA, a dense
@@ -195,40 +200,61 @@ class _FusedForward:
 
     _packed: torch.Tensor | None = None  # see pack_for_inference
     _prepacked: torch.Tensor | None = None  # W + sBA reordered for CPU decoding (model/prepack.py)
+    _packed_while = False  # `_packed` is pack_while's copy, dropped by unpack_inference
 
-    def _inference_forward(self, x: torch.Tensor, name: str) -> torch.Tensor | None:
+    def _inference_forward(self, x: torch.Tensor, name: str, packed: torch.Tensor | None) -> torch.Tensor | None:
         """Without autograd, over a packed weight: [x | xAᵀ]·[W | sB]ᵀ with no weight concatenated per call.
         The sB columns are rewritten on every call (d_out x r values, beside the d_out x d_in product): B's
         version counter cannot tell whether B changed, since a fused AdamW step updates it in place without
         bumping it, and GRPO samples between optimizer steps."""
-        packed = self._packed
-        if torch.is_grad_enabled() or x.dtype != packed.dtype or self._dropout_p(name):
+        if torch.is_grad_enabled() or self._dropout_p(name):
             return None
         width = x.shape[-1]
         x2 = x.reshape(-1, width)
-        if self._prepacked is not None:  # W + sBA, with B as it stood when it was reordered
+        if self._prepacked is not None and x.dtype == torch.float32:  # W + sBA, B as it stood when reordered
             y = prepacked_linear(x2, self._prepacked, self.base_layer.bias)
             return y.view(*x.shape[:-1], y.shape[-1])
+        if packed is None or x.dtype != packed.dtype:
+            return None
         torch.mul(self.lora_B[name].weight, self.scaling[name], out=packed[:, width:])
         y, _ = _fused_product(x2, x2, self.lora_A[name].weight.to(x.dtype), packed, self.base_layer.bias)
         return y.view(*x.shape[:-1], y.shape[-1])
 
     def prepack_inference(self, reorder) -> torch.nn.Module | None:
-        """If `pack_for_inference` packed this fp32 layer: keep `reorder(W + sBA)`, B as it stands now, for the
-        inference calls until `unpack_inference` (one product per call: no xAᵀ, no concatenation; in fp32 the
-        merge's rounding is the product's own), and return the base layer that covers; else None."""
+        """For an fp32 dense base: keep `reorder(W + sBA)`, B as it stands now, for the inference calls until
+        `unpack_inference` (one product per call: no xAᵀ, no concatenation; in fp32 the merge's rounding is the
+        product's own), and return the base layer that covers; else None. Packed by `pack_for_inference` or not
+        (a compiled policy's layers are not: see `pack_while`)."""
         name = self._fused_adapter()
-        if self._packed is None or name is None or self._packed.dtype != torch.float32:
+        base = self.base_layer
+        if name is None or not _dense(base) or base.weight.dtype != torch.float32:
             return None
         with torch.no_grad():
             lora_a, lora_b = self.lora_A[name].weight.float(), self.lora_B[name].weight.float()
-            merged = torch.addmm(self.base_layer.weight, lora_b, lora_a, alpha=self.scaling[name])
+            merged = torch.addmm(base.weight, lora_b, lora_a, alpha=self.scaling[name])
         self._prepacked = reorder(merged)
-        return self.base_layer
+        return base
+
+    def pack_while(self) -> bool:
+        """If this dense layer holds no [W | sB] (a compiled policy's: the compiled update cannot trace W as a
+        view that the refresh writes into), hold one as a copy until `unpack_inference`, so the inference calls
+        take `_inference_forward` as a packed layer's do; whether it did. One more copy of W while it lasts."""
+        name = self._fused_adapter()
+        base = self.base_layer
+        if self._packed is not None or name is None or not _dense(base):
+            return False
+        with torch.no_grad():
+            weight = base.weight.detach()
+            scaled = (self.lora_B[name].weight * self.scaling[name]).to(weight.dtype)
+            self._packed = torch.cat([weight, scaled], dim=1)
+        self._packed_while = True
+        return True
 
     def unpack_inference(self) -> None:
-        """Drop what `prepack_inference` kept."""
+        """Drop what `prepack_inference` and `pack_while` kept."""
         self._prepacked = None
+        if self._packed_while:
+            self._packed, self._packed_while = None, False
 
     def _fused_adapter(self) -> str | None:
         if self.disable_adapters or self.merged or len(self.active_adapters) != 1:
@@ -249,8 +275,8 @@ class _FusedForward:
         packed = self._packed
         if packed is not None and packed.shape[1] != x.shape[-1] + self.lora_A[name].weight.shape[0]:
             packed = None  # packed for another adapter of another rank (`tunelab serve` switches adapters)
-        if packed is not None:
-            y = self._inference_forward(x, name)
+        if packed is not None or self._prepacked is not None:
+            y = self._inference_forward(x, name, packed)
             if y is not None:
                 return y
         base = self.base_layer

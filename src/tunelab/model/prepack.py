@@ -20,11 +20,14 @@ from collections.abc import Iterator
 
 import torch
 
+from ..runtime import PREPACK_CAPABILITIES, PREPACK_MIN_ROWS
+
 # Below 8 rows the reordered product measured no faster, and at one row slower, than torch's on small matrices
-# (same file as above); generation batches are 16 (GRPO's groups) to 64 (eval) rows.
-MIN_ROWS = 8
+# (same file as above); generation batches are 16 (GRPO's groups) to 64 (eval) rows. In runtime.py: plan counts
+# the copy.
+MIN_ROWS = PREPACK_MIN_ROWS
 # torch's CPU capabilities the reordered product was measured faster on (AVX512 covers AVX512_VNNI, ...).
-CAPABILITIES = ("AVX2", "AVX512")
+CAPABILITIES = PREPACK_CAPABILITIES
 _ACTIVE = "_tunelab_prepacked"
 
 
@@ -64,21 +67,28 @@ def prepacked(model: torch.nn.Module, rows: int) -> Iterator[int]:
     """Within the block, `model`'s linear layers multiply without autograd over weights reordered once (see the
     module's docstring); yields how many layers. Weights must not change inside the block: it is for generation,
     between optimizer steps. Nested blocks reuse the outer one's weights. A layer whose forward someone else
-    replaced (accelerate's offload hooks) keeps it."""
-    if getattr(model, _ACTIVE, False) or not applies(model, rows):
+    replaced (accelerate's offload hooks) keeps it. On a CPU, a fused LoRA layer that holds no [W | sB] (a compiled
+    policy's, model/lora_linear.pack_for_inference) holds one for the block where its weight is not reordered
+    (bf16, or too few rows), so a compiled policy samples as fast as an eager one."""
+    if getattr(model, _ACTIVE, False):
         yield 0
         return
+    reorders = applies(model, rows)
+    param = next(model.parameters(), None)
+    on_cpu = param is not None and param.device.type == "cpu"
     fused, plain, covered = [], [], set()
     try:
         setattr(model, _ACTIVE, True)
         for module in model.modules():
-            # tunelab's fused LoRA layers (model/lora_linear.py) reorder their own [W | sB].
-            hook = getattr(module, "prepack_inference", None)
+            # tunelab's fused LoRA layers (model/lora_linear.py) reorder their own W + sBA.
+            hook = getattr(module, "prepack_inference", None) if reorders else None
             base = hook(functools.partial(reorder, rows=rows)) if hook is not None else None
             if base is not None:  # its base and LoRA's A and B layers are read through it
                 fused.append(module)
                 covered.update(id(m) for m in module.modules())
-        for module in model.modules():
+            elif on_cpu and hasattr(module, "pack_while") and module.pack_while():
+                fused.append(module)
+        for module in model.modules() if reorders else ():
             plain_fp32 = type(module) is torch.nn.Linear and module.weight.dtype == torch.float32
             if plain_fp32 and id(module) not in covered and "forward" not in vars(module):
                 module.forward = functools.partial(_packed_forward, module, reorder(module.weight, rows))

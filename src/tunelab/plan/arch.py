@@ -192,17 +192,26 @@ PRESETS = {"attn": ("attn",), "mlp": ("mlp", "expert", "shared"), "all-linear": 
 
 
 def adapter_targets(arch: Arch, targets: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
-    """Module names an adapter sits on; the presets mean what `tunelab.model.adapters` makes them mean."""
+    """Module names an adapter sits on; the presets and names mean what `tunelab.model.adapters` makes them mean: a
+    listed name takes every module of that (leaf) name, `experts` every expert projection (`gate_up_proj` and
+    `down_proj` also the experts' own); the routers and the shared-expert gate are never adapted (lora.router
+    trains the routers whole)."""
+    adaptable = [m for m in arch.modules() if m.group != "router"]
     if isinstance(targets, str):
-        return tuple(m.name for m in arch.modules() if m.group in PRESETS[targets])
-    known = arch.linears()
-    bad = [t for t in targets if t not in known]
+        return tuple(m.name for m in adaptable if m.group in PRESETS[targets])
+
+    def takes(m: Linear, t: str) -> bool:
+        return t in (m.name, m.name.rsplit(".", 1)[-1]) or (t == "experts" and m.group == "expert")
+
+    bad = [t for t in targets if not any(takes(m, t) for m in adaptable)]
     if bad:
+        known = dict.fromkeys(m.name.rsplit(".", 1)[-1] for m in adaptable)
+        experts = " (or experts for all the experts')" if arch.moe else ""
         raise TunelabError(
             f"lora.targets: {', '.join(bad)} not found in the model; "
-            f"its linear layers are {', '.join(known)} (or use attn, mlp, all-linear)"
+            f"its linear layers are {', '.join(known)}{experts} (or use attn, mlp, all-linear)"
         )
-    return tuple(targets)
+    return tuple(m.name for m in adaptable if any(takes(m, t) for t in targets))
 
 
 def registry_names() -> list[str]:

@@ -130,7 +130,10 @@ def layout(arch: Arch, job: Job, w: workload.Workload, d: Device, sharding: str,
         offload_capable=device_type == "cuda",
         offload=job.compute.activation_offload
         and device_type == "cuda",  # on a CPU activations are in host memory anyway
-        reference_copy=reference and job.method.trains_base,
+        # GRPO's KL term (beta > 0) scores under the reference before the update, so its forward is not the step's,
+        # but under full fine-tuning its frozen copy is held the whole run (methods.Method.reference).
+        reference_copy=(reference or job.objective.uses_reference and not job.goal.reference)
+        and job.method.trains_base,
         reference_forward=reference,
     )
 
@@ -150,6 +153,8 @@ def estimate(
         raise TunelabError(
             f"seq_len {job.batch.seq_len} is over {arch.name}'s maximum of {arch.max_positions} positions; lower seq_len"
         )
+    if job.adapter.lora.router and arch.moe is None:
+        raise TunelabError(f"lora.router: {arch.name} has no router (not a Mixture-of-Experts model); drop lora.router")
     if job.moe.imbalance != 1 and arch.moe is None:
         raise TunelabError(
             f"moe.imbalance={job.moe.imbalance:g} applies to Mixture-of-Experts models; {arch.name} is dense, so "

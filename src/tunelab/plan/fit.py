@@ -19,8 +19,10 @@ import numpy as np
 from . import catalog
 from .steptime import Constants
 
-# The shipped fit, which `tunelab bench fit --write` replaces.
+# The shipped fits, which `tunelab bench fit --write` replaces: the step-time constants, and GRPO's
+# (plan/grpo_fit.py).
 FITTED = Path(__file__).parent / "catalog" / "fitted.yaml"
+GRPO_FITTED = Path(__file__).parent / "catalog" / "grpo.yaml"
 
 # Relative weight of the pull towards the pooled constants, against one row's squared relative error. A
 # constant counts as measured on a device when its rows' summed squared time shares reach this weight.

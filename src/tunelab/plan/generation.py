@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import runtime
 from .arch import Arch
 
 
@@ -44,6 +45,40 @@ class Generation:
 
 def kv_bytes_per_token(arch: Arch, compute_bytes: int) -> int:
     return 2 * arch.layers * arch.kv_heads * arch.head_dim * compute_bytes
+
+
+# Bytes per vocabulary entry of a decode step's row (eval/sampling.pick): the fp32 logits, the tempered
+# probabilities and the fp64 running sum the draw searches, alive at once.
+DECODE_LOGIT_BYTES = 4 + 4 + 8
+
+
+@dataclass(frozen=True)
+class SamplingMemory:
+    """What a generation batch holds beside the trained model while it samples (eval/sampling.py)."""
+
+    kv_cache: int  # K and V of every row at its last decode step
+    logits: int  # one decode step's logits, probabilities and running sums
+    packed_weights: int  # the weights laid out again for decoding (model/prepack.py), on a CPU
+
+    @property
+    def total(self) -> int:
+        return self.kv_cache + self.logits + self.packed_weights
+
+
+def sampling_memory(
+    arch: Arch, gen: Generation, compute_bytes: int, on_cpu: bool, adapter_unpacked: bool
+) -> SamplingMemory:
+    """The sampler's memory for `gen`: its KV cache, one step's logits, and on a CPU the weights it lays out again
+    for the length of the call: every linear weight reordered in fp32 from PREPACK_MIN_ROWS rows (the LM head
+    included), else, for a policy whose LoRA layers hold no packed [W | sB] (`adapter_unpacked`: compiled
+    blocks), a copy of the block weights with sB beside them (model/prepack.py)."""
+    packed = 0
+    if on_cpu and compute_bytes == 4 and gen.rows >= runtime.PREPACK_MIN_ROWS:
+        packed = arch.matmul_params * 4
+    elif on_cpu and adapter_unpacked:
+        packed = arch.block_linear_params * compute_bytes
+    logits = gen.rows * arch.vocab * DECODE_LOGIT_BYTES
+    return SamplingMemory(gen.kv_cache_bytes, logits, packed)
 
 
 def generation(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .. import config as cfgmod
@@ -18,7 +18,7 @@ from ..errors import TunelabError
 from . import catalog, steptime, timing, workload
 from .arch import Arch
 from .estimate import Device, compute_bytes, constants_key, estimate
-from .generation import GrpoStep, generation
+from .generation import GrpoStep, generation, sampling_memory
 from .job import Job
 
 
@@ -37,11 +37,30 @@ class GrpoTrial:
 
 @dataclass(frozen=True)
 class Prompts:
-    """The run's prompts as plan sees them: how many, their mean tokens, where that comes from."""
+    """The run's prompts as plan sees them: how many, their mean tokens, where that comes from; and, where the rows
+    say what a completion is (a response or `answer` field), each prompt's completion in tokens (EOS included,
+    capped at max_completion_length) and the field it was read from."""
 
     count: int
     mean_tokens: float
     source: str
+    completion_lengths: tuple[int, ...] = ()
+    completion_field: str = ""
+
+
+def expected_longest(lengths: tuple[int, ...] | list[int], draws: int) -> float:
+    """The expected longest of `draws` lengths drawn at random from `lengths`: a generation batch decodes until its
+    longest completion stops, and a prompt's G completions are about as long as each other. E[max] =
+    Σ_k k·(F(k)^n − F(k−1)^n) over the lengths' empirical distribution F (docs/formulas.md#grpo-decode-steps)."""
+    ordered = sorted(lengths)
+    total = len(ordered)
+    expected, below, seen = 0.0, 0.0, 0
+    for k in sorted(set(ordered)):
+        seen += ordered.count(k)
+        at_most = (seen / total) ** draws
+        expected += k * (at_most - below)
+        below = at_most
+    return expected
 
 
 @dataclass(frozen=True)
@@ -68,7 +87,7 @@ class GeneratingPlan:
     prompt_tokens: float
     step: GrpoStep
     batches: int  # generation batches in the run
-    memory_bytes: int  # the update's memory (plan/memory.py) plus the KV cache of every sampled row
+    memory_bytes: int  # the update's memory (plan/memory.py) plus the sampler's (generation.sampling_memory)
     source: str
     # The schedule's batches where `max_minutes` ends the run before them (then `batches` are those that run); 0
     # when it does not.
@@ -76,6 +95,9 @@ class GeneratingPlan:
     assumption: str = ""  # the decode steps and the update's share: where each comes from
     # schedule_within_limit (or grpo.schedule_within_limit): the learning-rate schedule ends with the batches that fit.
     schedule_fitted: bool = False
+    # memory_bytes by part: the update's (plan/memory.py's breakdown, the reference's frozen copy included) and the
+    # sampler's (generation.SamplingMemory)
+    memory_parts: dict = field(default_factory=dict)
 
     @property
     def time_s(self) -> float:
@@ -128,34 +150,57 @@ def grpo_workload(completion_tokens=None, signal_share=None, from_run=None) -> G
     )
 
 
+# plan_grpo's `constants` default: the device's GRPO fit as catalog/grpo.yaml ships it.
+SHIPPED = "catalog/grpo.yaml"
+
+
 def plan_grpo(
-    job: Job, arch: Arch, prompts: Prompts, load: GrpoWorkload, device: Device, trial_arch: Arch | None = None
+    job: Job,
+    arch: Arch,
+    prompts: Prompts,
+    load: GrpoWorkload,
+    device: Device,
+    trial_arch: Arch | None = None,
+    constants: catalog.GrpoConstants | None | str = SHIPPED,
 ) -> GeneratingPlan:
-    """GRPO's prediction on `device`: each batch's decode runs `load.completion_tokens` steps (default
-    max_completion_length) and, with beta 0, the update runs over `load.signal_share` of the completions (default
-    all). A local device's rates are scaled by `load.trial`'s measured times (its model's arch: `trial_arch`)."""
+    """GRPO's prediction on `device`: each batch's decode runs `load.completion_tokens` steps (default: the rows'
+    expected longest completion, else max_completion_length) and, with beta 0, the update runs over
+    `load.signal_share` of the completions (default all). A local device's rates are scaled by `load.trial`'s
+    measured times (its model's arch: `trial_arch`). `constants`: the GRPO fit to apply (None: none; plan/grpo_fit.py
+    fits them)."""
     g, b = job.objective.grpo, job.batch
-    steps = min(load.completion_tokens or g.max_completion_length, g.max_completion_length)
+    per_batch = b.micro_batch * b.grad_accum
+    if load.completion_tokens:
+        steps = min(load.completion_tokens, g.max_completion_length)
+    elif prompts.completion_lengths:  # the batch's longest expected completion, from the rows
+        steps = round(expected_longest(prompts.completion_lengths, per_batch), 1)
+    else:
+        steps = g.max_completion_length
     share = 1.0 if g.beta > 0 or load.signal_share is None else load.signal_share
     if not 0 < steps or not 0 <= share <= 1:
         raise TunelabError(
             f"completion tokens must be above 0 and the signal share within 0-1; got {steps:g} and {share:g}"
         )
-    assumption = grpo_assumption(g, load, steps)
+    assumption = grpo_assumption(g, load, steps, prompts, per_batch)
     lengths = workload.Lengths(
         prompts.count * g.num_generations, prompts.mean_tokens + steps, float(steps), source=prompts.source
     )
-    per_batch = b.micro_batch * b.grad_accum
     batches = (
         math.ceil(b.max_steps / g.num_iterations) if b.max_steps else math.ceil(b.epochs * prompts.count / per_batch)
     )
-    step, update = grpo_step(job, arch, prompts.mean_tokens, steps, share, lengths, device)
+    step, update = grpo_step(job, arch, prompts.mean_tokens, steps, share, lengths, device, constants)
     local = device.gpu.id == "local"  # the machine the trial ran on
     rates = trial_rates(load.trial, job, arch, prompts.mean_tokens, lengths, device, trial_arch) if local else None
     if rates:
         step = scaled_step(step, *rates)
         assumption += f"; this machine's rates from the trial: sampling x{rates[0]:.2f}, the rest x{rates[1]:.2f}"
-    memory = update.memory.total + step.generation.kv_cache_bytes
+    # The sampler's buffers are added to the update's peak, not maxed with it: on a CPU the freed pages are kept
+    # for reuse, not returned (recipes/grpo.setup), and the rollouts' shapes change every batch.
+    unpacked = job.compute.compile is True and not job.method.trains_base
+    sampling = sampling_memory(
+        arch, step.generation, compute_bytes(job, device), device.gpu.device_type == "cpu", unpacked
+    )
+    memory = update.memory.total + sampling.total
     # The run checks its time limit between generation batches (train/loop.run, BatchSource.unit).
     runs = timing.steps_within(job.run.max_minutes * 60, batches, batches * step.batch_s, 0.0)
     return GeneratingPlan(
@@ -169,18 +214,33 @@ def plan_grpo(
         batches if runs < batches else 0,
         assumption,
         g.schedule_within_limit or job.run.schedule_within_limit,
+        {
+            **update.memory.as_dict(),
+            "sampling kv cache": sampling.kv_cache,
+            "sampling logits": sampling.logits,
+            "sampling packed weights": sampling.packed_weights,
+        },
     )
 
 
-def grpo_step(job: Job, arch: Arch, mean: float, steps: float, share: float, lengths, device: Device):
+def grpo_step(
+    job: Job,
+    arch: Arch,
+    mean: float,
+    steps: float,
+    share: float,
+    lengths,
+    device: Device,
+    constants: catalog.GrpoConstants | None | str = SHIPPED,
+):
     """(one generation batch and its optimizer steps by part, plan's estimate of the update) on `device`, for
-    `steps` decode steps and the update over `share` of the completions."""
+    `steps` decode steps and the update over `share` of the completions, under the GRPO fit `constants`."""
     g, b = job.objective.grpo, job.batch
     update_job = job.but(micro_batch=b.micro_batch * g.num_generations, packing=False, compile=False, max_steps=1)
     update = estimate(arch, lengths, update_job, device)
     gpu = device.gpu
     bandwidth = gpu.bandwidth_gbs * 1e9 or catalog.nearest_bandwidth(gpu.peak_flops)
-    fit = catalog.grpo_constants(constants_key(device))
+    fit = catalog.grpo_constants(constants_key(device)) if isinstance(constants, str) else constants
     overhead = forward_launch_s(arch, update, device, fit.decode_op_s if fit else None)
     gen = generation(
         arch,
@@ -228,12 +288,21 @@ def scaled_step(step: GrpoStep, sampling: float, rest: float) -> GrpoStep:
     return replace(step, generation=gen, update_s=step.update_s * rest)
 
 
-def grpo_assumption(g: cfgmod.GrpoConfig, load: GrpoWorkload, steps: float) -> str:
+def grpo_assumption(
+    g: cfgmod.GrpoConfig, load: GrpoWorkload, steps: float, prompts: Prompts | None = None, per_batch: int = 1
+) -> str:
     """plan's text on where a GRPO plan's decode steps and update share come from."""
     given = f"from {load.grpo_from}" if load.grpo_from else "given"
-    decode = (
-        f"the decode steps {given}" if load.completion_tokens else f"every batch decodes to the cap ({steps} tokens)"
-    )
+    if load.completion_tokens:
+        decode = f"the decode steps {given}"
+    elif prompts is not None and prompts.completion_lengths:
+        decode = (
+            f"the decode steps from the rows: each prompt's `{prompts.completion_field}` tokenized plus EOS, the "
+            f"longest of a batch's {per_batch} prompts expected at {steps:g} tokens (cap {g.max_completion_length}; "
+            "a model that writes more than that needs --from-run)"
+        )
+    else:
+        decode = f"every batch decodes to the cap ({steps} tokens)"
     if g.beta > 0:
         update = "the update over every completion (beta > 0: the KL term trains on all)"
     elif load.signal_share is not None:

@@ -14,7 +14,26 @@ from .arch import Arch
 from .flops import adapter_params
 from .job import Job
 
-NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
+
+def nf4_bytes(double_quant: bool = True, block: int = 64, outer: int = 256) -> float:
+    """Bytes a weight of a bitsandbytes NF4 base: 4 bits, and one absmax a block of `block` weights, an fp32 one
+    without double quantization, with it an 8-bit code and one fp32 scale a block of `outer` absmaxes."""
+    return 0.5 + (1 / block + 4 / (block * outer) if double_quant else 4 / block)
+
+
+def gptq_bytes(bits: int = 4, group: int = 128) -> float:
+    """Bytes a weight of a GPTQ base: `bits` packed into int32 words, and a group of `group` input rows sharing
+    one fp16 scale and one packed `bits`-bit zero point."""
+    return bits / 8 + (2 + bits / 8) / group
+
+
+def dequant_scratch_bytes(arch: Arch, compute_bytes: int) -> float:
+    """A 4-bit base in training dequantizes each weight to the compute dtype for its product (bitsandbytes'
+    matmul_4bit forward, and again for backward's input gradient): the largest block linear, alive at once."""
+    return max(d_in * d_out for d_in, d_out in arch.linears().values()) * compute_bytes
+
+
+NF4_BYTES = nf4_bytes()  # QLoRA's default (bnb_4bit_use_double_quant=True)
 TRAINABLE_BYTES = 4  # fp32 weights (and fp32 grads); full fine-tuning's `weights: bf16` is Job.weight_bytes
 
 
@@ -82,7 +101,15 @@ def trainable_params(arch: Arch, job: Job, s: Layout) -> int:
     extra = 0
     if job.method.magnitude:  # one fp32 magnitude per output feature of each adapted matrix
         extra = sum(m.count * m.d_out for m in arch.modules() if m.name in s.targets)
-    return adapter_params(arch, s.targets, job.adapter.lora.r) + extra
+    return adapter_params(arch, s.targets, job.adapter.lora.r) + extra + router_params(arch, job)
+
+
+def router_params(arch: Arch, job: Job) -> int:
+    """An MoE model's routers under `lora.router`: trained whole beside the adapter (fp32, with gradients and
+    optimizer states); 0 otherwise."""
+    if arch.moe is None or not job.adapter.lora.router or job.method.trains_base:
+        return 0
+    return sum(m.params for m in arch.modules() if m.name == "router")
 
 
 def fp32_master(job: Job) -> bool:
@@ -119,6 +146,8 @@ def trained_shapes(arch: Arch, job: Job, s: Layout) -> list[tuple[int, int, int]
         out += [(r, m.d_in, m.count), (m.d_out, r, m.count)]
         if job.method.magnitude:
             out.append((m.d_out, 1, m.count))
+    if router_params(arch, job):
+        out += [(m.d_out, m.d_in, m.count) for m in arch.modules() if m.name == "router"]
     return out
 
 

@@ -513,6 +513,7 @@ def generating_record(p: GeneratingPlan) -> dict:
         "time_s": p.time_s,
         "kv_cache_bytes": gen.kv_cache_bytes,
         "memory_bytes": p.memory_bytes,
+        "memory_breakdown": p.memory_parts,
         "source": p.source,
     }
 
@@ -531,7 +532,8 @@ def generating_text(p: GeneratingPlan) -> str:
         f"{gen.completion_tokens:g} decode steps, the update over {p.step.signal_share:.0%} of them: "
         f"{p.step.batch_s:.2f} s ({parts})\n"
         f"  {p.batches} batches: {p.time_s / 60:.1f} min; memory {p.memory_bytes / 2**30:.2f} GiB "
-        f"(KV cache {gen.kv_cache_bytes / 2**20:.0f} MiB)\n"
+        f"(KV cache {gen.kv_cache_bytes / 2**20:.0f} MiB, the sampler's packed weights "
+        f"{p.memory_parts.get('sampling packed weights', 0) / 2**20:.0f} MiB)\n"
         f"  assumed: {p.assumption}"
         + (
             f"\n  time limit: max_minutes ends training after {p.batches} of the schedule's {p.time_limited_from} batches"
@@ -587,4 +589,6 @@ def generating_markdown(plans: list[GeneratingPlan], title: str) -> str:
         for p in plans
         if p.time_limited_from
     ]
+    if first.memory_parts:
+        out += ["- memory breakdown (first GPU): " + ", ".join(f"{k} {gib(v)}" for k, v in first.memory_parts.items())]
     return "\n".join(out)

@@ -541,7 +541,8 @@ def build_policy(
     model = build_model(cfg, prep, device, meta, attn=attn)
     if pack and not (prep.compile is not None and prep.compile.chosen):
         # Not under compiled blocks: [W | sB] holds W as a view its refresh writes into, an input mutation that
-        # AOTAutograd cannot trace in the compiled update. Not under sharding, which replaces W with its shard.
+        # AOTAutograd cannot trace in the compiled update (the sampler packs a copy for each call instead,
+        # model/prepack.py). Not under sharding, which replaces W with its shard.
         pack_for_inference(model)
     return model
 

@@ -307,18 +307,31 @@ def scaled(lengths: workload.Lengths, examples: int) -> workload.Lengths:
     )
 
 
-def prompt_lengths(cfg: cfgmod.TrainConfig, r: PlanRequest) -> tuple[int, float, str]:
-    """(prompts, their mean tokens, where that comes from): the prompt rows' real lengths, else assumed."""
+# The fields of a prompt row that say what its completion is, in order: the response its format trains on (alpaca's
+# `output`, completion's `completion`), else the `answer` a reward checks.
+COMPLETION_FIELDS = ("output", "completion", "answer")
+
+
+def prompt_lengths(cfg: cfgmod.TrainConfig, r: PlanRequest) -> Prompts:
+    """The prompt rows' real lengths and, where every row has a COMPLETION_FIELDS field, each one's completion in
+    tokens (the field tokenized, plus EOS, capped at max_completion_length); else an assumed workload."""
     if cfg.data.given:
         from ..data.pipeline import prepare
 
-        data = prepare(cfg.data_specs()[0], _tokenizer(cfg, r.tokenizer))
+        tokenizer = _tokenizer(cfg, r.tokenizer)
+        data = prepare(cfg.data_specs()[0], tokenizer)
         mean = sum(len(p) for p in data.ids) / len(data)
-        return len(data), mean, f"prompts {cfg.data.label}: {len(data)} kept, {data.dropped} dropped"
+        source = f"prompts {cfg.data.label}: {len(data)} kept, {data.dropped} dropped"
+        field = next((f for f in COMPLETION_FIELDS if all(f in row for row in data.rows)), "")
+        if not field:
+            return Prompts(len(data), mean, source)
+        cap = cfg.objective.grpo.max_completion_length
+        ids = tokenizer([str(row[field]) for row in data.rows], add_special_tokens=False)["input_ids"]
+        return Prompts(len(data), mean, source, tuple(min(len(x) + 1, cap) for x in ids), field)
     if r.examples is None:
         raise TunelabError("no workload: set data.path (prompt rows) or give --examples N [--mean-tokens M]")
     mean = r.mean_tokens or min(DEFAULT_MEAN_TOKENS, cfg.batch.seq_len // 2)
-    return r.examples, mean, f"assumed: {r.examples} prompts x {mean:g} tokens"
+    return Prompts(r.examples, mean, f"assumed: {r.examples} prompts x {mean:g} tokens")
 
 
 def plan_generating(cfg: cfgmod.TrainConfig, r: PlanRequest) -> list[GeneratingPlan]:
@@ -326,7 +339,7 @@ def plan_generating(cfg: cfgmod.TrainConfig, r: PlanRequest) -> list[GeneratingP
     workload `r` assumes) and `r.grpo`'s decode steps and update share."""
     r.check_gpus()
     arch = resolve_arch(cfg.model)
-    prompts = Prompts(*prompt_lengths(cfg, r))
+    prompts = prompt_lengths(cfg, r)
     trial = r.grpo.trial
     trial_model = trial.config.model if trial is not None and trial.config is not None else cfg.model
     trial_arch = arch if trial_model == cfg.model else resolve_arch(trial_model)

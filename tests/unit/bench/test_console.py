@@ -47,4 +47,4 @@ def test_the_grpo_peer_table(capsys, monkeypatch):
         "3.00 GiB",
         "1.00 GiB",
     ]
-    assert lines[-1] == "records in /runs/bench/grpo-peers.jsonl"
+    assert lines[-1] == "stored in /runs/bench/peers.jsonl"

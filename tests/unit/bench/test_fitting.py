@@ -28,6 +28,10 @@ def target(tmp_path, monkeypatch):
     """fitted.yaml as `bench fit --write` writes it, in a test's folder."""
     path = tmp_path / "fitted.yaml"
     monkeypatch.setattr(fit, "FITTED", path)
+    # and grpo.yaml beside it, as shipped: a test never writes the catalog in src/
+    grpo = tmp_path / "grpo.yaml"
+    grpo.write_text((Path(fit.__file__).parent / "catalog" / "grpo.yaml").read_text())
+    monkeypatch.setattr(fit, "GRPO_FITTED", grpo)
     return path
 
 
@@ -45,6 +49,8 @@ def test_the_committed_rows_reproduce_the_shipped_fit_byte_for_byte(target, monk
     monkeypatch.chdir(REPO)  # the row files name the suite files from the repository's root
     assert main(["bench", "fit", "--write"]) == 0
     assert target.read_text() == text
+    shipped = (Path(fit.__file__).parent / "catalog" / "grpo.yaml").read_text()
+    assert fit.GRPO_FITTED.read_text() == shipped  # the committed GRPO runs reproduce the shipped GRPO fit too
     out, err = capsys.readouterr()
     assert out.splitlines()[0].startswith("| device | row | fit | measured s |") and f"wrote: {target}" in out
     assert "left out 8b-lora-65k-offload" in err  # a row of a committed suite file that did not run
@@ -194,3 +200,54 @@ def test_a_gpu_suites_liger_peer_is_an_hf_row_with_the_probe_of_the_row_it_follo
     hf = next(r for r in rows if r.stack == "hf-peft")
     assert hf.hf == "use_liger_kernel=true" and hf.peak == 989e12 and hf.device == "h200"
     assert hf.lengths.startswith("synthetic:") and hf.loss_fraction == 0.8 and not hf.packing
+
+
+def test_bench_fit_refits_grpos_constants_from_its_runs_and_writes_them_beside_the_rest(tmp_path, monkeypatch, capsys):
+    """A GRPO run named in a row file (`grpo`) -> `bench fit --write` -> catalog/grpo.yaml: the fit recovers the
+    constants the run's times were made with, on the device the entry names (not the machine that fits), and the
+    shipped devices no entry refits stay as they are. No benchmark script writes under src/."""
+    from tunelab import config as cfgmod
+    from tunelab.plan import grpo_fit
+    from tunelab.sources import resolve_arch
+
+    truth = catalog.GrpoConstants(4e-5, 1.25, 1.0, ())
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cfg = cfgmod.load_config(
+        None,
+        ["model=random:smollm2-135m", "objective=grpo", "data.path=p.jsonl", "grpo.rewards=[{name: exact_answer}]"]
+        + ["grpo.num_generations=4", "grpo.max_completion_length=32", "grpo.beta=0.0", "micro_batch=2", "seq_len=96"],
+    )
+    (run_dir / "config.yaml").write_text(cfgmod.dump_yaml(cfg))
+    entry = {"device": "cpu-avx512-bf16", "label": "synthetic", "run": str(run_dir), "model": "random:smollm2-135m"}
+    entry |= {"prompts": 64, "prompt_tokens": 20.0, "peak": 4e11, "bandwidth": 2e10}
+    shell = grpo_fit.GrpoRun(**{k: entry[k] for k in ("device", "label")}, source=str(run_dir), config=cfg,
+        arch=resolve_arch("random:smollm2-135m"), prompts=64, prompt_tokens=20.0, peak=4e11, bandwidth=2e10,
+        measured={})  # fmt: skip
+    elapsed, records = 0.0, []
+    for step, longest in enumerate([20, 24, 28, 24, 22], 1):
+        plan = grpo_fit.predicted(shell, truth, longest)
+        elapsed += plan.step.batch_s
+        records.append({"step": step, "elapsed_s": elapsed, "generation_s": plan.step.generation.total_s})
+        records[-1] |= {"completions/max_length": longest, "completions/mean_length": longest - 4.0}
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    folder = tmp_path / "rows"
+    folder.mkdir()
+    (folder / "3.yaml").write_text((REPO / "benchmarks/plan-accuracy/rows/3_cpu-demos_2026-11-24.yaml").read_text())
+    (folder / "grpo.yaml").write_text(yaml.safe_dump({"grpo": [entry]}))
+    monkeypatch.setattr(fit, "FITTED", tmp_path / "fitted.yaml")
+    monkeypatch.setattr(fit, "GRPO_FITTED", tmp_path / "grpo.yaml")
+    shipped = (Path(fit.__file__).parent / "catalog" / "grpo.yaml").read_text()
+    fit.GRPO_FITTED.write_text(shipped)
+    assert main(["bench", "fit", "--rows", str(folder), "--write"]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote: {fit.GRPO_FITTED}" in out and "| synthetic | update (one step) |" in out
+    written = yaml.safe_load(fit.GRPO_FITTED.read_text())["devices"]
+    got = written["cpu-avx512-bf16"]["constants"]
+    assert got["decode_op_s"] == pytest.approx(truth.decode_op_s, rel=1e-3)
+    assert got["update_scale"] == pytest.approx(truth.update_scale, rel=1e-3)
+    assert written["cpu-avx512-bf16"]["rows"] == [str(run_dir)]
+    assert written["cpu-fp32"] == yaml.safe_load(shipped)["devices"]["cpu-fp32"]  # no entry refits it: kept
+    assert fit.GRPO_FITTED.read_text().startswith("#")  # the header kept
+    scripts = (REPO / "benchmarks" / "scripts").glob("*.py")
+    assert not [s.name for s in scripts if "grpo.yaml" in s.read_text() and "write_text" in s.read_text()]

@@ -35,6 +35,7 @@ def test_script_parses_and_every_step_is_a_function():
         "profile",
         "speed-8b",
         "dpo",
+        "decode",
         "grpo",
         "launch",
     ]

@@ -77,3 +77,31 @@ def test_window_rates_count_generated_completions():
     assert paused["completions_per_s"] == pytest.approx(8) and paused["completions_per_s_window"] < 1
     # num_iterations 2: a generation batch every other step.
     assert grpo_peer.window_rates([0.0, 1.0, 2.0], [8.0, 8.0], 16, 2, 1)["completions_per_s"] == pytest.approx(8)
+
+
+def test_peer_rounds_go_to_the_results_database_as_every_record(tmp_path, monkeypatch):
+    """`bench peers trl-grpo` stores each side's run in bench's one database (bench/store.py), its completion
+    figures under `generation`, readable by `bench export` and `tunelab report` as any record."""
+    from tunelab.bench import loops, store
+    from tunelab.report import sections
+
+    cfg = grpo_config()
+    rates = grpo_peer.window_rates([0.0, 2.0, 4.0], [6.0, 8.0], grpo_peer.rows_per_batch(cfg), 1, 1)
+    versions = {"torch": "2.13", "transformers": "5.25", "peft": "0.21.2", "trl": "1.16"}
+    runs = [
+        grpo_peer._record(kind, cfg, "fp32", "cpu", rates, 2**30, versions) for kind in (grpo_peer.KIND, grpo_peer.PEER)
+    ]
+    monkeypatch.setattr(grpo_peer, "grpo_rounds", lambda *a, **k: runs)
+    db = tmp_path / "bench.sqlite"
+    m = loops.Measuring(steps=2, warmup=1, db=db, catalog_gpu=None, as_json=True)
+    (row,) = loops.grpo_peer_rounds(cfg, [grpo_peer.PEER], 1, m)
+    assert row["completions_per_s_ratio"] == 1.0
+    assert not list(tmp_path.glob("*.jsonl"))  # no second store beside it
+    stored = store.query(db, objective="grpo")
+    assert [r["kind"] for r in stored] == [grpo_peer.KIND, grpo_peer.PEER]
+    for r in stored:
+        assert r["generation"]["completions_per_s"] == rates["completions_per_s"]
+        assert r["generation"]["completions_per_step"] == 24 and r["generation"]["trl_version"] == "1.16"
+        assert r["step_time_median_s"] == 2.0 and r["peak_memory_bytes"] == 2**30
+        assert r["config"]["objective"] == "grpo"
+    assert len(sections.load_db(db)) == 2

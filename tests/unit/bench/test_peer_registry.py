@@ -82,4 +82,4 @@ def test_generating_peers_run_beside_a_generating_objective_only():
         peer_registry.check_runs_beside(["trl-grpo"], generates=False)
     with pytest.raises(TunelabError, match="runs against the peers trl-grpo"):
         peer_registry.check_runs_beside(["trl-sft"], generates=True)
-    assert [p.name for p in peer_registry.REGISTRY.values() if p.records] == ["trl-grpo"]
+    assert not any(hasattr(p, "records") for p in peer_registry.REGISTRY.values())  # one store: bench/store.py

@@ -152,16 +152,40 @@ def test_rows_enough_for_prepacked_weights_decode_as_the_plain_product(monkeypat
 @pytest.mark.parametrize("decode", ["static", pytest.param("compiled", marks=pytest.mark.slow)])
 def test_static_cache_decodes_as_the_growing_cache(decode):
     """decoding.py's static modes (a preallocated cache; compiled, the step under torch.compile) give the dynamic
-    mode's greedy tokens and seeded draws, and a second call of the same shape reuses the reset cache."""
+    mode's greedy tokens, their log-probs (what GRPO scores at generation) and seeded draws, and a second call of
+    the same shape reuses the reset cache; over enough rows for the dynamic mode's prepacked weights."""
     model = make_tiny_llama(64, seed=3).float()
-    prompts = PROMPTS * 2
-    want = sample(model, prompts, 7, stop_ids=[63], pad_id=0, temperature=0, decode="dynamic")
+    prompts = PROMPTS * 3
+    want = sample(model, prompts, 7, stop_ids=[63], pad_id=0, temperature=0, decode="dynamic", logprobs=True)
     drawn = sample(model, prompts, 7, [63], 0, 1.0, 0.9, torch.Generator().manual_seed(5), decode="dynamic")
     for _ in range(2):
-        assert sample(model, prompts, 7, stop_ids=[63], pad_id=0, temperature=0, decode=decode) == want
+        got = sample(model, prompts, 7, stop_ids=[63], pad_id=0, temperature=0, decode=decode, logprobs=True)
+        assert got.ids == want.ids
+        for ids, a, b in zip(want.ids, want.logps, got.logps):
+            assert len(a) == len(b) == len(ids)
+            torch.testing.assert_close(torch.tensor(b), torch.tensor(a), atol=1e-4, rtol=0)
         got = sample(model, prompts, 7, [63], 0, 1.0, 0.9, torch.Generator().manual_seed(5), decode=decode)
         assert got == drawn
     assert len(model._tunelab_static_caches) == 1
+
+
+def test_logprobs_are_a_full_forwards_at_the_sampling_temperature():
+    model = make_tiny_llama(64, seed=3).float()
+    greedy = sample(model, PROMPTS, 6, stop_ids=[63], pad_id=0, temperature=0, logprobs=True)
+    drawn = sample(model, PROMPTS, 6, [63], 0, 0.7, 1.0, torch.Generator().manual_seed(5), logprobs=True)
+    for out, temperature in ((greedy, 1.0), (drawn, 0.7)):
+        for prompt, ids, logps in zip(PROMPTS, out.ids, out.logps):
+            want = full_logps(model, prompt, ids, temperature)
+            torch.testing.assert_close(torch.tensor(logps), torch.tensor(want), atol=1e-4, rtol=0)
+    assert sample(model, PROMPTS, 6, [63], 0, temperature=0).logps is None
+
+
+def full_logps(model, prompt, completion, temperature):
+    """Each completion token's log-probability from one forward over prompt + completion, without a cache."""
+    ids = torch.tensor([list(prompt) + list(completion)])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0].float() / temperature, -1)
+    return [float(logp[len(prompt) - 1 + k, t]) for k, t in enumerate(completion)]
 
 
 def test_auto_decode_is_dynamic_on_cpu_and_compiled_on_cuda():

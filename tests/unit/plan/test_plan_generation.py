@@ -10,16 +10,18 @@ from conftest import write_jsonl
 from test_plan import small_arch
 
 from tunelab.cli import main
-from tunelab.plan.generation import GrpoStep, generation, kv_bytes_per_token
+from tunelab.plan.generation import DECODE_LOGIT_BYTES, GrpoStep, generation, kv_bytes_per_token, sampling_memory
+from tunelab.plan.grpo import expected_longest
 
 
-def grpo_config_file(tmp_path, model_dir, beta: float = 0.0):
-    """A GRPO config over 20 addition prompts: micro-batch 2, G = 4, completions of up to 16 tokens."""
-    rows = [{"instruction": f"{a} + {a}", "answer": str(2 * a)} for a in range(20)]
+def grpo_config_file(tmp_path, model_dir, beta: float = 0.0, long_answers: bool = False, method: str = "lora"):
+    """A GRPO config over 20 addition prompts: micro-batch 2, G = 4, completions of up to 16 tokens (answers past
+    that cap with `long_answers`)."""
+    rows = [{"instruction": f"{a} + {a}", "answer": str(2 * a) * (20 if long_answers else 1)} for a in range(20)]
     data = write_jsonl(tmp_path / "prompts.jsonl", rows)
     config = tmp_path / "grpo.yaml"
     config.write_text(
-        f"model: {model_dir}\nobjective: grpo\ndata:\n  path: {data}\n  template: compact\nseq_len: 64\n"
+        f"model: {model_dir}\nmethod: {method}\nobjective: grpo\ndata:\n  path: {data}\n  template: compact\nseq_len: 64\n"
         f"micro_batch: 2\ngrpo:\n  num_generations: 4\n  max_completion_length: 16\n  beta: {beta}\n"
         "  rewards:\n    - name: exact_answer\n"
     )
@@ -46,6 +48,32 @@ def test_decode_is_flops_over_peak_when_compute_bound_and_overhead_per_forward()
     assert got.decode_s == pytest.approx(5 * (2 * arch.total_params * 1000 / 1e6 + 0.01))
 
 
+def test_expected_longest_is_the_mean_maximum_of_the_batchs_draws():
+    import itertools
+
+    lengths = [2, 2, 3, 5, 9]
+    assert expected_longest(lengths, 1) == pytest.approx(sum(lengths) / 5)
+    pairs = list(itertools.product(lengths, repeat=2))  # draws with replacement: every ordered pair equally likely
+    assert expected_longest(lengths, 2) == pytest.approx(sum(max(p) for p in pairs) / len(pairs))
+    assert expected_longest(lengths, 200) == pytest.approx(9, abs=1e-9)
+
+
+def test_sampling_memory_counts_the_kv_cache_logits_and_the_cpus_packed_weights():
+    arch = small_arch()
+    gen = generation(arch, 8, 10, 6, 4, 1e12, 1e9)
+    fp32 = sampling_memory(arch, gen, 4, on_cpu=True, adapter_unpacked=False)
+    assert fp32.packed_weights == arch.matmul_params * 4  # every linear reordered, the LM head included
+    assert fp32.kv_cache == gen.kv_cache_bytes and fp32.logits == 8 * arch.vocab * DECODE_LOGIT_BYTES
+    few = generation(arch, 4, 10, 6, 4, 1e12, 1e9)  # below PREPACK_MIN_ROWS: nothing reordered
+    assert sampling_memory(arch, few, 4, on_cpu=True, adapter_unpacked=False).packed_weights == 0
+    bf16 = generation(arch, 8, 10, 6, 2, 1e12, 1e9)
+    assert sampling_memory(arch, bf16, 2, on_cpu=True, adapter_unpacked=False).packed_weights == 0
+    assert sampling_memory(arch, bf16, 2, on_cpu=True, adapter_unpacked=True).packed_weights == (
+        arch.block_linear_params * 2  # a compiled policy's [W | sB] copy while it samples
+    )
+    assert sampling_memory(arch, gen, 4, on_cpu=False, adapter_unpacked=True).packed_weights == 0
+
+
 def test_step_parts_add_up():
     gen = generation(small_arch(), 4, 10, 6, 2, 1e12, 1e9)
     step = GrpoStep(gen, scoring_passes=2, update_s=3.0, iterations=2)
@@ -64,8 +92,13 @@ def test_plan_cli_on_a_grpo_config(tmp_path, tiny_model_dir, capsys):
     assert record["kv_cache_bytes"] > 0 and record["memory_bytes"] > record["kv_cache_bytes"]
     assert main(["plan", "--config", str(config), "--gpu", "h100-sxm"]) == 0
     text = capsys.readouterr().out
-    assert "a generation batch: 8 completions after" in text and "16 decode steps, the update over 100%" in text
-    assert "every batch decodes to the cap (16 tokens)" in text and "KL term trains on all" in text
+    # The decode steps from the rows: each answer's tokens plus EOS, the longest of a batch's 2 prompts expected.
+    from transformers import AutoTokenizer
+
+    answers = AutoTokenizer.from_pretrained(tiny_model_dir)([str(2 * a) for a in range(20)], add_special_tokens=False)
+    steps = expected_longest([len(ids) + 1 for ids in answers["input_ids"]], 2)
+    assert record["decode_steps"] == pytest.approx(steps, abs=0.05) and steps < 16
+    assert "each prompt's `answer` tokenized plus EOS" in text and "KL term trains on all" in text
     assert "time_limited_from_batches" not in record
     # A time limit of three and a half batches: the run ends between batches, after three.
     limit = f"max_minutes={3.5 * record['batch_s'] / 60}"
@@ -177,7 +210,7 @@ def test_a_trial_runs_decode_steps_and_update_share_calibrate_plan(tmp_path, tin
     update's share of completions from a GRPO run's metrics.jsonl; with beta 0 the update scales by the share."""
     import tunelab
 
-    config = grpo_config_file(tmp_path, tiny_model_dir)
+    config = grpo_config_file(tmp_path, tiny_model_dir, long_answers=True)  # the rows' answers reach the cap
     trial = tmp_path / "trial"
     trial.mkdir()
     write_jsonl(
@@ -340,7 +373,35 @@ def test_plan_renders_a_grpo_plan_as_markdown_like_every_plan(tmp_path, tiny_mod
         assert heading in text, heading
     assert "| GPU | batch | batches | time | memory | KV cache |" in text
     assert "| GPU | prefill | decode | scoring passes | update |" in text
-    assert text.count("every batch decodes to the cap (16 tokens)") == 1  # one line for the devices that share it
+    assert text.count("the decode steps from the rows") == 1  # one line for the devices that share it
+    assert "- memory breakdown (first GPU): " in text and "sampling kv cache" in text
+
+
+def test_full_fine_tuning_with_beta_keeps_a_frozen_reference_and_plan_counts_it(tmp_path, tiny_model_dir):
+    """beta > 0 under full fine-tuning holds a frozen copy of the starting weights (methods.Method.reference) for the
+    KL term's scoring pass: plan's weights grow by that copy; under LoRA the reference is the adapter disabled.
+    Counted from the method and objective rows, whether or not the recipe runs full fine-tuning yet."""
+    from dataclasses import replace
+
+    from tunelab.config import load_config
+    from tunelab.plan import catalog
+    from tunelab.plan.estimate import Device
+    from tunelab.plan.grpo import GrpoWorkload, Prompts, plan_grpo
+    from tunelab.plan.job import Job
+    from tunelab.sources import resolve_arch
+
+    job = Job.of(load_config(grpo_config_file(tmp_path, tiny_model_dir), ["precision=fp32"]))
+    arch = resolve_arch(str(tiny_model_dir))
+    device = Device(catalog.gpu("h100-sxm"), catalog.runtime_overhead("cuda"))
+
+    def weights(beta, method):
+        objective = replace(job.objective, grpo=replace(job.objective.grpo, beta=beta))
+        changed = replace(job.but(method=method), objective=objective)
+        plan = plan_grpo(changed, arch, Prompts(20, 8.0, "test"), GrpoWorkload(), device)
+        return plan.memory_parts["weights"]
+
+    assert weights(0.1, "full") - weights(0.0, "full") == arch.total_params * 4  # fp32 master weights
+    assert weights(0.1, "lora") == weights(0.0, "lora")
 
 
 def test_the_key_of_a_devices_fitted_constants_is_one_function():

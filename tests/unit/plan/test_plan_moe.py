@@ -293,3 +293,24 @@ def test_the_guide_lists_every_catalog_model():
     guide = (Path(__file__).parents[3] / "docs" / "guide.md").read_text()
     missing = [k for k in catalog.read("models.yaml")["models"] if f"`{k}`" not in guide]
     assert not missing
+
+
+def test_lora_targets_name_modules_as_train_does():
+    """`experts` is every expert projection, a leaf name every module of it (the experts' and a shared expert's);
+    routers are never adapted, and `lora.router` adds them whole to what trains."""
+    arch = from_hf_config(
+        "m",
+        hf_config("Qwen2MoeConfig", num_experts=6, num_experts_per_tok=2, moe_intermediate_size=24),
+        "config.json",
+    )
+    assert adapter_targets(arch, ["q_proj", "experts"]) == ("q_proj", "experts.gate_up_proj", "experts.down_proj")
+    assert adapter_targets(arch, ["down_proj"]) == ("experts.down_proj", "shared_expert.down_proj")
+    with pytest.raises(TunelabError, match="router not found in the model; .* \\(or experts for all"):
+        adapter_targets(arch, ["router"])
+    from tunelab.config import AdapterConfig, LoraConfig
+    from tunelab.plan.job import Job
+
+    lay = memory.Layout(compute_bytes=2, targets=("q_proj",), row_len=64, loss_rows=32)
+    plain, routed = (Job(adapter=AdapterConfig(lora=LoraConfig(r=4, router=on))) for on in (False, True))
+    routers = len(arch.moe.sparse_layers) * arch.hidden * arch.moe.experts
+    assert memory.trainable_params(arch, routed, lay) - memory.trainable_params(arch, plain, lay) == routers

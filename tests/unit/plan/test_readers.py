@@ -168,3 +168,14 @@ def test_llamafactory_dataset_is_read_from_dataset_info_and_counted(tmp_path, ca
     assert main([*own, "seq_len=2048", "epochs=3", "--gpu", "l4", "--json"]) == 0
     mine = json.loads(capsys.readouterr().out.splitlines()[0])
     assert out["tokens_total_nonpad"] == mine["tokens_total_nonpad"]  # counted as tunelab's own data counts them
+
+
+def test_quantized_bases_bytes_a_weight_and_their_dequantization_scratch():
+    from tunelab.sources import resolve_arch
+
+    assert memory.NF4_BYTES == memory.nf4_bytes(double_quant=True)
+    # without double quantization every block of 64 keeps an fp32 absmax: 4/64 B, not 1/64 + 4/(64 x 256)
+    assert memory.nf4_bytes(double_quant=False) - memory.nf4_bytes() == pytest.approx(4 / 64 - 1 / 64 - 4 / 16384)
+    assert memory.gptq_bytes(4, 128) == pytest.approx(0.5 + 2.5 / 128)
+    arch = resolve_arch("llama-3.1-8b")
+    assert memory.dequant_scratch_bytes(arch, 2) == 4096 * 14336 * 2  # the MLP's largest weight in bf16
