@@ -70,9 +70,10 @@ MOE_FAMILIES = {
             sparse_step_key="decoder_sparse_step",
             dense_layers_key="mlp_only_layers",
             shared_gate=True,
+            trains=True,
         ),
-        MoeFamily("mixtral", "Mixtral", "num_local_experts", "intermediate_size"),
-        MoeFamily("olmoe", "OLMoE", "num_experts", "intermediate_size"),
+        MoeFamily("mixtral", "Mixtral", "num_local_experts", "intermediate_size", trains=True),
+        MoeFamily("olmoe", "OLMoE", "num_experts", "intermediate_size", trains=True),
         MoeFamily("gpt_oss", "gpt-oss", "num_local_experts", "intermediate_size", biases=True, sinks=True),
     )
 }
