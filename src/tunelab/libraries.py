@@ -36,7 +36,7 @@ def isolate_compile_cache(environ: os._Environ | dict = os.environ) -> str | Non
 
     Why: torch 2.13's compile caches key an entry without the cap, so code compiled under
     `ATEN_CPU_CAPABILITY=avx2` is loaded by a later uncapped run, whose backward then segfaults in the garbage
-    collector (benchmarks/compile/inductor-cache-caps_epyc-avx512bf16-2c_2026-12-07.md). A cache the user names
+    collector (benchmarks/faults/inductor-cache-caps_epyc-avx512bf16-2c_2026-12-07.md). A cache the user names
     (TORCHINDUCTOR_CACHE_DIR) is theirs and kept; uncapped runs keep torch's default.
     """
     caps = [f"{name.lower()}-{environ[name].lower()}" for name in ISA_CAPS if environ.get(name)]
