@@ -315,7 +315,7 @@ TOPICS = {
     "": "design decisions behind code defaults (cited by anchor from src/)",
     "attention": "the CPU slot attention",
     "distributed": "several processes: data-parallel equivalence, FSDP memory",
-    "faults": "crash safety: kill -9 then resume",
+    "faults": "crash safety: kill -9 then resume; a compile cache that crashed runs",
     "gc-stalls": "Python's garbage collector in the loop",
     "gguf": "GGUF export loaded back in llama.cpp",
     "gpu": "GPU calls of `gpu.sh` (suite rows, DPO beside TRL, launch)",
@@ -337,13 +337,10 @@ TOPICS = {
 
 HEAD = """# benchmarks/
 
-Measured results, one experiment per dated write-up `<workload>_<device>_<date>.md` with its record
-`<same name>.record.json` beside it: `command`, `config` (a shipped config's path or the run's config), `device_class`,
-`date`, `versions`, `figures` (the write-up's tables and the summary figures of its runs or bench points) and
-`raw` (raw files kept, compressed unless code reads them). Raw per-row outputs (predictions, completions, step
-metrics, config copies) were read into the records and removed; `git show {source}:<path>` shows one. Scripts
-live in `scripts/`; how to run a GPU session is [docs/gpu-runbook.md](../docs/gpu-runbook.md). This file is written by
-`python benchmarks/scripts/records.py index` (tests/unit/test_records.py checks it).
+Measured results: a dated write-up `<workload>_<device>_<date>.md` per experiment and its record `<same
+name>.record.json` (`command`, `config`, `device_class`, `date`, `versions`, `figures`: the write-up's tables and its
+runs' figures, `raw`: raw files kept). Removed raw outputs: `git show {source}:<path>`. Scripts: `scripts/`; a GPU
+session: [docs/gpu-runbook.md](../docs/gpu-runbook.md). Written by `python benchmarks/scripts/records.py index`.
 
 Device classes: `xeon-amx-2c` 2-core Xeon with AMX (bf16 matrix units); `xeon-fp32-2c` a 2-core Xeon computing in
 fp32 (no bf16 units, or capped to AVX2); `epyc-fp32-2c` 2 Zen 4 cores capped to AVX2 (fp32); `epyc-avx2-2c` a real

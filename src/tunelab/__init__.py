@@ -4,6 +4,10 @@ The Python API (docs/api.md): `tunelab.load_config`, `tunelab.estimate` (plan), 
 `tunelab.export`, imported on first use so that `import tunelab` stays light.
 """
 
+from .libraries import isolate_compile_cache
+
+isolate_compile_cache()  # before torch compiles anything, whichever entry (CLI, API, demo) imported tunelab
+
 __version__ = "0.1.0"
 __all__ = ["load_config", "estimate", "finetune", "export"]
 

@@ -1,7 +1,14 @@
-"""The third-party libraries' own output, quieted: tunelab prints its own progress. Torch-free, so the CLI calls
-it before any command's imports."""
+"""The third-party libraries' own output, quieted: tunelab prints its own progress; and torch's compile cache kept
+apart per CPU instruction-set cap. Torch-free, so the CLI calls it before any command's imports."""
 
 from __future__ import annotations
+
+import getpass
+import os
+import tempfile
+
+# The environment variables that cap the instruction set torch's kernels and inductor's generated code use.
+ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
 
 
 def quiet_libraries() -> None:
@@ -22,3 +29,23 @@ def quiet_libraries() -> None:
         hub_logging.set_verbosity_error()  # its retry warnings, two lines per attempt, before one failure line
     except ImportError:
         pass
+
+
+def isolate_compile_cache(environ: os._Environ | dict = os.environ) -> str | None:
+    """Under an instruction-set cap, point inductor at a cache of that cap's own; the folder set, or None.
+
+    Why: torch 2.13's compile caches key an entry without the cap, so code compiled under
+    `ATEN_CPU_CAPABILITY=avx2` is loaded by a later uncapped run, whose backward then segfaults in the garbage
+    collector (benchmarks/faults/inductor-cache-caps_epyc-avx512bf16-2c_2026-12-07.md). A cache the user names
+    (TORCHINDUCTOR_CACHE_DIR) is theirs and kept; uncapped runs keep torch's default.
+    """
+    caps = [f"{name.lower()}-{environ[name].lower()}" for name in ISA_CAPS if environ.get(name)]
+    if not caps or environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return None
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    folder = os.path.join(tempfile.gettempdir(), f"torchinductor_{user}", "caps", "_".join(caps))
+    environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    return folder

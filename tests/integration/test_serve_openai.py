@@ -148,6 +148,9 @@ def test_errors_are_openai_shaped(server):
     with pytest.raises(openai.BadRequestError) as bad:
         chat(server, "one", n=0)
     assert bad.value.body["param"] == "n"
+    with pytest.raises(openai.BadRequestError) as unsupported:  # refused, never silently ignored
+        chat(server, "one", logprobs=True)
+    assert unsupported.value.body["param"] == "logprobs"
 
 
 def test_a_client_gone_mid_stream_frees_its_row(server):

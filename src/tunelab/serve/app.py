@@ -96,6 +96,9 @@ class Api:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise ApiError(400, "messages: a non-empty list of {role, content} is required", "messages")
+        _unsupported(
+            body, {"logprobs": (None, False), "top_logprobs": (None, 0), "response_format": (None, {"type": "text"})}
+        )
         text = chat_prompt(self.pool.tokenizer, [_message(m, i) for i, m in enumerate(messages)])
         prompt = self._tokens(text)
         return await self._answer(request, body, model, [prompt], chat=True)
@@ -103,9 +106,7 @@ class Api:
     async def completions(self, request: Request) -> Response:
         body = await _body(request)
         model = self._model(body)
-        for field in ("echo", "suffix", "logprobs", "best_of"):
-            if body.get(field) not in (None, False, 1) or (field == "best_of" and body.get(field) not in (None, 1)):
-                raise ApiError(400, f"{field}: not supported by tunelab serve", field)
+        _unsupported(body, {"echo": (None, False), "suffix": (None, ""), "logprobs": (None,), "best_of": (None, 1)})
         given = body.get("prompt")
         if isinstance(given, str):
             prompts = [self._tokens(given)]
@@ -302,6 +303,13 @@ async def _events(jobs, events: asyncio.Queue, reply: _Reply):
 async def _drain(jobs, events: asyncio.Queue, reply: _Reply) -> None:
     async for _ in _events(jobs, events, reply):
         pass
+
+
+def _unsupported(body: dict, allowed: dict) -> None:
+    """A 400 naming the first field set to something this server does not do (each field's harmless values given)."""
+    for field, values in allowed.items():
+        if body.get(field) not in values:
+            raise ApiError(400, f"{field}: {body.get(field)!r} is not supported by tunelab serve", field)
 
 
 def _sse(payload: dict) -> str:
