@@ -110,7 +110,10 @@ class Engine:
                 waiting.append(job)
             groups: dict[tuple, list[Job]] = {}
             for job in waiting:
-                if not job.cancelled.is_set():
+                if job.cancelled.is_set():  # its client left before a step began: its rows end unstarted
+                    self.rows_cancelled += job.n
+                    job.emit(("done",))
+                else:
                     groups.setdefault(job.key(), []).append(job)
             for jobs in groups.values():
                 for batch in _batches(jobs, self.batch_size):
