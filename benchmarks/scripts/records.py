@@ -325,7 +325,7 @@ TOPICS = {
     "lora-forms": "the fused LoRA layer's products",
     "methods": "LoRA, QLoRA, full fine-tuning on the quickstart",
     "optimizers": "optimizers, step memory and the allocator",
-    "peers": "tunelab beside HF Trainer recipes",
+    "peers": "tunelab beside HF Trainer recipes; MoE experts beside transformers + PEFT",
     "plan-accuracy": "plan's predictions against every measured row",
     "preference": "DPO and ORPO: the quickstart, on-policy pairs, beside TRL",
     "profile": "`bench profile` of a step",
