@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         examples=args.examples,
         mean_tokens=args.mean_tokens,
         loss_fraction=args.loss_fraction,
-        tokenizer=args.tokenizer,
+        tokenizer=args.tokenizer or (reading.tokenizer if reading is not None else None),
         stack=args.stack,
         hf=args.hf if isinstance(args.hf, dict) else list(args.hf),
         price_per_hour=args.price_per_hour,

@@ -179,3 +179,13 @@ def test_quantized_bases_bytes_a_weight_and_their_dequantization_scratch():
     assert memory.gptq_bytes(4, 128) == pytest.approx(0.5 + 2.5 / 128)
     arch = resolve_arch("llama-3.1-8b")
     assert memory.dequant_scratch_bytes(arch, 2) == 4096 * 14336 * 2  # the MLP's largest weight in bf16
+
+
+def test_a_hub_model_read_as_a_catalog_row_keeps_its_own_id_for_the_tokenizer():
+    """NousResearch/Llama-3.2-1B is planned on the catalog's Llama-3.2-1B row, whose short id names no tokenizer:
+    the data is measured with the tool's own hub id (downloaded online), never with the short id."""
+    r = readers.read(FIXTURES / "axolotl_qlora-1b.yaml")
+    assert r.settings["model"] != "NousResearch/Llama-3.2-1B"  # planned on the catalog row
+    assert r.tokenizer == "NousResearch/Llama-3.2-1B"
+    own = readers.read(FIXTURES / "trl_example_config.yaml")  # a model plan's catalog names as it is
+    assert own.tokenizer is None

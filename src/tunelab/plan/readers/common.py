@@ -25,6 +25,7 @@ class Reading:
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (the tool's key, why plan does not model it)
     notes: list[str] = field(default_factory=list)  # what the reader assumed
     doc: dict = field(default_factory=dict, repr=False)  # the tool's whole mapping, for keys read together
+    tokenizer: str | None = None  # the hub id the tool names, where plan reads its shapes from a catalog row
 
     def set(self, key: str, value) -> None:
         self.settings[key] = value
@@ -107,6 +108,9 @@ def model_ref(name: str, reading: Reading) -> str:
         found = from_registry(candidate)
         if found is not None:
             reading.notes.append(f"model {name} read as plan's catalog row {found.name} (the same architecture)")
+            reading.tokenizer = (
+                name  # the catalog row has shapes, not a tokenizer: the data is measured with the tool's
+            )
             return short_id(found.name) if found.name != candidate else candidate
     return name
 
