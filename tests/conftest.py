@@ -315,3 +315,15 @@ def plan_setup(**kw) -> PlanSetup:
     )
     layout = memory.Layout(compute_bytes=2, targets=("q_proj", "v_proj"), row_len=10, loss_rows=5, loss_chunk=2048)
     return PlanSetup(job, layout).but(**kw)
+
+
+def packed_ids(rows: list[list[int]], vocab: int, width: int, seed: int = 0):
+    """Random token ids of `width` a row and the positions of packed documents: each row's lengths restart the
+    positions at 0, and the row's padded tail is one more run."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (len(rows), width), generator=generator)
+    positions = []
+    for row in rows:
+        tail = width - sum(row)
+        positions.append([p for n in row + ([tail] if tail else []) for p in range(n)])
+    return ids, torch.tensor(positions)

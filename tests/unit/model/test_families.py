@@ -13,7 +13,7 @@ import json
 
 import pytest
 import torch
-from conftest import TINY_SHAPE, make_tokenizer, write_jsonl
+from conftest import TINY_SHAPE, make_tokenizer, packed_ids, write_jsonl
 
 from tunelab import families, sources
 from tunelab.cli import main
@@ -98,13 +98,7 @@ def pair(family, vocab, path):
 
 
 def packed(rows, vocab, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, vocab, (len(rows), WIDTH), generator=generator)
-    positions = []
-    for row in rows:
-        tail = WIDTH - sum(row)
-        positions.append([p for n in row + ([tail] if tail else []) for p in range(n)])
-    return ids, torch.tensor(positions)
+    return packed_ids(rows, vocab, WIDTH, seed)
 
 
 def documents(rows):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY_SHAPE, make_tokenizer
+from conftest import TINY_SHAPE, make_tokenizer, packed_ids
 
 from tunelab.data.packing import layout_from_lengths
 from tunelab.errors import TunelabError
@@ -111,13 +111,7 @@ def test_unpacked_loss_equals_transformers_with_router_loss(family, vocab):
 
 
 def packed(rows, vocab):
-    generator = torch.Generator().manual_seed(2)
-    ids = torch.randint(3, vocab, (len(rows), WIDTH), generator=generator)
-    positions = []
-    for row in rows:
-        tail = WIDTH - sum(row)
-        positions.append([p for n in row + ([tail] if tail else []) for p in range(n)])
-    return ids, torch.tensor(positions)
+    return packed_ids(rows, vocab, WIDTH, seed=2)
 
 
 def documents(rows):
