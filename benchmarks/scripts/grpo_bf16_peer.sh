@@ -29,7 +29,7 @@ PEER=(-m tunelab bench peers trl-grpo --config "$OUT/peer.yaml" --steps 3 --warm
 for side in before after; do
   src=$PWD/src
   [ $side = before ] && src=$OLD
-  "${LOCK[@]}" env PYTHONPATH="$src" "$PY" -m tunelab train --config "$OUT/peer.yaml" max_steps=3 save_steps=0 \
+  "${LOCK[@]}" env PYTHONPATH="$src" "$PY" -m tunelab train --config "$OUT/peer.yaml" max_steps=3 log_steps=1 save_steps=0 \
     output_dir="$OUT/steps-$side" --quiet
 done
 for shape in bf16:6 fp32:5; do
