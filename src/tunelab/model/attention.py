@@ -225,7 +225,7 @@ def rows_attention(
     completion, where under the causal mask no real token sees the padding after it): each row is one causal slot,
     run as `_SlotAttention`'s explicit products where SFT's slots of that length would be (short, on a CPU, no
     dropout), else transformers' SDPA. On the AVX-512 BF16 EPYC a GRPO micro-batch's attention (16 rows of 62
-    tokens) took half flash's forward and backward time
+    tokens) took 0.37x flash's forward and backward time
     (benchmarks/grpo/grpo-bf16-peer_epyc-avx512bf16-2c_2026-12-07.md); the products are SFT's, whose bf16 error
     against an fp32 reference was flash's or lower. With a mask or a cache (sampling), SDPA."""
     length = query.shape[2]

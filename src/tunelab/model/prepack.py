@@ -5,8 +5,8 @@ re-lays the weight out on every call when the rows are few: on an AVX-512 Xeon a
 ran at a third of what the same product over a weight laid out once takes, and on an AVX2-only Zen 3 the LM head's
 product took 2.7-3.1x as long at 8-16 rows (benchmarks/design-decisions_cpu_2026-11-28.md#prepacked-decode-weights,
 benchmarks/design-decisions_cpu_2026-11-29.md#prepacked-decode-weights-on-avx2). torch's bf16 product (oneDNN over
-the plain weight) does too: on the AVX-512 BF16 EPYC the reordered one took 0.55-0.85x its time at 16-64 rows on the
-embedded model's shapes, with bit-identical results
+the plain weight) does too: on the AVX-512 BF16 EPYC the reordered one took 0.56-0.84x its time at 16-32 rows on
+the embedded model's shapes, with bit-identical results
 (benchmarks/grpo/grpo-bf16-peer_epyc-avx512bf16-2c_2026-12-07.md). `prepacked` reorders each linear layer's weight
 once for the length of a generation (a fused LoRA layer's W + sBA in fp32, its [W | sB] in bf16, B as it stands
 then) and restores the layers on exit. It costs one more copy of the weights while it lasts; fp32 results equal the
@@ -80,10 +80,11 @@ def _packed_forward(module: torch.nn.Linear, packed: torch.Tensor, x: torch.Tens
 def prepacked(model: torch.nn.Module, rows: int) -> Iterator[int]:
     """Within the block, `model`'s linear layers multiply without autograd over weights reordered once (see the
     module's docstring); yields how many layers. Weights must not change inside the block: it is for generation,
-    between optimizer steps, with the adapter that was active on entry. Nested blocks reuse the outer one's weights. A layer whose forward someone else
-    replaced (accelerate's offload hooks) keeps it. On a CPU, a fused LoRA layer that holds no [W | sB] (a compiled
-    policy's, model/lora_linear.pack_for_inference) holds one for the block where its weight is not reordered
-    (too few rows, or a dtype oneDNN has no reordered product for), so a compiled policy samples as fast as an eager one."""
+    between optimizer steps, with the adapter that was active on entry. Nested blocks reuse the outer one's
+    weights. A layer whose forward someone else replaced (accelerate's offload hooks) keeps it. On a CPU, a fused
+    LoRA layer that holds no [W | sB] (a compiled policy's, model/lora_linear.pack_for_inference) holds one for the
+    block where its weight is not reordered (too few rows, or a dtype oneDNN has no reordered product for), so a
+    compiled policy samples as fast as an eager one."""
     if getattr(model, _ACTIVE, False):
         yield 0
         return
