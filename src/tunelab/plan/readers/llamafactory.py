@@ -53,7 +53,6 @@ QUIET_HERE = {
     "export_dir",
     "print_param_status",
     "quantization_method",
-    "double_quantization",
     "default_system",
     "enable_thinking",
     "media_dir",
@@ -164,6 +163,7 @@ def _val(key: str, value, reading: Reading) -> None:
 
 
 HANDLERS: dict[str, Handler] = {
+    "double_quantization": lambda k, v, r: r.parts.update(double_quant=bool_of(r.path, k, v)),
     **TRAINING_ARGUMENTS,
     "model_name_or_path": lambda k, v, r: r.set("model", model_ref(str(v), r)),
     "stage": _stage,
