@@ -53,6 +53,9 @@ class Parts:
     zero_stage: int = 0  # DeepSpeed ZeRO's stage on one GPU (its buffers, memory.zero_buffer_bytes); 0: none
     double_quant: bool = True  # an NF4 base's absmaxes quantized again (bnb_4bit_use_double_quant)
     gptq_bits: int = 0  # a GPTQ base of these bits (memory.gptq_bytes) in place of NF4; 0: none
+    # Every trained tensor, its gradient and its torch.optim states in bf16 (torchtune's `dtype: bf16` builds the
+    # model, LoRA's adapters included, in bf16, and torch.optim keeps states in the parameter's dtype).
+    pure_bf16: bool = False
 
     def check(self) -> Parts:
         if self.loss_kernel and self.loss_kernel not in LOSS_KERNELS:
@@ -144,8 +147,9 @@ class Job:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of each trained weight (and of its gradient): fp32 master weights, or bf16 (`weights: bf16`)."""
-        return 2 if self.method.trains_base and self.adapter.weights == "bf16" else 4
+        """Bytes of each trained weight (and of its gradient): fp32 master weights, or bf16 (`weights: bf16`, or
+        another tool's pure bf16: Parts.pure_bf16)."""
+        return 2 if self.method.trains_base and self.adapter.weights == "bf16" or self.parts.pure_bf16 else 4
 
     @property
     def goal(self) -> objectives.Objective:

@@ -246,6 +246,8 @@ def optimizer_state_bytes(arch: Arch, job: Job, s: Layout) -> float:
         # them to host memory under pressure (optimizers.Optimizer.paged): what the device must hold is the rest.
         return 0.0
     total = sum(n * row.state_bytes_of(rows, cols) for rows, cols, n in trained_shapes(arch, job, s))
+    if job.parts.pure_bf16 and row.state_bytes >= 4:  # torch.optim's 32-bit states in the parameter's bf16
+        total *= job.weight_bytes / 4
     if job.method.trains_base and job.weight_bytes == 2 and job.optimizer.bf16_update == "kahan":
         total += 2 * arch.total_params
     return total
@@ -476,8 +478,8 @@ def logits_bytes(arch: Arch, job: Job, s: Layout) -> float:
     a = s.compute_bytes
     kind = loss_kernel(job)
     # transformers' loss and torchtune's chunked output take every fed position's logits, targets or not
-    positions = job.batch.micro_batch * s.row_len if kind in ("whole", "chunked_output") else s.loss_rows
-    out = loss_kernel_bytes(kind, positions, arch.vocab, arch.hidden, a, s.loss_chunk)
+    positions = job.batch.micro_batch * s.row_len if kind in ("whole", "chunked_output", "native") else s.loss_rows
+    out = loss_kernel_bytes(kind, positions, arch.vocab, arch.hidden, a, s.loss_chunk, job.compiled)
     if arch.logit_softcap:
         out += 3 * 4 * s.loss_chunk * arch.vocab
     if job.method.trains_base:
@@ -492,7 +494,9 @@ def loss_kernel(job: Job) -> str:
     return job.hf.loss_kernel if job.hf is not None else "chunked"
 
 
-def loss_kernel_bytes(kind: str, positions: float, vocab: int, hidden: int, a: int, chunk: int) -> float:
+def loss_kernel_bytes(
+    kind: str, positions: float, vocab: int, hidden: int, a: int, chunk: int, compiled: bool = False
+) -> float:
     """The loss kernel's own bytes at its peak over `positions` rows of a `vocab`-wide head in `a`-byte values
     (docs/formulas.md, "The loss kernels"):
     - whole: transformers' ForCausalLMLoss; backward starts with three fp32 tensors a logit (the saved
@@ -505,8 +509,13 @@ def loss_kernel_bytes(kind: str, positions: float, vocab: int, hidden: int, a: i
     - cce: Cut Cross Entropy computes the logits block by block in on-chip memory and never stores them: the
       input and its gradient only;
     - chunked_output: torchtune's CEWithChunkedOutputLoss: the model returns every logit in the compute dtype (in
-      8 chunks), each chunk upcast to fp32 with its log-softmax in turn, and backward holds the logits' gradient
-      in the compute dtype."""
+      8 chunks) and keeps them for the loss's backward; eager, each chunk's fp32 upcast is freed but its fp32
+      log-probabilities are saved (4 B a logit, one chunk's upcast at a time); compiled (torchtune compiles
+      compute_cross_entropy), the upcast and log-softmax fuse into the reduction and only one chunk's gradient
+      in the compute dtype is made at a time;
+    - native: torch's cross-entropy over every logit in the compute dtype (torchtune's torch.nn.CrossEntropyLoss):
+      eager, the logits, the saved log-probabilities and at backward's start their gradient (3 a a logit);
+      compiled, the log-probabilities are recomputed (2 a)."""
     inputs = 2 * positions * hidden * a
     if kind == "whole":
         return positions * vocab * max(a + 8.0, 12.0)
@@ -518,7 +527,11 @@ def loss_kernel_bytes(kind: str, positions: float, vocab: int, hidden: int, a: i
     if kind == "cce":
         return inputs
     if kind == "chunked_output":
-        return positions * vocab * 2 * a + positions / 8 * vocab * 8 + inputs
+        if compiled:
+            return positions * vocab * a + positions / 8 * vocab * a + inputs
+        return positions * vocab * (a + 4) + positions / 8 * vocab * 4 + inputs
+    if kind == "native":
+        return positions * vocab * a * (2 if compiled else 3)
     raise ValueError(f"loss kernel {kind!r}: one of {', '.join(LOSS_KERNELS)}")
 
 
@@ -638,7 +651,7 @@ def breakdown(arch: Arch, job: Job, s: Layout) -> MemoryBreakdown:
         weights = frozen_weight_bytes(arch, job.adapter.quant, s.compute_bytes, four_bit_bytes(job))
         if kbit_prepared(job):  # the unquantized rest in fp32 (kbit_prepared)
             weights += (arch.total_params - arch.block_linear_params) * (4 - s.compute_bytes)
-        adapters = trainable * TRAINABLE_BYTES
+        adapters = trainable * (job.weight_bytes if job.parts.pure_bf16 else TRAINABLE_BYTES)
     grads = gradient_bytes(arch, job, s, trainable)
     states = optimizer_state_bytes(arch, job, s)
     world = max(1, s.world)

@@ -42,7 +42,7 @@ def test_a_torchtune_selective_config_and_its_loss_reach_the_prediction(tmp_path
         "loss:\n  _component_: torchtune.modules.loss.CEWithChunkedOutputLoss\n"
     )
     r = readers.read(path)
-    assert r.parts == {"ckpt_every": 2, "loss_kernel": "chunked_output"}
+    assert r.parts == {"ckpt_every": 2, "loss_kernel": "chunked_output", "pure_bf16": True}
     full, selective = plan("grad_ckpt=true"), plan("grad_ckpt=true", parts={"ckpt_every": 2})
     assert selective.memory.activations > full.memory.activations
     chunked_output = plan(parts={"loss_kernel": "chunked_output"})
@@ -93,3 +93,62 @@ def test_rows_of_varied_width_add_the_allocators_reserve_only_when_padded_per_ba
     assert e.varied_reserve == 0  # the assumed equal lengths
     f = memory.stated_figures(10 * GIB, GIB, memory.CUDA_CONTEXT_BYTES, varied_reserve=GIB)
     assert f.reserved - f.allocated == GIB - memory.CUDA_CONTEXT_BYTES + GIB
+
+
+CASES = """
+cases:
+- id: tt-lora
+  stack: torchtune (lora_finetune_single_device)
+  model: meta-llama/Llama-3.2-1B-Instruct
+  gpu: A100 (80GB implied)
+  gpus: 1
+  method: lora
+  seq_len: 1024
+  micro_batch: 2
+  grad_accum: 1
+  packing: true
+  grad_ckpt: true
+  lora_r: 8
+  lora_targets: q_proj, v_proj
+  precision: bf16
+  attn_compile: torch.compile on; chunked cross-entropy
+  notes: ''
+  tok_s: 20000
+  mem_gib: 3.0
+- id: tt-unpacked
+  stack: torchtune (full_finetune_single_device)
+  model: meta-llama/Llama-3.2-1B-Instruct
+  gpu: A100 (80GB implied)
+  gpus: 1
+  method: full
+  seq_len: 1024
+  micro_batch: 2
+  grad_accum: 1
+  packing: false
+  grad_ckpt: false
+  precision: bf16
+  attn_compile: no compile; standard cross-entropy
+  notes: ''
+  tok_s: 2000
+  mem_gib: 20.0
+"""
+
+
+def test_bench_fit_published_holds_each_stack_against_the_figure_it_publishes(tmp_path, capsys):
+    from tunelab.bench import published
+    from tunelab.cli import main
+
+    path = tmp_path / "cases.yaml"
+    path.write_text(CASES)
+    lora, unpacked = published.rows([path])
+    assert lora.mem_kind == "active" and lora.parts == {"pure_bf16": True, "loss_kernel": "chunked_output"}
+    assert unpacked.tok_why and unpacked.mem_why  # padded rows of unpublished lengths: not held
+    s = published.summary([lora, unpacked])["torchtune"]
+    assert s["tok"]["rows"] == 1 and s["tok"]["median_abs"] == pytest.approx(abs(lora.tok_error))
+    assert main(["bench", "fit", "--published", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| tt-lora | torchtune |" in out and "| torchtune | 1 |" in out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("a: 1\n")
+    with pytest.raises(TunelabError, match="no `cases:` list"):
+        published.rows([bad])

@@ -55,7 +55,7 @@ OPTIMIZERS = {
 LOSSES = {
     "torchtune.modules.loss.LinearCrossEntropyLoss": "chunked",
     "torchtune.modules.loss.CEWithChunkedOutputLoss": "chunked_output",
-    "torch.nn.CrossEntropyLoss": "whole",
+    "torch.nn.CrossEntropyLoss": "native",
 }
 ATTN_MODULES = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "output_proj": "o_proj"}
 QUIET_HERE = {
@@ -217,9 +217,11 @@ def read(doc: dict, reading: Reading) -> None:
     reading.set("compile", False)
     reading.set("max_grad_norm", 0.0)
     apply(doc, reading, HANDLERS, QUIET_HERE, "torchtune")
-    if trains_base(reading) and reading.settings.get("precision", "bf16") == "bf16":
-        reading.set("weights", "bf16")
-        reading.notes.append("full fine-tuning in torchtune's pure bf16: weights: bf16")
+    if reading.settings.get("precision", "bf16") == "bf16":
+        reading.parts["pure_bf16"] = True  # the model, its adapters and torch.optim's states in bf16
+        if trains_base(reading):
+            reading.set("weights", "bf16")
+            reading.notes.append("full fine-tuning in torchtune's pure bf16: weights: bf16")
     if "seq_len" not in reading.settings:
         reading.set("seq_len", 2048)
         reading.notes.append("tokenizer.max_seq_len null (torchtune cuts nothing): seq_len 2048 assumed")
