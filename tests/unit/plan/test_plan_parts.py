@@ -152,3 +152,16 @@ def test_bench_fit_published_holds_each_stack_against_the_figure_it_publishes(tm
     bad.write_text("a: 1\n")
     with pytest.raises(TunelabError, match="no `cases:` list"):
         published.rows([bad])
+
+
+def test_llamafactory_and_trl_quantization_and_offloaded_checkpointing_switches_reach_the_parts(tmp_path):
+    lf = tmp_path / "lf.yaml"
+    lf.write_text(
+        "model_name_or_path: meta-llama/Llama-3.2-1B\nstage: sft\nfinetuning_type: lora\nquantization_bit: 4\n"
+        "double_quantization: false\nuse_unsloth_gc: true\n"
+    )
+    r = readers.read(lf)
+    assert r.parts == {"double_quant": False} and r.settings["activation_offload"] is True
+    trl = tmp_path / "trl.yaml"
+    trl.write_text("model_name_or_path: meta-llama/Llama-3.2-1B\nload_in_4bit: true\nuse_bnb_nested_quant: false\n")
+    assert readers.read(trl, "trl").parts == {"double_quant": False}
