@@ -245,10 +245,13 @@ def figure_line(e: Estimate) -> str:
         return (
             f"  memory figures: the peak is the process's resident memory; the model's terms alone {gib(f.allocated)}"
         )
+    varied = (
+        f", less the {gib(e.varied_reserve)} the allocator keeps for rows of varied width" if e.varied_reserve else ""
+    )
     return (
         f"  memory figures: allocated {gib(f.allocated)} (max_memory_allocated, torchtune's peak_memory_active), "
         f"reserved {gib(f.reserved)} (max_memory_reserved), process {gib(f.process)} (nvidia-smi, CUDA context "
-        "included): the peak above is the process's"
+        f"included): the peak above is the process's{varied}"
     )
 
 

@@ -225,7 +225,10 @@ def read(doc: dict, reading: Reading) -> None:
     if "seq_len" not in reading.settings:
         reading.set("seq_len", 2048)
         reading.notes.append("tokenizer.max_seq_len null (torchtune cuts nothing): seq_len 2048 assumed")
-    reading.notes.append("torchtune's step modeled as tunelab's own (packed rows document-masked, chunked loss)")
+    reading.notes.append(
+        "torchtune's step timed as tunelab's own (packed rows document-masked, chunked head); its loss's memory by "
+        "its own kernel"
+    )
 
 
 def detect(doc: dict) -> bool:
