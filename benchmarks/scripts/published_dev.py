@@ -62,22 +62,13 @@ SWITCH_ROWS = ("tt-l32-3b-full-packed-compile-cce-ac-a100", "tt-l32-3b-lora-a100
 
 
 def switch_lines(cases: dict) -> list[str]:
-    from tunelab import api
     from tunelab.bench import published
 
     def run(case, extra, over):
         settings, parts = published.tuned_settings(case)
-        args = [f"{k}={','.join(v) if isinstance(v, list) else v}" for k, v in settings.items()]
-        (r,) = api.estimate(
-            None,
-            *args,
-            *extra,
-            gpu=published.gpu_id(case["gpu"]),
-            examples=1024,
-            mean_tokens=case["seq_len"],
-            loss_fraction=1.0,
-            parts={**parts, **over},
-        )
+        settings = {**settings, **dict(x.split("=", 1) for x in extra)}
+        gpu = published.gpu_id(case["gpu"])
+        r = published.estimate(settings, {**parts, **over}, gpu, 1, 1024, case["seq_len"])
         return r.single.speed.tokens_per_s, r.single.figures.allocated / 2**30
 
     lines = ["| switch | " + " | ".join(f"{c}: tok/s, allocated" for c in SWITCH_ROWS) + " |", "|---|---|---|"]

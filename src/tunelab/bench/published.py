@@ -145,21 +145,23 @@ def tuned_settings(case: dict) -> tuple[dict, dict]:
     return s, parts
 
 
-def _tuned_row(case: dict) -> Row:
-    from .. import api
+def estimate(settings: dict, parts: dict, gpu: str, gpus: int, examples: int, mean_tokens: float):
+    """plan's prediction (what `tunelab plan` prints) of `settings` on catalog GPU `gpu`, every position a target."""
+    from ..config import load_config
+    from ..recipes.predict import PlanRequest, plan_config
 
+    overrides = [f"{k}={','.join(v) if isinstance(v, list) else v}" for k, v in settings.items()]
+    request = PlanRequest(
+        gpu=gpu, gpus=gpus, examples=examples, mean_tokens=mean_tokens, loss_fraction=1.0, parts=dict(parts)
+    )
+    (r,) = plan_config(load_config(None, overrides), request)
+    return r
+
+
+def _tuned_row(case: dict) -> Row:
     settings, parts = tuned_settings(case)
     gid, gpus = gpu_id(case["gpu"]), case["gpus"]
-    (r,) = api.estimate(
-        None,
-        *[f"{k}={','.join(v) if isinstance(v, list) else v}" for k, v in settings.items()],
-        gpu=gid,
-        gpus=gpus,
-        examples=512 * gpus * case["micro_batch"] * case["grad_accum"],
-        mean_tokens=case["seq_len"],
-        loss_fraction=1.0,
-        parts=parts,
-    )
+    r = estimate(settings, parts, gid, gpus, 512 * gpus * case["micro_batch"] * case["grad_accum"], case["seq_len"])
     fitting = [m for m in r.multi if m.fits] or r.multi
     e = r.single if gpus == 1 else min(fitting, key=lambda m: m.time_s)
     stack = stack_of(case)
