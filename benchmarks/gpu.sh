@@ -10,6 +10,8 @@
 #   ceilings   the MAMF sweep and copy bandwidth of this GPU, and plan's prediction for it before its rows are
 #              fitted (scripts/gpu_ceilings.py, issue 46), into results.tgz
 #   data       the long rows' documents, and plan for the two long rows on this GPU
+#   memory-parts the CUDA context, the loss kernels' and NF4 dequantization's peaks, and a 1B LoRA run's
+#              allocated / reserved / process beside plan's figures (scripts/memory_parts.py, issue 69)
 #   long-8b    bench suite h100-8b: LoRA at 65,536 tokens with activation offloading, QLoRA compiled at seq
 #              2048, QLoRA at 131,072 tokens with offloading; plan's memory beside each
 #   speed-1b   bench suite h100: 1B LoRA compiled and 1B full (compiled)
@@ -302,6 +304,14 @@ optim_8b() {
     "${common[@]}" optimizer_in_backward=true max_grad_norm=0 weights=bf16 output_dir="$WORK/optim-8b-adamw" --quiet || true
 }
 
+# The memory parts that need CUDA (issue 69): the CUDA context, the loss kernels' peaks (whole logits, torchtune's
+# chunked output eager and compiled, Liger and Cut Cross Entropy where installed), NF4's dequantization scratch,
+# and a 1B LoRA run's allocated / reserved / process beside plan's figures (scripts/memory_parts.py).
+memory_parts() {
+  "$PY" benchmarks/scripts/memory_parts.py --work "$WORK" --out "$WORK/memory-parts.jsonl" \
+    $([ "$DRY" = 1 ] && echo --dry-run)
+}
+
 calibrated() {
   [ -f "$WORK/data.jsonl" ] || "${TL[@]}" data synthetic "${WORKLOAD[@]}" --out "$WORK/data.jsonl" >/dev/null
   local steps=40 probe=8
@@ -342,6 +352,7 @@ main() {
   step ceilings 90 40 ceilings
   step data 40 15 data
   step optim-8b 240 120 optim_8b
+  step memory-parts 120 60 memory_parts
   step long-8b 260 90 suite h100-8b 8b-lora-65k-offload,8b-qlora-compiled,8b-qlora-131k-offload
   step speed-1b 90 40 suite h100 1b-lora-compiled,1b-full
   step calibrated 120 70 calibrated
