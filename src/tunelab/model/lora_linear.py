@@ -225,7 +225,9 @@ class _FusedForward:
             return y.view(*x.shape[:-1], y.shape[-1])
         if packed is None or x.dtype != packed.dtype:
             return None
-        torch.mul(self.lora_B[name].weight, self.scaling[name], out=packed[:, width:])
+        # copy_, not torch.mul(..., out=): dynamo cannot trace an out= view, and broke the compiled decode step's graph
+        # in every layer (a resume function per layer, past the recompile limit); the same rounding to packed's dtype.
+        packed[:, width:].copy_(self.lora_B[name].weight * self.scaling[name])
         y, _ = _fused_product(x2, x2, self.lora_A[name].weight.to(x.dtype), packed, self.base_layer.bias)
         return y.view(*x.shape[:-1], y.shape[-1])
 
