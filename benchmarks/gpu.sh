@@ -12,6 +12,8 @@
 #   data       the long rows' documents, and plan for the two long rows on this GPU
 #   moe        LoRA on a random Qwen3-30B-A3B shape (8 of its 48 layers) beside transformers + PEFT, tunelab's
 #              experts through torch._grouped_mm (scripts/moe_peers.py, issue 67), into results.tgz
+#   memory-parts the CUDA context, the loss kernels' and NF4 dequantization's peaks, and a 1B LoRA run's
+#              allocated / reserved / process beside plan's figures (scripts/memory_parts.py, issue 69)
 #   long-8b    bench suite h100-8b: LoRA at 65,536 tokens with activation offloading, QLoRA compiled at seq
 #              2048, QLoRA at 131,072 tokens with offloading; plan's memory beside each
 #   speed-1b   bench suite h100: 1B LoRA compiled and 1B full (compiled)
@@ -314,6 +316,14 @@ optim_8b() {
     "${common[@]}" optimizer_in_backward=true max_grad_norm=0 weights=bf16 output_dir="$WORK/optim-8b-adamw" --quiet || true
 }
 
+# The memory parts that need CUDA (issue 69): the CUDA context, the loss kernels' peaks (whole logits, torchtune's
+# chunked output eager and compiled, Liger and Cut Cross Entropy where installed), NF4's dequantization scratch,
+# and a 1B LoRA run's allocated / reserved / process beside plan's figures (scripts/memory_parts.py).
+memory_parts() {
+  "$PY" benchmarks/scripts/memory_parts.py --work "$WORK" --out "$WORK/memory-parts.jsonl" \
+    $([ "$DRY" = 1 ] && echo --dry-run)
+}
+
 calibrated() {
   [ -f "$WORK/data.jsonl" ] || "${TL[@]}" data synthetic "${WORKLOAD[@]}" --out "$WORK/data.jsonl" >/dev/null
   local steps=40 probe=8
@@ -355,6 +365,7 @@ main() {
   step data 40 15 data
   step moe 150 90 moe
   step optim-8b 240 120 optim_8b
+  step memory-parts 120 60 memory_parts
   step long-8b 260 90 suite h100-8b 8b-lora-65k-offload,8b-qlora-compiled,8b-qlora-131k-offload
   step speed-1b 90 40 suite h100 1b-lora-compiled,1b-full
   step calibrated 120 70 calibrated

@@ -18,6 +18,7 @@ from .common import (
     bool_of,
     checkpointing,
     dataset_path,
+    deepspeed,
     hf_switch,
     ignored,
     method_of,
@@ -198,7 +199,8 @@ HANDLERS: dict[str, Handler] = {
     "output_dir": setting("output_dir"),
     "seed": setting("seed", int),
     "torch_compile": unmodeled("plan models an HF script's eager blocks only"),
-    **{k: unmodeled(SHARDED) for k in ("deepspeed", "fsdp", "fsdp_config", "fsdp_version")},
+    "deepspeed": deepspeed,
+    **{k: unmodeled(SHARDED) for k in ("fsdp", "fsdp_config", "fsdp_version")},
     "rl": _rl,
 }
 

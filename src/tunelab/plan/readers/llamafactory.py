@@ -53,7 +53,6 @@ QUIET_HERE = {
     "export_dir",
     "print_param_status",
     "quantization_method",
-    "double_quantization",
     "default_system",
     "enable_thinking",
     "media_dir",
@@ -164,6 +163,7 @@ def _val(key: str, value, reading: Reading) -> None:
 
 
 HANDLERS: dict[str, Handler] = {
+    "double_quantization": lambda k, v, r: r.parts.update(double_quant=bool_of(r.path, k, v)),
     **TRAINING_ARGUMENTS,
     "model_name_or_path": lambda k, v, r: r.set("model", model_ref(str(v), r)),
     "stage": _stage,
@@ -187,9 +187,11 @@ HANDLERS: dict[str, Handler] = {
     "disable_gradient_checkpointing": lambda k, v, r: r.set("grad_ckpt", not bool_of(r.path, k, v)),
     "enable_liger_kernel": hf_switch("use_liger_kernel"),
     "upcast_layernorm": hf_switch("prepare_model_for_kbit_training"),
+    # Unsloth's gradient checkpointing: the checkpointed layers' inputs offloaded to the host (memory.checkpointed_bytes)
+    "use_unsloth_gc": switch("activation_offload"),
     **{
         k: unmodeled("a kernel or optimizer plan has no part for")
-        for k in ("use_unsloth", "use_unsloth_gc", "use_badam", "use_galore", "use_apollo", "use_adam_mini")
+        for k in ("use_unsloth", "use_badam", "use_galore", "use_apollo", "use_adam_mini")
     },
 }
 
