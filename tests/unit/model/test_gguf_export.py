@@ -216,6 +216,8 @@ def test_gguf_lora_refuses_dora_and_per_module_ranks_and_rescales_rslora():
             ge.check_lora({**lora, key: value}, config, "f16", "m")
     with pytest.raises(TunelabError, match="f32, f16, bf16, q8_0"):
         ge.check_lora(lora, config, "q4_0", "m")
+    with pytest.raises(TunelabError, match="stacked experts"):  # per-expert factors: export those merged
+        ge.check_lora({**lora, "target_parameters": ["experts.gate_up_proj"]}, config, "f16", "m")
 
 
 def test_modelfile_template_is_the_training_prompt():
