@@ -165,3 +165,15 @@ def test_llamafactory_and_trl_quantization_and_offloaded_checkpointing_switches_
     trl = tmp_path / "trl.yaml"
     trl.write_text("model_name_or_path: meta-llama/Llama-3.2-1B\nload_in_4bit: true\nuse_bnb_nested_quant: false\n")
     assert readers.read(trl, "trl").parts == {"double_quant": False}
+
+
+def test_a_gptq_base_from_axolotl_or_llamafactory_is_priced_at_gptqs_bytes(tmp_path):
+    ax = tmp_path / "ax.yaml"
+    ax.write_text("base_model: meta-llama/Llama-3.2-1B\nadapter: lora\ngptq: true\nsequence_len: 512\n")
+    lf = tmp_path / "lf.yaml"
+    lf.write_text(
+        "model_name_or_path: meta-llama/Llama-3.2-1B\nstage: sft\nfinetuning_type: lora\nquantization_method: gptq\n"
+    )
+    for path in (ax, lf):
+        r = readers.read(path)
+        assert r.parts == {"gptq_bits": 4} and r.settings["method"] == "qlora", path.name
