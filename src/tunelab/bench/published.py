@@ -207,7 +207,7 @@ def _mem_why(case: dict) -> str:
     return ""
 
 
-def _hf_lengths(case: dict) -> np.ndarray:
+def hf_lengths(case: dict) -> np.ndarray:
     from .fit_data import synthetic_lengths
 
     text = case["lengths"]
@@ -216,7 +216,8 @@ def _hf_lengths(case: dict) -> np.ndarray:
     return synthetic_lengths(json.loads(text.removeprefix("synthetic:")), case["seq_len"])
 
 
-def _hf_row(case: dict) -> Row:
+def hf_estimate(case: dict):
+    """plan's estimate of an HF Trainer + PEFT case: its stack switches (`hf`), its rows' lengths, its GPU."""
     from ..config import AdapterConfig, BatchConfig, ComputeConfig, LoraConfig
     from ..methods import get
     from ..plan import hfstack, workload
@@ -232,10 +233,14 @@ def _hf_row(case: dict) -> Row:
         stack="hf-peft",
         hf=hfstack.parse(case.get("hf") or {})[0],
     )
-    arr = _hf_lengths(case)
+    arr = hf_lengths(case)
     mean = float(arr.mean())
     lengths = workload.Lengths(len(arr), mean, mean * case.get("loss_fraction", 0.8), "case", arr)
-    e = estimate(resolve_arch(case["model"]), lengths, job, device_for(case["gpu"], "auto"))
+    return estimate(resolve_arch(case["model"]), lengths, job, device_for(case["gpu"], "auto"))
+
+
+def _hf_row(case: dict) -> Row:
+    e = hf_estimate(case)
     capacity = bool(case.get("mem_is_capacity"))
     kind = "process" if capacity else FIGURES["HF Trainer + PEFT"]
     tokens = e.work.epoch.tokens_padded / e.work.epoch.micro_batches
