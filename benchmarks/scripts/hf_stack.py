@@ -91,34 +91,15 @@ BEFORE = [
 
 
 def lengths_of(case: dict) -> np.ndarray:
-    from tunelab.bench.fit_data import synthetic_lengths
+    from tunelab.bench.published import hf_lengths
 
-    text = case["lengths"]
-    if text == "max_length":
-        return np.full(64 * case["micro_batch"], case["seq_len"])
-    return synthetic_lengths(json.loads(text.removeprefix("synthetic:")), case["seq_len"])
+    return hf_lengths(case)
 
 
 def predict(case: dict):
-    from tunelab.config import AdapterConfig, BatchConfig, ComputeConfig, LoraConfig
-    from tunelab.methods import get
-    from tunelab.plan import hfstack, workload
-    from tunelab.plan.estimate import Job, estimate
-    from tunelab.recipes.predict import device_for
-    from tunelab.sources import resolve_arch
+    from tunelab.bench.published import hf_estimate
 
-    method = get(case["method"])
-    job = Job(
-        adapter=AdapterConfig(method=method.name, base_quant=method.base_quant, lora=LoraConfig(r=case["lora_r"])),
-        batch=BatchConfig(seq_len=case["seq_len"], micro_batch=case["micro_batch"], packing=False),
-        compute=ComputeConfig(grad_ckpt=case["grad_ckpt"], compile=False),
-        stack="hf-peft",
-        hf=hfstack.parse(case.get("hf") or {})[0],
-    )
-    arr = lengths_of(case)
-    mean = float(arr.mean())
-    lengths = workload.Lengths(len(arr), mean, mean * case.get("loss_fraction", 0.8), "case", arr)
-    return estimate(resolve_arch(case["model"]), lengths, job, device_for(case["gpu"], "auto"))
+    return hf_estimate(case)
 
 
 def row(case: dict) -> dict:

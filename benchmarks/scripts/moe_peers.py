@@ -3,6 +3,11 @@ expert (PEFT's target_parameters), the same random weights and the same token ba
 (forward, backward, AdamW step), the router's load and peak RSS, each side in its own process.
 
     PYTHONPATH=src python benchmarks/scripts/moe_peers.py [--experts 32 --top-k 4] > out.json
+    PYTHONPATH=src python benchmarks/scripts/moe_peers.py --shape Qwen/Qwen3-30B-A3B --layers 8 --device cuda
+
+`--shape` takes a catalog MoE row's widths, heads, experts, top-k and vocabulary (its layers stay `--layers`, so
+a 30B shape fits one GPU); each side's experts path is in its row (`grouped_mm`: torch's grouped kernel,
+`segments`: tunelab's CPU products, or transformers' experts implementation).
 """
 
 from __future__ import annotations
@@ -15,6 +20,19 @@ import sys
 import time
 
 
+def shape_from_catalog(args) -> None:
+    """Overwrite args' widths with the catalog row `args.shape` (plan/arch.py; a Qwen3-MoE row, the config this
+    script builds); the layers stay args.layers."""
+    from tunelab.plan.arch import from_registry
+
+    arch = from_registry(args.shape)
+    if arch is None or arch.moe is None:
+        raise SystemExit(f"--shape {args.shape}: not an MoE row of the model catalog")
+    args.hidden, args.heads, args.kv_heads, args.head_dim = arch.hidden, arch.heads, arch.kv_heads, arch.head_dim
+    args.vocab, args.experts, args.top_k = arch.vocab, arch.moe.experts, arch.moe.top_k
+    args.expert_width = arch.moe.expert_width
+
+
 def config(args):
     import transformers as tf
 
@@ -23,13 +41,13 @@ def config(args):
         intermediate_size=args.hidden * 3,
         moe_intermediate_size=args.expert_width,
         num_hidden_layers=args.layers,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=args.hidden // 8,
-        vocab_size=8192,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        head_dim=args.head_dim or args.hidden // args.heads,
+        vocab_size=args.vocab,
         num_experts=args.experts,
         num_experts_per_tok=args.top_k,
-        max_position_embeddings=2048,
+        max_position_embeddings=max(2048, args.seq),
     )
 
 
@@ -40,7 +58,9 @@ def side(args) -> dict:
     from tunelab.model import moe
 
     torch.manual_seed(0)
-    torch.set_num_threads(2)
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(2)
     tunelab = args.side == "tunelab"
     if tunelab:
         from tunelab.config import load_config
@@ -48,16 +68,22 @@ def side(args) -> dict:
         from tunelab.model.adapters import apply_adapter
         from tunelab.train.loss import CausalLMLoss
 
-        model = AutoModelForCausalLM.from_config(config(args), attn_implementation=attention.register("slots"))
-        model = model.to(torch.bfloat16)
+        with device:  # built where it runs, in bf16: a 30B-wide shape initialises in seconds on a GPU
+            model = AutoModelForCausalLM.from_config(
+                config(args), attn_implementation=attention.register("slots"), dtype=torch.bfloat16
+            )
         moe.use_grouped(model)
         adapter = load_config(None, ["method=lora", "lora.r=16", "lora.alpha=32"]).adapter
         model = apply_adapter(model, adapter)
         loss_fn = CausalLMLoss(model)
+        probe = torch.zeros(1, 1, device=device, dtype=torch.bfloat16)
+        experts_path = "grouped_mm" if moe._grouped_kernel(probe) else "segments"
     else:
         from peft import LoraConfig, get_peft_model
 
-        model = AutoModelForCausalLM.from_config(config(args), attn_implementation="sdpa").to(torch.bfloat16)
+        with device:
+            model = AutoModelForCausalLM.from_config(config(args), attn_implementation="sdpa", dtype=torch.bfloat16)
+        experts_path = str(getattr(model.config, "_experts_implementation", None) or "grouped_mm")
         model = get_peft_model(
             model,
             LoraConfig(
@@ -70,13 +96,15 @@ def side(args) -> dict:
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=1e-4)
     generator = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, 8192, (args.rows, args.seq), generator=generator)
-    index = torch.arange(args.rows * args.seq).view(args.rows, args.seq)[:, :-1].reshape(-1)
+    ids = torch.randint(3, args.vocab, (args.rows, args.seq), generator=generator).to(device)
+    index = torch.arange(args.rows * args.seq, device=device).view(args.rows, args.seq)[:, :-1].reshape(-1)
     targets = ids[:, 1:].reshape(-1)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times = []
     for step in range(args.warmup + args.steps):
+        sync()
         start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
             if tunelab:
                 loss = loss_fn(ids, None, index, targets) / index.numel()
             else:
@@ -84,6 +112,7 @@ def side(args) -> dict:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        sync()
         if step >= args.warmup:
             times.append(time.perf_counter() - start)
     with torch.no_grad():
@@ -91,41 +120,60 @@ def side(args) -> dict:
         logits = base.model(input_ids=ids, output_router_logits=True).router_logits
     load = moe.expert_load(logits, args.top_k, args.experts)
     tokens = args.rows * args.seq
+    step_s = sorted(times)[len(times) // 2]
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {
         "side": args.side,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "experts_path": experts_path,
         "tokens_per_step": tokens,
-        "step_s": sorted(times)[len(times) // 2],
-        "tokens_per_s": tokens / sorted(times)[len(times) // 2],
+        "step_s": step_s,
+        "step_s_all": times,
+        "tokens_per_s": tokens / step_s,
         "loss": float(loss),
         "router_load_max_over_mean": float(load.max() * args.experts),
         "router_load_min_over_mean": float(load.min() * args.experts),
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss_bytes": peak,
+        "peak_gpu_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
     }
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--side", choices=["tunelab", "transformers-peft"])
+    parser.add_argument("--shape", help="a catalog MoE row's shape (e.g. Qwen/Qwen3-30B-A3B); --layers stays")
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--experts", type=int, default=32)
     parser.add_argument("--top-k", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--expert-width", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--kv-heads", type=int, default=4)
+    parser.add_argument("--head-dim", type=int, default=None)
+    parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--rows", type=int, default=4)
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
+    if args.shape:
+        shape_from_catalog(args)
     if args.side:
         print(json.dumps(side(args)))
         return
     rows = []
     for name in ("tunelab", "transformers-peft"):
         argv = [a for a in sys.argv[1:]] + ["--side", name]
-        out = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True, check=True)
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    shape = {k: getattr(args, k) for k in ("experts", "top_k", "hidden", "expert_width", "layers", "rows", "seq")}
-    print(json.dumps({"shape": shape, "rows": rows, "ratio": rows[0]["tokens_per_s"] / rows[1]["tokens_per_s"]}))
+        out = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True)
+        if out.returncode:  # one side failing (out of memory, say) still reports the other
+            rows.append({"side": name, "error": out.stderr.strip().splitlines()[-3:]})
+        else:
+            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    keys = ("shape", "device", "experts", "top_k", "hidden", "expert_width", "heads", "kv_heads", "vocab", "layers")
+    shape = {k: getattr(args, k) for k in (*keys, "rows", "seq")}
+    ratio = rows[0]["tokens_per_s"] / rows[1]["tokens_per_s"] if all("error" not in r for r in rows) else None
+    print(json.dumps({"shape": shape, "rows": rows, "ratio": ratio}))
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ def estimate(
     price_per_hour: float | None = None,
     tokenizer: str | None = None,
     hf: dict[str, Any] | None = None,
+    parts: dict[str, Any] | None = None,
     completion_tokens: float | None = None,
     signal_share: float | None = None,
     from_run: str | Path | None = None,
@@ -58,6 +59,7 @@ def estimate(
     step by part (`step`), and whose `cost_usd(single)` prices it. `examples` (and `mean_tokens`) describe the
     workload when the config names no dataset. `hf`: with `stack="hf-peft"`, the HF script's choices by their
     TrainingArguments names (`{"attn_implementation": "eager", "gradient_checkpointing": True}`: `--hf`'s).
+    `parts`: another tool's memory parts (plan.job.Parts: `{"loss_kernel": "chunked_output", "ckpt_every": 2}`).
     For objective grpo, a list of plan.grpo.GeneratingPlan (a generation batch by part, `time_s`,
     `memory_bytes`), with `completion_tokens` and `signal_share` (or both from a trial run's folder, `from_run`)
     in place of their upper bounds. The same functions `tunelab plan` prints from."""
@@ -81,6 +83,7 @@ def estimate(
         stack=stack,
         price_per_hour=price_per_hour,
         hf=dict(hf or {}),
+        parts=dict(parts or {}),
         grpo=grpo_workload(completion_tokens, signal_share, from_run),
     )
     return plan_generating(cfg, request) if cfg.objective.row.generates else plan_config(cfg, request)

@@ -19,8 +19,9 @@ MATH_MAX_LEN = 256
 # of 256, bitsandbytes' quantization block, so chunked 8-bit states quantize exactly as one tensor's would.
 STEP_CHUNK = 1 << 23
 
-# Rows from which the CPU sampler reorders fp32 weights once for the few-row decode products (model/prepack.py): one
-# more copy of every linear weight, the LM head's included, while a generation lasts (plan/generation.py counts it).
+# Rows from which the CPU sampler reorders fp32 (or bf16) weights once for the few-row decode products
+# (model/prepack.py): one more copy of every linear weight, the LM head's included, while a generation lasts
+# (plan/generation.py counts it).
 PREPACK_MIN_ROWS = 8
 # CPU capabilities the reordered product runs on (torch.backends.cpu.get_cpu_capability prefixes).
 PREPACK_CAPABILITIES = ("AVX2", "AVX512")

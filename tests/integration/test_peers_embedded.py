@@ -15,9 +15,10 @@ from tunelab.config import BatchConfig, DataConfig, LoraConfig
 pytestmark = pytest.mark.integration
 
 
-# hf-trainer-seed's fixed recipe (8 fp32 micro-batches of 2 x 512 a step) took a minute here; it runs on the tiny
-# model in tests/unit/bench/test_peers.py, and its Trainer path is the tuned peer's.
-@pytest.mark.parametrize("name", ["hf-trainer-tuned", "trl-sft"])
+# The Trainer peers run on the tiny model (tests/unit/bench/test_peers.py: hf-trainer-seed's fixed recipe, 8 fp32
+# micro-batches of 2 x 512 a step, took a minute here) and hf-trainer-tuned in a fresh process in
+# tests/unit/bench/test_suite.py's suite; TRL's SFTTrainer, padding-free, runs here on the real model.
+@pytest.mark.parametrize("name", ["trl-sft"])
 def test_peer_on_embedded_model(name, tmp_path, addition_rows):
     if name == "trl-sft" and importlib.util.find_spec("trl") is None:
         pytest.skip("trl is not installed")

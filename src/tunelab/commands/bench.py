@@ -105,6 +105,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="store the fits in plan's catalog (plan/catalog/fitted.yaml, and grpo.yaml for the GRPO runs the row files name)",
     )
+    fit.add_argument(
+        "--published",
+        action="append",
+        metavar="FILE",
+        help="instead of the fit: plan against the published runs of FILE (repeat for more; e.g. "
+        "../shared/published-dev.yaml), uncalibrated, and each stack's error table (count, median |error|, share "
+        "within 20%%, tokens/s and memory)",
+    )
 
 
 def measured_options(p: argparse.ArgumentParser, steps: int, each: str = "") -> None:
@@ -273,6 +281,8 @@ def run_fit(args: argparse.Namespace) -> int:
 
     if args.overrides:
         raise TunelabError(f"bench fit reads no training config; drop {args.overrides[0]}")
+    if args.published:
+        return published_table([Path(p) for p in args.published])
     result = fitting.run(Path(args.rows))
     for line in result.left_out:
         print(line, file=sys.stderr)
@@ -292,6 +302,15 @@ def run_fit(args: argparse.Namespace) -> int:
             shipped = target.read_text() if target.exists() else ""
             same = fit.catalog_text(document, shipped) == shipped
             print(f"{target}: {'holds this fit' if same else 'differs from this fit; --write stores it'}")
+    return 0
+
+
+def published_table(paths: list[Path]) -> int:
+    """Each published case beside plan, then each stack's errors (bench/published.py); nothing is fitted."""
+    from ..bench import published
+
+    rows = published.rows(paths)
+    print("\n".join([*published.rows_table(rows), "", *published.summary_table(published.summary(rows))]))
     return 0
 
 

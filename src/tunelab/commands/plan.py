@@ -152,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
         tokenizer=args.tokenizer or (reading.tokenizer if reading is not None else None),
         stack=args.stack,
         hf=args.hf if isinstance(args.hf, dict) else list(args.hf),
+        parts=dict(reading.parts) if reading is not None else {},
         price_per_hour=args.price_per_hour,
         scenarios=args.format == "md" and not args.json,
         grpo=grpo_workload(args.completion_tokens, args.signal_share, args.from_run),

@@ -50,6 +50,9 @@ class Family:
     permute_qk: bool = False  # LlamaModel.permute: rows of q/k reordered for ggml's interleaved RoPE
     norm_plus_one: bool = False  # Gemma's RMSNorm scales by (1 + weight); llama.cpp by weight
     trim_vocab: bool = False  # Gemma3Model drops token_embd rows past the tokenizer's vocabulary
+    # A Mixture-of-Experts family: whether llama.cpp's graph renormalises the top-k router weights (build_moe_ffn's
+    # norm_w), which the config's norm_topk_prob must match; None for a dense family.
+    moe_norm_topk: bool | None = None
 
 
 FAMILIES = {
@@ -60,6 +63,12 @@ FAMILIES = {
     "gemma2": Family(gguf.MODEL_ARCH.GEMMA2, norm_plus_one=True),
     "gemma3_text": Family(gguf.MODEL_ARCH.GEMMA3, norm_plus_one=True, trim_vocab=True),
     "phi3": Family(gguf.MODEL_ARCH.PHI3),
+    # Mixture-of-Experts (issue 67): the stacked experts as llama.cpp's ffn_{gate,up,down}_exps; Mixtral is
+    # llama.cpp's LLAMA architecture with experts (LlamaModel), its q/k permuted like Llama's.
+    "qwen2_moe": Family(gguf.MODEL_ARCH.QWEN2MOE, moe_norm_topk=False),
+    "qwen3_moe": Family(gguf.MODEL_ARCH.QWEN3MOE, moe_norm_topk=True),
+    "mixtral": Family(gguf.MODEL_ARCH.LLAMA, permute_qk=True, moe_norm_topk=True),
+    "olmoe": Family(gguf.MODEL_ARCH.OLMOE, moe_norm_topk=False),
 }
 # Rope scalings the converter writes for these families (TextModel.set_gguf_parameters, LlamaModel's rope_freqs).
 ROPE_TYPES = {None, "default", "linear", "yarn", "llama3"}
@@ -109,7 +118,7 @@ def check_model(config, tokenizer_dir: Path, quant: str, ref: str) -> ModelPlan:
     file_type, qtype = quant_types(quant)
     moe = experts(config)
     if moe is not None:
-        raise TunelabError(f"model {ref}: a Mixture-of-Experts model ({moe[0]}={moe[1]}); GGUF export is dense only")
+        _check_moe(config, moe, ref)
     if model_type not in FAMILIES:
         raise TunelabError(
             f"model {ref}: model_type {model_type} has no GGUF export in tunelab; it writes {', '.join(FAMILIES)}"
@@ -130,6 +139,33 @@ def check_model(config, tokenizer_dir: Path, quant: str, ref: str) -> ModelPlan:
         )
     tokenizer, pre = _tokenizer_kind(tokenizer_dir, ref)
     return ModelPlan(FAMILIES[model_type], model_type, file_type, qtype, tokenizer, pre)
+
+
+def _check_moe(config, moe: tuple[str, int], ref: str) -> None:
+    """What llama.cpp's MoE graphs assume of a family's config: every layer sparse, its own top-k normalisation."""
+    model_type = getattr(config, "model_type", "?")
+    family = FAMILIES.get(model_type)
+    if family is None or family.moe_norm_topk is None:
+        moe_families = ", ".join(k for k, f in FAMILIES.items() if f.moe_norm_topk is not None)
+        raise TunelabError(
+            f"model {ref}: a Mixture-of-Experts model ({moe[0]}={moe[1]}) of model_type {model_type}; GGUF export "
+            f"writes the MoE families {moe_families}"
+        )
+    arch = gguf.MODEL_ARCH_NAMES[family.arch]
+    if getattr(config, "mlp_only_layers", None) or getattr(config, "decoder_sparse_step", 1) != 1:
+        raise TunelabError(
+            f"model {ref}: dense layers among the sparse ones (mlp_only_layers / decoder_sparse_step in config.json); "
+            f"llama.cpp's {arch} makes every layer sparse, so the GGUF would compute another model"
+        )
+    norm = bool(getattr(config, "norm_topk_prob", family.moe_norm_topk))
+    if norm != family.moe_norm_topk:
+        raise TunelabError(
+            f"model {ref}: norm_topk_prob={norm} in config.json; llama.cpp's {arch} "
+            f"{'renormalises' if family.moe_norm_topk else 'does not renormalise'} the top-k router weights, so the "
+            "GGUF would compute another model"
+        )
+    if getattr(config, "clip_qkv", None) is not None:
+        raise TunelabError(f"model {ref}: clip_qkv in config.json, which tunelab's GGUF export does not write")
 
 
 def _rope(hp: dict) -> dict:
@@ -189,6 +225,9 @@ def _model_tensors(model, plan: ModelPlan, tokenizer_dir: Path) -> list:
     for hf_name, tensor in model.state_dict().items():
         if hf_name == "lm_head.weight" and (tied or plan.model_type == "gemma2"):
             continue  # llama.cpp reuses token_embd as the output; the converter never sees a tied head
+        if hf_name.endswith(STACKED):
+            out += _expert_tensors(tmap, hf_name, tensor, plan)
+            continue
         name = tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None:
             raise TunelabError(f"tensor {hf_name}: has no GGUF name for {plan.model_type}; nothing was written")
@@ -196,6 +235,32 @@ def _model_tensors(model, plan: ModelPlan, tokenizer_dir: Path) -> list:
         shape = tuple(source().shape)
         out.append((name, source, shape, _tensor_type(name, shape, plan.qtype)))
     out += _extra_tensors(config.to_dict(), plan)
+    return out
+
+
+STACKED = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")  # transformers 5.25's stacked expert weights
+
+
+def _expert_tensors(tmap, hf_name: str, tensor: torch.Tensor, plan: ModelPlan) -> list:
+    """A stacked expert weight as llama.cpp's converter writes it (Qwen2MoeModel.modify_tensors): gate_up_proj
+    (E, 2I, H) split into ffn_gate_exps and ffn_up_exps (E, I, H), gate first; down_proj (E, H, I) as
+    ffn_down_exps. Named through gguf's TensorNameMap as the per-projection stacks it knows."""
+    prefix = hf_name.rsplit(".", 1)[0]
+    if hf_name.endswith("down_proj"):
+        parts = [("down_proj", lambda: tensor.detach().float())]
+    else:
+        width = tensor.shape[1] // 2
+        parts = [
+            ("gate_proj", lambda: tensor.detach()[:, :width].float().contiguous()),
+            ("up_proj", lambda: tensor.detach()[:, width:].float().contiguous()),
+        ]
+    out = []
+    for proj, source in parts:
+        name = tmap.get_name(f"{prefix}.{proj}")
+        if name is None:
+            raise TunelabError(f"tensor {hf_name}: has no GGUF name for {plan.model_type}; nothing was written")
+        shape = tuple(source().shape)
+        out.append((name + ".weight", source, shape, _tensor_type(name + ".weight", shape, plan.qtype)))
     return out
 
 
@@ -212,6 +277,8 @@ def _converted(tensor: torch.Tensor, hf_name: str, config, plan: ModelPlan, n_vo
             t = t + 1
         if n_vocab is not None and "embed_tokens.weight" in hf_name:
             t = t[:n_vocab]
+        if hf_name.endswith("shared_expert_gate.weight"):
+            t = t.squeeze(0)  # (1, H) -> (H,): prepare_tensors squeezes it, llama.cpp loads ffn_gate_inp_shexp {n_embd}
         return t
 
     return get
@@ -234,6 +301,8 @@ def _tensor_type(name: str, shape: tuple, qtype) -> gguf.GGMLQuantizationType:
     """prepare_tensors' rule: vectors and norms stay F32; a row that is no whole number of quant blocks
     falls back to F16, as the converter does on its QuantError."""
     if len(shape) <= 1 or name.endswith("_norm.weight") or not name.endswith((".weight", ".lora_a", ".lora_b")):
+        return T.F32
+    if ".ffn_gate_inp" in name:  # routers (and the shared expert's gate) stay F32, as the converter keeps them
         return T.F32
     block = gguf.GGML_QUANT_SIZES[qtype][0]
     return qtype if shape[-1] % block == 0 else T.F16
@@ -277,6 +346,7 @@ def _hyperparameters(w: gguf.GGUFWriter, hp: dict, plan: ModelPlan) -> None:
     w.add_head_count(hp["num_attention_heads"])
     w.add_head_count_kv(hp.get("num_key_value_heads") or hp["num_attention_heads"])
     w.add_layer_norm_rms_eps(hp["rms_norm_eps"])
+    _moe_hyperparameters(w, hp, arch)
     head_dim = hp.get("head_dim")
     if arch == gguf.MODEL_ARCH.PHI3:
         if hp.get("original_max_position_embeddings"):  # Phi3MiniModel writes it, scaled or not
@@ -313,6 +383,19 @@ def _hyperparameters(w: gguf.GGUFWriter, hp: dict, plan: ModelPlan) -> None:
         w.add_vocab_size(hp["vocab_size"])
         w.add_rope_dimension_count(head_dim or hp["hidden_size"] // hp["num_attention_heads"])
     w.add_file_type(plan.file_type)
+
+
+def _moe_hyperparameters(w: gguf.GGUFWriter, hp: dict, arch) -> None:
+    """TextModel's expert_count / expert_used_count, and Qwen2MoeModel's (Qwen3-MoE's too) expert widths."""
+    count = hp.get("num_local_experts") or hp.get("num_experts")
+    if not count:
+        return
+    w.add_expert_count(count)
+    w.add_expert_used_count(hp["num_experts_per_tok"])
+    if arch in (gguf.MODEL_ARCH.QWEN2MOE, gguf.MODEL_ARCH.QWEN3MOE):
+        w.add_expert_feed_forward_length(hp["moe_intermediate_size"])
+        if hp.get("shared_expert_intermediate_size"):
+            w.add_expert_shared_feed_forward_length(hp["shared_expert_intermediate_size"])
 
 
 def _rope_scaling(w: gguf.GGUFWriter, rope: dict) -> None:
@@ -454,6 +537,11 @@ def check_lora(adapter_config: dict, config, quant: str, ref: str) -> LoraPlan:
     if model_type not in FAMILIES:
         raise TunelabError(
             f"model {ref}: model_type {model_type} has no GGUF export in tunelab; it writes {', '.join(FAMILIES)}"
+        )
+    if adapter_config.get("target_parameters"):
+        raise TunelabError(
+            f"{ref}: LoRA on stacked experts (target_parameters), which a GGUF LoRA (one A/B per linear layer) cannot "
+            "carry; export the merged model with --format gguf instead"
         )
     if adapter_config.get("peft_type") != "LORA":
         raise TunelabError(f"{ref}: a {adapter_config.get('peft_type')} adapter; --format gguf-lora writes LoRA only")

@@ -199,7 +199,10 @@ class _FusedForward:
     or nf4 base weight, LoRA dropout or none); anything else (an int8 base, say) takes peft's own forward."""
 
     _packed: torch.Tensor | None = None  # see pack_for_inference
-    _prepacked: torch.Tensor | None = None  # W + sBA reordered for CPU decoding (model/prepack.py)
+    _prepacked: torch.Tensor | None = None  # W + sBA (fp32) or [W | sB] (bf16) reordered for CPU decoding (prepack.py)
+    _prepacked_dtype: torch.dtype | None = None  # the dtype of x it multiplies
+    _prepacked_a: torch.Tensor | None = None  # with a bf16 [W | sB]: A in bf16, cast once for the block
+    _prepacked_name: str | None = None  # the adapter the block reordered, the one it reads throughout
     _packed_while = False  # `_packed` is pack_while's copy, dropped by unpack_inference
 
     def _inference_forward(self, x: torch.Tensor, name: str, packed: torch.Tensor | None) -> torch.Tensor | None:
@@ -211,28 +214,44 @@ class _FusedForward:
             return None
         width = x.shape[-1]
         x2 = x.reshape(-1, width)
-        if self._prepacked is not None and x.dtype == torch.float32:  # W + sBA, B as it stood when reordered
-            y = prepacked_linear(x2, self._prepacked, self.base_layer.bias)
+        if self._prepacked is not None and x.dtype == self._prepacked_dtype:  # B as it stood when reordered
+            if self._prepacked_a is None:  # fp32: W + sBA
+                y = prepacked_linear(x2, self._prepacked, self.base_layer.bias)
+            else:  # bf16: [x | xAᵀ]·[W | sB]ᵀ as _fused_product computes it, over the reordered [W | sB]
+                xa = x2 @ self._prepacked_a.T
+                y = prepacked_linear(torch.cat([x2, xa], dim=1), self._prepacked, None)
+                if self.base_layer.bias is not None:
+                    y += self.base_layer.bias.to(y.dtype)
             return y.view(*x.shape[:-1], y.shape[-1])
         if packed is None or x.dtype != packed.dtype:
             return None
-        torch.mul(self.lora_B[name].weight, self.scaling[name], out=packed[:, width:])
+        # copy_, not torch.mul(..., out=): dynamo cannot trace an out= view, and broke the compiled decode step's graph
+        # in every layer (a resume function per layer, past the recompile limit); the same rounding to packed's dtype.
+        packed[:, width:].copy_(self.lora_B[name].weight * self.scaling[name])
         y, _ = _fused_product(x2, x2, self.lora_A[name].weight.to(x.dtype), packed, self.base_layer.bias)
         return y.view(*x.shape[:-1], y.shape[-1])
 
     def prepack_inference(self, reorder) -> torch.nn.Module | None:
-        """For an fp32 dense base: keep `reorder(W + sBA)`, B as it stands now, for the inference calls until
-        `unpack_inference` (one product per call: no xAᵀ, no concatenation; in fp32 the merge's rounding is the
-        product's own), and return the base layer that covers; else None. Packed by `pack_for_inference` or not
-        (a compiled policy's layers are not: see `pack_while`)."""
+        """For a dense base, keep for the inference calls until `unpack_inference`, B as it stands now: in fp32
+        `reorder(W + sBA)` (one product per call: no xAᵀ, no concatenation; in fp32 the merge's rounding is the
+        product's own); in bf16 `reorder([W | sB])` and A in bf16, the packed layer's product over a reordered
+        weight (merging would round the update away: `pack_for_inference`), with no per-call write of sB or cast of
+        A. Returns the base layer that covers, else None. Packed by `pack_for_inference` or not (a compiled policy's
+        layers are not: see `pack_while`)."""
         name = self._fused_adapter()
         base = self.base_layer
-        if name is None or not _dense(base) or base.weight.dtype != torch.float32:
+        if name is None or not _dense(base) or base.weight.dtype not in (torch.float32, torch.bfloat16):
             return None
         with torch.no_grad():
-            lora_a, lora_b = self.lora_A[name].weight.float(), self.lora_B[name].weight.float()
-            merged = torch.addmm(base.weight, lora_b, lora_a, alpha=self.scaling[name])
-        self._prepacked = reorder(merged)
+            weight = base.weight.detach()
+            if weight.dtype == torch.float32:
+                lora_a, lora_b = self.lora_A[name].weight.float(), self.lora_B[name].weight.float()
+                self._prepacked = reorder(torch.addmm(weight, lora_b, lora_a, alpha=self.scaling[name]))
+            else:  # the values _LoraLinearFn and _inference_forward compute: (B·s) and A cast to bf16
+                scaled = (self.lora_B[name].weight * self.scaling[name]).to(weight.dtype)
+                self._prepacked = reorder(torch.cat([weight, scaled], dim=1))
+                self._prepacked_a = self.lora_A[name].weight.detach().to(weight.dtype)
+        self._prepacked_dtype, self._prepacked_name = weight.dtype, name
         return base
 
     def pack_while(self) -> bool:
@@ -252,7 +271,7 @@ class _FusedForward:
 
     def unpack_inference(self) -> None:
         """Drop what `prepack_inference` and `pack_while` kept."""
-        self._prepacked = None
+        self._prepacked = self._prepacked_a = self._prepacked_name = None
         if self._packed_while:
             self._packed, self._packed_while = None, False
 
@@ -269,6 +288,10 @@ class _FusedForward:
         return name
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        if self._prepacked_name is not None and not (args or kwargs):  # inside prepacked: its adapter, unchanged
+            y = self._inference_forward(x, self._prepacked_name, None)
+            if y is not None:
+                return y
         name = None if args or kwargs else self._fused_adapter()
         if name is None:
             return super().forward(x, *args, **kwargs)

@@ -85,39 +85,139 @@ def expert_params(model: torch.nn.Module) -> list[str]:
 
 
 def _grouped_kernel(x: torch.Tensor) -> bool:
-    """Whether torch has a grouped matmul for `x`'s device (CUDA needs SM80+; CPU has one since torch 2.9)."""
-    if not hasattr(torch, "_grouped_mm"):
+    """Whether the products run as torch's grouped kernel: CUDA with SM80+ in bf16. On the CPU torch 2.9+ has a
+    `_grouped_mm` too, but it is a loop of matmuls slower than `Segments`' own (half the speed on a 2-core EPYC
+    at 64 experts, and a tenth on LoRA's rank-16 products: benchmarks/peers/moe-peers_…_2026-12-07.md)."""
+    if not hasattr(torch, "_grouped_mm") or x.device.type != "cuda":
         return False
-    if x.device.type == "cuda":
-        return torch.cuda.get_device_capability(x.device) >= (8, 0) and x.dtype == torch.bfloat16
-    return x.device.type == "cpu"
+    return torch.cuda.get_device_capability(x.device) >= (8, 0) and x.dtype == torch.bfloat16
 
 
-def grouped_mm(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, counts: list[int] | None) -> torch.Tensor:
+def grouped_mm(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """Rows of `x` (S, in), sorted by expert with `offs` the cumulative counts, times their expert's slice of
-    `weight` (E, in, out): torch's grouped kernel, else one matmul per expert's contiguous segment."""
-    weight = weight.to(x.dtype)
-    if counts is None:
-        return torch._grouped_mm(x, weight, offs=offs)
-    parts, start = [], 0
-    for e, n in enumerate(counts):
-        if n:
-            parts.append(x[start : start + n] @ weight[e])
+    `weight` (E, in, out), as torch's grouped kernel (with its autograd)."""
+    return torch._grouped_mm(x, weight.to(x.dtype), offs=offs)
+
+
+TILE_MIN, TILE_MAX = 16, 256  # rows per tile of LoRA's batched products: half the mean expert load, in this range
+
+
+class Segments:
+    """The sorted rows' per-expert segments, and the products over them where no grouped kernel runs: a dense
+    projection as one matmul per expert's contiguous segment, written in place (no concatenation, and a backward
+    that never materialises a full-size gradient per slice); LoRA's rank-r products as one batched matmul over
+    tiles (each expert's rows cut into tiles of `tile` rows, the last one zero-padded, each tile with its expert's
+    factors): one call instead of E thin ones, which cost more in call overhead than in arithmetic, and padding
+    of less than a tile per expert however skewed the routing."""
+
+    def __init__(self, expert_ids: torch.Tensor, counts: torch.Tensor, num: int):
+        self.num, self.rows = num, expert_ids.numel()
+        self.counts = counts.tolist()
+        half_mean = -(-self.rows // (2 * num))
+        self.tile = min(TILE_MAX, max(TILE_MIN, -(-half_mean // TILE_MIN) * TILE_MIN))
+        tiles = (counts + self.tile - 1) // self.tile
+        first = tiles.cumsum(0) - tiles  # each expert's first tile
+        self.tiles = int(tiles.sum())
+        self.tile_expert = torch.repeat_interleave(torch.arange(num, device=counts.device), tiles)
+        rank = torch.arange(self.rows, device=expert_ids.device) - (counts.cumsum(0) - counts)[expert_ids]
+        self.pos = first[expert_ids] * self.tile + rank
+
+    def spans(self):
+        start = 0
+        for e, n in enumerate(self.counts):
+            if n:
+                yield e, start, start + n
             start += n
-    return torch.cat(parts) if parts else x.new_zeros(0, weight.shape[-1])
+
+    def mm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """Each segment of x (S, in) times its expert's w (E, in, out): (S, out)."""
+        out = x.new_empty(x.shape[0], w.shape[-1])
+        for e, a, b in self.spans():
+            torch.mm(x[a:b], w[e], out=out[a:b])
+        return out
+
+    def tn(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Per expert x_eᵀ·y_e over its segment: (E, x's width, y's width) (zero for an expert with no rows)."""
+        out = x.new_zeros(self.num, x.shape[-1], y.shape[-1])
+        for e, a, b in self.spans():
+            torch.mm(x[a:b].t(), y[a:b], out=out[e])
+        return out
+
+    def pad(self, t: torch.Tensor) -> torch.Tensor:
+        """(S, d) sorted rows -> (tiles, tile, d), zeros past each expert's rows."""
+        out = t.new_zeros(self.tiles * self.tile, t.shape[-1])
+        out.index_copy_(0, self.pos, t)
+        return out.view(self.tiles, self.tile, -1)
+
+    def unpad(self, t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(-1, t.shape[-1]).index_select(0, self.pos)
+
+    def per_expert(self, t: torch.Tensor) -> torch.Tensor:
+        """(tiles, ...) summed per expert: (E, ...)."""
+        return t.new_zeros(self.num, *t.shape[1:]).index_add_(0, self.tile_expert, t)
+
+    def lora(self, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x·Aₑ)·Bₑ per row (S, out), and x·Aₑ per tile (tiles, tile, r) for the backward."""
+        h = torch.bmm(self.pad(x), a[self.tile_expert])
+        return self.unpad(torch.bmm(h, b[self.tile_expert])), h
+
+    def lora_backward(self, x, a, b, h, dy, scale, dx):
+        """dA, dB of `lora` for dy (S, out), adding dx's low-rank part into `dx` when given."""
+        dyp = self.pad(dy)
+        dh = torch.bmm(dyp, b[self.tile_expert].transpose(1, 2)) * scale
+        db = self.per_expert(torch.bmm(h.transpose(1, 2), dyp)) * scale
+        if dx is not None:
+            dx += self.unpad(torch.bmm(dh, a[self.tile_expert].transpose(1, 2)))
+        return self.per_expert(torch.bmm(self.pad(x).transpose(1, 2), dh)), db
 
 
-def _projection(experts, name: str, x, offs, counts, expert_ids):
+class _SegmentedLinear(torch.autograd.Function):
+    """y = x·Wₑ + scale·(x·Aₑ)·Bₑ over the sorted rows, each row by its expert e, with the backward written out:
+    dx from the frozen stack's products, dA and dB from rank-r ones, and the stack's own gradient only when it
+    trains (full fine-tuning). The inputs arrive in one dtype; autocast stays out of the in-place products."""
+
+    @staticmethod
+    def forward(ctx, x, weight, a, b, scale, seg):
+        with torch.autocast(x.device.type, enabled=False):
+            out = seg.mm(x, weight)
+            h = None
+            if a is not None:
+                low, h = seg.lora(x, a, b)
+                out += low * scale
+        ctx.seg, ctx.scale = seg, scale
+        keep_x = weight.requires_grad or a is not None
+        ctx.save_for_backward(x if keep_x else None, weight, a, b, h)
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, a, b, h = ctx.saved_tensors
+        seg, scale = ctx.seg, ctx.scale
+        with torch.autocast(dy.device.type, enabled=False):
+            dy = dy.contiguous().to(weight.dtype)
+            dx = seg.mm(dy, weight.transpose(1, 2)) if ctx.needs_input_grad[0] else None
+            dw = seg.tn(x, dy) if ctx.needs_input_grad[1] else None
+            da = db = None
+            if a is not None:
+                da, db = seg.lora_backward(x, a, b, h, dy, scale, dx)
+        return dx, dw, da, db, None, None
+
+
+def _projection(experts, name: str, x, offs, seg, expert_ids):
     """One stacked projection of the sorted rows: base product, its LoRA product when adapted, its bias."""
     weight = getattr(experts, name)
     oriented = weight if experts.is_transposed else weight.transpose(1, 2)  # (E, in, out)
-    out = grouped_mm(x, oriented, offs, counts)
     lora = getattr(experts, "tunelab_lora", {}).get(name)
-    if lora is not None:
-        factors = lora_factors(lora)
+    factors = lora_factors(lora) if lora is not None else None
+    if seg is None:  # the grouped kernel, autograd through it
+        out = grouped_mm(x, oriented, offs)
         if factors is not None:
             a, b, scale = factors  # (E, in, r), (E, r, out)
-            out = out + grouped_mm(grouped_mm(x, a, offs, counts), b, offs, counts) * scale
+            out = out + grouped_mm(grouped_mm(x, a, offs), b, offs) * scale
+    else:
+        a, b, scale = factors if factors is not None else (None, None, 1.0)
+        a, b = (None, None) if a is None else (a.to(x.dtype), b.to(x.dtype))
+        out = _SegmentedLinear.apply(x, oriented.to(x.dtype), a, b, scale, seg)
     bias = getattr(experts, f"{name}_bias", None) if experts.has_bias else None
     if bias is not None:
         out = out + bias.to(out.dtype)[expert_ids]
@@ -134,11 +234,11 @@ def grouped_experts_forward(experts, hidden_states, top_k_index, top_k_weights):
     num = experts.num_experts
     counts_t = torch.bincount(flat, minlength=num)
     offs = counts_t.cumsum(0).to(torch.int32)
-    counts = None if _grouped_kernel(hidden_states) else counts_t.tolist()
+    seg = None if _grouped_kernel(hidden_states) else Segments(expert_ids, counts_t, num)
     x = hidden_states[order // top_k]
-    up = _projection(experts, "gate_up_proj" if experts.has_gate else "up_proj", x, offs, counts, expert_ids)
+    up = _projection(experts, "gate_up_proj" if experts.has_gate else "up_proj", x, offs, seg, expert_ids)
     act = experts._apply_gate(up) if experts.has_gate else experts.act_fn(up)
-    down = _projection(experts, "down_proj", act, offs, counts, expert_ids)
+    down = _projection(experts, "down_proj", act, offs, seg, expert_ids)
     weighted = down * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(down.dtype)
     out = torch.zeros(tokens, weighted.shape[-1], dtype=weighted.dtype, device=weighted.device)
     out.index_add_(0, order // top_k, weighted)

@@ -64,6 +64,15 @@ class Estimate:
     # The schedule's optimizer steps where `max_minutes` ends the run before them (then `work` is the steps that
     # run); 0 when it does not.
     time_limited_from: int = 0
+    varied_reserve: float = 0.0  # memory.varied_reserve_bytes: the allocator's reserve from rows of varied width
+
+    @property
+    def figures(self) -> memory.Figures:
+        """The peak as allocated, reserved and process memory (memory.stated_figures); `memory.total` is the
+        process's."""
+        overhead = self.memory.runtime_overhead
+        context = memory.CUDA_CONTEXT_BYTES if self.device.gpu.device_type == "cuda" else 0
+        return memory.stated_figures(self.memory.total - overhead, overhead, context, self.varied_reserve)
 
     @property
     def fits(self) -> bool:
@@ -223,6 +232,9 @@ def estimate(
         constants=constants,
         model_step_s=model_step_s,
         compiled=job.compiled,
+        varied_reserve=memory.varied_reserve_bytes(arch, job, lay, w.epoch.tokens_padded / max(1, w.epoch.rows))
+        if d.gpu.device_type == "cuda"
+        else 0.0,
     )
 
 

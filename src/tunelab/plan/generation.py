@@ -66,15 +66,18 @@ class SamplingMemory:
 
 
 def sampling_memory(
-    arch: Arch, gen: Generation, compute_bytes: int, on_cpu: bool, adapter_unpacked: bool
+    arch: Arch, gen: Generation, compute_bytes: int, on_cpu: bool, adapter_unpacked: bool, fp32_master: bool = False
 ) -> SamplingMemory:
     """The sampler's memory for `gen`: its KV cache, one step's logits, and on a CPU the weights it lays out again
-    for the length of the call: every linear weight reordered in fp32 from PREPACK_MIN_ROWS rows (the LM head
-    included), else, for a policy whose LoRA layers hold no packed [W | sB] (`adapter_unpacked`: compiled
-    blocks), a copy of the block weights with sB beside them (model/prepack.py)."""
+    for the length of the call: every linear weight reordered in the compute dtype from PREPACK_MIN_ROWS rows (the
+    LM head included; fp32, or bf16 weights (a bf16 LoRA layer's [W | sB]) where the run computes in bf16, but not
+    full fine-tuning's fp32 master weights under bf16 autocast, `fp32_master`), else, for a policy whose LoRA layers
+    hold no packed [W | sB] (`adapter_unpacked`: compiled blocks), a copy of the block weights with sB beside them
+    (model/prepack.py)."""
     packed = 0
-    if on_cpu and compute_bytes == 4 and gen.rows >= runtime.PREPACK_MIN_ROWS:
-        packed = arch.matmul_params * 4
+    reordered = compute_bytes == 4 or (compute_bytes == 2 and not fp32_master)
+    if on_cpu and reordered and gen.rows >= runtime.PREPACK_MIN_ROWS:
+        packed = arch.matmul_params * compute_bytes
     elif on_cpu and adapter_unpacked:
         packed = arch.block_linear_params * compute_bytes
     logits = gen.rows * arch.vocab * DECODE_LOGIT_BYTES

@@ -20,6 +20,7 @@ from .arch import Arch
 from .estimate import Device, compute_bytes, constants_key, estimate
 from .generation import GrpoStep, generation, sampling_memory
 from .job import Job
+from .memory import fp32_master
 
 
 @dataclass(frozen=True)
@@ -197,9 +198,8 @@ def plan_grpo(
     # The sampler's buffers are added to the update's peak, not maxed with it: on a CPU the freed pages are kept
     # for reuse, not returned (recipes/grpo.setup), and the rollouts' shapes change every batch.
     unpacked = job.compute.compile is True and not job.method.trains_base
-    sampling = sampling_memory(
-        arch, step.generation, compute_bytes(job, device), device.gpu.device_type == "cpu", unpacked
-    )
+    cpu = device.gpu.device_type == "cpu"
+    sampling = sampling_memory(arch, step.generation, compute_bytes(job, device), cpu, unpacked, fp32_master(job))
     memory = update.memory.total + sampling.total
     # The run checks its time limit between generation batches (train/loop.run, BatchSource.unit).
     runs = timing.steps_within(job.run.max_minutes * 60, batches, batches * step.batch_s, 0.0)

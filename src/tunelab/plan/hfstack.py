@@ -33,6 +33,10 @@ from ..optimizers import HF_OPTIMS
 
 ATTENTION = ("eager", "sdpa", "flash_attention_2")
 PADDING = ("longest", "max_length", "padding_free", "packed", "multipack")
+# The loss kernels plan prices (memory.loss_kernel_bytes): transformers' whole logits, tunelab's chunked head,
+# Liger's fused linear cross-entropy, Cut Cross Entropy, torchtune's CEWithChunkedOutputLoss, and torch's
+# cross-entropy over the whole logits in the compute dtype (torchtune's torch.nn.CrossEntropyLoss).
+LOSS_KERNELS = ("whole", "chunked", "liger", "cce", "chunked_output", "native")
 # TrainingArguments' `optim` -> (tunelab's optimizer row, fused step): optimizers.HF_OPTIMS.
 OPTIMS = HF_OPTIMS
 # Padded widths round up to this (the tuned recipe's DataCollatorForSeq2Seq pad_to_multiple_of=8).

@@ -19,7 +19,8 @@ from ..config import (
     TrainConfig,
     published,
 )
-from .hfstack import HfStack
+from ..errors import TunelabError
+from .hfstack import LOSS_KERNELS, HfStack
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,39 @@ STACK_ROWS = {
 STACKS = tuple(STACK_ROWS)
 
 
+@dataclass(frozen=True)
+class Parts:
+    """What another tool's run does to memory that tunelab's settings do not name, each priced by its own term
+    (plan/memory.py; docs/formulas.md, "Memory from its parts"): set by `plan --from`'s readers, defaults tunelab's."""
+
+    loss_kernel: str = ""  # hfstack.LOSS_KERNELS; "": the stack's own (tunelab's chunked head, the HF spec's)
+    ckpt_every: int = 1  # with grad_ckpt, one decoder layer in every N checkpointed (torchtune's selective ac_option)
+    zero_stage: int = 0  # DeepSpeed ZeRO's stage on one GPU (its buffers, memory.zero_buffer_bytes); 0: none
+    double_quant: bool = True  # an NF4 base's absmaxes quantized again (bnb_4bit_use_double_quant)
+    gptq_bits: int = 0  # a GPTQ base of these bits (memory.gptq_bytes) in place of NF4; 0: none
+    # Every trained tensor, its gradient and its torch.optim states in bf16 (torchtune's `dtype: bf16` builds the
+    # model, LoRA's adapters included, in bf16, and torch.optim keeps states in the parameter's dtype).
+    pure_bf16: bool = False
+
+    def check(self) -> Parts:
+        if self.loss_kernel and self.loss_kernel not in LOSS_KERNELS:
+            raise TunelabError(f"loss kernel {self.loss_kernel!r}: choose from {', '.join(LOSS_KERNELS)}")
+        if self.ckpt_every < 1:
+            raise TunelabError(f"checkpointing every {self.ckpt_every} layers: must be 1 or more")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise TunelabError(f"DeepSpeed ZeRO stage {self.zero_stage}: one of 0, 1, 2, 3")
+        return self
+
+    def label(self) -> str:
+        """The parts that differ from tunelab's own, as KEY=VALUE (empty when none does)."""
+        default = Parts()
+        return ", ".join(
+            f"{f.name}={getattr(self, f.name)}"
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != getattr(default, f.name)
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class Job:
     adapter: AdapterConfig = field(default_factory=AdapterConfig)
@@ -54,9 +88,10 @@ class Job:
     eval_every: int = 0  # optimizer steps between evaluations (EvalConfig.every); used when lengths hold some out
     stack: str = "tunelab"  # STACKS
     hf: HfStack | None = None  # the HF script's choices where the stack row is HF's (Stack.hf), else None
+    parts: Parts = field(default_factory=Parts)  # another tool's memory parts (plan --from), else tunelab's
 
     @classmethod
-    def of(cls, cfg: TrainConfig, stack: str = "tunelab", hf: HfStack | None = None) -> Job:
+    def of(cls, cfg: TrainConfig, stack: str = "tunelab", hf: HfStack | None = None, parts: Parts | None = None) -> Job:
         return cls(
             adapter=cfg.adapter,
             objective=cfg.objective,
@@ -68,6 +103,7 @@ class Job:
             eval_every=cfg.eval.every(cfg.run.save_steps),
             stack=stack,
             hf=(hf or HfStack()) if STACK_ROWS[stack].hf else None,
+            parts=(parts or Parts()).check(),
         )
 
     def but(self, **changes) -> Job:
@@ -76,7 +112,7 @@ class Job:
         sections: dict[str, dict] = {}
         own = {}
         for name, value in changes.items():
-            if name in ("eval_every", "stack", "hf"):
+            if name in ("eval_every", "stack", "hf", "parts"):
                 own[name] = value
                 continue
             section, attr = keys[name]
@@ -111,8 +147,9 @@ class Job:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of each trained weight (and of its gradient): fp32 master weights, or bf16 (`weights: bf16`)."""
-        return 2 if self.method.trains_base and self.adapter.weights == "bf16" else 4
+        """Bytes of each trained weight (and of its gradient): fp32 master weights, or bf16 (`weights: bf16`, or
+        another tool's pure bf16: Parts.pure_bf16)."""
+        return 2 if self.method.trains_base and self.adapter.weights == "bf16" or self.parts.pure_bf16 else 4
 
     @property
     def goal(self) -> objectives.Objective:

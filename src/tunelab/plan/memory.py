@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from ..runtime import LOGIT_CHUNK, STEP_CHUNK
 from .arch import Arch
 from .flops import adapter_params
+from .hfstack import LOSS_KERNELS
 from .job import Job
 
 
@@ -34,6 +35,85 @@ def dequant_scratch_bytes(arch: Arch, compute_bytes: int) -> float:
 
 
 NF4_BYTES = nf4_bytes()  # QLoRA's default (bnb_4bit_use_double_quant=True)
+
+
+def four_bit_bytes(job: Job) -> float:
+    """Bytes a weight of the job's 4-bit base: GPTQ's where the tool's model is a GPTQ one, else NF4's with or
+    without double quantization (Job.parts)."""
+    p = job.parts
+    return gptq_bytes(p.gptq_bits) if p.gptq_bits else nf4_bytes(p.double_quant)
+
+
+# DeepSpeed's defaults (deepspeed/runtime/zero/config.py): the gradient-reduce and the parameter-allgather
+# buckets (stages 1-2), ZeRO-3's prefetch bucket and its cap on live gathered parameters, in elements.
+ZERO_REDUCE_BUCKET = 500_000_000
+ZERO_ALLGATHER_BUCKET = 500_000_000
+ZERO3_PREFETCH_BUCKET = 50_000_000
+ZERO3_MAX_LIVE = 1_000_000_000
+
+
+def zero_buffer_bytes(stage: int, trainable: int, total: int, compute_bytes: int, weight_bytes: int) -> float:
+    """What DeepSpeed ZeRO adds on one GPU, where it shards nothing: an fp32 master copy of the trained weights
+    where they are kept in 16 bits (its optimizer steps fp32 partitions), its gradient-reduce bucket and, stages 1-2,
+    the allgather bucket of the updated weights (each capped by what is trained); stage 2's contiguous gradient
+    buffer (a second copy of the gradients in the compute dtype); stage 3's prefetch bucket and live gathered
+    weights (capped by the model). 0 for stage 0."""
+    if stage == 0:
+        return 0.0
+    a = compute_bytes
+    master = trainable * 4 if weight_bytes < 4 else 0
+    reduce = min(trainable, ZERO_REDUCE_BUCKET) * a
+    if stage == 3:
+        return master + reduce + min(total, ZERO3_PREFETCH_BUCKET + ZERO3_MAX_LIVE) * a
+    gather = min(trainable, ZERO_ALLGATHER_BUCKET) * a
+    return master + reduce + gather + (trainable * a if stage == 2 else 0)
+
+
+# The CUDA context and the libraries' handles and workspaces a CUDA process holds outside PyTorch's caching
+# allocator (nvidia-smi counts them, torch.cuda.max_memory_reserved does not): docs/formulas.md's 0.3-1.0 GiB for
+# a context with lazy module loading, its middle. Assumption; the rest of the catalog's runtime overhead is the
+# allocator's reserve.
+CUDA_CONTEXT_BYTES = 512 * 2**20
+
+
+@dataclass(frozen=True)
+class Figures:
+    """The three peaks a published figure can be (MemoryBreakdown.figures): PyTorch's allocated peak
+    (max_memory_allocated; torchtune's `peak_memory_active` is the same tensors), the caching allocator's reserved
+    peak (max_memory_reserved: allocated plus freed blocks it keeps), and the process as nvidia-smi shows it
+    (reserved plus the CUDA context)."""
+
+    allocated: int
+    reserved: int
+    process: int
+
+    def of(self, kind: str) -> int:
+        return getattr(self, FIGURE_KINDS[kind])
+
+
+# What a published memory figure counts -> the Figures field it is compared with.
+FIGURE_KINDS = {"allocated": "allocated", "active": "allocated", "reserved": "reserved", "process": "process"}
+
+
+def stated_figures(allocated: float, overhead: int, context: int, varied_reserve: float = 0.0) -> Figures:
+    """From the model's terms (`allocated`) and the device's runtime overhead (`overhead`, of which `context` is
+    outside the allocator): reserved = allocated + the allocator's reserve (the overhead less the context, plus
+    `varied_reserve`: blocks cut for shorter rows that the longest cannot reuse), process = reserved + context."""
+    reserved = allocated + max(0, overhead - context) + varied_reserve
+    return Figures(round(allocated), round(reserved), round(reserved + min(context, overhead)))
+
+
+def varied_reserve_bytes(arch: Arch, job: Job, s: Layout, mean_row: float) -> float:
+    """Rows of varied length padded per batch (an HF stack's `longest` padding): the caching allocator keeps the
+    blocks it cut for narrower batches, which the widest cannot reuse, so the reserve grows by about one layer's
+    saved activations at the widest row less at the mean (at most one layer: blocks of a whole layer's size are
+    split and reused for the next). 0 where every row has one width (packed, max_length)."""
+    if s.row_len <= mean_row:
+        return 0.0
+    per_layer, _, _ = _layer_bytes(arch, job, s)
+    return per_layer * (1 - mean_row / s.row_len)
+
+
 TRAINABLE_BYTES = 4  # fp32 weights (and fp32 grads); full fine-tuning's `weights: bf16` is Job.weight_bytes
 
 
@@ -73,6 +153,10 @@ class MemoryBreakdown:
     activations: int
     logits_loss: int
     runtime_overhead: int
+    # A 4-bit base's dequantized weight in the compute dtype (dequant_scratch_bytes), DeepSpeed ZeRO's buffers on
+    # one GPU (zero_buffer_bytes): 0 where the run has none.
+    dequant_scratch: int = 0
+    zero_buffers: int = 0
 
     @property
     def total(self) -> int:
@@ -82,11 +166,13 @@ class MemoryBreakdown:
         return asdict(self)
 
 
-def frozen_weight_bytes(arch: Arch, base_quant: str, compute_bytes: int) -> float:
+def frozen_weight_bytes(arch: Arch, base_quant: str, compute_bytes: int, per_weight: float = NF4_BYTES) -> float:
+    """The frozen base: a 4-bit base's block linears at `per_weight` bytes (nf4_bytes, gptq_bytes), int8's with a
+    scale per output row, else the compute dtype; the rest (embedding, head, norms) in the compute dtype."""
     blocks = arch.block_linear_params
     rest = arch.total_params - blocks  # embedding, untied LM head, norms: never quantized
     if base_quant == "nf4":
-        block_bytes = blocks * NF4_BYTES
+        block_bytes = blocks * per_weight
     elif base_quant == "int8":
         row_scales = sum(m.count * m.d_out for m in arch.modules())
         block_bytes = blocks * 1.0 + row_scales * 4.0
@@ -160,6 +246,8 @@ def optimizer_state_bytes(arch: Arch, job: Job, s: Layout) -> float:
         # them to host memory under pressure (optimizers.Optimizer.paged): what the device must hold is the rest.
         return 0.0
     total = sum(n * row.state_bytes_of(rows, cols) for rows, cols, n in trained_shapes(arch, job, s))
+    if job.parts.pure_bf16 and row.state_bytes >= 4:  # torch.optim's 32-bit states in the parameter's bf16
+        total *= job.weight_bytes / 4
     if job.method.trains_base and job.weight_bytes == 2 and job.optimizer.bf16_update == "kahan":
         total += 2 * arch.total_params
     return total
@@ -328,11 +416,22 @@ def _layer_bytes(arch: Arch, job: Job, s: Layout) -> tuple[float, float, float]:
 def activation_bytes(arch: Arch, job: Job, s: Layout, recomputed: bool = True) -> float:
     """Saved activations of one micro-batch; `recomputed=False`: before backward recomputes a checkpointed layer."""
     per_layer, layer_input, residual = _layer_bytes(arch, job, s)
-    kept = min(arch.layers, OFFLOAD_LAYERS) if s.offload else arch.layers
-    if job.compute.grad_ckpt:
-        # each layer's saved input (the residual stream) + one layer recomputed
-        return kept * layer_input + (per_layer if recomputed else 0) + residual
-    return kept * per_layer + residual
+    every = job.parts.ckpt_every if job.compute.grad_ckpt else 0
+    return checkpointed_bytes(arch.layers, per_layer, layer_input, every, s.offload, recomputed) + residual
+
+
+def checkpointed_bytes(
+    layers: int, per_layer: float, layer_input: float, every: int, offloaded: bool, recomputed: bool = True
+) -> float:
+    """The decoder layers' saved activations under each checkpointing variant: none (`every` 0: every layer keeps
+    what it saves), full (`every` 1: each layer keeps its input, one layer is recomputed at a time), selective
+    (one layer in every `every` checkpointed, torchtune's ac_option: layers // every keep their input, the rest
+    everything), each offloaded (the kept tensors on the host, OFFLOAD_LAYERS layers' on the device in flight)."""
+    checkpointed = layers // every if every else 0
+    plain = layers - checkpointed
+    if offloaded:  # the host holds them; the device the layers in flight
+        checkpointed, plain = min(checkpointed, OFFLOAD_LAYERS), min(plain, OFFLOAD_LAYERS)
+    return checkpointed * layer_input + plain * per_layer + (per_layer if recomputed and checkpointed else 0)
 
 
 def offloaded_bytes(arch: Arch, job: Job, s: Layout) -> float:
@@ -341,7 +440,9 @@ def offloaded_bytes(arch: Arch, job: Job, s: Layout) -> float:
     if not s.offload:
         return 0.0
     per_layer, layer_input, _ = _layer_bytes(arch, job, s)
-    return arch.layers * (layer_input if job.compute.grad_ckpt else per_layer)
+    every = job.parts.ckpt_every if job.compute.grad_ckpt else 0
+    checkpointed = arch.layers // every if every else 0
+    return checkpointed * layer_input + (arch.layers - checkpointed) * per_layer
 
 
 def max_seq_len(arch: Arch, job: Job, s: Layout, capacity: int, loss_per_position: float, limit: int = 1 << 22) -> int:
@@ -375,9 +476,10 @@ def logits_bytes(arch: Arch, job: Job, s: Layout) -> float:
     logit), and at backward's start three fp32 tensors a logit (15 GB for a 152k vocabulary at 8,192
     positions)."""
     a = s.compute_bytes
-    kind = job.hf.loss_kernel if job.hf is not None else "chunked"
-    positions = job.batch.micro_batch * s.row_len if kind == "whole" else s.loss_rows
-    out = loss_kernel_bytes(kind, positions, arch.vocab, arch.hidden, a, s.loss_chunk)
+    kind = loss_kernel(job)
+    # transformers' loss and torchtune's chunked output take every fed position's logits, targets or not
+    positions = job.batch.micro_batch * s.row_len if kind in ("whole", "chunked_output", "native") else s.loss_rows
+    out = loss_kernel_bytes(kind, positions, arch.vocab, arch.hidden, a, s.loss_chunk, job.compiled)
     if arch.logit_softcap:
         out += 3 * 4 * s.loss_chunk * arch.vocab
     if job.method.trains_base:
@@ -385,10 +487,16 @@ def logits_bytes(arch: Arch, job: Job, s: Layout) -> float:
     return out
 
 
-LOSS_KERNELS = ("whole", "chunked", "liger", "cce", "chunked_output")
+def loss_kernel(job: Job) -> str:
+    """The job's loss kernel: another tool's (Job.parts), else the HF spec's, else tunelab's chunked head."""
+    if job.parts.loss_kernel:
+        return job.parts.loss_kernel
+    return job.hf.loss_kernel if job.hf is not None else "chunked"
 
 
-def loss_kernel_bytes(kind: str, positions: float, vocab: int, hidden: int, a: int, chunk: int) -> float:
+def loss_kernel_bytes(
+    kind: str, positions: float, vocab: int, hidden: int, a: int, chunk: int, compiled: bool = False
+) -> float:
     """The loss kernel's own bytes at its peak over `positions` rows of a `vocab`-wide head in `a`-byte values
     (docs/formulas.md, "The loss kernels"):
     - whole: transformers' ForCausalLMLoss; backward starts with three fp32 tensors a logit (the saved
@@ -401,8 +509,13 @@ def loss_kernel_bytes(kind: str, positions: float, vocab: int, hidden: int, a: i
     - cce: Cut Cross Entropy computes the logits block by block in on-chip memory and never stores them: the
       input and its gradient only;
     - chunked_output: torchtune's CEWithChunkedOutputLoss: the model returns every logit in the compute dtype (in
-      8 chunks), each chunk upcast to fp32 with its log-softmax in turn, and backward holds the logits' gradient
-      in the compute dtype."""
+      8 chunks) and keeps them for the loss's backward; eager, each chunk's fp32 upcast is freed but its fp32
+      log-probabilities are saved (4 B a logit, one chunk's upcast at a time); compiled (torchtune compiles
+      compute_cross_entropy), the upcast and log-softmax fuse into the reduction and only one chunk's gradient
+      in the compute dtype is made at a time;
+    - native: torch's cross-entropy over every logit in the compute dtype (torchtune's torch.nn.CrossEntropyLoss):
+      eager, the logits, the saved log-probabilities and at backward's start their gradient (3 a a logit);
+      compiled, the log-probabilities are recomputed (2 a)."""
     inputs = 2 * positions * hidden * a
     if kind == "whole":
         return positions * vocab * max(a + 8.0, 12.0)
@@ -414,7 +527,11 @@ def loss_kernel_bytes(kind: str, positions: float, vocab: int, hidden: int, a: i
     if kind == "cce":
         return inputs
     if kind == "chunked_output":
-        return positions * vocab * 2 * a + positions / 8 * vocab * 8 + inputs
+        if compiled:
+            return positions * vocab * a + positions / 8 * vocab * a + inputs
+        return positions * vocab * (a + 4) + positions / 8 * vocab * 4 + inputs
+    if kind == "native":
+        return positions * vocab * a * (2 if compiled else 3)
     raise ValueError(f"loss kernel {kind!r}: one of {', '.join(LOSS_KERNELS)}")
 
 
@@ -531,10 +648,10 @@ def breakdown(arch: Arch, job: Job, s: Layout) -> MemoryBreakdown:
             weights += (arch.total_params - embedding_and_head) * s.compute_bytes
         adapters = 0
     else:
-        weights = frozen_weight_bytes(arch, job.adapter.quant, s.compute_bytes)
+        weights = frozen_weight_bytes(arch, job.adapter.quant, s.compute_bytes, four_bit_bytes(job))
         if kbit_prepared(job):  # the unquantized rest in fp32 (kbit_prepared)
             weights += (arch.total_params - arch.block_linear_params) * (4 - s.compute_bytes)
-        adapters = trainable * TRAINABLE_BYTES
+        adapters = trainable * (job.weight_bytes if job.parts.pure_bf16 else TRAINABLE_BYTES)
     grads = gradient_bytes(arch, job, s, trainable)
     states = optimizer_state_bytes(arch, job, s)
     world = max(1, s.world)
@@ -566,6 +683,12 @@ def breakdown(arch: Arch, job: Job, s: Layout) -> MemoryBreakdown:
         activations=round(peak.activations + ref_transient),
         logits_loss=round(peak.logits_loss),
         runtime_overhead=max(0, s.runtime_overhead - (s.pages_returned_before_step if peak.name == "gradients" else 0)),
+        dequant_scratch=round(dequant_scratch_bytes(arch, s.compute_bytes)) if job.adapter.quant == "nf4" else 0,
+        zero_buffers=round(
+            zero_buffer_bytes(job.parts.zero_stage, trainable, arch.total_params, s.compute_bytes, job.weight_bytes)
+            if s.world == 1
+            else 0
+        ),
     )
 
 

@@ -4,6 +4,7 @@ one of them (formulas with tests)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -137,6 +138,7 @@ def record(r: Result, e: Estimate) -> dict:
         "compile": e.compile_choice.as_dict() if e.compile_choice else None,
         "peak_memory_bytes": e.memory.total,
         "memory_breakdown": e.memory.as_dict(),
+        "memory_figures": dataclasses.asdict(e.figures),
         "memory_capacity_bytes": e.device.gpu.memory_bytes,
         "fits": e.fits,
         "max_micro_batch": e.max_micro_batch,
@@ -227,8 +229,30 @@ def json_line(r: Result) -> str:
     return json.dumps(out)
 
 
+# The breakdown's terms shown only where the run has them.
+WHERE_PRESENT = ("dequant_scratch", "zero_buffers")
+
+
 def breakdown_lines(m: MemoryBreakdown) -> list[str]:
-    return [f"    {k.replace('_', ' '):<18} {gib(v):>12}" for k, v in m.as_dict().items()]
+    shown = {k: v for k, v in m.as_dict().items() if v or k not in WHERE_PRESENT}
+    return [f"    {k.replace('_', ' '):<18} {gib(v):>12}" for k, v in shown.items()]
+
+
+def figure_line(e: Estimate) -> str:
+    """Which figure the peak is, beside the other two a published peak may be (memory.Figures)."""
+    f = e.figures
+    if e.device.gpu.device_type != "cuda":
+        return (
+            f"  memory figures: the peak is the process's resident memory; the model's terms alone {gib(f.allocated)}"
+        )
+    varied = (
+        f", less the {gib(e.varied_reserve)} the allocator keeps for rows of varied width" if e.varied_reserve else ""
+    )
+    return (
+        f"  memory figures: allocated {gib(f.allocated)} (max_memory_allocated, torchtune's peak_memory_active), "
+        f"reserved {gib(f.reserved)} (max_memory_reserved), process {gib(f.process)} (nvidia-smi, CUDA context "
+        f"included): the peak above is the process's{varied}"
+    )
 
 
 def time_limit_lines(e) -> list[str]:
@@ -336,6 +360,7 @@ def table(results: list[Result]) -> str:
             f" largest micro-batch that fits: {e.max_micro_batch}",
             f"  longest seq_len that fits at micro-batch {e.job.batch.micro_batch}: {longest_label(r.arch, e)}",
             *breakdown_lines(e.memory),
+            figure_line(e),
             *stack_lines(r),
         ]
         idle = r.idle_gpus(e)

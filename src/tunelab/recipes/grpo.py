@@ -453,6 +453,9 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes, show_progre
         # and never returned for good. Returning them (RETURN_MS) made the quickstart's run 16-29% slower in page
         # faults (benchmarks/design-decisions_cpu_2026-11-28.md#grpo-frees-pages-lazily-only).
         allocator.decay_freed_pages(allocator.DECAY_MS, returned_ms=-1)
+    # Before the model loads: CPU peak memory is relative to this RSS (docs/metrics.md), as SFT's (finetune.setup).
+    memwatch = MemoryWatch(device)
+    memwatch.start()
     precision = pick_precision(cfg.compute.precision, device)
     source = sources.resolve(cfg.model, cfg.trust_remote_code)
     if not cfg.data.given:
@@ -507,7 +510,7 @@ def setup(cfg: TrainConfig, out: Path, procs: distributed.Processes, show_progre
         procs=procs,
         prep=prep,
         source=batches,
-        memwatch=MemoryWatch(device),
+        memwatch=memwatch,
         accelerator=accelerator,
         strategy=strategy,
         trainee=trainee,
@@ -537,7 +540,10 @@ def build_policy(
     and scoring run without autograd, where checkpointing and offloading do nothing and the compiled blocks run
     eager (`eager`). Eager and unsharded (`pack`), each fused LoRA layer's [W | sB] is packed once for sampling and
     scoring (model/lora_linear.pack_for_inference)."""
-    attn = "sdpa" if cfg.compute.attention == "auto" else None
+    attn = None  # the `attention` setting's, unless auto
+    if cfg.compute.attention == "auto":
+        # Whole right-padded rows: on a CPU each row a causal slot of explicit products (attention.rows_attention)
+        attn = attention.register_rows() if prep.device.type == "cpu" else "sdpa"
     model = build_model(cfg, prep, device, meta, attn=attn)
     if pack and not (prep.compile is not None and prep.compile.chosen):
         # Not under compiled blocks: [W | sB] holds W as a view its refresh writes into, an input mutation that

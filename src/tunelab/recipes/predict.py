@@ -4,6 +4,7 @@ probe the local device."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field, replace
 
@@ -12,7 +13,7 @@ from ..errors import TunelabError
 from ..plan import catalog, hfstack, render, workload
 from ..plan.estimate import Device, Job, estimate, suggestions
 from ..plan.grpo import GeneratingPlan, GrpoWorkload, Prompts, plan_grpo
-from ..plan.job import STACK_ROWS, STACKS
+from ..plan.job import STACK_ROWS, STACKS, Parts
 from ..runtime import CompileChoice
 from ..sources import resolve_arch
 
@@ -182,6 +183,8 @@ class PlanRequest:
     # An HF stack's choices by their TrainingArguments names (`--hf KEY=VALUE`, plan/hfstack.py): KEY=VALUE items
     # or a mapping; those that are tunelab settings reach the config before this request is made.
     hf: list[str] | dict = field(default_factory=list)
+    # Another tool's memory parts (plan.job.Parts fields: loss_kernel, ckpt_every, zero_stage, ...), plan --from's.
+    parts: dict = field(default_factory=dict)
     price_per_hour: float | None = None  # the user's own price per GPU-hour, replacing the catalog's
     scenarios: bool = False  # also estimate SCENARIO_EXAMPLES examples of the same mean length
     # A GRPO run's (plan_generating): the decode steps and the update's share of completions, given, from a trial
@@ -205,6 +208,15 @@ class PlanRequest:
                 f"--hf describes an HF Trainer + PEFT script; add --stack hf-peft (got --stack {self.stack})"
             )
         self.hf_spec()  # bad choices fail here, naming the key
+
+    def parts_spec(self) -> Parts:
+        known = {f.name for f in dataclasses.fields(Parts)}
+        unknown = sorted(set(self.parts) - known)
+        if unknown:
+            raise TunelabError(
+                f"parts: {', '.join(unknown)}: not a memory part plan prices; one of {', '.join(sorted(known))}"
+            )
+        return Parts(**self.parts).check()
 
     def hf_spec(self) -> hfstack.HfStack | None:
         return hfstack.parse(self.hf)[0] if STACK_ROWS[self.stack].hf else None
@@ -232,7 +244,7 @@ def plan_config(cfg: cfgmod.TrainConfig, r: PlanRequest) -> list[render.Result]:
         )
     arch = resolve_arch(cfg.model)
     lengths = workload_lengths(cfg, r)
-    job = Job.of(cfg, stack=r.stack, hf=r.hf_spec())
+    job = Job.of(cfg, stack=r.stack, hf=r.hf_spec(), parts=r.parts_spec())
     results = []
     for device in devices:
         single = estimate(arch, lengths, job, device)

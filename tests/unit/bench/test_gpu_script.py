@@ -26,7 +26,9 @@ def test_script_parses_and_every_step_is_a_function():
     assert names == [
         "ceilings",
         "data",
+        "moe",
         "optim-8b",
+        "memory-parts",
         "long-8b",
         "speed-1b",
         "calibrated",

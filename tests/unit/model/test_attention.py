@@ -71,3 +71,41 @@ def test_slot_attention_under_autocast_takes_fp32_inputs():
     assert all(x.grad.dtype == torch.float32 for x in inputs)
     for name, a, ref in zip(["out", "dq", "dk", "dv"], ours, exact):
         assert torch.allclose(a, ref, atol=0.05, rtol=0.05), name
+
+
+def test_rows_attention_is_sdpas_causal_attention_over_whole_rows_and_sdpa_under_a_mask():
+    """GRPO's rollouts (attention.rows_attention): whole rows without a mask run as one causal slot each, with SDPA's
+    logits and gradients (fp32); a sliding window shorter than the rows gets transformers' mask and SDPA; sampling
+    (with_padding_masks) runs on SDPA."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from tests.conftest import TINY_SHAPE, make_tiny_llama
+    from tunelab.model import attention
+
+    def mistral(impl):  # a sliding window of 4 over rows of 9
+        torch.manual_seed(7)
+        config = MistralConfig(**TINY_SHAPE, vocab_size=64, sliding_window=4, attn_implementation=impl)
+        return MistralForCausalLM(config)
+
+    name = attention.register_rows()
+    ids = torch.randint(0, 64, (3, 9))
+    for window in (None, 4):
+        build = (lambda impl: make_tiny_llama(64, seed=7, attn_implementation=impl)) if window is None else mistral
+        models = [build(impl) for impl in (name, "sdpa")]
+        calls = []
+        real = attention._SlotAttention.apply
+        attention._SlotAttention.apply = lambda *a: calls.append(1) or real(*a)
+        try:
+            outs = []
+            for model in models:
+                logits = model(input_ids=ids).logits
+                logits.square().mean().backward()
+                outs.append([logits.detach(), *(p.grad for p in model.parameters())])
+        finally:
+            attention._SlotAttention.apply = real
+        assert bool(calls) == (window is None)  # the products over whole causal rows only
+        for a, b in zip(*outs):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    with attention.with_padding_masks(models[0]):
+        assert models[0].config._attn_implementation == "sdpa"
+    assert models[0].config._attn_implementation == name

@@ -121,7 +121,9 @@ def config_of(model_type, **overrides):
     "model_type, overrides, words",
     [
         ("gpt2", {}, "model_type gpt2"),
-        ("mixtral", {"num_local_experts": 4}, "Mixture-of-Experts"),
+        ("gpt_oss", {"num_local_experts": 4, "head_dim": 16}, "Mixture-of-Experts.*gpt_oss"),
+        ("qwen3_moe", {"num_experts": 4, "norm_topk_prob": True, "mlp_only_layers": [1]}, "every layer sparse"),
+        ("qwen2_moe", {"num_experts": 4, "norm_topk_prob": True}, "norm_topk_prob=True"),
         ("llama", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "'dynamic'"),
         (
             "phi3",
@@ -214,6 +216,8 @@ def test_gguf_lora_refuses_dora_and_per_module_ranks_and_rescales_rslora():
             ge.check_lora({**lora, key: value}, config, "f16", "m")
     with pytest.raises(TunelabError, match="f32, f16, bf16, q8_0"):
         ge.check_lora(lora, config, "q4_0", "m")
+    with pytest.raises(TunelabError, match="stacked experts"):  # per-expert factors: export those merged
+        ge.check_lora({**lora, "target_parameters": ["experts.gate_up_proj"]}, config, "f16", "m")
 
 
 def test_modelfile_template_is_the_training_prompt():
@@ -267,3 +271,54 @@ def test_a_sentencepiece_style_tokenizer_is_written_with_scores_and_reads_back_t
     back = AutoTokenizer.from_pretrained(tmp_path, gguf_file=out.name)
     for text in ("the cat", "Hello, World!", "ünïcode 日本"):  # the last two need byte fallback
         assert back.encode(text) == tokenizer.encode(text)
+
+
+# One tiny config per MoE family (issue 67), every layer sparse and the top-k normalisation llama.cpp applies. The
+# Qwen expert widths are transformers' defaults, which its GGUF loader assumes (it reads no expert width back).
+MOE = {
+    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, head_dim=16),
+    "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2),
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False),
+    "olmoe": dict(num_experts=4, num_experts_per_tok=2, intermediate_size=32),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(MOE))
+def test_moe_families_write_llamacpp_expert_stacks_and_qwen_read_back_with_the_same_logits(
+    model_type, tokenizer, tmp_path
+):
+    """Stacked experts as llama.cpp's ffn_{gate,up,down}_exps (gate_up split gate first), routers F32 as
+    ffn_gate_inp, the expert metadata; transformers' GGUF loader (Qwen2-MoE and Qwen3-MoE: the MoE architectures
+    it reads) gives the same logits."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config_of(model_type, **MOE[model_type])).eval()
+    out = write(tmp_path, tokenizer, model, model_type, "q8_0" if model_type == "olmoe" else "f32")
+    reader = gguf.GGUFReader(out)
+    arch = ge.FAMILIES[model_type].arch
+    known = {gguf.TENSOR_NAMES[t].format(bid=b) for t in gguf.MODEL_TENSORS[arch] for b in range(2)}
+    tensors = {t.name: t for t in reader.tensors}
+    assert {n.rsplit(".", 1)[0] for n in tensors} <= known
+    prefix = gguf.MODEL_ARCH_NAMES[arch]
+    assert reader.fields[f"{prefix}.expert_count"].contents() == 4
+    assert reader.fields[f"{prefix}.expert_used_count"].contents() == 2
+    experts = model.model.layers[0].mlp.experts
+    assert tensors["blk.0.ffn_gate_inp.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+    if model_type == "olmoe":  # quantized stacks: their types and byte shapes; no reader to compare values
+        assert tensors["blk.0.ffn_up_exps.weight"].tensor_type == gguf.GGMLQuantizationType.Q8_0
+        return
+    width = experts.gate_up_proj.shape[1] // 2
+    read = {k: torch.from_numpy(tensors[f"blk.0.ffn_{k}_exps.weight"].data.copy()) for k in ("gate", "up", "down")}
+    assert torch.equal(read["gate"], experts.gate_up_proj.detach()[:, :width])
+    assert torch.equal(read["up"], experts.gate_up_proj.detach()[:, width:])
+    assert torch.equal(read["down"], experts.down_proj.detach())
+    if model_type == "qwen2_moe":
+        assert reader.fields[f"{prefix}.expert_shared_feed_forward_length"].contents() == 5632
+    if model_type not in ("qwen2_moe", "qwen3_moe"):
+        return
+    assert reader.fields[f"{prefix}.expert_feed_forward_length"].contents() == experts.down_proj.shape[-1]
+    back = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=out.name, dtype=torch.float32).eval()
+    ids = torch.tensor([[5, 17, 30, 40, 50, 60, 7, 8]])
+    with torch.no_grad():
+        assert (model(ids).logits - back(ids).logits).abs().max().item() <= 1e-5

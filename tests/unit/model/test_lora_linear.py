@@ -271,3 +271,20 @@ def test_nf4_base_fused_gradients_match_peft():
     assert g0.keys() == g1.keys() and any("lora_B" in n for n in g0)
     for name in g0:
         torch.testing.assert_close(g1[name], g0[name], rtol=0.05, atol=0.05 * g0[name].abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_packed_layers_inference_forward_traces_as_one_graph(dtype):
+    """The compiled decode mode (eval/sampling.py) traces a packed layer's inference forward inside its step: it must
+    trace whole (no graph break, which made a resume function per layer, recompiled past dynamo's limit), and give
+    the eager forward's output."""
+    _, fused = peft_pair(seed=3)
+    fused = fused.to(dtype)
+    layer = next(m for m in fused.modules() if isinstance(m, LoraLinear))
+    pack_for_inference(fused)
+    x = torch.randn(5, 64, dtype=dtype)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want = layer(x)
+        got = torch.compile(layer, fullgraph=True, backend="eager")(x)
+    assert torch.equal(got, want)

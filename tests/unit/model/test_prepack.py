@@ -20,8 +20,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def lora_llama(seed=0):
-    model = get_peft_model(make_tiny_llama(64, seed=seed), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+def lora_llama(seed=0, dtype=torch.float32):
+    base = make_tiny_llama(64, seed=seed).to(dtype)  # the adapter's A and B stay fp32 (peft's default)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
     for name, p in model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.05)
@@ -36,15 +37,22 @@ def untouched(model):
     for m in model.modules():
         assert "forward" not in vars(m)
         assert getattr(m, "_prepacked", None) is None
+        assert getattr(m, "_prepacked_a", None) is None and getattr(m, "_prepacked_name", None) is None
 
 
-def test_applies_to_fp32_cpu_weights_with_enough_rows_only(monkeypatch):
+def test_applies_to_fp32_and_bf16_cpu_weights_with_enough_rows_only(monkeypatch):
     model = make_tiny_llama(64)
     assert prepack.applies(model, ROWS)
     assert not prepack.applies(model, ROWS - 1)
-    assert not prepack.applies(copy.deepcopy(model).to(torch.bfloat16), ROWS)
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    assert prepack.applies(bf16, ROWS) == torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert not prepack.applies(copy.deepcopy(model).to(torch.float16), ROWS)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not prepack.applies(model, ROWS)
+        assert not prepack.applies(model, ROWS)  # fp32 weights whose products autocast runs in bf16
+        assert prepack.applies(bf16, ROWS) == torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    assert not prepack.applies(bf16, ROWS)
+    monkeypatch.undo()
     with prepack.prepacked(model, ROWS - 1) as layers:
         assert layers == 0
     untouched(model)
@@ -98,6 +106,27 @@ def test_autograd_inside_the_block_takes_the_training_path():
     for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
         if q.grad is not None:
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-7, msg=name)
+
+
+@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="oneDNN has no bf16 products here")
+def test_bf16_lora_model_gives_the_packed_layers_logits_over_reordered_weights():
+    """bf16 weights: each fused layer's [W | sB] is reordered (not merged: that would round the update away) and A
+    cast once; the logits are the packed layers' (bit-identical on the AVX-512 BF16 class), B as it stands on entry."""
+    model = lora_llama(seed=5, dtype=torch.bfloat16)
+    ids = torch.randint(0, 64, (ROWS, 6))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.mul_(-2.0)
+        want = model(input_ids=ids).logits
+        with prepack.prepacked(model, ROWS) as layers:
+            fused = [m for m in model.modules() if getattr(m, "_prepacked_a", None) is not None]
+            assert fused and layers == len(fused) + 1  # the fused layers and the untargeted LM head
+            assert all(m._prepacked_a.dtype == torch.bfloat16 for m in fused)
+            got = model(input_ids=ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+    assert (got == want).float().mean() > 0.99
+    untouched(model)
 
 
 def test_a_layer_kept_in_another_dtype_keeps_torchs_product():

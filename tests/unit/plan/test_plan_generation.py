@@ -67,9 +67,13 @@ def test_sampling_memory_counts_the_kv_cache_logits_and_the_cpus_packed_weights(
     few = generation(arch, 4, 10, 6, 4, 1e12, 1e9)  # below PREPACK_MIN_ROWS: nothing reordered
     assert sampling_memory(arch, few, 4, on_cpu=True, adapter_unpacked=False).packed_weights == 0
     bf16 = generation(arch, 8, 10, 6, 2, 1e12, 1e9)
-    assert sampling_memory(arch, bf16, 2, on_cpu=True, adapter_unpacked=False).packed_weights == 0
-    assert sampling_memory(arch, bf16, 2, on_cpu=True, adapter_unpacked=True).packed_weights == (
-        arch.block_linear_params * 2  # a compiled policy's [W | sB] copy while it samples
+    for unpacked in (False, True):  # bf16 weights reordered too, a compiled policy's [W | sB] among them
+        assert sampling_memory(arch, bf16, 2, True, unpacked).packed_weights == arch.matmul_params * 2
+    # Full fine-tuning's fp32 master weights under bf16 autocast are not reordered
+    assert sampling_memory(arch, bf16, 2, True, False, fp32_master=True).packed_weights == 0
+    few_bf16 = generation(arch, 4, 10, 6, 2, 1e12, 1e9)
+    assert sampling_memory(arch, few_bf16, 2, on_cpu=True, adapter_unpacked=True).packed_weights == (
+        arch.block_linear_params * 2  # below the rows: a compiled policy's [W | sB] copy while it samples
     )
     assert sampling_memory(arch, gen, 4, on_cpu=False, adapter_unpacked=True).packed_weights == 0
 

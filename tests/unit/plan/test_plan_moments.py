@@ -124,7 +124,7 @@ BEFORE = {
     "qlora-ckpt": (
         "llama",
         {"method": "qlora", "grad_ckpt": True, "row_len": 2048, "loss_rows": 1024, "grad_accum": 2},
-        6056722432,
+        6056722432 + 11008 * 4096 * 2,  # and the 4-bit base's dequantized MLP weight (memory.dequant_scratch_bytes)
     ),
     "full-in-backward-zero2": (
         "llama",

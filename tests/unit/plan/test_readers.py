@@ -92,9 +92,11 @@ def test_each_tools_published_config_maps_its_keys_and_lists_the_rest(name):
     assert cfg.batch.seq_len == r.settings.get("seq_len", cfg.batch.seq_len)
 
 
-def test_torchtunes_whole_logits_loss_and_fused_lora_kernels_are_said_not_modeled():
+def test_torchtunes_loss_is_a_memory_part_and_fused_lora_kernels_are_said_not_modeled():
     tt = readers.read(FIXTURES / "torchtune_3B_qlora_single_device.yaml")
-    assert any("CEWithChunkedOutputLoss" in k for k, _ in tt.skipped)
+    assert tt.parts == {"loss_kernel": "chunked_output", "pure_bf16": True} and not any(
+        "Loss" in k for k, _ in tt.skipped
+    )
     ax = readers.read(FIXTURES / "axolotl_lora-1b-kernels.yaml")
     assert {"lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel"} <= {k for k, _ in ax.skipped}
 

@@ -54,6 +54,8 @@ def test_grpo_run_logs_trl_metrics_and_saves_adapter(tmp_path, tiny_model_dir):
     assert (out / "config.yaml").is_file() and json.loads((out / "summary.json").read_text()) == summary.as_dict()
     assert summary.reward_last is not None and summary.loss_first is not None and summary.data["prompts"] == 4
     assert 0 < summary.tokens_loss < summary.tokens_nonpad and summary.tokens_loss_per_s > 0
+    # CPU peak memory as docs/metrics.md defines it: above the RSS before the model loaded, not the process's own
+    assert 0 <= summary.peak_memory_bytes < summary.peak_memory_absolute_bytes
     rows = metrics(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for key in (

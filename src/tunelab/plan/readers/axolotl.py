@@ -18,6 +18,7 @@ from .common import (
     bool_of,
     checkpointing,
     dataset_path,
+    deepspeed,
     hf_switch,
     ignored,
     method_of,
@@ -153,6 +154,15 @@ def _pad(key: str, value, reading: Reading) -> None:
         reading.notes.append("pad_to_sequence_len: multipack bins are nearly full; their padding is not counted")
 
 
+def _gptq(key: str, value, reading: Reading) -> None:
+    """A GPTQ base (Axolotl's `gptq: true`, 4 bits unless the model says): priced at GPTQ's bytes a weight
+    (memory.gptq_bytes) as a 4-bit base; `train --from` runs it as QLoRA's NF4."""
+    if bool_of(reading.path, key, value):
+        reading.set("method", "qlora")
+        reading.parts["gptq_bits"] = 4
+        reading.notes.append("gptq: a 4-bit GPTQ base, group 128, assumed; tunelab trains it as NF4 (qlora)")
+
+
 FAST_LORA = "Axolotl's fused LoRA Triton kernels: plan prices PEFT's unfused LoRA"
 SHARDED = "sharding across GPUs of a tool's run is not modeled; one process assumed"
 HANDLERS: dict[str, Handler] = {
@@ -160,6 +170,7 @@ HANDLERS: dict[str, Handler] = {
     "adapter": _adapter,
     "load_in_4bit": switch("method", "qlora"),
     "load_in_8bit": switch("base_quant", "int8"),
+    "gptq": _gptq,
     "lora_r": setting("lora.r", int),
     "lora_alpha": setting("lora.alpha", float),
     "lora_dropout": setting("lora.dropout", float),
@@ -198,7 +209,8 @@ HANDLERS: dict[str, Handler] = {
     "output_dir": setting("output_dir"),
     "seed": setting("seed", int),
     "torch_compile": unmodeled("plan models an HF script's eager blocks only"),
-    **{k: unmodeled(SHARDED) for k in ("deepspeed", "fsdp", "fsdp_config", "fsdp_version")},
+    "deepspeed": deepspeed,
+    **{k: unmodeled(SHARDED) for k in ("fsdp", "fsdp_config", "fsdp_version")},
     "rl": _rl,
 }
 
@@ -207,6 +219,8 @@ def read(doc: dict, reading: Reading) -> None:
     where = reading.path
     reading.set("grad_ckpt", False)
     apply(doc, reading, HANDLERS, QUIET_HERE, "Axolotl")
+    if reading.parts.get("gptq_bits"):  # whatever order `adapter` came in: a 4-bit base
+        reading.set("method", "qlora")
     plugins = doc.get("plugins") or []
     cce = doc.get("cut_cross_entropy")
     if CCE_PLUGIN in plugins and (cce is None or bool_of(where, "cut_cross_entropy", cce)):

@@ -5,6 +5,7 @@ Reader row, and the helpers for values, datasets, models and LoRA targets. Torch
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ class Reading:
     settings: dict = field(default_factory=dict)  # tunelab config key -> value
     stack: str = "hf-peft"  # plan.job.STACKS: the stack whose step models the tool's
     hf: dict = field(default_factory=dict)  # HfStack fields (stack hf-peft)
+    parts: dict = field(default_factory=dict)  # plan.job.Parts fields: the tool's memory parts (loss kernel, ...)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (the tool's key, why plan does not model it)
     notes: list[str] = field(default_factory=list)  # what the reader assumed
     doc: dict = field(default_factory=dict, repr=False)  # the tool's whole mapping, for keys read together
@@ -41,6 +43,8 @@ class Reading:
     def lines(self) -> list[str]:
         """What `--from` prints under the prediction: the assumptions, then each key not modeled, one a line."""
         out = [f"read {self.path} as {self.label}; plan models it as stack {self.stack}"]
+        if self.parts:
+            out.append("  memory parts: " + ", ".join(f"{k}={v}" for k, v in self.parts.items()))
         out += [f"  assumed: {n}" for n in self.notes]
         out += [f"  not modeled: {k}: {why}" for k, why in self.skipped]
         return out
@@ -277,6 +281,35 @@ def checkpointing(key: str, value, reading: Reading) -> None:
         reading.set("grad_ckpt", bool_of(reading.path, key, value))
 
 
+def deepspeed(key: str, value, reading: Reading) -> None:
+    """A DeepSpeed config (a local JSON file, or a name like Axolotl's `deepspeed_configs/zero2.json`): its ZeRO
+    stage's buffers on one GPU (memory.zero_buffer_bytes). Sharding across GPUs is `plan --gpus`'s, not read here;
+    offloading to the host is listed."""
+    if not value:
+        return
+    spec = value if isinstance(value, dict) else {}
+    path = Path(reading.path).parent / str(value) if isinstance(value, str) else None
+    if path is not None and path.is_file():
+        try:
+            spec = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            spec = {}
+    zero = spec.get("zero_optimization") or {}
+    stage = zero.get("stage")
+    if stage is None and isinstance(value, str):
+        found = re.search(r"zero[_-]?([0-3])", value.lower())
+        stage = int(found[1]) if found else None
+    if stage not in (0, 1, 2, 3):
+        reading.skip(key, f"{value}: its ZeRO stage is not readable here; no DeepSpeed buffers counted")
+        return
+    reading.parts["zero_stage"] = int(stage)
+    reading.notes.append(f"DeepSpeed ZeRO stage {stage} on one GPU: its buffers counted (sharding: plan --gpus)")
+    for name in ("offload_optimizer", "offload_param"):
+        if (zero.get(name) or {}).get("device") not in (None, "none") or ("offload" in str(value) and not zero):
+            reading.skip(f"{key} {name}", "ZeRO's offload to the host is not modeled: the device holds it in plan")
+            break
+
+
 # Hugging Face TrainingArguments' keys (TRL's and LLaMA-Factory's configs hold them as they are).
 TRAINING_ARGUMENTS: dict[str, Handler] = {
     "per_device_train_batch_size": setting("micro_batch", int),
@@ -301,7 +334,7 @@ TRAINING_ARGUMENTS: dict[str, Handler] = {
     "group_by_length": hf_switch("group_by_length"),
     "use_liger_kernel": hf_switch("use_liger_kernel"),
     "torch_compile": unmodeled("plan models an HF script's eager blocks only"),
-    "deepspeed": unmodeled("DeepSpeed ZeRO across GPUs is not modeled for a tool's run; one process assumed"),
+    "deepspeed": deepspeed,
     "fsdp": unmodeled("FSDP across GPUs is not modeled for a tool's run; one process assumed"),
     "fsdp_config": unmodeled("FSDP across GPUs is not modeled for a tool's run; one process assumed"),
     **{k: unmodeled("evaluation passes of a tool's run are not timed") for k in EVAL_KEYS},

@@ -52,8 +52,6 @@ QUIET_HERE = {
     "infer_backend",
     "export_dir",
     "print_param_status",
-    "quantization_method",
-    "double_quantization",
     "default_system",
     "enable_thinking",
     "media_dir",
@@ -119,6 +117,18 @@ def _finetuning(key: str, value, reading: Reading) -> None:
         reading.skip(key, f"{value}: plan models lora and full")
 
 
+def _method_of_quant(key: str, value, reading: Reading) -> None:
+    """`quantization_method: gptq` (a 4-bit GPTQ checkpoint) priced at GPTQ's bytes a weight (memory.gptq_bytes)
+    as a 4-bit base; bnb (the default) is NF4; others are listed."""
+    if str(value) == "gptq" and reading.doc.get("quantization_bit") in (None, 4):
+        reading.parts["gptq_bits"] = 4
+        reading.set("method", "qlora")
+    elif str(value) == "gptq":
+        reading.skip(key, "GPTQ at other than 4 bits: priced as quantization_bit says (bitsandbytes)")
+    elif str(value) not in ("bnb", "bitsandbytes", "None", ""):
+        reading.skip(key, f"{value}: plan prices bitsandbytes' NF4 and GPTQ bases")
+
+
 def _bits(key: str, value, reading: Reading) -> None:
     bits = number(reading.path, key, value) if value is not None else None
     if bits == 4:
@@ -164,6 +174,7 @@ def _val(key: str, value, reading: Reading) -> None:
 
 
 HANDLERS: dict[str, Handler] = {
+    "double_quantization": lambda k, v, r: r.parts.update(double_quant=bool_of(r.path, k, v)),
     **TRAINING_ARGUMENTS,
     "model_name_or_path": lambda k, v, r: r.set("model", model_ref(str(v), r)),
     "stage": _stage,
@@ -172,6 +183,7 @@ HANDLERS: dict[str, Handler] = {
     "finetuning_type": _finetuning,
     "use_dora": switch("method", "dora"),
     "quantization_bit": _bits,
+    "quantization_method": _method_of_quant,
     "lora_rank": setting("lora.r", int),
     "lora_alpha": setting("lora.alpha", float),
     "lora_dropout": setting("lora.dropout", float),
@@ -187,9 +199,11 @@ HANDLERS: dict[str, Handler] = {
     "disable_gradient_checkpointing": lambda k, v, r: r.set("grad_ckpt", not bool_of(r.path, k, v)),
     "enable_liger_kernel": hf_switch("use_liger_kernel"),
     "upcast_layernorm": hf_switch("prepare_model_for_kbit_training"),
+    # Unsloth's gradient checkpointing: the checkpointed layers' inputs offloaded to the host (memory.checkpointed_bytes)
+    "use_unsloth_gc": switch("activation_offload"),
     **{
         k: unmodeled("a kernel or optimizer plan has no part for")
-        for k in ("use_unsloth", "use_unsloth_gc", "use_badam", "use_galore", "use_apollo", "use_adam_mini")
+        for k in ("use_unsloth", "use_badam", "use_galore", "use_apollo", "use_adam_mini")
     },
 }
 

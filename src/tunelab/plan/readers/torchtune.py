@@ -5,7 +5,8 @@ rows with a document mask under FlexAttention, compiled blocks where `compile: t
 Read: the model component (`torchtune.models.<family>.[q]lora_<name>`) onto plan's catalog, its LoRA modules
 (output_proj is o_proj; apply_lora_to_mlp adds gate, up and down), the dataset component (alpaca_cleaned_dataset,
 alpaca_dataset, or a local `source: json` file), `packed`, `tokenizer.max_seq_len`, the optimizer component,
-`optimizer_in_bwd`, activation checkpointing and offloading, dtype and compile. A full fine-tune in torchtune is
+`optimizer_in_bwd`, activation checkpointing (selective: `ac_mode`, `ac_option`) and offloading, dtype, compile and
+the loss component (its memory by its kernel: Reading.parts). A full fine-tune in torchtune is
 pure bf16 (`dtype: bf16` keeps the weights and AdamW's states in bf16): tunelab's `weights: bf16`.
 """
 
@@ -14,7 +15,19 @@ from __future__ import annotations
 import re
 
 from ...errors import TunelabError
-from .common import Handler, Reader, Reading, apply, bool_of, dataset_path, number, setting, switch, trains_base
+from .common import (
+    Handler,
+    Reader,
+    Reading,
+    apply,
+    bool_of,
+    dataset_path,
+    ignored,
+    number,
+    setting,
+    switch,
+    trains_base,
+)
 
 MODEL = re.compile(
     r"^(?P<kind>q?lora_)?(?P<family>llama3_2|llama3_1|llama3|qwen2_5|qwen3|gemma2|mistral)_(?P<size>\d+(?:_\d+)?b)"
@@ -42,6 +55,7 @@ OPTIMIZERS = {
 LOSSES = {
     "torchtune.modules.loss.LinearCrossEntropyLoss": "chunked",
     "torchtune.modules.loss.CEWithChunkedOutputLoss": "chunked_output",
+    "torch.nn.CrossEntropyLoss": "native",
 }
 ATTN_MODULES = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "output_proj": "o_proj"}
 QUIET_HERE = {
@@ -154,14 +168,20 @@ def _optimizer(key: str, value, reading: Reading) -> None:
 
 def _loss(key: str, value, reading: Reading) -> None:
     component = str((value or {}).get("_component_", ""))
-    if LOSSES.get(component) == "chunked_output":
-        reading.skip(
-            "loss CEWithChunkedOutputLoss",
-            "the model's whole bf16 logits (2 B x positions x vocabulary) are not in tunelab's chunked head: plan's "
-            "memory is under by about that",
-        )
-    elif component not in LOSSES:
+    if component in LOSSES:  # its memory by its kernel (memory.loss_kernel_bytes); its time as tunelab's head
+        reading.parts["loss_kernel"] = LOSSES[component]
+    else:
         reading.skip("loss._component_", f"{component}: priced as a chunked cross-entropy")
+
+
+def _ac_mode(key: str, value, reading: Reading) -> None:
+    """`ac_mode: selective` with `ac_option: N` checkpoints one layer in every N (memory.checkpointed_bytes)."""
+    if str(value) == "selective":
+        option = reading.doc.get("ac_option")
+        if isinstance(option, int) and option >= 1:
+            reading.parts["ckpt_every"] = option
+        else:
+            reading.skip("ac_option", f"{option}: selective checkpointing by op is not modeled; every layer assumed")
 
 
 def _dtype(key: str, value, reading: Reading) -> None:
@@ -187,6 +207,8 @@ HANDLERS: dict[str, Handler] = {
     "enable_activation_checkpointing": lambda k, v, r: r.set("grad_ckpt", bool_of(r.path, k, v)),
     "enable_activation_offloading": lambda k, v, r: r.set("activation_offload", bool_of(r.path, k, v)),
     "dtype": _dtype,
+    "ac_mode": _ac_mode,
+    "ac_option": ignored,  # read with ac_mode
 }
 
 
@@ -195,13 +217,18 @@ def read(doc: dict, reading: Reading) -> None:
     reading.set("compile", False)
     reading.set("max_grad_norm", 0.0)
     apply(doc, reading, HANDLERS, QUIET_HERE, "torchtune")
-    if trains_base(reading) and reading.settings.get("precision", "bf16") == "bf16":
-        reading.set("weights", "bf16")
-        reading.notes.append("full fine-tuning in torchtune's pure bf16: weights: bf16")
+    if reading.settings.get("precision", "bf16") == "bf16":
+        reading.parts["pure_bf16"] = True  # the model, its adapters and torch.optim's states in bf16
+        if trains_base(reading):
+            reading.set("weights", "bf16")
+            reading.notes.append("full fine-tuning in torchtune's pure bf16: weights: bf16")
     if "seq_len" not in reading.settings:
         reading.set("seq_len", 2048)
         reading.notes.append("tokenizer.max_seq_len null (torchtune cuts nothing): seq_len 2048 assumed")
-    reading.notes.append("torchtune's step modeled as tunelab's own (packed rows document-masked, chunked loss)")
+    reading.notes.append(
+        "torchtune's step timed as tunelab's own (packed rows document-masked, chunked head); its loss's memory by "
+        "its own kernel"
+    )
 
 
 def detect(doc: dict) -> bool:

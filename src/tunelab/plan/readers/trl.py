@@ -78,11 +78,8 @@ def _targets(key: str, value, reading: Reading) -> None:
 
 
 def _nested(key: str, value, reading: Reading) -> None:
-    if not bool_of(reading.path, key, value):
-        reading.skip(
-            key,
-            "false: an fp32 absmax a block of 64 (memory.nf4_bytes: 9% more on the 4-bit weights); plan counts the double-quantized nf4",
-        )
+    """false: an fp32 absmax a block of 64 (memory.nf4_bytes), not the double-quantized one."""
+    reading.parts["double_quant"] = bool_of(reading.path, key, value)
 
 
 def _packing(key: str, value, reading: Reading) -> None:
