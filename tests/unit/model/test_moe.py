@@ -202,7 +202,7 @@ def test_router_trains_by_key_and_saves_with_the_adapter(vocab):
 
     ours, _ = pair("qwen3_moe", vocab)
     model = apply_adapter(ours, lora_adapter(router=True))
-    trained = [n for n, p in model.named_parameters() if p.requires_grad and "mlp.gate" in n]
+    trained = [n for n, p in model.named_parameters() if p.requires_grad and ".mlp.gate." in n]
     assert trained and all("modules_to_save" in n for n in trained)
 
 
@@ -221,8 +221,8 @@ def test_bad_moe_input_is_one_line(vocab):
     dense = tf.AutoModelForCausalLM.from_config(tf.Qwen3Config(**TINY, vocab_size=vocab, head_dim=8))
     with pytest.raises(TunelabError, match="lora.router: qwen3 has no router") as e:
         apply_adapter(dense, lora_adapter(router=True))
-    with pytest.raises(TunelabError, match="no 4-bit experts yet") as e:
-        apply_adapter(ours, lora_adapter(method="qlora"))
+    with pytest.raises(TunelabError, match="stacked experts are not quantized") as e:
+        apply_adapter(ours, lora_adapter(method="qlora"))  # a base whose experts stayed 16-bit (int8, say)
     assert "\n" not in str(e.value)
     config = moe_config("qwen3_moe", vocab)
     config.num_experts_per_tok = 7
@@ -231,28 +231,77 @@ def test_bad_moe_input_is_one_line(vocab):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe"])  # one family: the equalities above cover the others
-def test_trains_end_to_end_with_lora_on_experts(family, vocab, tmp_path, addition_rows):
-    """`tunelab train` on a saved tiny MoE model: LoRA on attention and the experts through the grouped path, the
-    loss falls, the router's loss is its own column of metrics.jsonl, and the adapter names the expert stacks."""
+@pytest.mark.parametrize("method", ["lora", "qlora"])  # one family: the equalities above cover the others
+def test_trains_end_to_end_with_lora_on_experts(method, vocab, tmp_path, addition_rows):
+    """`tunelab train` on a saved tiny Qwen3-MoE model: LoRA on attention and the experts through the grouped path
+    (QLoRA: over 4-bit linears and 4-bit experts), the loss falls, the router's loss is its own column of
+    metrics.jsonl, and the adapter names the expert stacks and loads in PEFT with the trained factors."""
     import json
 
     from conftest import tiny_train_config, write_jsonl
+    from peft import PeftModel
+    from safetensors.torch import load_file
 
     from tunelab.recipes.finetune import finetune
 
-    model_dir = tmp_path / family
-    build(family, vocab, "eager").save_pretrained(model_dir)
+    model_dir = tmp_path / "qwen3_moe"
+    build("qwen3_moe", vocab, "eager").save_pretrained(model_dir)
     make_tokenizer().save_pretrained(model_dir)
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
-    cfg = tiny_train_config(model_dir, data, tmp_path / "run", "max_steps=4", "method=lora", "device=cpu")
+    cfg = tiny_train_config(model_dir, data, tmp_path / "run", "max_steps=4", f"method={method}", "device=cpu")
     summary = finetune(cfg, show_progress=False)
     assert summary["loss_last"] < summary["loss_first"]
+    # QLoRA: 4 attention linears, a dense MLP's 3 (layer 1) and 2 expert stacks (layer 0), all in 4 bits
+    assert summary["nf4_layers"] == (4 * 2 + 3 + 2 if method == "qlora" else 0)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     aux = [r["router_aux_loss"] for r in records if "router_aux_loss" in r]
     assert len(aux) == 4 and all(a > 0 for a in aux)
-    config = json.loads((tmp_path / "run" / "adapter" / "adapter_config.json").read_text())
+    adapter = tmp_path / "run" / "adapter"
+    config = json.loads((adapter / "adapter_config.json").read_text())
     assert {p.split(".")[-1] for p in config["target_parameters"]} >= {"gate_up_proj", "down_proj"}
+    loaded = PeftModel.from_pretrained(build("qwen3_moe", vocab, "eager"), adapter)
+    saved = load_file(adapter / "adapter_model.safetensors")
+    key = next(k for k in saved if "experts" in k and "lora_B" in k)
+    assert saved[key].abs().max() > 0  # the experts' factors trained (B starts at zero)
+    ours = dict(loaded.named_parameters())[key.replace(".weight", ".default.weight")]
+    assert torch.equal(ours.detach().to(saved[key].dtype), saved[key])
+
+
+def test_qlora_experts_are_nf4_and_equal_a_dequantized_reference(vocab):
+    """4-bit experts (moe.quantize_experts): each expert's slice within NF4's rounding of its 16-bit weights (half
+    the widest gap between NF4 levels, -1 to -0.696, so 0.152 times its block's absmax), the 16-bit stack freed, the model's logits
+    and gradients those of transformers' eager model holding the dequantized weights, and the bytes and weight
+    count that plan's memory model charges (nf4_bytes a weight, the catalog arch's expert projections)."""
+    from tunelab.plan import memory
+    from tunelab.plan.arch import from_hf_config
+
+    ours, reference = pair("qwen3_moe", vocab)
+    experts = ours.model.layers[0].mlp.experts
+    original = {name: getattr(experts, name).detach().clone() for name in ("gate_up_proj", "down_proj")}
+    assert moe.quantize_experts(ours) == 2
+    stacks = moe.quantized_stacks(ours)
+    values = 0
+    for name, w in original.items():
+        stack = experts.tunelab_nf4[name]
+        placeholder = getattr(experts, name)
+        assert placeholder.shape == w.shape and placeholder.untyped_storage().nbytes() == 4  # no 16-bit copy kept
+        dequantized = torch.stack([stack.expert(e) for e in range(stack.num)])
+        blocks = w.reshape(-1, moe.NF4_BLOCK)
+        error = (dequantized.reshape(-1, moe.NF4_BLOCK) - blocks).abs()
+        assert (error <= 0.152 * blocks.abs().amax(1, keepdim=True) * 1.01).all() and error.max() > 0
+        getattr(reference.model.layers[0].mlp.experts, name).data.copy_(dequantized)
+        values += w.numel()
+    ids = torch.randint(3, vocab, (2, 16), generator=torch.Generator().manual_seed(4))
+    out, expected = ours(input_ids=ids, labels=ids), reference(input_ids=ids, labels=ids)
+    assert torch.allclose(out.logits, expected.logits, atol=1e-4)
+    out.loss.backward()
+    expected.loss.backward()
+    grad = ours.model.layers[0].self_attn.q_proj.weight.grad
+    assert torch.allclose(grad, reference.model.layers[0].self_attn.q_proj.weight.grad, rtol=1e-4, atol=1e-6)
+    arch = from_hf_config("m", ours.config, "config.json")
+    assert sum(m.params for m in arch.modules() if m.group == "expert") == values
+    per_weight = sum(s.nbytes() for s in stacks) / values
+    assert per_weight == pytest.approx(memory.nf4_bytes(), rel=0.015)
 
 
 @pytest.mark.parametrize("tile", [4, 64])
