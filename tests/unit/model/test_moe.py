@@ -331,3 +331,78 @@ def test_segmented_lora_product_and_gradients_equal_per_row_reference(tile, monk
     expected.backward(grad)
     for ours, theirs in zip(leaves, (x, w, a, b)):
         assert torch.allclose(ours.grad, theirs.grad, atol=1e-5)
+
+
+def preference_batch(vocab):
+    """Two pairs (prompt, chosen, rejected) packed as the pipeline packs them, and their sequences alone."""
+    import numpy as np
+
+    from tunelab.data.examples import IGNORE, DatasetStats, TokenizedData
+    from tunelab.data.packing import collate
+
+    g = torch.Generator().manual_seed(5)
+    rand = lambda n: torch.randint(3, vocab, (n,), generator=g).tolist()  # noqa: E731
+    pairs = [(rand(5), rand(4), rand(6)), (rand(3), rand(7), rand(2))]
+    ids, targets = [], []
+    for prompt, *sides in pairs:
+        for response in sides:
+            ids.append(prompt + response)
+            targets.append([IGNORE] * (len(prompt) - 1) + response + [IGNORE])
+    lengths = np.array([len(s) for s in ids])
+    stats = DatasetStats(len(pairs), len(ids), 0, 0, int(lengths.sum()), 0, int(lengths.max()), 0.0)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    data = TokenizedData(
+        np.concatenate(ids).astype(np.int32),
+        np.concatenate(targets).astype(np.int32),
+        offsets,
+        stats,
+        np.repeat(np.arange(len(pairs)), 2),
+        np.zeros(len(ids), bool),
+    )
+    return collate(data, [[0, 1, 2, 3]], WIDTH, 0, True, sequences=True), ids
+
+
+@pytest.mark.parametrize("objective", ["dpo", "orpo", "grpo"])
+def test_router_loss_in_preference_and_grpo_objectives(objective, vocab):
+    """DPO, ORPO and GRPO on a tiny Qwen3-MoE: the step loss holds router_aux_loss_coef x transformers' own
+    load-balancing loss over the policy's real tokens (each sequence run alone through transformers, padding and a
+    packed row's tail left out), as many times as the objective's mean counts (pairs; 1 / micro-batches), and
+    metrics report that loss apart as `router_aux_loss`."""
+    import importlib
+
+    from tunelab.config import GrpoConfig, ObjectiveConfig
+    from tunelab.train.grpo import GrpoLoss, Rollout
+    from tunelab.train.pair_loss import PreferenceLoss
+
+    ours, reference = pair("qwen3_moe", vocab)
+    load_balancing_loss_func = importlib.import_module(type(reference).__module__).load_balancing_loss_func
+    if objective == "grpo":
+        g = torch.Generator().manual_seed(6)
+        prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (4, 6, 5)]
+        completions = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (3, 8, 1)]
+        rollout = Rollout.build(prompts, completions, pad_id=0)
+        sequences = [p + c for p, c in zip(prompts, completions)]
+        root = GrpoLoss(ours, GrpoConfig(num_generations=3, beta=0.0))
+        adv = torch.linspace(-1, 1, rollout.loss_index.numel())
+        run = lambda: root(rollout, None, None, adv, micro_batches=2, step_tokens=12).loss  # noqa: E731
+        units = 1 / 2
+    else:
+        batch, sequences = preference_batch(vocab)
+        root = PreferenceLoss(ours, ObjectiveConfig(name=objective))
+        tensors = [
+            torch.from_numpy(getattr(batch, k)) for k in ("input_ids", "position_ids", "loss_index", "loss_targets")
+        ]
+        run = lambda: root(*tensors, batch.layout, seqs=batch.seqs)  # noqa: E731
+        units = 2  # pairs
+    with torch.no_grad():
+        logits = [
+            reference.model(input_ids=torch.tensor([s]), output_router_logits=True).router_logits for s in sequences
+        ]
+    per_layer = tuple(torch.cat([seq[layer] for seq in logits]) for layer in range(len(logits[0])))
+    aux = load_balancing_loss_func(per_layer, 6, 2, None)
+    trained = run()  # with gradients, as a step runs: the metrics count it
+    root.router.trains = False
+    with torch.no_grad():
+        without = run()  # the same step without the term
+    assert (trained - without).item() == pytest.approx(0.5 * aux.item() * units, rel=1e-4)
+    assert root.window_metrics()["router_aux_loss"] == pytest.approx(aux.item(), rel=1e-5)
