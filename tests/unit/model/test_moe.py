@@ -48,7 +48,7 @@ def moe_config(family: str, vocab: int, aux: bool = True):
     raise AssertionError(family)
 
 
-FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"]
+FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss"]
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +175,7 @@ def test_lora_on_experts_fused_equals_peft_forward_and_merged_model(family, voca
             torch.nn.init.normal_(p, std=0.1)
     params = model.peft_config["default"].target_parameters
     assert {p.split(".")[-1] for p in params} == {"down_proj", "gate_up_proj"}
-    routers = [p for n, p in model.named_parameters() if n.endswith("mlp.gate.weight")]
+    routers = [p for n, p in model.named_parameters() if n.endswith(("mlp.gate.weight", "mlp.router.weight"))]
     assert routers and not any(p.requires_grad for p in routers)  # the router is frozen by default
     ids = torch.randint(3, vocab, (2, 16), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
@@ -233,7 +233,7 @@ def test_bad_moe_input_is_one_line(vocab):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe"])  # one family: the equalities above cover the others
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])  # the equalities above cover the others
 def test_trains_end_to_end_with_lora_on_experts(family, vocab, tmp_path, addition_rows):
     """`tunelab train` on a saved tiny MoE model: LoRA on attention and the experts through the grouped path, the
     loss falls, the router's loss is its own column of metrics.jsonl, and the adapter names the expert stacks."""
@@ -282,3 +282,71 @@ def test_segmented_lora_product_and_gradients_equal_per_row_reference(tile, monk
     expected.backward(grad)
     for ours, theirs in zip(leaves, (x, w, a, b)):
         assert torch.allclose(ours.grad, theirs.grad, atol=1e-5)
+
+
+def test_gpt_oss_attention_sinks_on_every_path(vocab):
+    """gpt-oss's per-head sinks (one more logit in each query's softmax, attending to nothing; the loss equalities
+    above check the training path): GRPO's whole-row path gives transformers' eager logits and gradients too;
+    sampling over padded prompts runs on eager, since SDPA would drop the sinks; flex's renormalisation by the
+    log-sum-exp (`with_sinks`) is the explicit softmax with the sinks' column; `attention=sdpa` is refused in one
+    line, and `auto` takes flex over flash-attn on CUDA (flash-attn 2 has no sinks)."""
+    from tunelab import families
+    from tunelab.runtime import attention_path
+
+    rows = build("gpt_oss", vocab, attention.register_rows())
+    reference = build("gpt_oss", vocab, "eager")
+    ids = torch.randint(3, vocab, (2, 20), generator=torch.Generator().manual_seed(4))
+    outs = []
+    for model in (rows, reference):
+        logits = model(input_ids=ids).logits
+        logits.square().mean().backward()
+        outs.append([logits.detach(), model.model.layers[0].self_attn.sinks.grad])
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    with attention.with_padding_masks(rows):
+        assert rows.config._attn_implementation == "eager"
+
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(2, 4, 9, 8) for _ in range(3))
+    sinks = torch.randn(4)
+    causal = attention._causal(9, None, q.device)
+    scores = (q @ k.transpose(-1, -2) * 8**-0.5).masked_fill(~causal, float("-inf"))
+    plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    renormalised = attention.with_sinks(plain, scores.logsumexp(-1), sinks)
+    explicit = attention._masked_attention(q, k, v, causal, None, None, sinks=sinks)
+    torch.testing.assert_close(renormalised, explicit, atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(plain, explicit, atol=1e-3)  # the sinks move the output
+
+    with pytest.raises(TunelabError, match="attention=sdpa drops gpt_oss's attention sinks") as e:
+        families.check(moe_config("gpt_oss", vocab), "m", "sdpa")
+    assert "\n" not in str(e.value)
+    assert attention_path("auto", "cuda", flash_attn=True, sinks=True) == "flex"
+    assert attention_path("auto", "cuda", flash_attn=True) == "flash"
+
+
+def test_gpt_oss_mxfp4_checkpoints_load_dequantized(vocab, tmp_path, monkeypatch):
+    """A checkpoint that publishes MXFP4 experts (gpt-oss's config.json quantization_config) is loaded with
+    transformers' dequantize switch, so that the experts are 16-bit stacks the grouped path and LoRA take, also on
+    a GPU where transformers would otherwise keep them packed and frozen."""
+    import json
+
+    import transformers as tf
+
+    from tunelab import sources
+    from tunelab.model import load
+
+    directory = tmp_path / "gpt-oss"
+    build("gpt_oss", vocab, "eager").save_pretrained(directory)
+    path = directory / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "quantization_config": {"quant_method": "mxfp4"}}))
+    seen = {}
+
+    def from_pretrained(_path, **kwargs):
+        seen.update(kwargs)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(tf.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    with pytest.raises(TunelabError, match="stop here"):
+        load.load_model(sources.resolve(str(directory)), torch.float32, "none", torch.device("cpu"))
+    assert isinstance(seen["quantization_config"], tf.Mxfp4Config) and seen["quantization_config"].dequantize
+    assert not load.published_mxfp4(moe_config("gpt_oss", vocab))
