@@ -149,7 +149,7 @@ data() { long_documents && long_plans; }
 # Issue 67: LoRA r 16 on attention and every expert of a random Qwen3-30B-A3B shape (its widths, 128 experts,
 # top-8; 8 of its 48 layers, so both sides' runs fit one GPU) beside transformers + PEFT (its grouped_mm experts,
 # target_parameters) on the same weights and batches: tokens/s, peak memory, each side's experts path, the
-# router's load. QLoRA has no row: tunelab refuses 4-bit experts (bitsandbytes quantizes linear layers only).
+# router's load. QLoRA (4-bit experts) has no row yet: moe_peers.py builds random weights, which nf4 needs saved.
 moe() {
   local shape=(--shape Qwen/Qwen3-30B-A3B --layers 8 --rows 4 --seq 2048 --warmup 2 --steps 4 --device cuda)
   [ "$DRY" = 1 ] && shape=(--experts 8 --top-k 2 --layers 1 --rows 2 --seq 64 --warmup 1 --steps 1 --device cpu)

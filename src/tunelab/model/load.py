@@ -86,6 +86,8 @@ def load_model(
     model.config.use_cache = False
     skip_kernel_routing(model)
     moe.use_grouped(model)
+    if base_quant == "nf4":  # bitsandbytes quantized the linear layers; the stacked experts are tunelab's to do
+        moe.quantize_experts(model)
     return model
 
 
