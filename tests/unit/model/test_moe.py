@@ -48,7 +48,7 @@ def moe_config(family: str, vocab: int, aux: bool = True):
     raise AssertionError(family)
 
 
-FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"]
+FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss"]
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +175,7 @@ def test_lora_on_experts_fused_equals_peft_forward_and_merged_model(family, voca
             torch.nn.init.normal_(p, std=0.1)
     params = model.peft_config["default"].target_parameters
     assert {p.split(".")[-1] for p in params} == {"down_proj", "gate_up_proj"}
-    routers = [p for n, p in model.named_parameters() if n.endswith("mlp.gate.weight")]
+    routers = [p for n, p in model.named_parameters() if n.endswith(("mlp.gate.weight", "mlp.router.weight"))]
     assert routers and not any(p.requires_grad for p in routers)  # the router is frozen by default
     ids = torch.randint(3, vocab, (2, 16), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
@@ -233,9 +233,11 @@ def test_bad_moe_input_is_one_line(vocab):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("method", ["lora", "qlora"])  # one family: the equalities above cover the others
-def test_trains_end_to_end_with_lora_on_experts(method, vocab, tmp_path, addition_rows):
-    """`tunelab train` on a saved tiny Qwen3-MoE model: LoRA on attention and the experts through the grouped path
+@pytest.mark.parametrize(  # Qwen3-MoE and gpt-oss (sinks, biases): the equalities above cover the others
+    "family, method", [("qwen3_moe", "lora"), ("qwen3_moe", "qlora"), ("gpt_oss", "lora"), ("gpt_oss", "qlora")]
+)
+def test_trains_end_to_end_with_lora_on_experts(family, method, vocab, tmp_path, addition_rows):
+    """`tunelab train` on a saved tiny MoE model: LoRA on attention and the experts through the grouped path
     (QLoRA: over 4-bit linears and 4-bit experts), the loss falls, the router's loss is its own column of
     metrics.jsonl, and the adapter names the expert stacks and loads in PEFT with the trained factors."""
     import json
@@ -246,22 +248,24 @@ def test_trains_end_to_end_with_lora_on_experts(method, vocab, tmp_path, additio
 
     from tunelab.recipes.finetune import finetune
 
-    model_dir = tmp_path / "qwen3_moe"
-    build("qwen3_moe", vocab, "eager").save_pretrained(model_dir)
+    model_dir = tmp_path / family
+    build(family, vocab, "eager").save_pretrained(model_dir)
     make_tokenizer().save_pretrained(model_dir)
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
     cfg = tiny_train_config(model_dir, data, tmp_path / "run", "max_steps=4", f"method={method}", "device=cpu")
     summary = finetune(cfg, show_progress=False)
     assert summary["loss_last"] < summary["loss_first"]
-    # QLoRA: 4 attention linears, a dense MLP's 3 (layer 1) and 2 expert stacks (layer 0), all in 4 bits
-    assert summary["nf4_layers"] == (4 * 2 + 3 + 2 if method == "qlora" else 0)
+    # QLoRA: 4 attention linears a layer, Qwen3-MoE's dense MLP's 3 (layer 1) and 2 expert stacks a sparse layer
+    # (Qwen3-MoE's layer 0, both of gpt-oss's), all in 4 bits
+    nf4 = {"qwen3_moe": 4 * 2 + 3 + 2, "gpt_oss": 4 * 2 + 2 * 2}[family]
+    assert summary["nf4_layers"] == (nf4 if method == "qlora" else 0)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     aux = [r["router_aux_loss"] for r in records if "router_aux_loss" in r]
     assert len(aux) == 4 and all(a > 0 for a in aux)
     adapter = tmp_path / "run" / "adapter"
     config = json.loads((adapter / "adapter_config.json").read_text())
     assert {p.split(".")[-1] for p in config["target_parameters"]} >= {"gate_up_proj", "down_proj"}
-    loaded = PeftModel.from_pretrained(build("qwen3_moe", vocab, "eager"), adapter)
+    loaded = PeftModel.from_pretrained(build(family, vocab, "eager"), adapter)
     saved = load_file(adapter / "adapter_model.safetensors")
     key = next(k for k in saved if "experts" in k and "lora_B" in k)
     assert saved[key].abs().max() > 0  # the experts' factors trained (B starts at zero)
@@ -406,3 +410,71 @@ def test_router_loss_in_preference_and_grpo_objectives(objective, vocab):
         without = run()  # the same step without the term
     assert (trained - without).item() == pytest.approx(0.5 * aux.item() * units, rel=1e-4)
     assert root.window_metrics()["router_aux_loss"] == pytest.approx(aux.item(), rel=1e-5)
+
+
+def test_gpt_oss_attention_sinks_on_every_path(vocab):
+    """gpt-oss's per-head sinks (one more logit in each query's softmax, attending to nothing; the loss equalities
+    above check the training path): GRPO's whole-row path gives transformers' eager logits and gradients too;
+    sampling over padded prompts runs on eager, since SDPA would drop the sinks; flex's renormalisation by the
+    log-sum-exp (`with_sinks`) is the explicit softmax with the sinks' column; `attention=sdpa` is refused in one
+    line, and `auto` takes flex over flash-attn on CUDA (flash-attn 2 has no sinks)."""
+    from tunelab import families
+    from tunelab.runtime import attention_path
+
+    rows = build("gpt_oss", vocab, attention.register_rows())
+    reference = build("gpt_oss", vocab, "eager")
+    ids = torch.randint(3, vocab, (2, 20), generator=torch.Generator().manual_seed(4))
+    outs = []
+    for model in (rows, reference):
+        logits = model(input_ids=ids).logits
+        logits.square().mean().backward()
+        outs.append([logits.detach(), model.model.layers[0].self_attn.sinks.grad])
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    with attention.with_padding_masks(rows):
+        assert rows.config._attn_implementation == "eager"
+
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(2, 4, 9, 8) for _ in range(3))
+    sinks = torch.randn(4)
+    causal = attention._causal(9, None, q.device)
+    scores = (q @ k.transpose(-1, -2) * 8**-0.5).masked_fill(~causal, float("-inf"))
+    plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    renormalised = attention.with_sinks(plain, scores.logsumexp(-1), sinks)
+    explicit = attention._masked_attention(q, k, v, causal, None, None, sinks=sinks)
+    torch.testing.assert_close(renormalised, explicit, atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(plain, explicit, atol=1e-3)  # the sinks move the output
+
+    with pytest.raises(TunelabError, match="attention=sdpa drops gpt_oss's attention sinks") as e:
+        families.check(moe_config("gpt_oss", vocab), "m", "sdpa")
+    assert "\n" not in str(e.value)
+    assert attention_path("auto", "cuda", flash_attn=True, sinks=True) == "flex"
+    assert attention_path("auto", "cuda", flash_attn=True) == "flash"
+
+
+def test_gpt_oss_mxfp4_checkpoints_load_dequantized(vocab, tmp_path, monkeypatch):
+    """A checkpoint that publishes MXFP4 experts (gpt-oss's config.json quantization_config) is loaded with
+    transformers' dequantize switch, so that the experts are 16-bit stacks the grouped path and LoRA take, also on
+    a GPU where transformers would otherwise keep them packed and frozen."""
+    import json
+
+    import transformers as tf
+
+    from tunelab import sources
+    from tunelab.model import load
+
+    directory = tmp_path / "gpt-oss"
+    build("gpt_oss", vocab, "eager").save_pretrained(directory)
+    path = directory / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "quantization_config": {"quant_method": "mxfp4"}}))
+    seen = {}
+
+    def from_pretrained(_path, **kwargs):
+        seen.update(kwargs)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(tf.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    with pytest.raises(TunelabError, match="stop here"):
+        load.load_model(sources.resolve(str(directory)), torch.float32, "none", torch.device("cpu"))
+    assert isinstance(seen["quantization_config"], tf.Mxfp4Config) and seen["quantization_config"].dequantize
+    assert not load.published_mxfp4(moe_config("gpt_oss", vocab))
