@@ -12,6 +12,8 @@
 #   data       the long rows' documents, and plan for the two long rows on this GPU
 #   moe        LoRA on a random Qwen3-30B-A3B shape (8 of its 48 layers) beside transformers + PEFT, tunelab's
 #              experts through torch._grouped_mm (scripts/moe_peers.py, issue 67), into results.tgz
+#   moe-suite  bench suite h100-moe: Qwen3-30B-A3B and gpt-oss-20b (8 layers each at full width), LoRA on attention
+#              and experts and QLoRA over 4-bit experts, tok/s and peak memory against plan (issue 67)
 #   memory-parts the CUDA context, the loss kernels' and NF4 dequantization's peaks, and a 1B LoRA run's
 #              allocated / reserved / process beside plan's figures (scripts/memory_parts.py, issue 69)
 #   long-8b    bench suite h100-8b: LoRA at 65,536 tokens with activation offloading, QLoRA compiled at seq
@@ -149,7 +151,7 @@ data() { long_documents && long_plans; }
 # Issue 67: LoRA r 16 on attention and every expert of a random Qwen3-30B-A3B shape (its widths, 128 experts,
 # top-8; 8 of its 48 layers, so both sides' runs fit one GPU) beside transformers + PEFT (its grouped_mm experts,
 # target_parameters) on the same weights and batches: tokens/s, peak memory, each side's experts path, the
-# router's load. QLoRA has no row: tunelab refuses 4-bit experts (bitsandbytes quantizes linear layers only).
+# router's load. QLoRA (4-bit experts) and gpt-oss are the moe-suite step's rows: tunelab alone, against plan.
 moe() {
   local shape=(--shape Qwen/Qwen3-30B-A3B --layers 8 --rows 4 --seq 2048 --warmup 2 --steps 4 --device cuda)
   [ "$DRY" = 1 ] && shape=(--experts 8 --top-k 2 --layers 1 --rows 2 --seq 64 --warmup 1 --steps 1 --device cpu)
@@ -364,6 +366,7 @@ main() {
   step ceilings 90 40 ceilings
   step data 40 15 data
   step moe 150 90 moe
+  step moe-suite 200 120 suite h100-moe
   step optim-8b 240 120 optim_8b
   step memory-parts 120 60 memory_parts
   step long-8b 260 90 suite h100-8b 8b-lora-65k-offload,8b-qlora-compiled,8b-qlora-131k-offload

@@ -68,6 +68,10 @@ def load_model(
         else:
             kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
         kwargs["device_map"] = {"": device}
+    elif published_mxfp4(model_config(source)):
+        from transformers import Mxfp4Config
+
+        kwargs["quantization_config"] = Mxfp4Config(dequantize=True)
     try:
         model, info = AutoModelForCausalLM.from_pretrained(source.path, output_loading_info=True, **kwargs)
     except TunelabError:
@@ -82,7 +86,18 @@ def load_model(
     model.config.use_cache = False
     skip_kernel_routing(model)
     moe.use_grouped(model)
+    if base_quant == "nf4":  # bitsandbytes quantized the linear layers; the stacked experts are tunelab's to do
+        moe.quantize_experts(model)
     return model
+
+
+def published_mxfp4(config) -> bool:
+    """Whether the checkpoint publishes its weights in MXFP4 (gpt-oss's experts). transformers keeps them packed,
+    and untrainable, on a GPU with its MXFP4 kernels, and dequantizes them elsewhere: tunelab asks for the
+    dequantized 16-bit stacks everywhere, which its grouped experts and LoRA on them take (plan counts them so)."""
+    quant = getattr(config, "quantization_config", None) or {}
+    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+    return str(method) == "mxfp4" or str(getattr(method, "value", "")) == "mxfp4"
 
 
 def check_complete(source: ModelSource, missing) -> None:
