@@ -54,6 +54,12 @@ def load_model(
         return random_model(source, dtype, device, attn)
 
     kwargs = dict(source.kwargs, dtype=dtype, attn_implementation=attn)
+    # QLoRA on an MoE model away from the CPU: bitsandbytes leaves the stacked experts 16-bit, so the model loads
+    # and is quantized in host memory, and only the 4-bit model moves to the device (moe.move_quantized): the
+    # device never holds the 16-bit experts, which are most of the model (a 30B-A3B's 57 GB).
+    stage = device
+    if base_quant == "nf4" and device.type != "cpu" and moe.is_moe(model_config(source)):
+        stage = torch.device("cpu")
     if base_quant != "none":
         from transformers import BitsAndBytesConfig
 
@@ -67,7 +73,7 @@ def load_model(
             )
         else:
             kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
-        kwargs["device_map"] = {"": device}
+        kwargs["device_map"] = {"": stage}
     elif published_mxfp4(model_config(source)):
         from transformers import Mxfp4Config
 
@@ -88,6 +94,8 @@ def load_model(
     moe.use_grouped(model)
     if base_quant == "nf4":  # bitsandbytes quantized the linear layers; the stacked experts are tunelab's to do
         moe.quantize_experts(model)
+        if stage != device:
+            moe.move_quantized(model, device)
     return model
 
 

@@ -291,6 +291,15 @@ class NF4Stack:
         packed, state = self.experts[e]
         return dequantize_4bit(packed, state).view(self.shape)
 
+    def to(self, device: torch.device) -> NF4Stack:
+        """The 4-bit values and their scales moved to `device` (bitsandbytes' QuantState moves in place)."""
+        moved = []
+        for packed, state in self.experts:
+            state.to(device)
+            moved.append((packed.to(device), state))
+        self.experts = moved
+        return self
+
     def nbytes(self) -> int:
         """The bytes its 4-bit values and block scales hold (not bitsandbytes' 16-entry code tables, shared by kind)."""
         total = 0
@@ -334,10 +343,30 @@ def quantize_experts(model: torch.nn.Module) -> int:
             if not hasattr(module, "tunelab_nf4"):
                 module.tunelab_nf4 = {}
             module.tunelab_nf4[name] = NF4Stack(weight.detach())
-            empty = torch.full((), float("nan"), dtype=weight.dtype, device=weight.device).expand(weight.shape)
-            setattr(module, name, torch.nn.Parameter(empty, requires_grad=False))
+            setattr(module, name, _placeholder(weight.shape, weight.dtype, weight.device))
             done += 1
     return done
+
+
+def _placeholder(shape, dtype: torch.dtype, device: torch.device) -> torch.nn.Parameter:
+    """A 4-bit stack's stand-in parameter: one NaN broadcast to the stack's shape (quantize_experts)."""
+    empty = torch.full((), float("nan"), dtype=dtype, device=device).expand(shape)
+    return torch.nn.Parameter(empty, requires_grad=False)
+
+
+def move_quantized(model: torch.nn.Module, device: torch.device) -> None:
+    """`model`, quantized in host memory (bitsandbytes' 4-bit linears, quantize_experts' stacks), moved to
+    `device` whole. The stacks' stand-ins are set aside first: moving a broadcast tensor allocates its full size."""
+    held = []
+    for module in model.modules():
+        for name, stack in getattr(module, "tunelab_nf4", {}).items():
+            weight = getattr(module, name)
+            held.append((module, name, weight.shape, weight.dtype))
+            setattr(module, name, torch.nn.Parameter(weight.new_empty(0), requires_grad=False))
+            stack.to(device)
+    model.to(device)
+    for module, name, shape, dtype in held:
+        setattr(module, name, _placeholder(shape, dtype, device))
 
 
 def quantized_stacks(model: torch.nn.Module) -> list[NF4Stack]:

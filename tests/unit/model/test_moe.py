@@ -308,6 +308,12 @@ def test_qlora_experts_are_nf4_and_equal_a_dequantized_reference(vocab):
     assert sum(m.params for m in arch.modules() if m.group == "expert") == values
     per_weight = sum(s.nbytes() for s in stacks) / values
     assert per_weight == pytest.approx(memory.nf4_bytes(), rel=0.015)
+    # Quantized in host memory, then moved to the device (load_model away from the CPU): the 4-bit values and
+    # scales move, and the stand-ins stay broadcast (moving one as it is would allocate the stack's full size).
+    moe.move_quantized(ours, torch.device("meta"))
+    assert all(p.device.type == "meta" for p in ours.parameters())
+    assert experts.gate_up_proj.stride() == (0, 0, 0) and experts.down_proj.stride() == (0, 0, 0)
+    assert all(x.device.type == "meta" for s in stacks for packed, state in s.experts for x in (packed, state.absmax))
 
 
 @pytest.mark.parametrize("tile", [4, 64])
