@@ -137,6 +137,11 @@ class Layout:
     slot_len: int = 0
     attention_probs: bool = False  # attention keeps its probabilities (tunelab's CPU slot path)
     attention: str = "slots"  # runtime.attention_path: flex | slots | sdpa | flash
+    # Whole rows through SDPA under a boolean mask, eager, on a CPU (the slot path where slots do not pay, and
+    # unpacked rows): rows of the (rows, 1, T, T) mask SDPA keeps per layer in the compute dtype (the micro-batch's
+    # rows of block-diagonal mask when packed, one causal mask unpacked); under a mask transformers repeats k and v
+    # to every query head. 0 elsewhere.
+    row_mask: int = 0
     dropout_mask_kept: bool = True  # LoRA dropout's mask is kept for backward (not drawn again: runtime.hashed_dropout)
     offload_capable: bool = False  # a CUDA device: unified memory pages out (paged optimizer states)
     offload: bool = False  # activation_offload on a CUDA device (model/offload.py): saved activations on the host
@@ -168,13 +173,16 @@ class MemoryBreakdown:
 
 def frozen_weight_bytes(arch: Arch, base_quant: str, compute_bytes: int, per_weight: float = NF4_BYTES) -> float:
     """The frozen base: a 4-bit base's block linears at `per_weight` bytes (nf4_bytes, gptq_bytes), int8's with a
-    scale per output row, else the compute dtype; the rest (embedding, head, norms) in the compute dtype."""
-    blocks = arch.block_linear_params
-    rest = arch.total_params - blocks  # embedding, untied LM head, norms: never quantized
+    scale per output row, else the compute dtype; the rest (embedding, head, norms) in the compute dtype. An MoE
+    model's routers stay in the compute dtype under either: transformers keeps each as a parameter of its router
+    module, not a linear layer, which is all bitsandbytes quantizes (model/moe.py quantizes the experts only)."""
+    routers = sum(m.params for m in arch.modules() if m.name == "router")
+    blocks = arch.block_linear_params - routers
+    rest = arch.total_params - blocks  # embedding, untied LM head, norms, routers: never quantized
     if base_quant == "nf4":
         block_bytes = blocks * per_weight
     elif base_quant == "int8":
-        row_scales = sum(m.count * m.d_out for m in arch.modules())
+        row_scales = sum(m.count * m.d_out for m in arch.modules() if m.name != "router")
         block_bytes = blocks * 1.0 + row_scales * 4.0
     else:
         block_bytes = blocks * compute_bytes
@@ -396,6 +404,12 @@ def attention_bytes_per_position(arch: Arch, job: Job, s: Layout) -> float:
     # The eager slot path's backward needs no output (its softmax correction comes from P and dP); compiled,
     # the partitioner keeps a hidden-sized tensor there, as SDPA and flex keep their output.
     outputs = 0 if s.attention_probs and not job.compiled else q
+    if s.row_mask:
+        # Whole rows under a mask: k and v repeated to every head (transformers' repeat_kv), and SDPA's output is
+        # o_proj's input, one storage, where o_proj keeps its input (row_bytes_per_token_layer counts it).
+        kv = q
+        trained = job.method.trains_base or "o_proj" in s.targets
+        outputs = 0 if trained and job.adapter.lora.dropout == 0 and not fp32_master(job) else q
     return a * (q + outputs + 2 * kv) + kept
 
 
@@ -408,7 +422,9 @@ def _layer_bytes(arch: Arch, job: Job, s: Layout) -> tuple[float, float, float]:
     tokens = job.batch.micro_batch * s.row_len
     positions = s.slots * s.slot_len if s.slots else tokens
     per_layer = (
-        row_bytes_per_token_layer(arch, job, s) * tokens + attention_bytes_per_position(arch, job, s) * positions
+        row_bytes_per_token_layer(arch, job, s) * tokens
+        + attention_bytes_per_position(arch, job, s) * positions
+        + s.compute_bytes * s.row_mask * s.row_len**2  # SDPA's mask in the compute dtype (Layout.row_mask)
     )
     return per_layer, stream_bytes(job, s) * arch.hidden * tokens, 4 * arch.hidden * tokens
 
@@ -716,7 +732,8 @@ def max_micro_batch(arch: Arch, job: Job, s: Layout, capacity: int, loss_per_row
 
     def fits(b: int) -> bool:
         slots = round(s.slots * b / job.batch.micro_batch)  # slots grow with the rows packed into a micro-batch
-        trial = replace(s, loss_rows=max(1, round(loss_per_row * b)), slots=slots)
+        mask = b if s.row_mask > 1 else s.row_mask  # a packed row's block-diagonal mask each
+        trial = replace(s, loss_rows=max(1, round(loss_per_row * b)), slots=slots, row_mask=mask)
         return breakdown(arch, job.but(micro_batch=b), trial).total <= capacity
 
     if not fits(1):
