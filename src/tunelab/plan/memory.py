@@ -173,13 +173,16 @@ class MemoryBreakdown:
 
 def frozen_weight_bytes(arch: Arch, base_quant: str, compute_bytes: int, per_weight: float = NF4_BYTES) -> float:
     """The frozen base: a 4-bit base's block linears at `per_weight` bytes (nf4_bytes, gptq_bytes), int8's with a
-    scale per output row, else the compute dtype; the rest (embedding, head, norms) in the compute dtype."""
-    blocks = arch.block_linear_params
-    rest = arch.total_params - blocks  # embedding, untied LM head, norms: never quantized
+    scale per output row, else the compute dtype; the rest (embedding, head, norms) in the compute dtype. An MoE
+    model's routers stay in the compute dtype under either: transformers keeps each as a parameter of its router
+    module, not a linear layer, which is all bitsandbytes quantizes (model/moe.py quantizes the experts only)."""
+    routers = sum(m.params for m in arch.modules() if m.name == "router")
+    blocks = arch.block_linear_params - routers
+    rest = arch.total_params - blocks  # embedding, untied LM head, norms, routers: never quantized
     if base_quant == "nf4":
         block_bytes = blocks * per_weight
     elif base_quant == "int8":
-        row_scales = sum(m.count * m.d_out for m in arch.modules())
+        row_scales = sum(m.count * m.d_out for m in arch.modules() if m.name != "router")
         block_bytes = blocks * 1.0 + row_scales * 4.0
     else:
         block_bytes = blocks * compute_bytes
