@@ -45,11 +45,10 @@ def rows() -> list[dict]:
 
 
 def saved_bytes(cfg, every: int) -> int:
-    import torch
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
-    from torch.multiprocessing.reductions import StorageWeakRef
 
+    from tunelab import memwatch
     from tunelab.recipes import finetune as command
     from tunelab.train.loss import CausalLMLoss
 
@@ -63,26 +62,7 @@ def saved_bytes(cfg, every: int) -> int:
                 layer.__class__ = type(layer).__mro__[1]
     wrapped = CausalLMLoss(model)
     wrapped.train()
-    params = {p.untyped_storage().data_ptr() for p in wrapped.parameters()}
-    saved = []
-
-    def keep(t):
-        storage = t.untyped_storage()
-        saved.append((StorageWeakRef(storage), storage.data_ptr(), storage.nbytes()))
-        return t
-
-    b = prep.schedule.step_batches(0)[0]
-    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t), torch.autocast("cpu", torch.bfloat16):
-        loss = wrapped(
-            torch.from_numpy(b.input_ids),
-            torch.from_numpy(b.position_ids),
-            torch.from_numpy(b.loss_index),
-            torch.from_numpy(b.loss_targets),
-            b.layout,
-        )
-    alive = {ptr: n for ref, ptr, n in saved if not ref.expired() and ptr not in params}
-    del loss
-    return sum(alive.values())
+    return memwatch.saved_forward_bytes(wrapped, prep.schedule.step_batches(0)[0])
 
 
 def main(argv: list[str] | None = None) -> int:

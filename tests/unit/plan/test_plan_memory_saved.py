@@ -31,8 +31,8 @@ from dataclasses import replace
 import pytest
 import torch
 from conftest import compile_without_inductor, make_tiny_llama, write_jsonl
-from torch.multiprocessing.reductions import StorageWeakRef
 
+from tunelab import memwatch
 from tunelab.config import load_config
 from tunelab.plan import memory
 from tunelab.plan.estimate import Job, estimate
@@ -65,32 +65,9 @@ def saved_bytes(cfg) -> int:
     torch._dynamo.reset()
     wrapped = CausalLMLoss(command.build_model(cfg, prep))
     wrapped.train()
-    params = {p.untyped_storage().data_ptr() for p in wrapped.parameters()}
-    # Weak references: a tensor saved by a graph that the forward then drops (peft's DoRA builds its adapter
-    # weight with autograd and uses only a detached copy) is freed before backward and is not memory the step
-    # holds; and its address can be reused by a later saved tensor, so counting by address at save time
-    # depended on the allocator (17.12 MiB on one CPU class, 17.59 on another, for the same forward).
-    saved: list[tuple[StorageWeakRef, int, int]] = []
-
-    def keep(t):
-        storage = t.untyped_storage()
-        saved.append((StorageWeakRef(storage), storage.data_ptr(), storage.nbytes()))
-        return t
-
-    b = prep.schedule.step_batches(0)[0]
-    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t), torch.autocast("cpu", torch.bfloat16):
-        loss = wrapped(  # held while counting: its graph keeps what backward will read
-            torch.from_numpy(b.input_ids),
-            None if b.position_ids is None else torch.from_numpy(b.position_ids),  # unpacked rows have none
-            torch.from_numpy(b.loss_index),
-            torch.from_numpy(b.loss_targets),
-            b.layout,
-        )
-    # Storages alive at the end of the forward: their addresses are distinct, each counted once.
-    alive = {ptr: nbytes for ref, ptr, nbytes in saved if not ref.expired() and ptr not in params}
-    del loss
+    saved = memwatch.saved_forward_bytes(wrapped, prep.schedule.step_batches(0)[0])
     torch._dynamo.reset()
-    return sum(alive.values())
+    return saved
 
 
 def partition_only(gm, example_inputs):
