@@ -92,8 +92,12 @@ def loss_kernels(out: list, device, dry: bool) -> None:
     compiled_loss = torch.compile(chunk_loss) if device.type == "cuda" else chunk_loss
 
     def chunked_output(ce=chunk_loss):
-        logits = [c @ weight.T for c in hidden.chunk(8)]  # the model's output in 8 chunks
-        loss = sum(ce(x, y) for x, y in zip(logits, labels.chunk(8), strict=True))
+        # the model's output in 8 chunks of the sequence of a 2-row micro-batch, the head an nn.Linear (torchtune's
+        # chunked_output): on a CPU aten's bmm copies the head weight once a row for it (memory.Layout.
+        # chunked_head_copies); this row measures whether CUDA's does (plan adds no copies on CUDA)
+        logits = [F.linear(c, weight) for c in hidden.view(2, p // 2, h).tensor_split(8, dim=1)]
+        chunks = labels.view(2, p // 2).tensor_split(8, dim=1)
+        loss = sum(ce(x.reshape(-1, v), y.reshape(-1)) for x, y in zip(logits, chunks, strict=True))
         del logits
         loss.backward()
 

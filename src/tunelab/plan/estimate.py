@@ -149,6 +149,7 @@ def layout(arch: Arch, job: Job, w: workload.Workload, d: Device, sharding: str,
         reference_copy=(reference or job.objective.uses_reference and not job.goal.reference)
         and job.method.trains_base,
         reference_forward=reference,
+        chunked_head_copies=device_type == "cpu",
     )
     if slots and w.epoch.masked_pairs:
         # Some micro-batches run over whole rows under a mask instead: the peak is at whichever saves more (slots

@@ -147,6 +147,10 @@ class Layout:
     offload: bool = False  # activation_offload on a CUDA device (model/offload.py): saved activations on the host
     reference_copy: bool = False  # a frozen copy of the model as DPO's reference (full fine-tuning)
     reference_forward: bool = False  # each step runs the reference forward (DPO, not precomputed)
+    # A CPU: torchtune's chunked output (the head over each sequence chunk of a micro-batch, a strided 3-D input)
+    # goes through aten's bmm, which on a CPU copies the head weight once a row of the micro-batch (measured,
+    # benchmarks/plan-accuracy/cpu-memory-parts_epyc-avx512bf16-2c_2026-12-07.md); on CUDA not modeled (unmeasured).
+    chunked_head_copies: bool = False
 
 
 @dataclass(frozen=True)
@@ -495,7 +499,8 @@ def logits_bytes(arch: Arch, job: Job, s: Layout) -> float:
     kind = loss_kernel(job)
     # transformers' loss and torchtune's chunked output take every fed position's logits, targets or not
     positions = job.batch.micro_batch * s.row_len if kind in ("whole", "chunked_output", "native") else s.loss_rows
-    out = loss_kernel_bytes(kind, positions, arch.vocab, arch.hidden, a, s.loss_chunk, job.compiled)
+    copies = job.batch.micro_batch if s.chunked_head_copies else 0
+    out = loss_kernel_bytes(kind, positions, arch.vocab, arch.hidden, a, s.loss_chunk, job.compiled, copies)
     if arch.logit_softcap:
         out += 3 * 4 * s.loss_chunk * arch.vocab
     if job.method.trains_base:
@@ -511,7 +516,14 @@ def loss_kernel(job: Job) -> str:
 
 
 def loss_kernel_bytes(
-    kind: str, positions: float, vocab: int, hidden: int, a: int, chunk: int, compiled: bool = False
+    kind: str,
+    positions: float,
+    vocab: int,
+    hidden: int,
+    a: int,
+    chunk: int,
+    compiled: bool = False,
+    head_copies: int = 0,
 ) -> float:
     """The loss kernel's own bytes at its peak over `positions` rows of a `vocab`-wide head in `a`-byte values
     (docs/formulas.md, "The loss kernels"):
@@ -528,7 +540,9 @@ def loss_kernel_bytes(
       8 chunks) and keeps them for the loss's backward; eager, each chunk's fp32 upcast is freed but its fp32
       log-probabilities are saved (4 B a logit, one chunk's upcast at a time); compiled (torchtune compiles
       compute_cross_entropy), the upcast and log-softmax fuse into the reduction and only one chunk's gradient
-      in the compute dtype is made at a time;
+      in the compute dtype is made at a time; where the head's matmul over a chunk copies the head weight
+      (`head_copies`: the micro-batch's rows on a CPU), those copies are alive with every chunk's logits in the
+      forward and beside one chunk's gradient in backward (compiled), the larger of that and the loss's (eager);
     - native: torch's cross-entropy over every logit in the compute dtype (torchtune's torch.nn.CrossEntropyLoss):
       eager, the logits, the saved log-probabilities and at backward's start their gradient (3 a a logit);
       compiled, the log-probabilities are recomputed (2 a)."""
@@ -543,9 +557,10 @@ def loss_kernel_bytes(
     if kind == "cce":
         return inputs
     if kind == "chunked_output":
+        copies = head_copies * vocab * hidden * a
         if compiled:
-            return positions * vocab * a + positions / 8 * vocab * a + inputs
-        return positions * vocab * (a + 4) + positions / 8 * vocab * 4 + inputs
+            return positions * vocab * a + positions / 8 * vocab * a + copies + inputs
+        return max(positions * vocab * (a + 4) + positions / 8 * vocab * 4, positions * vocab * a + copies) + inputs
     if kind == "native":
         return positions * vocab * a * (2 if compiled else 3)
     raise ValueError(f"loss kernel {kind!r}: one of {', '.join(LOSS_KERNELS)}")
