@@ -484,3 +484,15 @@ def test_gpt_oss_mxfp4_checkpoints_load_dequantized(vocab, tmp_path, monkeypatch
         load.load_model(sources.resolve(str(directory)), torch.float32, "none", torch.device("cpu"))
     assert isinstance(seen["quantization_config"], tf.Mxfp4Config) and seen["quantization_config"].dequantize
     assert not load.published_mxfp4(moe_config("gpt_oss", vocab))
+
+
+@pytest.mark.parametrize("decode", ["dynamic", "static"])
+def test_an_moe_model_asking_for_its_router_loss_samples(decode, vocab):
+    """GRPO's, eval's and serve's sampling over a cache, on a config.json that sets output_router_logits:
+    transformers would compute the router loss at each cached step against the whole mask (a shape error); the
+    config is as it was after."""
+    from tunelab.eval.sampling import sample
+
+    ours, _ = pair("qwen3_moe", vocab)
+    out = sample(ours, [[5, 6, 7], [8, 9]], 3, [], 0, temperature=0.0, decode=decode)
+    assert [len(ids) for ids in out.ids] == [3, 3] and ours.config.output_router_logits is True
