@@ -417,6 +417,15 @@ def test_router_loss_in_preference_and_grpo_objectives(objective, vocab):
     assert (trained - without).item() == pytest.approx(0.5 * aux.item() * units, rel=1e-4)
     assert root.window_metrics()["router_aux_loss"] == pytest.approx(aux.item(), rel=1e-5)
 
+    class Accelerator:  # another process ran a forward; this one reduces with it though it ran none since
+        device, calls = torch.device("cpu"), []
+
+        def reduce(self, tensor, op):
+            self.calls.append(op)
+            return tensor + torch.tensor([3.0, 1.0], dtype=tensor.dtype)
+
+    assert root.window_metrics(Accelerator())["router_aux_loss"] == 3.0 and Accelerator.calls == ["sum"]
+
 
 def test_gpt_oss_attention_sinks_on_every_path(vocab):
     """gpt-oss's per-head sinks (one more logit in each query's softmax, attending to nothing; the loss equalities
