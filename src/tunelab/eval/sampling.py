@@ -180,13 +180,13 @@ def _dynamic_steps(model, batch: _Batch):
     """(the prefill's last logits, a step function token -> next logits) over a DynamicCache that grows by one
     position a step; the distinct prompts are prefilled once and their cache rows copied to the rows repeating them."""
     cache = DynamicCache(config=model.config)  # filled in place by each forward
-    with_cache = {cache_keyword(): cache, "use_cache": True}
+    cached = with_cache(model, cache)
     d = batch.distinct
     out = model(
         input_ids=batch.input_ids[d],
         attention_mask=batch.attention[d],
         position_ids=batch.positions[d],
-        **with_cache,
+        **cached,
         logits_to_keep=1,
     )
     logits = out.logits[:, -1].float()
@@ -199,7 +199,7 @@ def _dynamic_steps(model, batch: _Batch):
         state["attention"] = torch.cat([state["attention"], state["attention"].new_ones(len(token), 1)], dim=1)
         state["position"] = state["position"] + 1
         out = model(
-            input_ids=token[:, None], attention_mask=state["attention"], position_ids=state["position"], **with_cache
+            input_ids=token[:, None], attention_mask=state["attention"], position_ids=state["position"], **cached
         )
         return out.logits[:, -1].float()
 
@@ -226,7 +226,7 @@ def _static_steps(model, batch: _Batch, max_new_tokens: int, compiled: bool):
         input_ids=batch.input_ids,
         attention_mask=mask,
         position_ids=positions,
-        **{cache_keyword(): cache, "use_cache": True},
+        **with_cache(model, cache),
         logits_to_keep=1,
     )
     forward = _compiled_decode_step() if compiled else _decode_step
@@ -245,9 +245,7 @@ def _static_steps(model, batch: _Batch, max_new_tokens: int, compiled: bool):
 
 
 def _decode_step(model, token, mask, position, cache) -> torch.Tensor:
-    out = model(
-        input_ids=token, attention_mask=mask, position_ids=position, **{cache_keyword(): cache, "use_cache": True}
-    )
+    out = model(input_ids=token, attention_mask=mask, position_ids=position, **with_cache(model, cache))
     return out.logits[:, -1].float().clone()  # a CUDA graph's output buffer is overwritten by its next replay
 
 
@@ -272,6 +270,19 @@ def _static_cache(model, rows: int, length: int):
     else:
         kept[key].reset()
     return kept[key]
+
+
+def with_cache(model, cache) -> dict:
+    """The forward's keywords for a decode over `cache`. A Mixture-of-Experts model whose config asks for the
+    router's loss (`output_router_logits`, which training reads) gets it switched off: sampling needs no router
+    loss, and transformers' loss over a cached step's mask fails (its rows cover the whole cache, the router's
+    only the new tokens)."""
+    from ..model import moe
+
+    keywords = {cache_keyword(): cache, "use_cache": True}
+    if moe.is_moe(model.config):
+        keywords["output_router_logits"] = False
+    return keywords
 
 
 @functools.cache
