@@ -14,7 +14,7 @@
 #              experts through torch._grouped_mm (scripts/moe_peers.py, issue 67), into results.tgz
 #   moe-suite  bench suite h100-moe: Qwen3-30B-A3B and gpt-oss-20b (8 layers each at full width), LoRA on attention
 #              and experts and QLoRA over 4-bit experts, tok/s and peak memory against plan (issue 67)
-#   memory-parts the CUDA context, the loss kernels' and NF4 dequantization's peaks, and a 1B LoRA run's
+#   memory-parts the CUDA context, the loss kernels' and NF4 dequantization's peaks, and 1B LoRA runs' (packed; varied rows)
 #              allocated / reserved / process beside plan's figures (scripts/memory_parts.py, issue 69)
 #   long-8b    bench suite h100-8b: LoRA at 65,536 tokens with activation offloading, QLoRA compiled at seq
 #              2048, QLoRA at 131,072 tokens with offloading; plan's memory beside each
@@ -320,7 +320,8 @@ optim_8b() {
 
 # The memory parts that need CUDA (issue 69): the CUDA context, the loss kernels' peaks (whole logits, torchtune's
 # chunked output eager and compiled, Liger and Cut Cross Entropy where installed), NF4's dequantization scratch,
-# and a 1B LoRA run's allocated / reserved / process beside plan's figures (scripts/memory_parts.py).
+# and 1B LoRA runs' allocated / reserved / process beside plan's figures, packed and of varied rows padded per batch
+# (the caching allocator's reserve) (scripts/memory_parts.py).
 memory_parts() {
   "$PY" benchmarks/scripts/memory_parts.py --work "$WORK" --out "$WORK/memory-parts.jsonl" \
     $([ "$DRY" = 1 ] && echo --dry-run)
@@ -368,7 +369,7 @@ main() {
   step moe 150 90 moe
   step moe-suite 200 120 suite h100-moe
   step optim-8b 240 120 optim_8b
-  step memory-parts 120 60 memory_parts
+  step memory-parts 150 70 memory_parts
   step long-8b 260 90 suite h100-8b 8b-lora-65k-offload,8b-qlora-compiled,8b-qlora-131k-offload
   step speed-1b 90 40 suite h100 1b-lora-compiled,1b-full
   step calibrated 120 70 calibrated

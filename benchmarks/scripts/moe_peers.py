@@ -5,6 +5,8 @@ expert (PEFT's target_parameters), the same random weights and the same token ba
     PYTHONPATH=src python benchmarks/scripts/moe_peers.py [--experts 32 --top-k 4] > out.json
     PYTHONPATH=src python benchmarks/scripts/moe_peers.py --shape Qwen/Qwen3-30B-A3B --layers 8 --device cuda
 
+`--side tunelab --experts-4bit` runs tunelab's side with QLoRA's 4-bit experts (transformers + PEFT has none).
+
 `--shape` takes a catalog MoE row's widths, heads, experts, top-k and vocabulary (its layers stay `--layers`, so
 a 30B shape fits one GPU); each side's experts path is in its row (`grouped_mm`: torch's grouped kernel,
 `segments`: tunelab's CPU products, or transformers' experts implementation).
@@ -73,6 +75,8 @@ def side(args) -> dict:
                 config(args), attn_implementation=attention.register("slots"), dtype=torch.bfloat16
             )
         moe.use_grouped(model)
+        if args.experts_4bit:  # QLoRA's experts: each expert's slice in NF4 (the attention stays 16-bit here)
+            moe.quantize_experts(model)
         adapter = load_config(None, ["method=lora", "lora.r=16", "lora.alpha=32"]).adapter
         model = apply_adapter(model, adapter)
         loss_fn = CausalLMLoss(model)
@@ -156,6 +160,11 @@ def main():
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument(
+        "--experts-4bit",
+        action="store_true",
+        help="tunelab's experts in NF4 (moe.quantize_experts); with --side tunelab",
+    )
     args = parser.parse_args()
     if args.shape:
         shape_from_catalog(args)

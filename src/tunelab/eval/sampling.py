@@ -117,7 +117,7 @@ def sample(
         # CPU: the weights laid out once for the few-row products (a compiled policy's LoRA layers packed too); the
         # compiled mode's step is inductor's own products over the plain weights.
         packing = contextlib.nullcontext() if mode.compiled else prepacked(model, rows)
-        with packing, policy_eager():
+        with packing, policy_eager(), no_router_loss(model):
             if mode.static_cache:
                 logits, step = _static_steps(model, batch, max_new_tokens, mode.compiled)
             else:
@@ -180,13 +180,13 @@ def _dynamic_steps(model, batch: _Batch):
     """(the prefill's last logits, a step function token -> next logits) over a DynamicCache that grows by one
     position a step; the distinct prompts are prefilled once and their cache rows copied to the rows repeating them."""
     cache = DynamicCache(config=model.config)  # filled in place by each forward
-    cached = with_cache(model, cache)
+    with_cache = {cache_keyword(): cache, "use_cache": True}
     d = batch.distinct
     out = model(
         input_ids=batch.input_ids[d],
         attention_mask=batch.attention[d],
         position_ids=batch.positions[d],
-        **cached,
+        **with_cache,
         logits_to_keep=1,
     )
     logits = out.logits[:, -1].float()
@@ -199,11 +199,28 @@ def _dynamic_steps(model, batch: _Batch):
         state["attention"] = torch.cat([state["attention"], state["attention"].new_ones(len(token), 1)], dim=1)
         state["position"] = state["position"] + 1
         out = model(
-            input_ids=token[:, None], attention_mask=state["attention"], position_ids=state["position"], **cached
+            input_ids=token[:, None], attention_mask=state["attention"], position_ids=state["position"], **with_cache
         )
         return out.logits[:, -1].float()
 
     return logits, step
+
+
+@contextlib.contextmanager
+def no_router_loss(model):
+    """An MoE model whose config.json sets output_router_logits samples without its router loss: transformers
+    would compute it at every step against the whole attention mask, which a cached step's router logits (its new
+    token's only) do not match (a shape error), and sampling has no use for it."""
+    config = model.config
+    before = getattr(config, "output_router_logits", None)
+    if not before:
+        yield
+        return
+    config.output_router_logits = False
+    try:
+        yield
+    finally:
+        config.output_router_logits = before
 
 
 # A static cache's length is rounded up to a multiple of this, so a compiled step sees few distinct shapes.
@@ -226,7 +243,7 @@ def _static_steps(model, batch: _Batch, max_new_tokens: int, compiled: bool):
         input_ids=batch.input_ids,
         attention_mask=mask,
         position_ids=positions,
-        **with_cache(model, cache),
+        **{cache_keyword(): cache, "use_cache": True},
         logits_to_keep=1,
     )
     forward = _compiled_decode_step() if compiled else _decode_step
@@ -245,7 +262,9 @@ def _static_steps(model, batch: _Batch, max_new_tokens: int, compiled: bool):
 
 
 def _decode_step(model, token, mask, position, cache) -> torch.Tensor:
-    out = model(input_ids=token, attention_mask=mask, position_ids=position, **with_cache(model, cache))
+    out = model(
+        input_ids=token, attention_mask=mask, position_ids=position, **{cache_keyword(): cache, "use_cache": True}
+    )
     return out.logits[:, -1].float().clone()  # a CUDA graph's output buffer is overwritten by its next replay
 
 
@@ -270,19 +289,6 @@ def _static_cache(model, rows: int, length: int):
     else:
         kept[key].reset()
     return kept[key]
-
-
-def with_cache(model, cache) -> dict:
-    """The forward's keywords for a decode over `cache`. A Mixture-of-Experts model whose config asks for the
-    router's loss (`output_router_logits`, which training reads) gets it switched off: sampling needs no router
-    loss, and transformers' loss over a cached step's mask fails (its rows cover the whole cache, the router's
-    only the new tokens)."""
-    from ..model import moe
-
-    keywords = {cache_keyword(): cache, "use_cache": True}
-    if moe.is_moe(model.config):
-        keywords["output_router_logits"] = False
-    return keywords
 
 
 @functools.cache

@@ -507,3 +507,4 @@ def test_sampling_an_moe_model_that_asks_for_its_router_loss(family, vocab):
         with attention.with_padding_masks(ours):  # as GRPO samples: SDPA (eager for gpt-oss) over padded prompts
             out = sample(ours, prompts, 5, stop_ids=[vocab + 1], pad_id=0, temperature=0, decode=decode)
         assert out.ids == expected, decode
+    assert ours.config.output_router_logits is True  # as it was, for the training step after

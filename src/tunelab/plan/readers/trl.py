@@ -5,8 +5,8 @@ GRPO, which plan prices with tunelab's GRPO model (read_grpo).
 
 TRL 1.16's defaults where the file says nothing (checked against the installed trl, tests/unit/plan/
 test_readers.py): max_length 1024, gradient checkpointing on, no packing (rows padded to each batch's longest),
-full fine-tuning unless `use_peft`, PEFT's default targets (q_proj, v_proj) unless `lora_target_modules`; for
-GRPO, 8 completions a device batch, num_generations 8, max_completion_length 512, loss_type dapo, scale_rewards
+full fine-tuning unless `use_peft`, PEFT's default targets (q_proj, v_proj) unless `lora_target_modules`, 3 epochs
+(TrainingArguments' num_train_epochs); for GRPO, 8 completions a device batch, num_generations 8, max_completion_length 512, loss_type dapo, scale_rewards
 group, beta 0.
 `packing: true` with the default `packing_strategy: bfd` packs examples into rows with position ids (plan's
 multipack feeding), `wrapped` concatenates and cuts (packed), `padding_free: true` flattens each batch.
@@ -243,6 +243,7 @@ def read_grpo(doc: dict, reading: Reading) -> None:
 def read(doc: dict, reading: Reading) -> None:
     reading.set("seq_len", 1024)
     reading.set("grad_ckpt", True)
+    reading.set("epochs", 3.0)  # TrainingArguments' num_train_epochs
     reading.set("method", "full")
     reading.set("lora.targets", ["q_proj", "v_proj"])
     if GRPO_KEYS & set(doc):
@@ -256,7 +257,8 @@ def read(doc: dict, reading: Reading) -> None:
         reading.hf["attn_implementation"] = "flash_attention_2"
     reading.notes.append(
         "TRL 1.16's defaults where a key is absent: max_length 1024, gradient checkpointing on, rows padded to each "
-        "batch's longest, full fine-tuning unless use_peft, PEFT's targets q_proj and v_proj, optim adamw_torch_fused"
+        "batch's longest, full fine-tuning unless use_peft, PEFT's targets q_proj and v_proj, optim adamw_torch_fused, "
+        "3 epochs"
     )
 
 
