@@ -495,13 +495,25 @@ def test_gpt_oss_mxfp4_checkpoints_load_dequantized(vocab, tmp_path, monkeypatch
     assert not load.published_mxfp4(moe_config("gpt_oss", vocab))
 
 
-@pytest.mark.parametrize("decode", ["dynamic", "static"])
-def test_an_moe_model_asking_for_its_router_loss_samples(decode, vocab):
-    """GRPO's, eval's and serve's sampling over a cache, on a config.json that sets output_router_logits:
-    transformers would compute the router loss at each cached step against the whole mask (a shape error); the
-    config is as it was after."""
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_sampling_an_moe_model_that_asks_for_its_router_loss(family, vocab):
+    """GRPO's and eval's sampler over a model whose config sets output_router_logits (which training reads): every
+    decode step runs without the router's loss (transformers' over a cached step fails on its mask), and greedy
+    completions equal transformers' own greedy generate, in the dynamic and the static-cache modes; gpt-oss samples
+    on eager attention, its sinks applied."""
     from tunelab.eval.sampling import sample
 
-    ours, _ = pair("qwen3_moe", vocab)
-    out = sample(ours, [[5, 6, 7], [8, 9]], 3, [], 0, temperature=0.0, decode=decode)
-    assert [len(ids) for ids in out.ids] == [3, 3] and ours.config.output_router_logits is True
+    ours, reference = pair(family, vocab)  # output_router_logits=True in both configs
+    prompts = [[5, 17, 30, 40], [7, 8, 9], [5, 17, 30, 40]]
+    expected = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = reference.eval().generate(
+                torch.tensor([p]), max_new_tokens=5, do_sample=False, output_router_logits=False, pad_token_id=0
+            )
+            expected.append(ids[0, len(p) :].tolist())
+    for decode in ("dynamic", "static"):
+        with attention.with_padding_masks(ours):  # as GRPO samples: SDPA (eager for gpt-oss) over padded prompts
+            out = sample(ours, prompts, 5, stop_ids=[vocab + 1], pad_id=0, temperature=0, decode=decode)
+        assert out.ids == expected, decode
+    assert ours.config.output_router_logits is True  # as it was, for the training step after
