@@ -50,33 +50,26 @@ FAMILIES = ("qwen3_moe", "gpt_oss")
 def config(args):
     import transformers as tf
 
-    if args.family == "gpt_oss":  # its attention sinks, biases and clamped SwiGLU; sliding window on every other layer
-        return tf.GptOssConfig(
-            hidden_size=args.hidden,
-            intermediate_size=args.expert_width,
-            num_hidden_layers=args.layers,
-            num_attention_heads=args.heads,
-            num_key_value_heads=args.kv_heads,
-            head_dim=args.head_dim or args.hidden // args.heads,
-            vocab_size=args.vocab,
-            num_local_experts=args.experts,
-            num_experts_per_tok=args.top_k,
-            max_position_embeddings=max(2048, args.seq),
-            layer_types=["sliding_attention", "full_attention"] * (args.layers // 2)
-            + ["sliding_attention"] * (args.layers % 2),
-        )
-    return tf.Qwen3MoeConfig(
+    common = dict(
         hidden_size=args.hidden,
-        intermediate_size=args.hidden * 3,
-        moe_intermediate_size=args.expert_width,
         num_hidden_layers=args.layers,
         num_attention_heads=args.heads,
         num_key_value_heads=args.kv_heads,
         head_dim=args.head_dim or args.hidden // args.heads,
         vocab_size=args.vocab,
-        num_experts=args.experts,
         num_experts_per_tok=args.top_k,
         max_position_embeddings=max(2048, args.seq),
+    )
+    if args.family == "gpt_oss":  # its attention sinks, biases and clamped SwiGLU; sliding window on every other layer
+        kinds = ["sliding_attention", "full_attention"] * args.layers
+        return tf.GptOssConfig(
+            **common,
+            intermediate_size=args.expert_width,
+            num_local_experts=args.experts,
+            layer_types=kinds[: args.layers],
+        )
+    return tf.Qwen3MoeConfig(
+        **common, intermediate_size=args.hidden * 3, moe_intermediate_size=args.expert_width, num_experts=args.experts
     )
 
 
