@@ -22,15 +22,20 @@ ROWS = [[20, 17], [30]]  # documents packed per row; the second row has an 18-to
 TINY = dict(TINY_SHAPE, initializer_range=0.2, hidden_size=32, intermediate_size=64, num_attention_heads=4)
 
 
-def moe_config(family: str, vocab: int, aux: bool = True):
+def moe_config(family: str, vocab: int, aux: bool = True, **shape):
     """A tiny config of `family`: 6 experts, top-2, the router's loss in the training loss (`aux`) with a
-    coefficient large enough that dropping it moves the loss past the tolerance."""
+    coefficient large enough that dropping it moves the loss past the tolerance; `shape` overrides TINY's keys."""
     import transformers as tf
 
-    common = dict(**TINY, vocab_size=vocab, num_experts_per_tok=2, output_router_logits=aux, router_aux_loss_coef=0.5)
+    head_dim = shape.pop("head_dim", 8)  # the families that take one
+    common = dict(
+        **{**TINY, **shape}, vocab_size=vocab, num_experts_per_tok=2, output_router_logits=aux, router_aux_loss_coef=0.5
+    )
     if family == "qwen3_moe":
         # the second layer dense (mlp_only_layers), as Qwen3-MoE configs may keep some
-        return tf.Qwen3MoeConfig(**common, num_experts=6, moe_intermediate_size=24, head_dim=8, mlp_only_layers=[1])
+        return tf.Qwen3MoeConfig(
+            **common, num_experts=6, moe_intermediate_size=24, head_dim=head_dim, mlp_only_layers=[1]
+        )
     if family == "qwen2_moe":
         return tf.Qwen2MoeConfig(**common, num_experts=6, moe_intermediate_size=24, shared_expert_intermediate_size=40)
     if family == "mixtral":
@@ -41,7 +46,7 @@ def moe_config(family: str, vocab: int, aux: bool = True):
         return tf.GptOssConfig(
             **common,
             num_local_experts=6,
-            head_dim=8,
+            head_dim=head_dim,
             sliding_window=8,
             layer_types=["sliding_attention", "full_attention"],
         )
@@ -56,11 +61,13 @@ def vocab():
     return len(make_tokenizer())
 
 
-def build(family, vocab, implementation, aux=True, seed=0):
+def build(family, vocab, implementation, aux=True, seed=0, **shape):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(moe_config(family, vocab, aux), attn_implementation=implementation)
+    model = AutoModelForCausalLM.from_config(
+        moe_config(family, vocab, aux, **shape), attn_implementation=implementation
+    )
     return model.float()
 
 
@@ -249,7 +256,9 @@ def test_trains_end_to_end_with_lora_on_experts(family, method, vocab, tmp_path,
     from tunelab.recipes.finetune import finetune
 
     model_dir = tmp_path / family
-    build(family, vocab, "eager").save_pretrained(model_dir)
+    # QLoRA: 4-bit rows of 64 inputs, which bitsandbytes 0.50.2 dequantizes right on the CPU (load.check_cpu_nf4)
+    shape = {"hidden_size": 64, "head_dim": 16} if method == "qlora" else {}
+    build(family, vocab, "eager", **shape).save_pretrained(model_dir)
     make_tokenizer().save_pretrained(model_dir)
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
     cfg = tiny_train_config(model_dir, data, tmp_path / "run", "max_steps=4", f"method={method}", "device=cpu")
@@ -265,7 +274,7 @@ def test_trains_end_to_end_with_lora_on_experts(family, method, vocab, tmp_path,
     adapter = tmp_path / "run" / "adapter"
     config = json.loads((adapter / "adapter_config.json").read_text())
     assert {p.split(".")[-1] for p in config["target_parameters"]} >= {"gate_up_proj", "down_proj"}
-    loaded = PeftModel.from_pretrained(build(family, vocab, "eager"), adapter)
+    loaded = PeftModel.from_pretrained(build(family, vocab, "eager", **shape), adapter)
     saved = load_file(adapter / "adapter_model.safetensors")
     key = next(k for k in saved if "experts" in k and "lora_B" in k)
     assert saved[key].abs().max() > 0  # the experts' factors trained (B starts at zero)
