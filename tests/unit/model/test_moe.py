@@ -526,3 +526,32 @@ def test_sampling_an_moe_model_that_asks_for_its_router_loss(family, vocab):
             out = sample(ours, prompts, 5, stop_ids=[vocab + 1], pad_id=0, temperature=0, decode=decode)
         assert out.ids == expected, decode
     assert ours.config.output_router_logits is True  # as it was, for the training step after
+
+
+@pytest.mark.gpu
+def test_gpt_oss_packed_rows_on_flex_equal_documents_on_eager(vocab, device="cuda"):
+    """gpt-oss on CUDA's path (`attention: auto` takes flex for its sinks): packed rows through the flex kernel,
+    renormalised by its log-sum-exp (attention.with_sinks), give each document's loss alone through transformers'
+    eager attention, and the same gradients for the sinks and a query projection: the sinks' gradient flows
+    through the kernel's log-sum-exp."""
+    ours = build("gpt_oss", vocab, attention.register("flex"), aux=False).to(device)
+    moe.use_grouped(ours)
+    reference = build("gpt_oss", vocab, "eager", aux=False).to(device)
+    reference.set_experts_implementation("eager")
+    reference.load_state_dict(ours.state_dict())
+    ids, positions = (t.to(device) for t in packed(ROWS, vocab))
+    docs = documents(ROWS)
+    index = torch.cat([torch.arange(r * WIDTH + s, r * WIDTH + s + n - 1) for r, s, n in docs]).to(device)
+    targets = torch.cat([ids[r, s + 1 : s + n] for r, s, n in docs])
+    loss = CausalLMLoss(ours.train())(ids, positions, index, targets)
+    loss.backward()
+    expected = sum(
+        reference.train()(input_ids=ids[r : r + 1, s : s + n], labels=ids[r : r + 1, s : s + n]).loss * (n - 1)
+        for r, s, n in docs
+    )
+    expected.backward()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-4)
+    for name in ("self_attn.sinks", "self_attn.q_proj.weight"):
+        ours_grad = ours.get_submodule("model.layers.0").get_parameter(name).grad
+        theirs = reference.get_submodule("model.layers.0").get_parameter(name).grad
+        torch.testing.assert_close(ours_grad, theirs, rtol=1e-3, atol=1e-5)
