@@ -22,6 +22,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from records import write_record  # benchmarks/scripts/, the record format
+
 REPO = Path(__file__).resolve().parents[2]
 VARIANTS = (
     ("none", 0),
@@ -111,9 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     cls = args.device_class
     out = args.out or REPO / "benchmarks/plan-accuracy" / f"checkpoint-variants_{cls}_{time.strftime('%Y-%m-%d')}"
-    doc = {
-        "command": ["python benchmarks/scripts/checkpoint_variants.py"],
-        "config": {
+    doc = write_record(
+        out,
+        "python benchmarks/scripts/checkpoint_variants.py",
+        {
             "model": "embedded",
             "seq_len": 256,
             "micro_batch": 2,
@@ -123,14 +126,9 @@ def main(argv: list[str] | None = None) -> int:
             "packing": True,
             "compile": False,
         },
-        "device_class": cls,
-        "date": time.strftime("%Y-%m-%d"),
-        "versions": {k: __import__(k).__version__ for k in ("torch", "transformers", "peft")},
-        "figures": {"variants": results},
-        "raw": [],
-        "write_up": out.name + ".md",
-    }
-    out.with_suffix(".record.json").write_text(json.dumps(doc, indent=1) + "\n")
+        cls,
+        {"variants": results},
+    )
     lines = [
         f"# Activation checkpointing variants: saved bytes against plan ({doc['date']})",
         "",

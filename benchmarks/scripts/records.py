@@ -304,6 +304,25 @@ def build() -> None:
         out.write_text(dump(record(md, files, present)) + "\n")
 
 
+def write_record(out: Path, command: str, config: dict, device_class: str, figures: dict) -> dict:
+    """`<out>.record.json` for a script that measures on this machine now (the versions it ran on, today's date;
+    its write-up `<out>.md`, no raw files), and that record."""
+    import time
+
+    doc = {
+        "command": [command],
+        "config": config,
+        "device_class": device_class,
+        "date": time.strftime("%Y-%m-%d"),
+        "versions": {k: __import__(k).__version__ for k in ("torch", "transformers", "peft")},
+        "figures": figures,
+        "raw": [],
+        "write_up": out.name + ".md",
+    }
+    out.with_suffix(".record.json").write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
+
+
 def title(md: Path) -> str:
     for line in md.read_text().splitlines():
         if line.startswith("# "):

@@ -26,6 +26,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from records import write_record  # benchmarks/scripts/, the record format
+
 REPO = Path(__file__).resolve().parents[2]
 SEQ_LEN, MICRO_BATCH, ROWS = 512, 4, 24
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa")
@@ -137,9 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         r["plan_with_uniform_overhead_bytes_before_fix"] = r["plan_model_bytes_before_fix"] + overhead
     cls = args.device_class
     out = args.out or REPO / "benchmarks/plan-accuracy" / f"varied-rows_{cls}_{time.strftime('%Y-%m-%d')}"
-    doc = {
-        "command": ["python benchmarks/scripts/varied_rows.py"],
-        "config": {
+    doc = write_record(
+        out,
+        "python benchmarks/scripts/varied_rows.py",
+        {
             "model": "embedded",
             "seq_len": SEQ_LEN,
             "micro_batch": MICRO_BATCH,
@@ -149,14 +152,9 @@ def main(argv: list[str] | None = None) -> int:
             "precision": "bf16",
             "compile": False,
         },
-        "device_class": cls,
-        "date": time.strftime("%Y-%m-%d"),
-        "versions": {k: __import__(k).__version__ for k in ("torch", "transformers", "peft")},
-        "figures": {"runs": results, "overhead_measured_on_uniform_bytes": overhead},
-        "raw": [],
-        "write_up": out.name + ".md",
-    }
-    out.with_suffix(".record.json").write_text(json.dumps(doc, indent=1) + "\n")
+        cls,
+        {"runs": results, "overhead_measured_on_uniform_bytes": overhead},
+    )
     print(json.dumps(doc["figures"], indent=1))
     return 0
 

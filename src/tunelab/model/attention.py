@@ -443,10 +443,19 @@ def flex_packed_attention(
         if sinks is None:
             out = flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scaling, enable_gqa=gqa)
         else:
-            out, lse = flex(
-                q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scaling, enable_gqa=gqa, return_lse=True
+            from torch.nn.attention.flex_attention import AuxRequest
+
+            out, aux = flex(
+                q,
+                k,
+                v,
+                score_mod=score_mod,
+                block_mask=block_mask,
+                scale=scaling,
+                enable_gqa=gqa,
+                return_aux=AuxRequest(lse=True),
             )
-            out = with_sinks(out, lse, sinks)
+            out = with_sinks(out, aux.lse, sinks)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -93,10 +93,36 @@ def load_model(
     skip_kernel_routing(model)
     moe.use_grouped(model)
     if base_quant == "nf4":  # bitsandbytes quantized the linear layers; the stacked experts are tunelab's to do
+        if stage.type == "cpu":
+            check_cpu_nf4(model, source.ref)
         moe.quantize_experts(model)
         if stage != device:
             moe.move_quantized(model, device)
     return model
+
+
+def check_cpu_nf4(model: torch.nn.Module, ref: str) -> None:
+    """Refuse, in one line, 4-bit layers whose rows bitsandbytes dequantizes wrongly on the CPU: 0.50.2 does so for
+    2-D NF4 weights whose row length is a multiple of 16 but not of 64 (96, 160, ...: errors of half the weights'
+    range where NF4 rounds to 0.15 of it), and its Linear4bit forward uses that result, so QLoRA would train over
+    other weights than the model's. One probe per distinct row length: a fixed bitsandbytes passes and runs."""
+    import bitsandbytes.functional as bnbf
+    from bitsandbytes.nn import Linear4bit
+
+    widths = sorted({m.in_features for m in model.modules() if isinstance(m, Linear4bit)})
+    generator = torch.Generator().manual_seed(0)
+    for width in widths:
+        probe = torch.randn(4, width, generator=generator).to(torch.bfloat16)
+        packed, state = bnbf.quantize_4bit(probe, blocksize=64, quant_type="nf4")
+        error = (bnbf.dequantize_4bit(packed, state).float() - probe.float()).abs().max()
+        if error > 0.2 * probe.float().abs().max():  # NF4's own rounding: at most 0.152 of a block's absmax
+            import bitsandbytes
+
+            raise TunelabError(
+                f"model {ref}: bitsandbytes {bitsandbytes.__version__} dequantizes 4-bit rows of {width} inputs "
+                "wrongly on the CPU (rows of a multiple of 64 are right), so QLoRA would train another model; use "
+                "method lora here, or a GPU"
+            )
 
 
 def published_mxfp4(config) -> bool:

@@ -367,6 +367,8 @@ def move_quantized(model: torch.nn.Module, device: torch.device) -> None:
     model.to(device)
     for module, name, shape, dtype in held:
         setattr(module, name, _placeholder(shape, dtype, device))
+    if getattr(model, "hf_device_map", None) is not None:  # where from_pretrained put it, as loading there would say
+        model.hf_device_map = {"": device}
 
 
 def quantized_stacks(model: torch.nn.Module) -> list[NF4Stack]:

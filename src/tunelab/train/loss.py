@@ -391,13 +391,17 @@ class CausalLMLoss(torch.nn.Module):
         return aux * (self.router.coef * units)
 
     def window_metrics(self, accelerator=None) -> dict[str, float]:
-        """The mean router load-balancing loss over the micro-batches since the last log line (MoE models)."""
-        if self.router is None or not self._aux_count:
+        """The mean router load-balancing loss over the micro-batches since the last log line (MoE models). Under
+        several processes every one reduces, those that ran no forward with gradients since (a rank's empty share
+        of DPO pairs, GRPO micro-batches without a completion to train) included, or the others would wait."""
+        if self.router is None or (accelerator is None and not self._aux_count):
             return {}
-        total = torch.stack([self._aux_sum, torch.tensor(float(self._aux_count), dtype=torch.float64)])
+        total = torch.stack([self._aux_sum, self._aux_sum.new_tensor(float(self._aux_count))])  # on its device
         if accelerator is not None:
             total = accelerator.reduce(total.to(accelerator.device), "sum")
         self._aux_sum, self._aux_count = torch.zeros((), dtype=torch.float64), 0
+        if not total[1].item():
+            return {}
         return {"router_aux_loss": (total[0] / total[1]).item()}
 
     def hidden_states(

@@ -22,15 +22,20 @@ ROWS = [[20, 17], [30]]  # documents packed per row; the second row has an 18-to
 TINY = dict(TINY_SHAPE, initializer_range=0.2, hidden_size=32, intermediate_size=64, num_attention_heads=4)
 
 
-def moe_config(family: str, vocab: int, aux: bool = True):
+def moe_config(family: str, vocab: int, aux: bool = True, **shape):
     """A tiny config of `family`: 6 experts, top-2, the router's loss in the training loss (`aux`) with a
-    coefficient large enough that dropping it moves the loss past the tolerance."""
+    coefficient large enough that dropping it moves the loss past the tolerance; `shape` overrides TINY's keys."""
     import transformers as tf
 
-    common = dict(**TINY, vocab_size=vocab, num_experts_per_tok=2, output_router_logits=aux, router_aux_loss_coef=0.5)
+    head_dim = shape.pop("head_dim", 8)  # the families that take one
+    common = dict(
+        **{**TINY, **shape}, vocab_size=vocab, num_experts_per_tok=2, output_router_logits=aux, router_aux_loss_coef=0.5
+    )
     if family == "qwen3_moe":
         # the second layer dense (mlp_only_layers), as Qwen3-MoE configs may keep some
-        return tf.Qwen3MoeConfig(**common, num_experts=6, moe_intermediate_size=24, head_dim=8, mlp_only_layers=[1])
+        return tf.Qwen3MoeConfig(
+            **common, num_experts=6, moe_intermediate_size=24, head_dim=head_dim, mlp_only_layers=[1]
+        )
     if family == "qwen2_moe":
         return tf.Qwen2MoeConfig(**common, num_experts=6, moe_intermediate_size=24, shared_expert_intermediate_size=40)
     if family == "mixtral":
@@ -41,7 +46,7 @@ def moe_config(family: str, vocab: int, aux: bool = True):
         return tf.GptOssConfig(
             **common,
             num_local_experts=6,
-            head_dim=8,
+            head_dim=head_dim,
             sliding_window=8,
             layer_types=["sliding_attention", "full_attention"],
         )
@@ -56,11 +61,13 @@ def vocab():
     return len(make_tokenizer())
 
 
-def build(family, vocab, implementation, aux=True, seed=0):
+def build(family, vocab, implementation, aux=True, seed=0, **shape):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(moe_config(family, vocab, aux), attn_implementation=implementation)
+    model = AutoModelForCausalLM.from_config(
+        moe_config(family, vocab, aux, **shape), attn_implementation=implementation
+    )
     return model.float()
 
 
@@ -249,7 +256,9 @@ def test_trains_end_to_end_with_lora_on_experts(family, method, vocab, tmp_path,
     from tunelab.recipes.finetune import finetune
 
     model_dir = tmp_path / family
-    build(family, vocab, "eager").save_pretrained(model_dir)
+    # QLoRA: 4-bit rows of 64 inputs, which bitsandbytes 0.50.2 dequantizes right on the CPU (load.check_cpu_nf4)
+    shape = {"hidden_size": 64, "head_dim": 16} if method == "qlora" else {}
+    build(family, vocab, "eager", **shape).save_pretrained(model_dir)
     make_tokenizer().save_pretrained(model_dir)
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
     cfg = tiny_train_config(model_dir, data, tmp_path / "run", "max_steps=4", f"method={method}", "device=cpu")
@@ -265,7 +274,7 @@ def test_trains_end_to_end_with_lora_on_experts(family, method, vocab, tmp_path,
     adapter = tmp_path / "run" / "adapter"
     config = json.loads((adapter / "adapter_config.json").read_text())
     assert {p.split(".")[-1] for p in config["target_parameters"]} >= {"gate_up_proj", "down_proj"}
-    loaded = PeftModel.from_pretrained(build(family, vocab, "eager"), adapter)
+    loaded = PeftModel.from_pretrained(build(family, vocab, "eager", **shape), adapter)
     saved = load_file(adapter / "adapter_model.safetensors")
     key = next(k for k in saved if "experts" in k and "lora_B" in k)
     assert saved[key].abs().max() > 0  # the experts' factors trained (B starts at zero)
@@ -417,6 +426,15 @@ def test_router_loss_in_preference_and_grpo_objectives(objective, vocab):
     assert (trained - without).item() == pytest.approx(0.5 * aux.item() * units, rel=1e-4)
     assert root.window_metrics()["router_aux_loss"] == pytest.approx(aux.item(), rel=1e-5)
 
+    class Accelerator:  # another process ran a forward; this one reduces with it though it ran none since
+        device, calls = torch.device("cpu"), []
+
+        def reduce(self, tensor, op):
+            self.calls.append(op)
+            return tensor + torch.tensor([3.0, 1.0], dtype=tensor.dtype)
+
+    assert root.window_metrics(Accelerator())["router_aux_loss"] == 3.0 and Accelerator.calls == ["sum"]
+
 
 def test_gpt_oss_attention_sinks_on_every_path(vocab):
     """gpt-oss's per-head sinks (one more logit in each query's softmax, attending to nothing; the loss equalities
@@ -484,3 +502,56 @@ def test_gpt_oss_mxfp4_checkpoints_load_dequantized(vocab, tmp_path, monkeypatch
         load.load_model(sources.resolve(str(directory)), torch.float32, "none", torch.device("cpu"))
     assert isinstance(seen["quantization_config"], tf.Mxfp4Config) and seen["quantization_config"].dequantize
     assert not load.published_mxfp4(moe_config("gpt_oss", vocab))
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_sampling_an_moe_model_that_asks_for_its_router_loss(family, vocab):
+    """GRPO's and eval's sampler over a model whose config sets output_router_logits (which training reads): every
+    decode step runs without the router's loss (transformers' over a cached step fails on its mask), and greedy
+    completions equal transformers' own greedy generate, in the dynamic and the static-cache modes; gpt-oss samples
+    on eager attention, its sinks applied."""
+    from tunelab.eval.sampling import sample
+
+    ours, reference = pair(family, vocab)  # output_router_logits=True in both configs
+    prompts = [[5, 17, 30, 40], [7, 8, 9], [5, 17, 30, 40]]
+    expected = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = reference.eval().generate(
+                torch.tensor([p]), max_new_tokens=5, do_sample=False, output_router_logits=False, pad_token_id=0
+            )
+            expected.append(ids[0, len(p) :].tolist())
+    for decode in ("dynamic", "static"):
+        with attention.with_padding_masks(ours):  # as GRPO samples: SDPA (eager for gpt-oss) over padded prompts
+            out = sample(ours, prompts, 5, stop_ids=[vocab + 1], pad_id=0, temperature=0, decode=decode)
+        assert out.ids == expected, decode
+    assert ours.config.output_router_logits is True  # as it was, for the training step after
+
+
+@pytest.mark.gpu
+def test_gpt_oss_packed_rows_on_flex_equal_documents_on_eager(vocab, device="cuda"):
+    """gpt-oss on CUDA's path (`attention: auto` takes flex for its sinks): packed rows through the flex kernel,
+    renormalised by its log-sum-exp (attention.with_sinks), give each document's loss alone through transformers'
+    eager attention, and the same gradients for the sinks and a query projection: the sinks' gradient flows
+    through the kernel's log-sum-exp."""
+    ours = build("gpt_oss", vocab, attention.register("flex"), aux=False).to(device)
+    moe.use_grouped(ours)
+    reference = build("gpt_oss", vocab, "eager", aux=False).to(device)
+    reference.set_experts_implementation("eager")
+    reference.load_state_dict(ours.state_dict())
+    ids, positions = (t.to(device) for t in packed(ROWS, vocab))
+    docs = documents(ROWS)
+    index = torch.cat([torch.arange(r * WIDTH + s, r * WIDTH + s + n - 1) for r, s, n in docs]).to(device)
+    targets = torch.cat([ids[r, s + 1 : s + n] for r, s, n in docs])
+    loss = CausalLMLoss(ours.train())(ids, positions, index, targets)
+    loss.backward()
+    expected = sum(
+        reference.train()(input_ids=ids[r : r + 1, s : s + n], labels=ids[r : r + 1, s : s + n]).loss * (n - 1)
+        for r, s, n in docs
+    )
+    expected.backward()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-4)
+    for name in ("self_attn.sinks", "self_attn.q_proj.weight"):
+        ours_grad = ours.get_submodule("model.layers.0").get_parameter(name).grad
+        theirs = reference.get_submodule("model.layers.0").get_parameter(name).grad
+        torch.testing.assert_close(ours_grad, theirs, rtol=1e-3, atol=1e-5)
