@@ -10,9 +10,11 @@
 #   ceilings   the MAMF sweep and copy bandwidth of this GPU, and plan's prediction for it before its rows are
 #              fitted (scripts/gpu_ceilings.py, issue 46), into results.tgz
 #   data       the long rows' documents, and plan for the two long rows on this GPU
-#   moe        LoRA on a random Qwen3-30B-A3B shape (8 of its 48 layers) beside transformers + PEFT, tunelab's
-#              experts through torch._grouped_mm (scripts/moe_peers.py, issue 67), into results.tgz
-#   memory-parts the CUDA context, the loss kernels' and NF4 dequantization's peaks, and a 1B LoRA run's
+#   moe        LoRA on random Qwen3-30B-A3B and gpt-oss-20b shapes (8 layers each) beside transformers + PEFT,
+#              tunelab's experts through torch._grouped_mm (scripts/moe_peers.py, issue 67), into results.tgz
+#   moe-suite  bench suite h100-moe: Qwen3-30B-A3B and gpt-oss-20b (8 layers each at full width), LoRA on attention
+#              and experts and QLoRA over 4-bit experts, tok/s and peak memory against plan (issue 67)
+#   memory-parts the CUDA context, the loss kernels' and NF4 dequantization's peaks, and 1B LoRA runs' (packed; varied rows)
 #              allocated / reserved / process beside plan's figures (scripts/memory_parts.py, issue 69)
 #   long-8b    bench suite h100-8b: LoRA at 65,536 tokens with activation offloading, QLoRA compiled at seq
 #              2048, QLoRA at 131,072 tokens with offloading; plan's memory beside each
@@ -147,13 +149,19 @@ long_plans() {
 data() { long_documents && long_plans; }
 
 # Issue 67: LoRA r 16 on attention and every expert of a random Qwen3-30B-A3B shape (its widths, 128 experts,
-# top-8; 8 of its 48 layers, so both sides' runs fit one GPU) beside transformers + PEFT (its grouped_mm experts,
-# target_parameters) on the same weights and batches: tokens/s, peak memory, each side's experts path, the
-# router's load. QLoRA has no row: tunelab refuses 4-bit experts (bitsandbytes quantizes linear layers only).
+# top-8; 8 of its 48 layers, so both sides' runs fit one GPU) and of a gpt-oss-20b shape (32 experts, top-4; 8 of
+# its 24 layers; tunelab's attention sinks on flex, the peer's on eager) beside transformers + PEFT (its grouped_mm
+# experts, target_parameters) on the same weights and batches: tokens/s, peak memory, each side's experts path,
+# the router's load. QLoRA (4-bit experts) is the moe-suite step's: tunelab alone, against plan.
 moe() {
-  local shape=(--shape Qwen/Qwen3-30B-A3B --layers 8 --rows 4 --seq 2048 --warmup 2 --steps 4 --device cuda)
-  [ "$DRY" = 1 ] && shape=(--experts 8 --top-k 2 --layers 1 --rows 2 --seq 64 --warmup 1 --steps 1 --device cpu)
-  "$PY" benchmarks/scripts/moe_peers.py "${shape[@]}" | tee "$WORK/moe-peers.json"
+  local run=(--layers 8 --rows 4 --seq 2048 --warmup 2 --steps 4 --device cuda) qwen=(--shape Qwen/Qwen3-30B-A3B)
+  local oss=(--shape openai/gpt-oss-20b)
+  if [ "$DRY" = 1 ]; then
+    run=(--experts 8 --top-k 2 --layers 2 --rows 2 --seq 64 --warmup 1 --steps 1 --device cpu)
+    qwen=() oss=(--family gpt_oss)
+  fi
+  "$PY" benchmarks/scripts/moe_peers.py "${qwen[@]}" "${run[@]}" | tee "$WORK/moe-peers.json"
+  "$PY" benchmarks/scripts/moe_peers.py "${oss[@]}" "${run[@]}" | tee "$WORK/moe-peers-gpt-oss.json"
 }
 
 # This GPU's ceilings (MAMF, copy bandwidth) beside the catalog's, and plan for the speed steps' rows on it first.
@@ -318,7 +326,8 @@ optim_8b() {
 
 # The memory parts that need CUDA (issue 69): the CUDA context, the loss kernels' peaks (whole logits, torchtune's
 # chunked output eager and compiled, Liger and Cut Cross Entropy where installed), NF4's dequantization scratch,
-# and a 1B LoRA run's allocated / reserved / process beside plan's figures (scripts/memory_parts.py).
+# and 1B LoRA runs' allocated / reserved / process beside plan's figures, packed and of varied rows padded per batch
+# (the caching allocator's reserve) (scripts/memory_parts.py).
 memory_parts() {
   "$PY" benchmarks/scripts/memory_parts.py --work "$WORK" --out "$WORK/memory-parts.jsonl" \
     $([ "$DRY" = 1 ] && echo --dry-run)
@@ -363,9 +372,10 @@ main() {
   # What gpu/gpu-h200_2026-11-26.md left unmeasured first; the rows measured there after, in $WORK (results.tgz)
   step ceilings 90 40 ceilings
   step data 40 15 data
-  step moe 150 90 moe
+  step moe 260 150 moe
+  step moe-suite 200 120 suite h100-moe
   step optim-8b 240 120 optim_8b
-  step memory-parts 120 60 memory_parts
+  step memory-parts 150 70 memory_parts
   step long-8b 260 90 suite h100-8b 8b-lora-65k-offload,8b-qlora-compiled,8b-qlora-131k-offload
   step speed-1b 90 40 suite h100 1b-lora-compiled,1b-full
   step calibrated 120 70 calibrated

@@ -22,6 +22,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from records import write_record  # benchmarks/scripts/, the record format
+
 REPO = Path(__file__).resolve().parents[2]
 VARIANTS = (
     ("none", 0),
@@ -45,11 +47,10 @@ def rows() -> list[dict]:
 
 
 def saved_bytes(cfg, every: int) -> int:
-    import torch
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
-    from torch.multiprocessing.reductions import StorageWeakRef
 
+    from tunelab import memwatch
     from tunelab.recipes import finetune as command
     from tunelab.train.loss import CausalLMLoss
 
@@ -63,26 +64,7 @@ def saved_bytes(cfg, every: int) -> int:
                 layer.__class__ = type(layer).__mro__[1]
     wrapped = CausalLMLoss(model)
     wrapped.train()
-    params = {p.untyped_storage().data_ptr() for p in wrapped.parameters()}
-    saved = []
-
-    def keep(t):
-        storage = t.untyped_storage()
-        saved.append((StorageWeakRef(storage), storage.data_ptr(), storage.nbytes()))
-        return t
-
-    b = prep.schedule.step_batches(0)[0]
-    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t), torch.autocast("cpu", torch.bfloat16):
-        loss = wrapped(
-            torch.from_numpy(b.input_ids),
-            torch.from_numpy(b.position_ids),
-            torch.from_numpy(b.loss_index),
-            torch.from_numpy(b.loss_targets),
-            b.layout,
-        )
-    alive = {ptr: n for ref, ptr, n in saved if not ref.expired() and ptr not in params}
-    del loss
-    return sum(alive.values())
+    return memwatch.saved_forward_bytes(wrapped, prep.schedule.step_batches(0)[0])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,9 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     cls = args.device_class
     out = args.out or REPO / "benchmarks/plan-accuracy" / f"checkpoint-variants_{cls}_{time.strftime('%Y-%m-%d')}"
-    doc = {
-        "command": ["python benchmarks/scripts/checkpoint_variants.py"],
-        "config": {
+    doc = write_record(
+        out,
+        "python benchmarks/scripts/checkpoint_variants.py",
+        {
             "model": "embedded",
             "seq_len": 256,
             "micro_batch": 2,
@@ -143,14 +126,9 @@ def main(argv: list[str] | None = None) -> int:
             "packing": True,
             "compile": False,
         },
-        "device_class": cls,
-        "date": time.strftime("%Y-%m-%d"),
-        "versions": {k: __import__(k).__version__ for k in ("torch", "transformers", "peft")},
-        "figures": {"variants": results},
-        "raw": [],
-        "write_up": out.name + ".md",
-    }
-    out.with_suffix(".record.json").write_text(json.dumps(doc, indent=1) + "\n")
+        cls,
+        {"variants": results},
+    )
     lines = [
         f"# Activation checkpointing variants: saved bytes against plan ({doc['date']})",
         "",

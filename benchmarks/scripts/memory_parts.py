@@ -12,7 +12,9 @@
 - dequantization scratch: a bitsandbytes NF4 linear's forward and backward, peak allocated above its input,
   output and packed weight, against memory.dequant_scratch_bytes for that one linear;
 - allocated / reserved / process of a training run: `tunelab bench run` of the 1B LoRA row (max_memory_allocated
-  and max_memory_reserved), process = reserved + the context measured above, beside plan's figures.
+  and max_memory_reserved), process = reserved + the context measured above, beside plan's figures; and the same
+  of a run of varied rows (`figures-varied`: unpacked, padded per batch, truncated at seq_len 1024), whose reserved
+  figure holds the caching allocator's blocks cut for narrower batches (memory.varied_reserve_bytes).
 
 `--dry-run` runs every part on the CPU with tiny shapes: no allocator figures there (the lines say so), so it
 checks the code paths only.
@@ -90,8 +92,12 @@ def loss_kernels(out: list, device, dry: bool) -> None:
     compiled_loss = torch.compile(chunk_loss) if device.type == "cuda" else chunk_loss
 
     def chunked_output(ce=chunk_loss):
-        logits = [c @ weight.T for c in hidden.chunk(8)]  # the model's output in 8 chunks
-        loss = sum(ce(x, y) for x, y in zip(logits, labels.chunk(8), strict=True))
+        # the model's output in 8 chunks of the sequence of a 2-row micro-batch, the head an nn.Linear (torchtune's
+        # chunked_output): on a CPU aten's bmm copies the head weight once a row for it (memory.Layout.
+        # chunked_head_copies); this row measures whether CUDA's does (plan adds no copies on CUDA)
+        logits = [F.linear(c, weight) for c in hidden.view(2, p // 2, h).tensor_split(8, dim=1)]
+        chunks = labels.view(2, p // 2).tensor_split(8, dim=1)
+        loss = sum(ce(x.reshape(-1, v), y.reshape(-1)) for x, y in zip(logits, chunks, strict=True))
         del logits
         loss.backward()
 
@@ -159,7 +165,10 @@ def dequant(out: list, device, dry: bool) -> None:
     )
 
 
-def run_figures(out: list, dry: bool, context_bytes: int, work: Path) -> None:
+def run_figures(out: list, dry: bool, context_bytes: int, work: Path, varied: bool = False) -> None:
+    """`varied`: the rows unpacked, each micro-batch padded to its longest and truncated at seq_len (the peak at the
+    widest batch, and the caching allocator's reserve of the blocks cut for narrower ones: plan's reserved figure
+    adds memory.varied_reserve_bytes), over more steps so that batches of several widths pass."""
     from tunelab import api
 
     model, shape = (
@@ -167,9 +176,10 @@ def run_figures(out: list, dry: bool, context_bytes: int, work: Path) -> None:
         if dry
         else (
             "random:llama-3.2-1b",
-            ["seq_len=2048", "micro_batch=8"],
+            ["seq_len=1024" if varied else "seq_len=2048", "micro_batch=8"],
         )
     )
+    part = "figures-varied" if varied else "figures"
     data = work / "memory-parts-data.jsonl"
     common = [sys.executable, "-m", "tunelab.cli"]
     subprocess.run(
@@ -189,7 +199,8 @@ def run_figures(out: list, dry: bool, context_bytes: int, work: Path) -> None:
         check=True,
         capture_output=True,
     )
-    settings = [f"model={model}", *shape, "method=lora", "packing=true", "compile=false", f"data.path={data}"]
+    packing = "packing=false" if varied else "packing=true"
+    settings = [f"model={model}", *shape, "method=lora", packing, "compile=false", f"data.path={data}"]
     device = "cpu" if dry else "cuda"
     run = subprocess.run(
         [
@@ -198,9 +209,9 @@ def run_figures(out: list, dry: bool, context_bytes: int, work: Path) -> None:
             "run",
             *settings,
             f"device={device}",
-            f"output_dir={work / 'memory-parts-run'}",
+            f"output_dir={work / ('memory-parts-' + part)}",
             "--steps",
-            "2",
+            "8" if varied else "2",
             "--warmup",
             "1",
             "--json",
@@ -212,7 +223,7 @@ def run_figures(out: list, dry: bool, context_bytes: int, work: Path) -> None:
     )
     lines = [json.loads(x) for x in run.stdout.splitlines() if x.startswith("{")]
     if run.returncode or not lines:
-        emit(out, part="figures", error=(run.stderr.strip().splitlines() or ["no output"])[-1][:300])
+        emit(out, part=part, error=(run.stderr.strip().splitlines() or ["no output"])[-1][:300])
         return
     rec = lines[-1]
     (plan,) = api.estimate(None, *settings, gpu="local" if dry else "h100-sxm")
@@ -220,7 +231,7 @@ def run_figures(out: list, dry: bool, context_bytes: int, work: Path) -> None:
     reserved = rec.get("peak_memory_reserved_bytes")
     emit(
         out,
-        part="figures",
+        part=part,
         allocated=rec.get("peak_memory_bytes"),
         reserved=reserved,
         process=None if reserved is None else reserved + context_bytes,
@@ -247,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     loss_kernels(out, device, args.dry_run)
     dequant(out, device, args.dry_run)
     run_figures(out, args.dry_run, used, args.work)
+    run_figures(out, args.dry_run, used, args.work, varied=True)
     if args.out:
         args.out.write_text("".join(json.dumps(r) + "\n" for r in out))
     return 0

@@ -4,6 +4,13 @@ expert (PEFT's target_parameters), the same random weights and the same token ba
 
     PYTHONPATH=src python benchmarks/scripts/moe_peers.py [--experts 32 --top-k 4] > out.json
     PYTHONPATH=src python benchmarks/scripts/moe_peers.py --shape Qwen/Qwen3-30B-A3B --layers 8 --device cuda
+    PYTHONPATH=src python benchmarks/scripts/moe_peers.py --shape openai/gpt-oss-20b --layers 8 --device cuda
+
+`--family gpt_oss` (or a gpt-oss `--shape`) builds gpt-oss instead (attention sinks, biases, the clamped SwiGLU,
+a sliding window on every other layer): tunelab on the attention path `attention: auto` takes (flex on CUDA for
+the sinks), transformers + PEFT on its eager attention, the one that applies them.
+
+`--side tunelab --experts-4bit` runs tunelab's side with QLoRA's 4-bit experts (transformers + PEFT has none).
 
 `--shape` takes a catalog MoE row's widths, heads, experts, top-k and vocabulary (its layers stay `--layers`, so
 a 30B shape fits one GPU); each side's experts path is in its row (`grouped_mm`: torch's grouped kernel,
@@ -21,8 +28,9 @@ import time
 
 
 def shape_from_catalog(args) -> None:
-    """Overwrite args' widths with the catalog row `args.shape` (plan/arch.py; a Qwen3-MoE row, the config this
-    script builds); the layers stay args.layers."""
+    """Overwrite args' widths and family with the catalog row `args.shape` (plan/arch.py: a Qwen3-MoE or a gpt-oss
+    row, the configs this script builds); the layers stay args.layers."""
+    from tunelab import families
     from tunelab.plan.arch import from_registry
 
     arch = from_registry(args.shape)
@@ -31,23 +39,37 @@ def shape_from_catalog(args) -> None:
     args.hidden, args.heads, args.kv_heads, args.head_dim = arch.hidden, arch.heads, arch.kv_heads, arch.head_dim
     args.vocab, args.experts, args.top_k = arch.vocab, arch.moe.experts, arch.moe.top_k
     args.expert_width = arch.moe.expert_width
+    args.family = next(k for k, row in families.MOE_FAMILIES.items() if row.name == arch.moe.family)
+    if args.family not in FAMILIES:
+        raise SystemExit(f"--shape {args.shape}: a {arch.moe.family} row; this script builds {', '.join(FAMILIES)}")
+
+
+FAMILIES = ("qwen3_moe", "gpt_oss")
 
 
 def config(args):
     import transformers as tf
 
-    return tf.Qwen3MoeConfig(
+    common = dict(
         hidden_size=args.hidden,
-        intermediate_size=args.hidden * 3,
-        moe_intermediate_size=args.expert_width,
         num_hidden_layers=args.layers,
         num_attention_heads=args.heads,
         num_key_value_heads=args.kv_heads,
         head_dim=args.head_dim or args.hidden // args.heads,
         vocab_size=args.vocab,
-        num_experts=args.experts,
         num_experts_per_tok=args.top_k,
         max_position_embeddings=max(2048, args.seq),
+    )
+    if args.family == "gpt_oss":  # its attention sinks, biases and clamped SwiGLU; sliding window on every other layer
+        kinds = ["sliding_attention", "full_attention"] * args.layers
+        return tf.GptOssConfig(
+            **common,
+            intermediate_size=args.expert_width,
+            num_local_experts=args.experts,
+            layer_types=kinds[: args.layers],
+        )
+    return tf.Qwen3MoeConfig(
+        **common, intermediate_size=args.hidden * 3, moe_intermediate_size=args.expert_width, num_experts=args.experts
     )
 
 
@@ -66,13 +88,18 @@ def side(args) -> dict:
         from tunelab.config import load_config
         from tunelab.model import attention
         from tunelab.model.adapters import apply_adapter
+        from tunelab.recipes.finetune import training_attention
         from tunelab.train.loss import CausalLMLoss
 
+        # the path `attention: auto` takes: slots on a CPU; on CUDA flex for gpt-oss's sinks, else flash or flex
+        attn = training_attention(device, "auto", sinks=args.family == "gpt_oss") if device.type == "cuda" else None
         with device:  # built where it runs, in bf16: a 30B-wide shape initialises in seconds on a GPU
             model = AutoModelForCausalLM.from_config(
-                config(args), attn_implementation=attention.register("slots"), dtype=torch.bfloat16
+                config(args), attn_implementation=attn or attention.register("slots"), dtype=torch.bfloat16
             )
         moe.use_grouped(model)
+        if args.experts_4bit:  # QLoRA's experts: each expert's slice in NF4 (the attention stays 16-bit here)
+            moe.quantize_experts(model)
         adapter = load_config(None, ["method=lora", "lora.r=16", "lora.alpha=32"]).adapter
         model = apply_adapter(model, adapter)
         loss_fn = CausalLMLoss(model)
@@ -81,8 +108,9 @@ def side(args) -> dict:
     else:
         from peft import LoraConfig, get_peft_model
 
+        peer_attn = "eager" if args.family == "gpt_oss" else "sdpa"  # transformers runs gpt-oss's sinks on eager
         with device:
-            model = AutoModelForCausalLM.from_config(config(args), attn_implementation="sdpa", dtype=torch.bfloat16)
+            model = AutoModelForCausalLM.from_config(config(args), attn_implementation=peer_attn, dtype=torch.bfloat16)
         experts_path = str(getattr(model.config, "_experts_implementation", None) or "grouped_mm")
         model = get_peft_model(
             model,
@@ -143,6 +171,7 @@ def main():
     parser.add_argument("--side", choices=["tunelab", "transformers-peft"])
     parser.add_argument("--shape", help="a catalog MoE row's shape (e.g. Qwen/Qwen3-30B-A3B); --layers stays")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--family", choices=FAMILIES, default="qwen3_moe", help="the config built (--shape sets it)")
     parser.add_argument("--experts", type=int, default=32)
     parser.add_argument("--top-k", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=256)
@@ -156,6 +185,11 @@ def main():
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument(
+        "--experts-4bit",
+        action="store_true",
+        help="tunelab's experts in NF4 (moe.quantize_experts); with --side tunelab",
+    )
     args = parser.parse_args()
     if args.shape:
         shape_from_catalog(args)
@@ -170,7 +204,19 @@ def main():
             rows.append({"side": name, "error": out.stderr.strip().splitlines()[-3:]})
         else:
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    keys = ("shape", "device", "experts", "top_k", "hidden", "expert_width", "heads", "kv_heads", "vocab", "layers")
+    keys = (
+        "shape",
+        "family",
+        "device",
+        "experts",
+        "top_k",
+        "hidden",
+        "expert_width",
+        "heads",
+        "kv_heads",
+        "vocab",
+        "layers",
+    )
     shape = {k: getattr(args, k) for k in (*keys, "rows", "seq")}
     ratio = rows[0]["tokens_per_s"] / rows[1]["tokens_per_s"] if all("error" not in r for r in rows) else None
     print(json.dumps({"shape": shape, "rows": rows, "ratio": ratio}))

@@ -304,6 +304,25 @@ def build() -> None:
         out.write_text(dump(record(md, files, present)) + "\n")
 
 
+def write_record(out: Path, command: str, config: dict, device_class: str, figures: dict) -> dict:
+    """`<out>.record.json` for a script that measures on this machine now (the versions it ran on, today's date;
+    its write-up `<out>.md`, no raw files), and that record."""
+    import time
+
+    doc = {
+        "command": [command],
+        "config": config,
+        "device_class": device_class,
+        "date": time.strftime("%Y-%m-%d"),
+        "versions": {k: __import__(k).__version__ for k in ("torch", "transformers", "peft")},
+        "figures": figures,
+        "raw": [],
+        "write_up": out.name + ".md",
+    }
+    out.with_suffix(".record.json").write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
+
+
 def title(md: Path) -> str:
     for line in md.read_text().splitlines():
         if line.startswith("# "):
@@ -359,11 +378,16 @@ def index() -> str:
         story = BENCH / topic / "README.md"
         told = f" ([the story so far]({topic}/README.md))" if topic and story.exists() else ""
         lines.append(f"## {topic + '/' if topic else 'top level'}: {TOPICS.get(topic, '')}{told}")
+        by_date: dict[str, list[Path]] = {}
         for md in sorted(groups[topic], key=lambda p: (parse_name(p.stem)["date"], p.stem), reverse=True):
-            rel = md.relative_to(BENCH).as_posix()
-            rec = rel.removesuffix(".md") + ".record.json"
-            info = parse_name(md.stem)
-            lines.append(f"- [{info['date']} {info['device_class']}]({rel}) ([record]({rec})): {title(md)}")
+            by_date.setdefault(parse_name(md.stem)["date"], []).append(md)
+        for date, mds in by_date.items():  # a day's records on one line: the index stays a page
+            entries = []
+            for md in mds:
+                rel = md.relative_to(BENCH).as_posix()
+                rec = rel.removesuffix(".md") + ".record.json"
+                entries.append(f"[{parse_name(md.stem)['device_class']}]({rel}) ([record]({rec})): {title(md)}")
+            lines.append(f"- {date} " + "; ".join(entries))
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 

@@ -28,6 +28,8 @@ HEAD_BIAS_TYPES = {"phi": "Phi-2", "gptj": "GPT-J"}
 LOGIT_SCALES = ("logit_scale", "logits_scaling")
 # Attention implementations whose kernels have no logit soft-capping.
 NO_SOFTCAP = ("sdpa",)
+# Attention implementations that drop gpt-oss's attention sinks (transformers' SDPA ignores its s_aux).
+NO_SINKS = ("sdpa",)
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ MOE_FAMILIES = {
         ),
         MoeFamily("mixtral", "Mixtral", "num_local_experts", "intermediate_size", trains=True),
         MoeFamily("olmoe", "OLMoE", "num_experts", "intermediate_size", trains=True),
-        MoeFamily("gpt_oss", "gpt-oss", "num_local_experts", "intermediate_size", biases=True, sinks=True),
+        MoeFamily("gpt_oss", "gpt-oss", "num_local_experts", "intermediate_size", biases=True, sinks=True, trains=True),
     )
 }
 # MoE families tunelab neither trains nor plans, by model_type: what each adds that tunelab does not implement.
@@ -125,6 +127,18 @@ def experts(config) -> tuple[str, int] | None:
         if isinstance(value, int) and value > 1:
             return key, value
     return None
+
+
+def has_sinks(config) -> bool:
+    """Whether `config`'s attention has per-head sink logits (gpt-oss), which the attention path must apply."""
+    row = MOE_FAMILIES.get(getattr(config, "model_type", None))
+    return row is not None and row.sinks
+
+
+def eager_only(config) -> bool:
+    """Whether transformers' SDPA cannot run `config`'s attention (soft-capping raises there, sinks are dropped),
+    so that generation over padded prompts takes its eager implementation."""
+    return has_sinks(config) or getattr(config, "attn_logit_softcapping", None) is not None
 
 
 def moe_shape(config, ref: str) -> Moe | None:
@@ -212,6 +226,11 @@ def check(config, ref: str, attention: str | None = None, planning: bool = False
         raise TunelabError(
             f"model {ref}: use_bidirectional_attention is set in config.json (an embedding model); "
             "tunelab trains causal language models only"
+        )
+    if has_sinks(config) and attention in NO_SINKS:
+        raise TunelabError(
+            f"model {ref}: attention={attention} drops {model_type}'s attention sinks (transformers' SDPA has "
+            "none); use attention=auto, slots or flex"
         )
     softcap = getattr(config, "attn_logit_softcapping", None)
     if softcap is not None and attention in NO_SOFTCAP:

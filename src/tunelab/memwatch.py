@@ -67,3 +67,33 @@ class MemoryWatch:
             return MemoryReading(torch.cuda.max_memory_allocated(self.device), reserved, reserved)
         peak = peak_rss_bytes()
         return MemoryReading(max(peak - self.baseline, 0), None, peak)
+
+
+def saved_forward_bytes(loss_module: torch.nn.Module, batch, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Bytes autograd saves for backward in one forward of `loss_module` (train/loss.CausalLMLoss) over `batch` (a
+    data.packing micro-batch) under CPU autocast to `dtype`: the storages still alive when the forward ends, each
+    counted once, the parameters' own left out. What plan's activation term predicts, measured without a backward.
+
+    Weak references: a tensor saved by a graph that the forward then drops (peft's DoRA builds its adapter weight
+    with autograd and uses only a detached copy) is freed before backward and is not memory the step holds; and
+    its address can be reused by a later saved tensor, so counting by address at save time depended on the
+    allocator (17.12 MiB on one CPU class, 17.59 on another, for the same forward)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    params = {p.untyped_storage().data_ptr() for p in loss_module.parameters()}
+    saved: list[tuple[StorageWeakRef, int, int]] = []
+
+    def keep(t):
+        storage = t.untyped_storage()
+        saved.append((StorageWeakRef(storage), storage.data_ptr(), storage.nbytes()))
+        return t
+
+    def array(x):
+        return None if x is None else torch.from_numpy(x)  # unpacked rows have no position ids
+
+    inputs = (batch.input_ids, batch.position_ids, batch.loss_index, batch.loss_targets)
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t), torch.autocast("cpu", dtype):
+        loss = loss_module(*(array(x) for x in inputs), batch.layout)  # held: its graph keeps what backward reads
+    alive = {ptr: nbytes for ref, ptr, nbytes in saved if not ref.expired() and ptr not in params}
+    del loss
+    return sum(alive.values())

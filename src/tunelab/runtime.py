@@ -39,15 +39,16 @@ def slot_products(device_type: str, length: int, dropout: float) -> bool:
     return device_type == "cpu" and length <= MATH_MAX_LEN and not dropout
 
 
-def attention_path(choice: str, device_type: str, flash_attn: bool = False) -> str:
+def attention_path(choice: str, device_type: str, flash_attn: bool = False, sinks: bool = False) -> str:
     """What the `attention` setting (config.ATTENTIONS) runs on a device: flex | slots | sdpa | flash
     (flash-attn's varlen kernels). `auto` keeps the slot path on CPU, where it is tuned and where
-    FlexAttention has no backward. plan's memory model asks too."""
+    FlexAttention has no backward; a model with attention `sinks` (gpt-oss) takes flex on CUDA, since
+    flash-attn 2 has no sinks. plan's memory model asks too."""
     if choice != "auto":
         return choice
     if device_type != "cuda":
         return "slots"
-    return "flash" if flash_attn else "flex"
+    return "flash" if flash_attn and not sinks else "flex"
 
 
 def hashed_dropout(device_type: str, compiled: bool) -> bool:

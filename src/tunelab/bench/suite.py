@@ -12,6 +12,7 @@ This module runs the rows; suite_schema.py reads the suites, suite_report.py wri
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import shutil
 import sys
@@ -127,7 +128,9 @@ def materialize(ref: str, shape: dict, folder: Path, device_ref: str) -> Path:
     from ..device import pick_device
     from ..io import atomic_dir
 
-    target = folder / points.slug(f"{ref.removeprefix(RANDOM)}-{json.dumps(shape, sort_keys=True)}")
+    # the shape as a short digest: a dozen override keys spelled out pass the file system's 255-byte name limit
+    digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]
+    target = folder / points.slug(f"{ref.removeprefix(RANDOM)}-{digest}")
     if (target / "config.json").is_file():
         return target
     source = sources.resolve(ref)
@@ -136,6 +139,9 @@ def materialize(ref: str, shape: dict, folder: Path, device_ref: str) -> Path:
         if not hasattr(config, key):
             raise TunelabError(f"shape key {key!r} is not a field of {type(config).__name__}")
         setattr(config, key, value)
+    kinds = getattr(config, "layer_types", None)
+    if kinds and len(kinds) != config.num_hidden_layers:  # fewer layers: the pattern (gpt-oss's alternation) kept
+        config.layer_types = [kinds[i % len(kinds)] for i in range(config.num_hidden_layers)]
     device = pick_device(device_ref)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)

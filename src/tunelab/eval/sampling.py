@@ -117,7 +117,7 @@ def sample(
         # CPU: the weights laid out once for the few-row products (a compiled policy's LoRA layers packed too); the
         # compiled mode's step is inductor's own products over the plain weights.
         packing = contextlib.nullcontext() if mode.compiled else prepacked(model, rows)
-        with packing, policy_eager():
+        with packing, policy_eager(), no_router_loss(model):
             if mode.static_cache:
                 logits, step = _static_steps(model, batch, max_new_tokens, mode.compiled)
             else:
@@ -204,6 +204,23 @@ def _dynamic_steps(model, batch: _Batch):
         return out.logits[:, -1].float()
 
     return logits, step
+
+
+@contextlib.contextmanager
+def no_router_loss(model):
+    """An MoE model whose config.json sets output_router_logits samples without its router loss: transformers
+    would compute it at every step against the whole attention mask, which a cached step's router logits (its new
+    token's only) do not match (a shape error), and sampling has no use for it."""
+    config = model.config
+    before = getattr(config, "output_router_logits", None)
+    if not before:
+        yield
+        return
+    config.output_router_logits = False
+    try:
+        yield
+    finally:
+        config.output_router_logits = before
 
 
 # A static cache's length is rounded up to a multiple of this, so a compiled step sees few distinct shapes.

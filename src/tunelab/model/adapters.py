@@ -105,11 +105,11 @@ def apply_adapter(model: torch.nn.Module, adapter: AdapterConfig) -> torch.nn.Mo
     from . import moe
     from .lora_linear import use_fused_lora
 
-    if moe.is_moe(model.config) and adapter.quant != "none":
+    if moe.is_moe(model.config) and adapter.quant != "none" and not moe.quantized_stacks(model):
         raise TunelabError(
-            f"method {adapter.method} (base_quant {adapter.quant}): a quantized base leaves the stacked experts of "
-            "this Mixture-of-Experts model unquantized (bitsandbytes quantizes linear layers only), and tunelab has "
-            "no 4-bit experts yet; use method lora"
+            f"method {adapter.method} (base_quant {adapter.quant}): this Mixture-of-Experts model's stacked experts "
+            "are not quantized (bitsandbytes quantizes linear layers only; tunelab puts experts in 4 bits for nf4 "
+            "only); use method qlora, or method lora with base_quant none"
         )
     modules, params = resolve_all(model, adapter.lora.targets)
     routers = moe.router_modules(model)

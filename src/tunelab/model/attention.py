@@ -29,6 +29,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
+from .. import families
 from ..data.packing import SeqLayout
 from ..device import compute_dtype, to_device
 from ..errors import TunelabError
@@ -56,8 +57,11 @@ def packed_attention(
     `sliding_window` (Mistral, Qwen2/3, Phi-3, Gemma-2/3 on their local layers) and `softcap` (Gemma-2's
     attention logit soft-capping) come from the attention module, as transformers passes them to every
     attention implementation: query q sees key k iff q - k < sliding_window, and scores become
-    softcap * tanh(scores / softcap) before the softmax, as transformers' eager path computes them."""
+    softcap * tanh(scores / softcap) before the softmax, as transformers' eager path computes them. `s_aux`
+    (gpt-oss's per-head attention sinks) is one more logit per query row in the softmax, whose probability
+    attends to nothing (transformers' gpt-oss eager_attention_forward)."""
     slots = kwargs.get("seq_slots")
+    sinks = kwargs.get("s_aux")
     dropout = dropout if module.training else 0.0
     if slots is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -70,15 +74,17 @@ def packed_attention(
             # causal mask from restarted positions, as transformers would build it.
             seq = (positions == 0).cumsum(-1)
             attention_mask = (seq[:, None, :, None] == seq[:, None, None, :]) & _causal(t, sliding_window, query.device)
-        if softcap is None and (sliding_window is None or attention_mask is not None and whole):
+        plain = softcap is None and sinks is None
+        if plain and (sliding_window is None or attention_mask is not None and whole):
             return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling)
         if not whole or (t > 1 and positions is None):
             raise TunelabError(
-                "attention: sliding windows and logit soft-capping are applied to whole rows with position_ids "
-                "(no cache, no mask); load the model with attn_implementation='eager' to generate"
+                "attention: sliding windows, logit soft-capping and attention sinks are applied to whole rows with "
+                "position_ids (no cache, no mask); load the model with attn_implementation='eager' to generate"
             )
-        mask = attention_mask if attention_mask is not None else torch.ones(1, 1, dtype=torch.bool, device=query.device)
-        out = _masked_attention(query, key, value, mask, scaling, softcap, dropout)
+        if attention_mask is None:
+            attention_mask = _causal(t, sliding_window, query.device)  # one unpacked row per batch row
+        out = _masked_attention(query, key, value, attention_mask, scaling, softcap, dropout, sinks)
         return out.transpose(1, 2).contiguous(), None
     b, h, t, d = query.shape
     slot_tokens, slot_valid, token_slot, token_in_slot = slots
@@ -92,8 +98,8 @@ def packed_attention(
         return gathered.view(s, length, x.shape[1], d).transpose(1, 2)
 
     q, k, v = to_slots(query), to_slots(key), to_slots(value)
-    if softcap is not None:
-        out = _masked_attention(q, k, v, _causal(length, sliding_window, q.device), scaling, softcap, dropout)
+    if softcap is not None or sinks is not None:
+        out = _masked_attention(q, k, v, _causal(length, sliding_window, q.device), scaling, softcap, dropout, sinks)
     elif slot_products(q.device.type, length, dropout):
         out = _SlotAttention.apply(q, k, v, scaling if scaling is not None else d**-0.5, sliding_window)
     elif sliding_window is not None:
@@ -118,12 +124,15 @@ def _causal(length: int, window: int | None, device) -> torch.Tensor:
     return mask & (offset < window) if window is not None else mask
 
 
-def _masked_attention(query, key, value, mask, scaling, softcap, dropout: float = 0.0) -> torch.Tensor:
+def _masked_attention(
+    query, key, value, mask, scaling, softcap, dropout: float = 0.0, sinks: torch.Tensor | None = None
+) -> torch.Tensor:
     """(B, H, T, D) attention under a boolean mask broadcastable to (B, H, T, T). SDPA where it can; explicit
-    products (autograd's gradient) under logit soft-capping, which SDPA has no hook for, in transformers'
-    eager order: scale, cap, mask, fp32 softmax."""
+    products (autograd's gradient) under logit soft-capping or attention sinks, which SDPA has no hook for, in
+    transformers' eager order: scale, cap, mask, the sinks' column (H,) appended, fp32 softmax, that column
+    dropped."""
     heads, kv_heads = query.shape[1], key.shape[1]
-    if softcap is None:
+    if softcap is None and sinks is None:
         return F.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, scale=scaling, dropout_p=dropout, enable_gqa=kv_heads != heads
         )
@@ -132,9 +141,15 @@ def _masked_attention(query, key, value, mask, scaling, softcap, dropout: float 
         value = value.repeat_interleave(heads // kv_heads, dim=1)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     scores = (query @ key.transpose(-1, -2)) * scale
-    scores = torch.tanh(scores / softcap) * softcap
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    if sinks is not None:
+        column = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        probs = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1, dtype=torch.float32)[..., :-1]
+        probs = probs.to(value.dtype)
+    else:
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
     probs = F.dropout(probs, p=dropout, training=dropout > 0)
     return probs @ value
 
@@ -231,6 +246,13 @@ def rows_attention(
     length = query.shape[2]
     dropout = dropout if module.training else 0.0
     whole = attention_mask is None and key.shape[2] == length
+    sinks = kwargs.get("s_aux")
+    if sinks is not None:  # gpt-oss: SDPA would drop the sinks (transformers passes s_aux through **kwargs)
+        mask = attention_mask if attention_mask is not None else _causal(length, sliding_window, query.device)
+        if key.shape[2] != length or mask.dtype != torch.bool:
+            raise TunelabError("attention: attention sinks over a cache run on attn_implementation='eager'")
+        out = _masked_attention(query, key, value, mask, scaling, softcap, dropout, sinks)
+        return out.transpose(1, 2).contiguous(), None
     plain = softcap is None and (sliding_window is None or sliding_window >= length)
     if whole and plain and slot_products(query.device.type, length, dropout):
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
@@ -390,9 +412,10 @@ def flex_packed_attention(
 ):
     """Attention-interface function over whole packed rows with the micro-batch's document-causal BlockMask
     (`flex_tensors`): (B, H, T, D) in, (B, T, H, D) out; a sliding-window layer takes the BlockMask of its
-    width, soft-capping is a score_mod. Without a BlockMask (unpacked rows, generation) it is
-    `packed_attention` without slots."""
+    width, soft-capping is a score_mod, attention sinks renormalise by the log-sum-exp (`with_sinks`). Without a
+    BlockMask (unpacked rows, generation) it is `packed_attention` without slots."""
     block_mask = kwargs.get("flex_block_mask")
+    sinks = kwargs.get("s_aux")
     if block_mask is None:
         return packed_attention(
             module, query, key, value, attention_mask, dropout, scaling, sliding_window, softcap, **kwargs
@@ -413,11 +436,35 @@ def flex_packed_attention(
 
         b, _, t, _ = q.shape
         mask = create_mask(block_mask.mask_mod, b, 1, t, t, device=q.device)
-        out = _masked_attention(q, k, v, mask, scaling, softcap)
+        out = _masked_attention(q, k, v, mask, scaling, softcap, sinks=sinks)
     else:
         score_mod = None if softcap is None else _softcap_score(softcap)
-        out = _flex_attention()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scaling, enable_gqa=gqa)
+        flex = _flex_attention()
+        if sinks is None:
+            out = flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scaling, enable_gqa=gqa)
+        else:
+            from torch.nn.attention.flex_attention import AuxRequest
+
+            out, aux = flex(
+                q,
+                k,
+                v,
+                score_mod=score_mod,
+                block_mask=block_mask,
+                scale=scaling,
+                enable_gqa=gqa,
+                return_aux=AuxRequest(lse=True),
+            )
+            out = with_sinks(out, aux.lse, sinks)
     return out.transpose(1, 2).contiguous(), None
+
+
+def with_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """Attention output (B, H, T, D) over the keys, with its log-sum-exp (B, H, T), renormalised as if each
+    head's sink logit had been one more column of the softmax: exp(lse) / (exp(lse) + exp(sink)) =
+    sigmoid(lse - sink) of the probability stays on the keys."""
+    keep = torch.sigmoid(lse.float() - sinks.float().view(1, -1, 1))
+    return (out.float() * keep.unsqueeze(-1)).to(out.dtype)
 
 
 @contextmanager
@@ -429,7 +476,7 @@ def with_padding_masks(model: torch.nn.Module) -> Iterator[None]:
     config = model.config
     chosen = config._attn_implementation
     if chosen in (NAME, FLEX_NAME, ROWS_NAME):
-        config._attn_implementation = "sdpa"
+        config._attn_implementation = "eager" if families.eager_only(config) else "sdpa"
     try:
         yield
     finally:

@@ -69,6 +69,9 @@ FAMILIES = {
     "qwen3_moe": Family(gguf.MODEL_ARCH.QWEN3MOE, moe_norm_topk=True),
     "mixtral": Family(gguf.MODEL_ARCH.LLAMA, permute_qk=True, moe_norm_topk=True),
     "olmoe": Family(gguf.MODEL_ARCH.OLMOE, moe_norm_topk=False),
+    # gpt-oss (GptOssModel): its experts transposed with gate and up interleaved, expert and router biases,
+    # attention sinks; the router's softmax over the chosen top-k is a normalised top-k.
+    "gpt_oss": Family(gguf.MODEL_ARCH.GPT_OSS, moe_norm_topk=True),
 }
 # Rope scalings the converter writes for these families (TextModel.set_gguf_parameters, LlamaModel's rope_freqs).
 ROPE_TYPES = {None, "default", "linear", "yarn", "llama3"}
@@ -225,9 +228,11 @@ def _model_tensors(model, plan: ModelPlan, tokenizer_dir: Path) -> list:
     for hf_name, tensor in model.state_dict().items():
         if hf_name == "lm_head.weight" and (tied or plan.model_type == "gemma2"):
             continue  # llama.cpp reuses token_embd as the output; the converter never sees a tied head
-        if hf_name.endswith(STACKED):
+        if hf_name.endswith(STACKED) or hf_name.endswith(STACKED_BIASES):
             out += _expert_tensors(tmap, hf_name, tensor, plan)
             continue
+        if hf_name.endswith(".self_attn.sinks"):  # GptOssModel.filter_tensors names it as a weight
+            hf_name += ".weight"
         name = tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None:
             raise TunelabError(f"tensor {hf_name}: has no GGUF name for {plan.model_type}; nothing was written")
@@ -239,28 +244,37 @@ def _model_tensors(model, plan: ModelPlan, tokenizer_dir: Path) -> list:
 
 
 STACKED = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")  # transformers 5.25's stacked expert weights
+STACKED_BIASES = ("mlp.experts.gate_up_proj_bias", "mlp.experts.down_proj_bias")  # gpt-oss's, (E, 2I) and (E, H)
 
 
 def _expert_tensors(tmap, hf_name: str, tensor: torch.Tensor, plan: ModelPlan) -> list:
     """A stacked expert weight as llama.cpp's converter writes it (Qwen2MoeModel.modify_tensors): gate_up_proj
     (E, 2I, H) split into ffn_gate_exps and ffn_up_exps (E, I, H), gate first; down_proj (E, H, I) as
-    ffn_down_exps. Named through gguf's TensorNameMap as the per-projection stacks it knows."""
-    prefix = hf_name.rsplit(".", 1)[0]
-    if hf_name.endswith("down_proj"):
-        parts = [("down_proj", lambda: tensor.detach().float())]
+    ffn_down_exps. gpt-oss (GptOssModel.modify_tensors) stores them transposed, (E, H, 2I) and (E, I, H), with gate
+    and up interleaved column by column (gate the even ones), and biases split the same way. Named through gguf's
+    TensorNameMap as the per-projection stacks it knows."""
+    prefix, leaf = hf_name.rsplit(".", 1)
+    t = tensor.detach()
+    bias = leaf.endswith("_bias")
+    if plan.model_type == "gpt_oss" and not bias:
+        t = t.transpose(-1, -2)  # to the (E, out, in) layout of the other families
+    if leaf.startswith("down_proj"):
+        parts = [("down_proj", t)]
+    elif plan.model_type == "gpt_oss":
+        gate, up = (t[..., ::2], t[..., 1::2]) if bias else (t[:, ::2], t[:, 1::2])
+        parts = [("gate_proj", gate), ("up_proj", up)]
     else:
-        width = tensor.shape[1] // 2
-        parts = [
-            ("gate_proj", lambda: tensor.detach()[:, :width].float().contiguous()),
-            ("up_proj", lambda: tensor.detach()[:, width:].float().contiguous()),
-        ]
+        width = t.shape[1] // 2
+        parts = [("gate_proj", t[:, :width]), ("up_proj", t[:, width:])]
+    suffix = ".bias" if bias else ".weight"
     out = []
-    for proj, source in parts:
+    for proj, part in parts:
         name = tmap.get_name(f"{prefix}.{proj}")
         if name is None:
             raise TunelabError(f"tensor {hf_name}: has no GGUF name for {plan.model_type}; nothing was written")
-        shape = tuple(source().shape)
-        out.append((name + ".weight", source, shape, _tensor_type(name + ".weight", shape, plan.qtype)))
+        source = (lambda part: lambda: part.float().contiguous())(part)
+        shape = tuple(part.shape)
+        out.append((name + suffix, source, shape, _tensor_type(name + suffix, shape, plan.qtype)))
     return out
 
 
@@ -375,14 +389,17 @@ def _hyperparameters(w: gguf.GGUFWriter, hp: dict, plan: ModelPlan) -> None:
     # transformers fills head_dim into every config; the converter writes it where config.json has one. Written
     # where it is not llama.cpp's default (n_embd / n_head), and always for Gemma (its converter always does).
     default_dim = hp["hidden_size"] // hp["num_attention_heads"]
-    gemma = arch in (gguf.MODEL_ARCH.GEMMA2, gguf.MODEL_ARCH.GEMMA3)
-    if head_dim is not None and (head_dim != default_dim or gemma):
+    always = arch in (gguf.MODEL_ARCH.GEMMA2, gguf.MODEL_ARCH.GEMMA3, gguf.MODEL_ARCH.GPT_OSS)
+    if head_dim is not None and (head_dim != default_dim or always):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     if arch == gguf.MODEL_ARCH.LLAMA:
         w.add_vocab_size(hp["vocab_size"])
         w.add_rope_dimension_count(head_dim or hp["hidden_size"] // hp["num_attention_heads"])
     w.add_file_type(plan.file_type)
+    if arch == gguf.MODEL_ARCH.GPT_OSS:  # GptOssModel.set_gguf_parameters
+        w.add_sliding_window(hp["sliding_window"])
+        w.add_expert_feed_forward_length(hp["intermediate_size"])
 
 
 def _moe_hyperparameters(w: gguf.GGUFWriter, hp: dict, arch) -> None:
@@ -407,6 +424,10 @@ def _rope_scaling(w: gguf.GGUFWriter, rope: dict) -> None:
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(factor)
         w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        if "beta_fast" in rope:  # TextModel writes YaRN's ramp where the config gives it (gpt-oss does)
+            w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        if "beta_slow" in rope:
+            w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
 
 
 def _tokenizer_size(folder: Path) -> int:

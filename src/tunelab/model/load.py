@@ -54,6 +54,12 @@ def load_model(
         return random_model(source, dtype, device, attn)
 
     kwargs = dict(source.kwargs, dtype=dtype, attn_implementation=attn)
+    # QLoRA on an MoE model away from the CPU: bitsandbytes leaves the stacked experts 16-bit, so the model loads
+    # and is quantized in host memory, and only the 4-bit model moves to the device (moe.move_quantized): the
+    # device never holds the 16-bit experts, which are most of the model (a 30B-A3B's 57 GB).
+    stage = device
+    if base_quant == "nf4" and device.type != "cpu" and moe.is_moe(model_config(source)):
+        stage = torch.device("cpu")
     if base_quant != "none":
         from transformers import BitsAndBytesConfig
 
@@ -67,7 +73,11 @@ def load_model(
             )
         else:
             kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
-        kwargs["device_map"] = {"": device}
+        kwargs["device_map"] = {"": stage}
+    elif published_mxfp4(model_config(source)):
+        from transformers import Mxfp4Config
+
+        kwargs["quantization_config"] = Mxfp4Config(dequantize=True)
     try:
         model, info = AutoModelForCausalLM.from_pretrained(source.path, output_loading_info=True, **kwargs)
     except TunelabError:
@@ -82,7 +92,46 @@ def load_model(
     model.config.use_cache = False
     skip_kernel_routing(model)
     moe.use_grouped(model)
+    if base_quant == "nf4":  # bitsandbytes quantized the linear layers; the stacked experts are tunelab's to do
+        if stage.type == "cpu":
+            check_cpu_nf4(model, source.ref)
+        moe.quantize_experts(model)
+        if stage != device:
+            moe.move_quantized(model, device)
     return model
+
+
+def check_cpu_nf4(model: torch.nn.Module, ref: str) -> None:
+    """Refuse, in one line, 4-bit layers whose rows bitsandbytes dequantizes wrongly on the CPU: 0.50.2 does so for
+    2-D NF4 weights whose row length is a multiple of 16 but not of 64 (96, 160, ...: errors of half the weights'
+    range where NF4 rounds to 0.15 of it), and its Linear4bit forward uses that result, so QLoRA would train over
+    other weights than the model's. One probe per distinct row length: a fixed bitsandbytes passes and runs."""
+    import bitsandbytes.functional as bnbf
+    from bitsandbytes.nn import Linear4bit
+
+    widths = sorted({m.in_features for m in model.modules() if isinstance(m, Linear4bit)})
+    generator = torch.Generator().manual_seed(0)
+    for width in widths:
+        probe = torch.randn(4, width, generator=generator).to(torch.bfloat16)
+        packed, state = bnbf.quantize_4bit(probe, blocksize=64, quant_type="nf4")
+        error = (bnbf.dequantize_4bit(packed, state).float() - probe.float()).abs().max()
+        if error > 0.2 * probe.float().abs().max():  # NF4's own rounding: at most 0.152 of a block's absmax
+            import bitsandbytes
+
+            raise TunelabError(
+                f"model {ref}: bitsandbytes {bitsandbytes.__version__} dequantizes 4-bit rows of {width} inputs "
+                "wrongly on the CPU (rows of a multiple of 64 are right), so QLoRA would train another model; use "
+                "method lora here, or a GPU"
+            )
+
+
+def published_mxfp4(config) -> bool:
+    """Whether the checkpoint publishes its weights in MXFP4 (gpt-oss's experts). transformers keeps them packed,
+    and untrainable, on a GPU with its MXFP4 kernels, and dequantizes them elsewhere: tunelab asks for the
+    dequantized 16-bit stacks everywhere, which its grouped experts and LoRA on them take (plan counts them so)."""
+    quant = getattr(config, "quantization_config", None) or {}
+    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+    return str(method) == "mxfp4" or str(getattr(method, "value", "")) == "mxfp4"
 
 
 def check_complete(source: ModelSource, missing) -> None:

@@ -166,8 +166,9 @@ def has_nf4_base(model: torch.nn.Module) -> bool:
 
 
 def nf4_layers(model: torch.nn.Module) -> int:
-    """How many layers of `model` are quantized bitsandbytes Linear4bit (what a QLoRA run trains over)."""
-    return sum(_is_nf4(module) for module in model.modules())
+    """How many layers of `model` are quantized bitsandbytes Linear4bit, or 4-bit stacked expert projections
+    (model/moe.py quantize_experts): what a QLoRA run trains over."""
+    return sum(_is_nf4(module) + len(getattr(module, "tunelab_nf4", ())) for module in model.modules())
 
 
 def has_lora_dropout(model: torch.nn.Module) -> bool:

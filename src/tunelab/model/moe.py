@@ -14,6 +14,10 @@ dispatches the experts' forward through its ExpertsInterface. tunelab registers 
   and backpropagates a gradient the size of the stack into the low-rank factors. Here each projection's
   low-rank path is two more grouped products over the same sorted rows (x·Aₑᵀ, then ·Bₑᵀ), added to the base
   product, and the frozen stack gets no gradient at all (`fuse_lora`);
+- QLoRA: bitsandbytes quantizes linear layers only, so a 4-bit base leaves the stacked experts in 16 bits.
+  `quantize_experts` puts each expert's slice of each stack in NF4 (bitsandbytes' own blockwise quantizer, the
+  dense QLoRA layers' block of 64 and double quantization), and the grouped forward dequantizes one expert at a
+  time for its segment's product (again in backward), never the whole stack;
 - the router's auxiliary load-balancing loss is transformers' own function of the family (`aux_loss`), over the
   real tokens of a packed batch, weighted by `router_aux_loss_coef` when the config's `output_router_logits` asks
   for it, as transformers adds it.
@@ -186,12 +190,15 @@ class _SegmentedLinear(torch.autograd.Function):
                 out += low * scale
         ctx.seg, ctx.scale = seg, scale
         keep_x = weight.requires_grad or a is not None
-        ctx.save_for_backward(x if keep_x else None, weight, a, b, h)
+        dense = isinstance(weight, torch.Tensor)  # else 4-bit experts (Dequantized), dequantized again in backward
+        ctx.stack = None if dense else weight
+        ctx.save_for_backward(x if keep_x else None, weight if dense else None, a, b, h)
         return out
 
     @staticmethod
     def backward(ctx, dy):
         x, weight, a, b, h = ctx.saved_tensors
+        weight = ctx.stack if ctx.stack is not None else weight
         seg, scale = ctx.seg, ctx.scale
         with torch.autocast(dy.device.type, enabled=False):
             dy = dy.contiguous().to(weight.dtype)
@@ -205,8 +212,12 @@ class _SegmentedLinear(torch.autograd.Function):
 
 def _projection(experts, name: str, x, offs, seg, expert_ids):
     """One stacked projection of the sorted rows: base product, its LoRA product when adapted, its bias."""
-    weight = getattr(experts, name)
-    oriented = weight if experts.is_transposed else weight.transpose(1, 2)  # (E, in, out)
+    stack = getattr(experts, "tunelab_nf4", {}).get(name)
+    if stack is not None:  # 4-bit experts: the segment path, one expert dequantized at a time
+        oriented = Dequantized(stack, x.dtype, not experts.is_transposed)
+    else:
+        weight = getattr(experts, name)
+        oriented = weight if experts.is_transposed else weight.transpose(1, 2)  # (E, in, out)
     lora = getattr(experts, "tunelab_lora", {}).get(name)
     factors = lora_factors(lora) if lora is not None else None
     if seg is None:  # the grouped kernel, autograd through it
@@ -217,7 +228,8 @@ def _projection(experts, name: str, x, offs, seg, expert_ids):
     else:
         a, b, scale = factors if factors is not None else (None, None, 1.0)
         a, b = (None, None) if a is None else (a.to(x.dtype), b.to(x.dtype))
-        out = _SegmentedLinear.apply(x, oriented.to(x.dtype), a, b, scale, seg)
+        dense = oriented.to(x.dtype) if stack is None else oriented
+        out = _SegmentedLinear.apply(x, dense, a, b, scale, seg)
     bias = getattr(experts, f"{name}_bias", None) if experts.has_bias else None
     if bias is not None:
         out = out + bias.to(out.dtype)[expert_ids]
@@ -234,7 +246,8 @@ def grouped_experts_forward(experts, hidden_states, top_k_index, top_k_weights):
     num = experts.num_experts
     counts_t = torch.bincount(flat, minlength=num)
     offs = counts_t.cumsum(0).to(torch.int32)
-    seg = None if _grouped_kernel(hidden_states) else Segments(expert_ids, counts_t, num)
+    grouped = _grouped_kernel(hidden_states) and not getattr(experts, "tunelab_nf4", None)
+    seg = None if grouped else Segments(expert_ids, counts_t, num)
     x = hidden_states[order // top_k]
     up = _projection(experts, "gate_up_proj" if experts.has_gate else "up_proj", x, offs, seg, expert_ids)
     act = experts._apply_gate(up) if experts.has_gate else experts.act_fn(up)
@@ -243,6 +256,124 @@ def grouped_experts_forward(experts, hidden_states, top_k_index, top_k_weights):
     out = torch.zeros(tokens, weighted.shape[-1], dtype=weighted.dtype, device=weighted.device)
     out.index_add_(0, order // top_k, weighted)
     return out.to(hidden_states.dtype)
+
+
+# --- 4-bit experts (QLoRA) ------------------------------------------------------------------------------------
+
+NF4_BLOCK = 64  # weights a block shares one absmax: bitsandbytes' Linear4bit default, what load.py's dense layers get
+
+
+class NF4Stack:
+    """One stacked projection (E, a, b) with each expert's slice in bitsandbytes NF4, double-quantized as the dense
+    QLoRA layers (model/load.py), quantized and dequantized by bitsandbytes' own functions. Each expert is quantized
+    flat: bitsandbytes 0.50.2's CPU dequantize_4bit misplaces the blocks of a 2-D weight whose rows are not a
+    multiple of the block (a (48, 32) weight comes back with every block after the first wrong)."""
+
+    def __init__(self, weight: torch.Tensor):
+        from bitsandbytes.functional import quantize_4bit
+
+        self.num, self.shape, self.dtype = weight.shape[0], tuple(weight.shape[1:]), weight.dtype
+        self.experts = [
+            quantize_4bit(
+                weight[e].reshape(-1).contiguous(),
+                blocksize=NF4_BLOCK,
+                compress_statistics=True,
+                quant_type="nf4",
+                quant_storage=torch.uint8,
+            )
+            for e in range(self.num)
+        ]
+
+    def expert(self, e: int) -> torch.Tensor:
+        """Expert `e`'s slice (a, b), dequantized to the dtype it was quantized from."""
+        from bitsandbytes.functional import dequantize_4bit
+
+        packed, state = self.experts[e]
+        return dequantize_4bit(packed, state).view(self.shape)
+
+    def to(self, device: torch.device) -> NF4Stack:
+        """The 4-bit values and their scales moved to `device` (bitsandbytes' QuantState moves in place)."""
+        moved = []
+        for packed, state in self.experts:
+            state.to(device)
+            moved.append((packed.to(device), state))
+        self.experts = moved
+        return self
+
+    def nbytes(self) -> int:
+        """The bytes its 4-bit values and block scales hold (not bitsandbytes' 16-entry code tables, shared by kind)."""
+        total = 0
+        for packed, state in self.experts:
+            total += packed.nbytes + state.absmax.nbytes
+            if state.nested:
+                total += state.state2.absmax.nbytes + state.offset.nbytes
+        return total
+
+
+class Dequantized:
+    """An NF4Stack as `Segments` reads a stack (E, in, out): expert e's slice dequantized when indexed, in `dtype`,
+    transposed where the family stores (E, out, in) (`flip`); `transpose(1, 2)` is backward's (E, out, in)."""
+
+    requires_grad = False
+
+    def __init__(self, stack: NF4Stack, dtype: torch.dtype, flip: bool):
+        self.stack, self.dtype, self.flip = stack, dtype, flip
+        a, b = stack.shape
+        self.shape = (stack.num, b, a) if flip else (stack.num, a, b)
+
+    def __getitem__(self, e: int) -> torch.Tensor:
+        w = self.stack.expert(e).to(self.dtype)
+        return w.t() if self.flip else w
+
+    def transpose(self, *_dims) -> Dequantized:
+        return Dequantized(self.stack, self.dtype, not self.flip)
+
+
+def quantize_experts(model: torch.nn.Module) -> int:
+    """Every stacked expert projection of `model` in NF4 (NF4Stack, kept as the module's `tunelab_nf4`), the 16-bit
+    stack freed: its parameter becomes a NaN of the stack's shape broadcast without storage, so that PEFT still
+    reads the shape, dtype and device it adapts (target_parameters), parameter counts count its values, and any
+    path that read it instead of the 4-bit copy would give NaN, not a silently wrong model. Returns the stacks."""
+    done = 0
+    for _, module in experts_modules(model):
+        for name in EXPERT_PARAMS:
+            weight = getattr(module, name, None)
+            if not isinstance(weight, torch.nn.Parameter) or weight.dim() != 3:
+                continue
+            if not hasattr(module, "tunelab_nf4"):
+                module.tunelab_nf4 = {}
+            module.tunelab_nf4[name] = NF4Stack(weight.detach())
+            setattr(module, name, _placeholder(weight.shape, weight.dtype, weight.device))
+            done += 1
+    return done
+
+
+def _placeholder(shape, dtype: torch.dtype, device: torch.device) -> torch.nn.Parameter:
+    """A 4-bit stack's stand-in parameter: one NaN broadcast to the stack's shape (quantize_experts)."""
+    empty = torch.full((), float("nan"), dtype=dtype, device=device).expand(shape)
+    return torch.nn.Parameter(empty, requires_grad=False)
+
+
+def move_quantized(model: torch.nn.Module, device: torch.device) -> None:
+    """`model`, quantized in host memory (bitsandbytes' 4-bit linears, quantize_experts' stacks), moved to
+    `device` whole. The stacks' stand-ins are set aside first: moving a broadcast tensor allocates its full size."""
+    held = []
+    for module in model.modules():
+        for name, stack in getattr(module, "tunelab_nf4", {}).items():
+            weight = getattr(module, name)
+            held.append((module, name, weight.shape, weight.dtype))
+            setattr(module, name, torch.nn.Parameter(weight.new_empty(0), requires_grad=False))
+            stack.to(device)
+    model.to(device)
+    for module, name, shape, dtype in held:
+        setattr(module, name, _placeholder(shape, dtype, device))
+    if getattr(model, "hf_device_map", None) is not None:  # where from_pretrained put it, as loading there would say
+        model.hf_device_map = {"": device}
+
+
+def quantized_stacks(model: torch.nn.Module) -> list[NF4Stack]:
+    """The 4-bit expert stacks of `model` (quantize_experts)."""
+    return [s for m in model.modules() for s in getattr(m, "tunelab_nf4", {}).values()]
 
 
 # --- LoRA on the stacked experts -------------------------------------------------------------------------------

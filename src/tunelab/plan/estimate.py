@@ -122,7 +122,11 @@ def layout(arch: Arch, job: Job, w: workload.Workload, d: Device, sharding: str,
     slots = w.epoch.slots if path == "slots" else 0
     probs = slots > 0 and slot_products(device_type, w.epoch.slot_len, dropout=0.0)
     reference = job.goal.reference and not job.objective.preference.precompute_reference
-    return memory.Layout(
+    # Whole rows on the CPU's slot path run SDPA under a mask (memory.Layout.row_mask), measured eager; a
+    # generating objective's update runs its rows as causal slots of its own (attention.rows_attention).
+    masked = path == "slots" and device_type == "cpu" and not job.compiled and not job.goal.generates
+    mask_rows = (job.batch.micro_batch if job.batch.packing else 1) if masked and job.hf is None else 0
+    lay = memory.Layout(
         compute_bytes=compute_bytes(job, d),
         targets=adapter_targets(arch, job.adapter.lora.targets),
         row_len=w.epoch.widest_row,
@@ -135,6 +139,7 @@ def layout(arch: Arch, job: Job, w: workload.Workload, d: Device, sharding: str,
         slot_len=w.epoch.slot_len if slots else 0,
         attention_probs=probs,
         attention=path,
+        row_mask=0 if slots else mask_rows,
         dropout_mask_kept=not hashed_dropout(device_type, job.compute.compile),
         offload_capable=device_type == "cuda",
         offload=job.compute.activation_offload
@@ -144,7 +149,14 @@ def layout(arch: Arch, job: Job, w: workload.Workload, d: Device, sharding: str,
         reference_copy=(reference or job.objective.uses_reference and not job.goal.reference)
         and job.method.trains_base,
         reference_forward=reference,
+        chunked_head_copies=device_type == "cpu",
     )
+    if slots and w.epoch.masked_pairs:
+        # Some micro-batches run over whole rows under a mask instead: the peak is at whichever saves more (slots
+        # of few short sequences save less than whole rows).
+        rows = replace(lay, slots=0, slot_len=0, attention_probs=False, row_mask=mask_rows)
+        return max(lay, rows, key=lambda s: memory.activation_bytes(arch, job, s))
+    return lay
 
 
 def estimate(

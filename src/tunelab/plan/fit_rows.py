@@ -60,6 +60,9 @@ class Row:
     note: str = ""
     # An MoE row's most loaded expert's tokens over the mean's, as measured (moe.imbalance); 1: uniform.
     imbalance: float = 1.0
+    # What LoRA adapted (lora.targets' presets): an MoE row's experts are most of its weights, so a run that
+    # adapted the attention only is priced as that.
+    targets: str = "all-linear"
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,8 @@ def check_row(row: Row) -> str | None:
             row_spec(row)
         except TunelabError as e:
             return str(e)
+    if row.targets not in archmod.PRESETS:
+        return f"targets {row.targets!r}: choose from {', '.join(archmod.PRESETS)}"
     if not row.imbalance >= 1:
         return f"imbalance must be at least 1 (the most loaded expert over the mean one), got {row.imbalance!r}"
     for name in ("micro_batch", "seq_len", "r", "compute_bytes", "measured_s", "peak", "bandwidth"):
@@ -129,10 +134,12 @@ def row_spec(row: Row) -> hfstack.HfStack | None:
 
 def row_job(row: Row) -> Job:
     """plan's job for a measured row: the one place a row becomes plan's inputs. One optimizer step of one
-    micro-batch row group, LoRA on every linear layer, no dropout, checkpoints or evaluation. The row's compute
-    dtype is measured, not a setting: `observe` passes its bytes."""
+    micro-batch row group, LoRA on the row's targets (every linear layer by default), no dropout, checkpoints or
+    evaluation. The row's compute dtype is measured, not a setting: `observe` passes its bytes."""
     return Job(
-        adapter=AdapterConfig(method=row.method, base_quant=row.base_quant, lora=LoraConfig(r=row.r)),
+        adapter=AdapterConfig(
+            method=row.method, base_quant=row.base_quant, lora=LoraConfig(r=row.r, targets=row.targets)
+        ),
         batch=BatchConfig(seq_len=row.seq_len, micro_batch=row.micro_batch, packing=row.packing),
         compute=ComputeConfig(grad_ckpt=row.grad_ckpt, compile=bool(row.compiled)),
         run=RunConfig(save_total_limit=1),
@@ -152,6 +159,7 @@ class Observed:
     nonpad_per_step: float
     keys_per_token: float
     masked_pairs: float = 0.0  # head-pairs per step through a masked attention kernel (hfstack.masked_kernel)
+    moe: bool = False  # a Mixture-of-Experts model's step
 
 
 def observe(row: Row, arch: Arch, lengths: np.ndarray) -> Observed:
@@ -188,7 +196,7 @@ def observe(row: Row, arch: Arch, lengths: np.ndarray) -> Observed:
     if job.hf is not None and job.hf.masked_kernel:
         masked = steptime.masked_head_pairs(arch, shape.tokens, keys, job.compute.grad_ckpt) * shape.micro_batches
     nonpad = w.epoch.tokens_nonpad / w.epoch.micro_batches
-    return Observed(row, o, shape.tokens, nonpad, shape.keys_per_token, masked)
+    return Observed(row, o, shape.tokens, nonpad, shape.keys_per_token, masked, arch.moe is not None)
 
 
 def padded_keys(lengths: np.ndarray, b: workload.Batching) -> float:
@@ -210,11 +218,13 @@ def achieved_bandwidth(x: Observed, c: steptime.Constants) -> float:
 def stack_ratios(observed: list[Observed], fits: dict[str, fit.DeviceFit]) -> dict[str, dict[str, tuple]]:
     """Per peer stack, each of its rows' bytes per masked head-pair: what its step takes beyond plan's parts (its
     device in the fit), at the device's achieved bandwidth, over the head-pairs its masked kernel passes over:
-    label + device -> (device, kind, bytes). Rows without a masked kernel have nothing to tell. Keyed by label
-    and device, so a row measured again under the same label on the same device counts once, as its last."""
+    label + device -> (device, kind, bytes). Rows without a masked kernel have nothing to tell; nor have an MoE
+    model's, whose excess holds its experts' dispatch (the peer's router, permutation and per-expert products)
+    beside the masked kernel's bytes. Keyed by label and device, so a row measured again under the same label
+    on the same device counts once, as its last."""
     ratios: dict[str, dict[str, tuple]] = {s: {} for s in STACKS if s != "tunelab"}
     for x in observed:
-        if x.row.stack != "tunelab" and x.masked_pairs > 0:
+        if x.row.stack != "tunelab" and x.masked_pairs > 0 and not x.moe:
             o, c = x.observation, fits[x.observation.device].included.constants
             excess = o.measured_s - fit.predict_s(c, o.coefficients)
             per_pair = excess * achieved_bandwidth(x, c) / x.masked_pairs
@@ -296,7 +306,7 @@ def catalog_document(
     stacks = {
         stack: {
             "masked_pair_bytes": {kind: float(f"{kind_pair_bytes(found, kind):.4g}") for kind in KINDS},
-            "rows": [x.row.source for x in observed if x.row.stack == stack],
+            "rows": [x.row.source for x in observed if x.row.stack == stack and not x.moe],
         }
         for stack, found in ratios.items()
     }

@@ -137,11 +137,20 @@ class Layout:
     slot_len: int = 0
     attention_probs: bool = False  # attention keeps its probabilities (tunelab's CPU slot path)
     attention: str = "slots"  # runtime.attention_path: flex | slots | sdpa | flash
+    # Whole rows through SDPA under a boolean mask, eager, on a CPU (the slot path where slots do not pay, and
+    # unpacked rows): rows of the (rows, 1, T, T) mask SDPA keeps per layer in the compute dtype (the micro-batch's
+    # rows of block-diagonal mask when packed, one causal mask unpacked); under a mask transformers repeats k and v
+    # to every query head. 0 elsewhere.
+    row_mask: int = 0
     dropout_mask_kept: bool = True  # LoRA dropout's mask is kept for backward (not drawn again: runtime.hashed_dropout)
     offload_capable: bool = False  # a CUDA device: unified memory pages out (paged optimizer states)
     offload: bool = False  # activation_offload on a CUDA device (model/offload.py): saved activations on the host
     reference_copy: bool = False  # a frozen copy of the model as DPO's reference (full fine-tuning)
     reference_forward: bool = False  # each step runs the reference forward (DPO, not precomputed)
+    # A CPU: torchtune's chunked output (the head over each sequence chunk of a micro-batch, a strided 3-D input)
+    # goes through aten's bmm, which on a CPU copies the head weight once a row of the micro-batch (measured,
+    # benchmarks/plan-accuracy/cpu-memory-parts_epyc-avx512bf16-2c_2026-12-07.md); on CUDA not modeled (unmeasured).
+    chunked_head_copies: bool = False
 
 
 @dataclass(frozen=True)
@@ -168,13 +177,16 @@ class MemoryBreakdown:
 
 def frozen_weight_bytes(arch: Arch, base_quant: str, compute_bytes: int, per_weight: float = NF4_BYTES) -> float:
     """The frozen base: a 4-bit base's block linears at `per_weight` bytes (nf4_bytes, gptq_bytes), int8's with a
-    scale per output row, else the compute dtype; the rest (embedding, head, norms) in the compute dtype."""
-    blocks = arch.block_linear_params
-    rest = arch.total_params - blocks  # embedding, untied LM head, norms: never quantized
+    scale per output row, else the compute dtype; the rest (embedding, head, norms) in the compute dtype. An MoE
+    model's routers stay in the compute dtype under either: transformers keeps each as a parameter of its router
+    module, not a linear layer, which is all bitsandbytes quantizes (model/moe.py quantizes the experts only)."""
+    routers = sum(m.params for m in arch.modules() if m.name == "router")
+    blocks = arch.block_linear_params - routers
+    rest = arch.total_params - blocks  # embedding, untied LM head, norms, routers: never quantized
     if base_quant == "nf4":
         block_bytes = blocks * per_weight
     elif base_quant == "int8":
-        row_scales = sum(m.count * m.d_out for m in arch.modules())
+        row_scales = sum(m.count * m.d_out for m in arch.modules() if m.name != "router")
         block_bytes = blocks * 1.0 + row_scales * 4.0
     else:
         block_bytes = blocks * compute_bytes
@@ -396,6 +408,12 @@ def attention_bytes_per_position(arch: Arch, job: Job, s: Layout) -> float:
     # The eager slot path's backward needs no output (its softmax correction comes from P and dP); compiled,
     # the partitioner keeps a hidden-sized tensor there, as SDPA and flex keep their output.
     outputs = 0 if s.attention_probs and not job.compiled else q
+    if s.row_mask:
+        # Whole rows under a mask: k and v repeated to every head (transformers' repeat_kv), and SDPA's output is
+        # o_proj's input, one storage, where o_proj keeps its input (row_bytes_per_token_layer counts it).
+        kv = q
+        trained = job.method.trains_base or "o_proj" in s.targets
+        outputs = 0 if trained and job.adapter.lora.dropout == 0 and not fp32_master(job) else q
     return a * (q + outputs + 2 * kv) + kept
 
 
@@ -408,7 +426,9 @@ def _layer_bytes(arch: Arch, job: Job, s: Layout) -> tuple[float, float, float]:
     tokens = job.batch.micro_batch * s.row_len
     positions = s.slots * s.slot_len if s.slots else tokens
     per_layer = (
-        row_bytes_per_token_layer(arch, job, s) * tokens + attention_bytes_per_position(arch, job, s) * positions
+        row_bytes_per_token_layer(arch, job, s) * tokens
+        + attention_bytes_per_position(arch, job, s) * positions
+        + s.compute_bytes * s.row_mask * s.row_len**2  # SDPA's mask in the compute dtype (Layout.row_mask)
     )
     return per_layer, stream_bytes(job, s) * arch.hidden * tokens, 4 * arch.hidden * tokens
 
@@ -479,7 +499,8 @@ def logits_bytes(arch: Arch, job: Job, s: Layout) -> float:
     kind = loss_kernel(job)
     # transformers' loss and torchtune's chunked output take every fed position's logits, targets or not
     positions = job.batch.micro_batch * s.row_len if kind in ("whole", "chunked_output", "native") else s.loss_rows
-    out = loss_kernel_bytes(kind, positions, arch.vocab, arch.hidden, a, s.loss_chunk, job.compiled)
+    copies = job.batch.micro_batch if s.chunked_head_copies else 0
+    out = loss_kernel_bytes(kind, positions, arch.vocab, arch.hidden, a, s.loss_chunk, job.compiled, copies)
     if arch.logit_softcap:
         out += 3 * 4 * s.loss_chunk * arch.vocab
     if job.method.trains_base:
@@ -495,7 +516,14 @@ def loss_kernel(job: Job) -> str:
 
 
 def loss_kernel_bytes(
-    kind: str, positions: float, vocab: int, hidden: int, a: int, chunk: int, compiled: bool = False
+    kind: str,
+    positions: float,
+    vocab: int,
+    hidden: int,
+    a: int,
+    chunk: int,
+    compiled: bool = False,
+    head_copies: int = 0,
 ) -> float:
     """The loss kernel's own bytes at its peak over `positions` rows of a `vocab`-wide head in `a`-byte values
     (docs/formulas.md, "The loss kernels"):
@@ -512,7 +540,9 @@ def loss_kernel_bytes(
       8 chunks) and keeps them for the loss's backward; eager, each chunk's fp32 upcast is freed but its fp32
       log-probabilities are saved (4 B a logit, one chunk's upcast at a time); compiled (torchtune compiles
       compute_cross_entropy), the upcast and log-softmax fuse into the reduction and only one chunk's gradient
-      in the compute dtype is made at a time;
+      in the compute dtype is made at a time; where the head's matmul over a chunk copies the head weight
+      (`head_copies`: the micro-batch's rows on a CPU), those copies are alive with every chunk's logits in the
+      forward and beside one chunk's gradient in backward (compiled), the larger of that and the loss's (eager);
     - native: torch's cross-entropy over every logit in the compute dtype (torchtune's torch.nn.CrossEntropyLoss):
       eager, the logits, the saved log-probabilities and at backward's start their gradient (3 a a logit);
       compiled, the log-probabilities are recomputed (2 a)."""
@@ -527,9 +557,10 @@ def loss_kernel_bytes(
     if kind == "cce":
         return inputs
     if kind == "chunked_output":
+        copies = head_copies * vocab * hidden * a
         if compiled:
-            return positions * vocab * a + positions / 8 * vocab * a + inputs
-        return positions * vocab * (a + 4) + positions / 8 * vocab * 4 + inputs
+            return positions * vocab * a + positions / 8 * vocab * a + copies + inputs
+        return max(positions * vocab * (a + 4) + positions / 8 * vocab * 4, positions * vocab * a + copies) + inputs
     if kind == "native":
         return positions * vocab * a * (2 if compiled else 3)
     raise ValueError(f"loss kernel {kind!r}: one of {', '.join(LOSS_KERNELS)}")
@@ -716,7 +747,8 @@ def max_micro_batch(arch: Arch, job: Job, s: Layout, capacity: int, loss_per_row
 
     def fits(b: int) -> bool:
         slots = round(s.slots * b / job.batch.micro_batch)  # slots grow with the rows packed into a micro-batch
-        trial = replace(s, loss_rows=max(1, round(loss_per_row * b)), slots=slots)
+        mask = b if s.row_mask > 1 else s.row_mask  # a packed row's block-diagonal mask each
+        trial = replace(s, loss_rows=max(1, round(loss_per_row * b)), slots=slots, row_mask=mask)
         return breakdown(arch, job.but(micro_batch=b), trial).total <= capacity
 
     if not fits(1):

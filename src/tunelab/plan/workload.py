@@ -178,7 +178,7 @@ def slot_pairs(batches: list[tuple[int, int, int, int]], run_slots: int, packing
 
 def _counted(lengths: Lengths, b: Batching) -> EpochCounts:
     """The first epoch batched exactly as `train` batches it (same functions, same seed)."""
-    from ..data.packing import batch_width, epoch_micro_batches
+    from ..data.packing import batch_width, epoch_micro_batches, slot_length, slots_pay
 
     arr = np.minimum(lengths.lengths, b.batch.seq_len)
     batches = epoch_micro_batches(
@@ -196,9 +196,14 @@ def _counted(lengths: Lengths, b: Batching) -> EpochCounts:
         longest = max((int(arr[row].max()) for row in batch if len(row)), default=0)  # empty rows fill a last batch
         shapes.append((count, longest, len(batch), width))
     loss = round(lengths.examples * lengths.mean_loss_tokens)
-    counts = _with_slots(
-        EpochCounts(len(batches), rows, padded, int(arr.sum()), loss, widest), sequences, int(arr.max()), b
-    )
+    counts = EpochCounts(len(batches), rows, padded, int(arr.sum()), loss, widest)
+    # collate decides per micro-batch, from that batch's own sequences, and gives a paying batch the run's slot
+    # count: the slot shape memory meets is the longest slot of the batches that pay, even where the run's most
+    # sequences at its longest would not pay (rows of varied length: the embedded model's 36% gap,
+    # benchmarks/plan-accuracy/checkpoint-variants_epyc-avx512bf16-2c_2026-12-07.md).
+    paying = [longest for count, longest, n, width in shapes if slots_pay(count, longest, n, width)]
+    if b.batch.packing and paying:
+        counts = replace(counts, slots=sequences, slot_len=slot_length(max(paying)))
     return replace(counts, **slot_pairs(shapes, sequences, b.batch.packing))
 
 

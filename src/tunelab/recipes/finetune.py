@@ -107,12 +107,13 @@ def batch_spec(cfg: TrainConfig, pad_id: int) -> BatchSpec:
     return BatchSpec(cfg.batch, cfg.run.seed, pad_id, group=objective.sequences, mean_over=objective.mean_over)
 
 
-def training_attention(device: torch.device, choice: str = "auto") -> str:
-    """The `attn_implementation` for the `attention` setting on `device` (runtime.attention_path)."""
+def training_attention(device: torch.device, choice: str = "auto", sinks: bool = False) -> str:
+    """The `attn_implementation` for the `attention` setting on `device` (runtime.attention_path); `sinks`: the
+    model's attention has sink logits (families.has_sinks)."""
     import importlib.util
 
     flash = device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None
-    path = attention_path(choice, device.type, flash)
+    path = attention_path(choice, device.type, flash, sinks)
     if path == "flash":
         return "flash_attention_2"
     return "sdpa" if path == "sdpa" else attention.register(path)
@@ -130,7 +131,7 @@ def build_model(
         prep.precision.compute,
         cfg.adapter.quant,
         device or prep.device,
-        attn=attn or training_attention(prep.device, cfg.compute.attention),
+        attn=attn or training_attention(prep.device, cfg.compute.attention, families.has_sinks(prep.model_config)),
         meta=meta,
     )
     model = apply_adapter(model, cfg.adapter)

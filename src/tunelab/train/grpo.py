@@ -205,6 +205,14 @@ class Rollout:
         as_long = lambda x: torch.as_tensor(x, dtype=torch.long)  # noqa: E731
         return cls(ids, positions, as_long(index), as_long(targets), as_long(seq), sequences, tokens)
 
+    def real_tokens(self) -> torch.Tensor:
+        """(N, T) True on each row's prompt and completion, False on its right padding: each row ends one past the
+        position that predicts its last completion token."""
+        width = self.input_ids.shape[1]
+        last = torch.zeros(self.rows, dtype=torch.long, device=self.loss_index.device)
+        last = last.scatter_reduce(0, self.seq, self.loss_index % width, "amax", include_self=True)
+        return torch.arange(width, device=last.device) < (last + 2).unsqueeze(1)
+
     def to(self, device: torch.device) -> Rollout:
         moved = {
             k: getattr(self, k).to(device) for k in ("input_ids", "position_ids", "loss_index", "loss_targets", "seq")
@@ -230,7 +238,13 @@ class GrpoLoss(CausalLMLoss):
     def score(self, rollout: Rollout, entropy: bool = False, reference: bool = False):
         """score_tokens over the rollout's completion tokens, under the reference when `reference`."""
         with self.reference_model() if reference else nullcontext(self.model) as model:
-            hidden = self.hidden_states(rollout.input_ids, rollout.position_ids, None, model=model)
+            hidden = self.hidden_states(
+                rollout.input_ids,
+                rollout.position_ids,
+                None,
+                model=model if reference else None,
+                real=rollout.real_tokens() if self.router is not None else None,
+            )
             head = model.get_output_embeddings()
             # At the sampling temperature, as TRL's GRPOTrainer scores: the log-probs of the distribution sampled from.
             return score_tokens(
@@ -245,7 +259,7 @@ class GrpoLoss(CausalLMLoss):
 
     def forward(self, rollout: Rollout, old, ref, adv, micro_batches: int, step_tokens: int) -> TokenLoss:
         scores = self.score(rollout, entropy=True)
-        return token_loss(
+        out = token_loss(
             scores.logps,
             old,
             ref,
@@ -258,3 +272,6 @@ class GrpoLoss(CausalLMLoss):
             scores.entropy,
             rollout.tokens,
         )
+        if self.router is not None:  # MoE: the router loss, 1 / micro_batches of it a micro-batch (loss.router_term)
+            out.loss = out.loss + self.router_term(1 / micro_batches)
+        return out

@@ -374,10 +374,13 @@ class CausalLMLoss(torch.nn.Module):
             loss = loss + self.router_term(loss_index.numel())
         return loss
 
-    def router_term(self, targets: int) -> torch.Tensor:
-        """The router's load-balancing loss of the last forward, as a sum over `targets` target tokens: divided by
-        the step's targets it is router_aux_loss_coef x the loss, the term transformers adds to its token mean
-        (0 unless the config's output_router_logits asks for it). The loss itself is logged apart."""
+    def router_term(self, units: float) -> torch.Tensor:
+        """The router's load-balancing loss of the policy's last forward, weighted as `units` of what the objective's
+        step loss is a mean over (objectives.Objective.mean_over): the micro-batch's target tokens (SFT), its pairs
+        (DPO, ORPO), or 1 / the step's micro-batches (GRPO, whose micro-batch loss is already its share). Divided
+        by the step's units it is router_aux_loss_coef x the loss, the term transformers (SFT) and TRL (DPO, ORPO,
+        GRPO) add to the mean; 0 unless the config's output_router_logits asks for it. The loss itself is logged
+        apart (window_metrics)."""
         aux = self.router(self._router_logits, self._router_mask)
         self._router_logits = self._router_mask = None
         if torch.is_grad_enabled():
@@ -385,37 +388,47 @@ class CausalLMLoss(torch.nn.Module):
             self._aux_count += 1
         if not self.router.trains:
             return aux.new_zeros(())
-        return aux * (self.router.coef * targets)
+        return aux * (self.router.coef * units)
 
     def window_metrics(self, accelerator=None) -> dict[str, float]:
-        """The mean router load-balancing loss over the micro-batches since the last log line (MoE models)."""
-        if self.router is None or not self._aux_count:
+        """The mean router load-balancing loss over the micro-batches since the last log line (MoE models). Under
+        several processes every one reduces, those that ran no forward with gradients since (a rank's empty share
+        of DPO pairs, GRPO micro-batches without a completion to train) included, or the others would wait."""
+        if self.router is None or (accelerator is None and not self._aux_count):
             return {}
-        total = torch.stack([self._aux_sum, torch.tensor(float(self._aux_count), dtype=torch.float64)])
+        total = torch.stack([self._aux_sum, self._aux_sum.new_tensor(float(self._aux_count))])  # on its device
         if accelerator is not None:
             total = accelerator.reduce(total.to(accelerator.device), "sum")
         self._aux_sum, self._aux_count = torch.zeros((), dtype=torch.float64), 0
+        if not total[1].item():
+            return {}
         return {"router_aux_loss": (total[0] / total[1]).item()}
 
-    def hidden_states(self, input_ids, position_ids, layout: SeqLayout | None, model=None) -> torch.Tensor:
+    def hidden_states(
+        self, input_ids, position_ids, layout: SeqLayout | None, model=None, real: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The decoder's last hidden states of `model` (a reference model; the wrapped one when None), with the
-        tensors this model's attention path reads beside the positions."""
-        model = self.model if model is None else model
+        tensors this model's attention path reads beside the positions. The policy's (model None) router logits are
+        kept for router_term, over the real tokens: a packed layout's, else `real` (B, T) where given, else all;
+        a reference's forward keeps none."""
         if self.flex_attention and position_ids is not None:
             extra = attention.flex_tensors(position_ids, self.windows)
         elif self.packed_attention and layout is not None:
             extra = attention.layout_tensors(layout, input_ids.device)
         else:
             extra = {}
-        if self.router is not None:
+        policy = model is None
+        model = self.model if policy else model
+        keep = self.router is not None and policy
+        if keep:
             extra["output_router_logits"] = True
         out = model.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra)
-        if self.router is not None:
+        if keep:
             self._router_logits = out.router_logits
             # the real tokens of packed rows (a row's padded tail routes too, but is no token of the batch)
-            self._router_mask = (
-                None if layout is None else torch.as_tensor(layout.in_slot, device=input_ids.device).float()
-            )
+            if layout is not None:
+                real = torch.as_tensor(layout.in_slot, device=input_ids.device)
+            self._router_mask = None if real is None else real.float()
         return out.last_hidden_state
 
 

@@ -87,7 +87,10 @@ class PreferenceLoss(CausalLMLoss):
         ref = None
         if self.objective.reference:
             ref = self.reference_logps(input_ids, position_ids, loss_index, loss_targets, layout, seqs)
-        return self.pair_loss(self, sums, counts, ref)
+        loss = self.pair_loss(self, sums, counts, ref)
+        if self.router is not None:  # MoE: the policy forward's router loss, weighted per pair (loss.router_term)
+            loss = loss + self.router_term(seqs.count // 2)
+        return loss
 
     def sigmoid_loss(self, sums: torch.Tensor, counts: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
         """DPO's: the summed pair losses from each sequence's summed log-prob and its reference's."""
@@ -142,9 +145,11 @@ class PreferenceLoss(CausalLMLoss):
         self._pairs += chosen_rewards.shape[0]
 
     def window_metrics(self, accelerator=None) -> dict[str, float]:
-        """Each metric's mean over the pairs since the last call (summed over processes when `accelerator`)."""
+        """Each metric's mean over the pairs since the last call (summed over processes when `accelerator`), and an
+        MoE model's router loss (CausalLMLoss.window_metrics)."""
+        router = super().window_metrics(accelerator)
         if not self._window:
-            return {}
+            return router
         names = list(self._window)
         device = next(iter(self._window.values())).device
         both = torch.stack([torch.as_tensor(self._window[k], device=device).double() for k in names])
@@ -154,7 +159,7 @@ class PreferenceLoss(CausalLMLoss):
         values = both.tolist()
         self._window, self._pairs = {}, 0
         pairs = max(values[-1], 1.0)
-        return {k: v / pairs for k, v in zip(names, values)}
+        return {**{k: v / pairs for k, v in zip(names, values)}, **router}
 
 
 # The pair losses by the name an objective's row gives (objectives.Objective.pair_loss).

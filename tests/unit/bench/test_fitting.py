@@ -251,3 +251,41 @@ def test_bench_fit_refits_grpos_constants_from_its_runs_and_writes_them_beside_t
     assert fit.GRPO_FITTED.read_text().startswith("#")  # the header kept
     scripts = (REPO / "benchmarks" / "scripts").glob("*.py")
     assert not [s.name for s in scripts if "grpo.yaml" in s.read_text() and "write_text" in s.read_text()]
+
+
+def test_moe_rows_are_predicted_with_their_imbalance_and_stay_out_of_the_peer_stacks_bytes(tmp_path):
+    """`bench fit` takes an MoE row like any other (its model a folder with a config.json, as plan reads one): each
+    row is predicted and its error reported, the routers' measured imbalance pricing its experts slower, a row
+    that adapted the attention only (`targets`) priced without the experts' LoRA; an HF stack's MoE row does not
+    set that stack's masked-kernel bytes (its excess holds the experts' dispatch too)."""
+    import transformers as tf
+
+    model = tmp_path / "tiny-moe"
+    model.mkdir()
+    config = tf.Qwen3MoeConfig(
+        hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, vocab_size=4096, num_experts=16, num_experts_per_tok=4,
+    )  # fmt: skip
+    config.to_json_file(model / "config.json")
+    base = {"device": "cpu-avx512-bf16", "kind": "cpu", "model": str(model), "method": "lora", "micro_batch": 4}
+    base |= {"seq_len": 128, "compiled": False, "grad_ckpt": False, "measured_s": 0.2, "peak": 4e11}
+    base |= {"bandwidth": 4e10, "r": 16, "compute_bytes": 2, "packing": False, "lengths": "mean:128"}
+    base |= {"loss_fraction": 0.9, "fit": False, "source": "a record"}
+    rows = [
+        {**base, "label": "uniform"},
+        {**base, "label": "skewed", "imbalance": 4.0},
+        {**base, "label": "attention only", "targets": "attn"},
+        {**base, "label": "hf", "stack": "hf-peft", "lengths": "span:40-128"},
+    ]
+    folder = tmp_path / "rows"
+    folder.mkdir()
+    (folder / "moe.yaml").write_text(yaml.safe_dump({"date": "2026-12-07", "rows": rows}))
+    result = fitting.run(folder)
+    found = {r["label"]: r for r in result.rows()}
+    assert set(found) == {"uniform", "skewed", "attention only", "hf"}
+    for r in found.values():
+        assert r["error_in"] == pytest.approx(r["predicted_s_in"] / 0.2 - 1)
+    assert found["skewed"]["predicted_s_in"] > found["uniform"]["predicted_s_in"]
+    assert found["attention only"]["predicted_s_in"] < found["uniform"]["predicted_s_in"]
+    stacks = result.catalog()["stacks"]["hf-peft"]
+    assert stacks["rows"] == [] and stacks["masked_pair_bytes"]["cpu"] == 0.0

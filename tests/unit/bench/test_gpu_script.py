@@ -27,6 +27,7 @@ def test_script_parses_and_every_step_is_a_function():
         "ceilings",
         "data",
         "moe",
+        "moe-suite",
         "optim-8b",
         "memory-parts",
         "long-8b",

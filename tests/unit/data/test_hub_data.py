@@ -315,3 +315,21 @@ def test_an_unreachable_hub_is_one_line_without_the_retry_chatter(
         "on the Hub (LocalEntryNotFoundError)); check the connection, or set HF_HUB_OFFLINE=1 to use a cached copy, "
         "or pass a local file",
     ]
+
+
+def test_a_tools_config_naming_a_hub_dataset_is_counted_as_tunelabs_own(fake_load, tmp_path, capsys):
+    """`plan --from` a TRL config (JSON) whose dataset_name is a hub id: read as hf://owner/set, loaded through the
+    same path, and counted as a tunelab config naming that dataset counts it."""
+    import json
+
+    (tmp_path / "trl.json").write_text(
+        json.dumps({"model_name_or_path": "Qwen/Qwen2.5-0.5B", "dataset_name": "owner/set"})
+    )
+    common = ["model=random:smollm2-135m", "--tokenizer", "embedded", "--gpu", "l4", "--json"]
+    assert main(["plan", "--from", str(tmp_path / "trl.json"), *common]) == 0
+    read_from = json.loads(capsys.readouterr().out.splitlines()[0])
+    own = ["plan", "data.path=hf://owner/set", "seq_len=1024", "epochs=3", "packing=false", *common]
+    assert main(own) == 0
+    mine = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert fake_load.calls == [("owner/set", None, "train")] * 2
+    assert read_from["tokens_total_nonpad"] == mine["tokens_total_nonpad"] > 0

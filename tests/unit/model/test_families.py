@@ -201,10 +201,15 @@ def moe_config(kind: str, vocab: int):
 
 @pytest.mark.parametrize("kind, key", [("gpt_oss", "num_local_experts=4")])
 def test_moe_train_refuses_a_family_it_does_not_train_yet_and_plan_counts_it(
-    kind, key, vocab, tmp_path, addition_rows, capsys
+    kind, key, vocab, tmp_path, addition_rows, capsys, monkeypatch
 ):
-    """An MoE config (config.json only) whose family's row does not train yet is refused by train in one line
-    naming its expert count, before anything loads or is written; plan answers with its active parameters."""
+    """An MoE config (config.json only) whose family's row does not train (its `trains` capability off, as each
+    family's was until its training path honoured all of it) is refused by train in one line naming its expert
+    count, before anything loads or is written; plan answers with its active parameters."""
+    import dataclasses
+
+    row = dataclasses.replace(families.MOE_FAMILIES[kind], trains=False)
+    monkeypatch.setitem(families.MOE_FAMILIES, kind, row)
     model = tmp_path / kind
     moe_config(kind, vocab).save_pretrained(model)
     out = tmp_path / "run"

@@ -121,7 +121,7 @@ def config_of(model_type, **overrides):
     "model_type, overrides, words",
     [
         ("gpt2", {}, "model_type gpt2"),
-        ("gpt_oss", {"num_local_experts": 4, "head_dim": 16}, "Mixture-of-Experts.*gpt_oss"),
+        ("jetmoe", {"num_local_experts": 4}, "Mixture-of-Experts.*jetmoe"),
         ("qwen3_moe", {"num_experts": 4, "norm_topk_prob": True, "mlp_only_layers": [1]}, "every layer sparse"),
         ("qwen2_moe", {"num_experts": 4, "norm_topk_prob": True}, "norm_topk_prob=True"),
         ("llama", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "'dynamic'"),
@@ -280,6 +280,7 @@ MOE = {
     "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2),
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False),
     "olmoe": dict(num_experts=4, num_experts_per_tok=2, intermediate_size=32),
+    "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, head_dim=16, sliding_window=8),
 }
 
 
@@ -308,8 +309,21 @@ def test_moe_families_write_llamacpp_expert_stacks_and_qwen_read_back_with_the_s
     if model_type == "olmoe":  # quantized stacks: their types and byte shapes; no reader to compare values
         assert tensors["blk.0.ffn_up_exps.weight"].tensor_type == gguf.GGMLQuantizationType.Q8_0
         return
-    width = experts.gate_up_proj.shape[1] // 2
     read = {k: torch.from_numpy(tensors[f"blk.0.ffn_{k}_exps.weight"].data.copy()) for k in ("gate", "up", "down")}
+    if model_type == "gpt_oss":  # GptOssModel: transposed stacks, gate and up interleaved, their biases, the sinks
+        gate_up, bias = experts.gate_up_proj.detach().transpose(1, 2), experts.gate_up_proj_bias.detach()
+        assert torch.equal(read["gate"], gate_up[:, ::2]) and torch.equal(read["up"], gate_up[:, 1::2])
+        assert torch.equal(read["down"], experts.down_proj.detach().transpose(1, 2))
+        for name, want in (("gate", bias[:, ::2]), ("up", bias[:, 1::2]), ("down", experts.down_proj_bias)):
+            assert torch.equal(torch.from_numpy(tensors[f"blk.0.ffn_{name}_exps.bias"].data.copy()), want.detach())
+        sinks = torch.from_numpy(tensors["blk.0.attn_sinks.weight"].data.copy())
+        assert torch.equal(sinks, model.model.layers[0].self_attn.sinks.detach())
+        assert "blk.0.ffn_gate_inp.bias" in tensors and "blk.0.post_attention_norm.weight" in tensors
+        assert reader.fields[f"{prefix}.attention.sliding_window"].contents() == 8
+        assert reader.fields[f"{prefix}.expert_feed_forward_length"].contents() == 32
+        assert reader.fields[f"{prefix}.rope.scaling.yarn_beta_fast"].contents() == 32.0
+        return
+    width = experts.gate_up_proj.shape[1] // 2
     assert torch.equal(read["gate"], experts.gate_up_proj.detach()[:, :width])
     assert torch.equal(read["up"], experts.gate_up_proj.detach()[:, width:])
     assert torch.equal(read["down"], experts.down_proj.detach())

@@ -60,3 +60,17 @@ def test_weights_that_miss_tensors_of_the_config_are_one_line_and_nothing_trains
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "the weights lack" in err[0] and f"(first: {first}" in err[0], err
     assert not out.exists()
+
+
+def test_cpu_nf4_refuses_rows_bitsandbytes_dequantizes_wrongly(tmp_path, tokenizer):
+    """QLoRA on the CPU over 4-bit rows of 96 inputs (a multiple of 16, not of 64), which bitsandbytes 0.50.2
+    dequantizes to other weights: one line naming the width, before training (every QLoRA test loads rows of 64)."""
+    from conftest import make_tiny_llama
+
+    from tunelab.errors import TunelabError
+
+    make_tiny_llama(len(tokenizer), hidden_size=96, head_dim=16, num_attention_heads=6).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(TunelabError, match="4-bit rows of 96 inputs wrongly on the CPU") as e:
+        load_model(resolve(str(tmp_path)), torch.float32, "nf4", torch.device("cpu"))
+    assert "\n" not in str(e.value)

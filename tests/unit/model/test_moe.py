@@ -22,15 +22,20 @@ ROWS = [[20, 17], [30]]  # documents packed per row; the second row has an 18-to
 TINY = dict(TINY_SHAPE, initializer_range=0.2, hidden_size=32, intermediate_size=64, num_attention_heads=4)
 
 
-def moe_config(family: str, vocab: int, aux: bool = True):
+def moe_config(family: str, vocab: int, aux: bool = True, **shape):
     """A tiny config of `family`: 6 experts, top-2, the router's loss in the training loss (`aux`) with a
-    coefficient large enough that dropping it moves the loss past the tolerance."""
+    coefficient large enough that dropping it moves the loss past the tolerance; `shape` overrides TINY's keys."""
     import transformers as tf
 
-    common = dict(**TINY, vocab_size=vocab, num_experts_per_tok=2, output_router_logits=aux, router_aux_loss_coef=0.5)
+    head_dim = shape.pop("head_dim", 8)  # the families that take one
+    common = dict(
+        **{**TINY, **shape}, vocab_size=vocab, num_experts_per_tok=2, output_router_logits=aux, router_aux_loss_coef=0.5
+    )
     if family == "qwen3_moe":
         # the second layer dense (mlp_only_layers), as Qwen3-MoE configs may keep some
-        return tf.Qwen3MoeConfig(**common, num_experts=6, moe_intermediate_size=24, head_dim=8, mlp_only_layers=[1])
+        return tf.Qwen3MoeConfig(
+            **common, num_experts=6, moe_intermediate_size=24, head_dim=head_dim, mlp_only_layers=[1]
+        )
     if family == "qwen2_moe":
         return tf.Qwen2MoeConfig(**common, num_experts=6, moe_intermediate_size=24, shared_expert_intermediate_size=40)
     if family == "mixtral":
@@ -41,14 +46,14 @@ def moe_config(family: str, vocab: int, aux: bool = True):
         return tf.GptOssConfig(
             **common,
             num_local_experts=6,
-            head_dim=8,
+            head_dim=head_dim,
             sliding_window=8,
             layer_types=["sliding_attention", "full_attention"],
         )
     raise AssertionError(family)
 
 
-FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"]
+FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss"]
 
 
 @pytest.fixture(scope="module")
@@ -56,11 +61,13 @@ def vocab():
     return len(make_tokenizer())
 
 
-def build(family, vocab, implementation, aux=True, seed=0):
+def build(family, vocab, implementation, aux=True, seed=0, **shape):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(moe_config(family, vocab, aux), attn_implementation=implementation)
+    model = AutoModelForCausalLM.from_config(
+        moe_config(family, vocab, aux, **shape), attn_implementation=implementation
+    )
     return model.float()
 
 
@@ -175,7 +182,7 @@ def test_lora_on_experts_fused_equals_peft_forward_and_merged_model(family, voca
             torch.nn.init.normal_(p, std=0.1)
     params = model.peft_config["default"].target_parameters
     assert {p.split(".")[-1] for p in params} == {"down_proj", "gate_up_proj"}
-    routers = [p for n, p in model.named_parameters() if n.endswith("mlp.gate.weight")]
+    routers = [p for n, p in model.named_parameters() if n.endswith(("mlp.gate.weight", "mlp.router.weight"))]
     assert routers and not any(p.requires_grad for p in routers)  # the router is frozen by default
     ids = torch.randint(3, vocab, (2, 16), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
@@ -202,8 +209,10 @@ def test_router_trains_by_key_and_saves_with_the_adapter(vocab):
 
     ours, _ = pair("qwen3_moe", vocab)
     model = apply_adapter(ours, lora_adapter(router=True))
-    trained = [n for n, p in model.named_parameters() if p.requires_grad and "mlp.gate" in n]
+    trained = [n for n, p in model.named_parameters() if p.requires_grad and ".mlp.gate." in n]  # the router only
     assert trained and all("modules_to_save" in n for n in trained)
+    # all-linear adapts a dense layer's MLP beside the experts (PEFT 0.21 left it out once target_parameters was set)
+    assert any(".mlp.gate_proj.lora_A" in n for n, _ in model.named_parameters())
 
 
 def test_bad_moe_input_is_one_line(vocab):
@@ -221,8 +230,8 @@ def test_bad_moe_input_is_one_line(vocab):
     dense = tf.AutoModelForCausalLM.from_config(tf.Qwen3Config(**TINY, vocab_size=vocab, head_dim=8))
     with pytest.raises(TunelabError, match="lora.router: qwen3 has no router") as e:
         apply_adapter(dense, lora_adapter(router=True))
-    with pytest.raises(TunelabError, match="no 4-bit experts yet") as e:
-        apply_adapter(ours, lora_adapter(method="qlora"))
+    with pytest.raises(TunelabError, match="stacked experts are not quantized") as e:
+        apply_adapter(ours, lora_adapter(method="qlora"))  # a base whose experts stayed 16-bit (int8, say)
     assert "\n" not in str(e.value)
     config = moe_config("qwen3_moe", vocab)
     config.num_experts_per_tok = 7
@@ -231,28 +240,89 @@ def test_bad_moe_input_is_one_line(vocab):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe"])  # one family: the equalities above cover the others
-def test_trains_end_to_end_with_lora_on_experts(family, vocab, tmp_path, addition_rows):
-    """`tunelab train` on a saved tiny MoE model: LoRA on attention and the experts through the grouped path, the
-    loss falls, the router's loss is its own column of metrics.jsonl, and the adapter names the expert stacks."""
+@pytest.mark.parametrize(  # Qwen3-MoE and gpt-oss (sinks, biases): the equalities above cover the others
+    "family, method", [("qwen3_moe", "lora"), ("qwen3_moe", "qlora"), ("gpt_oss", "lora"), ("gpt_oss", "qlora")]
+)
+def test_trains_end_to_end_with_lora_on_experts(family, method, vocab, tmp_path, addition_rows):
+    """`tunelab train` on a saved tiny MoE model: LoRA on attention and the experts through the grouped path
+    (QLoRA: over 4-bit linears and 4-bit experts), the loss falls, the router's loss is its own column of
+    metrics.jsonl, and the adapter names the expert stacks and loads in PEFT with the trained factors."""
     import json
 
     from conftest import tiny_train_config, write_jsonl
+    from peft import PeftModel
+    from safetensors.torch import load_file
 
     from tunelab.recipes.finetune import finetune
 
     model_dir = tmp_path / family
-    build(family, vocab, "eager").save_pretrained(model_dir)
+    # QLoRA: 4-bit rows of 64 inputs, which bitsandbytes 0.50.2 dequantizes right on the CPU (load.check_cpu_nf4)
+    shape = {"hidden_size": 64, "head_dim": 16} if method == "qlora" else {}
+    build(family, vocab, "eager", **shape).save_pretrained(model_dir)
     make_tokenizer().save_pretrained(model_dir)
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
-    cfg = tiny_train_config(model_dir, data, tmp_path / "run", "max_steps=4", "method=lora", "device=cpu")
+    cfg = tiny_train_config(model_dir, data, tmp_path / "run", "max_steps=4", f"method={method}", "device=cpu")
     summary = finetune(cfg, show_progress=False)
     assert summary["loss_last"] < summary["loss_first"]
+    # QLoRA: 4 attention linears a layer, Qwen3-MoE's dense MLP's 3 (layer 1) and 2 expert stacks a sparse layer
+    # (Qwen3-MoE's layer 0, both of gpt-oss's), all in 4 bits
+    nf4 = {"qwen3_moe": 4 * 2 + 3 + 2, "gpt_oss": 4 * 2 + 2 * 2}[family]
+    assert summary["nf4_layers"] == (nf4 if method == "qlora" else 0)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     aux = [r["router_aux_loss"] for r in records if "router_aux_loss" in r]
     assert len(aux) == 4 and all(a > 0 for a in aux)
-    config = json.loads((tmp_path / "run" / "adapter" / "adapter_config.json").read_text())
+    adapter = tmp_path / "run" / "adapter"
+    config = json.loads((adapter / "adapter_config.json").read_text())
     assert {p.split(".")[-1] for p in config["target_parameters"]} >= {"gate_up_proj", "down_proj"}
+    loaded = PeftModel.from_pretrained(build(family, vocab, "eager", **shape), adapter)
+    saved = load_file(adapter / "adapter_model.safetensors")
+    key = next(k for k in saved if "experts" in k and "lora_B" in k)
+    assert saved[key].abs().max() > 0  # the experts' factors trained (B starts at zero)
+    ours = dict(loaded.named_parameters())[key.replace(".weight", ".default.weight")]
+    assert torch.equal(ours.detach().to(saved[key].dtype), saved[key])
+
+
+def test_qlora_experts_are_nf4_and_equal_a_dequantized_reference(vocab):
+    """4-bit experts (moe.quantize_experts): each expert's slice within NF4's rounding of its 16-bit weights (half
+    the widest gap between NF4 levels, -1 to -0.696, so 0.152 times its block's absmax), the 16-bit stack freed, the model's logits
+    and gradients those of transformers' eager model holding the dequantized weights, and the bytes and weight
+    count that plan's memory model charges (nf4_bytes a weight, the catalog arch's expert projections)."""
+    from tunelab.plan import memory
+    from tunelab.plan.arch import from_hf_config
+
+    ours, reference = pair("qwen3_moe", vocab)
+    experts = ours.model.layers[0].mlp.experts
+    original = {name: getattr(experts, name).detach().clone() for name in ("gate_up_proj", "down_proj")}
+    assert moe.quantize_experts(ours) == 2
+    stacks = moe.quantized_stacks(ours)
+    values = 0
+    for name, w in original.items():
+        stack = experts.tunelab_nf4[name]
+        placeholder = getattr(experts, name)
+        assert placeholder.shape == w.shape and placeholder.untyped_storage().nbytes() == 4  # no 16-bit copy kept
+        dequantized = torch.stack([stack.expert(e) for e in range(stack.num)])
+        blocks = w.reshape(-1, moe.NF4_BLOCK)
+        error = (dequantized.reshape(-1, moe.NF4_BLOCK) - blocks).abs()
+        assert (error <= 0.152 * blocks.abs().amax(1, keepdim=True) * 1.01).all() and error.max() > 0
+        getattr(reference.model.layers[0].mlp.experts, name).data.copy_(dequantized)
+        values += w.numel()
+    ids = torch.randint(3, vocab, (2, 16), generator=torch.Generator().manual_seed(4))
+    out, expected = ours(input_ids=ids, labels=ids), reference(input_ids=ids, labels=ids)
+    assert torch.allclose(out.logits, expected.logits, atol=1e-4)
+    out.loss.backward()
+    expected.loss.backward()
+    grad = ours.model.layers[0].self_attn.q_proj.weight.grad
+    assert torch.allclose(grad, reference.model.layers[0].self_attn.q_proj.weight.grad, rtol=1e-4, atol=1e-6)
+    arch = from_hf_config("m", ours.config, "config.json")
+    assert sum(m.params for m in arch.modules() if m.group == "expert") == values
+    per_weight = sum(s.nbytes() for s in stacks) / values
+    assert per_weight == pytest.approx(memory.nf4_bytes(), rel=0.015)
+    # Quantized in host memory, then moved to the device (load_model away from the CPU): the 4-bit values and
+    # scales move, and the stand-ins stay broadcast (moving one as it is would allocate the stack's full size).
+    moe.move_quantized(ours, torch.device("meta"))
+    assert all(p.device.type == "meta" for p in ours.parameters())
+    assert experts.gate_up_proj.stride() == (0, 0, 0) and experts.down_proj.stride() == (0, 0, 0)
+    assert all(x.device.type == "meta" for s in stacks for packed, state in s.experts for x in (packed, state.absmax))
 
 
 @pytest.mark.parametrize("tile", [4, 64])
@@ -280,3 +350,208 @@ def test_segmented_lora_product_and_gradients_equal_per_row_reference(tile, monk
     expected.backward(grad)
     for ours, theirs in zip(leaves, (x, w, a, b)):
         assert torch.allclose(ours.grad, theirs.grad, atol=1e-5)
+
+
+def preference_batch(vocab):
+    """Two pairs (prompt, chosen, rejected) packed as the pipeline packs them, and their sequences alone."""
+    import numpy as np
+
+    from tunelab.data.examples import IGNORE, DatasetStats, TokenizedData
+    from tunelab.data.packing import collate
+
+    g = torch.Generator().manual_seed(5)
+    rand = lambda n: torch.randint(3, vocab, (n,), generator=g).tolist()  # noqa: E731
+    pairs = [(rand(5), rand(4), rand(6)), (rand(3), rand(7), rand(2))]
+    ids, targets = [], []
+    for prompt, *sides in pairs:
+        for response in sides:
+            ids.append(prompt + response)
+            targets.append([IGNORE] * (len(prompt) - 1) + response + [IGNORE])
+    lengths = np.array([len(s) for s in ids])
+    stats = DatasetStats(len(pairs), len(ids), 0, 0, int(lengths.sum()), 0, int(lengths.max()), 0.0)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    data = TokenizedData(
+        np.concatenate(ids).astype(np.int32),
+        np.concatenate(targets).astype(np.int32),
+        offsets,
+        stats,
+        np.repeat(np.arange(len(pairs)), 2),
+        np.zeros(len(ids), bool),
+    )
+    return collate(data, [[0, 1, 2, 3]], WIDTH, 0, True, sequences=True), ids
+
+
+@pytest.mark.parametrize("objective", ["dpo", "orpo", "grpo"])
+def test_router_loss_in_preference_and_grpo_objectives(objective, vocab):
+    """DPO, ORPO and GRPO on a tiny Qwen3-MoE: the step loss holds router_aux_loss_coef x transformers' own
+    load-balancing loss over the policy's real tokens (each sequence run alone through transformers, padding and a
+    packed row's tail left out), as many times as the objective's mean counts (pairs; 1 / micro-batches), and
+    metrics report that loss apart as `router_aux_loss`."""
+    import importlib
+
+    from tunelab.config import GrpoConfig, ObjectiveConfig
+    from tunelab.train.grpo import GrpoLoss, Rollout
+    from tunelab.train.pair_loss import PreferenceLoss
+
+    ours, reference = pair("qwen3_moe", vocab)
+    load_balancing_loss_func = importlib.import_module(type(reference).__module__).load_balancing_loss_func
+    if objective == "grpo":
+        g = torch.Generator().manual_seed(6)
+        prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (4, 6, 5)]
+        completions = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (3, 8, 1)]
+        rollout = Rollout.build(prompts, completions, pad_id=0)
+        sequences = [p + c for p, c in zip(prompts, completions)]
+        root = GrpoLoss(ours, GrpoConfig(num_generations=3, beta=0.0))
+        adv = torch.linspace(-1, 1, rollout.loss_index.numel())
+        run = lambda: root(rollout, None, None, adv, micro_batches=2, step_tokens=12).loss  # noqa: E731
+        units = 1 / 2
+    else:
+        batch, sequences = preference_batch(vocab)
+        root = PreferenceLoss(ours, ObjectiveConfig(name=objective))
+        tensors = [
+            torch.from_numpy(getattr(batch, k)) for k in ("input_ids", "position_ids", "loss_index", "loss_targets")
+        ]
+        run = lambda: root(*tensors, batch.layout, seqs=batch.seqs)  # noqa: E731
+        units = 2  # pairs
+    with torch.no_grad():
+        logits = [
+            reference.model(input_ids=torch.tensor([s]), output_router_logits=True).router_logits for s in sequences
+        ]
+    per_layer = tuple(torch.cat([seq[layer] for seq in logits]) for layer in range(len(logits[0])))
+    aux = load_balancing_loss_func(per_layer, 6, 2, None)
+    trained = run()  # with gradients, as a step runs: the metrics count it
+    root.router.trains = False
+    with torch.no_grad():
+        without = run()  # the same step without the term
+    assert (trained - without).item() == pytest.approx(0.5 * aux.item() * units, rel=1e-4)
+    assert root.window_metrics()["router_aux_loss"] == pytest.approx(aux.item(), rel=1e-5)
+
+    class Accelerator:  # another process ran a forward; this one reduces with it though it ran none since
+        device, calls = torch.device("cpu"), []
+
+        def reduce(self, tensor, op):
+            self.calls.append(op)
+            return tensor + torch.tensor([3.0, 1.0], dtype=tensor.dtype)
+
+    assert root.window_metrics(Accelerator())["router_aux_loss"] == 3.0 and Accelerator.calls == ["sum"]
+
+
+def test_gpt_oss_attention_sinks_on_every_path(vocab):
+    """gpt-oss's per-head sinks (one more logit in each query's softmax, attending to nothing; the loss equalities
+    above check the training path): GRPO's whole-row path gives transformers' eager logits and gradients too;
+    sampling over padded prompts runs on eager, since SDPA would drop the sinks; flex's renormalisation by the
+    log-sum-exp (`with_sinks`) is the explicit softmax with the sinks' column; `attention=sdpa` is refused in one
+    line, and `auto` takes flex over flash-attn on CUDA (flash-attn 2 has no sinks)."""
+    from tunelab import families
+    from tunelab.runtime import attention_path
+
+    rows = build("gpt_oss", vocab, attention.register_rows())
+    reference = build("gpt_oss", vocab, "eager")
+    ids = torch.randint(3, vocab, (2, 20), generator=torch.Generator().manual_seed(4))
+    outs = []
+    for model in (rows, reference):
+        logits = model(input_ids=ids).logits
+        logits.square().mean().backward()
+        outs.append([logits.detach(), model.model.layers[0].self_attn.sinks.grad])
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    with attention.with_padding_masks(rows):
+        assert rows.config._attn_implementation == "eager"
+
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(2, 4, 9, 8) for _ in range(3))
+    sinks = torch.randn(4)
+    causal = attention._causal(9, None, q.device)
+    scores = (q @ k.transpose(-1, -2) * 8**-0.5).masked_fill(~causal, float("-inf"))
+    plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    renormalised = attention.with_sinks(plain, scores.logsumexp(-1), sinks)
+    explicit = attention._masked_attention(q, k, v, causal, None, None, sinks=sinks)
+    torch.testing.assert_close(renormalised, explicit, atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(plain, explicit, atol=1e-3)  # the sinks move the output
+
+    with pytest.raises(TunelabError, match="attention=sdpa drops gpt_oss's attention sinks") as e:
+        families.check(moe_config("gpt_oss", vocab), "m", "sdpa")
+    assert "\n" not in str(e.value)
+    assert attention_path("auto", "cuda", flash_attn=True, sinks=True) == "flex"
+    assert attention_path("auto", "cuda", flash_attn=True) == "flash"
+
+
+def test_gpt_oss_mxfp4_checkpoints_load_dequantized(vocab, tmp_path, monkeypatch):
+    """A checkpoint that publishes MXFP4 experts (gpt-oss's config.json quantization_config) is loaded with
+    transformers' dequantize switch, so that the experts are 16-bit stacks the grouped path and LoRA take, also on
+    a GPU where transformers would otherwise keep them packed and frozen."""
+    import json
+
+    import transformers as tf
+
+    from tunelab import sources
+    from tunelab.model import load
+
+    directory = tmp_path / "gpt-oss"
+    build("gpt_oss", vocab, "eager").save_pretrained(directory)
+    path = directory / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "quantization_config": {"quant_method": "mxfp4"}}))
+    seen = {}
+
+    def from_pretrained(_path, **kwargs):
+        seen.update(kwargs)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(tf.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    with pytest.raises(TunelabError, match="stop here"):
+        load.load_model(sources.resolve(str(directory)), torch.float32, "none", torch.device("cpu"))
+    assert isinstance(seen["quantization_config"], tf.Mxfp4Config) and seen["quantization_config"].dequantize
+    assert not load.published_mxfp4(moe_config("gpt_oss", vocab))
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_sampling_an_moe_model_that_asks_for_its_router_loss(family, vocab):
+    """GRPO's and eval's sampler over a model whose config sets output_router_logits (which training reads): every
+    decode step runs without the router's loss (transformers' over a cached step fails on its mask), and greedy
+    completions equal transformers' own greedy generate, in the dynamic and the static-cache modes; gpt-oss samples
+    on eager attention, its sinks applied."""
+    from tunelab.eval.sampling import sample
+
+    ours, reference = pair(family, vocab)  # output_router_logits=True in both configs
+    prompts = [[5, 17, 30, 40], [7, 8, 9], [5, 17, 30, 40]]
+    expected = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = reference.eval().generate(
+                torch.tensor([p]), max_new_tokens=5, do_sample=False, output_router_logits=False, pad_token_id=0
+            )
+            expected.append(ids[0, len(p) :].tolist())
+    for decode in ("dynamic", "static"):
+        with attention.with_padding_masks(ours):  # as GRPO samples: SDPA (eager for gpt-oss) over padded prompts
+            out = sample(ours, prompts, 5, stop_ids=[vocab + 1], pad_id=0, temperature=0, decode=decode)
+        assert out.ids == expected, decode
+    assert ours.config.output_router_logits is True  # as it was, for the training step after
+
+
+@pytest.mark.gpu
+def test_gpt_oss_packed_rows_on_flex_equal_documents_on_eager(vocab, device="cuda"):
+    """gpt-oss on CUDA's path (`attention: auto` takes flex for its sinks): packed rows through the flex kernel,
+    renormalised by its log-sum-exp (attention.with_sinks), give each document's loss alone through transformers'
+    eager attention, and the same gradients for the sinks and a query projection: the sinks' gradient flows
+    through the kernel's log-sum-exp."""
+    ours = build("gpt_oss", vocab, attention.register("flex"), aux=False).to(device)
+    moe.use_grouped(ours)
+    reference = build("gpt_oss", vocab, "eager", aux=False).to(device)
+    reference.set_experts_implementation("eager")
+    reference.load_state_dict(ours.state_dict())
+    ids, positions = (t.to(device) for t in packed(ROWS, vocab))
+    docs = documents(ROWS)
+    index = torch.cat([torch.arange(r * WIDTH + s, r * WIDTH + s + n - 1) for r, s, n in docs]).to(device)
+    targets = torch.cat([ids[r, s + 1 : s + n] for r, s, n in docs])
+    loss = CausalLMLoss(ours.train())(ids, positions, index, targets)
+    loss.backward()
+    expected = sum(
+        reference.train()(input_ids=ids[r : r + 1, s : s + n], labels=ids[r : r + 1, s : s + n]).loss * (n - 1)
+        for r, s, n in docs
+    )
+    expected.backward()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-4)
+    for name in ("self_attn.sinks", "self_attn.q_proj.weight"):
+        ours_grad = ours.get_submodule("model.layers.0").get_parameter(name).grad
+        theirs = reference.get_submodule("model.layers.0").get_parameter(name).grad
+        torch.testing.assert_close(ours_grad, theirs, rtol=1e-3, atol=1e-5)

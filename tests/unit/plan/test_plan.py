@@ -50,6 +50,29 @@ def test_seed_padded_upper_bound_and_real_padding():
     assert packed.tokens_padded == 5_000 * 512 * 3
 
 
+def test_slot_shape_is_the_longest_slot_of_the_batches_that_pay():
+    """collate decides slots per micro-batch and gives a paying one the run's slot count: plan's memory shape is
+    what the worst paying batch builds, even where the run's most sequences at its longest would not pay (rows of
+    varied length; the embedded model's activations were 36% low from it)."""
+    import numpy as np
+
+    from tunelab.data.packing import epoch_micro_batches, layout_from_lengths, slots_pay
+
+    lengths = np.random.default_rng(0).integers(20, 256, 64)
+    b = workload.Batching(BatchConfig(seq_len=256, micro_batch=2, grad_accum=1, packing=True))
+    counts = workload.epoch_counts(workload.Lengths(64, float(lengths.mean()), 10.0, "t", lengths), b)
+    batches = epoch_micro_batches(lengths, 256, 2, True, np.random.default_rng([b.seed, 0]))
+    seqs = [[[int(lengths[i]) for i in row] for row in batch] for batch in batches]
+    most = max(sum(map(len, s)) for s in seqs)
+    assert not slots_pay(most, int(lengths.max()), 2, 256)  # the run-level question says whole rows
+    shapes = [
+        layout_from_lengths(s, 256, most).gather.shape
+        for s in seqs
+        if slots_pay(sum(map(len, s)), max(map(max, s)), 2, 256)
+    ]
+    assert shapes and (counts.slots, counts.slot_len) == max(shapes, key=lambda x: x[1])
+
+
 def test_flops_llama2_7b_hand_count():
     a = resolve_arch(LLAMA2)
     per_layer = 4 * 4096 * 4096 + 3 * 4096 * 11008

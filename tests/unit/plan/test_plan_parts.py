@@ -177,3 +177,19 @@ def test_a_gptq_base_from_axolotl_or_llamafactory_is_priced_at_gptqs_bytes(tmp_p
     for path in (ax, lf):
         r = readers.read(path)
         assert r.parts == {"gptq_bits": 4} and r.settings["method"] == "qlora", path.name
+
+
+def test_torchtune_chunked_output_on_a_cpu_holds_the_head_copies_its_bmm_makes(monkeypatch):
+    # measured: the head over each sequence chunk of a 2-row micro-batch copies the head weight once a row on a CPU
+    # (benchmarks/plan-accuracy/cpu-memory-parts_epyc-avx512bf16-2c_2026-12-07.md); a GPU's term has no copies
+    from tunelab import probe
+
+    monkeypatch.setattr(probe, "matmul_peak", lambda d, dev: (1e11, 256))  # no probe: memory only
+    monkeypatch.setattr(probe, "copy_bandwidth", lambda dev: 1e10)
+    parts = {"loss_kernel": "chunked_output"}
+    cpu = plan("compile=true", "precision=fp32", parts=parts, gpu="local").memory.logits_loss
+    gpu = plan("compile=true", parts=parts).memory.logits_loss
+    v, h, p = 128256, 2048, 2 * 1024
+    copies = 2 * v * h * 4
+    assert cpu == round(memory.loss_kernel_bytes("chunked_output", p, v, h, 4, 1024, True) + copies)
+    assert gpu == round(memory.loss_kernel_bytes("chunked_output", p, v, h, 2, 1024, True))

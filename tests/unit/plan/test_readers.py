@@ -58,6 +58,19 @@ CASES = {
         {"method": "qlora", "lora.targets": ["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]},
         {},
     ),
+    "trl_open-r1_grpo_config_demo.yaml": (  # a GRPOConfig: 16 completions a device batch, one group of 16
+        "trl",
+        {
+            "objective": "grpo",
+            "grpo.num_generations": 16,
+            "grpo.max_completion_length": 1024,
+            "micro_batch": 1,
+            "grad_accum": 4,
+            "seq_len": 512 + 1024,
+            "data.path": "hf://open-r1/OpenR1-Math-220k",
+        },
+        {},
+    ),
     "trl_example_config.yaml": (
         "trl",
         {"model": "Qwen/Qwen2.5-0.5B", "data.path": "hf://stanfordnlp/imdb", "seq_len": 1024, "method": "full"},
@@ -67,7 +80,9 @@ CASES = {
 
 
 def _handlers(tool: str) -> dict:
-    module = {"axolotl": readers.axolotl, "llamafactory": readers.llamafactory, "trl": readers.trl}
+    module = {"axolotl": readers.axolotl, "llamafactory": readers.llamafactory}
+    if tool == "trl":
+        return {**readers.trl.HANDLERS, **readers.trl.GRPO_HANDLERS}
     return module[tool].HANDLERS if tool in module else readers.torchtune.HANDLERS
 
 
@@ -107,7 +122,10 @@ def test_torchtunes_loss_is_a_memory_part_and_fused_lora_kernels_are_said_not_mo
         ("base_model: x\nmicro_batch_size: two\n", "micro_batch_size: expected a number, got 'two'"),
         ("base_model: x\nsequence_len: 512\nsample_packing: maybe\n", "sample_packing: expected true or false"),
         ("model:\n  _component_: torchtune.models.phi9.lora_phi9_1b\n", "model._component_ torchtune.models.phi9"),
-        ("model_name_or_path: m\nnum_generations: 8\n", "num_generations: a GRPOConfig"),
+        (
+            "model_name_or_path: m\nnum_generations: 8\nper_device_train_batch_size: 3\n",
+            "per_device_train_batch_size 3 x gradient_accumulation_steps 1 is not a multiple of num_generations 8",
+        ),
         ("foo: 1\n", "name the tool with --tool"),
         ("- a\n- b\n", "the top level must be a mapping"),
         ("a: [\n", "cannot read it"),
@@ -120,6 +138,24 @@ def test_a_bad_file_is_one_line_naming_the_file_and_the_key(tmp_path, text, mess
         readers.read(path)
     assert str(path) in str(e.value) and message in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_a_grpo_config_is_planned_as_a_generating_run_of_its_groups(capsys, tmp_path):
+    """TRL counts completions a device batch, tunelab prompts: 16 completions x 4 accumulated with groups of 16 are 4
+    prompts a step, 64 completions a generation batch; a device batch less than a group becomes one micro-batch."""
+    argv = ["plan", "--from", str(FIXTURES / "trl_open-r1_grpo_config_demo.yaml"), "data.path=null"]
+    assert main([*argv, "--examples", "100", "--gpu", "h100-sxm", "--json"]) == 0
+    out, err = capsys.readouterr()
+    line = json.loads(out.splitlines()[0])
+    assert line["objective"] == "generating" and line["rows_per_batch"] == 64 and line["decode_steps"] == 1024
+    assert "not modeled: use_vllm: generation by vLLM" in err and "not modeled: reward_funcs: ['accuracy'" in err
+    small = tmp_path / "grpo.yaml"
+    small.write_text(
+        "model_name_or_path: Qwen/Qwen2.5-0.5B\nnum_generations: 8\nper_device_train_batch_size: 4\n"
+        "gradient_accumulation_steps: 4\n"
+    )
+    r = readers.read(small)
+    assert (r.settings["micro_batch"], r.settings["grad_accum"]) == (2, 1) and r.notes[0].startswith("a device batch")
 
 
 def test_cut_cross_entropy_and_liger_keep_less_loss_memory_than_whole_logits():

@@ -211,6 +211,7 @@ HANDLERS: dict[str, Handler] = {
 def read(doc: dict, reading: Reading) -> None:
     reading.hf["prepare_model_for_kbit_training"] = False
     reading.set("grad_ckpt", True)
+    reading.set("epochs", 3.0)  # TrainingArguments' num_train_epochs
     reading.doc = doc
     apply(doc, reading, HANDLERS, QUIET_HERE, "LLaMA-Factory")
     rank = reading.settings.get("lora.r")
@@ -218,7 +219,7 @@ def read(doc: dict, reading: Reading) -> None:
         reading.set("lora.alpha", float(2 * rank))  # LLaMA-Factory's default: twice the rank
     reading.notes.append(
         "LLaMA-Factory's defaults where a key is absent: gradient checkpointing on, sdpa attention, rows padded to "
-        "each batch's longest, optim adamw_torch_fused (transformers')"
+        "each batch's longest, optim adamw_torch_fused and 3 epochs (transformers')"
     )
 
 
