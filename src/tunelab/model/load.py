@@ -57,8 +57,9 @@ def load_model(
     # QLoRA on an MoE model away from the CPU: bitsandbytes leaves the stacked experts 16-bit, so the model loads
     # and is quantized in host memory, and only the 4-bit model moves to the device (moe.move_quantized): the
     # device never holds the 16-bit experts, which are most of the model (a 30B-A3B's 57 GB).
+    config = model_config(source)  # read once: the staging and the published quantization both ask it
     stage = device
-    if base_quant == "nf4" and device.type != "cpu" and moe.is_moe(model_config(source)):
+    if base_quant == "nf4" and device.type != "cpu" and moe.is_moe(config):
         stage = torch.device("cpu")
     if base_quant != "none":
         from transformers import BitsAndBytesConfig
@@ -74,7 +75,7 @@ def load_model(
         else:
             kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
         kwargs["device_map"] = {"": stage}
-    elif published_mxfp4(model_config(source)):
+    elif published_mxfp4(config):
         from transformers import Mxfp4Config
 
         kwargs["quantization_config"] = Mxfp4Config(dequantize=True)
