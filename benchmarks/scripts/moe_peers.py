@@ -10,6 +10,10 @@ expert (PEFT's target_parameters), the same random weights and the same token ba
 a sliding window on every other layer): tunelab on the attention path `attention: auto` takes (flex on CUDA for
 the sinks), transformers + PEFT on its eager attention, the one that applies them.
 
+Both sides step a fused AdamW (tunelab's build_adamw, and transformers' Trainer default `adamw_torch_fused`).
+`--layout` gives tunelab's side the slot layout and positions its collate builds for these rows (one document
+each, `packing: true`); without it, whole rows under a causal mask.
+
 `--side tunelab --experts-4bit` runs tunelab's side with QLoRA's 4-bit experts (transformers + PEFT has none).
 
 `--shape` takes a catalog MoE row's widths, heads, experts, top-k and vocabulary (its layers stay `--layers`, so
@@ -122,19 +126,33 @@ def side(args) -> dict:
             ),
         )
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=1e-4)
+    # fused AdamW on both sides: tunelab's build_adamw and transformers' Trainer default (adamw_torch_fused, torch>=2.8)
+    optimizer = torch.optim.AdamW(trainable, lr=1e-4, fused=True)
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(3, args.vocab, (args.rows, args.seq), generator=generator).to(device)
+    positions = layout = None
+    if tunelab and args.layout:  # what tunelab's collate passes for rows of one document each (packing: true)
+        from tunelab.data.packing import layout_from_lengths
+
+        positions = torch.arange(args.seq, device=device).repeat(args.rows, 1)
+        layout = layout_from_lengths([[args.seq]] * args.rows, args.seq)
     index = torch.arange(args.rows * args.seq, device=device).view(args.rows, args.seq)[:, :-1].reshape(-1)
     targets = ids[:, 1:].reshape(-1)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times = []
+    prof = None
+    if args.profile:  # the timed steps under torch.profiler, its table by self CPU time on stderr
+        from torch.profiler import ProfilerActivity, profile
+
+        prof = profile(activities=[ProfilerActivity.CPU], record_shapes=args.profile_shapes)
     for step in range(args.warmup + args.steps):
+        if prof is not None and step == args.warmup:
+            prof.__enter__()
         sync()
         start = time.perf_counter()
         with torch.autocast(device.type, dtype=torch.bfloat16):
             if tunelab:
-                loss = loss_fn(ids, None, index, targets) / index.numel()
+                loss = loss_fn(ids, positions, index, targets, layout) / index.numel()
             else:
                 loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
@@ -143,6 +161,11 @@ def side(args) -> dict:
         sync()
         if step >= args.warmup:
             times.append(time.perf_counter() - start)
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        averages = prof.key_averages(group_by_input_shape=args.profile_shapes)
+        table = averages.table(sort_by="self_cpu_time_total", row_limit=args.profile)
+        print(table, file=sys.stderr)
     with torch.no_grad():
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         logits = base.model(input_ids=ids, output_router_logits=True).router_logits
@@ -154,6 +177,8 @@ def side(args) -> dict:
         "side": args.side,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "experts_path": experts_path,
+        "slot_layout": layout is not None,
+        "optimizer": "AdamW fused",
         "tokens_per_step": tokens,
         "step_s": step_s,
         "step_s_all": times,
@@ -190,6 +215,15 @@ def main():
         action="store_true",
         help="tunelab's experts in NF4 (moe.quantize_experts); with --side tunelab",
     )
+    parser.add_argument(
+        "--layout",
+        action="store_true",
+        help="tunelab with the slot layout its collate builds for these rows (default: whole rows, a causal mask)",
+    )
+    parser.add_argument(
+        "--profile", type=int, default=0, help="with --side: the top N ops of the timed steps, to stderr"
+    )
+    parser.add_argument("--profile-shapes", action="store_true", help="with --profile: rows per op and input shapes")
     args = parser.parse_args()
     if args.shape:
         shape_from_catalog(args)
