@@ -161,7 +161,14 @@ def library_versions() -> dict[str, str]:
         "peft": peft.__version__,
         "accelerate": accelerate.__version__,
     }
+    # Read from the installed package's metadata: importing bitsandbytes or trl only for its version took ~1-2 s
+    # in a process that had not imported them.
+    from importlib.metadata import PackageNotFoundError, version
+
     for optional in ("trl", "bitsandbytes", "liger_kernel"):
         if importlib.util.find_spec(optional) is not None:
-            out[optional] = getattr(importlib.import_module(optional), "__version__", "unknown")
+            try:
+                out[optional] = version(optional)
+            except PackageNotFoundError:
+                out[optional] = getattr(importlib.import_module(optional), "__version__", "unknown")
     return out

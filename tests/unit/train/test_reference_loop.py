@@ -63,7 +63,18 @@ def block_diagonal_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]  # on CUDA tunelab's attention is FlexAttention
 
 
+_REFERENCE: dict[str, list[float]] = {}
+
+
 def reference_losses(cfg) -> list[float]:
+    """The fp32 loop's losses for `cfg`'s data and settings, computed once per device: the eager and compiled runs
+    share them (the loop reads nothing of `compile`)."""
+    if cfg.compute.device not in _REFERENCE:
+        _REFERENCE[cfg.compute.device] = _reference_losses(cfg)
+    return _REFERENCE[cfg.compute.device]
+
+
+def _reference_losses(cfg) -> list[float]:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, get_scheduler, set_seed
 
