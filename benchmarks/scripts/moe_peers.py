@@ -10,6 +10,16 @@ expert (PEFT's target_parameters), the same random weights and the same token ba
 a sliding window on every other layer): tunelab on the attention path `attention: auto` takes (flex on CUDA for
 the sinks), transformers + PEFT on its eager attention, the one that applies them.
 
+Precision (`--precision auto`): tunelab's pick for the device, on both sides: bf16 weights under bf16 autocast
+where the CPU multiplies bf16 natively, fp32 weights and no autocast on an AVX2-only CPU (or under
+`ONEDNN_MAX_CPU_ISA=AVX2`, the epyc-fp32-2c class).
+
+Each side runs in its own process on its stack's allocator (`--allocator own`: tunelab's CLI re-executes itself on
+jemalloc where the system has it, transformers + PEFT runs on glibc's malloc; `system` or `jemalloc` puts both on
+one). Both sides step a fused AdamW (tunelab's build_adamw, and transformers' Trainer default `adamw_torch_fused`).
+`--layout` gives tunelab's side the slot layout and positions its collate builds for these rows (one document
+each, `packing: true`); without it, whole rows under a causal mask.
+
 `--side tunelab --experts-4bit` runs tunelab's side with QLoRA's 4-bit experts (transformers + PEFT has none).
 
 `--shape` takes a catalog MoE row's widths, heads, experts, top-k and vocabulary (its layers stay `--layers`, so
@@ -84,6 +94,12 @@ def side(args) -> dict:
     if device.type == "cpu":
         torch.set_num_threads(2)
     tunelab = args.side == "tunelab"
+    from tunelab.device import pick_precision
+
+    # auto: tunelab's pick for the device (bf16 where the CPU multiplies bf16 natively, else fp32), both sides
+    precision = pick_precision("auto", device).name if args.precision == "auto" else args.precision
+    bf16 = precision == "bf16"
+    dtype = torch.bfloat16 if bf16 else torch.float32
     if tunelab:
         from tunelab.config import load_config
         from tunelab.model import attention
@@ -95,7 +111,7 @@ def side(args) -> dict:
         attn = training_attention(device, "auto", sinks=args.family == "gpt_oss") if device.type == "cuda" else None
         with device:  # built where it runs, in bf16: a 30B-wide shape initialises in seconds on a GPU
             model = AutoModelForCausalLM.from_config(
-                config(args), attn_implementation=attn or attention.register("slots"), dtype=torch.bfloat16
+                config(args), attn_implementation=attn or attention.register("slots"), dtype=dtype
             )
         moe.use_grouped(model)
         if args.experts_4bit:  # QLoRA's experts: each expert's slice in NF4 (the attention stays 16-bit here)
@@ -110,7 +126,7 @@ def side(args) -> dict:
 
         peer_attn = "eager" if args.family == "gpt_oss" else "sdpa"  # transformers runs gpt-oss's sinks on eager
         with device:
-            model = AutoModelForCausalLM.from_config(config(args), attn_implementation=peer_attn, dtype=torch.bfloat16)
+            model = AutoModelForCausalLM.from_config(config(args), attn_implementation=peer_attn, dtype=dtype)
         experts_path = str(getattr(model.config, "_experts_implementation", None) or "grouped_mm")
         model = get_peft_model(
             model,
@@ -122,19 +138,33 @@ def side(args) -> dict:
             ),
         )
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=1e-4)
+    # fused AdamW on both sides: tunelab's build_adamw and transformers' Trainer default (adamw_torch_fused, torch>=2.8)
+    optimizer = torch.optim.AdamW(trainable, lr=1e-4, fused=True)
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(3, args.vocab, (args.rows, args.seq), generator=generator).to(device)
+    positions = layout = None
+    if tunelab and args.layout:  # what tunelab's collate passes for rows of one document each (packing: true)
+        from tunelab.data.packing import layout_from_lengths
+
+        positions = torch.arange(args.seq, device=device).repeat(args.rows, 1)
+        layout = layout_from_lengths([[args.seq]] * args.rows, args.seq)
     index = torch.arange(args.rows * args.seq, device=device).view(args.rows, args.seq)[:, :-1].reshape(-1)
     targets = ids[:, 1:].reshape(-1)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times = []
+    prof = None
+    if args.profile:  # the timed steps under torch.profiler, its table by self CPU time on stderr
+        from torch.profiler import ProfilerActivity, profile
+
+        prof = profile(activities=[ProfilerActivity.CPU], record_shapes=args.profile_shapes)
     for step in range(args.warmup + args.steps):
+        if prof is not None and step == args.warmup:
+            prof.__enter__()
         sync()
         start = time.perf_counter()
-        with torch.autocast(device.type, dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             if tunelab:
-                loss = loss_fn(ids, None, index, targets) / index.numel()
+                loss = loss_fn(ids, positions, index, targets, layout) / index.numel()
             else:
                 loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
@@ -143,6 +173,11 @@ def side(args) -> dict:
         sync()
         if step >= args.warmup:
             times.append(time.perf_counter() - start)
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        averages = prof.key_averages(group_by_input_shape=args.profile_shapes)
+        table = averages.table(sort_by="self_cpu_time_total", row_limit=args.profile)
+        print(table, file=sys.stderr)
     with torch.no_grad():
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         logits = base.model(input_ids=ids, output_router_logits=True).router_logits
@@ -154,6 +189,9 @@ def side(args) -> dict:
         "side": args.side,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "experts_path": experts_path,
+        "precision": precision,
+        "slot_layout": layout is not None,
+        "optimizer": "AdamW fused",
         "tokens_per_step": tokens,
         "step_s": step_s,
         "step_s_all": times,
@@ -164,6 +202,22 @@ def side(args) -> dict:
         "peak_rss_bytes": peak,
         "peak_gpu_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
     }
+
+
+def side_env(name: str, choice: str) -> tuple[dict, str]:
+    """The environment a side runs in, and its allocator's name: `own` gives each side its stack's process as its
+    users run it (tunelab's CLI re-executes itself on jemalloc with allocator.MALLOC_CONF where the system has
+    it; transformers + PEFT runs on Python's, glibc's malloc), `system` and `jemalloc` give both sides the same."""
+    import os
+
+    from tunelab import allocator
+
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MALLOC_CONF")}
+    lib = allocator.find_jemalloc()
+    jemalloc = lib is not None and (choice == "jemalloc" or (choice == "own" and name == "tunelab"))
+    if not jemalloc:
+        return env, "glibc"
+    return {**env, "LD_PRELOAD": lib, "MALLOC_CONF": allocator.MALLOC_CONF}, "jemalloc"
 
 
 def main():
@@ -190,6 +244,27 @@ def main():
         action="store_true",
         help="tunelab's experts in NF4 (moe.quantize_experts); with --side tunelab",
     )
+    parser.add_argument(
+        "--layout",
+        action="store_true",
+        help="tunelab with the slot layout its collate builds for these rows (default: whole rows, a causal mask)",
+    )
+    parser.add_argument(
+        "--profile", type=int, default=0, help="with --side: the top N ops of the timed steps, to stderr"
+    )
+    parser.add_argument(
+        "--allocator",
+        choices=["own", "system", "jemalloc"],
+        default="own",
+        help="own: each side on its stack's allocator (tunelab's CLI: jemalloc; transformers: glibc); or both on one",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=["auto", "bf16", "fp32"],
+        default="auto",
+        help="both sides' weights and autocast (auto: tunelab's pick for the device; fp32 on an AVX2-only CPU)",
+    )
+    parser.add_argument("--profile-shapes", action="store_true", help="with --profile: rows per op and input shapes")
     args = parser.parse_args()
     if args.shape:
         shape_from_catalog(args)
@@ -199,11 +274,12 @@ def main():
     rows = []
     for name in ("tunelab", "transformers-peft"):
         argv = [a for a in sys.argv[1:]] + ["--side", name]
-        out = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True)
+        env, allocator = side_env(name, args.allocator)
+        out = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True, env=env)
         if out.returncode:  # one side failing (out of memory, say) still reports the other
             rows.append({"side": name, "error": out.stderr.strip().splitlines()[-3:]})
         else:
-            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            rows.append({**json.loads(out.stdout.strip().splitlines()[-1]), "allocator": allocator})
     keys = (
         "shape",
         "family",

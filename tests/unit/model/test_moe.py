@@ -352,6 +352,19 @@ def test_segmented_lora_product_and_gradients_equal_per_row_reference(tile, monk
         assert torch.allclose(ours.grad, theirs.grad, atol=1e-5)
 
 
+def test_segment_products_rounded_up_into_the_next_experts_rows_stay_exact():
+    """Segments.mm runs each expert's product over its rows rounded up to a few sizes (moe.rounded), over the next
+    experts' rows, which their own products then overwrite; the last expert's rows end the input, so its product
+    is exact. Every row still equals its own expert's product."""
+    counts = torch.tensor([40, 0, 70, 33, 35])  # rounded: 40, 72 (into expert 3's rows), 34, 35 (the end)
+    assert [moe.rounded(int(n)) for n in counts if n] == [40, 72, 34, 36]
+    expert_ids = torch.repeat_interleave(torch.arange(5), counts)
+    seg = moe.Segments(expert_ids, counts, 5)
+    torch.manual_seed(0)
+    x, w = torch.randn(int(counts.sum()), 6), torch.randn(5, 6, 7)
+    assert torch.allclose(seg.mm(x, w), torch.einsum("si,sio->so", x, w[expert_ids]), atol=1e-5)
+
+
 def preference_batch(vocab):
     """Two pairs (prompt, chosen, rejected) packed as the pipeline packs them, and their sequences alone."""
     import numpy as np
