@@ -33,7 +33,7 @@ def test_peer_on_embedded_model(name, tmp_path, addition_rows):
             DataConfig(path=str(data), template="compact"),
             steps=2,  # one warm-up step, one measured
             warmup=1,
-            batch=BatchConfig(seq_len=128, micro_batch=4),
+            batch=BatchConfig(seq_len=64, micro_batch=2),
             lora=LoraConfig(r=8, alpha=16.0, targets="attn"),
             device="cpu",
         )
