@@ -169,11 +169,25 @@ def compile_blocks(model: torch.nn.Module) -> None:
     # With LoRA dropout on CPU, backward draws the hashed keep mask again from its seed
     # (model/lora_linear.py); merged with the forward's draw, the mask would be kept instead.
     aot_config.cse = not (has_nf4_base(model) or has_lora_dropout(model))
+    # Under LoRA the embedding is frozen: the first block's input would need no grad and every other block's would,
+    # and dynamo, which guards on it, would compile the first block a graph of its own (twice the compile time).
+    # While grad is on, the embedding's output requires grad, so every block runs one graph; it costs the first
+    # block's input gradient, one block's share of a backward.
+    embeddings = model.get_input_embeddings()
+    if not embeddings.weight.requires_grad:
+        embeddings.register_forward_hook(_input_requires_grad)
     decoder = model.get_decoder()
     for block in decoder.layers:
         block.compile()
     if isinstance(getattr(decoder, "norm", None), torch.nn.Module):
         decoder.norm.compile()
+
+
+def _input_requires_grad(module: torch.nn.Module, inputs, output: torch.Tensor) -> None:
+    """Forward hook on a frozen embedding: its output requires grad while grad is on (not under no_grad, where
+    no block's input does, so evaluation and sampling keep one graph too)."""
+    if torch.is_grad_enabled():
+        output.requires_grad_(True)
 
 
 def train(cfg: TrainConfig, show_progress: bool = True, measure: loop.Measurement | None = None) -> RunSummary:
