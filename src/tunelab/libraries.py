@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import sys
 import tempfile
 
 # The environment variables that cap the instruction set torch's kernels and inductor's generated code use.
@@ -19,16 +20,22 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning, module=r"(torch|transformers|peft|accelerate)\.")
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    # transformers is not imported here (0.9 s, which `tunelab plan` and the `--nproc` launcher need not pay): it
+    # reads its verbosity from the environment and its progress bars' state from huggingface_hub's when imported.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
+        from huggingface_hub.utils import disable_progress_bars
+        from huggingface_hub.utils import logging as hub_logging
+
+        disable_progress_bars()  # hub.py turns its download bars back on for a download on a terminal
+        hub_logging.set_verbosity_error()  # its retry warnings, two lines per attempt, before one failure line
+    except ImportError:
+        pass
+    if "transformers" in sys.modules:  # imported already (a caller in Python): set it directly
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
-        from huggingface_hub.utils import logging as hub_logging
-
-        hub_logging.set_verbosity_error()  # its retry warnings, two lines per attempt, before one failure line
-    except ImportError:
-        pass
 
 
 def isolate_compile_cache(environ: os._Environ | dict = os.environ) -> str | None:
