@@ -32,28 +32,10 @@ def test_compiled_blocks_have_no_graph_break(tiny_model_dir, addition_rows, tmp_
     inductor build). torch 2.11's dynamo broke the nf4 layer's graph on the truth value of its dequantizer.
     On CUDA (the gpu tier) attention is FlexAttention's unless the row says otherwise. Plain LoRA and full
     fine-tuning: the test below."""
-    from torch._dynamo.utils import counters
-
     compile_without_inductor(monkeypatch)
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
-    cfg = tiny_train_config(
-        tiny_model_dir, data, tmp_path / "run", "compile=true", "precision=bf16", f"device={device}", *extra
-    )
-    prep = recipe.prepare_run(cfg)
-    torch._dynamo.reset()
-    counters.clear()
-    try:
-        model = CausalLMLoss(recipe.build_model(cfg, prep))
-        model.train()
-        batch = prep.schedule.step_batches(0)[0]
-        with torch.autocast(prep.device.type, torch.bfloat16):
-            loss = loop.forward(model, batch, prep.device)
-        loss.backward()
-        breaks = dict(counters["graph_break"])
-        graphs = counters["stats"]["unique_graphs"]
-    finally:
-        torch._dynamo.reset()
-    assert graphs > 0, "nothing was compiled"
+    _, graphs, breaks = _compiled_micro_batch(tiny_model_dir, data, tmp_path / "run", f"device={device}", *extra)
+    assert graphs[0] > 0, "nothing was compiled"
     assert not breaks, breaks
 
 
@@ -64,36 +46,42 @@ def test_compiled_lora_blocks_run_one_graph_as_full_fine_tuning_does(
     while every other block's does, and dynamo compiles the first block a second graph (twice the compile time):
     a LoRA model compiles as many graphs as a fully fine-tuned one, in training and then under no_grad, its adapter
     still gets gradients in the first block, and neither breaks a graph (the test above, for these two methods)."""
-    from torch._dynamo.utils import counters
-
     compile_without_inductor(monkeypatch)
     data = write_jsonl(tmp_path / "add.jsonl", addition_rows)
     graphs = {}
     for method in ("full", "lora"):
-        cfg = tiny_train_config(
-            tiny_model_dir, data, tmp_path / method, "compile=true", "precision=bf16", f"method={method}"
+        model, graphs[method], breaks = _compiled_micro_batch(
+            tiny_model_dir, data, tmp_path / method, f"method={method}"
         )
-        prep = recipe.prepare_run(cfg)
-        torch._dynamo.reset()
-        counters.clear()
-        try:
-            model = CausalLMLoss(recipe.build_model(cfg, prep))
-            model.train()
-            batch = prep.schedule.step_batches(0)[0]
-            with torch.autocast(prep.device.type, torch.bfloat16):
-                loop.forward(model, batch, prep.device).backward()
-                trained = counters["stats"]["unique_graphs"]
-                with torch.no_grad():
-                    loop.forward(model, batch, prep.device)
-            graphs[method] = (trained, counters["stats"]["unique_graphs"] - trained)
-            assert not counters["graph_break"], (method, dict(counters["graph_break"]))
-        finally:
-            torch._dynamo.reset()
-        if method == "lora":
-            # B starts at zero, so B's gradient is the one that is nonzero at the first step
-            first = [p for n, p in model.named_parameters() if "layers.0." in n and "lora_B" in n]
-            assert first and all(p.grad is not None and p.grad.abs().sum() > 0 for p in first)
+        assert not breaks, (method, breaks)
+    # B starts at zero, so B's gradient is the one that is nonzero at the first step
+    first = [p for n, p in model.named_parameters() if "layers.0." in n and "lora_B" in n]
+    assert first and all(p.grad is not None and p.grad.abs().sum() > 0 for p in first)
     assert graphs["lora"] == graphs["full"] and graphs["full"][0] > 0, graphs
+
+
+def _compiled_micro_batch(model_dir, data, out, *extra):
+    """The tiny model with compiled blocks (bf16) after one training micro-batch's forward and backward and one
+    forward under no_grad: (the model, (graphs dynamo built for training, graphs added under no_grad), graph
+    breaks)."""
+    from torch._dynamo.utils import counters
+
+    cfg = tiny_train_config(model_dir, data, out, "compile=true", "precision=bf16", *extra)
+    prep = recipe.prepare_run(cfg)
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        model = CausalLMLoss(recipe.build_model(cfg, prep))
+        model.train()
+        batch = prep.schedule.step_batches(0)[0]
+        with torch.autocast(prep.device.type, torch.bfloat16):
+            loop.forward(model, batch, prep.device).backward()
+            trained = counters["stats"]["unique_graphs"]
+            with torch.no_grad():
+                loop.forward(model, batch, prep.device)
+        return model, (trained, counters["stats"]["unique_graphs"] - trained), dict(counters["graph_break"])
+    finally:
+        torch._dynamo.reset()
 
 
 def _oom_argv(tiny_model_dir, data, out, *extra) -> list[str]:
