@@ -31,7 +31,6 @@ import types
 import torch
 
 from .. import families
-from . import moe_native
 
 NAME = "tunelab_grouped"
 EXPERT_PARAMS = ("gate_up_proj", "up_proj", "down_proj")  # the stacked projections LoRA can target
@@ -303,8 +302,6 @@ def grouped_experts_forward(experts, hidden_states, top_k_index, top_k_weights):
     offs = counts_t.cumsum(0).to(torch.int32)
     grouped = _grouped_kernel(hidden_states) and not getattr(experts, "tunelab_nf4", None)
     seg = None if grouped else Segments(expert_ids, counts_t, num)
-    if not grouped and moe_native.serves(experts, hidden_states):  # the whole block native, one expert per core
-        return _native_block(experts, hidden_states, order, counts_t, top_k_weights)
     if grouped:
         x = hidden_states[order // top_k]
     else:  # the rows gathered, and in combine scattered back, as gathers both ways (_Dispatch, _Permute)
@@ -321,40 +318,6 @@ def grouped_experts_forward(experts, hidden_states, top_k_index, top_k_weights):
     out = torch.zeros(tokens, weighted.shape[-1], dtype=weighted.dtype, device=weighted.device)
     out.index_add_(0, order // top_k, weighted)
     return out.to(hidden_states.dtype)
-
-
-def _native_block(experts, hidden, order, counts, top_k_weights):
-    """grouped_experts_forward through moe_native's op: every expert's MLP (LoRA included) on one core each, the
-    outputs in (token, slot) order, weighted and summed per token here."""
-    tokens, top_k = top_k_weights.shape
-    dtype = hidden.dtype
-    empty = hidden.new_empty(0)
-
-    def stack(name):
-        weight = getattr(experts, name)
-        return (weight if experts.is_transposed else weight.transpose(1, 2)).to(dtype)  # (E, in, out)
-
-    def low(name):
-        lora = getattr(experts, "tunelab_lora", {}).get(name)
-        factors = lora_factors(lora) if lora is not None else None
-        if factors is None:
-            return empty, empty
-        a, b, scale = factors
-        return a.to(dtype), (b * scale).to(dtype)  # the scale on Bₑ, the small factor
-
-    with torch.autocast(hidden.device.type, enabled=False):
-        per_slot = moe_native.ExpertsBlock.apply(
-            hidden,
-            stack("gate_up_proj"),
-            stack("down_proj"),
-            *low("gate_up_proj"),
-            *low("down_proj"),
-            order,
-            counts,
-            top_k,
-        )
-        out = (per_slot.view(tokens, top_k, -1) * top_k_weights.unsqueeze(-1).to(dtype)).sum(1)
-    return out
 
 
 # --- 4-bit experts (QLoRA) ------------------------------------------------------------------------------------
