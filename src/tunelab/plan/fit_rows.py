@@ -63,6 +63,9 @@ class Row:
     # What LoRA adapted (lora.targets' presets): an MoE row's experts are most of its weights, so a run that
     # adapted the attention only is priced as that.
     targets: str = "all-linear"
+    # The longest attention slot the measured code ran as explicit products on a CPU: 256 for every slot before
+    # runtime.SLOT_MAX_LEN set it by compiled block and precision (2026-12-07); a newer row gives its code's value.
+    slot_products_len: int = 256
 
 
 @dataclass(frozen=True)
@@ -168,7 +171,7 @@ def observe(row: Row, arch: Arch, lengths: np.ndarray) -> Observed:
     micro-batch's width."""
     job = stack_job(row_job(row))
     batch = job.batch
-    b = workload.Batching(batch, seed=job.run.seed)
+    b = workload.Batching(batch, seed=job.run.seed, products_len=row.slot_products_len)
     mean = float(lengths.mean())
     built = workload.build(workload.Lengths(len(lengths), mean, row.loss_fraction * mean, "", lengths), b, batch.epochs)
     w, feed = hf_fed(job, built)
