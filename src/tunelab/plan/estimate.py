@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 from .. import methods, optimizers
 from ..errors import TunelabError
-from ..runtime import CompileChoice, attention_path, compile_choice, hashed_dropout, slot_products
+from ..runtime import CompileChoice, attention_path, compile_choice, hashed_dropout, slot_max_len, slot_products
 from . import catalog, comm, fit, hfstack, memory, steptime, timing, workload
 from .arch import Arch, adapter_targets
 from .calibration import CalibrationRecord, scale_key
@@ -120,7 +120,8 @@ def layout(arch: Arch, job: Job, w: workload.Workload, d: Device, sharding: str,
     # has them installed does not change the memory.
     path = attention_path(job.compute.attention, device_type)
     slots = w.epoch.slots if path == "slots" else 0
-    probs = slots > 0 and slot_products(device_type, w.epoch.slot_len, dropout=0.0)
+    half = compute_bytes(job, d) == 2
+    probs = slots > 0 and slot_products(device_type, w.epoch.slot_len, 0.0, job.compiled, half)
     reference = job.goal.reference and not job.objective.preference.precompute_reference
     # Whole rows on the CPU's slot path run SDPA under a mask (memory.Layout.row_mask), measured eager; a
     # generating objective's update runs its rows as causal slots of its own (attention.rows_attention).
@@ -193,7 +194,8 @@ def estimate(
         )
         return replace(resolved, job=replace(resolved.job, compute=job.compute), compile_choice=choice)
     b = job.batch
-    batching = workload.Batching(b, gpus, job.run.seed, group=job.goal.sequences)
+    products_len = slot_max_len(job.compiled, compute_bytes(job, d) == 2)
+    batching = workload.Batching(b, gpus, job.run.seed, group=job.goal.sequences, products_len=products_len)
     w, feed = hf_fed(job, workload.build(lengths, batching, b.epochs, b.max_steps))
     ckpt = workload.checkpoints(w.optimizer_steps, job.run.save_steps, job.run.save_total_limit)
     lay = layout(arch, job, w, d, sharding, gpus)
@@ -300,7 +302,7 @@ def attention_work(w: workload.Workload, attention: str, device_type: str) -> tu
         return steptime.attention_keys(None, 0, round(w.epoch.tokens_padded / w.epoch.rows), False), 0.0
     e = w.epoch
     if attention_path(attention, device_type) == "slots" and (e.slot_pairs or e.masked_pairs):
-        products = slot_products(device_type, 0, dropout=0.0)  # whether this device runs short slots as products
+        products = slot_products(device_type, 0, 0.0, False, False)  # whether this device runs short slots as products
         return (e.slot_pairs + e.masked_pairs) / e.tokens_padded, e.scored_pairs / e.tokens_padded if products else 0.0
     lengths = w.lengths
     return steptime.attention_keys(lengths.lengths, lengths.mean_tokens, w.batching.batch.seq_len, True), 0.0

@@ -66,6 +66,9 @@ class Row:
     # The product-call probe taken beside the steps (probe.product_call_s, seconds); 0: the class's catalog figure
     # (catalog/calls.yaml). It prices an MoE model's per-expert products on a CPU (steptime.expert_product_calls).
     call_s: float = 0.0
+    # The longest attention slot the measured code ran as explicit products on a CPU: 256 for every slot before
+    # runtime.SLOT_MAX_LEN set it by compiled block and precision (2026-12-07); a newer row gives its code's value.
+    slot_products_len: int = 256
 
 
 @dataclass(frozen=True)
@@ -173,7 +176,7 @@ def observe(row: Row, arch: Arch, lengths: np.ndarray) -> Observed:
     micro-batch's width."""
     job = stack_job(row_job(row))
     batch = job.batch
-    b = workload.Batching(batch, seed=job.run.seed)
+    b = workload.Batching(batch, seed=job.run.seed, products_len=row.slot_products_len)
     mean = float(lengths.mean())
     built = workload.build(workload.Lengths(len(lengths), mean, row.loss_fraction * mean, "", lengths), b, batch.epochs)
     w, feed = hf_fed(job, built)
