@@ -28,6 +28,8 @@ class Device:
     gpu: Gpu
     runtime_overhead: int
     calibration: CalibrationRecord | None = None
+    # A local CPU's product-call probe (probe.product_call_s, seconds); 0: its class's catalog figure (calls.yaml)
+    call_s: float = 0.0
 
 
 def constants_key(device: Device) -> str:
@@ -367,7 +369,7 @@ def step_time(
         arch, job.method, job.adapter.quant, lay.targets, job.adapter.lora.r, job.compute.grad_ckpt, shape, ridge
     )
     c = steptime.Constants(constants.matmul, constants.attention, constants.bandwidth, constants.launch_s)
-    call_s, _ = catalog.product_call_s(constants_key(d), gpu.device_type)
+    call_s = d.call_s or catalog.product_call_s(constants_key(d), gpu.device_type)[0]
     step = steptime.breakdown(work, gpu.peak_flops, bandwidth, c, call_s)
     per_pair, peer_rows = catalog.stack_pair_bytes(job.stack, "cpu" if gpu.device_type == "cpu" else "cuda")
     if job.hf is not None and job.hf.masked_kernel:  # attention with a padding mask: the fitted bytes per head-pair

@@ -122,3 +122,25 @@ def test_the_product_call_probe_is_quick_and_positive():
     start = time.perf_counter()
     call = probe.measure_product_call_s(torch.float32, torch.device("cpu"), products=8)
     assert call >= 0 and time.perf_counter() - start < 1.0
+
+
+def test_plan_local_on_a_cpu_prices_the_experts_calls_at_its_own_probe(monkeypatch, capsys):
+    """`plan --gpu local` on a CPU takes the product-call probe beside the copy probe: a slower call, a slower
+    MoE step (random:qwen3-30b-a3b's 128 experts: thousands of per-expert products a step)."""
+    import json
+
+    from tunelab.cli import main
+
+    monkeypatch.setattr("tunelab.plan.calibration.load_calibration", lambda key: None)
+    monkeypatch.setattr("tunelab.probe.matmul_peak", lambda dtype, dev: (4e11, 2048))
+    monkeypatch.setattr("tunelab.probe.copy_bandwidth", lambda dev: 3e10)
+    args = ["plan", "--model", "random:qwen3-30b-a3b", "--examples", "10", "--gpu", "local", "--seq-len", "128"]
+    args += ["--micro-batch", "1", "--json"]
+    steps = []
+    for call in (1e-5, 1e-3):
+        monkeypatch.setattr("tunelab.probe.product_call_s", lambda dtype, dev, call=call: call)
+        assert main(args) == 0
+        steps.append(json.loads(capsys.readouterr().out)["step_s"]["fixed_s"])
+    arch = from_registry("Qwen/Qwen3-30B-A3B")
+    calls = steptime.expert_product_calls(arch, LORA, False, 128)
+    assert steps[1] - steps[0] == pytest.approx(calls * (1e-3 - 1e-5), rel=0.02)
