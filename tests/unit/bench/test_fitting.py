@@ -128,7 +128,7 @@ def test_a_cpu_suite_fits_its_class_with_each_rows_probe_and_its_peer_as_the_hf_
     rows = [
         record("lora", "tunelab", "bf16", 1.5e12, 1.0),
         record("peer hf-trainer-tuned", "hf-trainer-tuned", "bf16", None, 2.0, against="lora"),
-        record("lora-fp32", "tunelab", "fp32", 0.3e12, 3.0, device_bandwidth_bps=2e10),
+        record("lora-fp32", "tunelab", "fp32", 0.3e12, 3.0, device_bandwidth_bps=2e10, device_call_s=7e-5),
     ]
     device = {"name": "Some CPU (2 threads)", "type": "cpu", "cpu_class": "avx512-bf16", "isa_cap": None}
     doc = {"date": "2026-12-01", "suite": "cpu-steps", "device": device, "definition": {"data": data}, "records": rows}
@@ -148,6 +148,8 @@ def test_a_cpu_suite_fits_its_class_with_each_rows_probe_and_its_peer_as_the_hf_
     assert peer["peak"] == 1.5e12 and peer["device"] == "cpu-avx512-bf16" and not peer["packing"]
     assert peer["bandwidth"] == 1.5e10 and found["cpu-steps lora-fp32"]["bandwidth"] == 2e10
     assert found["cpu-steps lora-fp32"]["compute_bytes"] == 4 and found["cpu-steps lora"]["loss_fraction"] == 0.5
+    # the product-call probe a row ran with (0 without one: the class's catalog figure)
+    assert found["cpu-steps lora-fp32"]["call_s"] == 7e-5 and found["cpu-steps lora"]["call_s"] == 0.0
     # The slot path's squares: more keys per token than the documents' causal pairs.
     assert found["cpu-steps lora"]["keys_per_token"] > 60
 
