@@ -28,6 +28,8 @@ class Device:
     gpu: Gpu
     runtime_overhead: int
     calibration: CalibrationRecord | None = None
+    # A local CPU's product-call probe (probe.product_call_s, seconds); 0: its class's catalog figure (calls.yaml)
+    call_s: float = 0.0
 
 
 def constants_key(device: Device) -> str:
@@ -308,9 +310,12 @@ def attention_work(w: workload.Workload, attention: str, device_type: str) -> tu
     return steptime.attention_keys(lengths.lengths, lengths.mean_tokens, w.batching.batch.seq_len, True), 0.0
 
 
-def step_shape(job: Job, w: workload.Workload, keys: float, scored: float, compute_bytes: int) -> steptime.Shape:
+def step_shape(
+    job: Job, w: workload.Workload, keys: float, scored: float, compute_bytes: int, cpu: bool = False
+) -> steptime.Shape:
     """What the step model prices for `job`: its mean micro-batch in `w`, `keys` attention keys per token (`scored`
-    of them written out), in `compute_bytes` a value; plan's estimate and the fit of measured rows share it."""
+    of them written out), in `compute_bytes` a value, on a CPU (`cpu`: an MoE model's experts one product per
+    expert) or not; plan's estimate and the fit of measured rows share it."""
     tokens = w.epoch.tokens_padded / w.epoch.micro_batches
     hf = job.hf
     return steptime.Shape(
@@ -326,6 +331,11 @@ def step_shape(job: Job, w: workload.Workload, keys: float, scored: float, compu
         eager_attention=hf is not None and hf.eager_attention,
         fused_optimizer=hf is None or hf.fused_optimizer,
         imbalance=job.moe.imbalance,
+        # tunelab's CPU experts path (model/moe.Segments: one oneDNN product per expert, LoRA over tiles), what the
+        # product-call probe measures; the HF stack's experts (torch's _grouped_mm on a CPU, PEFT's
+        # parametrization) keep the grouped pricing
+        expert_calls=cpu and hf is None,
+        expert_tiles=cpu and hf is None,
     )
 
 
@@ -352,13 +362,15 @@ def step_time(
     else:
         keys, scored = attention_work(w, job.compute.attention, gpu.device_type)
     accum = job.batch.grad_accum
-    shape = step_shape(job, w, keys, scored, lay.compute_bytes)
+    cpu = gpu.device_type == "cpu"
+    shape = step_shape(job, w, keys, scored, lay.compute_bytes, cpu)
     ridge = fit.ridge(gpu.device_type if gpu.device_type == "cpu" else "cuda", gpu.peak_flops, bandwidth)
     work = steptime.work(
         arch, job.method, job.adapter.quant, lay.targets, job.adapter.lora.r, job.compute.grad_ckpt, shape, ridge
     )
     c = steptime.Constants(constants.matmul, constants.attention, constants.bandwidth, constants.launch_s)
-    step = steptime.breakdown(work, gpu.peak_flops, bandwidth, c)
+    call_s = d.call_s or catalog.product_call_s(constants_key(d), gpu.device_type)[0]
+    step = steptime.breakdown(work, gpu.peak_flops, bandwidth, c, call_s)
     per_pair, peer_rows = catalog.stack_pair_bytes(job.stack, "cpu" if gpu.device_type == "cpu" else "cuda")
     if job.hf is not None and job.hf.masked_kernel:  # attention with a padding mask: the fitted bytes per head-pair
         pairs = steptime.masked_head_pairs(arch, shape.tokens, keys, job.compute.grad_ckpt) * accum
