@@ -34,6 +34,13 @@ MAMF_NK = (2048, 4096, 8192, 14336)
 MAMF_ITERATIONS = 20
 MAMF_WARMUP = 5
 _mamf_cache: dict[tuple[str, torch.dtype], tuple[float, tuple[int, int, int]]] = {}
+# The product-call probe: a Mixture-of-Experts layer's per-expert products on a CPU (model/moe.Segments), CALL_PRODUCTS
+# experts of CALL_ROWS rows each, hidden 256 into a gated width of 512, as one product per expert against one
+# product over all the rows.
+CALL_PRODUCTS = 32
+CALL_ROWS = 64
+CALL_K, CALL_N = 256, 512
+_call_cache: dict[tuple[str, torch.dtype], float] = {}
 
 
 def max_size(device: torch.device) -> int:
@@ -131,6 +138,52 @@ def copy_bandwidth(device: torch.device, fresh: bool = False) -> float:
     if fresh or key not in _copy_cache:
         _copy_cache[key] = measure_copy_bandwidth(device)
     return _copy_cache[key]
+
+
+def measure_product_call_s(
+    dtype: torch.dtype, device: torch.device, windows: int = WINDOWS, products: int = CALL_PRODUCTS
+) -> float:
+    """Seconds each product of a loop of small products costs beyond its arithmetic: `products` products of
+    CALL_ROWS rows, each with its own weight and into its own slice of one output (as model/moe.Segments runs an MoE
+    layer's experts on a CPU), less one product over all those rows with one weight, over the products. The
+    fastest of `windows` of each. On a CPU every small product pays oneDNN's dispatch and its threads' start, a
+    cost the FLOPs do not show (20-40 µs on a 2-core EPYC: plan/steptime.expert_product_calls counts them)."""
+    rows = products * CALL_ROWS
+    x = torch.randn(rows, CALL_K, device=device).to(dtype)
+    w = torch.randn(products, CALL_K, CALL_N, device=device).to(dtype)
+    out = torch.empty(rows, CALL_N, device=device, dtype=dtype)
+
+    def loop():
+        for e in range(products):
+            a = e * CALL_ROWS
+            torch.mm(x[a : a + CALL_ROWS], w[e], out=out[a : a + CALL_ROWS])
+
+    def one():
+        torch.mm(x, w[0], out=out)
+
+    budget = PROBE_SECONDS / 8  # read now: the test suite shortens it; a dtype a CPU emulates stops after 2 windows
+    best = {}
+    for run in (loop, one):
+        run()  # warm-up: kernel creation and first touch
+        fastest, began = float("inf"), time.perf_counter()
+        for i in range(windows):
+            synchronize(device)
+            start = time.perf_counter()
+            run()
+            synchronize(device)
+            fastest = min(fastest, time.perf_counter() - start)
+            if i >= 1 and time.perf_counter() - began > budget:
+                break
+        best[run.__name__] = fastest
+    return max(0.0, (best["loop"] - best["one"]) / products)
+
+
+def product_call_s(dtype: torch.dtype, device: torch.device, fresh: bool = False) -> float:
+    """`measure_product_call_s` once per process for each (device, dtype); `fresh` probes again."""
+    key = (str(device), dtype)
+    if fresh or key not in _call_cache:
+        _call_cache[key] = measure_product_call_s(dtype, device)
+    return _call_cache[key]
 
 
 def mamf_shapes() -> list[tuple[int, int, int]]:

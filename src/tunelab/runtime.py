@@ -10,9 +10,12 @@ from dataclasses import dataclass
 # hot in cache between the passes over it (max, exp, gradient), large enough for an efficient matmul.
 LOGIT_CHUNK = 256
 
-# Longest attention slot for the explicit-product path on CPU (model/attention.py); beyond it the L x L scores
-# cost more memory than the flash kernel's extra time.
-MATH_MAX_LEN = 256
+# Longest attention slot a CPU runs as explicit products (model/attention._SlotAttention, which writes its L x L
+# scores) rather than SDPA's flash kernel, by (compiled block, 16-bit products): the crossovers measured over head
+# widths 32-128 (benchmarks/attention/slot-crossover_epyc-avx512bf16-2c_2026-12-07.md). Compiled, inductor fuses
+# the products' softmax and its gradient into the score passes; eager, each is a pass of its own over the scores,
+# so the flash kernel wins at shorter slots, and in fp32 (where it needs no bf16 conversions) shorter still.
+SLOT_MAX_LEN = {(True, True): 256, (True, False): 128, (False, True): 64, (False, False): 32}
 
 # Values of a bf16 weight stepped at once (train/optim.PerParameter): each piece goes through an fp32 copy of the
 # weight and of its gradient, so a 525M-value embedding costs 2 x 32 MiB of temporaries, not 2 x 2 GiB. A multiple
@@ -33,10 +36,16 @@ PREPACK_CAPABILITIES = ("AVX2", "AVX512")
 ACTIVATION_MEMORY_BUDGET = 0.9
 
 
-def slot_products(device_type: str, length: int, dropout: float) -> bool:
+def slot_max_len(compiled: bool, half: bool) -> int:
+    """The longest slot run as explicit products in a compiled (or eager) block whose products are 16-bit
+    (`half`) or fp32 (SLOT_MAX_LEN)."""
+    return SLOT_MAX_LEN[(bool(compiled), bool(half))]
+
+
+def slot_products(device_type: str, length: int, dropout: float, compiled: bool, half: bool) -> bool:
     """Whether slots of `length` run as explicit products (`_SlotAttention`, which keeps its bf16
     probabilities for backward) rather than SDPA (which keeps a log-sum-exp); plan's memory model asks too."""
-    return device_type == "cpu" and length <= MATH_MAX_LEN and not dropout
+    return device_type == "cpu" and length <= slot_max_len(compiled, half) and not dropout
 
 
 def attention_path(choice: str, device_type: str, flash_attn: bool = False, sinks: bool = False) -> str:

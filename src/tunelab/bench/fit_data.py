@@ -228,6 +228,7 @@ def suite_doc_rows(doc: dict, name: str, cpu: CpuBandwidth | None) -> tuple[list
                 "label": f"{doc['suite']} {rec['label']}" + (f" (capped at {cap})" if cap else ""),
                 "peak": ran["device_peak_flops"],
                 "bandwidth": bandwidth,
+                "call_s": ran.get("device_call_s") or 0.0,  # 0: the class's catalog figure (catalog/calls.yaml)
                 "compute_bytes": 4 if ran["precision"] == "fp32" else 2,
                 "lengths": "synthetic:" + json.dumps(doc["definition"]["data"], sort_keys=True),
                 "loss_fraction": seen["tokens_loss"] / seen["tokens_nonpad"] if seen else 0.5,

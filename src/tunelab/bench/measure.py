@@ -15,7 +15,7 @@ import torch
 
 from ..plan import catalog
 from ..plan.flops import FlopsPerToken
-from ..probe import copy_bandwidth, mamf, matmul_peak
+from ..probe import copy_bandwidth, mamf, matmul_peak, product_call_s
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,8 @@ class Peak:
     source: str  # how it was obtained, printed and stored with every record
     probes: dict[str, float]  # measured matmul FLOP/s per dtype at run time
     bandwidth: float = 0.0  # a CPU's copy probe at run time, bytes/s (probe.copy_bandwidth); 0 on a GPU
+    # A CPU's product-call probe at run time in the run's dtype, seconds (probe.product_call_s); 0 on a GPU
+    call_s: float = 0.0
     # A GPU's ceilings at run time: its copy probe (bytes/s; plan keeps the catalog's bandwidth for a GPU) and the
     # MAMF sweep (probe.mamf): FLOP/s and the (m, n, k) that reached it; 0 on a CPU.
     gpu_copy_bps: float = 0.0
@@ -57,7 +59,8 @@ def device_peak(
     if device.type == "cpu":
         n = measured[compute][1]
         source = f"measured now: {n}^3 {compute} matmul probe on {name}"
-        return Peak(probes[compute], compute, source, probes, copy_bandwidth(device, fresh))
+        call = product_call_s(DTYPES[compute], device, fresh)
+        return Peak(probes[compute], compute, source, probes, copy_bandwidth(device, fresh), call)
     row = catalog.gpu(gpu_id) if gpu_id else catalog.match_gpu(name, memory_bytes)
     dtype, (probed, n) = next(iter(measured.items()))
     # Every GPU bench runs on adds its ceilings: the MAMF sweep and the copy bandwidth, stored with the record.

@@ -230,6 +230,7 @@ def build_record(label: str, summary: dict, peak: measure.Peak, prediction, warm
         **{f"predicted_{k}": v for k, v in pred.items()},
         "peak_probes": peak.probes,
         "device_bandwidth_bps": peak.bandwidth or None,
+        "device_call_s": peak.call_s or None,
         "gpu_copy_bps": peak.gpu_copy_bps or None,
         "mamf_flops": peak.mamf or None,
         "mamf_shape": list(peak.mamf_shape) if peak.mamf else None,

@@ -60,6 +60,7 @@ COLUMNS: dict[str, str] = {
     "peak_source": "TEXT",
     "peak_probes": "JSON",  # matmul probe FLOP/s per dtype measured at run time ({"bf16": ..., "fp32": ...})
     "device_bandwidth_bps": "REAL",  # a CPU's copy probe at run time (read + write bytes/s); NULL on a GPU
+    "device_call_s": "REAL",  # a CPU's product-call probe at run time (probe.product_call_s, seconds); NULL on a GPU
     "gpu_copy_bps": "REAL",  # a GPU's copy probe at run time (read + write bytes/s); NULL on a CPU
     "mamf_flops": "REAL",  # a GPU's Maximum Achievable Matmul FLOP/s at run time (probe.mamf); NULL on a CPU
     "mamf_shape": "JSON",  # the (m, n, k) that reached mamf_flops

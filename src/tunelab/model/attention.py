@@ -100,7 +100,7 @@ def packed_attention(
     q, k, v = to_slots(query), to_slots(key), to_slots(value)
     if softcap is not None or sinks is not None:
         out = _masked_attention(q, k, v, _causal(length, sliding_window, q.device), scaling, softcap, dropout, sinks)
-    elif slot_products(q.device.type, length, dropout):
+    elif _products(q, length, dropout):
         out = _SlotAttention.apply(q, k, v, scaling if scaling is not None else d**-0.5, sliding_window)
     elif sliding_window is not None:
         mask = _causal(length, sliding_window, q.device)
@@ -114,6 +114,13 @@ def packed_attention(
     out = out.transpose(1, 2).reshape(s * length, h, d)
     result = _Regather.apply(out, token_slot, token_in_slot, slot_tokens.view(-1), slot_valid.view(-1))
     return result.view(b, t, h, d), None
+
+
+def _products(q: torch.Tensor, length: int, dropout: float) -> bool:
+    """Whether this call's slots of `length` run as explicit products (runtime.slot_products): inside a compiled
+    block (traced by dynamo, so the choice is part of the graph) or eager, in 16-bit products or fp32."""
+    half = compute_dtype(q) != torch.float32
+    return slot_products(q.device.type, length, dropout, torch.compiler.is_compiling(), half)
 
 
 def _causal(length: int, window: int | None, device) -> torch.Tensor:
@@ -192,8 +199,9 @@ class _SlotAttention(torch.autograd.Function):
     On the quickstart's slots this made the products and both kernels faster, with the same error against an
     fp32 reference (benchmarks/design-decisions_cpu_2026-11-22.md#slot-attention-as-one-autograd-function).
 
-    For slots longer than MATH_MAX_LEN the scores' memory grows as L², and SDPA's flash kernel is used; so
-    it is with attention dropout, which this product does not apply."""
+    For slots longer than runtime.SLOT_MAX_LEN (measured: per compiled or eager block, 16-bit or fp32), SDPA's
+    flash kernel is used, whose memory does not grow as L²; so it is with attention dropout, which this product
+    does not apply."""
 
     @staticmethod
     def forward(ctx, q, k, v, scale: float, window: int | None = None):
@@ -254,7 +262,7 @@ def rows_attention(
         out = _masked_attention(query, key, value, mask, scaling, softcap, dropout, sinks)
         return out.transpose(1, 2).contiguous(), None
     plain = softcap is None and (sliding_window is None or sliding_window >= length)
-    if whole and plain and slot_products(query.device.type, length, dropout):
+    if whole and plain and _products(query, length, dropout):
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         return _SlotAttention.apply(query, key, value, scale, None).transpose(1, 2).contiguous(), None
     from transformers.integrations.sdpa_attention import sdpa_attention_forward

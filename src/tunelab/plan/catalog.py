@@ -281,6 +281,20 @@ def ceiling_scale(device: str, measured: tuple[str, ...], rows: dict) -> dict[st
     return out
 
 
+def product_call_s(device: str, device_type: str) -> tuple[float, str]:
+    """Seconds one small product costs beyond its arithmetic on `device` (a local CPU class: catalog/calls.yaml,
+    measured by probe.product_call_s), and where the figure comes from: a class without a row gets the CPU kind's.
+    0 on a GPU, whose experts run as one grouped kernel (plan/steptime.expert_product_calls is not counted there)."""
+    if device_type != "cpu":
+        return 0.0, ""
+    data = read("calls.yaml")
+    row = data["devices"].get(device)
+    if row is not None:
+        return float(row["call_s"]), row["source"]
+    kind = data["kinds"]["cpu"]
+    return float(kind["call_s"]), f"{kind['source']} (no row for {device})"
+
+
 def stack_pair_bytes(stack: str, kind: str) -> tuple[float, tuple[str, ...]]:
     """A peer stack's fitted bytes per masked head-pair on a kind of device (cuda | cpu: catalog/fitted.yaml
     `stacks`: what its masked attention kernel moves beyond plan's parts) and the rows it was fitted on; 0 for a

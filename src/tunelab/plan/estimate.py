@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 from .. import methods, optimizers
 from ..errors import TunelabError
-from ..runtime import CompileChoice, attention_path, compile_choice, hashed_dropout, slot_products
+from ..runtime import CompileChoice, attention_path, compile_choice, hashed_dropout, slot_max_len, slot_products
 from . import catalog, comm, fit, hfstack, memory, steptime, timing, workload
 from .arch import Arch, adapter_targets
 from .calibration import CalibrationRecord, scale_key
@@ -28,6 +28,8 @@ class Device:
     gpu: Gpu
     runtime_overhead: int
     calibration: CalibrationRecord | None = None
+    # A local CPU's product-call probe (probe.product_call_s, seconds); 0: its class's catalog figure (calls.yaml)
+    call_s: float = 0.0
 
 
 def constants_key(device: Device) -> str:
@@ -120,7 +122,8 @@ def layout(arch: Arch, job: Job, w: workload.Workload, d: Device, sharding: str,
     # has them installed does not change the memory.
     path = attention_path(job.compute.attention, device_type)
     slots = w.epoch.slots if path == "slots" else 0
-    probs = slots > 0 and slot_products(device_type, w.epoch.slot_len, dropout=0.0)
+    half = compute_bytes(job, d) == 2
+    probs = slots > 0 and slot_products(device_type, w.epoch.slot_len, 0.0, job.compiled, half)
     reference = job.goal.reference and not job.objective.preference.precompute_reference
     # Whole rows on the CPU's slot path run SDPA under a mask (memory.Layout.row_mask), measured eager; a
     # generating objective's update runs its rows as causal slots of its own (attention.rows_attention).
@@ -193,7 +196,8 @@ def estimate(
         )
         return replace(resolved, job=replace(resolved.job, compute=job.compute), compile_choice=choice)
     b = job.batch
-    batching = workload.Batching(b, gpus, job.run.seed, group=job.goal.sequences)
+    products_len = slot_max_len(job.compiled, compute_bytes(job, d) == 2)
+    batching = workload.Batching(b, gpus, job.run.seed, group=job.goal.sequences, products_len=products_len)
     w, feed = hf_fed(job, workload.build(lengths, batching, b.epochs, b.max_steps))
     ckpt = workload.checkpoints(w.optimizer_steps, job.run.save_steps, job.run.save_total_limit)
     lay = layout(arch, job, w, d, sharding, gpus)
@@ -300,15 +304,18 @@ def attention_work(w: workload.Workload, attention: str, device_type: str) -> tu
         return steptime.attention_keys(None, 0, round(w.epoch.tokens_padded / w.epoch.rows), False), 0.0
     e = w.epoch
     if attention_path(attention, device_type) == "slots" and (e.slot_pairs or e.masked_pairs):
-        products = slot_products(device_type, 0, dropout=0.0)  # whether this device runs short slots as products
+        products = slot_products(device_type, 0, 0.0, False, False)  # whether this device runs short slots as products
         return (e.slot_pairs + e.masked_pairs) / e.tokens_padded, e.scored_pairs / e.tokens_padded if products else 0.0
     lengths = w.lengths
     return steptime.attention_keys(lengths.lengths, lengths.mean_tokens, w.batching.batch.seq_len, True), 0.0
 
 
-def step_shape(job: Job, w: workload.Workload, keys: float, scored: float, compute_bytes: int) -> steptime.Shape:
+def step_shape(
+    job: Job, w: workload.Workload, keys: float, scored: float, compute_bytes: int, cpu: bool = False
+) -> steptime.Shape:
     """What the step model prices for `job`: its mean micro-batch in `w`, `keys` attention keys per token (`scored`
-    of them written out), in `compute_bytes` a value; plan's estimate and the fit of measured rows share it."""
+    of them written out), in `compute_bytes` a value, on a CPU (`cpu`: an MoE model's experts one product per
+    expert) or not; plan's estimate and the fit of measured rows share it."""
     tokens = w.epoch.tokens_padded / w.epoch.micro_batches
     hf = job.hf
     return steptime.Shape(
@@ -324,6 +331,11 @@ def step_shape(job: Job, w: workload.Workload, keys: float, scored: float, compu
         eager_attention=hf is not None and hf.eager_attention,
         fused_optimizer=hf is None or hf.fused_optimizer,
         imbalance=job.moe.imbalance,
+        # tunelab's CPU experts path (model/moe.Segments: one oneDNN product per expert, LoRA over tiles), what the
+        # product-call probe measures; the HF stack's experts (torch's _grouped_mm on a CPU, PEFT's
+        # parametrization) keep the grouped pricing
+        expert_calls=cpu and hf is None,
+        expert_tiles=cpu and hf is None,
     )
 
 
@@ -350,13 +362,15 @@ def step_time(
     else:
         keys, scored = attention_work(w, job.compute.attention, gpu.device_type)
     accum = job.batch.grad_accum
-    shape = step_shape(job, w, keys, scored, lay.compute_bytes)
+    cpu = gpu.device_type == "cpu"
+    shape = step_shape(job, w, keys, scored, lay.compute_bytes, cpu)
     ridge = fit.ridge(gpu.device_type if gpu.device_type == "cpu" else "cuda", gpu.peak_flops, bandwidth)
     work = steptime.work(
         arch, job.method, job.adapter.quant, lay.targets, job.adapter.lora.r, job.compute.grad_ckpt, shape, ridge
     )
     c = steptime.Constants(constants.matmul, constants.attention, constants.bandwidth, constants.launch_s)
-    step = steptime.breakdown(work, gpu.peak_flops, bandwidth, c)
+    call_s = d.call_s or catalog.product_call_s(constants_key(d), gpu.device_type)[0]
+    step = steptime.breakdown(work, gpu.peak_flops, bandwidth, c, call_s)
     per_pair, peer_rows = catalog.stack_pair_bytes(job.stack, "cpu" if gpu.device_type == "cpu" else "cuda")
     if job.hf is not None and job.hf.masked_kernel:  # attention with a padding mask: the fitted bytes per head-pair
         pairs = steptime.masked_head_pairs(arch, shape.tokens, keys, job.compute.grad_ckpt) * accum

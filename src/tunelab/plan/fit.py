@@ -55,6 +55,9 @@ class Observation:
     coefficients: tuple[float, float, float, float]  # steptime.Work.coefficients
     measured_s: float  # measured seconds per optimizer step
     fit: bool = True  # False: predicted and shown, never fitted (e.g. rows of older code)
+    # Seconds of the step priced by a measured constant rather than a fitted one (an MoE model's per-expert product
+    # calls on a CPU at the product-call probe's cost): added to every prediction, left out of what the fit solves.
+    fixed_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -73,8 +76,8 @@ def from_x(x: np.ndarray) -> Constants:
     return Constants(matmul=1 / x[0], attention=1 / x[1], bandwidth=1 / x[2], launch_s=float(x[3]))
 
 
-def predict_s(c: Constants, coefficients: tuple[float, ...]) -> float:
-    return float(np.dot(coefficients, to_x(c)))
+def predict_s(c: Constants, coefficients: tuple[float, ...], fixed_s: float = 0.0) -> float:
+    return float(np.dot(coefficients, to_x(c))) + fixed_s
 
 
 def solve(obs: list[Observation], prior: Constants, weight: float = PRIOR_WEIGHT) -> Constants:
@@ -84,7 +87,7 @@ def solve(obs: list[Observation], prior: Constants, weight: float = PRIOR_WEIGHT
     free = [True] * 4
     for _ in range(4):
         rows = [np.array(o.coefficients) / o.measured_s for o in obs]
-        targets = [1.0] * len(rows)
+        targets = [1.0 - o.fixed_s / o.measured_s for o in obs]
         for j in range(4):
             e = np.zeros(4)
             e[j] = math.sqrt(weight) / p[j]

@@ -16,7 +16,7 @@ from .. import methods
 from ..config import AdapterConfig, BatchConfig, ComputeConfig, LoraConfig, MoeConfig, RunConfig
 from ..errors import TunelabError
 from . import arch as archmod
-from . import fit, hfstack, steptime, workload
+from . import catalog, fit, hfstack, steptime, workload
 from .arch import Arch
 from .estimate import attention_work, hf_fed, stack_job, step_shape
 from .job import STACK_ROWS, STACKS, Job
@@ -63,6 +63,12 @@ class Row:
     # What LoRA adapted (lora.targets' presets): an MoE row's experts are most of its weights, so a run that
     # adapted the attention only is priced as that.
     targets: str = "all-linear"
+    # The product-call probe taken beside the steps (probe.product_call_s, seconds); 0: the class's catalog figure
+    # (catalog/calls.yaml). It prices an MoE model's per-expert products on a CPU (steptime.expert_product_calls).
+    call_s: float = 0.0
+    # The longest attention slot the measured code ran as explicit products on a CPU: 256 for every slot before
+    # runtime.SLOT_MAX_LEN set it by compiled block and precision (2026-12-07); a newer row gives its code's value.
+    slot_products_len: int = 256
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,8 @@ def check_row(row: Row) -> str | None:
         return f"targets {row.targets!r}: choose from {', '.join(archmod.PRESETS)}"
     if not row.imbalance >= 1:
         return f"imbalance must be at least 1 (the most loaded expert over the mean one), got {row.imbalance!r}"
+    if not row.call_s >= 0:
+        return f"call_s must be 0 (the class's catalog figure) or a probe's seconds, got {row.call_s!r}"
     for name in ("micro_batch", "seq_len", "r", "compute_bytes", "measured_s", "peak", "bandwidth"):
         if not getattr(row, name) > 0:
             return f"{name} must be positive, got {getattr(row, name)!r}"
@@ -168,7 +176,7 @@ def observe(row: Row, arch: Arch, lengths: np.ndarray) -> Observed:
     micro-batch's width."""
     job = stack_job(row_job(row))
     batch = job.batch
-    b = workload.Batching(batch, seed=job.run.seed)
+    b = workload.Batching(batch, seed=job.run.seed, products_len=row.slot_products_len)
     mean = float(lengths.mean())
     built = workload.build(workload.Lengths(len(lengths), mean, row.loss_fraction * mean, "", lengths), b, batch.epochs)
     w, feed = hf_fed(job, built)
@@ -178,11 +186,12 @@ def observe(row: Row, arch: Arch, lengths: np.ndarray) -> Observed:
         keys, scored = attention_work(w, job.compute.attention, row.kind)
     else:
         keys, scored = padded_keys(lengths, b), 0.0
-    shape = step_shape(job, w, keys, scored, row.compute_bytes)
+    shape = step_shape(job, w, keys, scored, row.compute_bytes, row.kind == "cpu")
     ridge = fit.ridge(row.kind, row.peak, row.bandwidth)
     targets = archmod.adapter_targets(arch, job.adapter.lora.targets)
     lora = job.adapter.lora
     work = steptime.work(arch, job.method, job.adapter.quant, targets, lora.r, job.compute.grad_ckpt, shape, ridge)
+    call_s = row.call_s or catalog.product_call_s(row.device, row.kind)[0]
     o = fit.Observation(
         row.device,
         row.kind,
@@ -191,6 +200,7 @@ def observe(row: Row, arch: Arch, lengths: np.ndarray) -> Observed:
         work.coefficients(row.peak, row.bandwidth),
         row.measured_s,
         fit=row.fit and row.stack == "tunelab",
+        fixed_s=work.calls * call_s,
     )
     masked = 0.0
     if job.hf is not None and job.hf.masked_kernel:
@@ -226,7 +236,7 @@ def stack_ratios(observed: list[Observed], fits: dict[str, fit.DeviceFit]) -> di
     for x in observed:
         if x.row.stack != "tunelab" and x.masked_pairs > 0 and not x.moe:
             o, c = x.observation, fits[x.observation.device].included.constants
-            excess = o.measured_s - fit.predict_s(c, o.coefficients)
+            excess = o.measured_s - fit.predict_s(c, o.coefficients, o.fixed_s)
             per_pair = excess * achieved_bandwidth(x, c) / x.masked_pairs
             ratios[x.row.stack][x.row.label + x.row.device] = (x.row.device, x.row.kind, per_pair)
     return ratios
@@ -272,12 +282,13 @@ def accuracy(observed: list[Observed], fits: dict[str, fit.DeviceFit], ratios: d
         o, device = x.observation, x.row.device
         predicted = []
         for c, left_out in ((fits[device].included.constants, False), (fits[device].left_out.constants, True)):
-            pred = fit.predict_s(c, o.coefficients)
+            pred = fit.predict_s(c, o.coefficients, o.fixed_s)
             if x.masked_pairs:
                 per_pair = kind_pair_bytes(ratios[x.row.stack], x.row.kind, device if left_out else "")
                 pred += x.masked_pairs * per_pair / achieved_bandwidth(x, c)
             predicted.append(pred)
         part = np.array(o.coefficients) * fit.to_x(fits[device].included.constants)
+        part[PARTS.index("fixed")] += o.fixed_s
         out.append(Accuracy(x, predicted[0], predicted[1], dict(zip(PARTS, part.round(5).tolist()))))
     return out
 

@@ -21,8 +21,15 @@ step_s = matmul_s + attention_s + memory_s + fixed_s, each a pure function of th
   reading every expert's weights. The router's softmax and top-k and the token permutation (gathering top_k
   copies of each token's hidden state, scattering the weighted outputs back) are memory-bound work of their own
   (routing_bytes_per_token).
+- Mixture-of-Experts on a CPU (Shape.expert_calls): no grouped kernel runs there, so each expert reached runs
+  each projection as a product of its own, one after another (model/moe.Segments): the experts' time is the sum
+  of their products, whatever the split of the tokens (the imbalance does not price it: expert_rows), and every
+  such product costs `call_s` beyond its FLOPs (expert_product_calls; the device's product-call probe,
+  probe.product_call_s). LoRA on the experts runs over zero-padded tiles (Shape.expert_tiles): its products over
+  the padded rows, and the tiles' index copies, fills and factor gathers as memory-bound work (tile_bytes).
 The four constants (Constants) are the only fitted figures: per device from measured rows (plan/fit.py,
-catalog/fitted.yaml), carried over from the other measured devices of the same kind where a device has none.
+catalog/fitted.yaml), carried over from the other measured devices of the same kind where a device has none;
+`call_s` is measured by a probe (catalog/calls.yaml per CPU class, or a row's own probe), never fitted.
 """
 
 from __future__ import annotations
@@ -72,6 +79,10 @@ class Shape:
     # The most loaded expert's tokens over the mean expert's (an MoE model's routing; 1: uniform, the assumption
     # unless a config's moe.imbalance or a measurement says otherwise).
     imbalance: float = 1.0
+    # The experts run as one product per expert reached, one after another (a CPU: no grouped kernel), and LoRA on
+    # them over zero-padded tiles (tunelab's CPU path, model/moe.Segments); False: one grouped kernel per projection.
+    expert_calls: bool = False
+    expert_tiles: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,7 @@ class Work:
     attention_flops: float
     memory_bytes: float  # element-wise, loss, dequantization, optimizer
     launches: float
+    calls: float = 0.0  # per-expert product calls (expert_product_calls): call_s each, a probe's, not fitted
 
     def coefficients(self, peak_flops: float, bandwidth_bps: float) -> tuple[float, float, float, float]:
         """Seconds per unit of 1/matmul, 1/attention, 1/bandwidth and launch_s: step_s is their dot product with
@@ -143,12 +155,15 @@ def gemm_shapes(
     loss_tokens: float,
     chunk: int,
     imbalance: float = 1.0,
+    expert_calls: bool = False,
+    expert_tiles: bool = False,
 ) -> list[tuple[int, int, int, int]]:
     """(m, k, n, count) of every GEMM in one micro-batch's forward and backward (flops.py counts the same
     products per token). A weight's forward is m x d_in x d_out; its input gradient m x d_out x d_in; a trained
     weight adds its weight gradient d_in x m x d_out. LoRA's A (d_in x r) and B (r x d_out) are trained:
     three products each. Gradient checkpointing runs the block forwards twice. A routed expert's m is its
-    tokens (expert_rows). The head runs over the
+    tokens (expert_rows; on a CPU, `expert_calls`, every expert at its uniform share: their products run one after
+    another, so their sum sets the time), LoRA's over the padded tiles with `expert_tiles`. The head runs over the
     `loss_tokens` positions with a target only (train/loss.py gathers them first); a trained head's backward
     recomputes its logits and makes its weight gradient over all rows, one vocabulary slice at a time (as many
     slices as the forward has chunks of `chunk` rows)."""
@@ -157,19 +172,21 @@ def gemm_shapes(
     full = method.trains_base
     for mod in arch.modules():
         d_in, d_out, n = mod.d_in, mod.d_out, mod.count
-        m = expert_rows(tokens, mod.share, imbalance)
+        routed = mod.share < 1
+        m = expert_rows(tokens, mod.share, 1.0 if expert_calls else imbalance)
         shapes.append((m, d_in, d_out, n * fwd))
         shapes.append((m, d_out, d_in, n))
         if full:
             shapes.append((d_in, m, d_out, n))
         elif mod.name in targets:
+            t = m + tile_padding(arch, tokens) if routed and expert_tiles else m
             shapes += [
-                (m, d_in, r, n * fwd),
-                (m, r, d_out, n * fwd),
-                (r, m, d_out, n),  # B's weight gradient
-                (m, d_out, r, n),  # input gradient through B
-                (d_in, m, r, n),  # A's weight gradient
-                (m, r, d_in, n),  # input gradient through A
+                (t, d_in, r, n * fwd),
+                (t, r, d_out, n * fwd),
+                (r, t, d_out, n),  # B's weight gradient
+                (t, d_out, r, n),  # input gradient through B
+                (d_in, t, r, n),  # A's weight gradient
+                (t, r, d_in, n),  # input gradient through A
             ]
     rows = max(1, round(loss_tokens))
     head = [(rows, arch.hidden, arch.vocab, 1), (rows, arch.vocab, arch.hidden, 1)]
@@ -187,6 +204,65 @@ def expert_rows(tokens: int, share: float, imbalance: float) -> int:
     if share >= 1:
         return tokens
     return max(1, min(tokens, round(tokens * share * imbalance)))
+
+
+def experts_hit(experts: int, top_k: int, tokens: float) -> float:
+    """Experts that a micro-batch of `tokens` reaches at least once under uniform routing: a token passes an
+    expert by with probability 1 - top_k / experts, so E (1 - (1 - k/E)^T)."""
+    return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
+
+
+def expert_product_calls(arch: Arch, method: Method, grad_ckpt: bool, tokens: float) -> float:
+    """Products one micro-batch runs where the experts run one product per expert (a CPU: model/moe.Segments; torch's
+    CPU _grouped_mm is the same loop): every expert reached runs each stacked projection once per forward (twice
+    under checkpointing), once for its input gradient and, when the base trains, once for its weight gradient.
+    Each pays the device's call cost beyond its FLOPs (probe.product_call_s): 20-40 µs a bf16 product on a 2-core
+    EPYC, where a 128 x 256 x 512 product's arithmetic is 80 µs."""
+    m = arch.moe
+    if m is None or not arch.sparse_layers:
+        return 0.0
+    projections = sum(1 for mod in arch.modules() if mod.group == "expert")  # kinds: gate_up and down
+    passes = (2 if grad_ckpt else 1) + 1 + (1 if method.trains_base else 0)
+    return arch.sparse_layers * experts_hit(m.experts, m.top_k, tokens) * projections * passes
+
+
+def expert_tile(arch: Arch, tokens: float) -> int:
+    """Rows of a tile of LoRA's batched expert products (model/moe.Segments.tile): half the mean expert load,
+    rounded up to a multiple of 16, between 16 and 256."""
+    m = arch.moe
+    half_mean = math.ceil(tokens * m.top_k / (2 * m.experts))
+    return min(256, max(16, math.ceil(half_mean / 16) * 16))
+
+
+def tile_padding(arch: Arch, tokens: float) -> float:
+    """Zero rows per expert that LoRA's tiles carry: each expert reached pads its rows up to a whole tile, half a
+    tile on average, spread over the experts here as the mean expert's share."""
+    m = arch.moe
+    hit = experts_hit(m.experts, m.top_k, tokens)
+    return hit * expert_tile(arch, tokens) / 2 / m.experts
+
+
+def tile_bytes(arch: Arch, targets: tuple[str, ...], r: int, tokens: float, compute_bytes: int) -> float:
+    """Bytes one micro-batch's LoRA tiles move beyond their products (model/moe.Segments.lora and lora_backward),
+    per adapted expert projection (d_in -> d_out) of each sparse layer, over its S = tokens x top_k sorted rows:
+    forward, x copied into the tiles (read and write S d_in) and the output gathered back (S d_out, twice);
+    backward, dy into tiles (2 S d_out), the input gradient's low-rank part gathered back (2 S d_in) and added
+    into dx (read dx and it, write dx: 3 S d_in); the padding rows zero-filled (P (d_in + d_out)); each tile's A
+    and B gathered, forward and backward, and dA and dB summed per expert (3 r (d_in + d_out) per tile)."""
+    m = arch.moe
+    if m is None:
+        return 0.0
+    rows = tokens * m.top_k
+    padding = tile_padding(arch, tokens) * m.experts
+    tiles = (rows + padding) / expert_tile(arch, tokens)
+    total = 0.0
+    for mod in arch.modules():
+        if mod.group != "expert" or mod.name not in targets:
+            continue
+        d_in, d_out = mod.d_in, mod.d_out
+        per_layer = rows * (7 * d_in + 4 * d_out) + padding * (d_in + d_out) + tiles * 3 * r * (d_in + d_out)
+        total += arch.sparse_layers * per_layer
+    return total * compute_bytes
 
 
 def head_chunks(loss_tokens: float, chunk: int) -> int:
@@ -361,7 +437,17 @@ def work(
     """One optimizer step's work on a device whose ridge (peak FLOP/s over bytes/s) is `ridge`."""
     mb, cb = shape.micro_batches, shape.compute_bytes
     gemms = gemm_shapes(
-        arch, method, targets, r, shape.tokens, grad_ckpt, shape.loss_tokens, shape.loss_chunk, shape.imbalance
+        arch,
+        method,
+        targets,
+        r,
+        shape.tokens,
+        grad_ckpt,
+        shape.loss_tokens,
+        shape.loss_chunk,
+        shape.imbalance,
+        shape.expert_calls,
+        shape.expert_tiles,
     )
     gemm_f, gemm_b = split_gemms(gemms, cb, ridge)
     fwd_passes = 4.0 if grad_ckpt else 3.0  # forward + backward (2x), + the recomputed forward
@@ -371,6 +457,8 @@ def work(
     per_token = elements * (4 if method.trains_base else cb) + routing_bytes_per_token(arch, cb) * fwd_passes
     loss = loss_bytes_per_token(arch, cb, shape.whole_logits) * shape.loss_tokens
     per_micro_batch = per_token * shape.tokens + loss
+    if shape.expert_tiles and not method.trains_base:
+        per_micro_batch += tile_bytes(arch, targets, r, shape.tokens, cb)
     if shape.scored_keys_per_token:
         fwd, bwd = eager_score_bytes_per_pair() if shape.eager_attention else score_bytes_per_pair(shape.compiled)
         pairs = shape.scored_keys_per_token * shape.tokens * arch.heads * arch.layers
@@ -385,21 +473,24 @@ def work(
     attention = attention_flops(arch, shape.tokens, shape.keys_per_token, grad_ckpt) * mb
     # Eager attention's products are batched GEMMs: they run at the GEMMs' rate, not a fused kernel's.
     gemm_f, attention = (gemm_f * mb + attention, 0.0) if shape.eager_attention else (gemm_f * mb, attention)
+    calls = expert_product_calls(arch, method, grad_ckpt, shape.tokens) * mb if shape.expert_calls else 0.0
     return Work(
         matmul_flops=gemm_f,
         matmul_bytes=gemm_b * mb,
         attention_flops=attention,
         memory_bytes=memory,
         launches=launches,
+        calls=calls,
     )
 
 
-def breakdown(w: Work, peak_flops: float, bandwidth_bps: float, c: Constants) -> Breakdown:
-    """The step's seconds by part (module docstring); memory-bound GEMMs count under matmul, at the bandwidth."""
+def breakdown(w: Work, peak_flops: float, bandwidth_bps: float, c: Constants, call_s: float = 0.0) -> Breakdown:
+    """The step's seconds by part (module docstring); memory-bound GEMMs count under matmul, at the bandwidth; the
+    per-expert product calls under fixed, at the device's measured `call_s`."""
     bw = bandwidth_bps * c.bandwidth
     return Breakdown(
         matmul_s=w.matmul_flops / (peak_flops * c.matmul) + w.matmul_bytes / bw,
         attention_s=w.attention_flops / (peak_flops * c.attention),
         memory_s=w.memory_bytes / bw,
-        fixed_s=w.launches * c.launch_s,
+        fixed_s=w.launches * c.launch_s + w.calls * call_s,
     )

@@ -32,6 +32,7 @@ class Batching:
     data_parallel: int = 1
     seed: int = 42
     group: int = 1
+    products_len: int = 256  # the longest slot the run computes as explicit products (runtime.slot_max_len)
 
     @property
     def micro_batches_per_step(self) -> int:
@@ -145,7 +146,7 @@ def epoch_counts(lengths: Lengths, b: Batching) -> EpochCounts:
     sequences = min(n, per_row * b.batch.micro_batch) if b.batch.packing else 0
     counts = _with_slots(counts, sequences, math.ceil(L), b)
     batches = [(sequences, math.ceil(L), min(b.batch.micro_batch, rows), width)] * counts.micro_batches
-    return replace(counts, **slot_pairs(batches, sequences, b.batch.packing))
+    return replace(counts, **slot_pairs(batches, sequences, b.batch.packing, b.products_len))
 
 
 def _with_slots(counts: EpochCounts, sequences: int, longest: int, b: Batching) -> EpochCounts:
@@ -158,19 +159,20 @@ def _with_slots(counts: EpochCounts, sequences: int, longest: int, b: Batching) 
     return replace(counts, slots=sequences, slot_len=slot_length(longest))
 
 
-def slot_pairs(batches: list[tuple[int, int, int, int]], run_slots: int, packing: bool) -> dict[str, int]:
+def slot_pairs(
+    batches: list[tuple[int, int, int, int]], run_slots: int, packing: bool, products_len: int
+) -> dict[str, int]:
     """The pairs the slot path computes over (sequences, longest, rows, width) micro-batches, as
-    EpochCounts' slot_pairs, masked_pairs and scored_pairs; none when unpacked (padded rows attend over their
-    width, which plan counts apart)."""
+    EpochCounts' slot_pairs, masked_pairs and scored_pairs (slots up to `products_len` long); none when unpacked
+    (padded rows attend over their width, which plan counts apart)."""
     from ..data.packing import slot_length, slots_pay
-    from ..runtime import MATH_MAX_LEN
 
     pairs = {"slot_pairs": 0, "masked_pairs": 0, "scored_pairs": 0}
     for sequences, longest, rows, width in batches if packing else []:
         if slots_pay(sequences, longest, rows, width):
             length = slot_length(longest)
             pairs["slot_pairs"] += run_slots * length**2
-            pairs["scored_pairs"] += run_slots * length**2 if length <= MATH_MAX_LEN else 0
+            pairs["scored_pairs"] += run_slots * length**2 if length <= products_len else 0
         else:
             pairs["masked_pairs"] += rows * width**2
     return pairs
@@ -204,7 +206,7 @@ def _counted(lengths: Lengths, b: Batching) -> EpochCounts:
     paying = [longest for count, longest, n, width in shapes if slots_pay(count, longest, n, width)]
     if b.batch.packing and paying:
         counts = replace(counts, slots=sequences, slot_len=slot_length(max(paying)))
-    return replace(counts, **slot_pairs(shapes, sequences, b.batch.packing))
+    return replace(counts, **slot_pairs(shapes, sequences, b.batch.packing, b.products_len))
 
 
 def build(lengths: Lengths, b: Batching, epochs: float, max_steps: int | None = None) -> Workload:

@@ -68,10 +68,11 @@ def eval_file_lengths(cfg: cfgmod.TrainConfig, tokenizer_ref: str | None) -> wor
 def local_device(precision: str, peak_flops: float | None = None, bandwidth_bps: float | None = None) -> Device:
     """The present machine: its peak from a calibration record, else a short matmul probe (or `peak_flops`,
     given, with no probe). A CPU's memory bandwidth likewise: the record's, else a copy probe (or
-    `bandwidth_bps`; with `peak_flops` given and no bandwidth, its class's catalog figure, no probe)."""
+    `bandwidth_bps`; with `peak_flops` given and no bandwidth, its class's catalog figure, no probe), and its
+    product-call cost (an MoE model's per-expert products) from the product-call probe where the copy probe runs."""
     from ..device import cpu_class, device_memory_bytes, device_name, pick_device, pick_precision
     from ..plan.calibration import device_key, load_calibration
-    from ..probe import copy_bandwidth, matmul_peak
+    from ..probe import copy_bandwidth, matmul_peak, product_call_s
 
     dev = pick_device("auto")
     prec = pick_precision(precision, dev)
@@ -90,10 +91,11 @@ def local_device(precision: str, peak_flops: float | None = None, bandwidth_bps:
     else:
         peak, n = matmul_peak(prec.compute, dev)
         source = f"measured now: {n}^3 {prec.name} matmul probe"
-    bandwidth = bandwidth_bps or 0.0
+    bandwidth, call_s = bandwidth_bps or 0.0, 0.0
     if dev.type == "cpu" and not bandwidth and peak_flops is None:
         calibrated = record is not None and record.peak_flops and record.bandwidth_bps
         bandwidth = record.bandwidth_bps if calibrated else copy_bandwidth(dev)
+        call_s = product_call_s(prec.compute, dev)
     cls = catalog.local_class(dev.type, prec.name, cpu_class() if dev.type == "cpu" else "")
     overhead = catalog.runtime_overhead("cuda" if dev.type == "cuda" else "cpu")
     if record is not None and record.runtime_overhead_bytes is not None:
@@ -110,7 +112,7 @@ def local_device(precision: str, peak_flops: float | None = None, bandwidth_bps:
         peak_source=source,
         catalog_id=row.id if row else "",
     )
-    return Device(gpu, overhead, record)
+    return Device(gpu, overhead, record, call_s)
 
 
 def local_prediction(

@@ -128,7 +128,7 @@ def test_a_cpu_suite_fits_its_class_with_each_rows_probe_and_its_peer_as_the_hf_
     rows = [
         record("lora", "tunelab", "bf16", 1.5e12, 1.0),
         record("peer hf-trainer-tuned", "hf-trainer-tuned", "bf16", None, 2.0, against="lora"),
-        record("lora-fp32", "tunelab", "fp32", 0.3e12, 3.0, device_bandwidth_bps=2e10),
+        record("lora-fp32", "tunelab", "fp32", 0.3e12, 3.0, device_bandwidth_bps=2e10, device_call_s=7e-5),
     ]
     device = {"name": "Some CPU (2 threads)", "type": "cpu", "cpu_class": "avx512-bf16", "isa_cap": None}
     doc = {"date": "2026-12-01", "suite": "cpu-steps", "device": device, "definition": {"data": data}, "records": rows}
@@ -148,6 +148,8 @@ def test_a_cpu_suite_fits_its_class_with_each_rows_probe_and_its_peer_as_the_hf_
     assert peer["peak"] == 1.5e12 and peer["device"] == "cpu-avx512-bf16" and not peer["packing"]
     assert peer["bandwidth"] == 1.5e10 and found["cpu-steps lora-fp32"]["bandwidth"] == 2e10
     assert found["cpu-steps lora-fp32"]["compute_bytes"] == 4 and found["cpu-steps lora"]["loss_fraction"] == 0.5
+    # the product-call probe a row ran with (0 without one: the class's catalog figure)
+    assert found["cpu-steps lora-fp32"]["call_s"] == 7e-5 and found["cpu-steps lora"]["call_s"] == 0.0
     # The slot path's squares: more keys per token than the documents' causal pairs.
     assert found["cpu-steps lora"]["keys_per_token"] > 60
 
@@ -255,7 +257,8 @@ def test_bench_fit_refits_grpos_constants_from_its_runs_and_writes_them_beside_t
 
 def test_moe_rows_are_predicted_with_their_imbalance_and_stay_out_of_the_peer_stacks_bytes(tmp_path):
     """`bench fit` takes an MoE row like any other (its model a folder with a config.json, as plan reads one): each
-    row is predicted and its error reported, the routers' measured imbalance pricing its experts slower, a row
+    row is predicted and its error reported, the routers' measured imbalance pricing a GPU's experts slower (not
+    a CPU's, whose experts run one product after another: their sum sets the time), a row
     that adapted the attention only (`targets`) priced without the experts' LoRA; an HF stack's MoE row does not
     set that stack's masked-kernel bytes (its excess holds the experts' dispatch too)."""
     import transformers as tf
@@ -274,6 +277,9 @@ def test_moe_rows_are_predicted_with_their_imbalance_and_stay_out_of_the_peer_st
     rows = [
         {**base, "label": "uniform"},
         {**base, "label": "skewed", "imbalance": 4.0},
+        {**base, "label": "gpu", "device": "h100-sxm", "kind": "cuda", "peak": 9.9e14, "bandwidth": 3.35e12},
+        {**base, "label": "gpu skewed", "device": "h100-sxm", "kind": "cuda", "peak": 9.9e14, "bandwidth": 3.35e12}
+        | {"imbalance": 4.0},
         {**base, "label": "attention only", "targets": "attn"},
         {**base, "label": "hf", "stack": "hf-peft", "lengths": "span:40-128"},
     ]
@@ -282,10 +288,11 @@ def test_moe_rows_are_predicted_with_their_imbalance_and_stay_out_of_the_peer_st
     (folder / "moe.yaml").write_text(yaml.safe_dump({"date": "2026-12-07", "rows": rows}))
     result = fitting.run(folder)
     found = {r["label"]: r for r in result.rows()}
-    assert set(found) == {"uniform", "skewed", "attention only", "hf"}
+    assert set(found) == {"uniform", "skewed", "gpu", "gpu skewed", "attention only", "hf"}
     for r in found.values():
         assert r["error_in"] == pytest.approx(r["predicted_s_in"] / 0.2 - 1)
-    assert found["skewed"]["predicted_s_in"] > found["uniform"]["predicted_s_in"]
+    assert found["gpu skewed"]["predicted_s_in"] > found["gpu"]["predicted_s_in"]
+    assert found["skewed"]["predicted_s_in"] == pytest.approx(found["uniform"]["predicted_s_in"])
     assert found["attention only"]["predicted_s_in"] < found["uniform"]["predicted_s_in"]
     stacks = result.catalog()["stacks"]["hf-peft"]
     assert stacks["rows"] == [] and stacks["masked_pair_bytes"]["cpu"] == 0.0

@@ -302,13 +302,16 @@ def test_a_cpu_point_is_probed_again_and_the_cached_probe_stays_for_other_caller
     figures = iter(float(x) for x in range(1, 100))
     monkeypatch.setattr(probe, "measure_matmul_peak", lambda dtype, device: (next(figures) * 1e12, 256))
     monkeypatch.setattr(probe, "measure_copy_bandwidth", lambda device: next(figures) * 1e9)
+    monkeypatch.setattr(probe, "measure_product_call_s", lambda dtype, device: next(figures) * 1e-6)
     monkeypatch.setattr(probe, "_cache", {})
     monkeypatch.setattr(probe, "_copy_cache", {})
+    monkeypatch.setattr(probe, "_call_cache", {})
     summary = {"device": "cpu", "device_memory_bytes": 1 << 30, "precision": "fp32"}
     peaks = {}
     first = points.point_peak(peaks, "cpu", summary, None)
     second = points.point_peak(peaks, "cpu", summary, None)
     assert second.flops > first.flops and second.bandwidth > first.bandwidth > 0  # probed again, not read back
+    assert second.call_s > first.call_s > 0  # the product-call probe with them (bench's device_call_s)
     assert "probe" in second.source and second.probes["fp32"] == second.flops
     assert probe.matmul_peak(torch.float32, torch.device("cpu")) == (second.flops, 256)  # the newest stays cached
     assert probe.copy_bandwidth(torch.device("cpu")) == second.bandwidth

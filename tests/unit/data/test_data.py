@@ -272,10 +272,15 @@ def test_packed_loss_equals_one_by_one(tokenizer, tmp_path):
     assert leaky != pytest.approx(sum(singles), rel=1e-3)
 
 
-def test_packed_slot_attention_matches_one_by_one(tokenizer, tmp_path, monkeypatch):
-    """tunelab's per-sequence-slot SDPA (model/attention.py) gives the same losses and gradients as
-    running each sequence alone."""
+@pytest.mark.parametrize("kernel", ["products", "sdpa"])
+def test_packed_slot_attention_matches_one_by_one(tokenizer, tmp_path, monkeypatch, kernel):
+    """tunelab's per-sequence-slot attention (model/attention.py), with its slots as explicit products or through
+    SDPA (runtime.SLOT_MAX_LEN decides by length), gives the same losses and gradients as running each sequence
+    alone."""
+    from tunelab import runtime
     from tunelab.model import attention
+
+    monkeypatch.setitem(runtime.SLOT_MAX_LEN, (False, False), 128 if kernel == "products" else 0)
 
     # The slot path, not the block-diagonal-mask fallback (which would also match), must be the one tested.
     gathers, products = [], []
@@ -311,7 +316,7 @@ def test_packed_slot_attention_matches_one_by_one(tokenizer, tmp_path, monkeypat
 
     packed_loss, packed_grad = run(packed)
     assert len(gathers) == 4 * model.config.num_hidden_layers  # q, k, v into slots and the output back
-    assert len(products) == model.config.num_hidden_layers
+    assert len(products) == (model.config.num_hidden_layers if kernel == "products" else 0)
     singles = [run(collate(data, [[i]], 128, tokenizer.pad_token_id, packing=False)) for i in range(4)]
     assert packed_loss == pytest.approx(sum(l for l, _ in singles), rel=1e-5)
     # fp32 sums in a different order: gradients of magnitude ~30 agree to ~1e-4 absolute

@@ -109,3 +109,46 @@ def test_rows_attention_is_sdpas_causal_attention_over_whole_rows_and_sdpa_under
     with attention.with_padding_masks(models[0]):
         assert models[0].config._attn_implementation == "sdpa"
     assert models[0].config._attn_implementation == name
+
+
+def test_slots_run_as_products_up_to_the_measured_length_of_their_block_and_precision(monkeypatch):
+    """runtime.SLOT_MAX_LEN: a compiled block runs longer slots as explicit products than an eager one, and 16-bit
+    products longer ones than fp32, where SDPA's flash kernel was faster beyond (the crossover record); the choice is
+    made while dynamo traces the block, so it is part of the compiled graph. plan prices the same lengths."""
+    from types import SimpleNamespace
+
+    from tunelab.model import attention
+    from tunelab.runtime import SLOT_MAX_LEN, slot_max_len
+
+    module = SimpleNamespace(training=True, is_causal=True)
+    sdpa_calls = []
+    real_sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(
+        torch.nn.functional, "scaled_dot_product_attention", lambda *a, **k: sdpa_calls.append(1) or real_sdpa(*a, **k)
+    )
+
+    def runs_sdpa(length: int, dtype, compiled: bool) -> bool:
+        q, k, v = (torch.randn(2, 2, length, 8, dtype=dtype) for _ in range(3))
+        fn = lambda q, k, v: attention.rows_attention(module, q, k, v, None)[0]  # noqa: E731
+        sdpa_calls.clear()
+        if not compiled:
+            fn(q, k, v)
+            return bool(sdpa_calls)
+        graphs = []
+
+        def backend(gm, example_inputs):  # what dynamo traced: SDPA's call or the products
+            graphs.append(any("scaled_dot_product" in str(node.target) for node in gm.graph.nodes))
+            return gm.forward
+
+        torch._dynamo.reset()
+        torch.compile(fn, backend=backend)(q, k, v)
+        return any(graphs) or bool(sdpa_calls)
+
+    try:
+        for (compiled, half), longest in SLOT_MAX_LEN.items():
+            dtype = torch.bfloat16 if half else torch.float32
+            assert slot_max_len(compiled, half) == longest
+            assert not runs_sdpa(longest, dtype, compiled), (compiled, half, longest)
+            assert runs_sdpa(longest + 16, dtype, compiled), (compiled, half, longest + 16)
+    finally:
+        torch._dynamo.reset()

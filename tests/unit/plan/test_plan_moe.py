@@ -263,7 +263,9 @@ def test_a_config_whose_top_k_exceeds_its_experts_is_one_line_in_plan(tmp_path, 
 
 
 def test_bench_fit_prices_an_moe_row_with_its_measured_imbalance():
-    """A measured MoE row (bench fit's rows) is observed like any other; its imbalance raises the matmul part."""
+    """A measured MoE row (bench fit's rows) is observed like any other; on a GPU its imbalance raises the matmul
+    part; on a CPU, whose experts run one product after another, it does not, and each product's call is priced at
+    the row's product-call probe (`call_s`; the class's catalog figure without one)."""
     row = dict(
         device="cpu-avx512-bf16", kind="cpu", label="moe", source="test", model="random:olmoe-1b-7b-0924",
         method="lora", micro_batch=2, seq_len=256, compiled=False, grad_ckpt=False, measured_s=1.0, peak=2e12,
@@ -271,9 +273,17 @@ def test_bench_fit_prices_an_moe_row_with_its_measured_imbalance():
     )  # fmt: skip
     arch = random_arch("random:olmoe-1b-7b-0924")
     lengths = np.full(50, 200)
-    even, skewed = (fit_rows.observe(fit_rows.Row(**row, imbalance=f), arch, lengths) for f in (1.0, 2.0))
+    gpu = {**row, "device": "h100-sxm", "kind": "cuda"}
+    even, skewed = (fit_rows.observe(fit_rows.Row(**gpu, imbalance=f), arch, lengths) for f in (1.0, 2.0))
     assert skewed.observation.coefficients[0] + skewed.observation.coefficients[2] > (
         even.observation.coefficients[0] + even.observation.coefficients[2]
+    )
+    assert even.observation.fixed_s == 0  # a GPU's experts: one grouped kernel, no per-expert calls
+    even, skewed = (fit_rows.observe(fit_rows.Row(**row, imbalance=f), arch, lengths) for f in (1.0, 2.0))
+    assert skewed.observation.coefficients == even.observation.coefficients
+    probed = fit_rows.observe(fit_rows.Row(**row, call_s=1e-4), arch, lengths).observation.fixed_s
+    assert probed > 0 and even.observation.fixed_s == pytest.approx(
+        probed * catalog.product_call_s("cpu-avx512-bf16", "cpu")[0] / 1e-4
     )
     assert fit_rows.check_row(fit_rows.Row(**row, imbalance=0.5)).startswith("imbalance must be at least 1")
 

@@ -195,6 +195,9 @@ def test_the_cpu_slot_path_counts_each_slots_whole_square_and_its_written_scores
     for w in (assumed, counted):
         assert (w.epoch.micro_batches, w.epoch.slots, w.epoch.slot_len) == (2, 12, 16)
         assert w.epoch.slot_pairs == w.epoch.scored_pairs == 2 * 12 * 16**2 and w.epoch.masked_pairs == 0
+    # Slots longer than the run computes as products (runtime.slot_max_len) run SDPA: no scores written.
+    flash = workload.build(workload.Lengths(24, 10.0, 5.0, "test", np.full(24, 10)), replace(b, products_len=8), 1.0)
+    assert (flash.epoch.slot_pairs, flash.epoch.scored_pairs) == (2 * 12 * 16**2, 0)
     # The slot path is the CPU's; a GPU's kernels skip the other documents and the causal half.
     from tunelab.plan.estimate import attention_work
 
