@@ -9,25 +9,14 @@ Prints one JSON line per (head width, length): both times and slots' time over f
 
 import argparse
 import json
-import time
 
 import torch
+from prepack_matmul import median_ms  # this folder's script: the median of n calls after one
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tunelab.model.attention import _SlotAttention
 
 TOKENS = 4096  # --tokens
-
-
-def per_call_ms(fn, n: int) -> float:
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2] * 1e3
 
 
 def main() -> None:
@@ -80,8 +69,8 @@ def main() -> None:
                     "dim": dim,
                     "length": length,
                 }
-                row["flash_ms"] = round(per_call_ms(flash, args.calls), 2)
-                row["slots_ms"] = round(per_call_ms(products, args.calls), 2)
+                row["flash_ms"] = round(median_ms(flash, args.calls), 2)
+                row["slots_ms"] = round(median_ms(products, args.calls), 2)
                 row["slots_over_flash"] = round(row["slots_ms"] / row["flash_ms"], 3)
                 print(json.dumps(row), flush=True)
 
