@@ -101,7 +101,16 @@ def check_row(row: Row) -> str | None:
         return f"imbalance must be at least 1 (the most loaded expert over the mean one), got {row.imbalance!r}"
     if not row.call_s >= 0:
         return f"call_s must be 0 (the class's catalog figure) or a probe's seconds, got {row.call_s!r}"
-    for name in ("micro_batch", "seq_len", "r", "compute_bytes", "measured_s", "peak", "bandwidth"):
+    for name in (
+        "micro_batch",
+        "seq_len",
+        "r",
+        "compute_bytes",
+        "measured_s",
+        "peak",
+        "bandwidth",
+        "slot_products_len",
+    ):
         if not getattr(row, name) > 0:
             return f"{name} must be positive, got {getattr(row, name)!r}"
     try:

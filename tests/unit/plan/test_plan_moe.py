@@ -286,6 +286,7 @@ def test_bench_fit_prices_an_moe_row_with_its_measured_imbalance():
         probed * catalog.product_call_s("cpu-avx512-bf16", "cpu")[0] / 1e-4
     )
     assert fit_rows.check_row(fit_rows.Row(**row, imbalance=0.5)).startswith("imbalance must be at least 1")
+    assert fit_rows.check_row(fit_rows.Row(**row, slot_products_len=0)).startswith("slot_products_len")
 
 
 def test_random_moe_rows_build_their_family_config():
