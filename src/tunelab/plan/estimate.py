@@ -334,8 +334,7 @@ def step_shape(
         # tunelab's CPU experts path (model/moe.Segments: one oneDNN product per expert, LoRA over tiles), what the
         # product-call probe measures; the HF stack's experts (torch's _grouped_mm on a CPU, PEFT's
         # parametrization) keep the grouped pricing
-        expert_calls=cpu and hf is None,
-        expert_tiles=cpu and hf is None,
+        expert_segments=cpu and hf is None,
     )
 
 

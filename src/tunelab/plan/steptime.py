@@ -21,11 +21,11 @@ step_s = matmul_s + attention_s + memory_s + fixed_s, each a pure function of th
   reading every expert's weights. The router's softmax and top-k and the token permutation (gathering top_k
   copies of each token's hidden state, scattering the weighted outputs back) are memory-bound work of their own
   (routing_bytes_per_token).
-- Mixture-of-Experts on a CPU (Shape.expert_calls): no grouped kernel runs there, so each expert reached runs
+- Mixture-of-Experts on a CPU (Shape.expert_segments): no grouped kernel runs there, so each expert reached runs
   each projection as a product of its own, one after another (model/moe.Segments): the experts' time is the sum
   of their products, whatever the split of the tokens (the imbalance does not price it: expert_rows), and every
   such product costs `call_s` beyond its FLOPs (expert_product_calls; the device's product-call probe,
-  probe.product_call_s). LoRA on the experts runs over zero-padded tiles (Shape.expert_tiles): its products over
+  probe.product_call_s). LoRA on the experts runs over zero-padded tiles: its products over
   the padded rows, and the tiles' index copies, fills and factor gathers as memory-bound work (tile_bytes).
 The four constants (Constants) are the only fitted figures: per device from measured rows (plan/fit.py,
 catalog/fitted.yaml), carried over from the other measured devices of the same kind where a device has none;
@@ -79,10 +79,9 @@ class Shape:
     # The most loaded expert's tokens over the mean expert's (an MoE model's routing; 1: uniform, the assumption
     # unless a config's moe.imbalance or a measurement says otherwise).
     imbalance: float = 1.0
-    # The experts run as one product per expert reached, one after another (a CPU: no grouped kernel), and LoRA on
-    # them over zero-padded tiles (tunelab's CPU path, model/moe.Segments); False: one grouped kernel per projection.
-    expert_calls: bool = False
-    expert_tiles: bool = False
+    # tunelab's CPU experts path (model/moe.Segments): one product per expert reached, one after another (no grouped
+    # kernel), and LoRA on them over zero-padded tiles; False: one grouped kernel per projection.
+    expert_segments: bool = False
 
 
 @dataclass(frozen=True)
@@ -155,15 +154,14 @@ def gemm_shapes(
     loss_tokens: float,
     chunk: int,
     imbalance: float = 1.0,
-    expert_calls: bool = False,
-    expert_tiles: bool = False,
+    expert_segments: bool = False,
 ) -> list[tuple[int, int, int, int]]:
     """(m, k, n, count) of every GEMM in one micro-batch's forward and backward (flops.py counts the same
     products per token). A weight's forward is m x d_in x d_out; its input gradient m x d_out x d_in; a trained
     weight adds its weight gradient d_in x m x d_out. LoRA's A (d_in x r) and B (r x d_out) are trained:
     three products each. Gradient checkpointing runs the block forwards twice. A routed expert's m is its
-    tokens (expert_rows; on a CPU, `expert_calls`, every expert at its uniform share: their products run one after
-    another, so their sum sets the time), LoRA's over the padded tiles with `expert_tiles`. The head runs over the
+    tokens (expert_rows; on tunelab's CPU path, `expert_segments`, every expert at its uniform share: their products
+    run one after another, so their sum sets the time; LoRA's over the padded tiles). The head runs over the
     `loss_tokens` positions with a target only (train/loss.py gathers them first); a trained head's backward
     recomputes its logits and makes its weight gradient over all rows, one vocabulary slice at a time (as many
     slices as the forward has chunks of `chunk` rows)."""
@@ -173,13 +171,13 @@ def gemm_shapes(
     for mod in arch.modules():
         d_in, d_out, n = mod.d_in, mod.d_out, mod.count
         routed = mod.share < 1
-        m = expert_rows(tokens, mod.share, 1.0 if expert_calls else imbalance)
+        m = expert_rows(tokens, mod.share, 1.0 if expert_segments else imbalance)
         shapes.append((m, d_in, d_out, n * fwd))
         shapes.append((m, d_out, d_in, n))
         if full:
             shapes.append((d_in, m, d_out, n))
         elif mod.name in targets:
-            t = m + tile_padding(arch, tokens) if routed and expert_tiles else m
+            t = m + tile_padding(arch, tokens) if routed and expert_segments else m
             shapes += [
                 (t, d_in, r, n * fwd),
                 (t, r, d_out, n * fwd),
@@ -446,8 +444,7 @@ def work(
         shape.loss_tokens,
         shape.loss_chunk,
         shape.imbalance,
-        shape.expert_calls,
-        shape.expert_tiles,
+        shape.expert_segments,
     )
     gemm_f, gemm_b = split_gemms(gemms, cb, ridge)
     fwd_passes = 4.0 if grad_ckpt else 3.0  # forward + backward (2x), + the recomputed forward
@@ -457,7 +454,7 @@ def work(
     per_token = elements * (4 if method.trains_base else cb) + routing_bytes_per_token(arch, cb) * fwd_passes
     loss = loss_bytes_per_token(arch, cb, shape.whole_logits) * shape.loss_tokens
     per_micro_batch = per_token * shape.tokens + loss
-    if shape.expert_tiles and not method.trains_base:
+    if shape.expert_segments and not method.trains_base:
         per_micro_batch += tile_bytes(arch, targets, r, shape.tokens, cb)
     if shape.scored_keys_per_token:
         fwd, bwd = eager_score_bytes_per_pair() if shape.eager_attention else score_bytes_per_pair(shape.compiled)
@@ -473,7 +470,7 @@ def work(
     attention = attention_flops(arch, shape.tokens, shape.keys_per_token, grad_ckpt) * mb
     # Eager attention's products are batched GEMMs: they run at the GEMMs' rate, not a fused kernel's.
     gemm_f, attention = (gemm_f * mb + attention, 0.0) if shape.eager_attention else (gemm_f * mb, attention)
-    calls = expert_product_calls(arch, method, grad_ckpt, shape.tokens) * mb if shape.expert_calls else 0.0
+    calls = expert_product_calls(arch, method, grad_ckpt, shape.tokens) * mb if shape.expert_segments else 0.0
     return Work(
         matmul_flops=gemm_f,
         matmul_bytes=gemm_b * mb,

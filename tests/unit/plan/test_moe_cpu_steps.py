@@ -26,7 +26,7 @@ def moe_arch(experts: int, top_k: int, width: int = 256):
 
 
 def step_s(arch, cpu: bool, imbalance: float = 1.0, call_s: float = 3.4e-5, method=LORA, tokens: int = 1024) -> float:
-    shape = Shape(1, tokens, 256.0, False, 2, tokens - 4, imbalance=imbalance, expert_calls=cpu, expert_tiles=cpu)
+    shape = Shape(1, tokens, 256.0, False, 2, tokens - 4, imbalance=imbalance, expert_segments=cpu)
     targets = adapter_targets(arch, "all-linear") if not method.trains_base else ()
     w = steptime.work(arch, method, "none", targets, 16, False, shape, ridge=8.0)
     return steptime.breakdown(w, 400e9, 40e9, C, call_s).total
@@ -50,10 +50,10 @@ def test_each_expert_reached_runs_each_projection_per_pass():
 
 def test_the_calls_are_counted_on_a_cpu_only_and_priced_at_call_s():
     arch = moe_arch(64, 8)
-    shape = Shape(1, 1024, 256.0, False, 2, 1020, expert_calls=True, expert_tiles=True)
+    shape = Shape(1, 1024, 256.0, False, 2, 1020, expert_segments=True)
     targets = adapter_targets(arch, "all-linear")
     cpu = steptime.work(arch, LORA, "none", targets, 16, False, shape, ridge=8.0)
-    gpu = steptime.work(arch, LORA, "none", targets, 16, False, replace(shape, expert_calls=False), ridge=8.0)
+    gpu = steptime.work(arch, LORA, "none", targets, 16, False, replace(shape, expert_segments=False), ridge=8.0)
     assert cpu.calls == pytest.approx(steptime.expert_product_calls(arch, LORA, False, 1024)) and gpu.calls == 0
     without = steptime.breakdown(cpu, 400e9, 40e9, C, 0.0)
     assert steptime.breakdown(cpu, 400e9, 40e9, C, 3e-5).fixed_s - without.fixed_s == pytest.approx(cpu.calls * 3e-5)
