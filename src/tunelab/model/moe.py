@@ -103,7 +103,7 @@ def grouped_mm(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> tor
     return torch._grouped_mm(x, weight.to(x.dtype), offs=offs)
 
 
-TILE_MIN, TILE_MAX = 16, 256  # rows per tile of LoRA's batched products: half the mean expert load, in this range
+TILE_MIN, TILE_MAX = 16, 32  # rows per tile of LoRA's batched products: half the mean expert load, in this range
 
 
 def rounded(n: int) -> int:
@@ -113,48 +113,55 @@ def rounded(n: int) -> int:
 
 
 class Segments:
-    """The sorted rows' per-expert segments, and the products over them where no grouped kernel runs: a dense
-    projection as one matmul per expert's contiguous segment, written in place (no concatenation, and a backward
-    that never materialises a full-size gradient per slice); LoRA's rank-r products as one batched matmul over
-    tiles (each expert's rows cut into tiles of `tile` rows, the last one zero-padded, each tile with its expert's
-    factors): one call instead of E thin ones, which cost more in call overhead than in arithmetic, and padding
-    of less than a tile per expert however skewed the routing."""
+    """The sorted rows' per-expert segments, and the products over them where no grouped kernel runs. The rows live
+    in tiles from dispatch to combine: each expert's rows start a tile of `tile` rows and run on to a whole number
+    of tiles, the padding rows zero, so LoRA's rank-r products are batched matmuls over views of the activations
+    (each tile with its expert's factors: one call instead of E thin ones, which cost more in call overhead than in
+    arithmetic), the low-rank output added in place into the base product's (baddbmm_), with no copy into or out of
+    tiles either way; a dense projection is one matmul per expert's segment, written in place. Padding costs less
+    than a tile per expert however skewed the routing; the tile is capped at 32 rows (a 64-row tile at 64 experts,
+    top-8 carried 27% padding rows through every elementwise op, for no faster products)."""
 
     def __init__(self, expert_ids: torch.Tensor, counts: torch.Tensor, num: int):
-        self.num, self.rows = num, expert_ids.numel()
+        self.num, self.real = num, expert_ids.numel()
         self.counts = counts.tolist()
-        half_mean = -(-self.rows // (2 * num))
+        half_mean = -(-self.real // (2 * num))
         self.tile = min(TILE_MAX, max(TILE_MIN, -(-half_mean // TILE_MIN) * TILE_MIN))
         tiles = (counts + self.tile - 1) // self.tile
         first = tiles.cumsum(0) - tiles  # each expert's first tile
         self.tiles = int(tiles.sum())
+        self.rows = self.tiles * self.tile  # the padded rows every activation of the block holds
+        self.starts = (first * self.tile).tolist()
         self.tile_expert = torch.repeat_interleave(torch.arange(num, device=counts.device), tiles)
-        rank = torch.arange(self.rows, device=expert_ids.device) - (counts.cumsum(0) - counts)[expert_ids]
-        self.pos = first[expert_ids] * self.tile + rank
-        padding = torch.ones(self.tiles * self.tile, dtype=torch.bool, device=counts.device)
+        rank = torch.arange(self.real, device=expert_ids.device) - (counts.cumsum(0) - counts)[expert_ids]
+        self.pos = first[expert_ids] * self.tile + rank  # each sorted row's row in tiles
+        padding = torch.ones(self.rows, dtype=torch.bool, device=counts.device)
         padding[self.pos] = False
         self.padding = padding.nonzero().squeeze(1)  # the tiles' rows past each expert's own
 
     def spans(self):
-        start = 0
-        for e, n in enumerate(self.counts):
+        """(expert, first row, end of its real rows) of each expert with rows, in the tiled layout."""
+        for e, (n, a) in enumerate(zip(self.counts, self.starts)):
             if n:
-                yield e, start, start + n
-            start += n
+                yield e, a, a + n
+
+    def row_expert(self) -> torch.Tensor:
+        """Each tiled row's expert (padding rows their tile's): (rows,)."""
+        return self.tile_expert.repeat_interleave(self.tile)
 
     def mm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """Each segment of x (S, in) times its expert's w (E, in, out): (S, out). Each product runs over its rows
-        rounded up to a few sizes (`rounded`), into the next experts' rows, which their own products, run after,
-        overwrite: oneDNN builds and caches a kernel per matrix shape, and with the expert loads changing every
-        step, exact row counts made new shapes every step (16-27 ms a 0.28 s step of kernel creation at 64 experts,
-        top-8) and more shapes than its cache holds (1024) in a long run."""
+        """Each segment of x (rows, in) times its expert's w (E, in, out): (rows, out), the padding rows zero. Each
+        product runs over its rows rounded up to a few sizes (`rounded`), into its padding and the next experts'
+        rows, which their own products, run after, overwrite: oneDNN builds and caches a kernel per matrix shape,
+        and with the expert loads changing every step, exact row counts made new shapes every step (16-27 ms a
+        0.28 s step of kernel creation at 64 experts, top-8) and more shapes than its cache holds (1024) in a long
+        run. The padding is zero-filled after (only those rows: a fill of the whole buffer cost more)."""
         rows = x.shape[0]
         out = x.new_empty(rows, w.shape[-1])
         for e, a, b in self.spans():
-            end = a + rounded(b - a)
-            end = end if end <= rows else b
+            end = min(a + rounded(b - a), rows)
             torch.mm(x[a:end], w[e], out=out[a:end])
-        return out
+        return out.index_fill_(0, self.padding, 0)
 
     def tn(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Per expert x_eᵀ·y_e over its segment: (E, x's width, y's width) (zero for an expert with no rows)."""
@@ -163,62 +170,53 @@ class Segments:
             torch.mm(x[a:b].t(), y[a:b], out=out[e])
         return out
 
-    def pad(self, t: torch.Tensor) -> torch.Tensor:
-        """(S, d) sorted rows -> (tiles, tile, d), zeros past each expert's rows (only those rows zero-filled: a
-        fill of the whole buffer cost more than the copy)."""
-        out = t.new_empty(self.tiles * self.tile, t.shape[-1])
-        out.index_copy_(0, self.pos, t)
-        out.index_fill_(0, self.padding, 0)
-        return out.view(self.tiles, self.tile, -1)
-
-    def unpad(self, t: torch.Tensor) -> torch.Tensor:
-        return t.reshape(-1, t.shape[-1]).index_select(0, self.pos)
+    def tiled(self, t: torch.Tensor) -> torch.Tensor:
+        """(rows, d) as its tiles (tiles, tile, d), a view."""
+        return t.view(self.tiles, self.tile, t.shape[-1])
 
     def per_expert(self, t: torch.Tensor) -> torch.Tensor:
         """(tiles, ...) summed per expert: (E, ...)."""
         return t.new_zeros(self.num, *t.shape[1:]).index_add_(0, self.tile_expert, t)
 
-    def lora(self, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float):
-        """scale·(x·Aₑ)·Bₑ per row (S, out), and for the backward x·Aₑ per tile (tiles, tile, r) and x in tiles
-        (tiles, tile, in). The scale goes on Bₑ, the small factor, not on the (S, out) product."""
-        xp = self.pad(x)
-        h = torch.bmm(xp, a[self.tile_expert])
-        return self.unpad(torch.bmm(h, (b * scale)[self.tile_expert])), h, xp
+    def lora(self, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float, out: torch.Tensor):
+        """Adds scale·(x·Aₑ)·Bₑ per row into `out` (rows, out) in place; returns x·Aₑ per tile (tiles, tile, r) for
+        the backward. The scale goes on Bₑ, the small factor, not on the (rows, out) product."""
+        h = torch.bmm(self.tiled(x), a[self.tile_expert])
+        self.tiled(out).baddbmm_(h, (b * scale)[self.tile_expert])
+        return h
 
-    def lora_backward(self, xp, a, b, h, dy, scale, dx):
-        """dA, dB of `lora` for dy (S, out), adding dx's low-rank part into `dx` when given."""
-        dyp = self.pad(dy)
-        dh = torch.bmm(dyp, (b * scale)[self.tile_expert].transpose(1, 2))
-        db = self.per_expert(torch.bmm(h.transpose(1, 2), dyp)).mul_(scale)
+    def lora_backward(self, x, a, b, h, dy, scale, dx):
+        """dA, dB of `lora` for dy (rows, out), adding dx's low-rank part into `dx` in place when given."""
+        dyt = self.tiled(dy)
+        dh = torch.bmm(dyt, (b * scale)[self.tile_expert].transpose(1, 2))
+        db = self.per_expert(torch.bmm(h.transpose(1, 2), dyt)).mul_(scale)
         if dx is not None:
-            dx += self.unpad(torch.bmm(dh, a[self.tile_expert].transpose(1, 2)))
-        return self.per_expert(torch.bmm(xp.transpose(1, 2), dh)), db
+            self.tiled(dx).baddbmm_(dh, a[self.tile_expert].transpose(1, 2))
+        return self.per_expert(torch.bmm(self.tiled(x).transpose(1, 2), dh)), db
 
 
 class _SegmentedLinear(torch.autograd.Function):
-    """y = x·Wₑ + scale·(x·Aₑ)·Bₑ over the sorted rows, each row by its expert e, with the backward written out:
-    dx from the frozen stack's products, dA and dB from rank-r ones, and the stack's own gradient only when it
-    trains (full fine-tuning). The inputs arrive in one dtype; autocast stays out of the in-place products."""
+    """y = x·Wₑ + scale·(x·Aₑ)·Bₑ over the tiled rows (Segments), each row by its expert e, with the backward
+    written out: dx from the frozen stack's products, dA and dB from rank-r ones, and the stack's own gradient only
+    when it trains (full fine-tuning). The inputs arrive in one dtype; autocast stays out of the in-place products.
+    The padding rows of x and of the output's gradient are zero (dispatch and combine write them so), so they add
+    nothing to dA, dB or the stack's gradient."""
 
     @staticmethod
     def forward(ctx, x, weight, a, b, scale, seg):
         with torch.autocast(x.device.type, enabled=False):
             out = seg.mm(x, weight)
-            h = xp = None
-            if a is not None:
-                low, h, xp = seg.lora(x, a, b, scale)
-                out += low
+            h = seg.lora(x, a, b, scale, out) if a is not None else None
         ctx.seg, ctx.scale = seg, scale
         dense = isinstance(weight, torch.Tensor)  # else 4-bit experts (Dequantized), dequantized again in backward
         ctx.stack = None if dense else weight
-        # x for the stack's own gradient (full fine-tuning); LoRA's backward reads it in tiles, as its forward did
-        keep_x = weight.requires_grad
-        ctx.save_for_backward(x if keep_x else None, weight if dense else None, a, b, h, xp)
+        keep_x = weight.requires_grad or a is not None  # for the stack's gradient (full fine-tuning) or LoRA's dA
+        ctx.save_for_backward(x if keep_x else None, weight if dense else None, a, b, h)
         return out
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, a, b, h, xp = ctx.saved_tensors
+        x, weight, a, b, h = ctx.saved_tensors
         weight = ctx.stack if ctx.stack is not None else weight
         seg, scale = ctx.seg, ctx.scale
         with torch.autocast(dy.device.type, enabled=False):
@@ -227,44 +225,45 @@ class _SegmentedLinear(torch.autograd.Function):
             dw = seg.tn(x, dy) if ctx.needs_input_grad[1] else None
             da = db = None
             if a is not None:
-                da, db = seg.lora_backward(xp, a, b, h, dy, scale, dx)
+                da, db = seg.lora_backward(x, a, b, h, dy, scale, dx)
         return dx, dw, da, db, None, None
 
 
 class _Dispatch(torch.autograd.Function):
-    """Each token's row once per expert it is routed to, in the experts' sorted order: hidden[order // k]. Its
-    gradient gathers the rows back to (token, slot) order through the inverse permutation and sums each token's
-    k rows, instead of autograd's accumulating index_put, which a CPU runs serially (3 ms of a 0.3 s step per
-    layer at 64 experts, top-8)."""
+    """Each token's row once per expert it is routed to, in the experts' tiled order (Segments): hidden[row_token],
+    the padding rows zero. Its gradient gathers each (token, slot)'s row back (`slot_row`) and sums each token's k
+    rows, instead of autograd's accumulating index_put, which a CPU runs serially (3 ms of a 0.3 s step per layer
+    at 64 experts, top-8)."""
 
     @staticmethod
-    def forward(ctx, hidden, order, inverse, top_k):
-        ctx.save_for_backward(inverse)
+    def forward(ctx, hidden, row_token, slot_row, padding, top_k):
+        ctx.save_for_backward(slot_row)
         ctx.top_k = top_k
-        return hidden.index_select(0, torch.div(order, top_k, rounding_mode="floor"))
+        return hidden.index_select(0, row_token).index_fill_(0, padding, 0)
 
     @staticmethod
     def backward(ctx, grad):
-        (inverse,) = ctx.saved_tensors
-        per_slot = grad.index_select(0, inverse)
-        return per_slot.view(-1, ctx.top_k, grad.shape[-1]).sum(1), None, None, None
+        (slot_row,) = ctx.saved_tensors
+        per_slot = grad.index_select(0, slot_row)
+        return per_slot.view(-1, ctx.top_k, grad.shape[-1]).sum(1), None, None, None, None
 
 
-class _Permute(torch.autograd.Function):
-    """rows[index], `index` a permutation whose inverse is `inverse`: the gradient is a gather too."""
+class _Combine(torch.autograd.Function):
+    """The tiled rows back in (token, slot) order, rows[slot_row]; the gradient is a gather too (`row_slot`), with
+    the padding rows zero."""
 
     @staticmethod
-    def forward(ctx, rows, index, inverse):
-        ctx.save_for_backward(inverse)
-        return rows.index_select(0, index)
+    def forward(ctx, rows, slot_row, row_slot, padding):
+        ctx.save_for_backward(row_slot, padding)
+        return rows.index_select(0, slot_row)
 
     @staticmethod
     def backward(ctx, grad):
-        (inverse,) = ctx.saved_tensors
-        return grad.index_select(0, inverse), None, None
+        row_slot, padding = ctx.saved_tensors
+        return grad.index_select(0, row_slot).index_fill_(0, padding, 0), None, None, None
 
 
-def _projection(experts, name: str, x, offs, seg, expert_ids):
+def _projection(experts, name: str, x, offs, seg, row_expert):
     """One stacked projection of the sorted rows: base product, its LoRA product when adapted, its bias."""
     stack = getattr(experts, "tunelab_nf4", {}).get(name)
     if stack is not None:  # 4-bit experts: the segment path, one expert dequantized at a time
@@ -286,7 +285,7 @@ def _projection(experts, name: str, x, offs, seg, expert_ids):
         out = _SegmentedLinear.apply(x, dense, a, b, scale, seg)
     bias = getattr(experts, f"{name}_bias", None) if experts.has_bias else None
     if bias is not None:
-        out = out + bias.to(out.dtype)[expert_ids]
+        out = out + bias.to(out.dtype)[row_expert]
     return out
 
 
@@ -303,15 +302,17 @@ def grouped_experts_forward(experts, hidden_states, top_k_index, top_k_weights):
     grouped = _grouped_kernel(hidden_states) and not getattr(experts, "tunelab_nf4", None)
     seg = None if grouped else Segments(expert_ids, counts_t, num)
     if grouped:
-        x = hidden_states[order // top_k]
-    else:  # the rows gathered, and in combine scattered back, as gathers both ways (_Dispatch, _Permute)
-        inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
-        x = _Dispatch.apply(hidden_states, order, inverse, top_k)
-    up = _projection(experts, "gate_up_proj" if experts.has_gate else "up_proj", x, offs, seg, expert_ids)
+        x, row_expert = hidden_states[order // top_k], expert_ids
+    else:  # the rows gathered into tiles, and in combine gathered back, as gathers both ways (_Dispatch, _Combine)
+        row_slot = torch.zeros(seg.rows, dtype=order.dtype, device=order.device).index_copy_(0, seg.pos, order)
+        slot_row = torch.empty_like(order).index_copy_(0, order, seg.pos)  # each (token, slot)'s tiled row
+        x = _Dispatch.apply(hidden_states, row_slot // top_k, slot_row, seg.padding, top_k)
+        row_expert = seg.row_expert() if experts.has_bias else None
+    up = _projection(experts, "gate_up_proj" if experts.has_gate else "up_proj", x, offs, seg, row_expert)
     act = experts._apply_gate(up) if experts.has_gate else experts.act_fn(up)
-    down = _projection(experts, "down_proj", act, offs, seg, expert_ids)
+    down = _projection(experts, "down_proj", act, offs, seg, row_expert)
     if not grouped:  # back to (token, slot) order, weighted and summed over each token's k rows
-        per_slot = _Permute.apply(down, inverse, order).view(tokens, top_k, -1)
+        per_slot = _Combine.apply(down, slot_row, row_slot, seg.padding).view(tokens, top_k, -1)
         out = (per_slot * top_k_weights.unsqueeze(-1).to(down.dtype)).sum(1)
         return out.to(hidden_states.dtype)
     weighted = down * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(down.dtype)

@@ -327,42 +327,51 @@ def test_qlora_experts_are_nf4_and_equal_a_dequantized_reference(vocab):
 
 @pytest.mark.parametrize("tile", [4, 64])
 def test_segmented_lora_product_and_gradients_equal_per_row_reference(tile, monkeypatch):
-    """The CPU path's projection (model/moe.py Segments, its written-out backward): x·Wₑ + s·(x·Aₑ)·Bₑ per sorted row
-    and the gradients of x, the stack (full fine-tuning) and the factors equal autograd over per-row products, with
-    LoRA's rank-r products over tiles of 4 rows (several per expert, the last padded) and of 64 (one per expert)."""
+    """The CPU path's projection (model/moe.py Segments, its written-out backward) over rows in tiles: x·Wₑ +
+    s·(x·Aₑ)·Bₑ per row, the low-rank part added in place, and the gradients of x, the stack (full fine-tuning) and
+    the factors equal autograd over per-row products, with tiles of 4 rows (several per expert, the last padded) and
+    of 64 (one per expert); the padding rows stay zero in the output and in x's gradient."""
     monkeypatch.setattr(moe, "TILE_MIN", tile)
+    monkeypatch.setattr(moe, "TILE_MAX", tile)
     torch.manual_seed(0)
     e, rows, din, dout, r = 5, 23, 12, 10, 3
     expert_ids = torch.sort(torch.randint(0, e - 1, (rows,))).values  # the last expert gets no rows
     seg = moe.Segments(expert_ids, torch.bincount(expert_ids, minlength=e), e)
-    assert seg.tile == tile and (seg.tiles > e - 1) == (tile == 4)
-    leaves = [
-        torch.randn(shape, requires_grad=True) for shape in ((rows, din), (e, din, dout), (e, din, r), (e, r, dout))
-    ]
+    assert seg.tile == tile and (seg.tiles > e - 1) == (tile == 4) and seg.rows == seg.tiles * tile
+    x, w, a, b = (torch.randn(shape) for shape in ((rows, din), (e, din, dout), (e, din, r), (e, r, dout)))
+    tiled = torch.zeros(seg.rows, din).index_copy_(0, seg.pos, x)  # as _Dispatch lays the rows out
+    leaves = [t.requires_grad_(True) for t in (tiled, w.clone(), a.clone(), b.clone())]
     out = moe._SegmentedLinear.apply(*leaves, 0.5, seg)
-    x, w, a, b = (t.detach().clone().requires_grad_(True) for t in leaves)
+    x, w, a, b = (t.requires_grad_(True) for t in (x, w, a, b))
     expected = torch.einsum("si,sio->so", x, w[expert_ids]) + 0.5 * torch.einsum(
         "sr,sro->so", torch.einsum("si,sir->sr", x, a[expert_ids]), b[expert_ids]
     )
-    assert torch.allclose(out, expected, atol=1e-5)
+    assert torch.allclose(out[seg.pos], expected, atol=1e-5)
+    assert not out[seg.padding].any()
     grad = torch.randn(rows, dout)
-    out.backward(grad)
+    out.backward(torch.zeros(seg.rows, dout).index_copy_(0, seg.pos, grad))  # zero on the padding, as _Combine's
     expected.backward(grad)
-    for ours, theirs in zip(leaves, (x, w, a, b)):
+    assert torch.allclose(leaves[0].grad[seg.pos], x.grad, atol=1e-5) and not leaves[0].grad[seg.padding].any()
+    for ours, theirs in zip(leaves[1:], (w, a, b)):
         assert torch.allclose(ours.grad, theirs.grad, atol=1e-5)
 
 
-def test_segment_products_rounded_up_into_the_next_experts_rows_stay_exact():
-    """Segments.mm runs each expert's product over its rows rounded up to a few sizes (moe.rounded), over the next
-    experts' rows, which their own products then overwrite; the last expert's rows end the input, so its product
-    is exact. Every row still equals its own expert's product."""
-    counts = torch.tensor([40, 0, 70, 33, 35])  # rounded: 40, 72 (into expert 3's rows), 34, 35 (the end)
-    assert [moe.rounded(int(n)) for n in counts if n] == [40, 72, 34, 36]
+def test_segment_products_rounded_up_into_the_next_experts_rows_stay_exact(monkeypatch):
+    """Segments.mm runs each expert's product over its rows rounded up to a few sizes (moe.rounded): within its
+    tiles' padding, or past it into the next expert's rows, which that expert's own product then overwrites, and
+    for the last expert no further than the rows end. Every row still equals its own expert's product, and the
+    padding rows are zero."""
+    monkeypatch.setattr(moe, "TILE_MAX", 16)
+    counts = torch.tensor([520, 0, 70, 33, 515])  # rounded: 544 (past its 528 tiled rows), 72, 34, 544 (cut at the end)
+    assert [moe.rounded(int(n)) for n in counts if n] == [544, 72, 34, 544]
     expert_ids = torch.repeat_interleave(torch.arange(5), counts)
     seg = moe.Segments(expert_ids, counts, 5)
+    assert seg.tile == 16 and seg.starts[2] == 528 and seg.rows == 528 + 80 + 48 + 528
     torch.manual_seed(0)
     x, w = torch.randn(int(counts.sum()), 6), torch.randn(5, 6, 7)
-    assert torch.allclose(seg.mm(x, w), torch.einsum("si,sio->so", x, w[expert_ids]), atol=1e-5)
+    out = seg.mm(torch.zeros(seg.rows, 6).index_copy_(0, seg.pos, x), w)
+    assert torch.allclose(out[seg.pos], torch.einsum("si,sio->so", x, w[expert_ids]), atol=1e-5)
+    assert not out[seg.padding].any()
 
 
 def preference_batch(vocab):
