@@ -25,8 +25,9 @@ step_s = matmul_s + attention_s + memory_s + fixed_s, each a pure function of th
   each projection as a product of its own, one after another (model/moe.Segments): the experts' time is the sum
   of their products, whatever the split of the tokens (the imbalance does not price it: expert_rows), and every
   such product costs `call_s` beyond its FLOPs (expert_product_calls; the device's product-call probe,
-  probe.product_call_s). LoRA on the experts runs over zero-padded tiles: its products over
-  the padded rows, and the tiles' index copies, fills and factor gathers as memory-bound work (tile_bytes).
+  probe.product_call_s). LoRA on the experts runs over the rows laid out in zero-padded tiles: its products over
+  the padded rows, and the in-place accumulation, the padding's fills and the factor gathers as memory-bound
+  work (tile_bytes).
 The four constants (Constants) are the only fitted figures: per device from measured rows (plan/fit.py,
 catalog/fitted.yaml), carried over from the other measured devices of the same kind where a device has none;
 `call_s` is measured by a probe (catalog/calls.yaml per CPU class, or a row's own probe), never fitted.
@@ -226,10 +227,10 @@ def expert_product_calls(arch: Arch, method: Method, grad_ckpt: bool, tokens: fl
 
 def expert_tile(arch: Arch, tokens: float) -> int:
     """Rows of a tile of LoRA's batched expert products (model/moe.Segments.tile): half the mean expert load,
-    rounded up to a multiple of 16, between 16 and 256."""
+    rounded up to a multiple of 16, between 16 and 32."""
     m = arch.moe
     half_mean = math.ceil(tokens * m.top_k / (2 * m.experts))
-    return min(256, max(16, math.ceil(half_mean / 16) * 16))
+    return min(32, max(16, math.ceil(half_mean / 16) * 16))
 
 
 def tile_padding(arch: Arch, tokens: float) -> float:
@@ -242,24 +243,23 @@ def tile_padding(arch: Arch, tokens: float) -> float:
 
 def tile_bytes(arch: Arch, targets: tuple[str, ...], r: int, tokens: float, compute_bytes: int) -> float:
     """Bytes one micro-batch's LoRA tiles move beyond their products (model/moe.Segments.lora and lora_backward),
-    per adapted expert projection (d_in -> d_out) of each sparse layer, over its S = tokens x top_k sorted rows:
-    forward, x copied into the tiles (read and write S d_in) and the output gathered back (S d_out, twice);
-    backward, dy into tiles (2 S d_out), the input gradient's low-rank part gathered back (2 S d_in) and added
-    into dx (read dx and it, write dx: 3 S d_in); the padding rows zero-filled (P (d_in + d_out)); each tile's A
-    and B gathered, forward and backward, and dA and dB summed per expert (3 r (d_in + d_out) per tile)."""
+    per adapted expert projection (d_in -> d_out) of each sparse layer, over its P = tokens x top_k sorted rows
+    plus the padding, which stay in tiles from dispatch to combine (no copy into or out of them): the low-rank
+    output added in place into the base product's (read P d_out, forward) and into the input gradient (read
+    P d_in, backward); the padding rows zero-filled in both (padding (d_in + d_out)); each tile's A and B
+    gathered, forward and backward, and dA and dB summed per expert (3 r (d_in + d_out) per tile)."""
     m = arch.moe
     if m is None:
         return 0.0
-    rows = tokens * m.top_k
     padding = tile_padding(arch, tokens) * m.experts
-    tiles = (rows + padding) / expert_tile(arch, tokens)
+    rows = tokens * m.top_k + padding
+    tiles = rows / expert_tile(arch, tokens)
     total = 0.0
     for mod in arch.modules():
         if mod.group != "expert" or mod.name not in targets:
             continue
-        d_in, d_out = mod.d_in, mod.d_out
-        per_layer = rows * (7 * d_in + 4 * d_out) + padding * (d_in + d_out) + tiles * 3 * r * (d_in + d_out)
-        total += arch.sparse_layers * per_layer
+        width = mod.d_in + mod.d_out
+        total += arch.sparse_layers * (rows * width + padding * width + tiles * 3 * r * width)
     return total * compute_bytes
 
 
