@@ -306,7 +306,8 @@ def catalog_document(
     observed: list[Observed], fits: dict[str, fit.DeviceFit], ratios: dict[str, dict], cpu: CpuBandwidth | None
 ) -> dict:
     """catalog/fitted.yaml's content: each device with fitted rows (its constants, which of them its rows
-    determine, the rows), each kind's constants pooled over its devices, each peer stack's bytes per masked head-pair."""
+    determine, the rows), each CPU class's constants pooled over its vendors' devices, each kind's pooled over its
+    devices, each peer stack's bytes per masked head-pair."""
     kind_of = {x.row.device: x.row.kind for x in observed}
     devices = {}
     for device, f in ((d, v.included) for d, v in fits.items()):
@@ -323,6 +324,12 @@ def catalog_document(
     for kind in KINDS:  # a kind without measured rows keeps plan/fit.py's assumed constants
         c, used = fit.pooled([x.observation for x in observed], kind)
         kinds[kind] = {"constants": rounded(c), "devices": list(used)}
+    # Each CPU class over its measured vendors: for a vendor (or a CPU whose vendor is unknown) without rows.
+    classes = {}
+    for family in dict.fromkeys(fit.cpu_class_of(d) for d in devices):
+        if family:
+            c, used = fit.pooled([x.observation for x in observed], "cpu", within=family)
+            classes[family] = {"constants": rounded(c), "devices": list(used)}
     stacks = {
         stack: {
             "masked_pair_bytes": {kind: float(f"{kind_pair_bytes(found, kind):.4g}") for kind in KINDS},
@@ -330,7 +337,7 @@ def catalog_document(
         }
         for stack, found in ratios.items()
     }
-    return {"devices": devices, "kinds": kinds, "stacks": stacks}
+    return {"devices": devices, "classes": classes, "kinds": kinds, "stacks": stacks}
 
 
 def rounded(c: steptime.Constants) -> dict[str, float]:
