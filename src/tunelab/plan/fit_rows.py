@@ -315,10 +315,8 @@ def catalog_document(
             continue
         entry = {"kind": kind_of[device], "constants": rounded(f.constants), "measured": list(f.measured)}
         entry["rows"] = list(f.rows)
-        if kind_of[device] == "cpu" and cpu is not None:
-            entry["bandwidth_gbs"] = cpu.bps / 1e9
-            carried = "" if device == cpu.device else f"; carried from class {cpu.device}"
-            entry["bandwidth_source"] = cpu.source + carried
+        if kind_of[device] == "cpu":
+            entry |= cpu_bandwidth_entry(device, observed, cpu)
         devices[device] = entry
     kinds = {}
     for kind in KINDS:  # a kind without measured rows keeps plan/fit.py's assumed constants
@@ -338,6 +336,21 @@ def catalog_document(
         for stack, found in ratios.items()
     }
     return {"devices": devices, "classes": classes, "kinds": kinds, "stacks": stacks}
+
+
+def cpu_bandwidth_entry(device: str, observed: list[Observed], cpu: CpuBandwidth | None) -> dict:
+    """A CPU class's bandwidth where plan runs no copy probe: the median of the copy probes its fitted rows ran
+    against where any row has its own (its machine's, never another's), else the row files' `cpu_bandwidth`, named
+    as carried where another class measured it; nothing without either."""
+    own = [x.row.bandwidth for x in observed if x.row.device == device and x.observation.fit]
+    if own and (cpu is None or any(b != cpu.bps for b in own)):
+        n = len(own)
+        source = f"median copy probe of its {n} fitted row{'s' * (n > 1)}, each its own machine's"
+        return {"bandwidth_gbs": float(f"{float(np.median(own)) / 1e9:.4g}"), "bandwidth_source": source}
+    if cpu is None:
+        return {}
+    carried = "" if device == cpu.device else f"; carried from class {cpu.device}"
+    return {"bandwidth_gbs": cpu.bps / 1e9, "bandwidth_source": cpu.source + carried}
 
 
 def rounded(c: steptime.Constants) -> dict[str, float]:
