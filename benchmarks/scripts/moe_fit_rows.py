@@ -178,6 +178,8 @@ def main() -> int:
     import yaml
 
     from tunelab import probe
+    from tunelab.device import cpu_class, cpu_vendor
+    from tunelab.plan import catalog
 
     p = argparse.ArgumentParser()
     p.add_argument("--out")
@@ -193,7 +195,7 @@ def main() -> int:
     doc = {
         "date": "2026-12-07",
         "defaults": {
-            "device": "cpu-avx512-bf16",
+            "device": catalog.local_class("cpu", "bf16", cpu_class(), cpu_vendor()),
             "kind": "cpu",
             "grad_ckpt": False,
             "compute_bytes": 2,

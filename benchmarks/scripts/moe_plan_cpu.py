@@ -120,6 +120,9 @@ def rows(args) -> int:
     sys.path.insert(0, str(SCRIPTS))
     import moe_peers
 
+    from tunelab.device import cpu_vendor
+    from tunelab.plan import catalog
+
     out = []
     for i, run, record in class_runs(args.raw):
         s, p = run["step"], run["probes"]
@@ -148,7 +151,8 @@ def rows(args) -> int:
             {
                 "label": f"moe-cpu {name.removeprefix('qwen3moe-peers-')} {s['precision']} round {run['round']}",
                 "source": f"{record} figures.runs[{i}]",
-                "device": "cpu-avx512-bf16" if bf16 else "cpu-fp32",
+                # the class of the machine the runs were measured on (this one), vendor included
+                "device": catalog.local_class("cpu", "bf16" if bf16 else "fp32", "avx512-bf16", cpu_vendor()),
                 "model": f"benchmarks/plan-accuracy/models/{name}",
                 "compute_bytes": 2 if bf16 else 4,
                 "measured_s": s["step_s"],

@@ -68,6 +68,24 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated:
         # The launcher ended this process because another one failed: that one has said why.
         return _exit_status(143)
+    except Exception as e:
+        # The same, wrapped on its way up: Python 3.11 turns an exception raised in a class's __set_name__ into a
+        # RuntimeError (a SIGTERM that lands while `datasets` defines its features, seen under load), and a
+        # library may re-raise its own error from it. Anything else is a bug and keeps its traceback.
+        if not _terminated(e):
+            raise
+        return _exit_status(143)
+
+
+def _terminated(e: BaseException) -> bool:
+    """Whether `e` is, or was raised from or while handling, errors.Terminated."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, Terminated):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _ignore_sigterm() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,6 +100,29 @@ def cpu_class() -> str:
     if "avx512_bf16" in flags and cap >= ONEDNN_ISAS.index("AVX512_CORE_BF16"):
         return "avx512-bf16"
     return "fp32-only"
+
+
+# /proc/cpuinfo's vendor_id -> the vendor a CPU class names (plan/catalog.local_class): one instruction set runs on
+# different cores per vendor, whose matmuls and memory reach different shares of the same probes.
+VENDORS = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}
+
+
+def cpu_vendor() -> str:
+    """`intel`, `amd`, or "" where /proc/cpuinfo names neither (another vendor, another OS)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                return VENDORS.get(line.split(":", 1)[1].strip(), "")
+    except OSError:
+        pass
+    return ""
+
+
+def vendor_of_name(name: str) -> str:
+    """The vendor a CPU's model name says (`Intel(R) Xeon(R) ...`, `AMD EPYC ...`): for results files that recorded
+    the name but not the vendor."""
+    words = set(re.findall(r"[a-z]+", name.lower()))
+    return next((v for v in VENDORS.values() if v in words), "")
 
 
 def cpu_has_fast_bf16() -> bool:

@@ -18,10 +18,10 @@ def device_slug(name: str) -> str:
 
 def environment() -> dict:
     """The device this process sees, the CUDA runtime and driver where there is one, and a CPU's class (the
-    units its matmuls run on, device.cpu_class) with the oneDNN ISA cap that chose it."""
+    units its matmuls run on, device.cpu_class) with the oneDNN ISA cap that chose it, and its vendor."""
     import torch
 
-    from ..device import cpu_class, device_memory_bytes, device_name, pick_device
+    from ..device import cpu_class, cpu_vendor, device_memory_bytes, device_name, pick_device
 
     device = pick_device("auto")
     env = {"name": device_name(device), "type": device.type, "memory_bytes": device_memory_bytes(device)}
@@ -30,6 +30,7 @@ def environment() -> dict:
         env["driver"] = _driver_version()
     else:
         env["cpu_class"] = cpu_class()
+        env["cpu_vendor"] = cpu_vendor()
         env["isa_cap"] = os.environ.get("ONEDNN_MAX_CPU_ISA") or None
     return env
 

@@ -121,17 +121,38 @@ def nearest_bandwidth(peak_flops: float) -> float:
     return min(rows, key=lambda g: abs(g.peak_flops - peak_flops)).bandwidth_gbs * 1e9
 
 
-def local_class(device_type: str, precision: str, cpu: str) -> str:
+# The vendors a CPU class is split by (device.cpu_vendor): AVX-512 BF16 and AVX2 run on Intel and AMD cores alike,
+# and the same probes stand for different steps on each (benchmarks/plan-accuracy/
+# cpu-calibration_epyc-avx512bf16-2c_2026-12-08.md: one constant for a Xeon and an EPYC missed the EPYC by 32%).
+# AMX (class `cpu`) is Intel's alone.
+CPU_VENDORS = ("intel", "amd")
+
+
+def local_class(device_type: str, precision: str, cpu: str, vendor: str = "") -> str:
     """The class of the present machine for `plan --gpu local`: `probe-gpu` on CUDA; on a CPU, by what does the
     matmuls (`cpu` is device.cpu_class()): `cpu-fp32` when training computes in fp32, `cpu-avx512-bf16` for
-    bf16 on AVX-512 BF16 dot products, else `cpu` (AMX tiles, or bf16 that is only emulated). A CPU class keys
-    its step-time constants in fitted.yaml: each is relative to the same probes bench divides by, and differs
-    because the probe and a small model's matmuls reach different shares of each kind of unit."""
+    bf16 on AVX-512 BF16 dot products, else `cpu` (AMX tiles, or bf16 that is only emulated); the first two
+    followed by the CPU's vendor where it is known (`cpu-avx512-bf16-amd`). A CPU class keys its step-time
+    constants in fitted.yaml: each is relative to the same probes bench divides by, and differs because the probe
+    and a small model's matmuls reach different shares of each kind of unit, on each vendor's cores."""
     if device_type == "cuda":
         return "probe-gpu"
     if precision != "bf16":
-        return "cpu-fp32"
-    return "cpu-avx512-bf16" if cpu == "avx512-bf16" else "cpu"
+        base = "cpu-fp32"
+    elif cpu == "avx512-bf16":
+        base = "cpu-avx512-bf16"
+    else:
+        return "cpu"
+    return f"{base}-{vendor}" if vendor in CPU_VENDORS else base
+
+
+def class_chain(device: str) -> tuple[str, ...]:
+    """The catalog keys a device's rows are looked up by, most specific first: a vendor's CPU class, then the class
+    over all vendors (`cpu-avx512-bf16-amd` -> itself, `cpu-avx512-bf16`); any other device alone."""
+    base, _, vendor = device.rpartition("-")
+    if device.startswith("cpu-") and vendor in CPU_VENDORS:
+        return device, base
+    return (device,)
 
 
 def runtime_overhead(device_type: str) -> int:
@@ -228,12 +249,13 @@ class StepConstants:
 
 def step_constants(device: str, device_type: str) -> StepConstants:
     """The fitted constants (catalog/fitted.yaml, written by `tunelab bench fit --write`) of `device` (a catalog
-    GPU id or a local CPU class); a device without measured rows gets those pooled over its kind's measured
-    devices (cuda or cpu), all reported as carried over, and scaled to its own ceilings where published
-    (`ceiling_scale`)."""
+    GPU id or a local CPU class); a device without measured rows gets those pooled over its CPU class's measured
+    vendors (`class_chain`), else over its kind's measured devices (cuda or cpu), all reported as carried over, and
+    scaled to its own ceilings where published (`ceiling_scale`)."""
     data = read("fitted.yaml") or {}
     kind = "cpu" if device_type == "cpu" else "cuda"
-    row = (data.get("devices") or {}).get(device)
+    chain = class_chain(device)
+    row = (data.get("devices") or {}).get(chain[0])
     if row is not None:
         pool = data["kinds"][kind]["devices"]
         return StepConstants(
@@ -244,7 +266,10 @@ def step_constants(device: str, device_type: str) -> StepConstants:
             bandwidth_gbs=float(row.get("bandwidth_gbs", 0.0)),
             bandwidth_source=row.get("bandwidth_source", ""),
         )
-    pool = data["kinds"][kind]
+    # A CPU class without rows of its own (another vendor's, or one whose vendor is unknown): the class pooled over
+    # the vendors measured (fitted.yaml's `classes`), else the kind's.
+    shared = next((c for c in ((data.get("classes") or {}).get(k) for k in chain) if c is not None), None)
+    pool = shared or data["kinds"][kind]
     local = next((r for r in (data.get("devices") or {}).values() if r["kind"] == kind and "bandwidth_gbs" in r), {})
     constants = {k: float(v) for k, v in pool["constants"].items()}
     scaled = ceiling_scale(device, tuple(pool["devices"]), data.get("devices") or {}) if kind == "cuda" else {}
@@ -288,7 +313,7 @@ def product_call_s(device: str, device_type: str) -> tuple[float, str]:
     if device_type != "cpu":
         return 0.0, ""
     data = read("calls.yaml")
-    row = data["devices"].get(device)
+    row = next((data["devices"][k] for k in class_chain(device) if k in data["devices"]), None)
     if row is not None:
         return float(row["call_s"]), row["source"]
     kind = data["kinds"]["cpu"]
@@ -321,7 +346,8 @@ class GrpoConstants:
 
 def grpo_constants(device: str) -> GrpoConstants | None:
     """The GRPO fit of `device` (a catalog GPU id or a local CPU class), None where no GRPO run was fitted."""
-    row = ((read("grpo.yaml") or {}).get("devices") or {}).get(device)
+    devices = (read("grpo.yaml") or {}).get("devices") or {}
+    row = next((devices[k] for k in class_chain(device) if k in devices), None)
     if row is None:
         return None
     c = row["constants"]

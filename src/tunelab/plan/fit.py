@@ -106,10 +106,20 @@ def solve(obs: list[Observation], prior: Constants, weight: float = PRIOR_WEIGHT
     return from_x(p)
 
 
-def pooled(obs: list[Observation], kind: str, without: str | None = None) -> tuple[Constants, tuple[str, ...]]:
-    """Constants of `kind` fitted over all its measured devices' rows but `without`'s, and those devices; the
-    kind's assumed constants when there are none."""
+def cpu_class_of(device: str) -> str:
+    """The CPU class over all vendors a vendor's class belongs to (catalog.class_chain); "" for any other device."""
+    chain = catalog.class_chain(device)
+    return chain[-1] if len(chain) > 1 else ""
+
+
+def pooled(
+    obs: list[Observation], kind: str, without: str | None = None, within: str = ""
+) -> tuple[Constants, tuple[str, ...]]:
+    """Constants of `kind` fitted over all its measured devices' rows but `without`'s (with `within`, only the
+    vendors' devices of that CPU class), and those devices; the kind's assumed constants when there are none."""
     rows = [o for o in obs if o.kind == kind and o.fit and o.device != without]
+    if within:
+        rows = [o for o in rows if cpu_class_of(o.device) == within]
     devices = tuple(dict.fromkeys(o.device for o in rows))
     if not rows:
         return ASSUMED[kind], ()
@@ -133,7 +143,12 @@ def fit_device(obs: list[Observation], device: str, leave_out: bool = False) -> 
     kind = next(o.kind for o in obs if o.device == device)
     prior, others = pooled(obs, kind, without=device)
     if leave_out or not own:
-        # As plan prices a GPU without rows (catalog.step_constants): the others' constants at its own ceilings.
+        # As plan prices a device without rows (catalog.step_constants): a vendor's CPU class, its class's other
+        # vendors' constants where one is measured; else the kind's, a GPU's at its own ceilings.
+        family = cpu_class_of(device)
+        shared, vendors = pooled(obs, kind, without=device, within=family) if family else (prior, ())
+        if vendors:
+            return Fitted(shared, (), vendors, ())
         scaled = catalog.ceiling_scale(device, others, {d: {"constants": asdict(prior)} for d in others})
         return Fitted(replace(prior, **scaled), (), others, ())
     c = solve(own, prior)

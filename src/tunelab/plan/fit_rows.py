@@ -306,7 +306,8 @@ def catalog_document(
     observed: list[Observed], fits: dict[str, fit.DeviceFit], ratios: dict[str, dict], cpu: CpuBandwidth | None
 ) -> dict:
     """catalog/fitted.yaml's content: each device with fitted rows (its constants, which of them its rows
-    determine, the rows), each kind's constants pooled over its devices, each peer stack's bytes per masked head-pair."""
+    determine, the rows), each CPU class's constants pooled over its vendors' devices, each kind's pooled over its
+    devices, each peer stack's bytes per masked head-pair."""
     kind_of = {x.row.device: x.row.kind for x in observed}
     devices = {}
     for device, f in ((d, v.included) for d, v in fits.items()):
@@ -314,15 +315,19 @@ def catalog_document(
             continue
         entry = {"kind": kind_of[device], "constants": rounded(f.constants), "measured": list(f.measured)}
         entry["rows"] = list(f.rows)
-        if kind_of[device] == "cpu" and cpu is not None:
-            entry["bandwidth_gbs"] = cpu.bps / 1e9
-            carried = "" if device == cpu.device else f"; carried from class {cpu.device}"
-            entry["bandwidth_source"] = cpu.source + carried
+        if kind_of[device] == "cpu":
+            entry |= cpu_bandwidth_entry(device, observed, cpu)
         devices[device] = entry
     kinds = {}
     for kind in KINDS:  # a kind without measured rows keeps plan/fit.py's assumed constants
         c, used = fit.pooled([x.observation for x in observed], kind)
         kinds[kind] = {"constants": rounded(c), "devices": list(used)}
+    # Each CPU class over its measured vendors: for a vendor (or a CPU whose vendor is unknown) without rows.
+    classes = {}
+    for family in dict.fromkeys(fit.cpu_class_of(d) for d in devices):
+        if family:
+            c, used = fit.pooled([x.observation for x in observed], "cpu", within=family)
+            classes[family] = {"constants": rounded(c), "devices": list(used)}
     stacks = {
         stack: {
             "masked_pair_bytes": {kind: float(f"{kind_pair_bytes(found, kind):.4g}") for kind in KINDS},
@@ -330,7 +335,22 @@ def catalog_document(
         }
         for stack, found in ratios.items()
     }
-    return {"devices": devices, "kinds": kinds, "stacks": stacks}
+    return {"devices": devices, "classes": classes, "kinds": kinds, "stacks": stacks}
+
+
+def cpu_bandwidth_entry(device: str, observed: list[Observed], cpu: CpuBandwidth | None) -> dict:
+    """A CPU class's bandwidth where plan runs no copy probe: the median of the copy probes its fitted rows ran
+    against where any row has its own (its machine's, never another's), else the row files' `cpu_bandwidth`, named
+    as carried where another class measured it; nothing without either."""
+    own = [x.row.bandwidth for x in observed if x.row.device == device and x.observation.fit]
+    if own and (cpu is None or any(b != cpu.bps for b in own)):
+        n = len(own)
+        source = f"median copy probe of its {n} fitted row{'s' * (n > 1)}, each its own machine's"
+        return {"bandwidth_gbs": float(f"{float(np.median(own)) / 1e9:.4g}"), "bandwidth_source": source}
+    if cpu is None:
+        return {}
+    carried = "" if device == cpu.device else f"; carried from class {cpu.device}"
+    return {"bandwidth_gbs": cpu.bps / 1e9, "bandwidth_source": cpu.source + carried}
 
 
 def rounded(c: steptime.Constants) -> dict[str, float]:

@@ -70,7 +70,7 @@ def local_device(precision: str, peak_flops: float | None = None, bandwidth_bps:
     given, with no probe). A CPU's memory bandwidth likewise: the record's, else a copy probe (or
     `bandwidth_bps`; with `peak_flops` given and no bandwidth, its class's catalog figure, no probe), and its
     product-call cost (an MoE model's per-expert products) from the product-call probe where the copy probe runs."""
-    from ..device import cpu_class, device_memory_bytes, device_name, pick_device, pick_precision
+    from ..device import cpu_class, cpu_vendor, device_memory_bytes, device_name, pick_device, pick_precision
     from ..plan.calibration import device_key, load_calibration
     from ..probe import copy_bandwidth, matmul_peak, product_call_s
 
@@ -96,7 +96,8 @@ def local_device(precision: str, peak_flops: float | None = None, bandwidth_bps:
         calibrated = record is not None and record.peak_flops and record.bandwidth_bps
         bandwidth = record.bandwidth_bps if calibrated else copy_bandwidth(dev)
         call_s = product_call_s(prec.compute, dev)
-    cls = catalog.local_class(dev.type, prec.name, cpu_class() if dev.type == "cpu" else "")
+    on_cpu = dev.type == "cpu"
+    cls = catalog.local_class(dev.type, prec.name, cpu_class() if on_cpu else "", cpu_vendor() if on_cpu else "")
     overhead = catalog.runtime_overhead("cuda" if dev.type == "cuda" else "cpu")
     if record is not None and record.runtime_overhead_bytes is not None:
         overhead = record.runtime_overhead_bytes

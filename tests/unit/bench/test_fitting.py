@@ -140,8 +140,13 @@ def test_a_cpu_suite_fits_its_class_with_each_rows_probe_and_its_peer_as_the_hf_
     assert fitted["devices"]["cpu-avx512-bf16"]["rows"] == [f"{suite} row lora (2026-12-01)"]
     assert fitted["devices"]["cpu-fp32"]["rows"] == [f"{suite} row lora-fp32 (2026-12-01)"]
     assert fitted["stacks"]["hf-peft"]["rows"] == [f"{suite} row peer hf-trainer-tuned (2026-12-01)"]
-    # every fitted CPU class names the bandwidth it was fitted with, carried from the class that measured it
-    assert fitted["devices"]["cpu-fp32"]["bandwidth_source"] == "a copy probe"
+    # every fitted CPU class names the bandwidth it was fitted with: its rows' own copy probes where they ran one,
+    # else the row files' figure, carried from the class that measured it
+    assert fitted["devices"]["cpu-fp32"]["bandwidth_gbs"] == 20.0
+    assert (
+        fitted["devices"]["cpu-fp32"]["bandwidth_source"]
+        == "median copy probe of its 1 fitted row, each its own machine's"
+    )
     assert fitted["devices"]["cpu-avx512-bf16"]["bandwidth_source"] == "a copy probe; carried from class cpu-fp32"
     found = {r["label"]: r for r in result.rows()}
     peer = found["cpu-steps peer hf-trainer-tuned"]

@@ -451,18 +451,21 @@ def test_fixed_costs_come_from_the_catalog_per_device_type():
 
 
 @pytest.mark.parametrize(
-    ("device_type", "precision", "cpu", "cls"),
+    ("device_type", "precision", "cpu", "vendor", "cls"),
     [
-        ("cuda", "bf16", "", "probe-gpu"),
-        ("cpu", "fp32", "amx", "cpu-fp32"),
-        ("cpu", "fp32", "fp32-only", "cpu-fp32"),
-        ("cpu", "bf16", "amx", "cpu"),
-        ("cpu", "bf16", "avx512-bf16", "cpu-avx512-bf16"),
-        ("cpu", "bf16", "fp32-only", "cpu"),
+        ("cuda", "bf16", "", "", "probe-gpu"),
+        ("cpu", "fp32", "amx", "", "cpu-fp32"),
+        ("cpu", "fp32", "amx", "intel", "cpu-fp32-intel"),
+        ("cpu", "fp32", "fp32-only", "amd", "cpu-fp32-amd"),
+        ("cpu", "bf16", "amx", "intel", "cpu"),
+        ("cpu", "bf16", "avx512-bf16", "", "cpu-avx512-bf16"),
+        ("cpu", "bf16", "avx512-bf16", "amd", "cpu-avx512-bf16-amd"),
+        ("cpu", "bf16", "avx512-bf16", "intel", "cpu-avx512-bf16-intel"),
+        ("cpu", "bf16", "fp32-only", "amd", "cpu"),
     ],
 )
-def test_local_class_follows_the_units_that_do_the_matmuls(device_type, precision, cpu, cls):
-    assert catalog.local_class(device_type, precision, cpu) == cls
+def test_local_class_follows_the_units_that_do_the_matmuls(device_type, precision, cpu, vendor, cls):
+    assert catalog.local_class(device_type, precision, cpu, vendor) == cls
     gpu = catalog.Gpu("local", "x", 2**34, 0.0, 1e12, precision == "bf16", cls, source="test")
     assert gpu.device_type == device_type
 

@@ -21,6 +21,7 @@ from tunelab.recipes.predict import local_device
 )
 def test_local_cpu_class_follows_the_matmul_units(monkeypatch, tmp_path, cpu, precision, cls, dtype):
     monkeypatch.setattr(devmod, "cpu_class", lambda: cpu)
+    monkeypatch.setattr(devmod, "cpu_vendor", lambda: "")  # a CPU whose vendor is unknown: the class over all vendors
     monkeypatch.setattr(calibration, "calibration_dir", lambda: tmp_path)  # no calibration record
     probed = []
     monkeypatch.setattr(probe, "matmul_peak", lambda d, dev: probed.append(d) or (1e11, 256))

@@ -118,3 +118,39 @@ def test_a_sigterm_while_reporting_an_error_adds_no_traceback(tmp_path):
     env = {"PYTHONPATH": f"{REPO / 'src'}:{tmp_path}", "PATH": "/usr/bin:/bin", "TUNELAB_ALLOCATOR": "system"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.stderr == "tunelab fake: error: data.path: no such file\n" and done.returncode == 2
+
+
+def test_a_sigterm_wrapped_by_python_ends_the_process_quietly(tmp_path):
+    """A launcher's SIGTERM that lands inside a class's __set_name__ (`datasets` defining its features as the
+    process imports it) reaches main as Python 3.11's RuntimeError, not as errors.Terminated: it must still end
+    the process without a traceback (seen under load in test_nproc_with_a_missing_data_file_is_one_line)."""
+    (tmp_path / "fakecmd.py").write_text(
+        "import os, signal\n"
+        "from tunelab.train.distributed import end_on_sigterm\n"
+        "def add_arguments(p): pass\n"
+        "class Field:\n"
+        "    def __set_name__(self, owner, name):\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)  # arrives while the class is being made\n"
+        "def run(args):\n"
+        "    end_on_sigterm()\n"
+        "    class Array2D:\n"
+        "        x = Field()\n"
+    )
+    code = "from tunelab import cli; cli.COMMANDS['fake'] = ('fakecmd', 'x'); raise SystemExit(cli.main(['fake']))"
+    env = {"PYTHONPATH": f"{REPO / 'src'}:{tmp_path}", "PATH": "/usr/bin:/bin", "TUNELAB_ALLOCATOR": "system"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.stderr == "" and done.returncode == 143
+
+
+def test_a_bug_raised_while_handling_something_else_keeps_its_traceback():
+    from tunelab import cli
+    from tunelab.errors import Terminated
+
+    try:
+        try:
+            raise Terminated("ended by signal 15")
+        except Terminated as t:
+            raise RuntimeError("wrapped") from t
+    except RuntimeError as e:
+        assert cli._terminated(e)
+    assert not cli._terminated(RuntimeError("a bug"))
