@@ -180,18 +180,23 @@ class Segments:
 
     def lora(self, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float, out: torch.Tensor):
         """Adds scale·(x·Aₑ)·Bₑ per row into `out` (rows, out) in place; returns x·Aₑ per tile (tiles, tile, r) for
-        the backward. The scale goes on Bₑ, the small factor, not on the (rows, out) product."""
-        h = torch.bmm(self.tiled(x), a[self.tile_expert])
-        self.tiled(out).baddbmm_(h, (b * scale)[self.tile_expert])
+        the backward. The scale is the in-place product's own factor (alpha), so no scaled copy of Bₑ is made."""
+        h = torch.bmm(self.tiled(x), self.per_tile(a.transpose(1, 2)).transpose(1, 2))
+        self.tiled(out).baddbmm_(h, self.per_tile(b), alpha=scale)
         return h
+
+    def per_tile(self, t: torch.Tensor) -> torch.Tensor:
+        """(E, ...) as each tile's expert's slice (tiles, ...): index_select's whole-slice copies, where indexing a
+        transposed view gathered element by element."""
+        return t.index_select(0, self.tile_expert)
 
     def lora_backward(self, x, a, b, h, dy, scale, dx):
         """dA, dB of `lora` for dy (rows, out), adding dx's low-rank part into `dx` in place when given."""
         dyt = self.tiled(dy)
-        dh = torch.bmm(dyt, (b * scale)[self.tile_expert].transpose(1, 2))
+        dh = torch.bmm(dyt, self.per_tile(b).transpose(1, 2)).mul_(scale)
         db = self.per_expert(torch.bmm(h.transpose(1, 2), dyt)).mul_(scale)
         if dx is not None:
-            self.tiled(dx).baddbmm_(dh, a[self.tile_expert].transpose(1, 2))
+            self.tiled(dx).baddbmm_(dh, self.per_tile(a.transpose(1, 2)))
         return self.per_expert(torch.bmm(self.tiled(x).transpose(1, 2), dh)), db
 
 
