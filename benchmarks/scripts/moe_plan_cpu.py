@@ -8,7 +8,7 @@ and the product-call probe (probe.product_call_s). Each row is then a `tunelab b
 
     PYTHONPATH=src python benchmarks/scripts/moe_plan_cpu.py measure --out raw.json [--rounds 2]
     env ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 PYTHONPATH=src python benchmarks/scripts/moe_plan_cpu.py measure --out raw-fp32.json
-    PYTHONPATH=src python benchmarks/scripts/moe_plan_cpu.py rows raw.json raw-fp32.json --out benchmarks/plan-accuracy/rows/8_moe_cpu_2026-12-07.yaml
+    PYTHONPATH=src python benchmarks/scripts/moe_plan_cpu.py rows raw.json raw-fp32.json --date 2026-12-08 --out benchmarks/plan-accuracy/rows/8_moe_cpu_2026-12-08.yaml
     PYTHONPATH=src python benchmarks/scripts/moe_plan_cpu.py predict --out after.json
     PYTHONPATH=<main's src> python benchmarks/scripts/moe_plan_cpu.py predict --strip --out before.json
     python benchmarks/scripts/moe_plan_cpu.py summary before.json after.json
@@ -98,11 +98,11 @@ def measure(args) -> int:
     return 0
 
 
-RECORD = "benchmarks/plan-accuracy/moe-plan-cpu_{}_2026-12-07.record.json"
+RECORD = "benchmarks/plan-accuracy/moe-plan-cpu_{}_{}.record.json"  # class, the measurement's date
 CLASSES = {"bf16": "epyc-avx512bf16-2c", "fp32": "epyc-fp32-2c"}
 
 
-def class_runs(paths: list[str]):
+def class_runs(paths: list[str], date: str):
     """(index, run, its record) of every run of the raw files, numbered per precision class in the order given: the
     runs as each class's record keeps them (figures.runs)."""
     seen: dict[str, int] = {}
@@ -111,7 +111,7 @@ def class_runs(paths: list[str]):
             precision = run["step"]["precision"]
             i = seen.get(precision, 0)
             seen[precision] = i + 1
-            yield i, run, RECORD.format(CLASSES[precision])
+            yield i, run, RECORD.format(CLASSES[precision], date)
 
 
 def rows(args) -> int:
@@ -124,7 +124,7 @@ def rows(args) -> int:
     from tunelab.plan import catalog
 
     out = []
-    for i, run, record in class_runs(args.raw):
+    for i, run, record in class_runs(args.raw, args.date):
         s, p = run["step"], run["probes"]
         bf16 = s["precision"] == "bf16"
         shape = argparse.Namespace(
@@ -163,7 +163,7 @@ def rows(args) -> int:
             }
         )
     doc = {
-        "date": "2026-12-07",
+        "date": args.date,
         "defaults": {
             "kind": "cpu",
             "stack": "tunelab",
@@ -270,6 +270,7 @@ def main() -> int:
     r = sub.add_parser("rows")
     r.add_argument("raw", nargs="+")
     r.add_argument("--out", required=True)
+    r.add_argument("--date", required=True, help="the measurement's date: its records' names and the rows' date")
     q = sub.add_parser("predict")
     q.add_argument("--rows-dir", default=str(REPO / "benchmarks" / "plan-accuracy" / "rows"))
     q.add_argument("--strip", action="store_true")
