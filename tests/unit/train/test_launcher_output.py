@@ -93,6 +93,13 @@ def test_nproc_with_a_missing_data_file_is_one_line(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def _run_fake_command(tmp_path) -> subprocess.CompletedProcess:
+    """`tunelab fake` in a fresh process, the command being tmp_path/fakecmd.py."""
+    code = "from tunelab import cli; cli.COMMANDS['fake'] = ('fakecmd', 'x'); raise SystemExit(cli.main(['fake']))"
+    env = {"PYTHONPATH": f"{REPO / 'src'}:{tmp_path}", "PATH": "/usr/bin:/bin", "TUNELAB_ALLOCATOR": "system"}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
 def test_a_sigterm_while_reporting_an_error_adds_no_traceback(tmp_path):
     """torchrun SIGTERMs the other processes when one fails, often while they report the same error: the signal
     must not turn into a second traceback inside the error handler (once seen under load, above)."""
@@ -114,9 +121,7 @@ def test_a_sigterm_while_reporting_an_error_adds_no_traceback(tmp_path):
         "    sys.stderr = Err(sys.stderr)\n"
         "    raise TunelabError('data.path: no such file')\n"
     )
-    code = "from tunelab import cli; cli.COMMANDS['fake'] = ('fakecmd', 'x'); raise SystemExit(cli.main(['fake']))"
-    env = {"PYTHONPATH": f"{REPO / 'src'}:{tmp_path}", "PATH": "/usr/bin:/bin", "TUNELAB_ALLOCATOR": "system"}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    done = _run_fake_command(tmp_path)
     assert done.stderr == "tunelab fake: error: data.path: no such file\n" and done.returncode == 2
 
 
@@ -136,9 +141,7 @@ def test_a_sigterm_wrapped_by_python_ends_the_process_quietly(tmp_path):
         "    class Array2D:\n"
         "        x = Field()\n"
     )
-    code = "from tunelab import cli; cli.COMMANDS['fake'] = ('fakecmd', 'x'); raise SystemExit(cli.main(['fake']))"
-    env = {"PYTHONPATH": f"{REPO / 'src'}:{tmp_path}", "PATH": "/usr/bin:/bin", "TUNELAB_ALLOCATOR": "system"}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    done = _run_fake_command(tmp_path)
     assert done.stderr == "" and done.returncode == 143
 
 
