@@ -184,9 +184,9 @@ def cpu_bandwidth(path: Path, given: dict) -> CpuBandwidth:
 def suite_rows(path: Path, name: str, cpu: CpuBandwidth | None) -> tuple[list[Row], list[str]]:
     """The rows of a `bench suite` results file (.json) and one line per record left out: its tunelab rows and
     its hf-trainer-tuned peer (stack hf-peft). On a GPU, rows that ran against a catalog peak, the suite's
-    data described by its mean length; on a CPU, the row's class (catalog.local_class, with the CPU's vendor) is its device, its peak
-    and bandwidth the probes taken after it (a peer's: those of the row it follows), and its lengths the
-    suite's own synthetic rows. Each row's source is `name` and the row."""
+    data described by its mean length; on a CPU, the row's class (catalog.local_class, with the CPU's vendor) is
+    its device, its peak and bandwidth the probes taken after it (a peer's: those of the row it follows), and its
+    lengths the suite's own synthetic rows. Each row's source is `name` and the row."""
     try:
         doc = json.loads(path.read_text())
         return suite_doc_rows(doc, name, cpu)
@@ -200,9 +200,10 @@ def suite_doc_rows(doc: dict, name: str, cpu: CpuBandwidth | None) -> tuple[list
     from ..device import vendor_of_name
     from ..plan import catalog
 
-    on_cpu = (doc.get("device") or {}).get("type") == "cpu"
+    device = doc.get("device") or {}
+    on_cpu = device.get("type") == "cpu"
     # A CPU's vendor (its class's suffix): recorded by newer files, read from the model name in older ones.
-    vendor = (doc.get("device") or {}).get("cpu_vendor") or vendor_of_name((doc.get("device") or {}).get("name", ""))
+    vendor = device.get("cpu_vendor") or vendor_of_name(device.get("name", ""))
     by_label = {r.get("label"): r for r in doc["records"]}
     rows, left_out = [], []
     for rec in doc["records"]:

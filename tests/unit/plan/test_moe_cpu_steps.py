@@ -148,3 +148,19 @@ def test_plan_local_on_a_cpu_prices_the_experts_calls_at_its_own_probe(monkeypat
     arch = from_registry("Qwen/Qwen3-30B-A3B")
     calls = steptime.expert_product_calls(arch, LORA, False, 128)
     assert steps[1] - steps[0] == pytest.approx(calls * (1e-3 - 1e-5), rel=0.02)
+
+
+@pytest.mark.parametrize("experts,top_k", [(64, 8), (32, 4), (8, 2)])
+def test_plans_lora_tile_is_the_one_the_experts_path_cuts(experts, top_k):
+    """plan prices the tile model/moe.Segments cuts (its TILE_MIN/TILE_MAX rule, written again in plan, which
+    imports no torch): the two must agree at every load."""
+    import torch
+
+    from tunelab.model import moe
+
+    arch = moe_arch(experts, top_k)
+    for tokens in (16, 64, 256, 1024, 4096):
+        flat = torch.arange(tokens * top_k) % experts  # uniform routing: each expert's share of the rows
+        ids = flat.sort().values
+        segments = moe.Segments(ids, torch.bincount(flat, minlength=experts), experts)
+        assert steptime.expert_tile(arch, tokens) == segments.tile, tokens
